@@ -1,0 +1,220 @@
+//! Definitions as decoded from catalogue files, before references between them are resolved.
+//!
+//! These are the "raw" layer: each field has been type-checked and carries its position, but a
+//! name may still point at nothing. [`crate::hydrate`] resolves them into runnable routes.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::diag::{Diagnostic, Pos};
+use crate::structured::FlatSchema;
+
+use super::LlmRole;
+
+/// A reference by name, with where it was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ref {
+    pub name: String,
+    pub pos: Pos,
+}
+
+/// Where a definition lives, and the problems found in it while decoding.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub path: Arc<PathBuf>,
+    pub pos: Pos,
+    pub problems: Vec<Diagnostic>,
+}
+
+impl Origin {
+    pub fn is_broken(&self) -> bool {
+        self.problems.iter().any(Diagnostic::is_error)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ProfileDef {
+    pub origin: Origin,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub base_url: Option<String>,
+    pub api_key_env: Option<String>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+}
+
+/// What a model-calling stage makes of its capability's `output_schema`.
+#[derive(Debug, Clone)]
+pub enum OutputSpec {
+    /// No schema: a plain text call.
+    Text,
+    /// A flat schema: native structured output, validated with parity.
+    Bindable(Arc<FlatSchema>),
+    /// A schema that cannot be bound (nested, empty ...): a plain text call, warned at load.
+    Unbindable { why: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpMethod {
+    Get,
+    Post,
+}
+
+impl HttpMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpMethod::Get => "GET",
+            HttpMethod::Post => "POST",
+        }
+    }
+}
+
+/// One piece of a URL template: literal text or `${VAR}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UrlPart {
+    Lit(String),
+    Var(String),
+}
+
+/// A tool URL from the catalogue. `${VAR}` parts come from the runtime's environment; when one
+/// is unset or empty the URL is absent and the stage makes no HTTP call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlTemplate {
+    pub raw: String,
+    pub parts: Vec<UrlPart>,
+}
+
+impl UrlTemplate {
+    pub fn resolve(&self, lookup: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                UrlPart::Lit(s) => out.push_str(s),
+                UrlPart::Var(v) => out.push_str(lookup(v).filter(|s| !s.is_empty())?.trim_end_matches('/')),
+            }
+        }
+        Some(out)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Invoke {
+    pub url: UrlTemplate,
+    pub method: HttpMethod,
+    pub timeout: Duration,
+    pub max_response_bytes: usize,
+    /// Name under which a `query_formulation` stage sends its query (`q` by default).
+    pub query_param: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct CapabilityDef {
+    pub origin: Origin,
+    pub description: String,
+    pub input_schema: Option<Value>,
+    pub output: OutputSpec,
+    pub invoke: Option<Invoke>,
+}
+
+/// Where control goes after a stage.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    Stage(Ref),
+    End,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CondOp {
+    Equals(Value),
+    NotEquals(Value),
+    In(Vec<Value>),
+    Exists(bool),
+    Contains(String),
+}
+
+/// A branch condition on a slot value: `slot` is a stage id, `field` a property of its output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    pub slot: Ref,
+    pub field: Option<String>,
+    pub op: CondOp,
+}
+
+#[derive(Debug, Clone)]
+pub struct BranchDef {
+    pub pos: Pos,
+    pub when: Option<Condition>,
+    pub goto: Target,
+}
+
+#[derive(Debug, Clone)]
+pub enum Flow {
+    /// Continue with the next listed stage (or end after the last).
+    FallThrough,
+    Next(Target),
+    Branches(Vec<BranchDef>),
+}
+
+#[derive(Debug, Clone)]
+pub enum StageKindDef {
+    Task,
+    /// Starts a child run of another route and waits for it.
+    Agent {
+        route: Ref,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct StageDef {
+    pub id: String,
+    pub pos: Pos,
+    pub role: Option<LlmRole>,
+    pub kind: StageKindDef,
+    pub capability: Option<Ref>,
+    pub flow: Flow,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkflowDef {
+    pub origin: Origin,
+    pub stages: Vec<StageDef>,
+    /// True when any stage uses `next` or `branches`.
+    pub branched: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ManifestDef {
+    pub origin: Origin,
+    pub workflow: Ref,
+    pub synthesis_stage_id: String,
+    pub synthesis_capability: Option<Ref>,
+}
+
+#[derive(Debug, Clone)]
+pub enum RouteBodyDef {
+    Workflow(Ref),
+    Manifest(Ref),
+    Agent { tools: Vec<Ref> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conversation {
+    None,
+    /// Accepted for parity; adds no transcript.
+    Session,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteDef {
+    pub origin: Origin,
+    pub description: String,
+    pub model_profile: Option<Ref>,
+    pub prompt_pack: Option<Ref>,
+    pub activation_target: Option<String>,
+    pub max_loop_steps: u32,
+    pub conversation: Conversation,
+    pub body: Option<RouteBodyDef>,
+}

@@ -1,0 +1,320 @@
+//! The `fabric` command line. Exit codes: 0 completed / ok, 1 run failed (or a reply refused by
+//! `validate`), 2 bad usage, configuration or catalogue, 3 the run awaits the user.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::catalogue::{self, Catalogue, RouteEntry};
+use crate::config::Settings;
+use crate::events::{Event, EventSink, FanOut, JsonLinesSink, NullSink};
+use crate::exec::{self, RunRequest, RunStatus, Runner};
+use crate::hydrate;
+use crate::llm::stub::StubLlm;
+use crate::structured::{self, FlatSchema};
+
+const EXIT_FAILED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_AWAITING: u8 = 3;
+
+#[derive(Debug, Parser)]
+#[command(name = "fabric", version, about = "Run staged LLM routes from a route catalogue")]
+pub struct Cli {
+    /// Route catalogue directory.
+    #[arg(long, global = true, env = "FABRIC_CATALOGUE_DIR", default_value = "routes")]
+    catalogue: PathBuf,
+    /// Prompt pack directory.
+    #[arg(long, global = true, env = "FABRIC_PROMPT_PACKS_DIR", default_value = "prompt-packs")]
+    prompt_packs: PathBuf,
+    /// Seed data of the seeded stub.
+    #[arg(long, global = true, env = "FABRIC_LLM_STUB_DIR", default_value = "stub")]
+    stub_dir: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one route and print its result as JSON.
+    Run {
+        route: String,
+        /// The goal, a JSON object.
+        #[arg(long)]
+        goal: String,
+        /// A prefetch pack: a JSON array of strings (or {"chunks": [...]}).
+        #[arg(long)]
+        prefetch: Option<PathBuf>,
+        /// Write events as JSON lines to FILE (`-` for stderr).
+        #[arg(long, value_name = "FILE|-")]
+        events_out: Option<String>,
+    },
+    /// List or check the routes of the catalogue.
+    Routes {
+        #[command(subcommand)]
+        action: RoutesAction,
+    },
+    /// Show a route's hydrated graph: roles, resolved prompts, edges.
+    Hydrate {
+        route: String,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// What a stage would make of a raw model reply against an output schema.
+    Validate {
+        #[arg(long)]
+        schema: PathBuf,
+        /// The raw reply (a file, or `-`/absent for stdin).
+        reply: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum RoutesAction {
+    /// One line per route: id, path, status.
+    List,
+    /// Every problem as `path:line:col: message`; exit 2 when there are errors.
+    Check,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Dot,
+    Mermaid,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fabric: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    runtime.block_on(dispatch(cli))
+}
+
+fn load(cli: &Cli) -> Catalogue {
+    catalogue::load(&cli.catalogue, &cli.prompt_packs)
+}
+
+async fn dispatch(cli: Cli) -> ExitCode {
+    match &cli.command {
+        Command::Routes { action: RoutesAction::List } => routes_list(&load(&cli)),
+        Command::Routes { action: RoutesAction::Check } => routes_check(&load(&cli)),
+        Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
+        Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
+        Command::Run { route, goal, prefetch, events_out } => run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref()).await,
+    }
+}
+
+fn routes_list(cat: &Catalogue) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    for entry in cat.routes() {
+        let _ = match entry {
+            RouteEntry::Ready(r) => writeln!(out, "{}\t{}\t{}\tok", r.id, r.path.as_str(), r.activation_target.as_deref().unwrap_or("-")),
+            RouteEntry::Broken(b) => writeln!(out, "{}\t-\t-\tbroken ({} errors)", b.id, b.problems.len()),
+        };
+    }
+    ExitCode::SUCCESS
+}
+
+fn routes_check(cat: &Catalogue) -> ExitCode {
+    for d in cat.diagnostics() {
+        println!("{d}");
+    }
+    let ready = cat.routes().filter(|r| matches!(r, RouteEntry::Ready(_))).count();
+    let total = cat.routes().count();
+    let warnings = cat.diagnostics().len() - cat.error_count();
+    eprintln!("{ready} of {total} routes ready; {} errors, {warnings} warnings", cat.error_count());
+    if cat.error_count() > 0 { ExitCode::from(EXIT_USAGE) } else { ExitCode::SUCCESS }
+}
+
+fn hydrate_cmd(cat: &Catalogue, route_id: &str, format: Format) -> ExitCode {
+    match cat.get(route_id) {
+        Some(RouteEntry::Ready(r)) => {
+            let text = match format {
+                Format::Text => hydrate::render_text(r),
+                Format::Dot => hydrate::render_dot(r),
+                Format::Mermaid => hydrate::render_mermaid(r),
+            };
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Some(RouteEntry::Broken(b)) => {
+            eprintln!("fabric: route `{route_id}` cannot be hydrated:");
+            for d in &b.problems {
+                eprintln!("  {d}");
+            }
+            ExitCode::from(EXIT_USAGE)
+        }
+        None => {
+            eprintln!("fabric: unknown route `{route_id}`");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn read_input(arg: Option<&str>) -> std::io::Result<String> {
+    match arg {
+        None | Some("-") => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s)?;
+            Ok(s)
+        }
+        Some(path) => std::fs::read_to_string(path),
+    }
+}
+
+fn validate_cmd(schema_path: &Path, reply: Option<&str>) -> ExitCode {
+    let schema: serde_json::Value =
+        match std::fs::read_to_string(schema_path).map_err(|e| e.to_string()).and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string())) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("fabric: cannot read schema {}: {e}", schema_path.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+        };
+    let raw = match read_input(reply) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fabric: cannot read the reply: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let flat = match FlatSchema::from_json(&schema) {
+        Ok(f) => f,
+        Err(why) => {
+            // What the stage would do: a plain text call whose reply is the slot value as is.
+            eprintln!(
+                "fabric: schema {} is not bindable ({why}); a stage with it runs as a plain text call and keeps the reply as text",
+                schema_path.display()
+            );
+            println!("{raw}");
+            return ExitCode::SUCCESS;
+        }
+    };
+    match structured::decode_reply(&flat, &raw) {
+        Ok(d) => {
+            println!("{}", d.slot_value());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("{}", e.reason_class());
+            eprintln!("fabric: {}", e.detail());
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>, events_out: Option<&str>) -> ExitCode {
+    let usage = |msg: String| {
+        eprintln!("fabric: {msg}");
+        ExitCode::from(EXIT_USAGE)
+    };
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => return usage(format!("bad configuration: {e}")),
+    };
+    let goal = match exec::parse_goal(goal) {
+        Ok(g) => g,
+        Err(e) => return usage(format!("--goal: {e}")),
+    };
+    let prefetch = match prefetch {
+        None => Vec::new(),
+        Some(p) => match std::fs::read_to_string(p).map_err(|e| e.to_string()).and_then(|t| exec::parse_prefetch(&t)) {
+            Ok(chunks) => chunks,
+            Err(e) => return usage(format!("--prefetch {}: {e}", p.display())),
+        },
+    };
+    if !settings.stub {
+        return usage(
+            "no model provider is available in this build: set FABRIC_LLM_STUB=1 to run with the seeded stub (real providers arrive with issue 3)".into(),
+        );
+    }
+    let stub = match StubLlm::load(&cli.stub_dir) {
+        Ok(s) => s.with_latency(settings.stub_latency).strict(settings.stub_strict),
+        Err(problems) => {
+            for d in problems {
+                eprintln!("{d}");
+            }
+            return usage(format!("stub scripts in {} have errors", cli.stub_dir.display()));
+        }
+    };
+    let catalogue = Arc::new(load(cli));
+    let runner = Runner::new(catalogue, crate::llm::stack::build(stub.clone()), Arc::new(|k: &str| std::env::var(k).ok())).with_fleet(settings.fleet.clone());
+    let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
+    match events_out {
+        None => {}
+        Some("-") => sinks.push(Arc::new(JsonLinesSink::new(Box::new(std::io::stderr())))),
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => sinks.push(Arc::new(JsonLinesSink::new(Box::new(std::io::BufWriter::new(f))))),
+            Err(e) => return usage(format!("--events-out {path}: {e}")),
+        },
+    }
+    if events_out != Some("-") && std::io::stderr().is_terminal() {
+        sinks.push(Arc::new(Progress::default()));
+    }
+    let sink: Arc<dyn EventSink> = match sinks.len() {
+        0 => Arc::new(NullSink),
+        1 => sinks.pop().unwrap_or_else(|| Arc::new(NullSink)),
+        _ => Arc::new(FanOut(sinks)),
+    };
+    let result = match runner.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink).await {
+        Ok(r) => r,
+        Err(e) => return usage(e.to_string()),
+    };
+    println!("{}", serde_json::to_string(&result).unwrap_or_default());
+    if stub.is_strict() {
+        let unused = stub.unconsumed(&result.llm_calls);
+        if !unused.is_empty() {
+            for u in &unused {
+                eprintln!("fabric: strict stub: {u}");
+            }
+            return ExitCode::from(EXIT_FAILED);
+        }
+    }
+    match result.status {
+        RunStatus::Completed => ExitCode::SUCCESS,
+        RunStatus::Failed => ExitCode::from(EXIT_FAILED),
+        RunStatus::AwaitingInput => ExitCode::from(EXIT_AWAITING),
+    }
+}
+
+/// Live progress on a terminal: one line per stage, with model-call timings.
+#[derive(Default)]
+struct Progress {
+    started: Mutex<Option<Instant>>,
+}
+
+impl EventSink for Progress {
+    fn emit(&self, e: &Event) {
+        let get = |k: &str| e.data.get(k).map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string())).unwrap_or_default();
+        let stage = e.stage_id.as_deref().unwrap_or("");
+        let indent = if e.parent_run_id.is_some() { "    " } else { "" };
+        let line = match e.kind {
+            "run.started" => {
+                if let Ok(mut s) = self.started.lock() {
+                    s.get_or_insert_with(Instant::now);
+                }
+                format!("{indent}▶ {} ({} path)", e.route_id, get("path"))
+            }
+            "run.stage.started" => format!("{indent}  • {stage} [{}] …", get("llm_role")),
+            "run.llm.completed" => format!("{indent}      model {} ms, {} → {} tokens", get("duration_ms"), get("input_tokens"), get("output_tokens")),
+            "run.llm.failed" => format!("{indent}      model failed: {} ({})", get("reason_class"), get("message")),
+            "run.tool.completed" => format!("{indent}      tool {} HTTP {} in {} ms", get("tool"), get("status"), get("duration_ms")),
+            "run.tool.failed" => format!("{indent}      tool {} failed: {}", get("tool"), get("reason_class")),
+            "run.stage.completed" => format!("{indent}  ✓ {stage} {} ms", get("duration_ms")),
+            "run.stage.failed" => format!("{indent}  ✗ {stage}: {}", get("reason_class")),
+            "run.completed" => format!("{indent}✔ completed in {} ms", get("duration_ms")),
+            "run.failed" => format!("{indent}✘ failed: {} — {}", get("reason_class"), get("message")),
+            _ => return,
+        };
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    }
+}

@@ -1,0 +1,209 @@
+//! Run events: one JSON object per thing that happened, in order, with a per-run `seq`.
+//!
+//! Every event has `type`, `run_id`, `route_id`, `seq`, `ts` and, where one applies,
+//! `stage_id` and `parent_run_id`; the rest of its fields depend on the type (docs/events.md).
+//! Events are serialised once, by the sink that writes them.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub kind: &'static str,
+    pub run_id: Arc<str>,
+    pub route_id: Arc<str>,
+    pub seq: u64,
+    pub ts: String,
+    pub stage_id: Option<String>,
+    pub parent_run_id: Option<Arc<str>>,
+    pub data: Map<String, Value>,
+}
+
+impl Event {
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::with_capacity(self.data.len() + 7);
+        m.insert("type".into(), self.kind.into());
+        m.insert("run_id".into(), Value::String(self.run_id.to_string()));
+        m.insert("route_id".into(), Value::String(self.route_id.to_string()));
+        m.insert("seq".into(), self.seq.into());
+        m.insert("ts".into(), self.ts.clone().into());
+        if let Some(s) = &self.stage_id {
+            m.insert("stage_id".into(), s.clone().into());
+        }
+        if let Some(p) = &self.parent_run_id {
+            m.insert("parent_run_id".into(), Value::String(p.to_string()));
+        }
+        for (k, v) in &self.data {
+            m.insert(k.clone(), v.clone());
+        }
+        Value::Object(m)
+    }
+}
+
+/// Where events go. Implementations must be cheap and must not block for long.
+pub trait EventSink: Send + Sync {
+    fn emit(&self, event: &Event);
+}
+
+/// Drops everything (benchmarks without event output).
+#[derive(Debug, Default)]
+pub struct NullSink;
+
+impl EventSink for NullSink {
+    fn emit(&self, _: &Event) {}
+}
+
+/// JSON lines to a writer (a file, or stderr for `--events-out -`).
+pub struct JsonLinesSink {
+    out: Mutex<Box<dyn Write + Send>>,
+}
+
+impl std::fmt::Debug for JsonLinesSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JsonLinesSink")
+    }
+}
+
+impl JsonLinesSink {
+    pub fn new(out: Box<dyn Write + Send>) -> JsonLinesSink {
+        JsonLinesSink { out: Mutex::new(out) }
+    }
+}
+
+impl EventSink for JsonLinesSink {
+    fn emit(&self, event: &Event) {
+        let mut line = event.to_json().to_string();
+        line.push('\n');
+        if let Ok(mut out) = self.out.lock() {
+            // An unwritable event stream must not fail the run; the result still goes to stdout.
+            let _ = out.write_all(line.as_bytes()).and_then(|_| out.flush());
+        }
+    }
+}
+
+/// Keeps events in memory (tests, the service later).
+#[derive(Debug, Default)]
+pub struct MemorySink {
+    events: Mutex<Vec<Event>>,
+}
+
+impl MemorySink {
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+}
+
+impl EventSink for MemorySink {
+    fn emit(&self, event: &Event) {
+        if let Ok(mut e) = self.events.lock() {
+            e.push(event.clone());
+        }
+    }
+}
+
+/// Sends each event to several sinks.
+pub struct FanOut(pub Vec<Arc<dyn EventSink>>);
+
+impl std::fmt::Debug for FanOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FanOut({})", self.0.len())
+    }
+}
+
+impl EventSink for FanOut {
+    fn emit(&self, event: &Event) {
+        for s in &self.0 {
+            s.emit(event);
+        }
+    }
+}
+
+/// The emitter of one run: stamps ids, sequence numbers and timestamps.
+pub struct RunEvents {
+    run_id: Arc<str>,
+    route_id: Arc<str>,
+    parent_run_id: Option<Arc<str>>,
+    seq: AtomicU64,
+    sink: Arc<dyn EventSink>,
+}
+
+impl std::fmt::Debug for RunEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RunEvents({})", self.run_id)
+    }
+}
+
+impl RunEvents {
+    pub fn new(run_id: &str, route_id: &str, parent_run_id: Option<&str>, sink: Arc<dyn EventSink>) -> RunEvents {
+        RunEvents { run_id: run_id.into(), route_id: route_id.into(), parent_run_id: parent_run_id.map(Into::into), seq: AtomicU64::new(0), sink }
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub fn route_id(&self) -> &str {
+        &self.route_id
+    }
+
+    pub fn sink(&self) -> &Arc<dyn EventSink> {
+        &self.sink
+    }
+
+    pub fn emit(&self, kind: &'static str, stage_id: Option<&str>, data: Map<String, Value>) {
+        let event = Event {
+            kind,
+            run_id: self.run_id.clone(),
+            route_id: self.route_id.clone(),
+            seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
+            ts: rfc3339_now(),
+            stage_id: stage_id.map(str::to_owned),
+            parent_run_id: self.parent_run_id.clone(),
+            data,
+        };
+        self.sink.emit(&event);
+    }
+}
+
+/// Builds an event's data fields: `fields!{"a" => 1, "b" => "x"}`.
+#[macro_export]
+macro_rules! fields {
+    ($($k:literal => $v:expr),* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut m = serde_json::Map::new();
+        $( m.insert($k.to_string(), serde_json::json!($v)); )*
+        m
+    }};
+}
+
+/// Current UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+pub fn rfc3339_now() -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = now.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, now.subsec_millis())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamp_shape() {
+        let ts = super::rfc3339_now();
+        assert_eq!(ts.len(), 24, "{ts}");
+        assert!(ts.starts_with("20") && ts.ends_with('Z'));
+    }
+}

@@ -1,0 +1,80 @@
+//! The user message every model call receives, built from run state.
+
+use serde_json::{Map, Value};
+
+/// Longest note kept, in characters; longer ones are cut and end with `…`.
+pub const NOTE_MAX_CHARS: usize = 600;
+
+/// One line, whitespace runs collapsed, at most [`NOTE_MAX_CHARS`] characters.
+pub fn compress_note(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(NOTE_MAX_CHARS * 4));
+    let mut count = 0;
+    for word in text.split_whitespace() {
+        let needed = word.chars().count() + usize::from(count > 0);
+        if count + needed > NOTE_MAX_CHARS {
+            let room = NOTE_MAX_CHARS.saturating_sub(count + 1 + usize::from(count > 0));
+            if count > 0 && room > 0 {
+                out.push(' ');
+            }
+            out.extend(word.chars().take(room));
+            out.push('…');
+            return out;
+        }
+        if count > 0 {
+            out.push(' ');
+        }
+        out.push_str(word);
+        count += needed;
+    }
+    out
+}
+
+/// `goal:` line, then `packed chunks:` (only with a prefetch pack), then `prior stage outputs:`
+/// (only with notes); one `- ` item per line.
+pub fn user_message(goal: &Map<String, Value>, chunks: &[String], notes: &[String]) -> String {
+    let goal_json = serde_json::to_string(goal).unwrap_or_else(|_| "{}".into());
+    let mut out = String::with_capacity(goal_json.len() + 64 + notes.iter().map(String::len).sum::<usize>());
+    out.push_str("goal: ");
+    out.push_str(&goal_json);
+    if !chunks.is_empty() {
+        out.push_str("\npacked chunks:");
+        for c in chunks {
+            out.push_str("\n- ");
+            out.push_str(&compress_note(c));
+        }
+    }
+    if !notes.is_empty() {
+        out.push_str("\nprior stage outputs:");
+        for n in notes {
+            out.push_str("\n- ");
+            out.push_str(n);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_shape() {
+        let goal: Map<String, Value> = serde_json::from_str(r#"{"ticket":"charged twice","n":2}"#).unwrap();
+        assert_eq!(user_message(&goal, &[], &[]), r#"goal: {"ticket":"charged twice","n":2}"#);
+        assert_eq!(
+            user_message(&goal, &["kb  article\n1".into()], &["intake: {\"a\":1}".into()]),
+            "goal: {\"ticket\":\"charged twice\",\"n\":2}\npacked chunks:\n- kb article 1\nprior stage outputs:\n- intake: {\"a\":1}"
+        );
+    }
+
+    #[test]
+    fn notes_are_one_line_and_bounded() {
+        assert_eq!(compress_note("a \n\t b   c"), "a b c");
+        let long = "word ".repeat(500);
+        let n = compress_note(&long);
+        assert_eq!(n.chars().count(), NOTE_MAX_CHARS);
+        assert!(n.ends_with('…'));
+        let one = "x".repeat(2000);
+        assert_eq!(compress_note(&one).chars().count(), NOTE_MAX_CHARS);
+    }
+}

@@ -1,0 +1,494 @@
+//! The executor: walks a hydrated route's graph, one stage at a time.
+//!
+//! Run state is explicit (goal, prefetch chunks, notes, slots, per-stage results) so that a
+//! journal can later record it stage by stage; every model call goes through the [`Llm`] port
+//! and every HTTP call through [`HttpTools`]; the executor itself does no other I/O.
+
+pub mod message;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use indexmap::IndexMap;
+use petgraph::graph::NodeIndex;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::catalogue::defs::{CondOp, Condition};
+use crate::catalogue::{Catalogue, LlmRole, RouteLookupError};
+use crate::events::{EventSink, RunEvents};
+use crate::fields;
+use crate::hydrate::{NextStep, NodeKind, Route, StageNode};
+use crate::llm::telemetry::round_ms;
+use crate::llm::{Llm, LlmRequest, ReasonClass, ReplyValue};
+use crate::tools::{HttpTools, display_url};
+
+/// Child runs nest at most this deep (a route that starts itself stops here).
+pub const MAX_CHILD_DEPTH: u32 = 4;
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Completed,
+    Failed,
+    AwaitingInput,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunFailure {
+    pub reason_class: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage_id: Option<String>,
+}
+
+/// The result printed by `fabric run` and returned to library callers.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub run_id: String,
+    pub route_id: String,
+    pub status: RunStatus,
+    pub output: Option<String>,
+    pub slots: IndexMap<String, String>,
+    pub notes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub question: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunFailure>,
+    /// Model calls made, per (route, stage), children included; used by the strict stub check.
+    #[serde(skip)]
+    pub llm_calls: Vec<(String, String, u32)>,
+}
+
+/// What a caller asks for.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    pub route_id: String,
+    pub goal: Map<String, Value>,
+    pub prefetch: Vec<String>,
+}
+
+/// Refusals before a run starts (no events, no run id): exit code 2 territory.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("unknown route `{route}`; known routes: {known}")]
+    UnknownRoute { route: String, known: String },
+    #[error("route `{route}` cannot run: the catalogue has errors in it:\n{problems}")]
+    BrokenRoute { route: String, problems: String },
+    #[error("route `{route}` is served by fleet `{target}`, but this runtime is fleet `{fleet}`")]
+    WrongFleet { route: String, target: String, fleet: String },
+    #[error("route `{route}` is a Pattern 1 (decision loop) route; this build cannot run those yet")]
+    DecisionLoopUnsupported { route: String },
+}
+
+/// Mutable state of one run.
+#[derive(Debug, Default)]
+struct RunState {
+    notes: Vec<String>,
+    slots: IndexMap<String, String>,
+    /// Parsed structured outputs, for branch conditions on fields.
+    structured: HashMap<String, Value>,
+    visits: HashMap<NodeIndex, u32>,
+    llm_calls: IndexMap<String, u32>,
+    child_calls: Vec<(String, String, u32)>,
+    last_output: Option<String>,
+}
+
+struct StageFailure {
+    class: ReasonClass,
+    message: String,
+}
+
+impl StageFailure {
+    fn new(class: ReasonClass, message: impl Into<String>) -> StageFailure {
+        StageFailure { class, message: message.into() }
+    }
+}
+
+/// Runs routes of one catalogue with one LLM stack.
+pub struct Runner {
+    catalogue: Arc<Catalogue>,
+    llm: Arc<dyn Llm>,
+    http: HttpTools,
+    vars: Arc<dyn Fn(&str) -> Option<String> + Send + Sync>,
+    fleet: Option<String>,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner").field("fleet", &self.fleet).finish_non_exhaustive()
+    }
+}
+
+impl Runner {
+    /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI).
+    pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: Arc<dyn Fn(&str) -> Option<String> + Send + Sync>) -> Runner {
+        Runner { catalogue, llm, http: HttpTools::new(), vars, fleet: None }
+    }
+
+    /// Makes this runtime fleet `fleet`: routes targeted at another fleet are refused.
+    pub fn with_fleet(mut self, fleet: Option<String>) -> Runner {
+        self.fleet = fleet;
+        self
+    }
+
+    /// Checks that the route can start here.
+    pub fn route(&self, route_id: &str) -> Result<&Arc<Route>, StartError> {
+        let route = self.catalogue.route(route_id).map_err(|e| match e {
+            RouteLookupError::Unknown { known } => StartError::UnknownRoute { route: route_id.into(), known: known.join(", ") },
+            RouteLookupError::Broken(b) => {
+                StartError::BrokenRoute { route: route_id.into(), problems: b.problems.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n") }
+            }
+        })?;
+        if let (Some(fleet), Some(target)) = (&self.fleet, &route.activation_target)
+            && fleet != target
+        {
+            return Err(StartError::WrongFleet { route: route_id.into(), target: target.clone(), fleet: fleet.clone() });
+        }
+        if route.path == crate::hydrate::RoutePath::Pattern1 {
+            return Err(StartError::DecisionLoopUnsupported { route: route_id.into() });
+        }
+        Ok(route)
+    }
+
+    /// Runs a route to its end. Failures of the run itself are in the result, not an `Err`.
+    pub async fn run(&self, req: RunRequest, sink: Arc<dyn EventSink>) -> Result<RunResult, StartError> {
+        let route = self.route(&req.route_id)?.clone();
+        let run_id = new_run_id();
+        let events = RunEvents::new(&run_id, &route.id, None, sink);
+        Ok(self.run_route(&route, &req.goal, &req.prefetch, &events, 0).await)
+    }
+
+    fn run_route<'a>(
+        &'a self,
+        route: &'a Route,
+        goal: &'a Map<String, Value>,
+        prefetch: &'a [String],
+        events: &'a RunEvents,
+        depth: u32,
+    ) -> crate::llm::BoxFuture<'a, RunResult> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let mut data = fields! {"model_profile" => route.model_profile, "path" => route.path.as_str(), "prefetch_chunks" => prefetch.len()};
+            if let Some(source) = &route.source {
+                data.insert("source".into(), source.clone().into());
+            }
+            if let Some(target) = &route.activation_target {
+                data.insert("activation_target".into(), target.clone().into());
+            }
+            events.emit("run.started", None, data);
+            let mut state = RunState::default();
+            let outcome = self.walk(route, goal, prefetch, events, depth, &mut state).await;
+            let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
+            let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id.clone(), s.clone(), *n)).collect();
+            llm_calls.append(&mut state.child_calls);
+            let mut result = RunResult {
+                run_id: events.run_id().to_owned(),
+                route_id: route.id.clone(),
+                status: RunStatus::Completed,
+                output: None,
+                slots: state.slots,
+                notes: state.notes,
+                question: None,
+                error: None,
+                llm_calls,
+            };
+            match outcome {
+                Ok(()) => {
+                    result.output = state.last_output;
+                    events.emit("run.completed", None, fields! {"output" => result.output, "duration_ms" => duration_ms});
+                }
+                Err((stage_id, f)) => {
+                    result.status = RunStatus::Failed;
+                    events.emit(
+                        "run.failed",
+                        stage_id.as_deref(),
+                        fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms},
+                    );
+                    result.error = Some(RunFailure { reason_class: f.class.as_str(), message: f.message, stage_id });
+                }
+            }
+            result
+        })
+    }
+
+    async fn walk(
+        &self,
+        route: &Route,
+        goal: &Map<String, Value>,
+        prefetch: &[String],
+        events: &RunEvents,
+        depth: u32,
+        state: &mut RunState,
+    ) -> Result<(), (Option<String>, StageFailure)> {
+        let mut node = route.entry;
+        let mut stage_idx: u32 = 0;
+        loop {
+            let stage = &route.graph[node];
+            let visits = state.visits.entry(node).or_insert(0);
+            *visits += 1;
+            // A branched workflow may loop; each stage runs at most max_loop_steps times per run.
+            if *visits > route.max_loop_steps {
+                return Err((
+                    Some(stage.id.clone()),
+                    StageFailure::new(
+                        ReasonClass::LoopBudgetExceeded,
+                        format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id, route.max_loop_steps),
+                    ),
+                ));
+            }
+            events.emit(
+                "run.stage.started",
+                Some(&stage.id),
+                fields! {"llm_role" => stage.role.as_str(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
+            );
+            let started = Instant::now();
+            match self.run_stage(route, stage, goal, prefetch, events, depth, state).await {
+                Ok(value) => {
+                    let chars = value.chars().count();
+                    if !value.is_empty() {
+                        state.notes.push(message::compress_note(&format!("{}: {value}", stage.id)));
+                    }
+                    state.slots.insert(stage.id.clone(), value.clone());
+                    state.last_output = Some(value.clone());
+                    events.emit(
+                        "run.stage.completed",
+                        Some(&stage.id),
+                        fields! {"duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0), "output" => value, "output_chars" => chars},
+                    );
+                }
+                Err(f) => {
+                    events.emit(
+                        "run.stage.failed",
+                        Some(&stage.id),
+                        fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
+                    );
+                    return Err((Some(stage.id.clone()), f));
+                }
+            }
+            stage_idx += 1;
+            match route.next_step(node, |c| condition_holds(c, state)) {
+                NextStep::Go(next) => node = next,
+                NextStep::End => return Ok(()),
+                NextStep::NoMatch => {
+                    return Err((
+                        Some(stage.id.clone()),
+                        StageFailure::new(
+                            ReasonClass::NoBranchMatched,
+                            format!("no branch of stage `{}` matched and it has no branch without `when`", stage.id),
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_stage(
+        &self,
+        route: &Route,
+        stage: &StageNode,
+        goal: &Map<String, Value>,
+        prefetch: &[String],
+        events: &RunEvents,
+        depth: u32,
+        state: &mut RunState,
+    ) -> Result<String, StageFailure> {
+        match (stage.role, &stage.kind) {
+            (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(child_id, goal, prefetch, events, depth, state).await,
+            (LlmRole::None, _) => {
+                if let Some((invoke, url)) = self.tool_url(stage) {
+                    return self.call_tool(stage, invoke, &url, goal, events).await;
+                }
+                // Prefetch passthrough: the pack goes into the slot; notes stay free of it since
+                // every user message already carries it as `packed chunks`.
+                Ok(if prefetch.is_empty() { String::new() } else { serde_json::to_string(prefetch).unwrap_or_default() })
+            }
+            (role, _) => {
+                let reply = self.call_model(route, stage, goal, prefetch, events, state).await?;
+                if role != LlmRole::QueryFormulation {
+                    if let ReplyValue::Structured(d) = &reply
+                        && let Ok(v) = serde_json::from_str::<Value>(&d.compact)
+                    {
+                        state.structured.insert(stage.id.clone(), v);
+                    }
+                    return Ok(reply.slot_value().to_owned());
+                }
+                let query = match &reply {
+                    ReplyValue::Structured(d) => serde_json::from_str::<Value>(&d.compact)
+                        .ok()
+                        .and_then(|v| v.get("query").and_then(Value::as_str).map(str::to_owned))
+                        .unwrap_or_default(),
+                    ReplyValue::Text(t) => t.trim().to_owned(),
+                };
+                match self.tool_url(stage) {
+                    Some((invoke, url)) => {
+                        let mut args = Map::new();
+                        args.insert(invoke.query_param.clone(), Value::String(query));
+                        self.call_tool(stage, invoke, &url, &args, events).await
+                    }
+                    None => Ok(reply.slot_value().to_owned()),
+                }
+            }
+        }
+    }
+
+    fn tool_url<'s>(&self, stage: &'s StageNode) -> Option<(&'s crate::catalogue::defs::Invoke, String)> {
+        let invoke = stage.capability.as_ref()?.def.invoke.as_ref()?;
+        let url = invoke.url.resolve(&|v| (self.vars)(v))?;
+        Some((invoke, url))
+    }
+
+    async fn call_tool(
+        &self,
+        stage: &StageNode,
+        invoke: &crate::catalogue::defs::Invoke,
+        url: &str,
+        args: &Map<String, Value>,
+        events: &RunEvents,
+    ) -> Result<String, StageFailure> {
+        let tool = stage.capability.as_ref().map_or("", |c| c.name.as_str());
+        events.emit("run.tool.started", Some(&stage.id), fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
+        match self.http.call(invoke, url, args).await {
+            Ok(out) => {
+                events.emit(
+                    "run.tool.completed",
+                    Some(&stage.id),
+                    fields! {"tool" => tool, "status" => out.status, "bytes" => out.bytes, "duration_ms" => round_ms(out.duration.as_secs_f64() * 1000.0)},
+                );
+                Ok(out.text)
+            }
+            Err(e) => {
+                events.emit("run.tool.failed", Some(&stage.id), fields! {"tool" => tool, "reason_class" => e.class.as_str(), "message" => e.message});
+                Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
+            }
+        }
+    }
+
+    async fn call_model(
+        &self,
+        route: &Route,
+        stage: &StageNode,
+        goal: &Map<String, Value>,
+        prefetch: &[String],
+        events: &RunEvents,
+        state: &mut RunState,
+    ) -> Result<ReplyValue, StageFailure> {
+        let user = message::user_message(goal, prefetch, &state.notes);
+        let turn = state.llm_calls.entry(stage.id.clone()).or_insert(0);
+        let req = LlmRequest {
+            events,
+            route_id: &route.id,
+            stage_id: &stage.id,
+            turn: *turn,
+            system: stage.prompt.system_text(),
+            user: &user,
+            output: stage.output(),
+        };
+        *turn += 1;
+        self.llm.complete(&req).await.map(|r| r.value).map_err(|e| StageFailure::new(e.class, e.message))
+    }
+
+    async fn child_run(
+        &self,
+        child_id: &str,
+        goal: &Map<String, Value>,
+        prefetch: &[String],
+        events: &RunEvents,
+        depth: u32,
+        state: &mut RunState,
+    ) -> Result<String, StageFailure> {
+        if depth + 1 > MAX_CHILD_DEPTH {
+            return Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child runs nest deeper than {MAX_CHILD_DEPTH}")));
+        }
+        let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
+        let child_events = RunEvents::new(&new_run_id(), &route.id, Some(events.run_id()), events.sink().clone());
+        let result = self.run_route(&route, goal, prefetch, &child_events, depth + 1).await;
+        state.child_calls.extend(result.llm_calls.iter().cloned());
+        match result.status {
+            RunStatus::Completed => Ok(result.output.unwrap_or_default()),
+            RunStatus::Failed => {
+                let why = result.error.map(|e| format!("{}: {}", e.reason_class, e.message)).unwrap_or_default();
+                Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` failed: {why}", result.run_id, route.id)))
+            }
+            RunStatus::AwaitingInput => {
+                Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` is awaiting user input", result.run_id, route.id)))
+            }
+        }
+    }
+}
+
+fn kind_name(kind: &NodeKind) -> &'static str {
+    match kind {
+        NodeKind::Stage => "task",
+        NodeKind::ChildRun { .. } => "agent",
+        NodeKind::AppendedSynthesis => "appended_synthesis",
+        NodeKind::Decision => "decision",
+        NodeKind::Tool => "tool",
+        NodeKind::End => "end",
+    }
+}
+
+/// Time-ordered run ids (UUIDv7), so ids sort by start time.
+pub fn new_run_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// Evaluates a branch condition against the run's slots.
+fn condition_holds(c: &Condition, state: &RunState) -> bool {
+    let value: Option<Value> = match &c.field {
+        Some(field) => state.structured.get(&c.slot.name).and_then(|v| v.get(field)).cloned().filter(|v| !v.is_null()),
+        None => state.slots.get(&c.slot.name).map(|s| Value::String(s.clone())),
+    };
+    match &c.op {
+        CondOp::Exists(want) => value.is_some() == *want,
+        CondOp::Equals(want) => value.as_ref().is_some_and(|v| loosely_equal(v, want)),
+        CondOp::NotEquals(want) => !value.as_ref().is_some_and(|v| loosely_equal(v, want)),
+        CondOp::In(options) => value.as_ref().is_some_and(|v| options.iter().any(|o| loosely_equal(v, o))),
+        CondOp::Contains(needle) => match &value {
+            Some(Value::String(s)) => s.contains(needle.as_str()),
+            Some(Value::Array(items)) => items.iter().any(|i| i.as_str() == Some(needle)),
+            _ => false,
+        },
+    }
+}
+
+/// Numbers compare by value (`3` equals `3.0`); everything else exactly.
+fn loosely_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
+}
+
+/// Checks a `--goal` value: the goal of a run must be a JSON object.
+pub fn parse_goal(text: &str) -> Result<Map<String, Value>, String> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(format!(
+            "the goal must be a JSON object, got {}",
+            match other {
+                Value::Null => "null",
+                Value::Bool(_) => "a boolean",
+                Value::Number(_) => "a number",
+                Value::String(_) => "a string",
+                Value::Array(_) => "an array",
+                Value::Object(_) => "an object",
+            }
+        )),
+        Err(e) => Err(format!("the goal is not valid JSON: {e}")),
+    }
+}
+
+/// Reads a prefetch pack: a JSON array of strings, or `{"chunks": [...]}`.
+pub fn parse_prefetch(text: &str) -> Result<Vec<String>, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let items = match &v {
+        Value::Array(items) => items,
+        Value::Object(m) => m.get("chunks").and_then(Value::as_array).ok_or("an object pack needs a `chunks` array")?,
+        _ => return Err("a prefetch pack is a JSON array of strings or {\"chunks\": [...]}".into()),
+    };
+    items.iter().enumerate().map(|(i, c)| c.as_str().map(str::to_owned).ok_or(format!("chunk {i} is not a string"))).collect()
+}

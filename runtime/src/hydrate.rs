@@ -1,0 +1,481 @@
+//! Hydration: a route definition becomes a graph of stamped nodes (role + resolved prompt).
+//!
+//! Routes are hydrated once, at load; runs only walk the graph. The four prompt resolution
+//! paths of the spec live in [`crate::prompt`]; this module decides which one each node takes.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
+
+use crate::catalogue::LlmRole;
+use crate::catalogue::defs::*;
+use crate::catalogue::load::{Defs, successors};
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::prompt::{PromptPack, ResolvedPrompt};
+
+/// Which resolution path built the route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoutePath {
+    /// A workflow with no `next`/`branches`.
+    Workflow,
+    Branched,
+    /// A manifest over a linear workflow, with a synthesis node appended.
+    Manifest,
+    /// The autonomous decision loop (Mode 1).
+    Pattern1,
+}
+
+impl RoutePath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RoutePath::Workflow => "workflow",
+            RoutePath::Branched => "branched",
+            RoutePath::Manifest => "manifest",
+            RoutePath::Pattern1 => "pattern1",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A workflow stage.
+    Stage,
+    /// A `kind: agent` stage: runs a child route.
+    ChildRun { route: String },
+    /// The synthesis node a manifest appends.
+    AppendedSynthesis,
+    /// The model's turn in the decision loop.
+    Decision,
+    /// A tool the decision loop may call (`llm_role = none`).
+    Tool,
+    /// Where a workflow run completes.
+    End,
+}
+
+/// A capability as a node uses it.
+#[derive(Debug, Clone)]
+pub struct BoundCapability {
+    pub name: String,
+    pub def: Arc<CapabilityDef>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StageNode {
+    pub id: String,
+    pub role: LlmRole,
+    pub kind: NodeKind,
+    pub capability: Option<BoundCapability>,
+    pub prompt: ResolvedPrompt,
+}
+
+impl StageNode {
+    pub fn output(&self) -> &OutputSpec {
+        static TEXT: OutputSpec = OutputSpec::Text;
+        self.capability.as_ref().map_or(&TEXT, |c| &c.def.output)
+    }
+}
+
+/// An edge; at run time the first edge (by `order`) whose condition holds is taken.
+#[derive(Debug, Clone)]
+pub struct Edge {
+    pub order: u16,
+    pub when: Option<Condition>,
+}
+
+/// A hydrated, runnable route. Only [`build`] makes one.
+#[derive(Debug)]
+pub struct Route {
+    pub id: String,
+    pub description: String,
+    pub model_profile: String,
+    pub activation_target: Option<String>,
+    pub max_loop_steps: u32,
+    pub conversation: Conversation,
+    pub pack: Arc<PromptPack>,
+    pub path: RoutePath,
+    /// The workflow (or manifest) the route runs, for display and events.
+    pub source: Option<String>,
+    pub graph: DiGraph<StageNode, Edge>,
+    pub entry: NodeIndex,
+    pub tools: Vec<BoundCapability>,
+}
+
+impl Route {
+    /// Where to go after `node`: the first edge (by `order`) whose condition holds.
+    pub fn next_step(&self, node: NodeIndex, holds: impl Fn(&Condition) -> bool) -> NextStep {
+        let mut best: Option<(u16, NodeIndex)> = None;
+        let mut has_edges = false;
+        for e in self.graph.edges(node) {
+            has_edges = true;
+            let w = e.weight();
+            if best.is_some_and(|(o, _)| o < w.order) {
+                continue;
+            }
+            if w.when.as_ref().is_none_or(&holds) {
+                best = Some((w.order, e.target()));
+            }
+        }
+        match best {
+            Some((_, t)) if self.graph[t].kind == NodeKind::End => NextStep::End,
+            Some((_, t)) => NextStep::Go(t),
+            None if has_edges => NextStep::NoMatch,
+            None => NextStep::End,
+        }
+    }
+
+    /// Nodes in the order they were listed (the end marker last).
+    pub fn nodes(&self) -> impl Iterator<Item = (NodeIndex, &StageNode)> {
+        self.graph.node_indices().map(|i| (i, &self.graph[i]))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextStep {
+    Go(NodeIndex),
+    End,
+    /// Conditional branches only, and none held.
+    NoMatch,
+}
+
+fn resolve_cap(defs: &Defs, r: &Ref) -> Option<BoundCapability> {
+    match defs.capabilities.get(&r.name)? {
+        Ok(def) => Some(BoundCapability { name: r.name.clone(), def: def.clone() }),
+        Err(_) => None,
+    }
+}
+
+fn end_node() -> StageNode {
+    StageNode { id: "end".into(), role: LlmRole::None, kind: NodeKind::End, capability: None, prompt: ResolvedPrompt::none() }
+}
+
+/// Builds one route. Problems of the route itself go to `diags`; problems it inherits from
+/// broken definitions it uses are returned (they are already in `diags` where they belong).
+pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> Result<Route, Vec<Diagnostic>> {
+    let path = def.origin.path.as_path();
+    let mut inherited: Vec<Diagnostic> = Vec::new();
+    let mut broken = def.origin.is_broken();
+    if let Some(p) = &def.model_profile {
+        match defs.profiles.get(&p.name) {
+            None => {
+                diags.error(path, p.pos, format!("model_profile `{}` is not defined (profiles: {})", p.name, names(defs.profiles.keys())));
+                broken = true;
+            }
+            Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
+            Some(Ok(prof)) => inherited.extend(prof.origin.problems.iter().filter(|d| d.is_error()).cloned()),
+        }
+    }
+    let pack = match &def.prompt_pack {
+        None => None,
+        Some(p) => match defs.packs.get(&p.name) {
+            None => {
+                diags.error(path, p.pos, format!("prompt pack `{}` is not defined (packs: {})", p.name, names(defs.packs.keys())));
+                broken = true;
+                None
+            }
+            Some(None) => {
+                diags.error(path, p.pos, format!("prompt pack `{}` has errors", p.name));
+                broken = true;
+                None
+            }
+            Some(Some(pack)) => Some(pack.clone()),
+        },
+    };
+    let mut graph: DiGraph<StageNode, Edge> = DiGraph::new();
+    let mut tools = Vec::new();
+    let (route_path, source) = match (&def.body, &pack) {
+        (Some(RouteBodyDef::Workflow(w)), Some(pack)) => match defs.workflows.get(&w.name) {
+            None => {
+                diags.error(path, w.pos, format!("workflow `{}` is not defined (workflows: {})", w.name, names(defs.workflows.keys())));
+                return Err(inherited);
+            }
+            Some(Err(o)) => {
+                inherited.extend(o.problems.iter().cloned());
+                return Err(inherited);
+            }
+            Some(Ok(wf)) => {
+                inherited.extend(wf.origin.problems.iter().filter(|d| d.is_error()).cloned());
+                add_workflow(&mut graph, wf, defs, |role| pack.resolve_workflow_stage(role));
+                (if wf.branched { RoutePath::Branched } else { RoutePath::Workflow }, Some(w.name.clone()))
+            }
+        },
+        (Some(RouteBodyDef::Manifest(m)), Some(pack)) => match defs.manifests.get(&m.name) {
+            None => {
+                diags.error(path, m.pos, format!("manifest `{}` is not defined (manifests: {})", m.name, names(defs.manifests.keys())));
+                return Err(inherited);
+            }
+            Some(Err(o)) => {
+                inherited.extend(o.problems.iter().cloned());
+                return Err(inherited);
+            }
+            Some(Ok(man)) => {
+                inherited.extend(man.origin.problems.iter().filter(|d| d.is_error()).cloned());
+                let Some(Ok(wf)) = defs.workflows.get(&man.workflow.name) else { return Err(inherited) };
+                if !inherited.is_empty() {
+                    return Err(inherited);
+                }
+                let last = add_workflow(&mut graph, wf, defs, |role| pack.resolve_manifest_stage(role));
+                // The appended node takes the place of the end: every stage that ended now leads to it.
+                let end = graph.node_indices().find(|&n| graph[n].kind == NodeKind::End);
+                let synth = graph.add_node(StageNode {
+                    id: man.synthesis_stage_id.clone(),
+                    role: LlmRole::Synthesis,
+                    kind: NodeKind::AppendedSynthesis,
+                    capability: man.synthesis_capability.as_ref().and_then(|c| resolve_cap(defs, c)),
+                    prompt: pack.resolve_appended_synthesis(),
+                });
+                if let Some(end) = end {
+                    let into_end: Vec<_> = graph.edges_directed(end, petgraph::Direction::Incoming).map(|e| (e.id(), e.source(), e.weight().clone())).collect();
+                    for (eid, from, w) in into_end {
+                        graph.remove_edge(eid);
+                        graph.add_edge(from, synth, w);
+                    }
+                    graph.add_edge(synth, end, Edge { order: 0, when: None });
+                }
+                let _ = last;
+                (RoutePath::Manifest, Some(m.name.clone()))
+            }
+        },
+        (Some(RouteBodyDef::Agent { tools: tool_refs }), Some(pack)) => {
+            for t in tool_refs {
+                match defs.capabilities.get(&t.name) {
+                    None => {
+                        diags.error(path, t.pos, format!("tool `{}` is not a defined capability", t.name));
+                        broken = true;
+                    }
+                    Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
+                    Some(Ok(c)) => {
+                        if c.input_schema.is_none() {
+                            diags.error(
+                                path,
+                                t.pos,
+                                format!("tool `{}` needs an `input_schema`: the model is shown it and arguments are checked against it", t.name),
+                            );
+                            broken = true;
+                        }
+                        tools.push(BoundCapability { name: t.name.clone(), def: c.clone() });
+                    }
+                }
+            }
+            let decide = graph.add_node(StageNode {
+                id: "decide".into(),
+                role: LlmRole::None,
+                kind: NodeKind::Decision,
+                capability: None,
+                prompt: pack.resolve_agent(&tools_text(&tools)),
+            });
+            for (order, tool) in tools.iter().enumerate() {
+                let n = graph.add_node(StageNode {
+                    id: tool.name.clone(),
+                    role: LlmRole::None,
+                    kind: NodeKind::Tool,
+                    capability: Some(tool.clone()),
+                    prompt: ResolvedPrompt::none(),
+                });
+                graph.add_edge(decide, n, Edge { order: order as u16, when: None });
+                graph.add_edge(n, decide, Edge { order: 0, when: None });
+            }
+            (RoutePath::Pattern1, None)
+        }
+        _ => return Err(inherited),
+    };
+    if broken || !inherited.is_empty() {
+        return Err(inherited);
+    }
+    let Some(pack) = pack else { return Err(inherited) };
+    Ok(Route {
+        id: id.to_owned(),
+        description: def.description.clone(),
+        model_profile: def.model_profile.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
+        activation_target: def.activation_target.clone(),
+        max_loop_steps: def.max_loop_steps,
+        conversation: def.conversation,
+        pack,
+        path: route_path,
+        source,
+        entry: NodeIndex::new(0),
+        graph,
+        tools,
+    })
+}
+
+fn names<'a>(it: impl Iterator<Item = &'a String>) -> String {
+    let v: Vec<&str> = it.map(String::as_str).collect();
+    if v.is_empty() { "none defined".into() } else { v.join(", ") }
+}
+
+/// Adds a workflow's stages (in listed order, so the first is node 0) and an end node.
+fn add_workflow(graph: &mut DiGraph<StageNode, Edge>, wf: &WorkflowDef, defs: &Defs, resolve: impl Fn(LlmRole) -> ResolvedPrompt) -> NodeIndex {
+    let nodes: Vec<NodeIndex> = wf
+        .stages
+        .iter()
+        .map(|s| {
+            let role = s.role.unwrap_or(LlmRole::None);
+            let kind = match &s.kind {
+                StageKindDef::Task => NodeKind::Stage,
+                StageKindDef::Agent { route } => NodeKind::ChildRun { route: route.name.clone() },
+            };
+            graph.add_node(StageNode {
+                id: s.id.clone(),
+                role,
+                kind,
+                capability: s.capability.as_ref().and_then(|c| resolve_cap(defs, c)),
+                prompt: resolve(role),
+            })
+        })
+        .collect();
+    let end = graph.add_node(end_node());
+    for (idx, targets) in successors(wf).iter().enumerate() {
+        let conds: Vec<Option<Condition>> = match &wf.stages[idx].flow {
+            Flow::Branches(arms) => arms.iter().map(|a| a.when.clone()).collect(),
+            _ => vec![None],
+        };
+        for (order, (target, when)) in targets.iter().zip(conds).enumerate() {
+            let to = target.map_or(end, |t| nodes[t]);
+            graph.add_edge(nodes[idx], to, Edge { order: order as u16, when });
+        }
+    }
+    end
+}
+
+/// The tool list shown to the model in Pattern 1: name, description, input schema.
+pub fn tools_text(tools: &[BoundCapability]) -> String {
+    let mut out = String::new();
+    for t in tools {
+        let _ = write!(out, "- {}", t.name);
+        if !t.def.description.is_empty() {
+            let _ = write!(out, ": {}", t.def.description.trim());
+        }
+        let schema = t.def.input_schema.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "{}".into());
+        let _ = writeln!(out, "\n  input schema: {schema}");
+    }
+    out.trim_end().to_owned()
+}
+
+// ---- rendering for `fabric hydrate` ----
+
+fn edge_label(e: &Edge) -> String {
+    match &e.when {
+        None => String::new(),
+        Some(c) => {
+            let slot = match &c.field {
+                Some(f) => format!("{}.{f}", c.slot.name),
+                None => c.slot.name.clone(),
+            };
+            match &c.op {
+                CondOp::Equals(v) => format!("{slot} == {v}"),
+                CondOp::NotEquals(v) => format!("{slot} != {v}"),
+                CondOp::In(vs) => format!("{slot} in {}", serde_json::Value::Array(vs.clone())),
+                CondOp::Exists(b) => format!("{slot} {}", if *b { "exists" } else { "is absent" }),
+                CondOp::Contains(s) => format!("{slot} contains {}", serde_json::Value::String(s.clone())),
+            }
+        }
+    }
+}
+
+fn node_detail(n: &StageNode) -> String {
+    let mut parts = vec![format!("llm_role={}", n.role.as_str())];
+    match &n.kind {
+        NodeKind::ChildRun { route } => parts.push(format!("kind=agent route={route}")),
+        NodeKind::AppendedSynthesis => parts.push("appended".into()),
+        NodeKind::Decision => parts.push("decision".into()),
+        NodeKind::Tool => parts.push("tool".into()),
+        NodeKind::Stage | NodeKind::End => {}
+    }
+    if let Some(c) = &n.capability {
+        let out = match &c.def.output {
+            OutputSpec::Text => "text".to_owned(),
+            OutputSpec::Bindable(s) => format!("structured: {}", s.fields().iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ")),
+            OutputSpec::Unbindable { .. } => "text (schema not bindable)".to_owned(),
+        };
+        parts.push(format!("capability={} ({out})", c.name));
+        if let Some(inv) = &c.def.invoke {
+            parts.push(format!("invoke={} {}", inv.method.as_str(), inv.url.raw));
+        }
+    }
+    parts.join(" ")
+}
+
+fn sorted_edges(route: &Route, n: NodeIndex) -> Vec<(u16, NodeIndex, String)> {
+    let mut v: Vec<_> = route.graph.edges(n).map(|e| (e.weight().order, e.target(), edge_label(e.weight()))).collect();
+    v.sort_by_key(|(o, t, _)| (*o, t.index()));
+    v
+}
+
+/// Plain-text view: every node with its role, resolved prompt and outgoing edges.
+pub fn render_text(route: &Route) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "route {} ({} path{})", route.id, route.path.as_str(), route.source.as_ref().map(|s| format!(", {s}")).unwrap_or_default());
+    let _ = writeln!(
+        out,
+        "model_profile: {}  prompt_pack: {}  activation_target: {}  max_loop_steps: {}",
+        route.model_profile,
+        route.pack.name(),
+        route.activation_target.as_deref().unwrap_or("(any fleet)"),
+        route.max_loop_steps
+    );
+    for (idx, node) in route.nodes() {
+        if node.kind == NodeKind::End {
+            continue;
+        }
+        let _ = writeln!(out, "\n[{}] {}  {}", idx.index(), node.id, node_detail(node));
+        if node.role.calls_model() || node.kind == NodeKind::Decision {
+            let _ = writeln!(out, "    prompt ({}):", node.prompt.source.as_str());
+            for line in node.prompt.system_text().lines() {
+                let _ = writeln!(out, "      | {line}");
+            }
+        }
+        for (_, target, label) in sorted_edges(route, idx) {
+            let when = if label.is_empty() { String::new() } else { format!("  when {label}") };
+            let _ = writeln!(out, "    -> {}{when}", route.graph[target].id);
+        }
+    }
+    out
+}
+
+fn quote(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+pub fn render_dot(route: &Route) -> String {
+    let mut out = format!("digraph \"{}\" {{\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n", quote(&route.id));
+    for (idx, node) in route.nodes() {
+        let shape = if node.kind == NodeKind::End { ", shape=doublecircle" } else { "" };
+        let label = if node.kind == NodeKind::End {
+            "end".to_owned()
+        } else {
+            format!("{}\\n{}\\nprompt: {}", quote(&node.id), node.role.as_str(), node.prompt.source.as_str())
+        };
+        let _ = writeln!(out, "  n{} [label=\"{label}\"{shape}];", idx.index());
+    }
+    for (idx, _) in route.nodes() {
+        for (_, target, label) in sorted_edges(route, idx) {
+            let _ = writeln!(out, "  n{} -> n{} [label=\"{}\"];", idx.index(), target.index(), quote(&label));
+        }
+    }
+    out.push_str("}\n");
+    out
+}
+
+pub fn render_mermaid(route: &Route) -> String {
+    let mut out = String::from("flowchart TD\n");
+    let esc = |s: &str| s.replace('"', "#quot;");
+    for (idx, node) in route.nodes() {
+        if node.kind == NodeKind::End {
+            let _ = writeln!(out, "  n{}((end))", idx.index());
+        } else {
+            let _ = writeln!(out, "  n{}[\"{}<br/>{}<br/>prompt: {}\"]", idx.index(), esc(&node.id), node.role.as_str(), node.prompt.source.as_str());
+        }
+    }
+    for (idx, _) in route.nodes() {
+        for (_, target, label) in sorted_edges(route, idx) {
+            if label.is_empty() {
+                let _ = writeln!(out, "  n{} --> n{}", idx.index(), target.index());
+            } else {
+                let _ = writeln!(out, "  n{} -->|\"{}\"| n{}", idx.index(), esc(&label), target.index());
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,27 @@
+//! Fabric Runtime: a workflow-graph runtime for staged LLM routes.
+//!
+//! Code map, in the order data flows:
+//!
+//! - [`catalogue`]: files under `routes/` → located YAML trees → definitions → cross-checked
+//!   catalogue, every problem a [`diag::Diagnostic`] (`path:line:col: message`).
+//! - [`prompt`]: prompt packs and the four prompt resolution paths.
+//! - [`hydrate`]: a route becomes a petgraph graph of nodes stamped with role and prompt.
+//! - [`exec`]: the walker; runs stages, builds the user message, keeps notes and slots.
+//! - [`llm`]: the LLM port, its decorators ([`llm::telemetry`]) and backends ([`llm::stub`]).
+//! - [`structured`]: Python-parity JSON reading, validation and serialisation of replies.
+//! - [`tools`]: hardened HTTP tool calls.
+//! - [`events`]: run events and their sinks.
+//! - [`config`]: environment settings.
+//! - [`cli`]: the `fabric` command.
+
+pub mod catalogue;
+pub mod cli;
+pub mod config;
+pub mod diag;
+pub mod events;
+pub mod exec;
+pub mod hydrate;
+pub mod llm;
+pub mod prompt;
+pub mod structured;
+pub mod tools;

@@ -1,0 +1,198 @@
+//! The seeded stub: a backend that answers from scripts under `stub/`, never the network.
+//!
+//! `stub/<route_id>.yaml` lists replies per stage, one per call of that stage in a run (a
+//! Pattern 1 route scripts its `decide` node turn by turn):
+//!
+//! ```yaml
+//! stages:
+//!   intake:
+//!     - '{"category":"billing","urgency":"high"}'
+//! ```
+//!
+//! Without a script line the stub generates a deterministic reply from the stage's schema:
+//! the same route, stage, turn and user message always give the same reply. In strict mode
+//! (tests) a call past a stage's script fails loudly, and [`StubLlm::unconsumed`] lists script
+//! lines a run never used.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use indexmap::IndexMap;
+
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, Usage, finish_reply};
+use crate::catalogue::defs::OutputSpec;
+use crate::catalogue::yaml::{self, Ctx, Value};
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::structured::{FieldType, Scalar};
+
+#[derive(Debug, Default, Clone)]
+pub struct StubLlm {
+    /// route id → stage id → replies in call order.
+    scripts: HashMap<String, IndexMap<String, Vec<String>>>,
+    latency: Duration,
+    strict: bool,
+}
+
+impl StubLlm {
+    /// Loads every script of `dir` (a missing directory means "no scripts"). Problems are
+    /// returned located, and nothing is loaded when any file is broken.
+    pub fn load(dir: &Path) -> Result<StubLlm, Vec<Diagnostic>> {
+        let mut diags = Diagnostics::default();
+        let mut scripts = HashMap::new();
+        if dir.is_dir() {
+            for path in crate::catalogue::yaml_files(dir, &mut diags) {
+                let Some(route_id) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
+                let Some(text) = crate::catalogue::read_text(&path, &mut diags) else { continue };
+                let Some(root) = yaml::parse(&path, &text, &mut diags) else { continue };
+                let mut ctx = Ctx { path: &path, diags: &mut diags };
+                let Some(mut f) = ctx.map(&root, &format!("stub script `{route_id}`")) else { continue };
+                let mut stages = IndexMap::new();
+                if let Some(node) = f.get("stages") {
+                    for (key, replies) in yaml::entries(&mut ctx, node, "stages") {
+                        let Some(items) = ctx.seq(replies, &format!("replies of stage `{}`", key.name)) else { continue };
+                        let lines = items.iter().filter_map(|i| match &i.value {
+                            // A mapping is accepted and sent as its compact JSON, for readability.
+                            Value::Map(_) => Some(yaml::to_json(i).to_string()),
+                            _ => ctx.string(i, "a scripted reply"),
+                        });
+                        stages.insert(key.name.clone(), lines.collect());
+                    }
+                }
+                f.get("description");
+                f.finish(&mut ctx);
+                scripts.insert(route_id, stages);
+            }
+        }
+        let diags = diags.into_vec();
+        if diags.iter().any(Diagnostic::is_error) { Err(diags) } else { Ok(StubLlm { scripts, latency: Duration::ZERO, strict: false }) }
+    }
+
+    pub fn with_latency(mut self, latency: Duration) -> StubLlm {
+        self.latency = latency;
+        self
+    }
+
+    pub fn strict(mut self, strict: bool) -> StubLlm {
+        self.strict = strict;
+        self
+    }
+
+    pub fn is_strict(&self) -> bool {
+        self.strict
+    }
+
+    /// Adds or replaces a route's script (library users and tests).
+    pub fn script(mut self, route_id: &str, stage_id: &str, replies: &[&str]) -> StubLlm {
+        self.scripts.entry(route_id.to_owned()).or_default().insert(stage_id.to_owned(), replies.iter().map(|s| s.to_string()).collect());
+        self
+    }
+
+    /// Script lines a run left unused, given how often it called each (route, stage).
+    pub fn unconsumed(&self, calls: &[(String, String, u32)]) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut routes: Vec<&String> = calls.iter().map(|(r, _, _)| r).collect();
+        routes.dedup();
+        for route in routes {
+            let Some(stages) = self.scripts.get(route) else { continue };
+            for (stage, replies) in stages {
+                let made = calls.iter().filter(|(r, s, _)| r == route && s == stage).map(|c| c.2).sum::<u32>() as usize;
+                if made < replies.len() {
+                    out.push(format!("route `{route}` stage `{stage}`: {} of {} scripted replies unused", replies.len() - made, replies.len()));
+                }
+            }
+        }
+        out
+    }
+
+    fn reply_for(&self, req: &LlmRequest<'_>) -> Result<String, LlmError> {
+        if let Some(replies) = self.scripts.get(req.route_id).and_then(|s| s.get(req.stage_id)) {
+            if let Some(r) = replies.get(req.turn as usize) {
+                return Ok(r.clone());
+            }
+            if self.strict {
+                return Err(LlmError::new(
+                    ReasonClass::StubScriptExhausted,
+                    format!(
+                        "unexpected call {} to stage `{}` of route `{}`: its script has {} replies",
+                        req.turn + 1,
+                        req.stage_id,
+                        req.route_id,
+                        replies.len()
+                    ),
+                ));
+            }
+        } else if self.strict && self.scripts.contains_key(req.route_id) {
+            return Err(LlmError::new(
+                ReasonClass::StubScriptExhausted,
+                format!("unexpected call to stage `{}` of route `{}`: it has no script", req.stage_id, req.route_id),
+            ));
+        }
+        Ok(generated_reply(req))
+    }
+}
+
+impl Llm for StubLlm {
+    fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
+        Box::pin(async move {
+            if !self.latency.is_zero() {
+                tokio::time::sleep(self.latency).await;
+            }
+            let raw = self.reply_for(req)?;
+            // Token counts the way a real reply would report them, so telemetry has figures.
+            let usage = Usage { input_tokens: approx_tokens(req.system) + approx_tokens(req.user), output_tokens: approx_tokens(&raw) };
+            finish_reply(req.output, raw, Some(usage))
+        })
+    }
+
+    fn info(&self) -> ModelInfo {
+        ModelInfo { provider: "stub".into(), model: "seeded-stub".into() }
+    }
+}
+
+fn approx_tokens(text: &str) -> u64 {
+    text.len().div_ceil(4) as u64
+}
+
+/// FNV-1a: stable across platforms and releases, unlike `DefaultHasher`.
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0xff)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The deterministic fallback reply for a call that has no script line.
+pub fn generated_reply(req: &LlmRequest<'_>) -> String {
+    let turn = req.turn.to_string();
+    let seed = fnv1a(&[req.route_id, req.stage_id, &turn, req.user]);
+    match req.output {
+        OutputSpec::Bindable(schema) => {
+            let mut obj = serde_json::Map::new();
+            for (idx, field) in schema.fields().iter().enumerate() {
+                let pick = seed.rotate_left(idx as u32 * 7);
+                let value = match &field.ty {
+                    FieldType::Scalar(s) => scalar_value(s, &field.name, req.stage_id, pick),
+                    FieldType::Array(s) => serde_json::Value::Array(vec![scalar_value(s, &field.name, req.stage_id, pick)]),
+                };
+                obj.insert(field.name.clone(), value);
+            }
+            serde_json::Value::Object(obj).to_string()
+        }
+        OutputSpec::Text | OutputSpec::Unbindable { .. } => format!("[stub {:08x}] {} reply for {}", seed as u32, req.stage_id, req.route_id),
+    }
+}
+
+fn scalar_value(s: &Scalar, field: &str, stage: &str, pick: u64) -> serde_json::Value {
+    match s {
+        Scalar::String => format!("{stage} {field} {:04x}", pick as u16).into(),
+        Scalar::Integer => ((pick % 100) as i64).into(),
+        Scalar::Number => ((pick % 1000) as f64 / 10.0).into(),
+        Scalar::Boolean => (pick % 2 == 0).into(),
+        Scalar::Enum(members) => members[(pick % members.len() as u64) as usize].clone(),
+    }
+}

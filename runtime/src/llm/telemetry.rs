@@ -1,0 +1,61 @@
+//! `TelemetryLlm`: the outermost decorator. One `run.llm.started` per logical call, then
+//! exactly one of `run.llm.completed` or `run.llm.failed` (with its `reason_class`).
+
+use std::time::Instant;
+
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo};
+use crate::catalogue::defs::OutputSpec;
+use crate::fields;
+
+#[derive(Debug)]
+pub struct TelemetryLlm<L> {
+    inner: L,
+}
+
+impl<L: Llm> TelemetryLlm<L> {
+    pub fn new(inner: L) -> TelemetryLlm<L> {
+        TelemetryLlm { inner }
+    }
+}
+
+impl<L: Llm> Llm for TelemetryLlm<L> {
+    fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
+        Box::pin(async move {
+            let info = self.inner.info();
+            let structured = matches!(req.output, OutputSpec::Bindable(_));
+            req.events.emit(
+                "run.llm.started",
+                Some(req.stage_id),
+                fields! {"provider" => info.provider, "model" => info.model, "turn" => req.turn, "structured" => structured},
+            );
+            let started = Instant::now();
+            let result = self.inner.complete(req).await;
+            let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+            match &result {
+                Ok(reply) => {
+                    let mut data = fields! {"duration_ms" => round_ms(duration_ms)};
+                    if let Some(u) = reply.usage {
+                        data.insert("input_tokens".into(), u.input_tokens.into());
+                        data.insert("output_tokens".into(), u.output_tokens.into());
+                    }
+                    req.events.emit("run.llm.completed", Some(req.stage_id), data);
+                }
+                Err(e) => req.events.emit(
+                    "run.llm.failed",
+                    Some(req.stage_id),
+                    fields! {"reason_class" => e.class.as_str(), "message" => e.message, "duration_ms" => round_ms(duration_ms)},
+                ),
+            }
+            result
+        })
+    }
+
+    fn info(&self) -> ModelInfo {
+        self.inner.info()
+    }
+}
+
+/// Milliseconds with microsecond resolution, for events.
+pub fn round_ms(ms: f64) -> f64 {
+    (ms * 1000.0).round() / 1000.0
+}

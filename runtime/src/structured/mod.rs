@@ -1,0 +1,212 @@
+//! Structured output with the reference's exact semantics.
+//!
+//! A raw model reply goes through three steps, each matching the Python runtime byte for byte:
+//! [`pyjson`] reads it as `json.loads` would; [`validate`] coerces it as a Pydantic v2 model in
+//! lax mode would (unknown keys ignored, optional fields `null`); [`decode_reply`] serialises it
+//! as `model_dump_json()` does (schema key order, Python-style floats) and unwraps text envelopes.
+//! The executor, every backend and `fabric validate` share this one path.
+
+mod number;
+pub mod pyjson;
+mod schema;
+
+pub use schema::{Field, FieldType, FlatSchema, Scalar};
+
+use pyjson::{BigInt, PyJson};
+
+/// Why a reply was refused. Both are final: a retry of the same prompt would not fix them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    InvalidJson(String),
+    SchemaValidation(String),
+}
+
+impl DecodeError {
+    pub fn reason_class(&self) -> &'static str {
+        match self {
+            DecodeError::InvalidJson(_) => "invalid_json",
+            DecodeError::SchemaValidation(_) => "schema_validation",
+        }
+    }
+
+    pub fn detail(&self) -> &str {
+        match self {
+            DecodeError::InvalidJson(d) | DecodeError::SchemaValidation(d) => d,
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.reason_class(), self.detail())
+    }
+}
+
+/// A validated reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    /// `model_dump_json()` of the validated model.
+    pub compact: String,
+    /// The string of a text envelope (`text` first, else `message`), when it holds one.
+    pub unwrapped: Option<String>,
+}
+
+impl Decoded {
+    /// What the stage stores in its slot and appends to notes.
+    pub fn slot_value(&self) -> &str {
+        self.unwrapped.as_deref().unwrap_or(&self.compact)
+    }
+}
+
+/// Reads, validates and serialises one raw reply against a bindable schema.
+pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeError> {
+    let parsed = pyjson::parse(raw).map_err(|e| DecodeError::InvalidJson(e.to_string()))?;
+    let PyJson::Object(entries) = parsed else {
+        return Err(DecodeError::SchemaValidation(format!("expected an object, got {}", parsed.kind())));
+    };
+    let mut compact = String::with_capacity(raw.len() + 16);
+    compact.push('{');
+    let mut text: Option<String> = None;
+    let mut message: Option<String> = None;
+    let mut problems = Vec::new();
+    for (idx, field) in schema.fields().iter().enumerate() {
+        if idx > 0 {
+            compact.push(',');
+        }
+        push_json_string(&mut compact, &field.name);
+        compact.push(':');
+        let value = entries.iter().find(|(k, _)| *k == field.name).map(|(_, v)| v);
+        match validate(field, value) {
+            Ok(out) => {
+                if let Out::Str(s) = &out {
+                    match field.name.as_str() {
+                        "text" => text = Some(s.clone()),
+                        "message" => message = Some(s.clone()),
+                        _ => {}
+                    }
+                }
+                out.write(&mut compact);
+            }
+            Err(why) => problems.push(format!("`{}`: {why}", field.name)),
+        }
+    }
+    compact.push('}');
+    if !problems.is_empty() {
+        return Err(DecodeError::SchemaValidation(problems.join("; ")));
+    }
+    let unwrapped = if schema.is_text_envelope() { text.or(message) } else { None };
+    Ok(Decoded { compact, unwrapped })
+}
+
+/// A validated field value, ready to serialise.
+enum Out {
+    Null,
+    Bool(bool),
+    Int(BigInt),
+    Float(f64),
+    Str(String),
+    /// An enum member, serialised as written in the schema.
+    Json(serde_json::Value),
+    List(Vec<Out>),
+}
+
+impl Out {
+    fn write(&self, buf: &mut String) {
+        match self {
+            Out::Null => buf.push_str("null"),
+            Out::Bool(b) => buf.push_str(if *b { "true" } else { "false" }),
+            Out::Int(n) => buf.push_str(&n.to_json_text()),
+            Out::Float(f) => number::push_float(buf, *f),
+            Out::Str(s) => push_json_string(buf, s),
+            Out::Json(v) => match v {
+                serde_json::Value::Number(n) if n.is_f64() => number::push_float(buf, n.as_f64().unwrap_or(f64::NAN)),
+                other => buf.push_str(&other.to_string()),
+            },
+            Out::List(items) => {
+                buf.push('[');
+                for (idx, item) in items.iter().enumerate() {
+                    if idx > 0 {
+                        buf.push(',');
+                    }
+                    item.write(buf);
+                }
+                buf.push(']');
+            }
+        }
+    }
+}
+
+fn push_json_string(buf: &mut String, s: &str) {
+    // serde_json escapes exactly as pydantic-core does: `"`, `\`, and controls below 0x20.
+    buf.push_str(&serde_json::to_string(s).unwrap_or_default());
+}
+
+fn validate(field: &Field, value: Option<&PyJson>) -> Result<Out, String> {
+    match value {
+        None | Some(PyJson::Null) if !field.required => Ok(Out::Null),
+        None => Err("field required".into()),
+        Some(PyJson::Null) => Err("input should not be null".into()),
+        Some(v) => match &field.ty {
+            FieldType::Scalar(s) => scalar(s, v),
+            FieldType::Array(s) => match v {
+                PyJson::List(items) => items.iter().map(|item| scalar(s, item)).collect::<Result<Vec<_>, _>>().map(Out::List),
+                other => Err(format!("input should be a valid list, got {}", other.kind())),
+            },
+        },
+    }
+}
+
+fn scalar(ty: &Scalar, v: &PyJson) -> Result<Out, String> {
+    let wrong = |what: &str| Err(format!("input should be {what}, got {}", v.kind()));
+    match ty {
+        Scalar::String => match v {
+            PyJson::Str(s) => Ok(Out::Str(s.clone())),
+            _ => wrong("a valid string"),
+        },
+        Scalar::Number => match v {
+            PyJson::Float(f) => Ok(Out::Float(*f)),
+            PyJson::Int(n) => Ok(Out::Float(n.to_f64())),
+            PyJson::Bool(b) => Ok(Out::Float(if *b { 1.0 } else { 0.0 })),
+            PyJson::Str(s) => number::parse_float_str(s).map(Out::Float).ok_or_else(|| format!("`{s}` is not a valid number")),
+            _ => wrong("a valid number"),
+        },
+        Scalar::Integer => match v {
+            PyJson::Int(n) => Ok(Out::Int(n.clone())),
+            PyJson::Float(f) => {
+                number::float_to_int(*f).map(|n| Out::Int(BigInt::from_i64(n))).ok_or_else(|| format!("{f} is not a whole number within range"))
+            }
+            PyJson::Bool(b) => Ok(Out::Int(BigInt::from_i64(i64::from(*b)))),
+            PyJson::Str(s) => number::parse_int_str(s).map(Out::Int).ok_or_else(|| format!("`{s}` is not a valid integer")),
+            _ => wrong("a valid integer"),
+        },
+        Scalar::Boolean => match v {
+            PyJson::Bool(b) => Ok(Out::Bool(*b)),
+            PyJson::Int(n) if n.is_zero() || n.is_one() => Ok(Out::Bool(n.is_one())),
+            PyJson::Float(f) if *f == 0.0 || *f == 1.0 => Ok(Out::Bool(*f == 1.0)),
+            PyJson::Str(s) => match s.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "on" | "y" | "t" | "1" => Ok(Out::Bool(true)),
+                "false" | "no" | "off" | "n" | "f" | "0" => Ok(Out::Bool(false)),
+                _ => Err(format!("`{s}` is not a valid boolean")),
+            },
+            _ => wrong("a valid boolean"),
+        },
+        Scalar::Enum(members) => members
+            .iter()
+            .find(|m| enum_matches(m, v))
+            .map(|m| Out::Json(m.clone()))
+            .ok_or_else(|| format!("input should be one of {}", serde_json::Value::Array(members.clone()))),
+    }
+}
+
+/// `Literal[...]` membership: same type and value (strings are never coerced).
+fn enum_matches(member: &serde_json::Value, v: &PyJson) -> bool {
+    use serde_json::Value as J;
+    match (member, v) {
+        (J::String(m), PyJson::Str(s)) => m == s,
+        (J::Bool(m), PyJson::Bool(b)) => m == b,
+        (J::Number(m), PyJson::Int(n)) => (m.is_i64() || m.is_u64()) && m.to_string() == n.to_json_text(),
+        (J::Number(m), PyJson::Float(f)) => m.as_f64() == Some(*f),
+        (J::Null, PyJson::Null) => true,
+        _ => false,
+    }
+}

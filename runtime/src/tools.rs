@@ -1,0 +1,146 @@
+//! HTTP tools: the `invoke` of a capability, called with a JSON arguments object.
+//!
+//! Hardened because arguments may come from a model: the URL comes only from the catalogue,
+//! arguments travel only as encoded query parameters (GET) or a JSON body (POST), redirects are
+//! followed only within the same origin, every call has a timeout, and the body is read up to a
+//! size cap.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+
+use crate::catalogue::defs::{HttpMethod, Invoke};
+use crate::llm::ReasonClass;
+
+#[derive(Debug, Clone)]
+pub struct HttpTools {
+    client: reqwest::Client,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub status: u16,
+    /// Compact JSON when the body is JSON, else the body text.
+    pub text: String,
+    pub bytes: usize,
+    pub duration: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}: {message}", class.as_str())]
+pub struct ToolError {
+    pub class: ReasonClass,
+    pub message: String,
+}
+
+impl Default for HttpTools {
+    fn default() -> Self {
+        HttpTools::new()
+    }
+}
+
+impl HttpTools {
+    pub fn new() -> HttpTools {
+        let policy = reqwest::redirect::Policy::custom(|attempt| {
+            let same_origin = attempt.previous().first().is_some_and(|first| {
+                let next = attempt.url();
+                first.scheme() == next.scheme() && first.host_str() == next.host_str() && first.port_or_known_default() == next.port_or_known_default()
+            });
+            if attempt.previous().len() > 5 {
+                attempt.error("too many redirects")
+            } else if same_origin {
+                attempt.follow()
+            } else {
+                attempt.error("redirect to another origin refused")
+            }
+        });
+        let client = reqwest::Client::builder().redirect(policy).build().unwrap_or_default();
+        HttpTools { client }
+    }
+
+    /// Calls `url` (already resolved from the catalogue) with `args`.
+    pub async fn call(&self, invoke: &Invoke, url: &str, args: &Map<String, Value>) -> Result<ToolOutput, ToolError> {
+        let started = Instant::now();
+        let parsed =
+            reqwest::Url::parse(url).map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("invalid tool URL `{url}`: {e}") })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("tool URL `{url}` is not http(s)") });
+        }
+        let request = match invoke.method {
+            HttpMethod::Get => {
+                let params: Vec<(String, String)> = args
+                    .iter()
+                    .flat_map(|(k, v)| match v {
+                        Value::Array(items) => items.iter().map(|i| (k.clone(), scalar_text(i))).collect::<Vec<_>>(),
+                        other => vec![(k.clone(), scalar_text(other))],
+                    })
+                    .collect();
+                self.client.get(parsed).query(&params)
+            }
+            HttpMethod::Post => self.client.post(parsed).json(args),
+        };
+        let mut response = request.timeout(invoke.timeout).send().await.map_err(|e| classify(&e, invoke.timeout))?;
+        let status = response.status().as_u16();
+        if response.content_length().is_some_and(|n| n as usize > invoke.max_response_bytes) {
+            return Err(too_large(invoke.max_response_bytes));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| classify(&e, invoke.timeout))? {
+            if body.len() + chunk.len() > invoke.max_response_bytes {
+                return Err(too_large(invoke.max_response_bytes));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let raw = String::from_utf8_lossy(&body);
+        if !(200..300).contains(&status) {
+            let excerpt: String = raw.chars().take(200).collect();
+            return Err(ToolError { class: ReasonClass::ToolHttpStatus, message: format!("HTTP {status}: {}", excerpt.trim()) });
+        }
+        let text = match serde_json::from_str::<Value>(&raw) {
+            Ok(v) => v.to_string(),
+            Err(_) => raw.trim().to_owned(),
+        };
+        Ok(ToolOutput { status, text, bytes: body.len(), duration: started.elapsed() })
+    }
+}
+
+fn scalar_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn too_large(limit: usize) -> ToolError {
+    ToolError { class: ReasonClass::ToolResponseTooLarge, message: format!("response is larger than the {limit}-byte limit") }
+}
+
+fn classify(e: &reqwest::Error, timeout: Duration) -> ToolError {
+    if e.is_timeout() {
+        ToolError { class: ReasonClass::ToolTimeout, message: format!("no response within {} ms", timeout.as_millis()) }
+    } else {
+        // The full error chain names the cause (refused, DNS, redirect refused ...).
+        let mut message = e.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        ToolError { class: ReasonClass::ToolConnection, message }
+    }
+}
+
+/// A URL for events: scheme, host and path, never the query (it may carry user data).
+pub fn display_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            u.set_query(None);
+            let _ = u.set_password(None);
+            let _ = u.set_username("");
+            u.to_string()
+        }
+        Err(_) => "(invalid url)".into(),
+    }
+}
