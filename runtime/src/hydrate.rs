@@ -415,11 +415,8 @@ pub fn render_text(route: &Route) -> String {
         route.activation_target.as_deref().unwrap_or("(any fleet)"),
         route.max_loop_steps
     );
-    for (idx, node) in route.nodes() {
-        if node.kind == NodeKind::End {
-            continue;
-        }
-        let _ = writeln!(out, "\n[{}] {}  {}", idx.index(), node.id, node_detail(node));
+    for (number, (idx, node)) in route.nodes().filter(|(_, n)| n.kind != NodeKind::End).enumerate() {
+        let _ = writeln!(out, "\n[{number}] {}  {}", node.id, node_detail(node));
         if node.role.calls_model() || node.kind == NodeKind::Decision {
             let _ = writeln!(out, "    prompt ({}):", node.prompt.source.as_str());
             for line in node.prompt.system_text().lines() {

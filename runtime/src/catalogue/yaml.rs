@@ -123,9 +123,14 @@ fn yaml_message(err: &serde_saphyr::Error) -> String {
     let first = full.lines().next().unwrap_or("").trim();
     let first = first.strip_prefix("error:").unwrap_or(first).trim();
     // "line 3 column 4: illegal placement of ':' indicator" -> "illegal placement of ':' indicator"
-    match first.strip_prefix("line ").and_then(|rest| rest.split_once(": ")) {
-        Some((_, msg)) => msg.to_owned(),
-        None => first.to_owned(),
+    let msg = match first.strip_prefix("line ").and_then(|rest| rest.split_once(": ")) {
+        Some((_, msg)) => msg,
+        None => first,
+    };
+    // The position is already in front of the message; drop the parser's own copy of it.
+    match msg.rfind(" at line ") {
+        Some(at) if msg[at..].contains(", column ") => msg[..at].to_owned(),
+        _ => msg.to_owned(),
     }
 }
 

@@ -107,12 +107,15 @@ impl StageFailure {
     }
 }
 
+/// Resolves `${VAR}` in tool URLs (the process environment in the CLI, a map in tests).
+pub type VarLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// Runs routes of one catalogue with one LLM stack.
 pub struct Runner {
     catalogue: Arc<Catalogue>,
     llm: Arc<dyn Llm>,
     http: HttpTools,
-    vars: Arc<dyn Fn(&str) -> Option<String> + Send + Sync>,
+    vars: VarLookup,
     fleet: Option<String>,
 }
 
@@ -124,7 +127,7 @@ impl std::fmt::Debug for Runner {
 
 impl Runner {
     /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI).
-    pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: Arc<dyn Fn(&str) -> Option<String> + Send + Sync>) -> Runner {
+    pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Runner {
         Runner { catalogue, llm, http: HttpTools::new(), vars, fleet: None }
     }
 

@@ -192,7 +192,7 @@ fn scalar_value(s: &Scalar, field: &str, stage: &str, pick: u64) -> serde_json::
         Scalar::String => format!("{stage} {field} {:04x}", pick as u16).into(),
         Scalar::Integer => ((pick % 100) as i64).into(),
         Scalar::Number => ((pick % 1000) as f64 / 10.0).into(),
-        Scalar::Boolean => (pick % 2 == 0).into(),
+        Scalar::Boolean => pick.is_multiple_of(2).into(),
         Scalar::Enum(members) => members[(pick % members.len() as u64) as usize].clone(),
     }
 }

@@ -1,0 +1,79 @@
+//! Loading: every invalid fixture gives located messages (snapshotted); good routes survive bad ones.
+
+use std::path::Path;
+
+use fabric::catalogue::{self, RouteEntry};
+
+use crate::support::{fixtures, repo};
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// Loads the base catalogue plus one case file; returns the diagnostics with portable paths.
+fn check_case(case: &Path) -> (String, usize, usize) {
+    let tmp = tempfile::tempdir().unwrap();
+    let routes = tmp.path().join("routes");
+    let packs = tmp.path().join("packs");
+    copy_dir(&fixtures().join("invalid-base/routes"), &routes);
+    copy_dir(&fixtures().join("invalid-base/packs"), &packs);
+    let name = case.file_name().unwrap();
+    let is_pack = name.to_str().unwrap().starts_with("pack-");
+    std::fs::copy(case, if is_pack { packs.join(name) } else { routes.join(name) }).unwrap();
+    let cat = catalogue::load(&routes, &packs);
+    let text: Vec<String> = cat.diagnostics().iter().map(|d| d.to_string().replace(&format!("{}/", tmp.path().display()), "")).collect();
+    (text.join("\n"), cat.error_count(), cat.diagnostics().len() - cat.error_count())
+}
+
+#[test]
+fn every_invalid_fixture_is_reported_with_locations() {
+    let mut cases: Vec<_> = std::fs::read_dir(fixtures().join("invalid")).unwrap().map(|e| e.unwrap().path()).collect();
+    cases.sort();
+    assert!(cases.len() >= 12);
+    for case in cases {
+        let stem = case.file_stem().unwrap().to_str().unwrap().to_owned();
+        let (text, errors, warnings) = check_case(&case);
+        if stem.starts_with("warn-") {
+            assert_eq!(errors, 0, "{stem}: {text}");
+            assert!(warnings > 0, "{stem}: expected warnings");
+        } else {
+            assert!(errors > 0, "{stem}: expected errors, got:\n{text}");
+        }
+        // Every message is located in a file of the case: `path:line:col: ...`.
+        for line in text.lines() {
+            let mut parts = line.splitn(4, ':');
+            let (path, l, c) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+            assert!(path.ends_with(".yaml"), "{stem}: {line}");
+            assert!(l.parse::<u32>().unwrap() >= 1 && c.parse::<u32>().unwrap() >= 1, "{stem}: {line}");
+        }
+        insta::assert_snapshot!(format!("invalid__{stem}"), text);
+    }
+}
+
+#[test]
+fn a_broken_route_does_not_stop_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let routes = tmp.path().join("routes");
+    copy_dir(&repo().join("routes"), &routes);
+    std::fs::copy(fixtures().join("invalid/unknown-role.yaml"), routes.join("zz-broken.yaml")).unwrap();
+    std::fs::copy(fixtures().join("invalid/yaml-syntax.yaml"), routes.join("zz-syntax.yaml")).unwrap();
+    let cat = catalogue::load(&routes, &repo().join("prompt-packs"));
+    let ready: Vec<&str> = cat.routes().filter_map(|r| if let RouteEntry::Ready(r) = r { Some(r.id.as_str()) } else { None }).collect();
+    assert_eq!(ready, ["refund-review", "support-agent", "support-triage", "ticket-router"]);
+    match cat.get("unknown-role") {
+        Some(RouteEntry::Broken(b)) => assert!(b.problems.iter().any(|d| d.message.contains("unknown llm_role `summarize`")), "{:?}", b.problems),
+        other => panic!("unknown-role should be broken: {other:?}"),
+    }
+    assert_eq!(cat.error_count(), 2);
+}
+
+#[test]
+fn shipped_catalogue_is_clean() {
+    let cat = catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"));
+    assert!(cat.diagnostics().is_empty(), "{:#?}", cat.diagnostics());
+    assert_eq!(cat.routes().count(), 4);
+}

@@ -1,0 +1,154 @@
+//! The `fabric` binary as a user runs it: exit codes, stdout/stderr, files.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::support::{fixtures, portable, repo};
+
+fn fabric(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
+    cmd.current_dir(repo()).args(args);
+    for var in [
+        "FABRIC_LLM_STUB",
+        "FABRIC_LLM_STUB_STRICT",
+        "FABRIC_LLM_STUB_LATENCY_MS",
+        "FABRIC_FLEET",
+        "KB_SEARCH_URL",
+        "FABRIC_CATALOGUE_DIR",
+        "FABRIC_PROMPT_PACKS_DIR",
+        "FABRIC_LLM_STUB_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+const STUB: (&str, &str) = ("FABRIC_LLM_STUB", "1");
+const GOAL: &str = r#"{"ticket":"I was charged twice"}"#;
+
+#[test]
+fn readme_demo_runs_offline_and_writes_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let out = fabric(&["run", "support-triage", "--goal", GOAL, "--events-out", events.to_str().unwrap()], &[STUB, ("FABRIC_LLM_STUB_STRICT", "1")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(result["status"], "completed");
+    assert_eq!(result["output"], "You were charged twice; the duplicate charge has been refunded.");
+    assert!(result["run_id"].as_str().unwrap().len() == 36);
+    assert_eq!(result.as_object().unwrap().keys().collect::<Vec<_>>(), ["run_id", "route_id", "status", "output", "slots", "notes"]);
+    let lines: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.first().unwrap()["type"], "run.started");
+    assert_eq!(lines.last().unwrap()["type"], "run.completed");
+    assert!(stderr(&out).is_empty(), "no progress output when stderr is not a terminal: {}", stderr(&out));
+}
+
+#[test]
+fn events_to_stderr_with_dash() {
+    let out = fabric(&["run", "support-triage", "--goal", GOAL, "--events-out", "-"], &[STUB]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stderr(&out).lines().count(), 14);
+}
+
+#[test]
+fn exit_codes() {
+    // 1: the run failed (a scripted schema violation).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("support-triage.yaml"), "stages:\n  intake: ['{\"category\":\"sales\",\"urgency\":\"high\"}']\n").unwrap();
+    let out = fabric(&["--stub-dir", dir.path().to_str().unwrap(), "run", "support-triage", "--goal", GOAL], &[STUB]);
+    assert_eq!(out.status.code(), Some(1));
+    let result: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(result["status"], "failed");
+    assert_eq!(result["error"]["reason_class"], "schema_validation");
+    // 2: bad usage, configuration, catalogue.
+    for (args, env, needle) in [
+        (vec!["run", "support-triage", "--goal", "[1,2]"], vec![STUB], "--goal: the goal must be a JSON object, got an array"),
+        (vec!["run", "support-triage", "--goal", "{oops"], vec![STUB], "--goal: the goal is not valid JSON"),
+        (vec!["run", "support-triage", "--goal", GOAL], vec![("FABRIC_LLM_STUB", "perhaps")], "FABRIC_LLM_STUB: `perhaps` is not a boolean"),
+        (vec!["run", "support-triage", "--goal", GOAL], vec![STUB, ("FABRIC_LLM_STUB_LATENCY_MS", "-5")], "FABRIC_LLM_STUB_LATENCY_MS"),
+        (vec!["run", "nope", "--goal", GOAL], vec![STUB], "unknown route `nope`"),
+        (vec!["run", "refund-review", "--goal", GOAL], vec![STUB, ("FABRIC_FLEET", "agent-runtime-shared")], "served by fleet `agent-runtime-custom`"),
+        (vec!["run", "support-triage"], vec![STUB], "--goal"),
+    ] {
+        let out = fabric(&args, &env);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn strict_stub_reports_unused_script_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut script = std::fs::read_to_string(repo().join("stub/support-triage.yaml")).unwrap();
+    script = script.replace("  answer:\n", "  answer:\n    - '{\"text\":\"spare\"}'\n");
+    std::fs::write(dir.path().join("support-triage.yaml"), script).unwrap();
+    let out = fabric(&["--stub-dir", dir.path().to_str().unwrap(), "run", "support-triage", "--goal", GOAL], &[STUB, ("FABRIC_LLM_STUB_STRICT", "true")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("strict stub: route `support-triage` stage `answer`: 1 of 2 scripted replies unused"), "{}", stderr(&out));
+}
+
+#[test]
+fn broken_stub_scripts_are_located() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("support-triage.yaml"), "stages:\n  intake: 42\n").unwrap();
+    let out = fabric(&["--stub-dir", dir.path().to_str().unwrap(), "run", "support-triage", "--goal", GOAL], &[STUB]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("support-triage.yaml:2:11: replies of stage `intake` must be a list, found an integer"), "{}", stderr(&out));
+}
+
+#[test]
+fn routes_list_and_check() {
+    let out = fabric(&["routes", "list"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    insta::assert_snapshot!("routes_list", stdout(&out));
+    let out = fabric(&["routes", "check"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stderr(&out), "4 of 4 routes ready; 0 errors, 0 warnings\n");
+    // The invalid fixtures as one catalogue: every error listed with its location, exit 2.
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixtures().join("invalid")).unwrap().chain(std::fs::read_dir(fixtures().join("invalid-base/routes")).unwrap()) {
+        let p = e.unwrap().path();
+        if !p.file_name().unwrap().to_str().unwrap().starts_with("pack-") {
+            std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let out = fabric(
+        &["--catalogue", dir.path().to_str().unwrap(), "--prompt-packs", fixtures().join("invalid-base/packs").to_str().unwrap(), "routes", "check"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let text = stdout(&out).replace(&format!("{}/", dir.path().display()), "");
+    insta::assert_snapshot!("routes_check_invalid", text);
+}
+
+#[test]
+fn hydrate_formats() {
+    for format in ["text", "dot", "mermaid"] {
+        let out = fabric(&["hydrate", "support-triage", "--format", format], &[]);
+        assert_eq!(out.status.code(), Some(0));
+        insta::assert_snapshot!(format!("hydrate_support_triage_{format}"), portable(&stdout(&out)));
+    }
+}
+
+#[test]
+fn validate_reports_non_bindable_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("nested.json");
+    std::fs::write(&schema, r#"{"type":"object","properties":{"customer":{"type":"object"}}}"#).unwrap();
+    let reply = dir.path().join("reply.txt");
+    std::fs::write(&reply, "free text").unwrap();
+    let out = fabric(&["validate", "--schema", schema.to_str().unwrap(), reply.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stdout(&out), "free text\n");
+    assert!(stderr(&out).contains("is not bindable (property `customer` is a nested object)"), "{}", stderr(&out));
+}

@@ -1,0 +1,8 @@
+//! End-to-end tests: the catalogue, hydration, runs and the `fabric` CLI, on fixture files.
+
+mod catalogue;
+mod cli;
+mod hydrate;
+mod parity;
+mod run;
+mod support;
