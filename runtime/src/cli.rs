@@ -294,7 +294,12 @@ struct Progress {
 
 impl EventSink for Progress {
     fn emit(&self, e: &Event) {
-        let get = |k: &str| e.data.get(k).map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string())).unwrap_or_default();
+        let get = |k: &str| match e.data.get(k) {
+            None => String::new(),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Number(n)) if n.is_f64() => format!("{:.1}", n.as_f64().unwrap_or_default()),
+            Some(v) => v.to_string(),
+        };
         let stage = e.stage_id.as_deref().unwrap_or("");
         let indent = if e.parent_run_id.is_some() { "    " } else { "" };
         let line = match e.kind {

@@ -77,3 +77,21 @@ fn shipped_catalogue_is_clean() {
     assert!(cat.diagnostics().is_empty(), "{:#?}", cat.diagnostics());
     assert_eq!(cat.routes().count(), 4);
 }
+
+/// Every source module says what it is for (rust-analyzer's tidy rule).
+#[test]
+fn every_module_has_a_header() {
+    let mut stack = vec![repo().join("runtime/src")];
+    let mut missing = Vec::new();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") && !std::fs::read_to_string(&path).unwrap().starts_with("//!") {
+                missing.push(path);
+            }
+        }
+    }
+    assert!(missing.is_empty(), "modules without a //! header: {missing:?}");
+}

@@ -20,6 +20,13 @@ use crate::catalogue::defs::OutputSpec;
 use crate::events::RunEvents;
 use crate::structured::{self, Decoded};
 
+/// Sampling temperature of every model call (fixed, as in the Python runtime).
+pub const TEMPERATURE: f64 = 0.1;
+/// Output token limit of every model call (fixed).
+pub const MAX_OUTPUT_TOKENS: u32 = 4096;
+/// Time limit of one model-call attempt (fixed).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One logical model call (all of its attempts).
