@@ -232,22 +232,38 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
             Err(e) => return usage(format!("--prefetch {}: {e}", p.display())),
         },
     };
-    if !settings.stub {
-        return usage(
-            "no model provider is available in this build: set FABRIC_LLM_STUB=1 to run with the seeded stub (real providers arrive with issue 3)".into(),
-        );
-    }
-    let stub = match StubLlm::load(&cli.stub_dir) {
-        Ok(s) => s.with_latency(settings.stub_latency).strict(settings.stub_strict),
-        Err(problems) => {
-            for d in problems {
-                eprintln!("{d}");
+    let catalogue = Arc::new(load(cli));
+    let mut stub = None;
+    let mut profile_llms = std::collections::HashMap::new();
+    let llm = if settings.stub {
+        match StubLlm::load(&cli.stub_dir) {
+            Ok(s) => {
+                let s = s.with_latency(settings.stub_latency).strict(settings.stub_strict);
+                stub = Some(s.clone());
+                crate::llm::stack::build(s, settings.retry)
             }
-            return usage(format!("stub scripts in {} have errors", cli.stub_dir.display()));
+            Err(problems) => {
+                for d in problems {
+                    eprintln!("{d}");
+                }
+                return usage(format!("stub scripts in {} have errors", cli.stub_dir.display()));
+            }
+        }
+    } else {
+        // Every stack is built before the run starts, so a missing key stops us before inference.
+        let client = crate::llm::stack::client();
+        if settings.honor_model_profile {
+            match crate::llm::stack::profile_stacks(&settings, &client, catalogue.profiles()) {
+                Ok(stacks) => profile_llms = stacks,
+                Err(e) => return usage(format!("bad configuration: {e}")),
+            }
+        }
+        match crate::llm::stack::provider_stack(&settings, &client) {
+            Ok(l) => l,
+            Err(e) => return usage(format!("bad configuration: {e}")),
         }
     };
-    let catalogue = Arc::new(load(cli));
-    let runner = Runner::new(catalogue, crate::llm::stack::build(stub.clone()), Arc::new(|k: &str| std::env::var(k).ok())).with_fleet(settings.fleet.clone());
+    let runner = Runner::new(catalogue, llm, Arc::new(|k: &str| std::env::var(k).ok())).with_fleet(settings.fleet.clone()).with_profile_llms(profile_llms);
     let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
     match events_out {
         None => {}
@@ -270,7 +286,7 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         Err(e) => return usage(e.to_string()),
     };
     println!("{}", serde_json::to_string(&result).unwrap_or_default());
-    if stub.is_strict() {
+    if let Some(stub) = stub.as_ref().filter(|s| s.is_strict()) {
         let unused = stub.unconsumed(&result.llm_calls);
         if !unused.is_empty() {
             for u in &unused {

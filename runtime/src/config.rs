@@ -1,62 +1,563 @@
-//! Runtime configuration from the environment. Bad values fail at start-up, naming the variable.
+//! Runtime configuration: the environment (and an optional TOML file) read once at start-up.
+//!
+//! Sources are merged with figment: built-in defaults < the file named by `FABRIC_CONFIG` <
+//! the environment. Every value is then parsed by hand so that a bad one fails before any
+//! inference with a message naming the variable. API keys live in [`ApiKey`], whose `Debug`
+//! and `Display` never show the key.
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use figment::providers::{Format, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+
+/// Every variable the runtime reads (besides `${VAR}` parts of tool URLs).
+pub const VARIABLES: &[&str] = &[
+    "FABRIC_LLM_STUB",
+    "FABRIC_LLM_STUB_LATENCY_MS",
+    "FABRIC_LLM_STUB_STRICT",
+    "FABRIC_FLEET",
+    "FABRIC_LLM_MODEL",
+    "OLLAMA_MODEL",
+    "OLLAMA_BASE_URL",
+    "OLLAMA_HOST",
+    "OLLAMA_API_KEY",
+    "FABRIC_LLM_RETRY_MAX",
+    "FABRIC_LLM_RETRY_BASE_S",
+    "FABRIC_LLM_RETRY_MAX_BACKOFF_S",
+    "FABRIC_HONOR_MODEL_PROFILE",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_BASE",
+    "GOOGLE_API_KEY",
+    "GEMINI_API_KEY",
+    "GOOGLE_GEMINI_BASE_URL",
+    "GEMINI_API_VERSION",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+];
+
+pub const DEFAULT_MODEL: &str = "ollama:qwen3:14b";
+pub const DEFAULT_OLLAMA_URL: &str = "http://127.0.0.1:11434";
+pub const DEFAULT_OPENAI_URL: &str = "https://api.openai.com/v1";
+pub const DEFAULT_GEMINI_URL: &str = "https://generativelanguage.googleapis.com";
+pub const DEFAULT_GEMINI_VERSION: &str = "v1beta";
+pub const DEFAULT_ANTHROPIC_URL: &str = "https://api.anthropic.com";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{var}: {message}")]
 pub struct ConfigError {
-    pub var: &'static str,
+    pub var: String,
     pub message: String,
 }
 
-/// Reads `FABRIC_*` settings through a lookup (the process environment, or a map in tests).
+fn err(var: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError { var: var.to_owned(), message: message.into() }
+}
+
+/// An API key. It is sent to its provider and nowhere else: never printed, logged or put in
+/// events.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn new(key: String) -> ApiKey {
+        ApiKey(key)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The providers with a backend. Others parse (as LangChain would) but are refused by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    Ollama,
+    OpenAi,
+    Gemini,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn key(self) -> &'static str {
+        match self {
+            ProviderKind::Ollama => "ollama",
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Gemini => "google_genai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn from_key(key: &str) -> Option<ProviderKind> {
+        match key {
+            "ollama" => Some(ProviderKind::Ollama),
+            "openai" => Some(ProviderKind::OpenAi),
+            "google_genai" => Some(ProviderKind::Gemini),
+            "anthropic" => Some(ProviderKind::Anthropic),
+            _ => None,
+        }
+    }
+
+    /// The OpenTelemetry `gen_ai.provider.name` value.
+    pub fn otel_name(self) -> &'static str {
+        match self {
+            ProviderKind::Ollama => "ollama",
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Gemini => "gcp.gemini",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// LangChain's provider keys (`init_chat_model`), used to decide whether a prefix is a provider.
+const LANGCHAIN_PROVIDERS: &[&str] = &[
+    "anthropic",
+    "anthropic_bedrock",
+    "azure_ai",
+    "azure_openai",
+    "baseten",
+    "bedrock",
+    "bedrock_converse",
+    "bedrock_mantle_anthropic",
+    "bedrock_mantle_openai",
+    "cohere",
+    "deepseek",
+    "fireworks",
+    "google_anthropic_vertex",
+    "google_genai",
+    "google_vertexai",
+    "groq",
+    "huggingface",
+    "ibm",
+    "langsmith",
+    "litellm",
+    "meta",
+    "mistralai",
+    "nvidia",
+    "ollama",
+    "openai",
+    "openrouter",
+    "perplexity",
+    "together",
+    "upstage",
+    "xai",
+];
+
+/// Parses a model string exactly as LangChain's `init_chat_model` does: split at the first `:`
+/// only when the prefix is a provider key, else infer the provider from the model name.
+/// Returns `(provider, model)`, or `None` when no provider can be inferred.
+pub fn parse_model_string(s: &str) -> Option<(String, String)> {
+    if let Some((prefix, rest)) = s.split_once(':')
+        && LANGCHAIN_PROVIDERS.contains(&prefix)
+    {
+        return Some((prefix.to_owned(), rest.to_owned()));
+    }
+    let lower = s.to_lowercase();
+    let provider = if ["gpt-", "o1", "o3", "chatgpt", "text-davinci"].iter().any(|p| lower.starts_with(p)) {
+        "openai"
+    } else if lower.starts_with("claude") {
+        "anthropic"
+    } else if lower.starts_with("command") {
+        "cohere"
+    } else if lower.starts_with("accounts/fireworks") {
+        "fireworks"
+    } else if lower.starts_with("gemini") {
+        "google_vertexai"
+    } else if ["amazon.", "anthropic.", "meta."].iter().any(|p| lower.starts_with(p)) {
+        "bedrock"
+    } else if lower.starts_with("mistral") || lower.starts_with("mixtral") {
+        "mistralai"
+    } else if lower.starts_with("deepseek") {
+        "deepseek"
+    } else if lower.starts_with("grok") {
+        "xai"
+    } else if lower.starts_with("sonar") {
+        "perplexity"
+    } else if lower.starts_with("solar") {
+        "upstage"
+    } else {
+        return None;
+    };
+    Some((provider.to_owned(), s.to_owned()))
+}
+
+/// Where the model comes from, and the provider it resolves to.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelChoice {
+    pub provider: ProviderKind,
+    pub model: String,
+}
+
+/// Resolves `OLLAMA_MODEL` (bare names mean Ollama) or `FABRIC_LLM_MODEL`.
+pub fn choose_model(var: &str, value: &str) -> Result<ModelChoice, ConfigError> {
+    let value = value.trim();
+    let parsed = if var == "OLLAMA_MODEL" {
+        match value.split_once(':') {
+            Some((prefix, _)) if LANGCHAIN_PROVIDERS.contains(&prefix) => parse_model_string(value),
+            _ => Some(("ollama".to_owned(), value.to_owned())),
+        }
+    } else {
+        parse_model_string(value)
+    };
+    let (provider, model) =
+        parsed.ok_or_else(|| err(var, format!("cannot tell the provider of `{value}`; write it as PROVIDER:MODEL, e.g. ollama:{value}")))?;
+    if model.is_empty() {
+        return Err(err(var, format!("`{value}` names no model")));
+    }
+    let kind = ProviderKind::from_key(&provider)
+        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported; supported: ollama, openai, google_genai, anthropic")))?;
+    Ok(ModelChoice { provider: kind, model })
+}
+
+/// Where one provider call goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderTarget {
+    pub provider: ProviderKind,
+    pub model: String,
+    /// Without a trailing `/`.
+    pub base_url: String,
+    pub api_key: Option<ApiKey>,
+    /// The variable the key came from (for messages; never the key).
+    pub api_key_var: Option<String>,
+    /// Gemini only.
+    pub api_version: String,
+}
+
+/// Per-call tuning; the fixed parity defaults unless a model profile overrides them (opt-in).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tuning {
+    pub temperature: f64,
+    pub max_tokens: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning { temperature: crate::llm::TEMPERATURE, max_tokens: crate::llm::MAX_OUTPUT_TOKENS }
+    }
+}
+
+/// The retry schedule of `RetryLlm`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts per call, the first included.
+    pub max_attempts: u32,
+    pub base: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { max_attempts: 3, base: Duration::from_secs(1), max_backoff: Duration::from_secs(30) }
+    }
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub stub: bool,
     pub stub_latency: Duration,
     pub stub_strict: bool,
     pub fleet: Option<String>,
+    pub retry: RetryPolicy,
+    pub honor_model_profile: bool,
+    /// The model string and the variable it came from.
+    pub model_string: (String, &'static str),
+    /// The default provider target; `None` with the stub (no provider is needed then).
+    pub target: Option<ProviderTarget>,
+    raw: RawVars,
+    origins: BTreeMap<String, String>,
+}
+
+/// The merged variables as text. Its `Debug` redacts keys.
+#[derive(Clone)]
+struct RawVars(BTreeMap<String, String>);
+
+impl fmt::Debug for RawVars {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.0.iter().map(|(k, v)| (k, if k.ends_with("_KEY") { "<redacted>" } else { v.as_str() }))).finish()
+    }
 }
 
 /// `1/true/yes/on` and `0/false/no/off` (any case); empty means unset.
-pub fn parse_flag(var: &'static str, value: Option<&str>) -> Result<bool, ConfigError> {
+pub fn parse_flag(var: &str, value: Option<&str>) -> Result<bool, ConfigError> {
     match value.map(str::trim) {
         None | Some("") => Ok(false),
         Some(v) => match v.to_ascii_lowercase().as_str() {
             "1" | "true" | "yes" | "on" => Ok(true),
             "0" | "false" | "no" | "off" => Ok(false),
-            _ => Err(ConfigError { var, message: format!("`{v}` is not a boolean; use 1/true/yes/on or 0/false/no/off") }),
+            _ => Err(err(var, format!("`{v}` is not a boolean; use 1/true/yes/on or 0/false/no/off"))),
         },
     }
 }
 
+fn parse_seconds(var: &str, value: Option<&str>, default: f64) -> Result<Duration, ConfigError> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(Duration::from_secs_f64(default)),
+        Some(v) => match v.parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
+            Ok(_) => Err(err(var, format!("`{v}` must be a positive number of seconds (at most 86400)"))),
+            Err(_) => Err(err(var, format!("`{v}` is not a number of seconds"))),
+        },
+    }
+}
+
+/// A provider-facing URL from configuration: absolute http(s), stored without a trailing `/`.
+pub fn parse_base_url(var: &str, value: &str) -> Result<String, ConfigError> {
+    let v = value.trim().trim_end_matches('/');
+    match reqwest::Url::parse(v) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => Ok(v.to_owned()),
+        _ => Err(err(var, format!("`{value}` is not an http(s) URL"))),
+    }
+}
+
+/// `OLLAMA_HOST` as the Ollama client reads it: scheme defaults to http, port to 11434 (80/443
+/// when a scheme is given), a bare `:PORT` means 127.0.0.1.
+pub fn parse_ollama_host(value: &str) -> Result<String, ConfigError> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Ok(DEFAULT_OLLAMA_URL.to_owned());
+    }
+    let (scheme, rest, default_port) = match v.split_once("://") {
+        Some((s @ ("http" | "https"), rest)) => (s, rest, if s == "https" { 443 } else { 80 }),
+        Some(_) => return Err(err("OLLAMA_HOST", format!("`{v}` has an unsupported scheme"))),
+        None => ("http", v, 11434),
+    };
+    let (hostport, path) = match rest.split_once('/') {
+        Some((h, p)) => (h, format!("/{}", p.trim_end_matches('/'))),
+        None => (rest, String::new()),
+    };
+    let (host, port) = if hostport.starts_with('[') {
+        match hostport.rsplit_once("]:") {
+            Some((h, p)) => (format!("{h}]"), p.parse::<u16>().ok()),
+            None => (hostport.to_owned(), Some(default_port)),
+        }
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), p.parse::<u16>().ok()),
+            None => (hostport.to_owned(), Some(default_port)),
+        }
+    };
+    let port = port.ok_or_else(|| err("OLLAMA_HOST", format!("`{v}` has an invalid port")))?;
+    let host = if host.is_empty() { "127.0.0.1".to_owned() } else { host };
+    let path = if path == "/" { String::new() } else { path };
+    parse_base_url("OLLAMA_HOST", &format!("{scheme}://{host}:{port}{path}"))
+}
+
+/// A figment provider of plain strings (figment's own `Env` would parse `1` into a number).
+struct Strings {
+    name: &'static str,
+    values: Vec<(String, String)>,
+}
+
+impl Provider for Strings {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.name)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let dict: Dict = self.values.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect();
+        Ok(Profile::Default.collect(dict))
+    }
+}
+
+fn value_to_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(_, s) => Some(s.clone()),
+        Value::Char(_, c) => Some(c.to_string()),
+        Value::Bool(_, b) => Some(b.to_string()),
+        Value::Num(_, n) => n.to_f64().map(|f| if f.fract() == 0.0 && f.abs() < 1e15 { format!("{}", f as i64) } else { f.to_string() }),
+        _ => None,
+    }
+}
+
 impl Settings {
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
-        let stub = parse_flag("FABRIC_LLM_STUB", get("FABRIC_LLM_STUB").as_deref())?;
-        let stub_strict = parse_flag("FABRIC_LLM_STUB_STRICT", get("FABRIC_LLM_STUB_STRICT").as_deref())?;
-        let stub_latency = match get("FABRIC_LLM_STUB_LATENCY_MS").as_deref().map(str::trim) {
-            None | Some("") => Duration::ZERO,
+    /// Reads the process environment (and the `FABRIC_CONFIG` file, if set).
+    pub fn from_env() -> Result<Settings, ConfigError> {
+        Settings::load(|k| std::env::var(k).ok())
+    }
+
+    /// Reads settings through `get` (the environment, or a map in tests).
+    pub fn load(get: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(path) = get("FABRIC_CONFIG").filter(|p| !p.trim().is_empty()) {
+            let path = PathBuf::from(path.trim());
+            if !path.is_file() {
+                return Err(err("FABRIC_CONFIG", format!("`{}` is not a readable file", path.display())));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        let env_values: Vec<(String, String)> = VARIABLES.iter().filter_map(|v| get(v).map(|val| (v.to_string(), val))).collect();
+        figment = figment.merge(Strings { name: "environment", values: env_values });
+        let dict: BTreeMap<String, Value> = figment.extract().map_err(|e| err("FABRIC_CONFIG", e.to_string()))?;
+        let mut raw = BTreeMap::new();
+        let mut origins = BTreeMap::new();
+        for (key, value) in &dict {
+            let upper = key.to_ascii_uppercase();
+            if !VARIABLES.contains(&upper.as_str()) {
+                return Err(err("FABRIC_CONFIG", format!("unknown setting `{key}`; known: {}", VARIABLES.join(", "))));
+            }
+            let s = value_to_string(value).ok_or_else(|| err(&upper, "must be a string, number or boolean"))?;
+            let origin = value.tag();
+            let source = figment.get_metadata(origin).map(|m| m.name.to_string()).unwrap_or_else(|| "environment".into());
+            origins.insert(upper.clone(), source);
+            raw.insert(upper, s);
+        }
+        Settings::from_raw(raw, origins)
+    }
+
+    fn from_raw(raw: BTreeMap<String, String>, origins: BTreeMap<String, String>) -> Result<Settings, ConfigError> {
+        let get = |k: &str| raw.get(k).map(String::as_str).filter(|v| !v.trim().is_empty());
+        let stub = parse_flag("FABRIC_LLM_STUB", get("FABRIC_LLM_STUB"))?;
+        let stub_strict = parse_flag("FABRIC_LLM_STUB_STRICT", get("FABRIC_LLM_STUB_STRICT"))?;
+        let honor_model_profile = parse_flag("FABRIC_HONOR_MODEL_PROFILE", get("FABRIC_HONOR_MODEL_PROFILE"))?;
+        let stub_latency = match get("FABRIC_LLM_STUB_LATENCY_MS").map(str::trim) {
+            None => Duration::ZERO,
             Some(v) => v
                 .parse::<u64>()
                 .map(Duration::from_millis)
-                .map_err(|_| ConfigError { var: "FABRIC_LLM_STUB_LATENCY_MS", message: format!("`{v}` is not a whole number of milliseconds") })?,
+                .map_err(|_| err("FABRIC_LLM_STUB_LATENCY_MS", format!("`{v}` is not a whole number of milliseconds")))?,
         };
-        let fleet = match get("FABRIC_FLEET").map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()) {
+        let fleet = match get("FABRIC_FLEET").map(str::trim) {
             None => None,
-            Some(f) if crate::catalogue::yaml::is_ident(&f) => Some(f),
-            Some(f) => return Err(ConfigError { var: "FABRIC_FLEET", message: format!("`{f}` is not a fleet name (letters, digits, `_`, `-`, `.`)") }),
+            Some(f) if crate::catalogue::yaml::is_ident(f) => Some(f.to_owned()),
+            Some(f) => return Err(err("FABRIC_FLEET", format!("`{f}` is not a fleet name (letters, digits, `_`, `-`, `.`)"))),
         };
-        Ok(Settings { stub, stub_latency, stub_strict, fleet })
+        let max_attempts = match get("FABRIC_LLM_RETRY_MAX").map(str::trim) {
+            None => 3,
+            Some(v) => match v.parse::<u32>() {
+                Ok(n) if (1..=100).contains(&n) => n,
+                _ => return Err(err("FABRIC_LLM_RETRY_MAX", format!("`{v}` must be a whole number of attempts from 1 to 100"))),
+            },
+        };
+        let retry = RetryPolicy {
+            max_attempts,
+            base: parse_seconds("FABRIC_LLM_RETRY_BASE_S", get("FABRIC_LLM_RETRY_BASE_S"), 1.0)?,
+            max_backoff: parse_seconds("FABRIC_LLM_RETRY_MAX_BACKOFF_S", get("FABRIC_LLM_RETRY_MAX_BACKOFF_S"), 30.0)?,
+        };
+        let model_string = match (get("OLLAMA_MODEL"), get("FABRIC_LLM_MODEL")) {
+            (Some(m), _) => (m.trim().to_owned(), "OLLAMA_MODEL"),
+            (None, Some(m)) => (m.trim().to_owned(), "FABRIC_LLM_MODEL"),
+            (None, None) => (DEFAULT_MODEL.to_owned(), "FABRIC_LLM_MODEL"),
+        };
+        let mut settings =
+            Settings { stub, stub_latency, stub_strict, fleet, retry, honor_model_profile, model_string, target: None, raw: RawVars(raw.clone()), origins };
+        // With the stub no provider is contacted, so none has to be configured; a model string
+        // that is set must still make sense.
+        let choice = choose_model(settings.model_string.1, &settings.model_string.0)?;
+        let target = settings.resolve_target(choice.provider, choice.model, None, None);
+        if !stub {
+            settings.target = Some(target?);
+        } else if let Ok(t) = target {
+            settings.target = Some(t);
+        }
+        Ok(settings)
     }
 
-    pub fn from_env() -> Result<Settings, ConfigError> {
-        Settings::from_lookup(|k| std::env::var(k).ok())
+    fn var(&self, k: &str) -> Option<&str> {
+        self.raw.0.get(k).map(String::as_str).filter(|v| !v.trim().is_empty())
+    }
+
+    /// Builds a provider target: base URL and key from the provider's usual variables, unless
+    /// given (a model profile's `base_url` and `api_key_env`).
+    pub fn resolve_target(&self, provider: ProviderKind, model: String, base_url: Option<&str>, key_var: Option<&str>) -> Result<ProviderTarget, ConfigError> {
+        let (url, default_url, key_vars): (Result<String, ConfigError>, bool, Vec<&str>) = match provider {
+            ProviderKind::Ollama => match (base_url, self.var("OLLAMA_BASE_URL"), self.var("OLLAMA_HOST")) {
+                (Some(u), _, _) => (parse_base_url("model profile base_url", u), false, vec!["OLLAMA_API_KEY"]),
+                (None, Some(u), _) => (parse_base_url("OLLAMA_BASE_URL", u), false, vec!["OLLAMA_API_KEY"]),
+                (None, None, Some(h)) => (parse_ollama_host(h), false, vec!["OLLAMA_API_KEY"]),
+                (None, None, None) => (Ok(DEFAULT_OLLAMA_URL.to_owned()), false, vec!["OLLAMA_API_KEY"]),
+            },
+            ProviderKind::OpenAi => {
+                let (u, default) = match (base_url, self.var("OPENAI_BASE_URL"), self.var("OPENAI_API_BASE")) {
+                    (Some(u), _, _) => (parse_base_url("model profile base_url", u), false),
+                    (None, Some(u), _) => (parse_base_url("OPENAI_BASE_URL", u), false),
+                    (None, None, Some(u)) => (parse_base_url("OPENAI_API_BASE", u), false),
+                    (None, None, None) => (Ok(DEFAULT_OPENAI_URL.to_owned()), true),
+                };
+                (u, default, vec!["OPENAI_API_KEY"])
+            }
+            ProviderKind::Gemini => {
+                let (u, default) = match (base_url, self.var("GOOGLE_GEMINI_BASE_URL")) {
+                    (Some(u), _) => (parse_base_url("model profile base_url", u), false),
+                    (None, Some(u)) => (parse_base_url("GOOGLE_GEMINI_BASE_URL", u), false),
+                    (None, None) => (Ok(DEFAULT_GEMINI_URL.to_owned()), true),
+                };
+                (u, default, vec!["GOOGLE_API_KEY", "GEMINI_API_KEY"])
+            }
+            ProviderKind::Anthropic => {
+                let (u, default) = match (base_url, self.var("ANTHROPIC_BASE_URL")) {
+                    (Some(u), _) => (parse_base_url("model profile base_url", u), false),
+                    (None, Some(u)) => (parse_base_url("ANTHROPIC_BASE_URL", u), false),
+                    (None, None) => (Ok(DEFAULT_ANTHROPIC_URL.to_owned()), true),
+                };
+                (u, default, vec!["ANTHROPIC_API_KEY"])
+            }
+        };
+        let base_url = url?;
+        let key_vars: Vec<String> = match key_var {
+            Some(v) => vec![v.to_owned()],
+            None => key_vars.into_iter().map(str::to_owned).collect(),
+        };
+        // A profile may name any variable for its key; read it from the environment directly.
+        let lookup = |v: &str| self.var(v).map(str::to_owned).or_else(|| std::env::var(v).ok().filter(|s| !s.trim().is_empty()));
+        let found = key_vars.iter().find_map(|v| lookup(v).map(|k| (v.clone(), k)));
+        // The hosted APIs need a key; a custom base URL (a proxy, an OpenAI-compatible server) may not.
+        if found.is_none() && default_url && provider != ProviderKind::Ollama {
+            return Err(err(&key_vars.join(" or "), format!("is required for provider {} (model `{model}`) and is not set", provider.key())));
+        }
+        let api_version = match self.var("GEMINI_API_VERSION") {
+            None => DEFAULT_GEMINI_VERSION.to_owned(),
+            Some(v) if v.chars().all(|c| c.is_ascii_alphanumeric()) => v.trim().to_owned(),
+            Some(v) => return Err(err("GEMINI_API_VERSION", format!("`{v}` is not an API version such as v1beta or v1"))),
+        };
+        Ok(ProviderTarget {
+            provider,
+            model,
+            base_url,
+            api_key_var: found.as_ref().map(|(v, _)| v.clone()),
+            api_key: found.map(|(_, k)| ApiKey(k)),
+            api_version,
+        })
+    }
+
+    /// The resolved settings for `fabric doctor`: each known variable's effective value (keys
+    /// redacted) and where it came from.
+    pub fn describe(&self) -> Vec<(String, String, String)> {
+        VARIABLES
+            .iter()
+            .filter_map(|v| {
+                let value = self.raw.0.get(*v)?;
+                let shown = if v.ends_with("_KEY") { "<redacted>".to_owned() } else { value.clone() };
+                Some((v.to_string(), shown, self.origins.get(*v).cloned().unwrap_or_default()))
+            })
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let map: BTreeMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Settings::load(|k| map.get(k).cloned())
+    }
 
     #[test]
     fn flags_and_bad_values() {
@@ -67,7 +568,62 @@ mod tests {
             assert_eq!(parse_flag("X", Some(v)), Ok(false));
         }
         assert!(parse_flag("FABRIC_LLM_STUB", Some("maybe")).unwrap_err().to_string().starts_with("FABRIC_LLM_STUB:"));
-        let bad = Settings::from_lookup(|k| (k == "FABRIC_LLM_STUB_LATENCY_MS").then(|| "fast".to_owned())).unwrap_err();
-        assert_eq!(bad.var, "FABRIC_LLM_STUB_LATENCY_MS");
+        assert_eq!(load(&[("FABRIC_LLM_STUB", "1"), ("FABRIC_LLM_STUB_LATENCY_MS", "fast")]).unwrap_err().var, "FABRIC_LLM_STUB_LATENCY_MS");
+        for (var, value) in [
+            ("FABRIC_LLM_RETRY_MAX", "0"),
+            ("FABRIC_LLM_RETRY_MAX", "x"),
+            ("FABRIC_LLM_RETRY_BASE_S", "-1"),
+            ("FABRIC_LLM_RETRY_MAX_BACKOFF_S", "0"),
+            ("FABRIC_LLM_RETRY_BASE_S", "NaN"),
+        ] {
+            assert_eq!(load(&[("FABRIC_LLM_STUB", "1"), (var, value)]).unwrap_err().var, var, "{var}={value}");
+        }
+    }
+
+    #[test]
+    fn model_precedence_and_bare_names() {
+        let s = load(&[("OLLAMA_MODEL", "qwen3:8b"), ("FABRIC_LLM_MODEL", "openai:gpt-4o")]).unwrap();
+        let t = s.target.unwrap();
+        assert_eq!((t.provider, t.model.as_str(), t.base_url.as_str()), (ProviderKind::Ollama, "qwen3:8b", DEFAULT_OLLAMA_URL));
+        let s = load(&[]).unwrap();
+        assert_eq!(s.target.unwrap().model, "qwen3:14b");
+        let e = load(&[("FABRIC_LLM_MODEL", "mistral-large")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "FABRIC_LLM_MODEL: provider `mistralai` (from `mistral-large`) is not supported; supported: ollama, openai, google_genai, anthropic"
+        );
+        let e = load(&[("FABRIC_LLM_MODEL", "qwen3:14b")]).unwrap_err();
+        assert!(e.message.contains("cannot tell the provider"), "{e}");
+    }
+
+    #[test]
+    fn missing_keys_fail_naming_the_variable_and_keys_never_show() {
+        let e = load(&[("FABRIC_LLM_MODEL", "openai:gpt-4o-mini")]).unwrap_err();
+        assert_eq!(e.var, "OPENAI_API_KEY");
+        let e = load(&[("FABRIC_LLM_MODEL", "google_genai:gemini-2.5-flash")]).unwrap_err();
+        assert_eq!(e.var, "GOOGLE_API_KEY or GEMINI_API_KEY");
+        let s = load(&[("FABRIC_LLM_MODEL", "anthropic:claude-sonnet-4-5"), ("ANTHROPIC_API_KEY", "sk-secret-123")]).unwrap();
+        assert!(!format!("{s:?}").contains("sk-secret-123"));
+        assert!(!format!("{:?}", s.describe()).contains("sk-secret-123"));
+        // A custom base URL (an OpenAI-compatible server) does not need a key.
+        let s = load(&[("FABRIC_LLM_MODEL", "openai:tiny"), ("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1/")]).unwrap();
+        assert_eq!(s.target.unwrap().base_url, "http://127.0.0.1:8080/v1");
+    }
+
+    #[test]
+    fn ollama_host_like_the_client() {
+        for (host, want) in [
+            ("", "http://127.0.0.1:11434"),
+            ("1.2.3.4", "http://1.2.3.4:11434"),
+            (":56789", "http://127.0.0.1:56789"),
+            ("http://1.2.3.4", "http://1.2.3.4:80"),
+            ("https://example.com", "https://example.com:443"),
+            ("example.com/path/", "http://example.com:11434/path"),
+            ("0.0.0.0:9999", "http://0.0.0.0:9999"),
+        ] {
+            assert_eq!(parse_ollama_host(host).unwrap(), want, "{host}");
+        }
+        let s = load(&[("OLLAMA_HOST", "10.0.0.5:1234"), ("OLLAMA_BASE_URL", "http://ollama:11434")]).unwrap();
+        assert_eq!(s.target.unwrap().base_url, "http://ollama:11434", "OLLAMA_BASE_URL wins");
     }
 }

@@ -109,7 +109,8 @@ pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
         };
         routes.insert(id, entry);
     }
-    Catalogue { routes, diagnostics: diags.into_vec() }
+    let profiles = defs.profiles.into_iter().filter_map(|(name, p)| p.ok().filter(|p| !p.origin.is_broken()).map(|p| (name, p))).collect();
+    Catalogue { routes, profiles, diagnostics: diags.into_vec() }
 }
 
 fn errors_only(mut problems: Vec<Diagnostic>) -> Vec<Diagnostic> {

@@ -75,6 +75,7 @@ pub enum RouteEntry {
 #[derive(Debug, Default)]
 pub struct Catalogue {
     routes: IndexMap<String, RouteEntry>,
+    profiles: IndexMap<String, defs::ProfileDef>,
     diagnostics: Vec<Diagnostic>,
 }
 
@@ -94,6 +95,11 @@ impl Catalogue {
             Some(RouteEntry::Broken(b)) => Err(RouteLookupError::Broken(b)),
             None => Err(RouteLookupError::Unknown { known: self.routes.keys().map(String::as_str).collect() }),
         }
+    }
+
+    /// The model profiles that loaded without errors.
+    pub fn profiles(&self) -> impl Iterator<Item = (&String, &defs::ProfileDef)> {
+        self.profiles.iter()
     }
 
     pub fn diagnostics(&self) -> &[Diagnostic] {

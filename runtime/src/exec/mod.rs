@@ -117,6 +117,8 @@ pub struct Runner {
     http: HttpTools,
     vars: VarLookup,
     fleet: Option<String>,
+    /// Per-profile stacks when model profiles select the model (opt-in).
+    profile_llms: HashMap<String, Arc<dyn Llm>>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -128,7 +130,13 @@ impl std::fmt::Debug for Runner {
 impl Runner {
     /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI).
     pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Runner {
-        Runner { catalogue, llm, http: HttpTools::new(), vars, fleet: None }
+        Runner { catalogue, llm, http: HttpTools::new(), vars, fleet: None, profile_llms: HashMap::new() }
+    }
+
+    /// Sends each route's model calls to the stack of its `model_profile`, where one is given.
+    pub fn with_profile_llms(mut self, stacks: HashMap<String, Arc<dyn Llm>>) -> Runner {
+        self.profile_llms = stacks;
+        self
     }
 
     /// Makes this runtime fleet `fleet`: routes targeted at another fleet are refused.
@@ -391,7 +399,8 @@ impl Runner {
             output: stage.output(),
         };
         *turn += 1;
-        self.llm.complete(&req).await.map(|r| r.value).map_err(|e| StageFailure::new(e.class, e.message))
+        let llm = self.profile_llms.get(&route.model_profile).unwrap_or(&self.llm);
+        llm.complete(&req).await.map(|r| r.value).map_err(|e| StageFailure::new(e.class, e.message))
     }
 
     async fn child_run(

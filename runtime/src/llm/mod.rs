@@ -5,9 +5,11 @@
 //! [`crate::structured::decode_reply`]), or an [`LlmError`] whose [`ReasonClass`] says whether a
 //! retry could help. Implementations never emit run/stage events; decorators emit `run.llm.*`.
 //!
-//! The stack is built in one place, [`stack::build`]: `TelemetryLlm(backend)` today, with
-//! `RetryLlm` slotting in between when real providers land.
+//! The stack is built in one place, [`stack`]: `TelemetryLlm(RetryLlm(backend))`, where the
+//! backend is the seeded stub or a real provider ([`providers`]).
 
+pub mod providers;
+pub mod retry;
 pub mod stack;
 pub mod stub;
 pub mod telemetry;
@@ -153,6 +155,26 @@ pub struct ModelInfo {
 pub trait Llm: Send + Sync {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>>;
     fn info(&self) -> ModelInfo;
+}
+
+impl<L: Llm + ?Sized> Llm for Box<L> {
+    fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
+        (**self).complete(req)
+    }
+
+    fn info(&self) -> ModelInfo {
+        (**self).info()
+    }
+}
+
+impl<L: Llm + ?Sized> Llm for std::sync::Arc<L> {
+    fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
+        (**self).complete(req)
+    }
+
+    fn info(&self) -> ModelInfo {
+        (**self).info()
+    }
 }
 
 /// Turns a backend's raw reply text into the stage value: validated structured output for a

@@ -1,0 +1,62 @@
+//! `RetryLlm`: retries transient failures of the backend it wraps.
+//!
+//! The decision "retry or not" is [`ReasonClass::is_retryable`]: timeouts, connection errors,
+//! 429 and 500/502/503/504 only; never invalid JSON, schema violations or other 4xx. The
+//! schedule is jittered exponential backoff (backon) from `FABRIC_LLM_RETRY_BASE_S`, capped at
+//! `FABRIC_LLM_RETRY_MAX_BACKOFF_S`; a provider's `Retry-After` replaces the computed delay, up
+//! to the same cap. Each retry emits `run.llm.retrying` with the attempt number and the delay.
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo};
+use crate::config::RetryPolicy;
+use crate::fields;
+
+#[derive(Debug)]
+pub struct RetryLlm<L> {
+    inner: L,
+    policy: RetryPolicy,
+}
+
+impl<L: Llm> RetryLlm<L> {
+    pub fn new(inner: L, policy: RetryPolicy) -> RetryLlm<L> {
+        RetryLlm { inner, policy }
+    }
+}
+
+impl<L: Llm> Llm for RetryLlm<L> {
+    fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
+        Box::pin(async move {
+            let mut delays = ExponentialBuilder::default()
+                .with_min_delay(self.policy.base)
+                .with_max_delay(self.policy.max_backoff)
+                .with_max_times(self.policy.max_attempts.saturating_sub(1) as usize)
+                .with_jitter()
+                .build();
+            let mut attempt: u32 = 1;
+            loop {
+                let result = self.inner.complete(req).await;
+                let error = match result {
+                    Ok(reply) => return Ok(reply),
+                    Err(e) => e,
+                };
+                if !error.class.is_retryable() || attempt >= self.policy.max_attempts {
+                    return Err(error);
+                }
+                let Some(computed) = delays.next() else { return Err(error) };
+                let delay = error.retry_after.unwrap_or(computed).min(self.policy.max_backoff);
+                req.events.emit(
+                    "run.llm.retrying",
+                    Some(req.stage_id),
+                    fields! {"attempt" => attempt + 1, "delay_ms" => delay.as_millis() as u64, "reason_class" => error.class.as_str(), "message" => error.message},
+                );
+                tokio::time::sleep(delay).await;
+                attempt += 1;
+            }
+        })
+    }
+
+    fn info(&self) -> ModelInfo {
+        self.inner.info()
+    }
+}
