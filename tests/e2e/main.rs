@@ -4,5 +4,6 @@ mod catalogue;
 mod cli;
 mod hydrate;
 mod parity;
+mod providers;
 mod run;
 mod support;

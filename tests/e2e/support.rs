@@ -52,3 +52,82 @@ pub async fn serve(app: axum::Router) -> String {
     });
     format!("http://{addr}")
 }
+
+/// One recorded request to a fake provider.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub path: String,
+    pub headers: axum::http::HeaderMap,
+    pub body: serde_json::Value,
+}
+
+/// A canned reply: status, extra headers, body; or a delay before answering.
+#[derive(Debug, Clone)]
+pub struct Canned {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+    pub delay: std::time::Duration,
+}
+
+impl Canned {
+    pub fn json(status: u16, body: serde_json::Value) -> Canned {
+        Canned { status, headers: vec![], body: body.to_string(), delay: std::time::Duration::ZERO }
+    }
+}
+
+/// An in-process provider: answers with queued replies, else with `fallback(request body)`.
+#[derive(Clone)]
+pub struct FakeProvider {
+    pub requests: Arc<Mutex<Vec<Recorded>>>,
+    queue: Arc<Mutex<std::collections::VecDeque<Canned>>>,
+    fallback: Arc<dyn Fn(&serde_json::Value) -> Canned + Send + Sync>,
+}
+
+impl FakeProvider {
+    pub fn new(fallback: impl Fn(&serde_json::Value) -> Canned + Send + Sync + 'static) -> FakeProvider {
+        FakeProvider { requests: Arc::default(), queue: Arc::default(), fallback: Arc::new(fallback) }
+    }
+
+    pub fn push(&self, reply: Canned) -> &Self {
+        self.queue.lock().unwrap().push_back(reply);
+        self
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Starts the fake on a loopback port; returns its base URL.
+    pub async fn start(&self) -> String {
+        let me = self.clone();
+        let app = axum::Router::new().fallback(move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let me = me.clone();
+            async move {
+                let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+                me.requests.lock().unwrap().push(Recorded { path: uri.path().to_owned(), headers, body: body.clone() });
+                let canned = me.queue.lock().unwrap().pop_front().unwrap_or_else(|| (me.fallback)(&body));
+                if !canned.delay.is_zero() {
+                    tokio::time::sleep(canned.delay).await;
+                }
+                let mut response = axum::response::Response::builder().status(canned.status).header("content-type", "application/json");
+                for (k, v) in canned.headers {
+                    response = response.header(k, v);
+                }
+                response.body(axum::body::Body::from(canned.body)).unwrap()
+            }
+        });
+        serve(app).await
+    }
+}
+
+/// The reply support-triage's stages expect, chosen by the property names of the schema asked.
+pub fn triage_reply_for(props: &[String]) -> serde_json::Value {
+    if props.iter().any(|p| p == "category") {
+        serde_json::json!({"category": "billing", "urgency": "high"})
+    } else if props.iter().any(|p| p == "query") {
+        serde_json::json!({"query": "duplicate charge refund"})
+    } else {
+        serde_json::json!({"text": "Refunded."})
+    }
+}
