@@ -63,6 +63,11 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// The resolved configuration (keys redacted); `--probe` makes one tiny structured call.
+    Doctor {
+        #[arg(long)]
+        probe: bool,
+    },
     /// What a stage would make of a raw model reply against an output schema.
     Validate {
         #[arg(long)]
@@ -109,6 +114,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Routes { action: RoutesAction::Check } => routes_check(&load(&cli)),
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
+        Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
         Command::Run { route, goal, prefetch, events_out } => run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref()).await,
     }
 }
@@ -299,6 +305,76 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         RunStatus::Completed => ExitCode::SUCCESS,
         RunStatus::Failed => ExitCode::from(EXIT_FAILED),
         RunStatus::AwaitingInput => ExitCode::from(EXIT_AWAITING),
+    }
+}
+
+async fn doctor_cmd(cli: &Cli, probe: bool) -> ExitCode {
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            println!("configuration: ERROR {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    println!("configuration: ok");
+    for (var, value, origin) in settings.describe() {
+        println!("  {var}={value}  ({origin})");
+    }
+    println!("backend: {}", if settings.stub { "seeded stub (FABRIC_LLM_STUB)" } else { "provider" });
+    println!("model: {} (from {})", settings.model_string.0, settings.model_string.1);
+    match &settings.target {
+        Some(t) => {
+            println!("  provider: {}  model: {}  base_url: {}", t.provider.key(), t.model, t.base_url);
+            if t.provider == crate::config::ProviderKind::Gemini {
+                println!("  api_version: {}", t.api_version);
+            }
+            println!("  api key: {}", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})")));
+        }
+        None => println!("  provider: not resolvable (not needed with the stub)"),
+    }
+    let r = settings.retry;
+    println!("retry: {} attempts, base {:?}, cap {:?}", r.max_attempts, r.base, r.max_backoff);
+    println!("fixed: temperature {}, max tokens {}, timeout {:?}", crate::llm::TEMPERATURE, crate::llm::MAX_OUTPUT_TOKENS, crate::llm::CALL_TIMEOUT);
+    println!("model profiles: {}", if settings.honor_model_profile { "select the model (FABRIC_HONOR_MODEL_PROFILE)" } else { "metadata only" });
+    println!("fleet: {}", settings.fleet.as_deref().unwrap_or("(none: serves every route)"));
+    let cat = load(cli);
+    println!("catalogue: {} ({} routes, {} errors)", cli.catalogue.display(), cat.routes().count(), cat.error_count());
+    if !probe {
+        return ExitCode::SUCCESS;
+    }
+    let llm = if settings.stub {
+        crate::llm::stack::build(StubLlm::default(), settings.retry)
+    } else {
+        match crate::llm::stack::provider_stack(&settings, &crate::llm::stack::client()) {
+            Ok(l) => l,
+            Err(e) => {
+                println!("probe: ERROR {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    };
+    let schema = serde_json::json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]});
+    let output = crate::catalogue::defs::OutputSpec::Bindable(Arc::new(FlatSchema::from_json(&schema).unwrap_or_else(|_| unreachable!("a flat schema"))));
+    let events = crate::events::RunEvents::new("doctor", "doctor", None, Arc::new(NullSink));
+    let req = crate::llm::LlmRequest {
+        events: &events,
+        route_id: "doctor",
+        stage_id: "probe",
+        turn: 0,
+        system: "Reply with JSON only.",
+        user: "Reply with {\"ok\": true}.",
+        output: &output,
+    };
+    let started = Instant::now();
+    match llm.complete(&req).await {
+        Ok(reply) => {
+            println!("probe: ok in {:.0} ms: {}", started.elapsed().as_secs_f64() * 1000.0, reply.value.slot_value());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("probe: FAILED ({}) {}", e.class.as_str(), e.message);
+            ExitCode::from(EXIT_FAILED)
+        }
     }
 }
 

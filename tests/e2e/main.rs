@@ -3,6 +3,7 @@
 mod catalogue;
 mod cli;
 mod hydrate;
+mod llama;
 mod parity;
 mod providers;
 mod run;

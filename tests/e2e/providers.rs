@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fabric::catalogue::{self, Catalogue};
-use fabric::config::{parse_model_string, ApiKey, ProviderKind, ProviderTarget, RetryPolicy, Settings, Tuning};
+use fabric::config::{ApiKey, ProviderKind, ProviderTarget, RetryPolicy, Settings, Tuning, parse_model_string};
 use fabric::events::{Event, MemorySink};
 use fabric::exec::{RunRequest, RunResult, RunStatus, Runner};
 use fabric::llm::providers::backend_for;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::support::{fixtures, repo, triage_reply_for, Canned, FakeProvider};
+use crate::support::{Canned, FakeProvider, fixtures, repo, triage_reply_for};
 
 fn props_of(schema: Option<&Value>) -> Vec<String> {
     schema.and_then(|s| s.get("properties")).and_then(Value::as_object).map(|p| p.keys().cloned().collect()).unwrap_or_default()
@@ -44,7 +44,14 @@ fn fake(kind: ProviderKind) -> FakeProvider {
 }
 
 fn target(kind: ProviderKind, base_url: &str, model: &str) -> ProviderTarget {
-    ProviderTarget { provider: kind, model: model.into(), base_url: base_url.into(), api_key: Some(ApiKey::new("test-key-123".into())), api_key_var: None, api_version: "v1beta".into() }
+    ProviderTarget {
+        provider: kind,
+        model: model.into(),
+        base_url: base_url.into(),
+        api_key: Some(ApiKey::new("test-key-123".into())),
+        api_key_var: None,
+        api_version: "v1beta".into(),
+    }
 }
 
 fn shipped() -> Arc<Catalogue> {
@@ -124,7 +131,10 @@ async fn request_bodies_field_by_field() {
     run_with(ProviderKind::Ollama, &f.start().await, FAST_RETRY).await;
     let r = &f.requests()[0];
     assert_eq!(r.path, "/api/chat");
-    assert_eq!(r.body, json!({"model": "m-1", "stream": false, "messages": [{"role": "system", "content": sys}, {"role": "user", "content": user}], "options": {"temperature": 0.1, "num_predict": 4096}, "format": classify_schema}));
+    assert_eq!(
+        r.body,
+        json!({"model": "m-1", "stream": false, "messages": [{"role": "system", "content": sys}, {"role": "user", "content": user}], "options": {"temperature": 0.1, "num_predict": 4096}, "format": classify_schema})
+    );
     assert_eq!(r.headers["authorization"], "Bearer test-key-123");
 
     let f = fake(ProviderKind::OpenAi);
@@ -234,7 +244,10 @@ async fn client_errors_and_bad_replies_fail_at_once() {
         (Canned::json(400, json!({"error": {"message": "Invalid schema for response_format", "type": "invalid_request_error"}})), "client_error"),
         (Canned::json(401, json!({"error": {"message": "bad key"}})), "client_error"),
         (Canned::json(200, json!({"choices": [{"message": {"content": "not json"}, "finish_reason": "stop"}]})), "invalid_json"),
-        (Canned::json(200, json!({"choices": [{"message": {"content": "{\"category\":\"sales\",\"urgency\":\"high\"}"}, "finish_reason": "stop"}]})), "schema_validation"),
+        (
+            Canned::json(200, json!({"choices": [{"message": {"content": "{\"category\":\"sales\",\"urgency\":\"high\"}"}, "finish_reason": "stop"}]})),
+            "schema_validation",
+        ),
         (Canned::json(200, json!({"choices": [{"message": {"content": "{\"cat"}, "finish_reason": "length"}]})), "provider_error"),
         (Canned::json(200, json!({"unexpected": true})), "provider_error"),
     ] {
@@ -265,7 +278,13 @@ async fn connection_refused_and_timeouts_are_retried() {
     slow.delay = Duration::from_secs(5);
     f.push(slow);
     let url = f.start().await;
-    let backend = fabric::llm::providers::HttpBackend::new(reqwest::Client::new(), fabric::llm::providers::ollama::Ollama, target(ProviderKind::Ollama, &url, "m"), Tuning::default()).with_timeout(Duration::from_millis(300));
+    let backend = fabric::llm::providers::HttpBackend::new(
+        reqwest::Client::new(),
+        fabric::llm::providers::ollama::Ollama,
+        target(ProviderKind::Ollama, &url, "m"),
+        Tuning::default(),
+    )
+    .with_timeout(Duration::from_millis(300));
     let runner = Runner::new(shipped(), fabric::llm::stack::build(backend, FAST_RETRY), Arc::new(|_: &str| None));
     let sink = Arc::new(MemorySink::default());
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
@@ -324,7 +343,10 @@ async fn missing_keys_and_bad_values_stop_before_inference() {
     for (env, needle) in [
         (vec![("FABRIC_LLM_MODEL", "openai:gpt-4o".to_owned())], "OPENAI_API_KEY: is required for provider openai"),
         (vec![("FABRIC_LLM_MODEL", "gemini-2.5-flash".to_owned())], "provider `google_vertexai` (from `gemini-2.5-flash`) is not supported"),
-        (vec![("FABRIC_LLM_MODEL", "openai:x".to_owned()), ("OPENAI_BASE_URL", url.clone()), ("FABRIC_LLM_RETRY_MAX", "many".to_owned())], "FABRIC_LLM_RETRY_MAX"),
+        (
+            vec![("FABRIC_LLM_MODEL", "openai:x".to_owned()), ("OPENAI_BASE_URL", url.clone()), ("FABRIC_LLM_RETRY_MAX", "many".to_owned())],
+            "FABRIC_LLM_RETRY_MAX",
+        ),
         (vec![("FABRIC_LLM_MODEL", "openai:x".to_owned()), ("OPENAI_BASE_URL", "not a url".to_owned())], "OPENAI_BASE_URL: `not a url` is not an http(s) URL"),
     ] {
         let out = fabric_cli(&["run", "support-triage", "--goal", GOAL], &env).await;
@@ -365,11 +387,66 @@ async fn model_profiles_select_the_model_only_when_asked() {
     assert_eq!(r.body["model"], "claude-haiku-4-5");
     assert_eq!(r.body["max_tokens"], 512, "tuning merges over the defaults");
     assert_eq!(r.body["temperature"], 0.1, "unset tuning keeps the default");
-    std::fs::write(routes.join("profiles.yaml"), "profiles:\n  default:\n    provider: anthropic\n    model: claude-haiku-4-5\n    api_key_env: TEAM_ANTHROPIC_KEY\n").unwrap();
+    std::fs::write(
+        routes.join("profiles.yaml"),
+        "profiles:\n  default:\n    provider: anthropic\n    model: claude-haiku-4-5\n    api_key_env: TEAM_ANTHROPIC_KEY\n",
+    )
+    .unwrap();
     let out = fabric_cli(&["--catalogue", cat, "run", "support-triage", "--goal", GOAL], &env).await;
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("model profile `default`") && stderr.contains("TEAM_ANTHROPIC_KEY: is required for provider anthropic"), "{stderr}");
     assert_eq!(profiled.requests().len(), 3, "nothing more was sent");
     assert_eq!(default.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn doctor_shows_the_resolved_configuration_and_probes() {
+    let f = fake(ProviderKind::Gemini);
+    f.push(Canned::json(200, json!({"candidates": [{"content": {"parts": [{"text": "{\"ok\": true}"}]}, "finishReason": "STOP"}]})));
+    let url = f.start().await;
+    let env = vec![
+        ("FABRIC_LLM_MODEL", "google_genai:gemini-2.5-flash".to_owned()),
+        ("GOOGLE_GEMINI_BASE_URL", url),
+        ("GOOGLE_API_KEY", "AIza-secret".to_owned()),
+        ("GEMINI_API_VERSION", "v1".to_owned()),
+    ];
+    let out = fabric_cli(&["doctor"], &env).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("GOOGLE_API_KEY=<redacted>  (environment)"), "{stdout}");
+    assert!(stdout.contains("provider: google_genai  model: gemini-2.5-flash"), "{stdout}");
+    assert!(stdout.contains("api_version: v1\n"), "{stdout}");
+    assert!(!stdout.contains("AIza-secret"));
+    assert!(f.requests().is_empty(), "no call without --probe");
+    let out = fabric_cli(&["doctor", "--probe"], &env).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains(r#"probe: ok in "#) && stdout.contains(r#"{"ok":true}"#), "{stdout}");
+    assert_eq!(f.requests()[0].path, "/v1/models/gemini-2.5-flash:generateContent");
+    let out = fabric_cli(&["doctor"], &[("FABRIC_LLM_MODEL", "openai:gpt-4o".to_owned())]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("configuration: ERROR OPENAI_API_KEY"));
+}
+
+#[tokio::test]
+async fn a_config_file_sits_under_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fabric.toml");
+    std::fs::write(&file, "FABRIC_LLM_MODEL = \"anthropic:claude-haiku-4-5\"\nANTHROPIC_API_KEY = \"from-file\"\nFABRIC_LLM_RETRY_MAX = 5\n").unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let out = fabric_cli(&["doctor"], &[("FABRIC_CONFIG", path.clone()), ("FABRIC_LLM_RETRY_MAX", "2".into())]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("provider: anthropic  model: claude-haiku-4-5"), "{stdout}");
+    assert!(stdout.contains("retry: 2 attempts"), "the environment wins over the file: {stdout}");
+    assert!(
+        stdout.contains(&format!("FABRIC_LLM_MODEL=anthropic:claude-haiku-4-5  (TOML file `{path}`)"))
+            || stdout.contains("FABRIC_LLM_MODEL=anthropic:claude-haiku-4-5  (TOML"),
+        "{stdout}"
+    );
+    std::fs::write(&file, "FABRIC_LLM_MODLE = \"x\"\n").unwrap();
+    let out = fabric_cli(&["doctor"], &[("FABRIC_CONFIG", path)]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unknown setting `FABRIC_LLM_MODLE`"));
 }

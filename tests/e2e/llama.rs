@@ -1,0 +1,84 @@
+//! Real inference: llama.cpp's server with a tiny model, through the OpenAI-compatible and
+//! Anthropic backends. Needs `../shared/llm-server/` beside the repository; skips without it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::support::repo;
+
+struct Server {
+    pid: String,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(&self.pid).status();
+    }
+}
+
+fn llm_server_dir() -> Option<PathBuf> {
+    let dir = repo().parent()?.join("shared/llm-server");
+    dir.join("serve.sh").is_file().then_some(dir)
+}
+
+fn start(variant: &str) -> Option<Server> {
+    let Some(dir) = llm_server_dir() else {
+        eprintln!("skipping real-inference test: ../shared/llm-server/ is not beside the repository");
+        return None;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = Command::new("bash").arg(dir.join("serve.sh")).arg(port.to_string()).arg(variant).output().unwrap();
+    assert!(out.status.success(), "serve.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    Some(Server { pid: String::from_utf8(out.stdout).unwrap().trim().to_owned(), port })
+}
+
+fn run_triage(env: &[(&str, String)]) -> (Value, Vec<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
+    cmd.current_dir(repo()).args(["run", "support-triage", "--goal", r#"{"ticket":"I was charged twice"}"#, "--events-out", events.to_str().unwrap()]);
+    for var in fabric::config::VARIABLES {
+        cmd.env_remove(var);
+    }
+    cmd.env_remove("KB_SEARCH_URL").env("FABRIC_LLM_RETRY_BASE_S", "0.05");
+    cmd.envs(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "stdout: {}\nstderr: {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let events = std::fs::read_to_string(events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    (result, events)
+}
+
+fn check(result: &Value, events: &[Value]) {
+    assert_eq!(result["status"], "completed");
+    // Grammar-constrained decoding: the classification is one of the enum members.
+    let intake: Value = serde_json::from_str(result["slots"]["intake"].as_str().unwrap()).unwrap();
+    assert!(["billing", "technical", "other"].contains(&intake["category"].as_str().unwrap()), "{intake}");
+    assert!(["low", "high"].contains(&intake["urgency"].as_str().unwrap()), "{intake}");
+    let completed: Vec<&Value> = events.iter().filter(|e| e["type"] == "run.llm.completed").collect();
+    assert_eq!(completed.len(), 3);
+    assert!(completed[0]["input_tokens"].as_u64().unwrap() > 0, "usage is read from the reply");
+}
+
+#[test]
+fn support_triage_through_openai_compatible_llama_server() {
+    let Some(server) = start("plain") else { return };
+    let env = [("FABRIC_LLM_MODEL", "openai:tiny".to_owned()), ("OPENAI_BASE_URL", format!("http://127.0.0.1:{}/v1", server.port))];
+    let (result, events) = run_triage(&env);
+    check(&result, &events);
+    assert_eq!(events.iter().find(|e| e["type"] == "run.llm.started").unwrap()["provider"], "openai");
+}
+
+#[test]
+fn support_triage_through_anthropic_messages_on_llama_server() {
+    let Some(server) = start("tools") else { return };
+    let env = [("FABRIC_LLM_MODEL", "anthropic:tiny".to_owned()), ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{}", server.port))];
+    // Several runs: real models sometimes put a text block before the forced tool_use.
+    for _ in 0..3 {
+        let (result, events) = run_triage(&env);
+        check(&result, &events);
+    }
+}
