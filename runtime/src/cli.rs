@@ -101,6 +101,14 @@ pub fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    // Export spans only when the standard OTLP variables ask for it; the guard flushes at exit.
+    let _otel = match crate::otel::init_from_env() {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("fabric: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     runtime.block_on(dispatch(cli))
 }
 
@@ -364,6 +372,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> ExitCode {
         system: "Reply with JSON only.",
         user: "Reply with {\"ok\": true}.",
         output: &output,
+        cx: &opentelemetry::Context::current(),
     };
     let started = Instant::now();
     match llm.complete(&req).await {

@@ -10,7 +10,7 @@
 //! - [`llm`]: the LLM port, its decorators ([`llm::telemetry`]) and backends ([`llm::stub`]).
 //! - [`structured`]: Python-parity JSON reading, validation and serialisation of replies.
 //! - [`tools`]: hardened HTTP tool calls.
-//! - [`events`]: run events and their sinks.
+//! - [`events`]: run events and their sinks; [`otel`]: OpenTelemetry spans and export.
 //! - [`config`]: environment settings.
 //! - [`cli`]: the `fabric` command.
 
@@ -22,6 +22,7 @@ pub mod events;
 pub mod exec;
 pub mod hydrate;
 pub mod llm;
+pub mod otel;
 pub mod prompt;
 pub mod structured;
 pub mod tools;

@@ -8,3 +8,4 @@ mod parity;
 mod providers;
 mod run;
 mod support;
+mod telemetry;

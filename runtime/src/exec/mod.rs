@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use indexmap::IndexMap;
+use opentelemetry::trace::{TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
 use petgraph::graph::NodeIndex;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -169,7 +171,7 @@ impl Runner {
         let route = self.route(&req.route_id)?.clone();
         let run_id = new_run_id();
         let events = RunEvents::new(&run_id, &route.id, None, sink);
-        Ok(self.run_route(&route, &req.goal, &req.prefetch, &events, 0).await)
+        Ok(self.run_route(&route, &req.goal, &req.prefetch, &events, 0, &Context::current()).await)
     }
 
     fn run_route<'a>(
@@ -179,8 +181,19 @@ impl Runner {
         prefetch: &'a [String],
         events: &'a RunEvents,
         depth: u32,
+        parent_cx: &'a Context,
     ) -> crate::llm::BoxFuture<'a, RunResult> {
         Box::pin(async move {
+            let tracer = crate::otel::tracer();
+            let span = tracer
+                .span_builder("run")
+                .with_attributes([
+                    KeyValue::new("fabric.run_id", events.run_id().to_owned()),
+                    KeyValue::new("fabric.route_id", route.id.clone()),
+                    KeyValue::new("fabric.model_profile", route.model_profile.clone()),
+                ])
+                .start_with_context(&tracer, parent_cx);
+            let run_cx = parent_cx.with_span(span);
             let started = Instant::now();
             let mut data = fields! {"model_profile" => route.model_profile, "path" => route.path.as_str(), "prefetch_chunks" => prefetch.len()};
             if let Some(source) = &route.source {
@@ -191,7 +204,7 @@ impl Runner {
             }
             events.emit("run.started", None, data);
             let mut state = RunState::default();
-            let outcome = self.walk(route, goal, prefetch, events, depth, &mut state).await;
+            let outcome = self.walk(route, goal, prefetch, events, depth, &mut state, &run_cx).await;
             let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
             let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id.clone(), s.clone(), *n)).collect();
             llm_calls.append(&mut state.child_calls);
@@ -212,6 +225,7 @@ impl Runner {
                     events.emit("run.completed", None, fields! {"output" => result.output, "duration_ms" => duration_ms});
                 }
                 Err((stage_id, f)) => {
+                    crate::otel::fail_cx(&run_cx, f.class.as_str(), &f.message);
                     result.status = RunStatus::Failed;
                     events.emit(
                         "run.failed",
@@ -221,6 +235,7 @@ impl Runner {
                     result.error = Some(RunFailure { reason_class: f.class.as_str(), message: f.message, stage_id });
                 }
             }
+            run_cx.span().end();
             result
         })
     }
@@ -233,6 +248,7 @@ impl Runner {
         events: &RunEvents,
         depth: u32,
         state: &mut RunState,
+        run_cx: &Context,
     ) -> Result<(), (Option<String>, StageFailure)> {
         let mut node = route.entry;
         let mut stage_idx: u32 = 0;
@@ -256,7 +272,22 @@ impl Runner {
                 fields! {"llm_role" => stage.role.as_str(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
             );
             let started = Instant::now();
-            match self.run_stage(route, stage, goal, prefetch, events, depth, state).await {
+            let tracer = crate::otel::tracer();
+            let span = tracer
+                .span_builder("stage")
+                .with_attributes([
+                    KeyValue::new("fabric.run_id", events.run_id().to_owned()),
+                    KeyValue::new("fabric.stage_id", stage.id.clone()),
+                    KeyValue::new("fabric.llm_role", stage.role.as_str()),
+                ])
+                .start_with_context(&tracer, run_cx);
+            let stage_cx = run_cx.with_span(span);
+            let outcome = self.run_stage(route, stage, goal, prefetch, events, depth, state, &stage_cx).await;
+            if let Err(f) = &outcome {
+                crate::otel::fail_cx(&stage_cx, f.class.as_str(), &f.message);
+            }
+            stage_cx.span().end();
+            match outcome {
                 Ok(value) => {
                     let chars = value.chars().count();
                     if !value.is_empty() {
@@ -306,9 +337,10 @@ impl Runner {
         events: &RunEvents,
         depth: u32,
         state: &mut RunState,
+        cx: &Context,
     ) -> Result<String, StageFailure> {
         match (stage.role, &stage.kind) {
-            (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(child_id, goal, prefetch, events, depth, state).await,
+            (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(child_id, goal, prefetch, events, depth, state, cx).await,
             (LlmRole::None, _) => {
                 if let Some((invoke, url)) = self.tool_url(stage) {
                     return self.call_tool(stage, invoke, &url, goal, events).await;
@@ -318,7 +350,7 @@ impl Runner {
                 Ok(if prefetch.is_empty() { String::new() } else { serde_json::to_string(prefetch).unwrap_or_default() })
             }
             (role, _) => {
-                let reply = self.call_model(route, stage, goal, prefetch, events, state).await?;
+                let reply = self.call_model(route, stage, goal, prefetch, events, state, cx).await?;
                 if role != LlmRole::QueryFormulation {
                     if let ReplyValue::Structured(d) = &reply
                         && let Ok(v) = serde_json::from_str::<Value>(&d.compact)
@@ -386,6 +418,7 @@ impl Runner {
         prefetch: &[String],
         events: &RunEvents,
         state: &mut RunState,
+        cx: &Context,
     ) -> Result<ReplyValue, StageFailure> {
         let user = message::user_message(goal, prefetch, &state.notes);
         let turn = state.llm_calls.entry(stage.id.clone()).or_insert(0);
@@ -397,6 +430,7 @@ impl Runner {
             system: stage.prompt.system_text(),
             user: &user,
             output: stage.output(),
+            cx,
         };
         *turn += 1;
         let llm = self.profile_llms.get(&route.model_profile).unwrap_or(&self.llm);
@@ -411,13 +445,14 @@ impl Runner {
         events: &RunEvents,
         depth: u32,
         state: &mut RunState,
+        cx: &Context,
     ) -> Result<String, StageFailure> {
         if depth + 1 > MAX_CHILD_DEPTH {
             return Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child runs nest deeper than {MAX_CHILD_DEPTH}")));
         }
         let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
         let child_events = RunEvents::new(&new_run_id(), &route.id, Some(events.run_id()), events.sink().clone());
-        let result = self.run_route(&route, goal, prefetch, &child_events, depth + 1).await;
+        let result = self.run_route(&route, goal, prefetch, &child_events, depth + 1, cx).await;
         state.child_calls.extend(result.llm_calls.iter().cloned());
         match result.status {
             RunStatus::Completed => Ok(result.output.unwrap_or_default()),

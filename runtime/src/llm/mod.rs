@@ -42,6 +42,8 @@ pub struct LlmRequest<'a> {
     pub system: &'a str,
     pub user: &'a str,
     pub output: &'a OutputSpec,
+    /// The stage's trace context: the parent of the call's `llm.complete` span.
+    pub cx: &'a opentelemetry::Context,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

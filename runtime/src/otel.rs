@@ -1,0 +1,72 @@
+//! OpenTelemetry: spans for runs, stages and model calls, exported over OTLP when configured.
+//!
+//! Spans are made through the global tracer provider. Until [`init_from_env`] installs an
+//! exporter (only when a standard `OTEL_EXPORTER_OTLP_*` endpoint variable is set) that provider
+//! is OpenTelemetry's no-op one, so nothing is recorded or sent. Every model call, retries
+//! included, is one `llm.complete` span with the GenAI semantic-convention attributes.
+
+use opentelemetry::KeyValue;
+use opentelemetry::global::{self, BoxedTracer};
+use opentelemetry::trace::{Span, Status};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+
+pub const TRACER_NAME: &str = "fabric-runtime";
+
+pub fn tracer() -> BoxedTracer {
+    global::tracer(TRACER_NAME)
+}
+
+/// The `gen_ai.provider.name` of a backend's provider key.
+pub fn provider_name(key: &str) -> &str {
+    match key {
+        "google_genai" => "gcp.gemini",
+        other => other,
+    }
+}
+
+/// Marks a span failed with a reason class (`error.type`).
+pub fn fail(span: &mut impl Span, reason_class: &'static str, message: &str) {
+    span.set_attribute(KeyValue::new("error.type", reason_class));
+    span.set_status(Status::error(message.to_owned()));
+}
+
+/// Marks the span of a context failed (runs and stages).
+pub fn fail_cx(cx: &opentelemetry::Context, reason_class: &'static str, message: &str) {
+    use opentelemetry::trace::TraceContextExt;
+    let span = cx.span();
+    span.set_attribute(KeyValue::new("error.type", reason_class));
+    span.set_status(Status::error(message.to_owned()));
+}
+
+/// Flushes and stops the exporter when dropped (end of the process).
+#[derive(Debug)]
+pub struct OtelGuard(Option<SdkTracerProvider>);
+
+impl Drop for OtelGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.0.take() {
+            let _ = provider.force_flush();
+            let _ = provider.shutdown();
+        }
+    }
+}
+
+/// Installs the OTLP exporter when `OTEL_EXPORTER_OTLP_ENDPOINT` or
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set (and `OTEL_SDK_DISABLED` is not `true`). The
+/// exporter reads the other standard `OTEL_*` variables itself (headers, timeout, protocol).
+pub fn init_from_env() -> Result<OtelGuard, String> {
+    let set = |k: &str| std::env::var(k).ok().is_some_and(|v| !v.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    if disabled || !(set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
+        return Ok(OtelGuard(None));
+    }
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .build()
+        .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: cannot build the OTLP exporter: {e}"))?;
+    let service = std::env::var("OTEL_SERVICE_NAME").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "fabric-runtime".into());
+    let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(Resource::builder().with_service_name(service).build()).build();
+    global::set_tracer_provider(provider.clone());
+    Ok(OtelGuard(Some(provider)))
+}
