@@ -99,7 +99,9 @@ async fn failed_calls_mark_their_spans() {
 
 #[tokio::test]
 async fn otlp_export_only_when_configured() {
-    let received: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    // (path, body) of every request the collector received.
+    type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+    let received: Received = Arc::default();
     let sink = received.clone();
     let app = axum::Router::new().fallback(move |uri: axum::http::Uri, body: axum::body::Bytes| {
         let sink = sink.clone();

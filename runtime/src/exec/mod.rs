@@ -85,6 +85,17 @@ pub enum StartError {
     DecisionLoopUnsupported { route: String },
 }
 
+/// What stays fixed during one run (a child run gets its own).
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    route: &'a Route,
+    goal: &'a Map<String, Value>,
+    prefetch: &'a [String],
+    events: &'a RunEvents,
+    /// 0 for a top-level run, +1 per child run level.
+    depth: u32,
+}
+
 /// Mutable state of one run.
 #[derive(Debug, Default)]
 struct RunState {
@@ -171,19 +182,13 @@ impl Runner {
         let route = self.route(&req.route_id)?.clone();
         let run_id = new_run_id();
         let events = RunEvents::new(&run_id, &route.id, None, sink);
-        Ok(self.run_route(&route, &req.goal, &req.prefetch, &events, 0, &Context::current()).await)
+        let run = Run { route: &route, goal: &req.goal, prefetch: &req.prefetch, events: &events, depth: 0 };
+        Ok(self.run_route(run, &Context::current()).await)
     }
 
-    fn run_route<'a>(
-        &'a self,
-        route: &'a Route,
-        goal: &'a Map<String, Value>,
-        prefetch: &'a [String],
-        events: &'a RunEvents,
-        depth: u32,
-        parent_cx: &'a Context,
-    ) -> crate::llm::BoxFuture<'a, RunResult> {
+    fn run_route<'a>(&'a self, run: Run<'a>, parent_cx: &'a Context) -> crate::llm::BoxFuture<'a, RunResult> {
         Box::pin(async move {
+            let Run { route, prefetch, events, .. } = run;
             let tracer = crate::otel::tracer();
             let span = tracer
                 .span_builder("run")
@@ -204,7 +209,7 @@ impl Runner {
             }
             events.emit("run.started", None, data);
             let mut state = RunState::default();
-            let outcome = self.walk(route, goal, prefetch, events, depth, &mut state, &run_cx).await;
+            let outcome = self.walk(&run, &mut state, &run_cx).await;
             let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
             let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id.clone(), s.clone(), *n)).collect();
             llm_calls.append(&mut state.child_calls);
@@ -240,16 +245,8 @@ impl Runner {
         })
     }
 
-    async fn walk(
-        &self,
-        route: &Route,
-        goal: &Map<String, Value>,
-        prefetch: &[String],
-        events: &RunEvents,
-        depth: u32,
-        state: &mut RunState,
-        run_cx: &Context,
-    ) -> Result<(), (Option<String>, StageFailure)> {
+    async fn walk(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<(), (Option<String>, StageFailure)> {
+        let Run { route, events, .. } = *run;
         let mut node = route.entry;
         let mut stage_idx: u32 = 0;
         loop {
@@ -282,7 +279,7 @@ impl Runner {
                 ])
                 .start_with_context(&tracer, run_cx);
             let stage_cx = run_cx.with_span(span);
-            let outcome = self.run_stage(route, stage, goal, prefetch, events, depth, state, &stage_cx).await;
+            let outcome = self.run_stage(run, stage, state, &stage_cx).await;
             if let Err(f) = &outcome {
                 crate::otel::fail_cx(&stage_cx, f.class.as_str(), &f.message);
             }
@@ -327,20 +324,10 @@ impl Runner {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn run_stage(
-        &self,
-        route: &Route,
-        stage: &StageNode,
-        goal: &Map<String, Value>,
-        prefetch: &[String],
-        events: &RunEvents,
-        depth: u32,
-        state: &mut RunState,
-        cx: &Context,
-    ) -> Result<String, StageFailure> {
+    async fn run_stage(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
+        let Run { goal, prefetch, events, .. } = *run;
         match (stage.role, &stage.kind) {
-            (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(child_id, goal, prefetch, events, depth, state, cx).await,
+            (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(run, child_id, state, cx).await,
             (LlmRole::None, _) => {
                 if let Some((invoke, url)) = self.tool_url(stage) {
                     return self.call_tool(stage, invoke, &url, goal, events).await;
@@ -350,7 +337,7 @@ impl Runner {
                 Ok(if prefetch.is_empty() { String::new() } else { serde_json::to_string(prefetch).unwrap_or_default() })
             }
             (role, _) => {
-                let reply = self.call_model(route, stage, goal, prefetch, events, state, cx).await?;
+                let reply = self.call_model(run, stage, state, cx).await?;
                 if role != LlmRole::QueryFormulation {
                     if let ReplyValue::Structured(d) = &reply
                         && let Ok(v) = serde_json::from_str::<Value>(&d.compact)
@@ -410,16 +397,8 @@ impl Runner {
         }
     }
 
-    async fn call_model(
-        &self,
-        route: &Route,
-        stage: &StageNode,
-        goal: &Map<String, Value>,
-        prefetch: &[String],
-        events: &RunEvents,
-        state: &mut RunState,
-        cx: &Context,
-    ) -> Result<ReplyValue, StageFailure> {
+    async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
+        let Run { route, goal, prefetch, events, .. } = *run;
         let user = message::user_message(goal, prefetch, &state.notes);
         let turn = state.llm_calls.entry(stage.id.clone()).or_insert(0);
         let req = LlmRequest {
@@ -437,22 +416,14 @@ impl Runner {
         llm.complete(&req).await.map(|r| r.value).map_err(|e| StageFailure::new(e.class, e.message))
     }
 
-    async fn child_run(
-        &self,
-        child_id: &str,
-        goal: &Map<String, Value>,
-        prefetch: &[String],
-        events: &RunEvents,
-        depth: u32,
-        state: &mut RunState,
-        cx: &Context,
-    ) -> Result<String, StageFailure> {
+    async fn child_run(&self, run: &Run<'_>, child_id: &str, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
+        let Run { goal, prefetch, events, depth, .. } = *run;
         if depth + 1 > MAX_CHILD_DEPTH {
             return Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child runs nest deeper than {MAX_CHILD_DEPTH}")));
         }
         let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
         let child_events = RunEvents::new(&new_run_id(), &route.id, Some(events.run_id()), events.sink().clone());
-        let result = self.run_route(&route, goal, prefetch, &child_events, depth + 1, cx).await;
+        let result = self.run_route(Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1 }, cx).await;
         state.child_calls.extend(result.llm_calls.iter().cloned());
         match result.status {
             RunStatus::Completed => Ok(result.output.unwrap_or_default()),
