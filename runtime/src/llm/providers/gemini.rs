@@ -84,3 +84,19 @@ impl Codec for Gemini {
         Ok((text, usage))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::structured::FlatSchema;
+
+    #[test]
+    fn response_json_schema_keeps_the_supported_subset() {
+        let schema = json!({"type": "object", "$schema": "https://json-schema.org/draft/2020-12/schema", "properties": {"n": {"type": "integer", "minimum": 0, "multipleOf": 2, "examples": [2]}, "tags": {"type": "array", "items": {"type": "string", "pattern": "^a"}, "uniqueItems": true}}, "required": ["n"]});
+        let flat = FlatSchema::from_json(&schema).unwrap();
+        assert_eq!(
+            retain_keywords(flat.source(), KEYWORDS),
+            json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["n"]})
+        );
+    }
+}

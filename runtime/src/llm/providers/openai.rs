@@ -90,3 +90,21 @@ impl Codec for OpenAi {
         Ok((text.to_owned(), usage(body.pointer("/usage/prompt_tokens"), body.pointer("/usage/completion_tokens"))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_only_when_every_property_is_required() {
+        let all = FlatSchema::from_json(&json!({"type": "object", "properties": {"a": {"type": "string", "$comment": "x"}}, "required": ["a"], "title": "T"}))
+            .unwrap();
+        let (s, strict) = wire_schema(&all);
+        assert!(strict);
+        assert_eq!(s, json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false}));
+        let some = FlatSchema::from_json(&json!({"properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"]})).unwrap();
+        let (s, strict) = wire_schema(&some);
+        assert!(!strict);
+        assert_eq!(s, json!({"properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"], "type": "object"}));
+    }
+}
