@@ -277,7 +277,11 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
             Err(e) => return usage(format!("bad configuration: {e}")),
         }
     };
-    let runner = Runner::new(catalogue, llm, Arc::new(|k: &str| std::env::var(k).ok())).with_fleet(settings.fleet.clone()).with_profile_llms(profile_llms);
+    let runner = Runner::new(catalogue, llm, Arc::new(|k: &str| std::env::var(k).ok()))
+        .with_fleet(settings.fleet.clone())
+        .with_profile_llms(profile_llms)
+        // The binary's built-in in-process tools (library users register their own).
+        .with_tool("add", crate::tools::builtin_add());
     let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
     match events_out {
         None => {}

@@ -68,12 +68,18 @@ pub struct StageNode {
     pub kind: NodeKind,
     pub capability: Option<BoundCapability>,
     pub prompt: ResolvedPrompt,
+    /// What a model call of this node must return.
+    pub output: OutputSpec,
 }
 
 impl StageNode {
+    fn new(id: String, role: LlmRole, kind: NodeKind, capability: Option<BoundCapability>, prompt: ResolvedPrompt) -> StageNode {
+        let output = capability.as_ref().map_or(OutputSpec::Text, |c| c.def.output.clone());
+        StageNode { id, role, kind, capability, prompt, output }
+    }
+
     pub fn output(&self) -> &OutputSpec {
-        static TEXT: OutputSpec = OutputSpec::Text;
-        self.capability.as_ref().map_or(&TEXT, |c| &c.def.output)
+        &self.output
     }
 }
 
@@ -147,7 +153,7 @@ fn resolve_cap(defs: &Defs, r: &Ref) -> Option<BoundCapability> {
 }
 
 fn end_node() -> StageNode {
-    StageNode { id: "end".into(), role: LlmRole::None, kind: NodeKind::End, capability: None, prompt: ResolvedPrompt::none() }
+    StageNode::new("end".into(), LlmRole::None, NodeKind::End, None, ResolvedPrompt::none())
 }
 
 /// Builds one route. Problems of the route itself go to `diags`; problems it inherits from
@@ -218,13 +224,13 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 let last = add_workflow(&mut graph, wf, defs, |role| pack.resolve_manifest_stage(role));
                 // The appended node takes the place of the end: every stage that ended now leads to it.
                 let end = graph.node_indices().find(|&n| graph[n].kind == NodeKind::End);
-                let synth = graph.add_node(StageNode {
-                    id: man.synthesis_stage_id.clone(),
-                    role: LlmRole::Synthesis,
-                    kind: NodeKind::AppendedSynthesis,
-                    capability: man.synthesis_capability.as_ref().and_then(|c| resolve_cap(defs, c)),
-                    prompt: pack.resolve_appended_synthesis(),
-                });
+                let synth = graph.add_node(StageNode::new(
+                    man.synthesis_stage_id.clone(),
+                    LlmRole::Synthesis,
+                    NodeKind::AppendedSynthesis,
+                    man.synthesis_capability.as_ref().and_then(|c| resolve_cap(defs, c)),
+                    pack.resolve_appended_synthesis(),
+                ));
                 if let Some(end) = end {
                     let into_end: Vec<_> = graph.edges_directed(end, petgraph::Direction::Incoming).map(|e| (e.id(), e.source(), e.weight().clone())).collect();
                     for (eid, from, w) in into_end {
@@ -258,21 +264,11 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                     }
                 }
             }
-            let decide = graph.add_node(StageNode {
-                id: "decide".into(),
-                role: LlmRole::None,
-                kind: NodeKind::Decision,
-                capability: None,
-                prompt: pack.resolve_agent(&tools_text(&tools)),
-            });
+            let mut decide_node = StageNode::new("decide".into(), LlmRole::None, NodeKind::Decision, None, pack.resolve_agent(&tools_text(&tools)));
+            decide_node.output = OutputSpec::Decision(Arc::new(crate::agent::decision::DecisionSpec::new(tools.iter().map(|t| t.name.clone()).collect())));
+            let decide = graph.add_node(decide_node);
             for (order, tool) in tools.iter().enumerate() {
-                let n = graph.add_node(StageNode {
-                    id: tool.name.clone(),
-                    role: LlmRole::None,
-                    kind: NodeKind::Tool,
-                    capability: Some(tool.clone()),
-                    prompt: ResolvedPrompt::none(),
-                });
+                let n = graph.add_node(StageNode::new(tool.name.clone(), LlmRole::None, NodeKind::Tool, Some(tool.clone()), ResolvedPrompt::none()));
                 graph.add_edge(decide, n, Edge { order: order as u16, when: None });
                 graph.add_edge(n, decide, Edge { order: 0, when: None });
             }
@@ -316,13 +312,7 @@ fn add_workflow(graph: &mut DiGraph<StageNode, Edge>, wf: &WorkflowDef, defs: &D
                 StageKindDef::Task => NodeKind::Stage,
                 StageKindDef::Agent { route } => NodeKind::ChildRun { route: route.name.clone() },
             };
-            graph.add_node(StageNode {
-                id: s.id.clone(),
-                role,
-                kind,
-                capability: s.capability.as_ref().and_then(|c| resolve_cap(defs, c)),
-                prompt: resolve(role),
-            })
+            graph.add_node(StageNode::new(s.id.clone(), role, kind, s.capability.as_ref().and_then(|c| resolve_cap(defs, c)), resolve(role)))
         })
         .collect();
     let end = graph.add_node(end_node());
@@ -388,6 +378,7 @@ fn node_detail(n: &StageNode) -> String {
             OutputSpec::Text => "text".to_owned(),
             OutputSpec::Bindable(s) => format!("structured: {}", s.fields().iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ")),
             OutputSpec::Unbindable { .. } => "text (schema not bindable)".to_owned(),
+            OutputSpec::Decision(_) => "decision".to_owned(),
         };
         parts.push(format!("capability={} ({out})", c.name));
         if let Some(inv) = &c.def.invoke {

@@ -7,6 +7,7 @@
 //! - [`prompt`]: prompt packs and the four prompt resolution paths.
 //! - [`hydrate`]: a route becomes a petgraph graph of nodes stamped with role and prompt.
 //! - [`exec`]: the walker; runs stages, builds the user message, keeps notes and slots.
+//! - [`agent`]: the Mode 1 decision loop (Pattern 1) and the decision readers.
 //! - [`llm`]: the LLM port, its decorators ([`llm::telemetry`]) and backends ([`llm::stub`]).
 //! - [`structured`]: Python-parity JSON reading, validation and serialisation of replies.
 //! - [`tools`]: hardened HTTP tool calls.
@@ -14,6 +15,7 @@
 //! - [`config`]: environment settings.
 //! - [`cli`]: the `fabric` command.
 
+pub mod agent;
 pub mod catalogue;
 pub mod cli;
 pub mod config;

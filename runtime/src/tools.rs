@@ -1,4 +1,5 @@
-//! HTTP tools: the `invoke` of a capability, called with a JSON arguments object.
+//! Tools: HTTP tools (the `invoke` of a capability) and in-process tools registered by code
+//! that embeds the runtime ([`Tool`]). Both take a JSON arguments object.
 //!
 //! Hardened because arguments may come from a model: the URL comes only from the catalogue,
 //! arguments travel only as encoded query parameters (GET) or a JSON body (POST), redirects are
@@ -11,6 +12,40 @@ use serde_json::{Map, Value};
 
 use crate::catalogue::defs::{HttpMethod, Invoke};
 use crate::llm::ReasonClass;
+
+/// An in-process tool: a Rust function with the same input-schema contract as an HTTP tool
+/// (the loop checks the arguments against the capability's `input_schema` before calling it).
+pub trait Tool: Send + Sync {
+    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> crate::llm::BoxFuture<'a, Result<Value, String>>;
+}
+
+/// Wraps a plain function as a [`Tool`].
+pub struct FnTool<F>(pub F);
+
+impl<F> std::fmt::Debug for FnTool<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FnTool")
+    }
+}
+
+impl<F> Tool for FnTool<F>
+where
+    F: Fn(&Map<String, Value>) -> Result<Value, String> + Send + Sync,
+{
+    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> crate::llm::BoxFuture<'a, Result<Value, String>> {
+        Box::pin(async move { (self.0)(args) })
+    }
+}
+
+/// The built-in `add` tool of the `fabric` binary: `{a, b}` → `{"sum": a + b}`.
+pub fn builtin_add() -> std::sync::Arc<dyn Tool> {
+    std::sync::Arc::new(FnTool(|args: &Map<String, Value>| {
+        let num = |k: &str| args.get(k).and_then(Value::as_f64).ok_or_else(|| format!("`{k}` must be a number"));
+        let sum = num("a")? + num("b")?;
+        // Whole sums print as integers (`5`, not `5.0`), as a person would write them.
+        Ok(if sum.fract() == 0.0 && sum.abs() < 9e15 { serde_json::json!({"sum": sum as i64}) } else { serde_json::json!({"sum": sum}) })
+    }))
+}
 
 #[derive(Debug, Clone)]
 pub struct HttpTools {

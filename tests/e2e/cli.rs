@@ -152,3 +152,34 @@ fn validate_reports_non_bindable_schemas() {
     assert_eq!(stdout(&out), "free text\n");
     assert!(stderr(&out).contains("is not bindable (property `customer` is a nested object)"), "{}", stderr(&out));
 }
+
+#[test]
+fn support_agent_runs_offline_and_ask_exits_3() {
+    let out = fabric(&["run", "support-agent", "--goal", r#"{"question":"5+7?"}"#], &[STUB, ("FABRIC_LLM_STUB_STRICT", "1")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(result["output"], "12");
+    assert_eq!(result["notes"], serde_json::json!([r#"add: {"sum":5}"#, r#"add: {"sum":12}"#]));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("support-agent.yaml"), "stages:\n  decide: ['ASK Which order?']\n").unwrap();
+    let out = fabric(&["--stub-dir", dir.path().to_str().unwrap(), "run", "support-agent", "--goal", "{}"], &[STUB]);
+    assert_eq!(out.status.code(), Some(3));
+    let result: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!((result["status"].as_str(), result["question"].as_str()), (Some("awaiting_input"), Some("Which order?")));
+}
+
+#[test]
+fn prefetch_packs_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("pack.json");
+    std::fs::write(&pack, r#"{"chunks": ["Duplicate charges are refunded within 5 days."]}"#).unwrap();
+    let events = dir.path().join("ev.jsonl");
+    let out = fabric(&["run", "support-triage", "--goal", GOAL, "--prefetch", pack.to_str().unwrap(), "--events-out", events.to_str().unwrap()], &[STUB]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let first: Value = serde_json::from_str(std::fs::read_to_string(&events).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(first["prefetch_chunks"], 1);
+    std::fs::write(&pack, r#"[1, 2]"#).unwrap();
+    let out = fabric(&["run", "support-triage", "--goal", GOAL, "--prefetch", pack.to_str().unwrap()], &[STUB]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("chunk 0 is not a string"), "{}", stderr(&out));
+}

@@ -1,5 +1,6 @@
 //! End-to-end tests: the catalogue, hydration, runs and the `fabric` CLI, on fixture files.
 
+mod agent;
 mod catalogue;
 mod cli;
 mod hydrate;

@@ -118,7 +118,18 @@ fn schema(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Json> {
 pub fn capability(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Option<CapabilityDef> {
     let mut f = ctx.map(node, &format!("capability `{name}`"))?;
     let description = opt_string(ctx, f.get("description"), "`description`").unwrap_or_default();
-    let input_schema = f.get("input_schema").and_then(|n| schema(ctx, n, "`input_schema`"));
+    let input_node = f.get("input_schema");
+    let input_schema = input_node.and_then(|n| schema(ctx, n, "`input_schema`"));
+    let input_validator = match (&input_schema, input_node) {
+        (Some(s), Some(n)) => match jsonschema::validator_for(s) {
+            Ok(v) => Some(Arc::new(v)),
+            Err(e) => {
+                ctx.error(n.pos, format!("`input_schema` of capability `{name}` is not a valid JSON Schema: {e}"));
+                None
+            }
+        },
+        _ => None,
+    };
     let output = match f.get("output_schema") {
         None => OutputSpec::Text,
         Some(n) => match schema(ctx, n, "`output_schema`") {
@@ -137,7 +148,7 @@ pub fn capability(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) ->
     };
     let invoke = f.get("invoke").and_then(|n| invoke(ctx, n));
     f.finish(ctx);
-    Some(CapabilityDef { origin, description, input_schema, output, invoke })
+    Some(CapabilityDef { origin, description, input_schema, input_validator, output, invoke })
 }
 
 fn target(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Target> {

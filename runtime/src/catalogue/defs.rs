@@ -55,6 +55,8 @@ pub enum OutputSpec {
     Bindable(Arc<FlatSchema>),
     /// A schema that cannot be bound (nested, empty ...): a plain text call, warned at load.
     Unbindable { why: String },
+    /// The Mode 1 decision node: an `AgentDecision` over the route's tools.
+    Decision(Arc<crate::agent::decision::DecisionSpec>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +117,8 @@ pub struct CapabilityDef {
     pub origin: Origin,
     pub description: String,
     pub input_schema: Option<Value>,
+    /// `input_schema` compiled once at load; tool arguments are checked with it.
+    pub input_validator: Option<Arc<jsonschema::Validator>>,
     pub output: OutputSpec,
     pub invoke: Option<Invoke>,
 }

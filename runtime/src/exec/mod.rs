@@ -2,7 +2,8 @@
 //!
 //! Run state is explicit (goal, prefetch chunks, notes, slots, per-stage results) so that a
 //! journal can later record it stage by stage; every model call goes through the [`Llm`] port
-//! and every HTTP call through [`HttpTools`]; the executor itself does no other I/O.
+//! and every tool call through [`HttpTools`] or a registered [`Tool`]; the executor itself does
+//! no other I/O. Pattern 1 routes are driven by [`crate::agent`] with the same stage helpers.
 
 pub mod message;
 
@@ -17,14 +18,14 @@ use petgraph::graph::NodeIndex;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::catalogue::defs::{CondOp, Condition};
+use crate::catalogue::defs::{CondOp, Condition, Invoke};
 use crate::catalogue::{Catalogue, LlmRole, RouteLookupError};
 use crate::events::{EventSink, RunEvents};
 use crate::fields;
-use crate::hydrate::{NextStep, NodeKind, Route, StageNode};
+use crate::hydrate::{NextStep, NodeKind, Route, RoutePath, StageNode};
 use crate::llm::telemetry::round_ms;
 use crate::llm::{Llm, LlmRequest, ReasonClass, ReplyValue};
-use crate::tools::{HttpTools, display_url};
+use crate::tools::{HttpTools, Tool, display_url};
 
 /// Child runs nest at most this deep (a route that starts itself stops here).
 pub const MAX_CHILD_DEPTH: u32 = 4;
@@ -81,42 +82,59 @@ pub enum StartError {
     BrokenRoute { route: String, problems: String },
     #[error("route `{route}` is served by fleet `{target}`, but this runtime is fleet `{fleet}`")]
     WrongFleet { route: String, target: String, fleet: String },
-    #[error("route `{route}` is a Pattern 1 (decision loop) route; this build cannot run those yet")]
-    DecisionLoopUnsupported { route: String },
+    #[error("route `{route}` uses tool `{tool}`, which has no `invoke` URL and no in-process implementation registered")]
+    ToolNotRegistered { route: String, tool: String },
 }
 
 /// What stays fixed during one run (a child run gets its own).
 #[derive(Clone, Copy)]
-struct Run<'a> {
-    route: &'a Route,
-    goal: &'a Map<String, Value>,
-    prefetch: &'a [String],
-    events: &'a RunEvents,
+pub(crate) struct Run<'a> {
+    pub(crate) route: &'a Route,
+    pub(crate) goal: &'a Map<String, Value>,
+    pub(crate) prefetch: &'a [String],
+    pub(crate) events: &'a RunEvents,
     /// 0 for a top-level run, +1 per child run level.
-    depth: u32,
+    pub(crate) depth: u32,
+    /// The step budget: the route's `max_loop_steps`, never more than its parent's budget.
+    pub(crate) budget: u32,
 }
 
 /// Mutable state of one run.
 #[derive(Debug, Default)]
-struct RunState {
-    notes: Vec<String>,
-    slots: IndexMap<String, String>,
+pub(crate) struct RunState {
+    pub(crate) notes: Vec<String>,
+    pub(crate) slots: IndexMap<String, String>,
     /// Parsed structured outputs, for branch conditions on fields.
     structured: HashMap<String, Value>,
     visits: HashMap<NodeIndex, u32>,
+    /// Model turns of the decision loop.
+    pub(crate) turns: u32,
     llm_calls: IndexMap<String, u32>,
     child_calls: Vec<(String, String, u32)>,
-    last_output: Option<String>,
+    pub(crate) last_output: Option<String>,
 }
 
-struct StageFailure {
-    class: ReasonClass,
-    message: String,
+/// How a walk ended when it did not fail.
+pub(crate) enum Finish {
+    Completed,
+    AwaitingInput(String),
+}
+
+pub(crate) struct StageFailure {
+    pub(crate) class: ReasonClass,
+    pub(crate) message: String,
+    /// Extra data for the `run.failed` event (the last decisions of a loop that ran out).
+    detail: Option<Value>,
 }
 
 impl StageFailure {
-    fn new(class: ReasonClass, message: impl Into<String>) -> StageFailure {
-        StageFailure { class, message: message.into() }
+    pub(crate) fn new(class: ReasonClass, message: impl Into<String>) -> StageFailure {
+        StageFailure { class, message: message.into(), detail: None }
+    }
+
+    pub(crate) fn with_detail(mut self, detail: Value) -> StageFailure {
+        self.detail = Some(detail);
+        self
     }
 }
 
@@ -132,18 +150,20 @@ pub struct Runner {
     fleet: Option<String>,
     /// Per-profile stacks when model profiles select the model (opt-in).
     profile_llms: HashMap<String, Arc<dyn Llm>>,
+    /// In-process tools, by capability name.
+    tools: HashMap<String, Arc<dyn Tool>>,
 }
 
 impl std::fmt::Debug for Runner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runner").field("fleet", &self.fleet).finish_non_exhaustive()
+        f.debug_struct("Runner").field("fleet", &self.fleet).field("tools", &self.tools.keys().collect::<Vec<_>>()).finish_non_exhaustive()
     }
 }
 
 impl Runner {
     /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI).
     pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Runner {
-        Runner { catalogue, llm, http: HttpTools::new(), vars, fleet: None, profile_llms: HashMap::new() }
+        Runner { catalogue, llm, http: HttpTools::new(), vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new() }
     }
 
     /// Sends each route's model calls to the stack of its `model_profile`, where one is given.
@@ -155,6 +175,12 @@ impl Runner {
     /// Makes this runtime fleet `fleet`: routes targeted at another fleet are refused.
     pub fn with_fleet(mut self, fleet: Option<String>) -> Runner {
         self.fleet = fleet;
+        self
+    }
+
+    /// Registers an in-process tool for the catalogue capability `name` (one without `invoke`).
+    pub fn with_tool(mut self, name: &str, tool: Arc<dyn Tool>) -> Runner {
+        self.tools.insert(name.to_owned(), tool);
         self
     }
 
@@ -171,8 +197,8 @@ impl Runner {
         {
             return Err(StartError::WrongFleet { route: route_id.into(), target: target.clone(), fleet: fleet.clone() });
         }
-        if route.path == crate::hydrate::RoutePath::Pattern1 {
-            return Err(StartError::DecisionLoopUnsupported { route: route_id.into() });
+        if let Some(tool) = route.tools.iter().find(|t| t.def.invoke.is_none() && !self.tools.contains_key(&t.name)) {
+            return Err(StartError::ToolNotRegistered { route: route_id.into(), tool: tool.name.clone() });
         }
         Ok(route)
     }
@@ -182,7 +208,7 @@ impl Runner {
         let route = self.route(&req.route_id)?.clone();
         let run_id = new_run_id();
         let events = RunEvents::new(&run_id, &route.id, None, sink);
-        let run = Run { route: &route, goal: &req.goal, prefetch: &req.prefetch, events: &events, depth: 0 };
+        let run = Run { route: &route, goal: &req.goal, prefetch: &req.prefetch, events: &events, depth: 0, budget: route.max_loop_steps };
         Ok(self.run_route(run, &Context::current()).await)
     }
 
@@ -209,7 +235,8 @@ impl Runner {
             }
             events.emit("run.started", None, data);
             let mut state = RunState::default();
-            let outcome = self.walk(&run, &mut state, &run_cx).await;
+            let outcome =
+                if route.path == RoutePath::Pattern1 { self.agent_loop(&run, &mut state, &run_cx).await } else { self.walk(&run, &mut state, &run_cx).await };
             let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
             let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id.clone(), s.clone(), *n)).collect();
             llm_calls.append(&mut state.child_calls);
@@ -225,18 +252,23 @@ impl Runner {
                 llm_calls,
             };
             match outcome {
-                Ok(()) => {
+                Ok(Finish::Completed) => {
                     result.output = state.last_output;
                     events.emit("run.completed", None, fields! {"output" => result.output, "duration_ms" => duration_ms});
+                }
+                Ok(Finish::AwaitingInput(question)) => {
+                    result.status = RunStatus::AwaitingInput;
+                    events.emit("run.awaiting_input", None, fields! {"question" => question, "duration_ms" => duration_ms});
+                    result.question = Some(question);
                 }
                 Err((stage_id, f)) => {
                     crate::otel::fail_cx(&run_cx, f.class.as_str(), &f.message);
                     result.status = RunStatus::Failed;
-                    events.emit(
-                        "run.failed",
-                        stage_id.as_deref(),
-                        fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms},
-                    );
+                    let mut data = fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms};
+                    if let Some(detail) = f.detail {
+                        data.insert("decisions".into(), detail);
+                    }
+                    events.emit("run.failed", stage_id.as_deref(), data);
                     result.error = Some(RunFailure { reason_class: f.class.as_str(), message: f.message, stage_id });
                 }
             }
@@ -245,8 +277,62 @@ impl Runner {
         })
     }
 
-    async fn walk(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<(), (Option<String>, StageFailure)> {
-        let Run { route, events, .. } = *run;
+    /// Opens a stage: its `run.stage.started` event and span.
+    pub(crate) fn begin_stage(&self, run: &Run<'_>, stage: &StageNode, stage_idx: u32, run_cx: &Context) -> (Instant, Context) {
+        run.events.emit(
+            "run.stage.started",
+            Some(&stage.id),
+            fields! {"llm_role" => stage.role.as_str(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
+        );
+        let tracer = crate::otel::tracer();
+        let span = tracer
+            .span_builder("stage")
+            .with_attributes([
+                KeyValue::new("fabric.run_id", run.events.run_id().to_owned()),
+                KeyValue::new("fabric.stage_id", stage.id.clone()),
+                KeyValue::new("fabric.llm_role", stage.role.as_str()),
+            ])
+            .start_with_context(&tracer, run_cx);
+        (Instant::now(), run_cx.with_span(span))
+    }
+
+    /// Closes a stage: the slot (and, if `note`, a note) on success, the event, the span.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn end_stage(
+        &self,
+        run: &Run<'_>,
+        stage: &StageNode,
+        started: Instant,
+        cx: &Context,
+        outcome: Result<String, &StageFailure>,
+        state: &mut RunState,
+        note: bool,
+    ) {
+        let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
+        match outcome {
+            Ok(value) => {
+                let chars = value.chars().count();
+                if note && !value.is_empty() {
+                    state.notes.push(message::compress_note(&format!("{}: {value}", stage.id)));
+                }
+                state.slots.insert(stage.id.clone(), value.clone());
+                run.events.emit("run.stage.completed", Some(&stage.id), fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => chars});
+                state.last_output = Some(value);
+            }
+            Err(f) => {
+                crate::otel::fail_cx(cx, f.class.as_str(), &f.message);
+                run.events.emit(
+                    "run.stage.failed",
+                    Some(&stage.id),
+                    fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms},
+                );
+            }
+        }
+        cx.span().end();
+    }
+
+    async fn walk(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<Finish, (Option<String>, StageFailure)> {
+        let route = run.route;
         let mut node = route.entry;
         let mut stage_idx: u32 = 0;
         loop {
@@ -254,71 +340,25 @@ impl Runner {
             let visits = state.visits.entry(node).or_insert(0);
             *visits += 1;
             // A branched workflow may loop; each stage runs at most max_loop_steps times per run.
-            if *visits > route.max_loop_steps {
-                return Err((
-                    Some(stage.id.clone()),
-                    StageFailure::new(
-                        ReasonClass::LoopBudgetExceeded,
-                        format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id, route.max_loop_steps),
-                    ),
-                ));
+            if *visits > run.budget {
+                let why = format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id, run.budget);
+                return Err((Some(stage.id.clone()), StageFailure::new(ReasonClass::LoopBudgetExceeded, why)));
             }
-            events.emit(
-                "run.stage.started",
-                Some(&stage.id),
-                fields! {"llm_role" => stage.role.as_str(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
-            );
-            let started = Instant::now();
-            let tracer = crate::otel::tracer();
-            let span = tracer
-                .span_builder("stage")
-                .with_attributes([
-                    KeyValue::new("fabric.run_id", events.run_id().to_owned()),
-                    KeyValue::new("fabric.stage_id", stage.id.clone()),
-                    KeyValue::new("fabric.llm_role", stage.role.as_str()),
-                ])
-                .start_with_context(&tracer, run_cx);
-            let stage_cx = run_cx.with_span(span);
-            let outcome = self.run_stage(run, stage, state, &stage_cx).await;
-            if let Err(f) = &outcome {
-                crate::otel::fail_cx(&stage_cx, f.class.as_str(), &f.message);
-            }
-            stage_cx.span().end();
-            match outcome {
-                Ok(value) => {
-                    let chars = value.chars().count();
-                    if !value.is_empty() {
-                        state.notes.push(message::compress_note(&format!("{}: {value}", stage.id)));
-                    }
-                    state.slots.insert(stage.id.clone(), value.clone());
-                    state.last_output = Some(value.clone());
-                    events.emit(
-                        "run.stage.completed",
-                        Some(&stage.id),
-                        fields! {"duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0), "output" => value, "output_chars" => chars},
-                    );
-                }
+            let (started, cx) = self.begin_stage(run, stage, stage_idx, run_cx);
+            match self.run_stage(run, stage, state, &cx).await {
+                Ok(value) => self.end_stage(run, stage, started, &cx, Ok(value), state, true),
                 Err(f) => {
-                    events.emit(
-                        "run.stage.failed",
-                        Some(&stage.id),
-                        fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
-                    );
+                    self.end_stage(run, stage, started, &cx, Err(&f), state, true);
                     return Err((Some(stage.id.clone()), f));
                 }
             }
             stage_idx += 1;
             match route.next_step(node, |c| condition_holds(c, state)) {
                 NextStep::Go(next) => node = next,
-                NextStep::End => return Ok(()),
+                NextStep::End => return Ok(Finish::Completed),
                 NextStep::NoMatch => {
-                    return Err((
-                        Some(stage.id.clone()),
-                        StageFailure::new(
-                            ReasonClass::NoBranchMatched,
-                            format!("no branch of stage `{}` matched and it has no branch without `when`", stage.id),
-                        ),
-                    ));
+                    let why = format!("no branch of stage `{}` matched and it has no branch without `when`", stage.id);
+                    return Err((Some(stage.id.clone()), StageFailure::new(ReasonClass::NoBranchMatched, why)));
                 }
             }
         }
@@ -344,14 +384,14 @@ impl Runner {
                     {
                         state.structured.insert(stage.id.clone(), v);
                     }
-                    return Ok(reply.slot_value().to_owned());
+                    return Ok(reply.slot_value());
                 }
                 let query = match &reply {
                     ReplyValue::Structured(d) => serde_json::from_str::<Value>(&d.compact)
                         .ok()
                         .and_then(|v| v.get("query").and_then(Value::as_str).map(str::to_owned))
                         .unwrap_or_default(),
-                    ReplyValue::Text(t) => t.trim().to_owned(),
+                    other => other.slot_value().trim().to_owned(),
                 };
                 match self.tool_url(stage) {
                     Some((invoke, url)) => {
@@ -359,22 +399,22 @@ impl Runner {
                         args.insert(invoke.query_param.clone(), Value::String(query));
                         self.call_tool(stage, invoke, &url, &args, events).await
                     }
-                    None => Ok(reply.slot_value().to_owned()),
+                    None => Ok(reply.slot_value()),
                 }
             }
         }
     }
 
-    fn tool_url<'s>(&self, stage: &'s StageNode) -> Option<(&'s crate::catalogue::defs::Invoke, String)> {
+    pub(crate) fn tool_url<'s>(&self, stage: &'s StageNode) -> Option<(&'s Invoke, String)> {
         let invoke = stage.capability.as_ref()?.def.invoke.as_ref()?;
         let url = invoke.url.resolve(&|v| (self.vars)(v))?;
         Some((invoke, url))
     }
 
-    async fn call_tool(
+    pub(crate) async fn call_tool(
         &self,
         stage: &StageNode,
-        invoke: &crate::catalogue::defs::Invoke,
+        invoke: &Invoke,
         url: &str,
         args: &Map<String, Value>,
         events: &RunEvents,
@@ -397,7 +437,39 @@ impl Runner {
         }
     }
 
-    async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
+    /// Calls a registered in-process tool, with the same events as an HTTP tool.
+    pub(crate) async fn call_in_process_tool(&self, stage: &StageNode, args: &Map<String, Value>, events: &RunEvents) -> Result<String, StageFailure> {
+        let name = stage.capability.as_ref().map_or(stage.id.as_str(), |c| c.name.as_str());
+        let Some(tool) = self.tools.get(name) else {
+            return Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}` has no in-process implementation registered")));
+        };
+        events.emit("run.tool.started", Some(&stage.id), fields! {"tool" => name, "method" => "in_process"});
+        let started = Instant::now();
+        match tool.call(args).await {
+            Ok(value) => {
+                let text = match value {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                events.emit(
+                    "run.tool.completed",
+                    Some(&stage.id),
+                    fields! {"tool" => name, "bytes" => text.len(), "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
+                );
+                Ok(text)
+            }
+            Err(message) => {
+                events.emit(
+                    "run.tool.failed",
+                    Some(&stage.id),
+                    fields! {"tool" => name, "reason_class" => ReasonClass::ToolFailed.as_str(), "message" => message},
+                );
+                Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}`: {message}")))
+            }
+        }
+    }
+
+    pub(crate) async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
         let Run { route, goal, prefetch, events, .. } = *run;
         let user = message::user_message(goal, prefetch, &state.notes);
         let turn = state.llm_calls.entry(stage.id.clone()).or_insert(0);
@@ -417,13 +489,15 @@ impl Runner {
     }
 
     async fn child_run(&self, run: &Run<'_>, child_id: &str, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
-        let Run { goal, prefetch, events, depth, .. } = *run;
+        let Run { goal, prefetch, events, depth, budget, .. } = *run;
         if depth + 1 > MAX_CHILD_DEPTH {
             return Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child runs nest deeper than {MAX_CHILD_DEPTH}")));
         }
         let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
         let child_events = RunEvents::new(&new_run_id(), &route.id, Some(events.run_id()), events.sink().clone());
-        let result = self.run_route(Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1 }, cx).await;
+        // The step budget is carried into the child: it never gets more than its parent has.
+        let child = Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps) };
+        let result = self.run_route(child, cx).await;
         state.child_calls.extend(result.llm_calls.iter().cloned());
         match result.status {
             RunStatus::Completed => Ok(result.output.unwrap_or_default()),
@@ -437,7 +511,6 @@ impl Runner {
         }
     }
 }
-
 fn kind_name(kind: &NodeKind) -> &'static str {
     match kind {
         NodeKind::Stage => "task",

@@ -56,14 +56,17 @@ pub struct Usage {
 pub enum ReplyValue {
     Text(String),
     Structured(Decoded),
+    /// A Mode 1 decision, already checked against the route's tool list.
+    Decision(crate::agent::decision::AgentDecision),
 }
 
 impl ReplyValue {
     /// The slot value: unwrapped text or compact JSON for structured replies, the text otherwise.
-    pub fn slot_value(&self) -> &str {
+    pub fn slot_value(&self) -> String {
         match self {
-            ReplyValue::Text(t) => t,
-            ReplyValue::Structured(d) => d.slot_value(),
+            ReplyValue::Text(t) => t.clone(),
+            ReplyValue::Structured(d) => d.slot_value().to_owned(),
+            ReplyValue::Decision(d) => d.to_json().to_string(),
         }
     }
 }
@@ -92,11 +95,17 @@ pub enum ReasonClass {
     ProviderError,
     /// The seeded stub was asked more often than its script allows (strict mode).
     StubScriptExhausted,
+    /// A text-protocol decision (`CALL`/`ASK`/`DONE`) that does not parse.
+    InvalidDecision,
     UnknownTool,
+    /// Mode 1: the model's tool arguments do not match the tool's input schema (noted; the loop goes on).
+    InvalidToolArguments,
     LoopBudgetExceeded,
     ToolTimeout,
     ToolConnection,
     ToolHttpStatus,
+    /// An in-process tool returned an error.
+    ToolFailed,
     ToolResponseTooLarge,
     NoBranchMatched,
     ChildRunFailed,
@@ -114,11 +123,14 @@ impl ReasonClass {
             ReasonClass::ClientError => "client_error",
             ReasonClass::ProviderError => "provider_error",
             ReasonClass::StubScriptExhausted => "stub_script_exhausted",
+            ReasonClass::InvalidDecision => "invalid_decision",
             ReasonClass::UnknownTool => "unknown_tool",
+            ReasonClass::InvalidToolArguments => "invalid_tool_arguments",
             ReasonClass::LoopBudgetExceeded => "loop_budget_exceeded",
             ReasonClass::ToolTimeout => "tool_timeout",
             ReasonClass::ToolConnection => "tool_connection",
             ReasonClass::ToolHttpStatus => "tool_http_status",
+            ReasonClass::ToolFailed => "tool_failed",
             ReasonClass::ToolResponseTooLarge => "tool_response_too_large",
             ReasonClass::NoBranchMatched => "no_branch_matched",
             ReasonClass::ChildRunFailed => "child_run_failed",
@@ -193,6 +205,7 @@ pub fn finish_reply(output: &OutputSpec, raw: String, usage: Option<Usage>) -> R
                 return Err(LlmError::new(class, e.detail().to_owned()));
             }
         },
+        OutputSpec::Decision(spec) => ReplyValue::Decision(spec.parse_json(&raw)?),
         OutputSpec::Text | OutputSpec::Unbindable { .. } => ReplyValue::Text(raw),
     };
     Ok(LlmReply { value, usage })

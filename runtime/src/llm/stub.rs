@@ -1,7 +1,8 @@
 //! The seeded stub: a backend that answers from scripts under `stub/`, never the network.
 //!
 //! `stub/<route_id>.yaml` lists replies per stage, one per call of that stage in a run (a
-//! Pattern 1 route scripts its `decide` node turn by turn):
+//! Pattern 1 route scripts its `decide` node turn by turn, in the `CALL` / `ASK` / `DONE` text
+//! protocol):
 //!
 //! ```yaml
 //! stages:
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use indexmap::IndexMap;
 
-use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, Usage, finish_reply};
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyValue, Usage, finish_reply};
 use crate::catalogue::defs::OutputSpec;
 use crate::catalogue::yaml::{self, Ctx, Value};
 use crate::diag::{Diagnostic, Diagnostics};
@@ -141,7 +142,11 @@ impl Llm for StubLlm {
             let raw = self.reply_for(req)?;
             // Token counts the way a real reply would report them, so telemetry has figures.
             let usage = Usage { input_tokens: approx_tokens(req.system) + approx_tokens(req.user), output_tokens: approx_tokens(&raw) };
-            finish_reply(req.output, raw, Some(usage))
+            match req.output {
+                // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
+                OutputSpec::Decision(spec) => Ok(LlmReply { value: ReplyValue::Decision(spec.parse_text(&raw)?), usage: Some(usage) }),
+                _ => finish_reply(req.output, raw, Some(usage)),
+            }
         })
     }
 
@@ -183,6 +188,7 @@ pub fn generated_reply(req: &LlmRequest<'_>) -> String {
             }
             serde_json::Value::Object(obj).to_string()
         }
+        OutputSpec::Decision(_) => format!("DONE [stub {:08x}] no scripted decision for {}", seed as u32, req.route_id),
         OutputSpec::Text | OutputSpec::Unbindable { .. } => format!("[stub {:08x}] {} reply for {}", seed as u32, req.stage_id, req.route_id),
     }
 }

@@ -26,7 +26,7 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
         Box::pin(async move {
             let info = self.inner.info();
-            let structured = matches!(req.output, OutputSpec::Bindable(_));
+            let structured = matches!(req.output, OutputSpec::Bindable(_) | OutputSpec::Decision(_));
             req.events.emit(
                 "run.llm.started",
                 Some(req.stage_id),

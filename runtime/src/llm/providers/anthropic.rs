@@ -29,8 +29,8 @@ impl Codec for Anthropic {
             "temperature": call.tuning.temperature,
         });
         if let Some(schema) = call.schema {
-            let description = schema.source().get("description").and_then(Value::as_str).unwrap_or("Reply with the result in this shape.");
-            body["tools"] = json!([{"name": call.schema_name, "description": description, "input_schema": schema.source()}]);
+            let description = schema.json.get("description").and_then(Value::as_str).unwrap_or("Reply with the result in this shape.");
+            body["tools"] = json!([{"name": call.schema_name, "description": description, "input_schema": schema.json}]);
             body["tool_choice"] = json!({"type": "tool", "name": call.schema_name});
         }
         let mut headers = vec![("anthropic-version", API_VERSION.to_owned())];

@@ -42,7 +42,7 @@ impl Codec for Gemini {
         });
         if let Some(schema) = call.schema {
             generation["responseMimeType"] = json!("application/json");
-            generation["responseJsonSchema"] = retain_keywords(schema.source(), KEYWORDS);
+            generation["responseJsonSchema"] = retain_keywords(schema.json, KEYWORDS);
         }
         let body = json!({
             "contents": [{"role": "user", "parts": [{"text": call.user}]}],

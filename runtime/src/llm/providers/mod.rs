@@ -17,7 +17,6 @@ use serde_json::Value;
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, Usage, finish_reply};
 use crate::catalogue::defs::OutputSpec;
 use crate::config::{ProviderKind, ProviderTarget, Tuning};
-use crate::structured::FlatSchema;
 
 /// What a codec needs to build one call.
 #[derive(Debug)]
@@ -26,10 +25,29 @@ pub struct CallSpec<'a> {
     pub tuning: Tuning,
     pub system: &'a str,
     pub user: &'a str,
-    /// The bindable schema to ask for natively, if any.
-    pub schema: Option<&'a FlatSchema>,
+    /// The schema to ask for natively, if any.
+    pub schema: Option<WireSchema<'a>>,
     /// A name for the schema (OpenAI `json_schema.name`, the Anthropic tool): `[A-Za-z0-9_-]{1,64}`.
     pub schema_name: String,
+}
+
+/// A schema as a codec sends it.
+#[derive(Debug, Clone, Copy)]
+pub struct WireSchema<'a> {
+    pub json: &'a Value,
+    /// Every property is required (OpenAI strict mode is possible).
+    pub all_required: bool,
+}
+
+impl<'a> WireSchema<'a> {
+    fn of(output: &'a OutputSpec) -> Option<WireSchema<'a>> {
+        match output {
+            OutputSpec::Bindable(s) => Some(WireSchema { json: s.source(), all_required: s.fields().iter().all(|f| f.required) }),
+            // The decision's `arguments` is a free-form object, which strict modes reject.
+            OutputSpec::Decision(d) => Some(WireSchema { json: &d.schema, all_required: false }),
+            OutputSpec::Text | OutputSpec::Unbindable { .. } => None,
+        }
+    }
 }
 
 /// An HTTP request as a codec describes it.
@@ -124,10 +142,7 @@ fn transport_error(e: reqwest::Error, timeout: Duration) -> LlmError {
 impl<C: Codec> Llm for HttpBackend<C> {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
         Box::pin(async move {
-            let schema = match req.output {
-                OutputSpec::Bindable(s) => Some(s.as_ref()),
-                _ => None,
-            };
+            let schema = WireSchema::of(req.output);
             let call =
                 CallSpec { target: &self.target, tuning: self.tuning, system: req.system, user: req.user, schema, schema_name: schema_name(req.stage_id) };
             let wire = self.codec.encode(&call);

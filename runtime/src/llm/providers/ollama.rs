@@ -28,7 +28,7 @@ impl Codec for Ollama {
             "options": {"temperature": call.tuning.temperature, "num_predict": call.tuning.max_tokens},
         });
         if let Some(schema) = call.schema {
-            body["format"] = schema.source().clone();
+            body["format"] = schema.json.clone();
         }
         let mut headers = Vec::new();
         if let Some(key) = &call.target.api_key {

@@ -6,10 +6,9 @@
 
 use serde_json::{Value, json};
 
-use super::{CallSpec, Codec, WireRequest, retain_keywords, usage};
+use super::{CallSpec, Codec, WireRequest, WireSchema, retain_keywords, usage};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
-use crate::structured::FlatSchema;
 
 #[derive(Debug, Clone, Copy)]
 pub struct OpenAi;
@@ -32,10 +31,10 @@ const KEYWORDS: &[&str] = &[
 ];
 
 /// The schema as OpenAI is asked for it, and whether strict mode applies.
-pub fn wire_schema(schema: &FlatSchema) -> (Value, bool) {
-    let mut s = retain_keywords(schema.source(), KEYWORDS);
+pub fn wire_schema(schema: WireSchema<'_>) -> (Value, bool) {
+    let mut s = retain_keywords(schema.json, KEYWORDS);
     s["type"] = json!("object");
-    let strict = schema.fields().iter().all(|f| f.required);
+    let strict = schema.all_required;
     if strict {
         s["additionalProperties"] = json!(false);
     }
@@ -61,7 +60,7 @@ impl Codec for OpenAi {
         if let Some(schema) = call.schema {
             let (s, strict) = wire_schema(schema);
             let mut js = json!({"name": call.schema_name, "strict": strict, "schema": s});
-            if let Some(d) = schema.source().get("description") {
+            if let Some(d) = schema.json.get("description") {
                 js["description"] = d.clone();
             }
             body["response_format"] = json!({"type": "json_schema", "json_schema": js});
@@ -94,16 +93,17 @@ impl Codec for OpenAi {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::structured::FlatSchema;
 
     #[test]
     fn strict_only_when_every_property_is_required() {
         let all = FlatSchema::from_json(&json!({"type": "object", "properties": {"a": {"type": "string", "$comment": "x"}}, "required": ["a"], "title": "T"}))
             .unwrap();
-        let (s, strict) = wire_schema(&all);
+        let (s, strict) = wire_schema(WireSchema { json: all.source(), all_required: true });
         assert!(strict);
         assert_eq!(s, json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false}));
         let some = FlatSchema::from_json(&json!({"properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"]})).unwrap();
-        let (s, strict) = wire_schema(&some);
+        let (s, strict) = wire_schema(WireSchema { json: some.source(), all_required: false });
         assert!(!strict);
         assert_eq!(s, json!({"properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"], "type": "object"}));
     }
