@@ -3,8 +3,6 @@
 //! A pack is one YAML file `prompt-packs/<name>.yaml`. Templates may use `{{host}}` and
 //! `{{rules}}`; the agent wrapper may also use `{{tools}}`. Unknown placeholders are load errors.
 
-use std::path::Path;
-
 use crate::catalogue::LlmRole;
 use crate::catalogue::yaml::{self, Ctx, Node};
 use crate::diag::Pos;
@@ -238,21 +236,21 @@ fn check_placeholders(ctx: &mut Ctx<'_>, pos: Pos, text: &str, what: &str, allow
     }
 }
 
-/// Reads every `*.yaml` pack of `dir`, named by file stem.
-pub fn load_packs(dir: &Path, diags: &mut crate::diag::Diagnostics) -> indexmap::IndexMap<String, Option<std::sync::Arc<PromptPack>>> {
+/// Decodes every pack file, named by file stem.
+pub fn load_packs(
+    files: &[crate::catalogue::SourceFile],
+    diags: &mut crate::diag::Diagnostics,
+) -> indexmap::IndexMap<String, Option<std::sync::Arc<PromptPack>>> {
     let mut packs = indexmap::IndexMap::new();
-    for path in crate::catalogue::yaml_files(dir, diags) {
+    for file in files {
+        let path = &file.path;
         let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
-        let Some(text) = crate::catalogue::read_text(&path, diags) else {
-            packs.insert(name, None);
-            continue;
-        };
-        let mut ctx = Ctx { path: &path, diags };
+        let mut ctx = Ctx { path, diags };
         if !yaml::is_ident(&name) {
             ctx.error(Pos::FILE, format!("prompt pack file name `{name}` is not a valid name (letters, digits, `_`, `-`, `.`)"));
             continue;
         }
-        let pack = yaml::parse(&path, &text, ctx.diags).and_then(|root| decode_pack(&mut ctx, &name, &root));
+        let pack = yaml::parse(path, &file.text, ctx.diags).and_then(|root| decode_pack(&mut ctx, &name, &root));
         packs.insert(name, pack.map(std::sync::Arc::new));
     }
     packs

@@ -30,16 +30,38 @@ pub struct Defs {
 
 const SECTIONS: [&str; 5] = ["profiles", "capabilities", "workflows", "manifests", "routes"];
 
+/// One file's path and text.
+#[derive(Debug, Clone)]
+pub struct SourceFile {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+/// Reads every YAML file below `dir`; unreadable ones are reported and skipped.
+pub fn read_sources(dir: &Path, diags: &mut Diagnostics) -> Vec<SourceFile> {
+    yaml_files(dir, diags).into_iter().filter_map(|path| read_text(&path, diags).map(|text| SourceFile { path, text })).collect()
+}
+
 /// Loads the catalogue below `catalogue_dir` with the prompt packs of `packs_dir`.
 pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
     let mut diags = Diagnostics::default();
-    let mut defs = Defs { packs: prompt::load_packs(packs_dir, &mut diags), ..Defs::default() };
+    let packs = read_sources(packs_dir, &mut diags);
+    let files = read_sources(catalogue_dir, &mut diags);
+    load_sources(&files, &packs, diags)
+}
+
+/// Loads a catalogue from texts already in memory (benchmarks, fuzzing, embedders).
+pub fn load_from_texts(files: &[SourceFile], packs: &[SourceFile]) -> Catalogue {
+    load_sources(files, packs, Diagnostics::default())
+}
+
+fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnostics) -> Catalogue {
+    let mut defs = Defs { packs: prompt::load_packs(packs, &mut diags), ..Defs::default() };
     let mut seen: HashMap<(&'static str, String), (Arc<PathBuf>, Pos)> = HashMap::new();
-    for path in yaml_files(catalogue_dir, &mut diags) {
-        let Some(text) = read_text(&path, &mut diags) else { continue };
-        let Some(root) = yaml::parse(&path, &text, &mut diags) else { continue };
+    for SourceFile { path, text } in files {
+        let Some(root) = yaml::parse(path, text, &mut diags) else { continue };
         let shared_path = Arc::new(path.clone());
-        let mut ctx = Ctx { path: &path, diags: &mut diags };
+        let mut ctx = Ctx { path, diags: &mut diags };
         let Some(mut file) = ctx.map(&root, "a catalogue file") else { continue };
         for section in SECTIONS {
             let Some(node) = file.get(section) else { continue };

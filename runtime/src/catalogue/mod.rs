@@ -16,7 +16,7 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 
 pub use decode::{DEFAULT_MAX_LOOP_STEPS, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TOOL_TIMEOUT_MS};
-pub use load::load;
+pub use load::{SourceFile, load, load_from_texts};
 
 use crate::diag::{Diagnostic, Diagnostics, Pos};
 use crate::hydrate::Route;
