@@ -95,3 +95,28 @@ fn every_module_has_a_header() {
     }
     assert!(missing.is_empty(), "modules without a //! header: {missing:?}");
 }
+
+/// Inputs the fuzzers once broke: each loads (or parses) to diagnostics, never a panic.
+#[test]
+fn fuzz_regressions_replay() {
+    use fabric::catalogue::{SourceFile, load_from_texts};
+    let pack = SourceFile { path: "packs/support.yaml".into(), text: "host: You help.\n".into() };
+    let mut n = 0;
+    for entry in std::fs::read_dir(fixtures().join("fuzz-regressions")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let bytes = std::fs::read(&path).unwrap();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if name.starts_with("catalogue_load-") {
+            let cat = load_from_texts(&[SourceFile { path: "routes/fuzz.yaml".into(), text }], std::slice::from_ref(&pack));
+            assert!(cat.error_count() > 0, "{name}");
+        } else if name.starts_with("decision_text-") {
+            let _ = fabric::agent::decision::parse_text_protocol(&text);
+        } else if name.starts_with("structured_reply-") {
+            let schema = serde_json::json!({"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "number"}}});
+            let _ = fabric::structured::decode_reply(&fabric::structured::FlatSchema::from_json(&schema).unwrap(), &text);
+        }
+        n += 1;
+    }
+    assert!(n >= 1);
+}

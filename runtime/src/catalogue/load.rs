@@ -243,7 +243,9 @@ fn check_workflows(defs: &mut Defs, diags: &mut Diagnostics) {
                 }
             }
         }
-        if ctx.diags.error_count_since(mark) == 0 {
+        // The shape checks need a decoded, non-empty stage list (a stage that failed to decode
+        // is missing from it, and the workflow is already broken).
+        if ctx.diags.error_count_since(mark) == 0 && !wf.origin.is_broken() && !wf.stages.is_empty() {
             check_flow_shape(&mut ctx, &id, wf);
         }
         let problems = ctx.diags.since(mark).to_vec();
