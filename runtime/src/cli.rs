@@ -68,6 +68,35 @@ enum Command {
         #[arg(long)]
         probe: bool,
     },
+    /// Run the BENCH.md scenarios with the seeded stub; JSON lines on stdout, a table on stderr.
+    Bench {
+        /// Scenarios: A, A2, B, B-http, C, H (repeat or comma-separate); all when absent.
+        #[arg(long, value_delimiter = ',')]
+        scenario: Vec<String>,
+        /// Runs of the sequential scenarios (A, B, B-http).
+        #[arg(long, default_value_t = 20_000)]
+        runs: usize,
+        /// Warm-up runs before measuring.
+        #[arg(long, default_value_t = 1_000)]
+        warmup: usize,
+        /// Concurrency levels of scenario C.
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+        concurrency: Vec<usize>,
+        /// Stub latency per model call in ms (scenario C default 50, others 0).
+        #[arg(long)]
+        latency_ms: Option<u64>,
+        /// Generated routes of scenario H.
+        #[arg(long, default_value_t = 1_000)]
+        routes: usize,
+        /// Scenario C without its tool call (diagnostic).
+        #[arg(long)]
+        no_tool: bool,
+    },
+    /// Serve the demo HTTP tools (`/search`, `/add`) on ADDR; prints its URL.
+    ToolServer {
+        #[arg(long, default_value = "127.0.0.1:8089")]
+        listen: String,
+    },
     /// What a stage would make of a raw model reply against an output schema.
     Validate {
         #[arg(long)]
@@ -123,6 +152,33 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
+        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool } => {
+            let scenarios = if scenario.is_empty() { crate::bench::SCENARIOS.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
+            let opts = crate::bench::BenchOptions {
+                scenarios,
+                runs: *runs,
+                warmup: *warmup,
+                concurrency: concurrency.clone(),
+                latency_ms: *latency_ms,
+                routes: *routes,
+                no_tool: *no_tool,
+            };
+            let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
+            match crate::bench::run(opts, &exe).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("fabric bench: {e}");
+                    ExitCode::from(EXIT_USAGE)
+                }
+            }
+        }
+        Command::ToolServer { listen } => match crate::toolserver::serve(listen).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fabric tool-server: {e}");
+                ExitCode::from(EXIT_USAGE)
+            }
+        },
         Command::Run { route, goal, prefetch, events_out } => run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref()).await,
     }
 }

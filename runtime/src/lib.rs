@@ -13,9 +13,10 @@
 //! - [`tools`]: hardened HTTP tool calls.
 //! - [`events`]: run events and their sinks; [`otel`]: OpenTelemetry spans and export.
 //! - [`config`]: environment settings.
-//! - [`cli`]: the `fabric` command.
+//! - [`cli`]: the `fabric` command; [`bench`]: `fabric bench`; [`toolserver`]: `fabric tool-server`.
 
 pub mod agent;
+pub mod bench;
 pub mod catalogue;
 pub mod cli;
 pub mod config;
@@ -28,3 +29,4 @@ pub mod otel;
 pub mod prompt;
 pub mod structured;
 pub mod tools;
+pub mod toolserver;
