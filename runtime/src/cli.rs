@@ -123,7 +123,13 @@ enum Format {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // The tool server is a side process (benchmarks, demos): one thread keeps it from competing
+    // with the runtime it serves for both cores.
+    let mut builder = match cli.command {
+        Command::ToolServer { .. } => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fabric: cannot start the async runtime: {e}");

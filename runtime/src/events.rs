@@ -47,6 +47,11 @@ impl Event {
 /// Where events go. Implementations must be cheap and must not block for long.
 pub trait EventSink: Send + Sync {
     fn emit(&self, event: &Event);
+
+    /// False when events are dropped anyway: emitters then skip building them.
+    fn enabled(&self) -> bool {
+        true
+    }
 }
 
 /// Drops everything (benchmarks without event output).
@@ -55,6 +60,10 @@ pub struct NullSink;
 
 impl EventSink for NullSink {
     fn emit(&self, _: &Event) {}
+
+    fn enabled(&self) -> bool {
+        false
+    }
 }
 
 /// JSON lines to a writer (a file, or stderr for `--events-out -`).
@@ -129,6 +138,7 @@ pub struct RunEvents {
     parent_run_id: Option<Arc<str>>,
     seq: AtomicU64,
     sink: Arc<dyn EventSink>,
+    enabled: bool,
 }
 
 impl std::fmt::Debug for RunEvents {
@@ -139,7 +149,8 @@ impl std::fmt::Debug for RunEvents {
 
 impl RunEvents {
     pub fn new(run_id: &str, route_id: &str, parent_run_id: Option<&str>, sink: Arc<dyn EventSink>) -> RunEvents {
-        RunEvents { run_id: run_id.into(), route_id: route_id.into(), parent_run_id: parent_run_id.map(Into::into), seq: AtomicU64::new(0), sink }
+        let enabled = sink.enabled();
+        RunEvents { run_id: run_id.into(), route_id: route_id.into(), parent_run_id: parent_run_id.map(Into::into), seq: AtomicU64::new(0), sink, enabled }
     }
 
     pub fn run_id(&self) -> &str {
@@ -154,7 +165,13 @@ impl RunEvents {
         &self.sink
     }
 
-    pub fn emit(&self, kind: &'static str, stage_id: Option<&str>, data: Map<String, Value>) {
+    /// Emits one event. `data` builds its type-specific fields; it is not called when the sink
+    /// drops events, so a run without an event consumer pays nothing for them.
+    pub fn emit(&self, kind: &'static str, stage_id: Option<&str>, data: impl FnOnce() -> Map<String, Value>) {
+        if !self.enabled {
+            return;
+        }
+        let data = data();
         let event = Event {
             kind,
             run_id: self.run_id.clone(),
@@ -183,9 +200,31 @@ macro_rules! fields {
 /// Current UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
 pub fn rfc3339_now() -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = now.as_secs() as i64;
+    // The date and time of day change once a second; events come thousands of times a second.
+    thread_local! {
+        static SECOND: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let secs = now.as_secs();
+    SECOND.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if cache.0 != secs {
+            *cache = (secs, civil_seconds(secs as i64));
+        }
+        let mut out = String::with_capacity(24);
+        out.push_str(&cache.1);
+        let ms = now.subsec_millis();
+        out.push('.');
+        out.push(char::from(b'0' + (ms / 100) as u8));
+        out.push(char::from(b'0' + (ms / 10 % 10) as u8));
+        out.push(char::from(b'0' + (ms % 10) as u8));
+        out.push('Z');
+        out
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` of a Unix time (Howard Hinnant's civil_from_days).
+fn civil_seconds(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -195,11 +234,18 @@ pub fn rfc3339_now() -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, now.subsec_millis())
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn civil_dates() {
+        assert_eq!(super::civil_seconds(0), "1970-01-01T00:00:00");
+        assert_eq!(super::civil_seconds(951_782_400), "2000-02-29T00:00:00");
+        assert_eq!(super::civil_seconds(1_796_083_199), "2026-11-30T23:59:59");
+    }
+
     #[test]
     fn timestamp_shape() {
         let ts = super::rfc3339_now();

@@ -5,9 +5,11 @@
 //! is OpenTelemetry's no-op one, so nothing is recorded or sent. Every model call, retries
 //! included, is one `llm.complete` span with the GenAI semantic-convention attributes.
 
-use opentelemetry::KeyValue;
+use opentelemetry::{Context, KeyValue};
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use opentelemetry::global::{self, BoxedTracer};
-use opentelemetry::trace::{Span, Status};
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
@@ -15,6 +17,43 @@ pub const TRACER_NAME: &str = "fabric-runtime";
 
 pub fn tracer() -> BoxedTracer {
     global::tracer(TRACER_NAME)
+}
+
+/// Whether spans are made at all. Off until a tracer provider is installed, so that a runtime
+/// without an exporter does not build span attributes it would throw away.
+static SPANS: AtomicBool = AtomicBool::new(false);
+
+pub fn spans_enabled() -> bool {
+    SPANS.load(Ordering::Relaxed)
+}
+
+/// Turns spans on: for programs that install their own global tracer provider (and tests).
+pub fn enable_spans() {
+    SPANS.store(true, Ordering::Relaxed);
+}
+
+/// Starts a span under `parent` and returns its context; the parent itself when spans are off.
+pub fn child(parent: &Context, name: &'static str, kind: SpanKind, attributes: impl FnOnce() -> Vec<KeyValue>) -> Context {
+    if !spans_enabled() {
+        return parent.clone();
+    }
+    let tracer = tracer();
+    let span = tracer.span_builder(name).with_kind(kind).with_attributes(attributes()).start_with_context(&tracer, parent);
+    parent.with_span(span)
+}
+
+/// Sets an attribute on the span of a context made by [`child`].
+pub fn set(cx: &Context, kv: KeyValue) {
+    if spans_enabled() {
+        cx.span().set_attribute(kv);
+    }
+}
+
+/// Ends the span of a context made by [`child`].
+pub fn end(cx: &Context) {
+    if spans_enabled() {
+        cx.span().end();
+    }
 }
 
 /// The `gen_ai.provider.name` of a backend's provider key.
@@ -25,15 +64,11 @@ pub fn provider_name(key: &str) -> &str {
     }
 }
 
-/// Marks a span failed with a reason class (`error.type`).
-pub fn fail(span: &mut impl Span, reason_class: &'static str, message: &str) {
-    span.set_attribute(KeyValue::new("error.type", reason_class));
-    span.set_status(Status::error(message.to_owned()));
-}
-
-/// Marks the span of a context failed (runs and stages).
-pub fn fail_cx(cx: &opentelemetry::Context, reason_class: &'static str, message: &str) {
-    use opentelemetry::trace::TraceContextExt;
+/// Marks the span of a context made by [`child`] failed, with its reason class (`error.type`).
+pub fn fail_cx(cx: &Context, reason_class: &'static str, message: &str) {
+    if !spans_enabled() {
+        return;
+    }
     let span = cx.span();
     span.set_attribute(KeyValue::new("error.type", reason_class));
     span.set_status(Status::error(message.to_owned()));
@@ -68,5 +103,6 @@ pub fn init_from_env() -> Result<OtelGuard, String> {
     let service = std::env::var("OTEL_SERVICE_NAME").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "fabric-runtime".into());
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(Resource::builder().with_service_name(service).build()).build();
     global::set_tracer_provider(provider.clone());
+    enable_spans();
     Ok(OtelGuard(Some(provider)))
 }

@@ -50,7 +50,13 @@ pub fn builtin_add() -> std::sync::Arc<dyn Tool> {
 #[derive(Debug, Clone)]
 pub struct HttpTools {
     client: reqwest::Client,
+    /// Bounds the requests in flight to one origin, so bursts reuse pooled connections
+    /// instead of opening one connection per request.
+    per_origin: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Semaphore>>>>,
 }
+
+/// Requests in flight to one tool origin at most; more wait for a free connection.
+pub const MAX_IN_FLIGHT_PER_ORIGIN: usize = 64;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
@@ -89,8 +95,8 @@ impl HttpTools {
                 attempt.error("redirect to another origin refused")
             }
         });
-        let client = reqwest::Client::builder().redirect(policy).build().unwrap_or_default();
-        HttpTools { client }
+        let client = reqwest::Client::builder().redirect(policy).pool_max_idle_per_host(MAX_IN_FLIGHT_PER_ORIGIN).build().unwrap_or_default();
+        HttpTools { client, per_origin: Default::default() }
     }
 
     /// Calls `url` (already resolved from the catalogue) with `args`.
@@ -98,6 +104,8 @@ impl HttpTools {
         let started = Instant::now();
         let parsed =
             reqwest::Url::parse(url).map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("invalid tool URL `{url}`: {e}") })?;
+        let (parsed_scheme, parsed_host, parsed_port) =
+            (parsed.scheme().to_owned(), parsed.host_str().unwrap_or_default().to_owned(), parsed.port_or_known_default().unwrap_or(0));
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("tool URL `{url}` is not http(s)") });
         }
@@ -114,6 +122,12 @@ impl HttpTools {
             }
             HttpMethod::Post => self.client.post(parsed).json(args),
         };
+        let origin = format!("{}://{}:{}", parsed_scheme, parsed_host, parsed_port);
+        let gate = {
+            let mut map = self.per_origin.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(origin).or_insert_with(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_ORIGIN))).clone()
+        };
+        let _permit = gate.acquire_owned().await.map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() })?;
         let mut response = request.timeout(invoke.timeout).send().await.map_err(|e| classify(&e, invoke.timeout))?;
         let status = response.status().as_u16();
         if response.content_length().is_some_and(|n| n as usize > invoke.max_response_bytes) {

@@ -19,6 +19,7 @@ fn exporter() -> &'static InMemorySpanExporter {
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder().with_simple_exporter(exporter.clone()).build();
         opentelemetry::global::set_tracer_provider(provider);
+        fabric::otel::enable_spans();
         exporter
     })
 }

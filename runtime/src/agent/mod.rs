@@ -94,7 +94,7 @@ impl Runner {
                 run.events.emit(
                     "run.tool.failed",
                     Some(&tool.id),
-                    crate::fields! {"tool" => tool.id, "reason_class" => ReasonClass::InvalidToolArguments.as_str(), "message" => problems.join("; ")},
+                    || crate::fields! {"tool" => tool.id, "reason_class" => ReasonClass::InvalidToolArguments.as_str(), "message" => problems.join("; ")},
                 );
                 return Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))));
             }

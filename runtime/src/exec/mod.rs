@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use indexmap::IndexMap;
-use opentelemetry::trace::{TraceContextExt, Tracer};
+use opentelemetry::trace::SpanKind;
 use opentelemetry::{Context, KeyValue};
-use petgraph::graph::NodeIndex;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -105,11 +104,12 @@ pub(crate) struct RunState {
     pub(crate) notes: Vec<String>,
     pub(crate) slots: IndexMap<String, String>,
     /// Parsed structured outputs, for branch conditions on fields.
-    structured: HashMap<String, Value>,
-    visits: HashMap<NodeIndex, u32>,
+    structured: Vec<(String, Value)>,
+    /// Visits per node, indexed by node index (a handful of nodes: no hashing).
+    visits: Vec<u32>,
     /// Model turns of the decision loop.
     pub(crate) turns: u32,
-    llm_calls: IndexMap<String, u32>,
+    llm_calls: Vec<(String, u32)>,
     child_calls: Vec<(String, String, u32)>,
     pub(crate) last_output: Option<String>,
 }
@@ -215,25 +215,24 @@ impl Runner {
     fn run_route<'a>(&'a self, run: Run<'a>, parent_cx: &'a Context) -> crate::llm::BoxFuture<'a, RunResult> {
         Box::pin(async move {
             let Run { route, prefetch, events, .. } = run;
-            let tracer = crate::otel::tracer();
-            let span = tracer
-                .span_builder("run")
-                .with_attributes([
+            let run_cx = crate::otel::child(parent_cx, "run", SpanKind::Internal, || {
+                vec![
                     KeyValue::new("fabric.run_id", events.run_id().to_owned()),
                     KeyValue::new("fabric.route_id", route.id.clone()),
                     KeyValue::new("fabric.model_profile", route.model_profile.clone()),
-                ])
-                .start_with_context(&tracer, parent_cx);
-            let run_cx = parent_cx.with_span(span);
+                ]
+            });
             let started = Instant::now();
-            let mut data = fields! {"model_profile" => route.model_profile, "path" => route.path.as_str(), "prefetch_chunks" => prefetch.len()};
-            if let Some(source) = &route.source {
-                data.insert("source".into(), source.clone().into());
-            }
-            if let Some(target) = &route.activation_target {
-                data.insert("activation_target".into(), target.clone().into());
-            }
-            events.emit("run.started", None, data);
+            events.emit("run.started", None, || {
+                let mut data = fields! {"model_profile" => route.model_profile, "path" => route.path.as_str(), "prefetch_chunks" => prefetch.len()};
+                if let Some(source) = &route.source {
+                    data.insert("source".into(), source.clone().into());
+                }
+                if let Some(target) = &route.activation_target {
+                    data.insert("activation_target".into(), target.clone().into());
+                }
+                data
+            });
             let mut state = RunState::default();
             let outcome =
                 if route.path == RoutePath::Pattern1 { self.agent_loop(&run, &mut state, &run_cx).await } else { self.walk(&run, &mut state, &run_cx).await };
@@ -254,11 +253,11 @@ impl Runner {
             match outcome {
                 Ok(Finish::Completed) => {
                     result.output = state.last_output;
-                    events.emit("run.completed", None, fields! {"output" => result.output, "duration_ms" => duration_ms});
+                    events.emit("run.completed", None, || fields! {"output" => result.output, "duration_ms" => duration_ms});
                 }
                 Ok(Finish::AwaitingInput(question)) => {
                     result.status = RunStatus::AwaitingInput;
-                    events.emit("run.awaiting_input", None, fields! {"question" => question, "duration_ms" => duration_ms});
+                    events.emit("run.awaiting_input", None, || fields! {"question" => question, "duration_ms" => duration_ms});
                     result.question = Some(question);
                 }
                 Err((stage_id, f)) => {
@@ -268,11 +267,11 @@ impl Runner {
                     if let Some(detail) = f.detail {
                         data.insert("decisions".into(), detail);
                     }
-                    events.emit("run.failed", stage_id.as_deref(), data);
+                    events.emit("run.failed", stage_id.as_deref(), move || data);
                     result.error = Some(RunFailure { reason_class: f.class.as_str(), message: f.message, stage_id });
                 }
             }
-            run_cx.span().end();
+            crate::otel::end(&run_cx);
             result
         })
     }
@@ -282,18 +281,16 @@ impl Runner {
         run.events.emit(
             "run.stage.started",
             Some(&stage.id),
-            fields! {"llm_role" => stage.role.as_str(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
+            || fields! {"llm_role" => stage.role.as_str(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
         );
-        let tracer = crate::otel::tracer();
-        let span = tracer
-            .span_builder("stage")
-            .with_attributes([
+        let cx = crate::otel::child(run_cx, "stage", SpanKind::Internal, || {
+            vec![
                 KeyValue::new("fabric.run_id", run.events.run_id().to_owned()),
                 KeyValue::new("fabric.stage_id", stage.id.clone()),
                 KeyValue::new("fabric.llm_role", stage.role.as_str()),
-            ])
-            .start_with_context(&tracer, run_cx);
-        (Instant::now(), run_cx.with_span(span))
+            ]
+        });
+        (Instant::now(), cx)
     }
 
     /// Closes a stage: the slot (and, if `note`, a note) on success, the event, the span.
@@ -316,7 +313,7 @@ impl Runner {
                     state.notes.push(message::compress_note(&format!("{}: {value}", stage.id)));
                 }
                 state.slots.insert(stage.id.clone(), value.clone());
-                run.events.emit("run.stage.completed", Some(&stage.id), fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => chars});
+                run.events.emit("run.stage.completed", Some(&stage.id), || fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => chars});
                 state.last_output = Some(value);
             }
             Err(f) => {
@@ -324,11 +321,11 @@ impl Runner {
                 run.events.emit(
                     "run.stage.failed",
                     Some(&stage.id),
-                    fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms},
+                    || fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms},
                 );
             }
         }
-        cx.span().end();
+        crate::otel::end(cx);
     }
 
     async fn walk(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<Finish, (Option<String>, StageFailure)> {
@@ -337,7 +334,10 @@ impl Runner {
         let mut stage_idx: u32 = 0;
         loop {
             let stage = &route.graph[node];
-            let visits = state.visits.entry(node).or_insert(0);
+            if state.visits.len() <= node.index() {
+                state.visits.resize(route.graph.node_count(), 0);
+            }
+            let visits = &mut state.visits[node.index()];
             *visits += 1;
             // A branched workflow may loop; each stage runs at most max_loop_steps times per run.
             if *visits > run.budget {
@@ -382,7 +382,10 @@ impl Runner {
                     if let ReplyValue::Structured(d) = &reply
                         && let Ok(v) = serde_json::from_str::<Value>(&d.compact)
                     {
-                        state.structured.insert(stage.id.clone(), v);
+                        match state.structured.iter_mut().find(|(id, _)| *id == stage.id) {
+                            Some(slot) => slot.1 = v,
+                            None => state.structured.push((stage.id.clone(), v)),
+                        }
                     }
                     return Ok(reply.slot_value());
                 }
@@ -420,18 +423,18 @@ impl Runner {
         events: &RunEvents,
     ) -> Result<String, StageFailure> {
         let tool = stage.capability.as_ref().map_or("", |c| c.name.as_str());
-        events.emit("run.tool.started", Some(&stage.id), fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
+        events.emit("run.tool.started", Some(&stage.id), || fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
         match self.http.call(invoke, url, args).await {
             Ok(out) => {
                 events.emit(
                     "run.tool.completed",
                     Some(&stage.id),
-                    fields! {"tool" => tool, "status" => out.status, "bytes" => out.bytes, "duration_ms" => round_ms(out.duration.as_secs_f64() * 1000.0)},
+                    || fields! {"tool" => tool, "status" => out.status, "bytes" => out.bytes, "duration_ms" => round_ms(out.duration.as_secs_f64() * 1000.0)},
                 );
                 Ok(out.text)
             }
             Err(e) => {
-                events.emit("run.tool.failed", Some(&stage.id), fields! {"tool" => tool, "reason_class" => e.class.as_str(), "message" => e.message});
+                events.emit("run.tool.failed", Some(&stage.id), || fields! {"tool" => tool, "reason_class" => e.class.as_str(), "message" => e.message});
                 Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
             }
         }
@@ -443,7 +446,7 @@ impl Runner {
         let Some(tool) = self.tools.get(name) else {
             return Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}` has no in-process implementation registered")));
         };
-        events.emit("run.tool.started", Some(&stage.id), fields! {"tool" => name, "method" => "in_process"});
+        events.emit("run.tool.started", Some(&stage.id), || fields! {"tool" => name, "method" => "in_process"});
         let started = Instant::now();
         match tool.call(args).await {
             Ok(value) => {
@@ -454,7 +457,7 @@ impl Runner {
                 events.emit(
                     "run.tool.completed",
                     Some(&stage.id),
-                    fields! {"tool" => name, "bytes" => text.len(), "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
+                    || fields! {"tool" => name, "bytes" => text.len(), "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
                 );
                 Ok(text)
             }
@@ -462,7 +465,7 @@ impl Runner {
                 events.emit(
                     "run.tool.failed",
                     Some(&stage.id),
-                    fields! {"tool" => name, "reason_class" => ReasonClass::ToolFailed.as_str(), "message" => message},
+                    || fields! {"tool" => name, "reason_class" => ReasonClass::ToolFailed.as_str(), "message" => message},
                 );
                 Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}`: {message}")))
             }
@@ -472,7 +475,14 @@ impl Runner {
     pub(crate) async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
         let Run { route, goal, prefetch, events, .. } = *run;
         let user = message::user_message(goal, prefetch, &state.notes);
-        let turn = state.llm_calls.entry(stage.id.clone()).or_insert(0);
+        let idx = match state.llm_calls.iter().position(|(id, _)| *id == stage.id) {
+            Some(i) => i,
+            None => {
+                state.llm_calls.push((stage.id.clone(), 0));
+                state.llm_calls.len() - 1
+            }
+        };
+        let turn = &mut state.llm_calls[idx].1;
         let req = LlmRequest {
             events,
             route_id: &route.id,
@@ -530,7 +540,7 @@ pub fn new_run_id() -> String {
 /// Evaluates a branch condition against the run's slots.
 fn condition_holds(c: &Condition, state: &RunState) -> bool {
     let value: Option<Value> = match &c.field {
-        Some(field) => state.structured.get(&c.slot.name).and_then(|v| v.get(field)).cloned().filter(|v| !v.is_null()),
+        Some(field) => state.structured.iter().find(|(id, _)| *id == c.slot.name).and_then(|(_, v)| v.get(field)).cloned().filter(|v| !v.is_null()),
         None => state.slots.get(&c.slot.name).map(|s| Value::String(s.clone())),
     };
     match &c.op {

@@ -48,7 +48,7 @@ impl<L: Llm> Llm for RetryLlm<L> {
                 req.events.emit(
                     "run.llm.retrying",
                     Some(req.stage_id),
-                    fields! {"attempt" => attempt + 1, "delay_ms" => delay.as_millis() as u64, "reason_class" => error.class.as_str(), "message" => error.message},
+                    || fields! {"attempt" => attempt + 1, "delay_ms" => delay.as_millis() as u64, "reason_class" => error.class.as_str(), "message" => error.message},
                 );
                 tokio::time::sleep(delay).await;
                 attempt += 1;

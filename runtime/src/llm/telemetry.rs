@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
-use opentelemetry::trace::{Span, SpanKind, Tracer};
+use opentelemetry::trace::SpanKind;
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo};
 use crate::catalogue::defs::OutputSpec;
@@ -30,13 +30,10 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
             req.events.emit(
                 "run.llm.started",
                 Some(req.stage_id),
-                fields! {"provider" => info.provider, "model" => info.model, "turn" => req.turn, "structured" => structured},
+                || fields! {"provider" => info.provider, "model" => info.model, "turn" => req.turn, "structured" => structured},
             );
-            let tracer = crate::otel::tracer();
-            let mut span = tracer
-                .span_builder("llm.complete")
-                .with_kind(SpanKind::Client)
-                .with_attributes([
+            let cx = crate::otel::child(req.cx, "llm.complete", SpanKind::Client, || {
+                vec![
                     KeyValue::new("gen_ai.operation.name", "chat"),
                     KeyValue::new("gen_ai.provider.name", crate::otel::provider_name(&info.provider).to_owned()),
                     KeyValue::new("gen_ai.request.model", info.model.clone()),
@@ -44,8 +41,8 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                     KeyValue::new("fabric.run_id", req.events.run_id().to_owned()),
                     KeyValue::new("fabric.route_id", req.route_id.to_owned()),
                     KeyValue::new("fabric.stage_id", req.stage_id.to_owned()),
-                ])
-                .start_with_context(&tracer, req.cx);
+                ]
+            });
             let started = Instant::now();
             let result = self.inner.complete(req).await;
             let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -53,23 +50,23 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                 Ok(reply) => {
                     let mut data = fields! {"duration_ms" => round_ms(duration_ms)};
                     if let Some(u) = reply.usage {
-                        span.set_attribute(KeyValue::new("gen_ai.usage.input_tokens", u.input_tokens as i64));
-                        span.set_attribute(KeyValue::new("gen_ai.usage.output_tokens", u.output_tokens as i64));
+                        crate::otel::set(&cx, KeyValue::new("gen_ai.usage.input_tokens", u.input_tokens as i64));
+                        crate::otel::set(&cx, KeyValue::new("gen_ai.usage.output_tokens", u.output_tokens as i64));
                         data.insert("input_tokens".into(), u.input_tokens.into());
                         data.insert("output_tokens".into(), u.output_tokens.into());
                     }
-                    req.events.emit("run.llm.completed", Some(req.stage_id), data);
+                    req.events.emit("run.llm.completed", Some(req.stage_id), move || data);
                 }
                 Err(e) => {
-                    crate::otel::fail(&mut span, e.class.as_str(), &e.message);
+                    crate::otel::fail_cx(&cx, e.class.as_str(), &e.message);
                     req.events.emit(
                         "run.llm.failed",
                         Some(req.stage_id),
-                        fields! {"reason_class" => e.class.as_str(), "message" => e.message, "duration_ms" => round_ms(duration_ms)},
+                        || fields! {"reason_class" => e.class.as_str(), "message" => e.message, "duration_ms" => round_ms(duration_ms)},
                     );
                 }
             }
-            span.end();
+            crate::otel::end(&cx);
             result
         })
     }
