@@ -94,6 +94,12 @@ pub struct BenchOptions {
     pub routes: usize,
     /// Scenario C without the tool call (diagnostic: the runtime's own cost under concurrency).
     pub no_tool: bool,
+    /// Serialise every event as a JSON line (to a discarding writer) instead of having no consumer.
+    pub events: bool,
+}
+
+fn sink(opts: &BenchOptions) -> Arc<dyn crate::events::EventSink> {
+    if opts.events { Arc::new(crate::events::JsonLinesSink::new(Box::new(std::io::sink()))) } else { Arc::new(NullSink) }
 }
 
 pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "H"];
@@ -181,7 +187,7 @@ impl Drop for ToolServer {
 
 async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, tool_url: Option<String>) -> Value {
     let runner = runner(Duration::from_millis(opts.latency_ms.unwrap_or(0)), tool_url);
-    let sink: Arc<dyn crate::events::EventSink> = Arc::new(NullSink);
+    let sink = sink(opts);
     let req = RunRequest { route_id: route.into(), goal: goal(), prefetch: vec![] };
     for _ in 0..opts.warmup {
         let _ = runner.run(req.clone(), sink.clone()).await;
@@ -202,16 +208,16 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
     let cpu_us = (cpu_ns() - cpu0) as f64 / 1e3 / opts.runs.max(1) as f64;
     let per_stage: Vec<f64> = samples.iter().map(|s| s / stages).collect();
     json!({
-        "scenario": name, "route": route, "runs": opts.runs, "failed_runs": failed, "stub_latency_ms": opts.latency_ms.unwrap_or(0),
+        "scenario": name, "route": route, "runs": opts.runs, "failed_runs": failed, "stub_latency_ms": opts.latency_ms.unwrap_or(0), "events": if opts.events { "json" } else { "none" },
         "runs_per_s": round2(opts.runs as f64 / wall), "run_us": stats(samples), "stages_per_run": stages, "stages_us": stats(per_stage),
         "cpu_us_per_run": round2(cpu_us), "meta": meta(),
     })
 }
 
-async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>) -> Value {
+async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &BenchOptions) -> Value {
     let tool = tool_url.is_some();
     let runner = Arc::new(runner(Duration::from_millis(latency_ms), tool_url));
-    let sink: Arc<dyn crate::events::EventSink> = Arc::new(NullSink);
+    let sink = sink(opts);
     // Warm the connection pool and the allocator a little.
     for _ in 0..10 {
         let _ = runner.run(RunRequest { route_id: "staged".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await;
@@ -237,7 +243,7 @@ async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>) -> Valu
     let peak = status_kib("VmHWM:").unwrap_or(0);
     let ideal_ms = 3.0 * latency_ms as f64;
     json!({
-        "scenario": "C", "route": "staged", "runs": c, "concurrency": c, "failed_runs": failed, "stub_latency_ms": latency_ms, "tool_url": tool,
+        "scenario": "C", "route": "staged", "runs": c, "concurrency": c, "failed_runs": failed, "stub_latency_ms": latency_ms, "tool_url": tool, "events": if opts.events { "json" } else { "none" },
         "wall_ms": round2(wall * 1e3), "ideal_ms": ideal_ms, "wall_over_ideal": round2(wall * 1e3 / ideal_ms.max(1.0)),
         "runs_per_s": round2(c as f64 / wall), "peak_rss_mib": round2(peak as f64 / 1024.0),
         "rss_kib_per_inflight_run": round2(peak.saturating_sub(rss0) as f64 / c as f64),
@@ -338,7 +344,7 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
             "C" => {
                 let mut out = Vec::new();
                 for &c in &opts.concurrency {
-                    out.push(concurrent(c, opts.latency_ms.unwrap_or(50), if opts.no_tool { None } else { url.clone() }).await);
+                    out.push(concurrent(c, opts.latency_ms.unwrap_or(50), if opts.no_tool { None } else { url.clone() }, &opts).await);
                 }
                 out
             }

@@ -91,6 +91,9 @@ enum Command {
         /// Scenario C without its tool call (diagnostic).
         #[arg(long)]
         no_tool: bool,
+        /// Serialise every event as JSON (to a discarding writer); default: no event consumer.
+        #[arg(long)]
+        events: bool,
     },
     /// Serve the demo HTTP tools (`/search`, `/add`) on ADDR; prints its URL.
     ToolServer {
@@ -158,7 +161,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
-        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool } => {
+        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events } => {
             let scenarios = if scenario.is_empty() { crate::bench::SCENARIOS.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
             let opts = crate::bench::BenchOptions {
                 scenarios,
@@ -168,6 +171,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 latency_ms: *latency_ms,
                 routes: *routes,
                 no_tool: *no_tool,
+                events: *events,
             };
             let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
             match crate::bench::run(opts, &exe).await {

@@ -24,6 +24,38 @@ pub struct Event {
 }
 
 impl Event {
+    /// Appends the event as one line of compact JSON, without building an intermediate value.
+    pub fn write_json_line(&self, out: &mut Vec<u8>) {
+        fn string(out: &mut Vec<u8>, s: &str) {
+            let _ = serde_json::to_writer(&mut *out, s);
+        }
+        out.extend_from_slice(b"{\"type\":");
+        string(out, self.kind);
+        out.extend_from_slice(b",\"run_id\":");
+        string(out, &self.run_id);
+        out.extend_from_slice(b",\"route_id\":");
+        string(out, &self.route_id);
+        out.extend_from_slice(b",\"seq\":");
+        out.extend_from_slice(self.seq.to_string().as_bytes());
+        out.extend_from_slice(b",\"ts\":");
+        string(out, &self.ts);
+        if let Some(s) = &self.stage_id {
+            out.extend_from_slice(b",\"stage_id\":");
+            string(out, s);
+        }
+        if let Some(p) = &self.parent_run_id {
+            out.extend_from_slice(b",\"parent_run_id\":");
+            string(out, p);
+        }
+        for (k, v) in &self.data {
+            out.push(b',');
+            string(out, k);
+            out.push(b':');
+            let _ = serde_json::to_writer(&mut *out, v);
+        }
+        out.extend_from_slice(b"}\n");
+    }
+
     pub fn to_json(&self) -> Value {
         let mut m = Map::with_capacity(self.data.len() + 7);
         m.insert("type".into(), self.kind.into());
@@ -85,11 +117,11 @@ impl JsonLinesSink {
 
 impl EventSink for JsonLinesSink {
     fn emit(&self, event: &Event) {
-        let mut line = event.to_json().to_string();
-        line.push('\n');
+        let mut line = Vec::with_capacity(256);
+        event.write_json_line(&mut line);
         if let Ok(mut out) = self.out.lock() {
             // An unwritable event stream must not fail the run; the result still goes to stdout.
-            let _ = out.write_all(line.as_bytes()).and_then(|_| out.flush());
+            let _ = out.write_all(&line).and_then(|_| out.flush());
         }
     }
 }
@@ -239,6 +271,23 @@ fn civil_seconds(secs: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn json_lines_match_the_value_form() {
+        let e = super::Event {
+            kind: "run.stage.completed",
+            run_id: "r".into(),
+            route_id: "x\"y".into(),
+            seq: 3,
+            ts: "2026-11-29T00:00:00.000Z".into(),
+            stage_id: Some("intake".into()),
+            parent_run_id: None,
+            data: crate::fields! {"output" => "a\nb", "n" => 1.5},
+        };
+        let mut line = Vec::new();
+        e.write_json_line(&mut line);
+        assert_eq!(String::from_utf8(line).unwrap(), format!("{}\n", e.to_json()));
+    }
+
     #[test]
     fn civil_dates() {
         assert_eq!(super::civil_seconds(0), "1970-01-01T00:00:00");
