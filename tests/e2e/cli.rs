@@ -183,3 +183,31 @@ fn prefetch_packs_from_a_file() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("chunk 0 is not a string"), "{}", stderr(&out));
 }
+
+#[test]
+fn bench_prints_every_scenario() {
+    let out = fabric(&["bench", "--runs", "30", "--warmup", "3", "--concurrency", "20", "--latency-ms", "1", "--routes", "20"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = lines.iter().map(|l| l["scenario"].as_str().unwrap()).collect();
+    assert_eq!(names, ["A", "A2", "B", "B-http", "C", "H"]);
+    for l in &lines {
+        match l["scenario"].as_str().unwrap() {
+            "A" | "B" | "B-http" => {
+                assert_eq!(l["failed_runs"], 0, "{l}");
+                for k in ["runs_per_s", "cpu_us_per_run"] {
+                    assert!(l[k].as_f64().unwrap() > 0.0, "{k} in {l}");
+                }
+                assert!(l["run_us"]["p99"].as_f64().unwrap() >= l["run_us"]["p50"].as_f64().unwrap());
+            }
+            "C" => {
+                assert_eq!((l["failed_runs"].as_u64(), l["ideal_ms"].as_f64()), (Some(0), Some(3.0)), "{l}");
+                assert!(l["peak_rss_mib"].as_f64().unwrap() > 0.0);
+            }
+            "H" => assert_eq!((l["routes_ready"].as_u64(), l["errors"].as_u64()), (Some(20), Some(0)), "{l}"),
+            "A2" => assert!(l["skipped"].as_str().unwrap().contains("journal")),
+            _ => unreachable!(),
+        }
+    }
+    assert!(stderr(&out).contains("debug build") || cfg!(not(debug_assertions)));
+}
