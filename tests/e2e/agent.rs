@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::extract::Query;
 use axum::routing::get;
 use fabric::catalogue::{self, Catalogue};
-use fabric::config::{ApiKey, ProviderKind, ProviderTarget, RetryPolicy, Tuning};
+use fabric::config::{ProviderKind, RetryPolicy, Tuning};
 use fabric::events::{Event, MemorySink};
 use fabric::exec::{RunRequest, RunResult, RunStatus, Runner, StartError};
 use fabric::llm::providers::backend_for;
@@ -172,14 +172,7 @@ async fn live_providers_decide_with_native_structured_output() {
     });
     f.push(Canned::json(200, json!({"choices": [{"message": {"content": "{\"action\":\"tool_call\",\"tool_name\":\"add\",\"arguments\":{\"a\":2,\"b\":3}}"}, "finish_reason": "stop"}]})));
     let url = f.start().await;
-    let target = ProviderTarget {
-        provider: ProviderKind::OpenAi,
-        model: "gpt-test".into(),
-        base_url: url,
-        api_key: Some(ApiKey::new("k".into())),
-        api_key_var: None,
-        api_version: String::new(),
-    };
+    let target = crate::support::target(ProviderKind::OpenAi, &url, "gpt-test");
     let llm = fabric::llm::stack::build(backend_for(reqwest::Client::new(), target, Tuning::default()), RetryPolicy::default());
     let runner = Runner::new(shipped(), llm, Arc::new(|_: &str| None)).with_tool("add", builtin_add());
     let goal = json!({"question": "2+3?"}).as_object().unwrap().clone();

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fabric::catalogue::{self, Catalogue};
-use fabric::config::{ApiKey, ProviderKind, ProviderTarget, RetryPolicy, Settings, Tuning, parse_model_string};
+use fabric::config::{ProviderKind, RetryPolicy, Settings, Tuning, parse_model_string};
 use fabric::events::{Event, MemorySink};
 use fabric::exec::{RunRequest, RunResult, RunStatus, Runner};
 use fabric::llm::providers::backend_for;
 use serde_json::{Value, json};
 
-use crate::support::{Canned, FakeProvider, fixtures, repo, triage_reply_for};
+use crate::support::{Canned, FakeProvider, fixtures, repo, target, triage_reply_for};
 
 fn props_of(schema: Option<&Value>) -> Vec<String> {
     schema.and_then(|s| s.get("properties")).and_then(Value::as_object).map(|p| p.keys().cloned().collect()).unwrap_or_default()
@@ -41,17 +41,6 @@ fn fake(kind: ProviderKind) -> FakeProvider {
         };
         Canned::json(200, reply)
     })
-}
-
-fn target(kind: ProviderKind, base_url: &str, model: &str) -> ProviderTarget {
-    ProviderTarget {
-        provider: kind,
-        model: model.into(),
-        base_url: base_url.into(),
-        api_key: Some(ApiKey::new("test-key-123".into())),
-        api_key_var: None,
-        api_version: "v1beta".into(),
-    }
 }
 
 fn shipped() -> Arc<Catalogue> {

@@ -131,3 +131,15 @@ pub fn triage_reply_for(props: &[String]) -> serde_json::Value {
         serde_json::json!({"text": "Refunded."})
     }
 }
+
+/// A provider target for tests: the given provider at a fake's URL, with a test key.
+pub fn target(kind: fabric::config::ProviderKind, base_url: &str, model: &str) -> fabric::config::ProviderTarget {
+    fabric::config::ProviderTarget {
+        provider: kind,
+        model: model.into(),
+        base_url: base_url.into(),
+        api_key: Some(fabric::config::ApiKey::new("test-key-123".into())),
+        api_key_var: None,
+        api_version: "v1beta".into(),
+    }
+}

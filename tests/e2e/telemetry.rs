@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use fabric::config::{ApiKey, ProviderKind, ProviderTarget, RetryPolicy, Tuning};
+use fabric::config::{ProviderKind, RetryPolicy, Tuning};
 use fabric::events::MemorySink;
 use fabric::exec::{RunRequest, Runner};
 use fabric::llm::providers::backend_for;
@@ -28,6 +28,11 @@ fn attr<'a>(span: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
     span.attributes.iter().find(|kv| kv.key.as_str() == key).map(|kv| &kv.value)
 }
 
+/// The finished spans of one run (other tests share the global exporter).
+fn spans_of(exporter: &InMemorySpanExporter, run_id: &str) -> Vec<SpanData> {
+    exporter.get_finished_spans().unwrap().into_iter().filter(|s| attr(s, "fabric.run_id").map(|v| v.as_str()) == Some(run_id.into())).collect()
+}
+
 #[tokio::test]
 async fn one_llm_span_per_logical_call_with_genai_attributes() {
     let exporter = exporter();
@@ -41,14 +46,7 @@ async fn one_llm_span_per_logical_call_with_genai_attributes() {
     });
     f.push(Canned::json(503, json!({"error": {"message": "busy"}}))).push(Canned::json(503, json!({"error": {"message": "busy"}})));
     let url = f.start().await;
-    let target = ProviderTarget {
-        provider: ProviderKind::OpenAi,
-        model: "gpt-test".into(),
-        base_url: url,
-        api_key: Some(ApiKey::new("k".into())),
-        api_key_var: None,
-        api_version: String::new(),
-    };
+    let target = crate::support::target(ProviderKind::OpenAi, &url, "gpt-test");
     let retry = RetryPolicy { max_attempts: 3, base: std::time::Duration::from_millis(5), max_backoff: std::time::Duration::from_millis(50) };
     let llm = fabric::llm::stack::build(backend_for(reqwest::Client::new(), target, Tuning::default()), retry);
     let cat = Arc::new(fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")));
@@ -56,12 +54,7 @@ async fn one_llm_span_per_logical_call_with_genai_attributes() {
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
     assert_eq!(f.requests().len(), 5, "two retries happened");
-    let spans: Vec<SpanData> = exporter
-        .get_finished_spans()
-        .unwrap()
-        .into_iter()
-        .filter(|s| attr(s, "fabric.run_id").map(|v| v.as_str()) == Some(result.run_id.as_str().into()))
-        .collect();
+    let spans = spans_of(exporter, &result.run_id);
     let named = |n: &str| spans.iter().filter(|s| s.name == n).cloned().collect::<Vec<_>>();
     let (runs, stages, calls) = (named("run"), named("stage"), named("llm.complete"));
     assert_eq!((runs.len(), stages.len(), calls.len()), (1, 3, 3), "one llm.complete per stage, retries included");
@@ -85,12 +78,7 @@ async fn failed_calls_mark_their_spans() {
     let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None));
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
-    let spans: Vec<SpanData> = exporter
-        .get_finished_spans()
-        .unwrap()
-        .into_iter()
-        .filter(|s| attr(s, "fabric.run_id").map(|v| v.as_str()) == Some(result.run_id.as_str().into()))
-        .collect();
+    let spans = spans_of(exporter, &result.run_id);
     let call = spans.iter().find(|s| s.name == "llm.complete").unwrap();
     assert_eq!(attr(call, "error.type").unwrap().as_str(), "invalid_json");
     assert!(matches!(call.status, opentelemetry::trace::Status::Error { .. }));

@@ -184,6 +184,14 @@ pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuni
     }
 }
 
+/// The `[system, user]` message list of the chat-style APIs (Ollama, OpenAI).
+pub(crate) fn system_user_messages(call: &CallSpec<'_>) -> Value {
+    serde_json::json!([
+        {"role": "system", "content": call.system},
+        {"role": "user", "content": call.user},
+    ])
+}
+
 /// Keeps only the keywords in `allowed`, recursively through `properties` and `items`.
 pub fn retain_keywords(schema: &Value, allowed: &[&str]) -> Value {
     match schema {

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use super::{CallSpec, Codec, WireRequest, usage};
+use super::{CallSpec, Codec, WireRequest, system_user_messages, usage};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -21,10 +21,7 @@ impl Codec for Ollama {
         let mut body = json!({
             "model": call.target.model,
             "stream": false,
-            "messages": [
-                {"role": "system", "content": call.system},
-                {"role": "user", "content": call.user},
-            ],
+            "messages": system_user_messages(call),
             "options": {"temperature": call.tuning.temperature, "num_predict": call.tuning.max_tokens},
         });
         if let Some(schema) = call.schema {

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use super::{CallSpec, Codec, WireRequest, WireSchema, retain_keywords, usage};
+use super::{CallSpec, Codec, WireRequest, WireSchema, retain_keywords, system_user_messages, usage};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -50,10 +50,7 @@ impl Codec for OpenAi {
         let mut body = json!({
             "model": call.target.model,
             "stream": false,
-            "messages": [
-                {"role": "system", "content": call.system},
-                {"role": "user", "content": call.user},
-            ],
+            "messages": system_user_messages(call),
             "temperature": call.tuning.temperature,
             "max_completion_tokens": call.tuning.max_tokens,
         });
