@@ -58,6 +58,7 @@ def case(schema, raw):
 
 
 def one(ty, **extra):
+    """A one-property schema `{v: ty}`."""
     p = {"type": ty}
     p.update(extra)
     return {"type": "object", "properties": {"v": p}}
@@ -90,6 +91,28 @@ for raw in ['{"v":1,"v":"2"}', ' {"v":1} ', '{"v":1} x', '{"v":1,}', "{'v':1}", 
     CASES.append((F, raw))
 for raw in ['{"text":null}', '{"text":5}', '{"text":"a\\nb"}']:
     CASES.append((T, raw))
+
+# A matrix of tricky values against every field type (a seeded half also gets a second key).
+import random
+random.seed(7)
+TOKENS = ['0', '1', '-1', '2', '1.0', '0.5', '-0.0', '1e3', '1E3', '1e-7', '1.5e300', '1e400', '123456789012345678901234567890',
+          'true', 'false', 'null', 'NaN', 'Infinity', '-Infinity', '""', '"a"', '" 1 "', '"1"', '"1.0"', '"1.5"', '"1e2"',
+          '"yes"', '"no"', '"on"', '"Off"', '"t"', '"F"', '"inf"', '"-inf"', '"nan"', '"+1"', '"-1_0"', '"0x1"', '"\\u0661"',
+          '"1_"', '" "', '"\\u00e9"', '"\\ud83d\\ude00"', '"\\u0000"', '[]', '[1]', '["a"]', '[1,"2",true]', '{}', '{"a":1}',
+          '[null]', '"billing"', '"BILLING"']
+MATRIX = [one("number"), one("integer"), one("boolean"), one("string"),
+          {"type": "object", "properties": {"v": {"enum": ["billing", "other"]}}},
+          {"type": "object", "properties": {"v": {"enum": [1, 2, "1"]}}},
+          {"type": "object", "properties": {"v": {"enum": [True, "x"]}}},
+          one("array", items={"type": "integer"}), one("array", items={"type": "number"}), one("array"),
+          {"type": "object", "properties": {"text": {"type": "string"}, "message": {"type": "string"}}}]
+for schema in MATRIX:
+    keys = list(schema["properties"])
+    for t in TOKENS:
+        raw = '{"%s":%s}' % (keys[0], t)
+        if len(keys) > 1 and random.random() < 0.5:
+            raw = '{"%s":%s,"%s":%s}' % (keys[1], random.choice(TOKENS), keys[0], t)
+        CASES.append((schema, raw))
 
 for schema, raw in CASES:
     print(json.dumps(case(schema, raw), ensure_ascii=False))

@@ -198,15 +198,24 @@ fn scalar(ty: &Scalar, v: &PyJson) -> Result<Out, String> {
     }
 }
 
-/// `Literal[...]` membership: same type and value (strings are never coerced).
+/// `Literal[...]` membership as Python's `==` decides it: strings only equal strings, while
+/// numbers and booleans compare by value (`true` and `1.0` both match a member `1`).
 fn enum_matches(member: &serde_json::Value, v: &PyJson) -> bool {
     use serde_json::Value as J;
+    let member_number = match member {
+        J::Number(n) => n.as_f64(),
+        J::Bool(b) => Some(f64::from(u8::from(*b))),
+        _ => None,
+    };
+    let value_number = match v {
+        PyJson::Int(n) => Some(n.to_f64()),
+        PyJson::Float(f) => Some(*f),
+        PyJson::Bool(b) => Some(f64::from(u8::from(*b))),
+        _ => None,
+    };
     match (member, v) {
         (J::String(m), PyJson::Str(s)) => m == s,
-        (J::Bool(m), PyJson::Bool(b)) => m == b,
-        (J::Number(m), PyJson::Int(n)) => (m.is_i64() || m.is_u64()) && m.to_string() == n.to_json_text(),
-        (J::Number(m), PyJson::Float(f)) => m.as_f64() == Some(*f),
         (J::Null, PyJson::Null) => true,
-        _ => false,
+        _ => matches!((member_number, value_number), (Some(a), Some(b)) if a == b),
     }
 }
