@@ -211,3 +211,20 @@ fn bench_prints_every_scenario() {
     }
     assert!(stderr(&out).contains("debug build") || cfg!(not(debug_assertions)));
 }
+
+#[test]
+fn a_route_with_an_unknown_role_never_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["profiles.yaml", "support-triage.yaml"] {
+        std::fs::copy(repo().join("routes").join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::copy(fixtures().join("invalid/unknown-role.yaml"), dir.path().join("unknown-role.yaml")).unwrap();
+    let cat = dir.path().to_str().unwrap();
+    let out = fabric(&["--catalogue", cat, "run", "unknown-role", "--goal", GOAL], &[STUB]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stdout(&out).is_empty(), "nothing ran");
+    assert!(stderr(&out).contains("unknown-role.yaml:5:19: unknown llm_role `summarize`"), "{}", stderr(&out));
+    // The other routes of the same catalogue still run.
+    let out = fabric(&["--catalogue", cat, "run", "support-triage", "--goal", GOAL], &[STUB]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
