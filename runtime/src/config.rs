@@ -159,6 +159,22 @@ const LANGCHAIN_PROVIDERS: &[&str] = &[
     "xai",
 ];
 
+/// LangChain's provider inference from a bare model name: the first row whose prefix the
+/// lower-cased name starts with wins.
+const INFERENCE: &[(&[&str], &str)] = &[
+    (&["gpt-", "o1", "o3", "chatgpt", "text-davinci"], "openai"),
+    (&["claude"], "anthropic"),
+    (&["command"], "cohere"),
+    (&["accounts/fireworks"], "fireworks"),
+    (&["gemini"], "google_vertexai"),
+    (&["amazon.", "anthropic.", "meta."], "bedrock"),
+    (&["mistral", "mixtral"], "mistralai"),
+    (&["deepseek"], "deepseek"),
+    (&["grok"], "xai"),
+    (&["sonar"], "perplexity"),
+    (&["solar"], "upstage"),
+];
+
 /// Parses a model string exactly as LangChain's `init_chat_model` does: split at the first `:`
 /// only when the prefix is a provider key, else infer the provider from the model name.
 /// Returns `(provider, model)`, or `None` when no provider can be inferred.
@@ -169,31 +185,7 @@ pub fn parse_model_string(s: &str) -> Option<(String, String)> {
         return Some((prefix.to_owned(), rest.to_owned()));
     }
     let lower = s.to_lowercase();
-    let provider = if ["gpt-", "o1", "o3", "chatgpt", "text-davinci"].iter().any(|p| lower.starts_with(p)) {
-        "openai"
-    } else if lower.starts_with("claude") {
-        "anthropic"
-    } else if lower.starts_with("command") {
-        "cohere"
-    } else if lower.starts_with("accounts/fireworks") {
-        "fireworks"
-    } else if lower.starts_with("gemini") {
-        "google_vertexai"
-    } else if ["amazon.", "anthropic.", "meta."].iter().any(|p| lower.starts_with(p)) {
-        "bedrock"
-    } else if lower.starts_with("mistral") || lower.starts_with("mixtral") {
-        "mistralai"
-    } else if lower.starts_with("deepseek") {
-        "deepseek"
-    } else if lower.starts_with("grok") {
-        "xai"
-    } else if lower.starts_with("sonar") {
-        "perplexity"
-    } else if lower.starts_with("solar") {
-        "upstage"
-    } else {
-        return None;
-    };
+    let (_, provider) = INFERENCE.iter().find(|(prefixes, _)| prefixes.iter().any(|p| lower.starts_with(p)))?;
     Some((provider.to_owned(), s.to_owned()))
 }
 
