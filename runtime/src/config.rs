@@ -186,7 +186,7 @@ pub fn parse_model_string(s: &str) -> Option<(String, String)> {
     }
     let lower = s.to_lowercase();
     let (_, provider) = INFERENCE.iter().find(|(prefixes, _)| prefixes.iter().any(|p| lower.starts_with(p)))?;
-    Some((provider.to_owned(), s.to_owned()))
+    Some(((*provider).to_owned(), s.to_owned()))
 }
 
 /// Where the model comes from, and the provider it resolves to.
