@@ -407,6 +407,10 @@ impl Settings {
             let s = value_to_string(value).ok_or_else(|| err(&upper, "must be a string, number or boolean"))?;
             let origin = value.tag();
             let source = figment.get_metadata(origin).map(|m| m.name.to_string()).unwrap_or_else(|| "environment".into());
+            // Keys come only from the environment: a file is too easily committed or shared.
+            if upper.ends_with("_API_KEY") && source != "environment" {
+                return Err(err("FABRIC_CONFIG", format!("`{upper}` is an API key; keys are read only from the environment, never from files")));
+            }
             origins.insert(upper.clone(), source);
             raw.insert(upper, s);
         }

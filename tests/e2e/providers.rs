@@ -422,9 +422,9 @@ async fn doctor_shows_the_resolved_configuration_and_probes() {
 async fn a_config_file_sits_under_the_environment() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("fabric.toml");
-    std::fs::write(&file, "FABRIC_LLM_MODEL = \"anthropic:claude-haiku-4-5\"\nANTHROPIC_API_KEY = \"from-file\"\nFABRIC_LLM_RETRY_MAX = 5\n").unwrap();
+    std::fs::write(&file, "FABRIC_LLM_MODEL = \"anthropic:claude-haiku-4-5\"\nFABRIC_LLM_RETRY_MAX = 5\n").unwrap();
     let path = file.to_str().unwrap().to_owned();
-    let out = fabric_cli(&["doctor"], &[("FABRIC_CONFIG", path.clone()), ("FABRIC_LLM_RETRY_MAX", "2".into())]).await;
+    let out = fabric_cli(&["doctor"], &[("FABRIC_CONFIG", path.clone()), ("FABRIC_LLM_RETRY_MAX", "2".into()), ("ANTHROPIC_API_KEY", "from-env".into())]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("provider: anthropic  model: claude-haiku-4-5"), "{stdout}");
@@ -435,7 +435,12 @@ async fn a_config_file_sits_under_the_environment() {
         "{stdout}"
     );
     std::fs::write(&file, "FABRIC_LLM_MODLE = \"x\"\n").unwrap();
-    let out = fabric_cli(&["doctor"], &[("FABRIC_CONFIG", path)]).await;
+    let out = fabric_cli(&["doctor"], &[("FABRIC_CONFIG", path.clone())]).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stdout).contains("unknown setting `FABRIC_LLM_MODLE`"));
+    std::fs::write(&file, "ANTHROPIC_API_KEY = \"sk-in-a-file\"\n").unwrap();
+    let out = fabric_cli(&["doctor"], &[("FABRIC_CONFIG", path)]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("keys are read only from the environment") && !stdout.contains("sk-in-a-file"), "{stdout}");
 }
