@@ -119,17 +119,22 @@ pub fn parse(path: &Path, text: &str, diags: &mut Diagnostics) -> Option<Node> {
 
 /// The parser's message without its own `line N column M:` prefix and source snippet.
 fn yaml_message(err: &serde_saphyr::Error) -> String {
-    let full = err.without_snippet().to_string();
-    let first = full.lines().next().unwrap_or("").trim();
-    let first = first.strip_prefix("error:").unwrap_or(first).trim();
+    // One line: the parser may wrap long messages.
+    let full = err.without_snippet().to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+    let first = full.strip_prefix("error:").unwrap_or(&full).trim();
     // "line 3 column 4: illegal placement of ':' indicator" -> "illegal placement of ':' indicator"
     let msg = match first.strip_prefix("line ").and_then(|rest| rest.split_once(": ")) {
         Some((_, msg)) => msg,
         None => first,
     };
     // The position is already in front of the message; drop the parser's own copy of it.
+    let is_position = |tail: &str| {
+        tail.strip_prefix(" at line ")
+            .and_then(|t| t.split_once(", column "))
+            .is_some_and(|(l, c)| !l.is_empty() && !c.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) && c.bytes().all(|b| b.is_ascii_digit()))
+    };
     match msg.rfind(" at line ") {
-        Some(at) if msg[at..].contains(", column ") => msg[..at].to_owned(),
+        Some(at) if is_position(&msg[at..]) => msg[..at].to_owned(),
         _ => msg.to_owned(),
     }
 }
