@@ -4,9 +4,10 @@
 //! the answer is that tool's `input`. Replies may start with a stray text block (real models do
 //! that): we take the first `tool_use` block of the forced tool.
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::{CallSpec, Codec, WireRequest, usage};
+use super::{CallSpec, Codec, WireRequest, parse_reply};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -15,49 +16,130 @@ pub const API_VERSION: &str = "2023-06-01";
 #[derive(Debug, Clone, Copy)]
 pub struct Anthropic;
 
+#[derive(Serialize)]
+struct MessagesRequest<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    system: &'a str,
+    messages: [UserMessage<'a>; 1],
+    temperature: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<[Tool<'a>; 1]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<ToolChoice<'a>>,
+}
+
+#[derive(Serialize)]
+struct UserMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+#[derive(Serialize)]
+struct ToolChoice<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+}
+
+#[derive(Deserialize)]
+struct MessagesResponse {
+    content: Vec<Block>,
+    stop_reason: Option<String>,
+    usage: Option<TokenUsage>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block {
+    Text {
+        text: String,
+    },
+    ToolUse {
+        name: String,
+        input: Value,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct TokenUsage {
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    message: String,
+}
+
 impl Codec for Anthropic {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Anthropic
     }
 
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest {
-        let mut body = json!({
-            "model": call.target.model,
-            "max_tokens": call.tuning.max_tokens,
-            "system": call.system,
-            "messages": [{"role": "user", "content": call.user}],
-            "temperature": call.tuning.temperature,
-        });
-        if let Some(schema) = call.schema {
+        let tools = call.schema.map(|schema| {
             let description = schema.json.get("description").and_then(Value::as_str).unwrap_or("Reply with the result in this shape.");
-            body["tools"] = json!([{"name": call.schema_name, "description": description, "input_schema": schema.json}]);
-            body["tool_choice"] = json!({"type": "tool", "name": call.schema_name});
-        }
+            [Tool { name: &call.schema_name, description, input_schema: schema.json }]
+        });
+        let body = MessagesRequest {
+            model: &call.target.model,
+            max_tokens: call.tuning.max_tokens,
+            system: call.system,
+            messages: [UserMessage { role: "user", content: call.user }],
+            temperature: call.tuning.temperature,
+            tool_choice: tools.as_ref().map(|_| ToolChoice { kind: "tool", name: &call.schema_name }),
+            tools,
+        };
         let mut headers = vec![("anthropic-version", API_VERSION.to_owned())];
         if let Some(key) = &call.target.api_key {
             headers.push(("x-api-key", key.expose().to_owned()));
         }
-        WireRequest { url: format!("{}/v1/messages", call.target.base_url), headers, body }
+        WireRequest { url: format!("{}/v1/messages", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &Value, call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
-        let blocks =
-            body.get("content").and_then(Value::as_array).ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "anthropic reply has no content"))?;
-        let usage = usage(body.pointer("/usage/input_tokens"), body.pointer("/usage/output_tokens"));
+    fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
+        let reply: MessagesResponse = parse_reply(self.kind(), body)?;
+        let usage = reply.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens });
         if call.schema.is_some() {
-            let tool = blocks.iter().find(|b| {
-                b.get("type").and_then(Value::as_str) == Some("tool_use") && b.get("name").and_then(Value::as_str) == Some(call.schema_name.as_str())
+            let input = reply.content.into_iter().find_map(|b| match b {
+                Block::ToolUse { name, input } if name == call.schema_name => Some(input),
+                _ => None,
             });
-            return match tool.and_then(|b| b.get("input")) {
+            return match input {
                 Some(input) => Ok((input.to_string(), usage)),
-                None if body.get("stop_reason").and_then(Value::as_str) == Some("max_tokens") => {
+                None if reply.stop_reason.as_deref() == Some("max_tokens") => {
                     Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (max_tokens)"))
                 }
                 None => Err(LlmError::new(ReasonClass::ProviderError, format!("anthropic reply has no `{}` tool_use block", call.schema_name))),
             };
         }
-        let text: String =
-            blocks.iter().filter(|b| b.get("type").and_then(Value::as_str) == Some("text")).filter_map(|b| b.get("text").and_then(Value::as_str)).collect();
+        let text: String = reply
+            .content
+            .into_iter()
+            .filter_map(|b| match b {
+                Block::Text { text } => Some(text),
+                _ => None,
+            })
+            .collect();
         Ok((text, usage))
+    }
+
+    fn error_message(&self, body: &[u8]) -> Option<String> {
+        serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error.message)
     }
 }

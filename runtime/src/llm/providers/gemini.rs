@@ -3,9 +3,10 @@
 //! Structured output: `responseMimeType: application/json` plus `responseJsonSchema`, reduced to
 //! the keywords Gemini documents for it. The key goes in `x-goog-api-key`.
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::{CallSpec, Codec, WireRequest, retain_keywords};
+use super::{CallSpec, Codec, WireRequest, parse_reply, retain_keywords};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -29,59 +30,146 @@ const KEYWORDS: &[&str] = &[
     "required",
 ];
 
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerateRequest<'a> {
+    contents: [Content<'a>; 1],
+    system_instruction: SystemInstruction<'a>,
+    generation_config: GenerationConfig,
+}
+
+#[derive(Serialize)]
+struct Content<'a> {
+    role: &'static str,
+    parts: [TextPart<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct SystemInstruction<'a> {
+    parts: [TextPart<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct TextPart<'a> {
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerationConfig {
+    temperature: f64,
+    max_output_tokens: u32,
+    candidate_count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_mime_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_json_schema: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerateResponse {
+    #[serde(default)]
+    candidates: Vec<Candidate>,
+    prompt_feedback: Option<PromptFeedback>,
+    usage_metadata: Option<UsageMetadata>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Candidate {
+    content: Option<CandidateContent>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CandidateContent {
+    #[serde(default)]
+    parts: Vec<ReplyPart>,
+}
+
+#[derive(Deserialize)]
+struct ReplyPart {
+    text: Option<String>,
+    #[serde(default)]
+    thought: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PromptFeedback {
+    block_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct UsageMetadata {
+    prompt_token_count: u64,
+    tool_use_prompt_token_count: u64,
+    candidates_token_count: u64,
+    thoughts_token_count: u64,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    message: String,
+}
+
 impl Codec for Gemini {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Gemini
     }
 
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest {
-        let mut generation = json!({
-            "temperature": call.tuning.temperature,
-            "maxOutputTokens": call.tuning.max_tokens,
-            "candidateCount": 1,
-        });
-        if let Some(schema) = call.schema {
-            generation["responseMimeType"] = json!("application/json");
-            generation["responseJsonSchema"] = retain_keywords(schema.json, KEYWORDS);
-        }
-        let body = json!({
-            "contents": [{"role": "user", "parts": [{"text": call.user}]}],
-            "systemInstruction": {"parts": [{"text": call.system}]},
-            "generationConfig": generation,
-        });
+        let body = GenerateRequest {
+            contents: [Content { role: "user", parts: [TextPart { text: call.user }] }],
+            system_instruction: SystemInstruction { parts: [TextPart { text: call.system }] },
+            generation_config: GenerationConfig {
+                temperature: call.tuning.temperature,
+                max_output_tokens: call.tuning.max_tokens,
+                candidate_count: 1,
+                response_mime_type: call.schema.map(|_| "application/json"),
+                response_json_schema: call.schema.map(|s| retain_keywords(s.json, KEYWORDS)),
+            },
+        };
         let mut headers = Vec::new();
         if let Some(key) = &call.target.api_key {
             headers.push(("x-goog-api-key", key.expose().to_owned()));
         }
-        WireRequest { url: format!("{}/{}/models/{}:generateContent", call.target.base_url, call.target.api_version, call.target.model), headers, body }
+        let url = format!("{}/{}/models/{}:generateContent", call.target.base_url, call.target.api_version, call.target.model);
+        WireRequest { url, headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &Value, _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
-        let candidate = body.pointer("/candidates/0").ok_or_else(|| {
-            let why = body.pointer("/promptFeedback/blockReason").and_then(Value::as_str).unwrap_or("no candidates");
-            LlmError::new(ReasonClass::ProviderError, format!("gemini returned no answer ({why})"))
-        })?;
-        match candidate.get("finishReason").and_then(Value::as_str) {
+    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
+        let reply: GenerateResponse = parse_reply(self.kind(), body)?;
+        let Some(candidate) = reply.candidates.into_iter().next() else {
+            let why = reply.prompt_feedback.and_then(|f| f.block_reason).unwrap_or_else(|| "no candidates".into());
+            return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini returned no answer ({why})")));
+        };
+        match candidate.finish_reason.as_deref() {
             Some("MAX_TOKENS") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (MAX_TOKENS)")),
             Some(r @ ("SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT")) => {
                 return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini withheld the reply ({r})")));
             }
             _ => {}
         }
+        let parts = candidate.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "gemini reply has no content parts"))?.parts;
         // Thought parts are the model's reasoning, not its answer.
-        let parts = candidate
-            .pointer("/content/parts")
-            .and_then(Value::as_array)
-            .ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "gemini reply has no content parts"))?;
-        let text: String =
-            parts.iter().filter(|p| p.get("thought") != Some(&Value::Bool(true))).filter_map(|p| p.get("text").and_then(Value::as_str)).collect();
-        let meta = body.get("usageMetadata");
-        let n = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_u64).unwrap_or(0);
-        let usage = meta.map(|_| Usage {
-            input_tokens: n("promptTokenCount") + n("toolUsePromptTokenCount"),
-            output_tokens: n("candidatesTokenCount") + n("thoughtsTokenCount"),
+        let text: String = parts.into_iter().filter(|p| !p.thought).filter_map(|p| p.text).collect();
+        let usage = reply.usage_metadata.map(|m| Usage {
+            input_tokens: m.prompt_token_count + m.tool_use_prompt_token_count,
+            output_tokens: m.candidates_token_count + m.thoughts_token_count,
         });
         Ok((text, usage))
+    }
+
+    fn error_message(&self, body: &[u8]) -> Option<String> {
+        serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error.message)
     }
 }
 
@@ -89,6 +177,7 @@ impl Codec for Gemini {
 mod tests {
     use super::*;
     use crate::structured::FlatSchema;
+    use serde_json::json;
 
     #[test]
     fn response_json_schema_keeps_the_supported_subset() {

@@ -58,15 +58,27 @@ pub struct WireRequest {
     pub body: Value,
 }
 
+/// A provider's translation layer; its wire types stay inside its module.
 pub trait Codec: Send + Sync + 'static {
     fn kind(&self) -> ProviderKind;
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest;
     /// Reads a 2xx body: the reply text (for structured calls, the JSON text) and usage.
-    fn decode(&self, body: &Value, call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError>;
+    fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError>;
     /// The provider's own error message in an error body, when it has one.
-    fn error_message(&self, body: &Value) -> Option<String> {
-        body.pointer("/error/message").or_else(|| body.get("error")).and_then(Value::as_str).map(str::to_owned)
-    }
+    fn error_message(&self, body: &[u8]) -> Option<String>;
+}
+
+/// One chat message of the chat-style APIs (Ollama, OpenAI).
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct ChatMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+/// Reads a provider's reply body into its wire type; a mismatch is a `provider_error` that says
+/// what was missing or wrong.
+pub(crate) fn parse_reply<T: serde::de::DeserializeOwned>(kind: ProviderKind, body: &[u8]) -> Result<T, LlmError> {
+    serde_json::from_slice(body).map_err(|e| LlmError::new(ReasonClass::ProviderError, format!("{} reply is not what its API documents: {e}", kind.key())))
 }
 
 /// A provider backend: a codec, a target and the shared client.
@@ -154,17 +166,13 @@ impl<C: Codec> Llm for HttpBackend<C> {
             let status = response.status().as_u16();
             let wait = retry_after(response.headers());
             let bytes = response.bytes().await.map_err(|e| transport_error(e, self.timeout))?;
-            let body: Option<Value> = serde_json::from_slice(&bytes).ok();
             if !(200..300).contains(&status) {
-                let detail =
-                    body.as_ref().and_then(|b| self.codec.error_message(b)).unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(300).collect());
+                let detail = self.codec.error_message(&bytes).unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(300).collect());
                 let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {}: {}", self.codec.kind().key(), detail.trim()));
                 e.retry_after = wait;
                 return Err(e);
             }
-            let body =
-                body.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{} replied with a body that is not JSON", self.codec.kind().key())))?;
-            let (text, usage) = self.codec.decode(&body, &call)?;
+            let (text, usage) = self.codec.decode(&bytes, &call)?;
             finish_reply(req.output, text, usage)
         })
     }
@@ -185,11 +193,8 @@ pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuni
 }
 
 /// The `[system, user]` message list of the chat-style APIs (Ollama, OpenAI).
-pub(crate) fn system_user_messages(call: &CallSpec<'_>) -> Value {
-    serde_json::json!([
-        {"role": "system", "content": call.system},
-        {"role": "user", "content": call.user},
-    ])
+pub(crate) fn system_user_messages<'a>(call: &CallSpec<'a>) -> [ChatMessage<'a>; 2] {
+    [ChatMessage { role: "system", content: call.system }, ChatMessage { role: "user", content: call.user }]
 }
 
 /// Keeps only the keywords in `allowed`, recursively through `properties` and `items`.
@@ -215,8 +220,4 @@ pub fn retain_keywords(schema: &Value, allowed: &[&str]) -> Value {
         }
         other => other.clone(),
     }
-}
-
-pub(crate) fn usage(input: Option<&Value>, output: Option<&Value>) -> Option<Usage> {
-    Some(Usage { input_tokens: input?.as_u64()?, output_tokens: output?.as_u64()? })
 }

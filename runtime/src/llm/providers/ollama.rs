@@ -3,14 +3,49 @@
 //! The schema goes as `format` unchanged (Ollama turns it into a grammar); the output limit as
 //! `options.num_predict`, the temperature as `options.temperature`.
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::{CallSpec, Codec, WireRequest, system_user_messages, usage};
+use super::{CallSpec, ChatMessage, Codec, WireRequest, parse_reply, system_user_messages};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Ollama;
+
+#[derive(Serialize)]
+struct ChatRequest<'a> {
+    model: &'a str,
+    stream: bool,
+    messages: [ChatMessage<'a>; 2],
+    options: Options,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    format: Option<&'a Value>,
+}
+
+#[derive(Serialize)]
+struct Options {
+    temperature: f64,
+    num_predict: u32,
+}
+
+#[derive(Deserialize)]
+struct ChatResponse {
+    message: Option<ReplyMessage>,
+    error: Option<String>,
+    prompt_eval_count: Option<u64>,
+    eval_count: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ReplyMessage {
+    content: String,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: String,
+}
 
 impl Codec for Ollama {
     fn kind(&self) -> ProviderKind {
@@ -18,30 +53,31 @@ impl Codec for Ollama {
     }
 
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest {
-        let mut body = json!({
-            "model": call.target.model,
-            "stream": false,
-            "messages": system_user_messages(call),
-            "options": {"temperature": call.tuning.temperature, "num_predict": call.tuning.max_tokens},
-        });
-        if let Some(schema) = call.schema {
-            body["format"] = schema.json.clone();
-        }
+        let body = ChatRequest {
+            model: &call.target.model,
+            stream: false,
+            messages: system_user_messages(call),
+            options: Options { temperature: call.tuning.temperature, num_predict: call.tuning.max_tokens },
+            format: call.schema.map(|s| s.json),
+        };
         let mut headers = Vec::new();
         if let Some(key) = &call.target.api_key {
             headers.push(("authorization", format!("Bearer {}", key.expose())));
         }
-        WireRequest { url: format!("{}/api/chat", call.target.base_url), headers, body }
+        WireRequest { url: format!("{}/api/chat", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &Value, _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
-        if let Some(e) = body.get("error").and_then(Value::as_str) {
+    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
+        let reply: ChatResponse = parse_reply(self.kind(), body)?;
+        if let Some(e) = reply.error {
             return Err(LlmError::new(ReasonClass::ProviderError, format!("ollama: {e}")));
         }
-        let text = body
-            .pointer("/message/content")
-            .and_then(Value::as_str)
-            .ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "ollama reply has no message.content"))?;
-        Ok((text.to_owned(), usage(body.get("prompt_eval_count"), body.get("eval_count"))))
+        let text = reply.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "ollama reply has no message"))?.content;
+        let usage = reply.prompt_eval_count.zip(reply.eval_count).map(|(input_tokens, output_tokens)| Usage { input_tokens, output_tokens });
+        Ok((text, usage))
+    }
+
+    fn error_message(&self, body: &[u8]) -> Option<String> {
+        serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error)
     }
 }

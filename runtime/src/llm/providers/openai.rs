@@ -4,9 +4,10 @@
 //! required and `additionalProperties: false`; we ask for it only when the schema already
 //! requires every property, and send `strict: false` otherwise (as LangChain's dict path does).
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{CallSpec, Codec, WireRequest, WireSchema, retain_keywords, system_user_messages, usage};
+use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, parse_reply, retain_keywords, system_user_messages};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -41,49 +42,113 @@ pub fn wire_schema(schema: WireSchema<'_>) -> (Value, bool) {
     (s, strict)
 }
 
+#[derive(Serialize)]
+struct ChatRequest<'a> {
+    model: &'a str,
+    stream: bool,
+    messages: [ChatMessage<'a>; 2],
+    temperature: f64,
+    max_completion_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<ResponseFormat<'a>>,
+}
+
+#[derive(Serialize)]
+struct ResponseFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    json_schema: JsonSchemaFormat<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonSchemaFormat<'a> {
+    name: &'a str,
+    strict: bool,
+    schema: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a Value>,
+}
+
+#[derive(Deserialize)]
+struct ChatResponse {
+    choices: Vec<Choice>,
+    usage: Option<TokenUsage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: Option<ReplyMessage>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ReplyMessage {
+    content: Option<String>,
+    refusal: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct TokenUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    message: String,
+}
+
 impl Codec for OpenAi {
     fn kind(&self) -> ProviderKind {
         ProviderKind::OpenAi
     }
 
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest {
-        let mut body = json!({
-            "model": call.target.model,
-            "stream": false,
-            "messages": system_user_messages(call),
-            "temperature": call.tuning.temperature,
-            "max_completion_tokens": call.tuning.max_tokens,
-        });
-        if let Some(schema) = call.schema {
+        let response_format = call.schema.map(|schema| {
             let (s, strict) = wire_schema(schema);
-            let mut js = json!({"name": call.schema_name, "strict": strict, "schema": s});
-            if let Some(d) = schema.json.get("description") {
-                js["description"] = d.clone();
+            ResponseFormat {
+                kind: "json_schema",
+                json_schema: JsonSchemaFormat { name: &call.schema_name, strict, schema: s, description: schema.json.get("description") },
             }
-            body["response_format"] = json!({"type": "json_schema", "json_schema": js});
-        }
+        });
+        let body = ChatRequest {
+            model: &call.target.model,
+            stream: false,
+            messages: system_user_messages(call),
+            temperature: call.tuning.temperature,
+            max_completion_tokens: call.tuning.max_tokens,
+            response_format,
+        };
         let mut headers = Vec::new();
         if let Some(key) = &call.target.api_key {
             headers.push(("authorization", format!("Bearer {}", key.expose())));
         }
-        WireRequest { url: format!("{}/chat/completions", call.target.base_url), headers, body }
+        WireRequest { url: format!("{}/chat/completions", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &Value, _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
-        let choice = body.pointer("/choices/0").ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no choices"))?;
-        if let Some(refusal) = choice.pointer("/message/refusal").and_then(Value::as_str) {
+    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
+        let reply: ChatResponse = parse_reply(self.kind(), body)?;
+        let choice = reply.choices.into_iter().next().ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no choices"))?;
+        let message = choice.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no message"))?;
+        if let Some(refusal) = message.refusal {
             return Err(LlmError::new(ReasonClass::ProviderError, format!("the model refused: {refusal}")));
         }
-        match choice.get("finish_reason").and_then(Value::as_str) {
+        match choice.finish_reason.as_deref() {
             Some("length") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (finish_reason: length)")),
             Some("content_filter") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was withheld by the content filter")),
             _ => {}
         }
-        let text = choice
-            .pointer("/message/content")
-            .and_then(Value::as_str)
-            .ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no message content"))?;
-        Ok((text.to_owned(), usage(body.pointer("/usage/prompt_tokens"), body.pointer("/usage/completion_tokens"))))
+        let text = message.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no message content"))?;
+        Ok((text, reply.usage.map(|u| Usage { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens })))
+    }
+
+    fn error_message(&self, body: &[u8]) -> Option<String> {
+        serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error.message)
     }
 }
 
