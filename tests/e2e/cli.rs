@@ -228,3 +228,20 @@ fn a_route_with_an_unknown_role_never_runs() {
     let out = fabric(&["--catalogue", cat, "run", "support-triage", "--goal", GOAL], &[STUB]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+/// Live progress appears when stderr is a terminal (here a pseudo-terminal made by `script`).
+#[test]
+fn live_progress_on_a_terminal() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipping: `script` (util-linux) is not installed, so no pseudo-terminal can be made");
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_fabric");
+    let cmd = format!("{bin} run support-triage --goal '{GOAL}' > /dev/null");
+    let out = Command::new("script").current_dir(repo()).env("FABRIC_LLM_STUB", "1").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{screen}");
+    for line in ["▶ support-triage (workflow path)", "• intake [classify] …", "model ", "✓ answer", "✔ completed in"] {
+        assert!(screen.contains(line), "missing `{line}` in:\n{screen}");
+    }
+}
