@@ -29,24 +29,24 @@ impl Runner {
                 return Err((Some(decide.id.clone()), f));
             }
             state.turns += 1;
-            let (started, cx) = self.begin_stage(run, decide, stage_idx, run_cx);
+            let open = self.begin_stage(run, decide, stage_idx, run_cx);
             stage_idx += 1;
-            let reply = self.call_model(run, decide, state, &cx).await;
+            let reply = self.call_model(run, decide, state, &open.cx).await;
             let decision = match reply {
                 Ok(ReplyValue::Decision(d)) => d,
                 Ok(_) => {
                     let f = StageFailure::new(ReasonClass::ProviderError, "the backend did not return a decision");
-                    self.end_stage(run, decide, started, &cx, Err(&f), state, false);
+                    self.end_stage(run, open, Err(&f), state, false);
                     return Err((Some(decide.id.clone()), f));
                 }
                 Err(f) => {
-                    self.end_stage(run, decide, started, &cx, Err(&f), state, false);
+                    self.end_stage(run, open, Err(&f), state, false);
                     return Err((Some(decide.id.clone()), f));
                 }
             };
             let as_json = decision.to_json();
             decisions.push(as_json.clone());
-            self.end_stage(run, decide, started, &cx, Ok(as_json.to_string()), state, false);
+            self.end_stage(run, open, Ok(as_json.to_string()), state, false);
             match decision.action {
                 Action::Done => {
                     state.last_output = decision.message;
@@ -62,15 +62,15 @@ impl Runner {
                             StageFailure::new(ReasonClass::UnknownTool, format!("no tool `{name}` in route `{}`", route.id)),
                         ));
                     };
-                    let (started, cx) = self.begin_stage(run, tool, stage_idx, run_cx);
+                    let open = self.begin_stage(run, tool, stage_idx, run_cx);
                     stage_idx += 1;
                     let outcome = self.run_agent_tool(run, tool, &decision.arguments).await;
                     match outcome {
-                        Ok(text) => self.end_stage(run, tool, started, &cx, Ok(text), state, true),
+                        Ok(text) => self.end_stage(run, open, Ok(text), state, true),
                         Err(f) => {
                             // A tool error never ends the run: the model sees it and decides again.
                             state.notes.push(crate::exec::message::compress_note(&format!("{}: error: {}: {}", tool.id, f.class.as_str(), f.message)));
-                            self.end_stage(run, tool, started, &cx, Err(&f), state, false);
+                            self.end_stage(run, open, Err(&f), state, false);
                         }
                     }
                 }

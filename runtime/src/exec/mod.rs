@@ -114,6 +114,14 @@ pub(crate) struct RunState {
     pub(crate) last_output: Option<String>,
 }
 
+/// A stage between `begin_stage` and `end_stage`: its node, start time and span context.
+pub(crate) struct OpenStage<'s> {
+    stage: &'s StageNode,
+    started: Instant,
+    /// The stage's trace context: the parent of its model call's span.
+    pub(crate) cx: Context,
+}
+
 /// How a walk ended when it did not fail.
 pub(crate) enum Finish {
     Completed,
@@ -277,7 +285,7 @@ impl Runner {
     }
 
     /// Opens a stage: its `run.stage.started` event and span.
-    pub(crate) fn begin_stage(&self, run: &Run<'_>, stage: &StageNode, stage_idx: u32, run_cx: &Context) -> (Instant, Context) {
+    pub(crate) fn begin_stage<'s>(&self, run: &Run<'_>, stage: &'s StageNode, stage_idx: u32, run_cx: &Context) -> OpenStage<'s> {
         run.events.emit(
             "run.stage.started",
             Some(&stage.id),
@@ -290,21 +298,13 @@ impl Runner {
                 KeyValue::new("fabric.llm_role", stage.role.as_str()),
             ]
         });
-        (Instant::now(), cx)
+        OpenStage { stage, started: Instant::now(), cx }
     }
 
     /// Closes a stage: the slot (and, if `note`, a note) on success, the event, the span.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn end_stage(
-        &self,
-        run: &Run<'_>,
-        stage: &StageNode,
-        started: Instant,
-        cx: &Context,
-        outcome: Result<String, &StageFailure>,
-        state: &mut RunState,
-        note: bool,
-    ) {
+    pub(crate) fn end_stage(&self, run: &Run<'_>, open: OpenStage<'_>, outcome: Result<String, &StageFailure>, state: &mut RunState, note: bool) {
+        let OpenStage { stage, started, cx } = open;
+        let cx = &cx;
         let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
         match outcome {
             Ok(value) => {
@@ -344,11 +344,11 @@ impl Runner {
                 let why = format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id, run.budget);
                 return Err((Some(stage.id.clone()), StageFailure::new(ReasonClass::LoopBudgetExceeded, why)));
             }
-            let (started, cx) = self.begin_stage(run, stage, stage_idx, run_cx);
-            match self.run_stage(run, stage, state, &cx).await {
-                Ok(value) => self.end_stage(run, stage, started, &cx, Ok(value), state, true),
+            let open = self.begin_stage(run, stage, stage_idx, run_cx);
+            match self.run_stage(run, stage, state, &open.cx).await {
+                Ok(value) => self.end_stage(run, open, Ok(value), state, true),
                 Err(f) => {
-                    self.end_stage(run, stage, started, &cx, Err(&f), state, true);
+                    self.end_stage(run, open, Err(&f), state, true);
                     return Err((Some(stage.id.clone()), f));
                 }
             }
