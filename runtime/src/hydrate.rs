@@ -221,9 +221,8 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 if !inherited.is_empty() {
                     return Err(inherited);
                 }
-                let last = add_workflow(&mut graph, wf, defs, |role| pack.resolve_manifest_stage(role));
+                let end = add_workflow(&mut graph, wf, defs, |role| pack.resolve_manifest_stage(role));
                 // The appended node takes the place of the end: every stage that ended now leads to it.
-                let end = graph.node_indices().find(|&n| graph[n].kind == NodeKind::End);
                 let synth = graph.add_node(StageNode::new(
                     man.synthesis_stage_id.clone(),
                     LlmRole::Synthesis,
@@ -231,15 +230,14 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                     man.synthesis_capability.as_ref().and_then(|c| resolve_cap(defs, c)),
                     pack.resolve_appended_synthesis(),
                 ));
-                if let Some(end) = end {
-                    let into_end: Vec<_> = graph.edges_directed(end, petgraph::Direction::Incoming).map(|e| (e.id(), e.source(), e.weight().clone())).collect();
-                    for (eid, from, w) in into_end {
-                        graph.remove_edge(eid);
-                        graph.add_edge(from, synth, w);
-                    }
-                    graph.add_edge(synth, end, Edge { order: 0, when: None });
+                let mut into_end: Vec<_> = graph.edges_directed(end, petgraph::Direction::Incoming).map(|e| (e.id(), e.source(), e.weight().clone())).collect();
+                // `remove_edge` moves the last edge into the freed index: remove from the highest down.
+                into_end.sort_by_key(|(eid, _, _)| std::cmp::Reverse(eid.index()));
+                for (eid, from, w) in into_end {
+                    graph.remove_edge(eid);
+                    graph.add_edge(from, synth, w);
                 }
-                let _ = last;
+                graph.add_edge(synth, end, Edge { order: 0, when: None });
                 (RoutePath::Manifest, Some(m.name.clone()))
             }
         },
