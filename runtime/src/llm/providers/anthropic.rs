@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CallSpec, Codec, WireRequest, parse_reply};
+use super::{CallSpec, Codec, WireRequest, nested_error_message, parse_reply};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -76,16 +76,6 @@ struct TokenUsage {
     output_tokens: u64,
 }
 
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    message: String,
-}
-
 impl Codec for Anthropic {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Anthropic
@@ -140,6 +130,6 @@ impl Codec for Anthropic {
     }
 
     fn error_message(&self, body: &[u8]) -> Option<String> {
-        serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error.message)
+        nested_error_message(body)
     }
 }

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CallSpec, Codec, WireRequest, parse_reply, retain_keywords};
+use super::{CallSpec, Codec, WireRequest, nested_error_message, parse_reply, retain_keywords};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -110,16 +110,6 @@ struct UsageMetadata {
     thoughts_token_count: u64,
 }
 
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    message: String,
-}
-
 impl Codec for Gemini {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Gemini
@@ -169,7 +159,7 @@ impl Codec for Gemini {
     }
 
     fn error_message(&self, body: &[u8]) -> Option<String> {
-        serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error.message)
+        nested_error_message(body)
     }
 }
 

@@ -75,6 +75,22 @@ pub(crate) struct ChatMessage<'a> {
     content: &'a str,
 }
 
+/// `{"error": {"message": ...}}`: the error body shape OpenAI, Gemini and Anthropic share.
+#[derive(serde::Deserialize)]
+struct NestedErrorBody {
+    error: NestedErrorDetail,
+}
+
+#[derive(serde::Deserialize)]
+struct NestedErrorDetail {
+    message: String,
+}
+
+/// The message of a `{"error": {"message": ...}}` body.
+pub(crate) fn nested_error_message(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<NestedErrorBody>(body).ok().map(|b| b.error.message)
+}
+
 /// Reads a provider's reply body into its wire type; a mismatch is a `provider_error` that says
 /// what was missing or wrong.
 pub(crate) fn parse_reply<T: serde::de::DeserializeOwned>(kind: ProviderKind, body: &[u8]) -> Result<T, LlmError> {

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, parse_reply, retain_keywords, system_user_messages};
+use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, nested_error_message, parse_reply, retain_keywords, system_user_messages};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -93,16 +93,6 @@ struct TokenUsage {
     completion_tokens: u64,
 }
 
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    message: String,
-}
-
 impl Codec for OpenAi {
     fn kind(&self) -> ProviderKind {
         ProviderKind::OpenAi
@@ -148,7 +138,7 @@ impl Codec for OpenAi {
     }
 
     fn error_message(&self, body: &[u8]) -> Option<String> {
-        serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error.message)
+        nested_error_message(body)
     }
 }
 
