@@ -75,6 +75,11 @@ pub(crate) struct ChatMessage<'a> {
     content: &'a str,
 }
 
+/// `Authorization: Bearer <key>` when the target has a key (Ollama, OpenAI-compatible).
+pub(crate) fn bearer_headers(call: &CallSpec<'_>) -> Vec<(&'static str, String)> {
+    call.target.api_key.iter().map(|key| ("authorization", format!("Bearer {}", key.expose()))).collect()
+}
+
 /// `{"error": {"message": ...}}`: the error body shape OpenAI, Gemini and Anthropic share.
 #[derive(serde::Deserialize)]
 struct NestedErrorBody {

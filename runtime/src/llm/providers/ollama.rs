@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CallSpec, ChatMessage, Codec, WireRequest, parse_reply, system_user_messages};
+use super::{CallSpec, ChatMessage, Codec, WireRequest, bearer_headers, parse_reply, system_user_messages};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -60,10 +60,7 @@ impl Codec for Ollama {
             options: Options { temperature: call.tuning.temperature, num_predict: call.tuning.max_tokens },
             format: call.schema.map(|s| s.json),
         };
-        let mut headers = Vec::new();
-        if let Some(key) = &call.target.api_key {
-            headers.push(("authorization", format!("Bearer {}", key.expose())));
-        }
+        let headers = bearer_headers(call);
         WireRequest { url: format!("{}/api/chat", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 

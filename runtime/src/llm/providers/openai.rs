@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, nested_error_message, parse_reply, retain_keywords, system_user_messages};
+use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, bearer_headers, nested_error_message, parse_reply, retain_keywords, system_user_messages};
 use crate::config::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -114,10 +114,7 @@ impl Codec for OpenAi {
             max_completion_tokens: call.tuning.max_tokens,
             response_format,
         };
-        let mut headers = Vec::new();
-        if let Some(key) = &call.target.api_key {
-            headers.push(("authorization", format!("Bearer {}", key.expose())));
-        }
+        let headers = bearer_headers(call);
         WireRequest { url: format!("{}/chat/completions", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
