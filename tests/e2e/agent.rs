@@ -218,18 +218,10 @@ async fn hostile_arguments_stay_in_the_query_string() {
 
 #[tokio::test]
 async fn the_step_budget_is_carried_into_child_runs() {
-    let tmp = tempfile::tempdir().unwrap();
-    let routes = tmp.path().join("routes");
-    std::fs::create_dir_all(&routes).unwrap();
-    for f in ["profiles.yaml", "support-triage.yaml", "support-agent.yaml"] {
-        std::fs::copy(repo().join("routes").join(f), routes.join(f)).unwrap();
-    }
-    std::fs::write(
-        routes.join("parent.yaml"),
+    let cat = crate::support::catalogue_with(
+        &["support-triage.yaml", "support-agent.yaml"],
         "workflows:\n  parent:\n    stages:\n      - {id: agent, llm_role: none, kind: agent, route: support-agent}\nroutes:\n  parent: {model_profile: default, prompt_pack: support, workflow: parent, max_loop_steps: 2}\n",
-    )
-    .unwrap();
-    let cat = Arc::new(catalogue::load(&routes, &repo().join("prompt-packs")));
+    );
     let stub = StubLlm::default().script("support-agent", "decide", &[r#"CALL add {"a":1,"b":1}"#, r#"CALL add {"a":1,"b":1}"#, "DONE 2"]);
     let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None)).with_tool("add", builtin_add());
     let sink = Arc::new(MemorySink::default());

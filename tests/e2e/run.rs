@@ -254,19 +254,9 @@ async fn prefetch_packs_reach_every_user_message_and_pass_through() {
 
 #[tokio::test]
 async fn child_runs_carry_the_parent_run_id() {
-    let tmp = tempfile::tempdir().unwrap();
-    let routes = tmp.path().join("routes");
-    std::fs::create_dir_all(&routes).unwrap();
-    for f in ["profiles.yaml", "support-triage.yaml"] {
-        std::fs::copy(repo().join("routes").join(f), routes.join(f)).unwrap();
-    }
-    std::fs::write(
-        routes.join("parent.yaml"),
+    let cat = inline(
         "workflows:\n  parent:\n    stages:\n      - {id: pack, llm_role: none}\n      - {id: triage, llm_role: none, kind: agent, route: support-triage}\n      - {id: wrap, llm_role: synthesis, capability: answer_text}\nroutes:\n  parent: {model_profile: default, prompt_pack: support, workflow: parent}\n",
-    )
-    .unwrap();
-    let cat = Arc::new(catalogue::load(&routes, &repo().join("prompt-packs")));
-    assert_eq!(cat.error_count(), 0, "{:?}", cat.diagnostics());
+    );
     let h = harness(cat, shipped_stub(), vec![]);
     let (result, events) = run(&h, "parent", vec!["chunk one".into()]).await;
     assert_eq!(result.status, RunStatus::Completed, "{result:?}");
@@ -289,17 +279,9 @@ async fn fleets_refuse_foreign_routes_and_broken_routes_do_not_start() {
     assert!(matches!(err, StartError::UnknownRoute { .. }));
 }
 
-/// A catalogue written inline, loaded with the shipped profiles and packs.
+/// A catalogue written inline, loaded with the shipped profiles, packs and support-triage.
 fn inline(yaml: &str) -> Arc<Catalogue> {
-    let tmp = tempfile::tempdir().unwrap();
-    let routes = tmp.path().join("routes");
-    std::fs::create_dir_all(&routes).unwrap();
-    std::fs::copy(repo().join("routes/profiles.yaml"), routes.join("profiles.yaml")).unwrap();
-    std::fs::copy(repo().join("routes/support-triage.yaml"), routes.join("support-triage.yaml")).unwrap();
-    std::fs::write(routes.join("case.yaml"), yaml).unwrap();
-    let cat = catalogue::load(&routes, &repo().join("prompt-packs"));
-    assert_eq!(cat.error_count(), 0, "{:#?}", cat.diagnostics());
-    Arc::new(cat)
+    crate::support::catalogue_with(&["support-triage.yaml"], yaml)
 }
 
 #[tokio::test]

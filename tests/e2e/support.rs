@@ -143,3 +143,18 @@ pub fn target(kind: fabric::config::ProviderKind, base_url: &str, model: &str) -
         api_version: "v1beta".into(),
     }
 }
+
+/// The shipped profiles and packs, the shipped route files named, and one extra file `case.yaml`;
+/// the catalogue must load without errors.
+pub fn catalogue_with(shipped: &[&str], case_yaml: &str) -> std::sync::Arc<fabric::catalogue::Catalogue> {
+    let tmp = tempfile::tempdir().unwrap();
+    let routes = tmp.path().join("routes");
+    std::fs::create_dir_all(&routes).unwrap();
+    for f in ["profiles.yaml"].iter().chain(shipped) {
+        std::fs::copy(repo().join("routes").join(f), routes.join(f)).unwrap();
+    }
+    std::fs::write(routes.join("case.yaml"), case_yaml).unwrap();
+    let cat = fabric::catalogue::load(&routes, &repo().join("prompt-packs"));
+    assert_eq!(cat.error_count(), 0, "{:#?}", cat.diagnostics());
+    std::sync::Arc::new(cat)
+}
