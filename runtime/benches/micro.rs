@@ -63,6 +63,7 @@ fn micro(c: &mut Criterion) {
     let output = OutputSpec::Bindable(Arc::new(classify_schema()));
     let quiet = RunEvents::new("run", "support-triage", None, Arc::new(fabric::events::NullSink));
     let cx = opentelemetry::Context::new();
+    let never = fabric::cancel::Cancel::never();
     let user = user_message(&g, &[], &[]);
     c.bench_function("stub_call_structured", |b| {
         b.iter(|| {
@@ -75,6 +76,7 @@ fn micro(c: &mut Criterion) {
                 user: &user,
                 output: &output,
                 cx: &cx,
+                cancel: &never,
             };
             rt.block_on(stub.complete(black_box(&req))).unwrap()
         })

@@ -73,10 +73,10 @@ fn bench_catalogue() -> Arc<Catalogue> {
     Arc::new(catalogue::load_from_texts(&files, &packs))
 }
 
-fn runner(latency: Duration, tool_url: Option<String>) -> Runner {
+fn runner(latency: Duration, tool_url: Option<String>) -> Result<Runner, String> {
     let llm = crate::llm::stack::build(stub(latency), RetryPolicy::default());
-    Runner::new(bench_catalogue(), llm, Arc::new(move |k: &str| if k == "BENCH_TOOL_URL" { tool_url.clone() } else { None }))
-        .with_tool("add", crate::tools::builtin_add())
+    Ok(Runner::new(bench_catalogue(), llm, Arc::new(move |k: &str| if k == "BENCH_TOOL_URL" { tool_url.clone() } else { None }))?
+        .with_tool("add", crate::tools::builtin_add()))
 }
 
 /// Options of `fabric bench`.
@@ -185,8 +185,8 @@ impl Drop for ToolServer {
     }
 }
 
-async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, tool_url: Option<String>) -> Value {
-    let runner = runner(Duration::from_millis(opts.latency_ms.unwrap_or(0)), tool_url);
+async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, tool_url: Option<String>) -> Result<Value, String> {
+    let runner = runner(Duration::from_millis(opts.latency_ms.unwrap_or(0)), tool_url)?;
     let sink = sink(opts);
     let req = RunRequest { route_id: route.into(), goal: goal(), prefetch: vec![] };
     for _ in 0..opts.warmup {
@@ -207,16 +207,16 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
     let wall = wall0.elapsed().as_secs_f64();
     let cpu_us = (cpu_ns() - cpu0) as f64 / 1e3 / opts.runs.max(1) as f64;
     let per_stage: Vec<f64> = samples.iter().map(|s| s / stages).collect();
-    json!({
+    Ok(json!({
         "scenario": name, "route": route, "runs": opts.runs, "failed_runs": failed, "stub_latency_ms": opts.latency_ms.unwrap_or(0), "events": if opts.events { "json" } else { "none" },
         "runs_per_s": round2(opts.runs as f64 / wall), "run_us": stats(samples), "stages_per_run": stages, "stages_us": stats(per_stage),
         "cpu_us_per_run": round2(cpu_us), "meta": meta(),
-    })
+    }))
 }
 
-async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &BenchOptions) -> Value {
+async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &BenchOptions) -> Result<Value, String> {
     let tool = tool_url.is_some();
-    let runner = Arc::new(runner(Duration::from_millis(latency_ms), tool_url));
+    let runner = Arc::new(runner(Duration::from_millis(latency_ms), tool_url)?);
     let sink = sink(opts);
     // Warm the connection pool and the allocator a little.
     for _ in 0..10 {
@@ -242,13 +242,13 @@ async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &
     let wall = start.elapsed().as_secs_f64();
     let peak = status_kib("VmHWM:").unwrap_or(0);
     let ideal_ms = 3.0 * latency_ms as f64;
-    json!({
+    Ok(json!({
         "scenario": "C", "route": "staged", "runs": c, "concurrency": c, "failed_runs": failed, "stub_latency_ms": latency_ms, "tool_url": tool, "events": if opts.events { "json" } else { "none" },
         "wall_ms": round2(wall * 1e3), "ideal_ms": ideal_ms, "wall_over_ideal": round2(wall * 1e3 / ideal_ms.max(1.0)),
         "runs_per_s": round2(c as f64 / wall), "peak_rss_mib": round2(peak as f64 / 1024.0),
         "rss_kib_per_inflight_run": round2(peak.saturating_sub(rss0) as f64 / c as f64),
         "cpu_us_per_run": round2((cpu_ns() - cpu0) as f64 / 1e3 / c as f64), "meta": meta(),
-    })
+    }))
 }
 
 /// Writes `n` generated routes (one file each, with their own workflow) plus shared capabilities.
@@ -338,13 +338,13 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
     let url = server.as_ref().map(|s| s.url.clone());
     for scenario in &opts.scenarios {
         let results: Vec<Value> = match scenario.as_str() {
-            "A" => vec![sequential("A", "staged", 3.0, &opts, None).await],
-            "B" => vec![sequential("B", "loop", 5.0, &opts, None).await],
-            "B-http" => vec![sequential("B-http", "loop-http", 5.0, &opts, url.clone()).await],
+            "A" => vec![sequential("A", "staged", 3.0, &opts, None).await?],
+            "B" => vec![sequential("B", "loop", 5.0, &opts, None).await?],
+            "B-http" => vec![sequential("B-http", "loop-http", 5.0, &opts, url.clone()).await?],
             "C" => {
                 let mut out = Vec::new();
                 for &c in &opts.concurrency {
-                    out.push(concurrent(c, opts.latency_ms.unwrap_or(50), if opts.no_tool { None } else { url.clone() }, &opts).await);
+                    out.push(concurrent(c, opts.latency_ms.unwrap_or(50), if opts.no_tool { None } else { url.clone() }, &opts).await?);
                 }
                 out
             }

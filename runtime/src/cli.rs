@@ -1,7 +1,7 @@
 //! The `fabric` command line. Exit codes: 0 completed / ok, 1 run failed (or a reply refused by
 //! `validate`), 2 bad usage, configuration or catalogue, 3 the run awaits the user.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -20,6 +20,8 @@ use crate::structured::{self, FlatSchema};
 const EXIT_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_AWAITING: u8 = 3;
+/// Where stub scripts are read from when no directory is given.
+const DEFAULT_STUB_DIR: &str = "stub";
 
 #[derive(Debug, Parser)]
 #[command(name = "fabric", version, about = "Run staged LLM routes from a route catalogue")]
@@ -30,9 +32,9 @@ pub struct Cli {
     /// Prompt pack directory.
     #[arg(long, global = true, env = "FABRIC_PROMPT_PACKS_DIR", default_value = "prompt-packs")]
     prompt_packs: PathBuf,
-    /// Seed data of the seeded stub.
-    #[arg(long, global = true, env = "FABRIC_LLM_STUB_DIR", default_value = "stub")]
-    stub_dir: PathBuf,
+    /// Seed data of the seeded stub [default: stub, when it exists].
+    #[arg(long, global = true, env = "FABRIC_LLM_STUB_DIR")]
+    stub_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -124,6 +126,31 @@ enum Format {
     Mermaid,
 }
 
+/// Results or events could not be written (closed pipe, full disk): the record is incomplete.
+const EXIT_IO: u8 = 4;
+
+/// Writes a line to stderr; a closed or full stderr is ignored (there is nowhere left to say it).
+fn say(line: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// Writes to stdout and flushes; a failure (closed pipe, full disk) is returned, never a panic.
+fn print_out(text: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    say(format_args!("fabric: {msg}"));
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn output_failed(e: std::io::Error) -> ExitCode {
+    say(format_args!("fabric: cannot write the output: {e}"));
+    ExitCode::from(EXIT_IO)
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The tool server is a side process (benchmarks, demos): one thread keeps it from competing
@@ -134,18 +161,12 @@ pub fn main() -> ExitCode {
     };
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("fabric: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(e) => return usage(format_args!("cannot start the async runtime: {e}")),
     };
     // Export spans only when the standard OTLP variables ask for it; the guard flushes at exit.
     let _otel = match crate::otel::init_from_env() {
         Ok(guard) => guard,
-        Err(e) => {
-            eprintln!("fabric: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(e) => return usage(e),
     };
     runtime.block_on(dispatch(cli))
 }
@@ -155,7 +176,7 @@ fn load(cli: &Cli) -> Catalogue {
 }
 
 async fn dispatch(cli: Cli) -> ExitCode {
-    match &cli.command {
+    let printed = match &cli.command {
         Command::Routes { action: RoutesAction::List } => routes_list(&load(&cli)),
         Command::Routes { action: RoutesAction::Check } => routes_check(&load(&cli)),
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
@@ -175,187 +196,243 @@ async fn dispatch(cli: Cli) -> ExitCode {
             };
             let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
             match crate::bench::run(opts, &exe).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("fabric bench: {e}");
-                    ExitCode::from(EXIT_USAGE)
-                }
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(e) => Ok(usage(format_args!("bench: {e}"))),
             }
         }
         Command::ToolServer { listen } => match crate::toolserver::serve(listen).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("fabric tool-server: {e}");
-                ExitCode::from(EXIT_USAGE)
-            }
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            Err(e) => Ok(usage(format_args!("tool-server: {e}"))),
         },
         Command::Run { route, goal, prefetch, events_out } => run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref()).await,
-    }
+    };
+    printed.unwrap_or_else(output_failed)
 }
 
-fn routes_list(cat: &Catalogue) -> ExitCode {
-    let mut out = std::io::stdout().lock();
+fn routes_list(cat: &Catalogue) -> std::io::Result<ExitCode> {
+    let mut text = String::new();
     for entry in cat.routes() {
-        let _ = match entry {
-            RouteEntry::Ready(r) => writeln!(out, "{}\t{}\t{}\tok", r.id, r.path.as_str(), r.activation_target.as_deref().unwrap_or("-")),
-            RouteEntry::Broken(b) => writeln!(out, "{}\t-\t-\tbroken ({} errors)", b.id, b.problems.len()),
-        };
+        match entry {
+            RouteEntry::Ready(r) => text.push_str(&format!("{}\t{}\t{}\tok\n", r.id, r.path.as_str(), r.activation_target.as_deref().unwrap_or("-"))),
+            RouteEntry::Broken(b) => text.push_str(&format!("{}\t-\t-\tbroken ({} errors)\n", b.id, b.problems.len())),
+        }
     }
-    ExitCode::SUCCESS
+    // A file that did not load may have held routes: say so rather than list fewer routes.
+    for d in cat.unloaded() {
+        text.push_str(&format!("?\t-\t-\tnot loaded: {d}\n"));
+    }
+    print_out(&text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
-fn routes_check(cat: &Catalogue) -> ExitCode {
-    for d in cat.diagnostics() {
-        println!("{d}");
-    }
+fn routes_check(cat: &Catalogue) -> std::io::Result<ExitCode> {
+    let text: String = cat.diagnostics().iter().map(|d| format!("{d}\n")).collect();
+    print_out(&text)?;
     let ready = cat.routes().filter(|r| matches!(r, RouteEntry::Ready(_))).count();
     let total = cat.routes().count();
     let warnings = cat.diagnostics().len() - cat.error_count();
-    eprintln!("{ready} of {total} routes ready; {} errors, {warnings} warnings", cat.error_count());
-    if cat.error_count() > 0 { ExitCode::from(EXIT_USAGE) } else { ExitCode::SUCCESS }
+    let unloaded = match cat.unloaded().len() {
+        0 => String::new(),
+        n => format!("; {n} file(s) could not be loaded, so routes may be missing"),
+    };
+    say(format_args!("{ready} of {total} routes ready{unloaded}; {} errors, {warnings} warnings", cat.error_count()));
+    Ok(if cat.error_count() > 0 { ExitCode::from(EXIT_USAGE) } else { ExitCode::SUCCESS })
 }
 
-fn hydrate_cmd(cat: &Catalogue, route_id: &str, format: Format) -> ExitCode {
-    match cat.get(route_id) {
-        Some(RouteEntry::Ready(r)) => {
+fn hydrate_cmd(cat: &Catalogue, route_id: &str, format: Format) -> std::io::Result<ExitCode> {
+    match cat.route(route_id) {
+        Ok(r) => {
             let text = match format {
                 Format::Text => hydrate::render_text(r),
                 Format::Dot => hydrate::render_dot(r),
                 Format::Mermaid => hydrate::render_mermaid(r),
             };
-            print!("{text}");
-            ExitCode::SUCCESS
+            print_out(&text)?;
+            Ok(ExitCode::SUCCESS)
         }
-        Some(RouteEntry::Broken(b)) => {
-            eprintln!("fabric: route `{route_id}` cannot be hydrated:");
+        Err(catalogue::RouteLookupError::Broken(b)) => {
+            say(format_args!("fabric: route `{route_id}` cannot be hydrated:"));
             for d in &b.problems {
-                eprintln!("  {d}");
+                say(format_args!("  {d}"));
             }
-            ExitCode::from(EXIT_USAGE)
+            Ok(ExitCode::from(EXIT_USAGE))
         }
-        None => {
-            eprintln!("fabric: unknown route `{route_id}`");
-            ExitCode::from(EXIT_USAGE)
+        Err(catalogue::RouteLookupError::Unknown { unloaded, .. }) => {
+            say(format_args!("fabric: unknown route `{route_id}`"));
+            for d in unloaded {
+                say(format_args!("  not loaded, it may be defined there: {d}"));
+            }
+            Ok(ExitCode::from(EXIT_USAGE))
         }
     }
 }
 
-fn read_input(arg: Option<&str>) -> std::io::Result<String> {
+/// The largest schema file `fabric validate` reads.
+const MAX_SCHEMA_BYTES: u64 = 1024 * 1024;
+
+fn read_input(arg: Option<&str>, limit: u64) -> Result<String, String> {
     match arg {
-        None | Some("-") => {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s)?;
-            Ok(s)
-        }
-        Some(path) => std::fs::read_to_string(path),
+        None | Some("-") => crate::textfile::read_bounded_from(std::io::stdin().lock(), limit).map_err(|e| format!("standard input {e}")),
+        Some(path) => crate::textfile::read_bounded(Path::new(path), limit).map_err(|e| format!("{path} {e}")),
     }
 }
 
-fn validate_cmd(schema_path: &Path, reply: Option<&str>) -> ExitCode {
-    let schema: serde_json::Value =
-        match std::fs::read_to_string(schema_path).map_err(|e| e.to_string()).and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string())) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("fabric: cannot read schema {}: {e}", schema_path.display());
-                return ExitCode::from(EXIT_USAGE);
-            }
-        };
-    let raw = match read_input(reply) {
+fn validate_cmd(schema_path: &Path, reply: Option<&str>) -> std::io::Result<ExitCode> {
+    let schema = crate::textfile::read_bounded(schema_path, MAX_SCHEMA_BYTES)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| format!("is not valid JSON: {e}")));
+    let schema = match schema {
+        Ok(s) => s,
+        Err(e) => return Ok(usage(format_args!("schema {}: {e}", schema_path.display()))),
+    };
+    let raw = match read_input(reply, crate::llm::providers::DEFAULT_MAX_REPLY_BYTES as u64) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("fabric: cannot read the reply: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(e) => return Ok(usage(format_args!("cannot read the reply: {e}"))),
     };
     let flat = match FlatSchema::from_json(&schema) {
         Ok(f) => f,
         Err(why) => {
             // What the stage would do: a plain text call whose reply is the slot value as is.
-            eprintln!(
+            say(format_args!(
                 "fabric: schema {} is not bindable ({why}); a stage with it runs as a plain text call and keeps the reply as text",
                 schema_path.display()
-            );
-            println!("{raw}");
-            return ExitCode::SUCCESS;
+            ));
+            print_out(&format!("{raw}\n"))?;
+            return Ok(ExitCode::SUCCESS);
         }
     };
     match structured::decode_reply(&flat, &raw) {
         Ok(d) => {
-            println!("{}", d.slot_value());
-            ExitCode::SUCCESS
+            print_out(&format!("{}\n", d.slot_value()))?;
+            Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            println!("{}", e.reason_class());
-            eprintln!("fabric: {}", e.detail());
-            ExitCode::from(EXIT_FAILED)
+            print_out(&format!("{}\n", e.reason_class()))?;
+            say(format_args!("fabric: {}", e.detail()));
+            Ok(ExitCode::from(EXIT_FAILED))
         }
     }
 }
 
-async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>, events_out: Option<&str>) -> ExitCode {
-    let usage = |msg: String| {
-        eprintln!("fabric: {msg}");
-        ExitCode::from(EXIT_USAGE)
+/// The stub for `fabric run`: scripts from `--stub-dir`/`FABRIC_LLM_STUB_DIR` when given (which
+/// must exist), else from `stub/` when it exists, else none (every reply generated, with a warning).
+fn load_stub(cli: &Cli) -> Result<StubLlm, String> {
+    let (dir, explicit) = match &cli.stub_dir {
+        Some(dir) => (dir.clone(), true),
+        None => (PathBuf::from(DEFAULT_STUB_DIR), false),
     };
+    if !explicit && !dir.exists() {
+        say(format_args!("fabric: warning: no stub script directory `{DEFAULT_STUB_DIR}` here; every stub reply is generated from the stage's schema"));
+        return Ok(StubLlm::default());
+    }
+    StubLlm::load(&dir).map_err(|problems| problems.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n"))
+}
+
+/// Signals that end a run cleanly: the run fails with `interrupted`, its result is printed, and
+/// the exit code is 128 + the signal's number.
+const SIGNALS: [(tokio::signal::unix::SignalKind, &str, u8); 3] = [
+    (tokio::signal::unix::SignalKind::interrupt(), "SIGINT", 2),
+    (tokio::signal::unix::SignalKind::terminate(), "SIGTERM", 15),
+    (tokio::signal::unix::SignalKind::hangup(), "SIGHUP", 1),
+];
+
+/// Installs the handlers; the returned cell holds the number of the first signal received.
+/// A second signal ends the process at once.
+fn on_signals(handle: crate::cancel::CancelHandle) -> Result<Arc<std::sync::atomic::AtomicU8>, String> {
+    let got = Arc::new(std::sync::atomic::AtomicU8::new(0));
+    for (kind, name, number) in SIGNALS {
+        let mut stream = tokio::signal::unix::signal(kind).map_err(|e| format!("cannot install the {name} handler: {e}"))?;
+        let (got, handle) = (got.clone(), handle.clone());
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if got.compare_exchange(0, number, std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst).is_err() {
+                    std::process::exit(128 + i32::from(number));
+                }
+                handle.cancel(name);
+            }
+        });
+    }
+    Ok(got)
+}
+
+async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>, events_out: Option<&str>) -> std::io::Result<ExitCode> {
     let settings = match Settings::from_env() {
         Ok(s) => s,
-        Err(e) => return usage(format!("bad configuration: {e}")),
+        Err(e) => return Ok(usage(format_args!("bad configuration: {e}"))),
     };
+    for w in &settings.warnings {
+        say(format_args!("fabric: warning: {w}"));
+    }
     let goal = match exec::parse_goal(goal) {
         Ok(g) => g,
-        Err(e) => return usage(format!("--goal: {e}")),
+        Err(e) => return Ok(usage(format_args!("--goal: {e}"))),
     };
     let prefetch = match prefetch {
         None => Vec::new(),
-        Some(p) => match std::fs::read_to_string(p).map_err(|e| e.to_string()).and_then(|t| exec::parse_prefetch(&t)) {
+        Some(p) => match crate::textfile::read_bounded(p, exec::MAX_PREFETCH_BYTES).map_err(|e| e.to_string()).and_then(|t| exec::parse_prefetch(&t)) {
             Ok(chunks) => chunks,
-            Err(e) => return usage(format!("--prefetch {}: {e}", p.display())),
+            Err(e) => return Ok(usage(format_args!("--prefetch {}: {e}", p.display()))),
         },
     };
     let catalogue = Arc::new(load(cli));
     let mut stub = None;
     let mut profile_llms = std::collections::HashMap::new();
     let llm = if settings.stub {
-        match StubLlm::load(&cli.stub_dir) {
-            Ok(s) => {
-                let s = s.with_latency(settings.stub_latency).strict(settings.stub_strict);
-                stub = Some(s.clone());
-                crate::llm::stack::build(s, settings.retry)
-            }
-            Err(problems) => {
-                for d in problems {
-                    eprintln!("{d}");
-                }
-                return usage(format!("stub scripts in {} have errors", cli.stub_dir.display()));
-            }
+        let s = match load_stub(cli) {
+            Ok(s) => s.with_latency(settings.stub_latency).strict(settings.stub_strict),
+            Err(problems) => return Ok(usage(format_args!("stub scripts:\n{problems}"))),
+        };
+        if let Some(problems) = s.problems(route_id) {
+            let lines: Vec<String> = problems.iter().map(|d| format!("  {d}")).collect();
+            return Ok(usage(format_args!("route `{route_id}` cannot run with the stub: its script has errors:\n{}", lines.join("\n"))));
         }
+        stub = Some(s.clone());
+        crate::llm::stack::build(s, settings.retry)
     } else {
         // Every stack is built before the run starts, so a missing key stops us before inference.
-        let client = crate::llm::stack::client();
+        let client = match crate::llm::stack::client() {
+            Ok(c) => c,
+            Err(e) => return Ok(usage(e)),
+        };
         if settings.honor_model_profile {
-            match crate::llm::stack::profile_stacks(&settings, &client, catalogue.profiles()) {
-                Ok(stacks) => profile_llms = stacks,
-                Err(e) => return usage(format!("bad configuration: {e}")),
-            }
+            profile_llms = crate::llm::stack::profile_stacks(&settings, &client, catalogue.profiles());
         }
         match crate::llm::stack::provider_stack(&settings, &client) {
             Ok(l) => l,
-            Err(e) => return usage(format!("bad configuration: {e}")),
+            Err(e) => return Ok(usage(format_args!("bad configuration: {e}"))),
         }
     };
-    let runner = Runner::new(catalogue, llm, Arc::new(|k: &str| std::env::var(k).ok()))
+    let runner = match Runner::new(catalogue, llm, Arc::new(|k: &str| std::env::var(k).ok())) {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    let runner = runner
         .with_fleet(settings.fleet.clone())
         .with_profile_llms(profile_llms)
         // The binary's built-in in-process tools (library users register their own).
         .with_tool("add", crate::tools::builtin_add());
+    // Every refusal comes before the events file is opened: a run that cannot start leaves an
+    // existing file as it was.
+    if let Err(e) = runner.route(route_id) {
+        return Ok(usage(e));
+    }
     let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
+    let mut json_sink = None;
     match events_out {
         None => {}
-        Some("-") => sinks.push(Arc::new(JsonLinesSink::new(Box::new(std::io::stderr())))),
-        Some(path) => match std::fs::File::create(path) {
-            Ok(f) => sinks.push(Arc::new(JsonLinesSink::new(Box::new(std::io::BufWriter::new(f))))),
-            Err(e) => return usage(format!("--events-out {path}: {e}")),
-        },
+        Some(target) => {
+            let writer: Box<dyn Write + Send> = if target == "-" {
+                Box::new(std::io::stderr())
+            } else {
+                match std::fs::File::create(target) {
+                    Ok(f) => Box::new(std::io::BufWriter::new(f)),
+                    Err(e) => return Ok(usage(format_args!("--events-out {target}: {e}"))),
+                }
+            };
+            let sink = Arc::new(JsonLinesSink::new(writer));
+            json_sink = Some(sink.clone());
+            sinks.push(sink);
+        }
     }
     if events_out != Some("-") && std::io::stderr().is_terminal() {
         sinks.push(Arc::new(Progress::default()));
@@ -365,75 +442,129 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         1 => sinks.pop().unwrap_or_else(|| Arc::new(NullSink)),
         _ => Arc::new(FanOut(sinks)),
     };
-    let result = match runner.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink).await {
-        Ok(r) => r,
-        Err(e) => return usage(e.to_string()),
+    let (handle, cancel) = crate::cancel::CancelHandle::new();
+    let signal = match on_signals(handle) {
+        Ok(s) => s,
+        Err(e) => return Ok(usage(e)),
     };
-    println!("{}", serde_json::to_string(&result).unwrap_or_default());
+    let result = match runner.run_with_cancel(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    let printed = print_out(&format!("{}\n", serde_json::to_string(&result).unwrap_or_default()));
+    let events_failed = json_sink.and_then(|s| s.failure());
+    if let Some(why) = &events_failed {
+        say(format_args!("fabric: the events of run {} are incomplete: {why}", result.run_id));
+    }
+    let signal = signal.load(std::sync::atomic::Ordering::SeqCst);
+    if signal != 0 {
+        return Ok(ExitCode::from(128 + signal));
+    }
+    printed?;
+    if events_failed.is_some() {
+        return Ok(ExitCode::from(EXIT_IO));
+    }
     if let Some(stub) = stub.as_ref().filter(|s| s.is_strict()) {
         let unused = stub.unconsumed(&result.llm_calls);
         if !unused.is_empty() {
             for u in &unused {
-                eprintln!("fabric: strict stub: {u}");
+                say(format_args!("fabric: strict stub: {u}"));
             }
-            return ExitCode::from(EXIT_FAILED);
+            return Ok(ExitCode::from(EXIT_FAILED));
         }
     }
-    match result.status {
+    Ok(match result.status {
         RunStatus::Completed => ExitCode::SUCCESS,
         RunStatus::Failed => ExitCode::from(EXIT_FAILED),
         RunStatus::AwaitingInput => ExitCode::from(EXIT_AWAITING),
-    }
+    })
 }
 
-async fn doctor_cmd(cli: &Cli, probe: bool) -> ExitCode {
+async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let settings = match Settings::from_env() {
         Ok(s) => s,
         Err(e) => {
-            println!("configuration: ERROR {e}");
-            return ExitCode::from(EXIT_USAGE);
+            print_out(&format!("configuration: ERROR {e}\n"))?;
+            return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
-    println!("configuration: ok");
+    let mut out = String::from("configuration: ok\n");
     for (var, value, origin) in settings.describe() {
-        println!("  {var}={value}  ({origin})");
+        out.push_str(&format!("  {var}={value}  ({origin})\n"));
     }
-    println!("backend: {}", if settings.stub { "seeded stub (FABRIC_LLM_STUB)" } else { "provider" });
-    println!("model: {} (from {})", settings.model_string.0, settings.model_string.1);
+    for w in &settings.warnings {
+        out.push_str(&format!("  warning: {w}\n"));
+    }
+    out.push_str(&format!("backend: {}\n", if settings.stub { "seeded stub (FABRIC_LLM_STUB)" } else { "provider" }));
+    out.push_str(&format!("model: {} (from {})\n", settings.model_string.0, settings.model_string.1));
     match &settings.target {
         Some(t) => {
-            println!("  provider: {}  model: {}  base_url: {}", t.provider.key(), t.model, t.base_url);
+            let base_url = crate::redact::redact_url(&t.base_url);
+            out.push_str(&format!("  provider: {}  model: {}  base_url: {base_url}\n", t.provider.key(), t.model));
             if t.provider == crate::config::ProviderKind::Gemini {
-                println!("  api_version: {}", t.api_version);
+                out.push_str(&format!("  api_version: {}\n", t.api_version));
             }
-            println!("  api key: {}", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})")));
+            out.push_str(&format!("  api key: {}\n", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})"))));
         }
-        None => println!("  provider: not resolvable (not needed with the stub)"),
+        None => out.push_str("  provider: not resolvable (not needed with the stub)\n"),
     }
     let r = settings.retry;
-    println!("retry: {} attempts, base {:?}, cap {:?}", r.max_attempts, r.base, r.max_backoff);
-    println!("fixed: temperature {}, max tokens {}, timeout {:?}", crate::llm::TEMPERATURE, crate::llm::MAX_OUTPUT_TOKENS, crate::llm::CALL_TIMEOUT);
-    println!("model profiles: {}", if settings.honor_model_profile { "select the model (FABRIC_HONOR_MODEL_PROFILE)" } else { "metadata only" });
-    println!("fleet: {}", settings.fleet.as_deref().unwrap_or("(none: serves every route)"));
+    out.push_str(&format!("retry: {} attempts, base {:?}, cap {:?}\n", r.max_attempts, r.base, r.max_backoff));
+    out.push_str(&format!(
+        "fixed: temperature {}, max tokens {}, timeout {:?}; reply cap {} bytes\n",
+        crate::llm::TEMPERATURE,
+        crate::llm::MAX_OUTPUT_TOKENS,
+        crate::llm::CALL_TIMEOUT,
+        settings.max_reply_bytes
+    ));
+    out.push_str(&format!(
+        "model profiles: {}\n",
+        if settings.honor_model_profile { "select the model (FABRIC_HONOR_MODEL_PROFILE)" } else { "metadata only" }
+    ));
+    out.push_str(&format!("fleet: {}\n", settings.fleet.as_deref().unwrap_or("(none: serves every route)")));
     let cat = load(cli);
-    println!("catalogue: {} ({} routes, {} errors)", cli.catalogue.display(), cat.routes().count(), cat.error_count());
+    out.push_str(&format!(
+        "catalogue: {} ({} routes, {} errors, {} files not loaded)\n",
+        cli.catalogue.display(),
+        cat.routes().count(),
+        cat.error_count(),
+        cat.unloaded().len()
+    ));
+    let client = match crate::llm::stack::client() {
+        Ok(c) => c,
+        Err(e) => {
+            out.push_str(&format!("http client: ERROR {e}\n"));
+            print_out(&out)?;
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    if settings.honor_model_profile && !settings.stub {
+        for (name, stack) in crate::llm::stack::profile_stacks(&settings, &client, cat.profiles()) {
+            match stack {
+                Ok(l) => out.push_str(&format!("  profile {name}: {} {}\n", l.info().provider, l.info().model)),
+                Err(e) => out.push_str(&format!("  profile {name}: UNUSABLE ({e}); its routes are refused\n")),
+            }
+        }
+    }
+    print_out(&out)?;
     if !probe {
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     let llm = if settings.stub {
         crate::llm::stack::build(StubLlm::default(), settings.retry)
     } else {
-        match crate::llm::stack::provider_stack(&settings, &crate::llm::stack::client()) {
+        match crate::llm::stack::provider_stack(&settings, &client) {
             Ok(l) => l,
             Err(e) => {
-                println!("probe: ERROR {e}");
-                return ExitCode::from(EXIT_USAGE);
+                print_out(&format!("probe: ERROR {e}\n"))?;
+                return Ok(ExitCode::from(EXIT_USAGE));
             }
         }
     };
     let schema = serde_json::json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]});
     let output = crate::catalogue::defs::OutputSpec::Bindable(Arc::new(FlatSchema::from_json(&schema).unwrap_or_else(|_| unreachable!("a flat schema"))));
     let events = crate::events::RunEvents::new("doctor", "doctor", None, Arc::new(NullSink));
+    let never = crate::cancel::Cancel::never();
     let req = crate::llm::LlmRequest {
         events: &events,
         route_id: "doctor",
@@ -443,16 +574,17 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> ExitCode {
         user: "Reply with {\"ok\": true}.",
         output: &output,
         cx: &opentelemetry::Context::current(),
+        cancel: &never,
     };
     let started = Instant::now();
     match llm.complete(&req).await {
         Ok(reply) => {
-            println!("probe: ok in {:.0} ms: {}", started.elapsed().as_secs_f64() * 1000.0, reply.value.slot_value());
-            ExitCode::SUCCESS
+            print_out(&format!("probe: ok in {:.0} ms: {}\n", started.elapsed().as_secs_f64() * 1000.0, reply.value.slot_value()))?;
+            Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            println!("probe: FAILED ({}) {}", e.class.as_str(), e.message);
-            ExitCode::from(EXIT_FAILED)
+            print_out(&format!("probe: FAILED ({}) {}\n", e.class.as_str(), e.message))?;
+            Ok(ExitCode::from(EXIT_FAILED))
         }
     }
 }
@@ -491,6 +623,6 @@ impl EventSink for Progress {
             "run.failed" => format!("{indent}✘ failed: {} — {}", get("reason_class"), get("message")),
             _ => return,
         };
-        let _ = writeln!(std::io::stderr().lock(), "{line}");
+        say(line);
     }
 }

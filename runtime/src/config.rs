@@ -38,7 +38,13 @@ pub const VARIABLES: &[&str] = &[
     "GEMINI_API_VERSION",
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_BASE_URL",
+    "FABRIC_LLM_MAX_REPLY_BYTES",
 ];
+
+/// The largest `FABRIC_CONFIG` file read; a bigger one (or a special file) is refused.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
+/// The longest stub latency accepted: ten minutes per call is far past any real provider.
+pub const MAX_STUB_LATENCY_MS: u64 = 600_000;
 
 pub const DEFAULT_MODEL: &str = "ollama:qwen3:14b";
 pub const DEFAULT_OLLAMA_URL: &str = "http://127.0.0.1:11434";
@@ -259,6 +265,20 @@ impl Default for RetryPolicy {
     }
 }
 
+/// How settings read variables that are not in [`VARIABLES`]: the key variable a model profile
+/// names in `api_key_env`. The process environment in the CLI, the same map as the rest in tests.
+#[derive(Clone)]
+pub struct EnvLookup(std::sync::Arc<LookupFn>);
+
+/// Reads one variable by name.
+pub type LookupFn = dyn Fn(&str) -> Option<String> + Send + Sync;
+
+impl fmt::Debug for EnvLookup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EnvLookup")
+    }
+}
+
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -272,8 +292,13 @@ pub struct Settings {
     pub model_string: (String, &'static str),
     /// The default provider target; `None` with the stub (no provider is needed then).
     pub target: Option<ProviderTarget>,
+    /// The cap on one provider reply body (`FABRIC_LLM_MAX_REPLY_BYTES`).
+    pub max_reply_bytes: usize,
+    /// Problems that do not stop start-up (shown by the CLI on stderr, logged by the service).
+    pub warnings: Vec<String>,
     raw: RawVars,
     origins: BTreeMap<String, String>,
+    env: EnvLookup,
 }
 
 /// The merged variables as text. Its `Debug` redacts keys.
@@ -314,7 +339,7 @@ pub fn parse_base_url(var: &str, value: &str) -> Result<String, ConfigError> {
     let v = value.trim().trim_end_matches('/');
     match reqwest::Url::parse(v) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => Ok(v.to_owned()),
-        _ => Err(err(var, format!("`{value}` is not an http(s) URL"))),
+        _ => Err(err(var, format!("`{}` is not an http(s) URL", crate::redact::redact_url(value)))),
     }
 }
 
@@ -373,8 +398,37 @@ fn value_to_string(v: &Value) -> Option<String> {
         Value::String(_, s) => Some(s.clone()),
         Value::Char(_, c) => Some(c.to_string()),
         Value::Bool(_, b) => Some(b.to_string()),
-        Value::Num(_, n) => n.to_f64().map(|f| if f.fract() == 0.0 && f.abs() < 1e15 { format!("{}", f as i64) } else { f.to_string() }),
+        // TOML integers are figment's integer kinds, floats its float kinds.
+        Value::Num(_, n) => n.to_i128().map(|i| i.to_string()).or_else(|| n.to_u128().map(|u| u.to_string())).or_else(|| n.to_f64().map(|f| f.to_string())),
         _ => None,
+    }
+}
+
+/// Reads the `FABRIC_CONFIG` file: a regular file of at most [`MAX_CONFIG_FILE_BYTES`], valid
+/// TOML. A syntax error is reported by line and column only: the offending line may hold a
+/// secret, so it is never echoed.
+fn read_config_file(path: &std::path::Path) -> Result<String, ConfigError> {
+    let shown = path.display();
+    let text = crate::textfile::read_bounded(path, MAX_CONFIG_FILE_BYTES).map_err(|e| err("FABRIC_CONFIG", format!("`{shown}`: {e}")))?;
+    if let Err(e) = text.parse::<toml::Table>() {
+        let at = e.span().map_or(String::new(), |span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!(":{line}:{col}")
+        });
+        let message = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+        return Err(err("FABRIC_CONFIG", format!("`{shown}{at}` is not valid TOML: {message}")));
+    }
+    Ok(text)
+}
+
+/// An API key must fit in an HTTP header: no line breaks or other control characters.
+fn check_key(var: &str, key: &str) -> Result<(), ConfigError> {
+    if key.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        Ok(())
+    } else {
+        Err(err(var, "contains a space, a line break or another character that cannot be sent in an HTTP header; check how the key was pasted"))
     }
 }
 
@@ -384,15 +438,16 @@ impl Settings {
         Settings::load(|k| std::env::var(k).ok())
     }
 
-    /// Reads settings through `get` (the environment, or a map in tests).
-    pub fn load(get: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
+    /// Reads settings through `get` (the environment, or a map in tests); every variable,
+    /// including a key variable a model profile names, is read through it.
+    pub fn load(get: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Result<Settings, ConfigError> {
         let mut figment = Figment::new();
+        let mut file_label = None;
         if let Some(path) = get("FABRIC_CONFIG").filter(|p| !p.trim().is_empty()) {
             let path = PathBuf::from(path.trim());
-            if !path.is_file() {
-                return Err(err("FABRIC_CONFIG", format!("`{}` is not a readable file", path.display())));
-            }
-            figment = figment.merge(Toml::file(path));
+            let text = read_config_file(&path)?;
+            file_label = Some(format!("FABRIC_CONFIG file {}", path.display()));
+            figment = figment.merge(Toml::string(&text));
         }
         let env_values: Vec<(String, String)> = VARIABLES.iter().filter_map(|v| get(v).map(|val| (v.to_string(), val))).collect();
         figment = figment.merge(Strings { name: "environment", values: env_values });
@@ -405,8 +460,8 @@ impl Settings {
                 return Err(err("FABRIC_CONFIG", format!("unknown setting `{key}`; known: {}", VARIABLES.join(", "))));
             }
             let s = value_to_string(value).ok_or_else(|| err(&upper, "must be a string, number or boolean"))?;
-            let origin = value.tag();
-            let source = figment.get_metadata(origin).map(|m| m.name.to_string()).unwrap_or_else(|| "environment".into());
+            let from_env = figment.get_metadata(value.tag()).is_none_or(|m| m.name == "environment");
+            let source = if from_env { "environment".to_owned() } else { file_label.clone().unwrap_or_default() };
             // Keys come only from the environment: a file is too easily committed or shared.
             if upper.ends_with("_API_KEY") && source != "environment" {
                 return Err(err("FABRIC_CONFIG", format!("`{upper}` is an API key; keys are read only from the environment, never from files")));
@@ -414,20 +469,29 @@ impl Settings {
             origins.insert(upper.clone(), source);
             raw.insert(upper, s);
         }
-        Settings::from_raw(raw, origins)
+        Settings::from_raw(raw, origins, EnvLookup(std::sync::Arc::new(get)))
     }
 
-    fn from_raw(raw: BTreeMap<String, String>, origins: BTreeMap<String, String>) -> Result<Settings, ConfigError> {
+    fn from_raw(raw: BTreeMap<String, String>, origins: BTreeMap<String, String>, env: EnvLookup) -> Result<Settings, ConfigError> {
         let get = |k: &str| raw.get(k).map(String::as_str).filter(|v| !v.trim().is_empty());
         let stub = parse_flag("FABRIC_LLM_STUB", get("FABRIC_LLM_STUB"))?;
         let stub_strict = parse_flag("FABRIC_LLM_STUB_STRICT", get("FABRIC_LLM_STUB_STRICT"))?;
         let honor_model_profile = parse_flag("FABRIC_HONOR_MODEL_PROFILE", get("FABRIC_HONOR_MODEL_PROFILE"))?;
         let stub_latency = match get("FABRIC_LLM_STUB_LATENCY_MS").map(str::trim) {
             None => Duration::ZERO,
-            Some(v) => v
-                .parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|_| err("FABRIC_LLM_STUB_LATENCY_MS", format!("`{v}` is not a whole number of milliseconds")))?,
+            Some(v) => match v.parse::<u64>() {
+                Ok(ms) if ms <= MAX_STUB_LATENCY_MS => Duration::from_millis(ms),
+                _ => {
+                    return Err(err("FABRIC_LLM_STUB_LATENCY_MS", format!("`{v}` must be a whole number of milliseconds from 0 to {MAX_STUB_LATENCY_MS}")));
+                }
+            },
+        };
+        let max_reply_bytes = match get("FABRIC_LLM_MAX_REPLY_BYTES").map(str::trim) {
+            None => crate::llm::providers::DEFAULT_MAX_REPLY_BYTES,
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if (1024..=1 << 30).contains(&n) => n,
+                _ => return Err(err("FABRIC_LLM_MAX_REPLY_BYTES", format!("`{v}` must be a whole number of bytes from 1024 to 1073741824"))),
+            },
         };
         let fleet = match get("FABRIC_FLEET").map(str::trim) {
             None => None,
@@ -451,16 +515,29 @@ impl Settings {
             (None, Some(m)) => (m.trim().to_owned(), "FABRIC_LLM_MODEL"),
             (None, None) => (DEFAULT_MODEL.to_owned(), "FABRIC_LLM_MODEL"),
         };
-        let mut settings =
-            Settings { stub, stub_latency, stub_strict, fleet, retry, honor_model_profile, model_string, target: None, raw: RawVars(raw.clone()), origins };
-        // With the stub no provider is contacted, so none has to be configured; a model string
-        // that is set must still make sense.
-        let choice = choose_model(settings.model_string.1, &settings.model_string.0)?;
-        let target = settings.resolve_target(choice.provider, choice.model, None, None);
-        if !stub {
-            settings.target = Some(target?);
-        } else if let Ok(t) = target {
-            settings.target = Some(t);
+        let mut settings = Settings {
+            stub,
+            stub_latency,
+            stub_strict,
+            fleet,
+            retry,
+            honor_model_profile,
+            model_string,
+            target: None,
+            max_reply_bytes,
+            warnings: Vec::new(),
+            raw: RawVars(raw.clone()),
+            origins,
+            env,
+        };
+        // With the stub no provider is contacted, so none has to be configured. As in the
+        // Python runtime, the model string is not even looked at then: a bad one is a warning.
+        let target = choose_model(settings.model_string.1, &settings.model_string.0)
+            .and_then(|choice| settings.resolve_target(choice.provider, choice.model, None, None));
+        match target {
+            Ok(t) => settings.target = Some(t),
+            Err(e) if stub => settings.warnings.push(format!("{e} (ignored: the seeded stub answers every call)")),
+            Err(e) => return Err(e),
         }
         Ok(settings)
     }
@@ -510,9 +587,12 @@ impl Settings {
             Some(v) => vec![v.to_owned()],
             None => key_vars.into_iter().map(str::to_owned).collect(),
         };
-        // A profile may name any variable for its key; read it from the environment directly.
-        let lookup = |v: &str| self.var(v).map(str::to_owned).or_else(|| std::env::var(v).ok().filter(|s| !s.trim().is_empty()));
-        let found = key_vars.iter().find_map(|v| lookup(v).map(|k| (v.clone(), k)));
+        // A profile may name any variable for its key: read it through the same lookup.
+        let lookup = |v: &str| self.var(v).map(str::to_owned).or_else(|| (self.env.0)(v).filter(|s| !s.trim().is_empty()));
+        let found = key_vars.iter().find_map(|v| lookup(v).map(|k| (v.clone(), k.trim().to_owned())));
+        if let Some((var, key)) = &found {
+            check_key(var, key)?;
+        }
         // The hosted APIs need a key; a custom base URL (a proxy, an OpenAI-compatible server) may not.
         if found.is_none() && default_url && provider != ProviderKind::Ollama {
             return Err(err(&key_vars.join(" or "), format!("is required for provider {} (model `{model}`) and is not set", provider.key())));
@@ -533,13 +613,19 @@ impl Settings {
     }
 
     /// The resolved settings for `fabric doctor`: each known variable's effective value (keys
-    /// redacted) and where it came from.
+    /// redacted, URLs without credentials or query values) and where it came from.
     pub fn describe(&self) -> Vec<(String, String, String)> {
         VARIABLES
             .iter()
             .filter_map(|v| {
                 let value = self.raw.0.get(*v)?;
-                let shown = if v.ends_with("_KEY") { "<redacted>".to_owned() } else { value.clone() };
+                let shown = if v.ends_with("_KEY") {
+                    "<redacted>".to_owned()
+                } else if v.ends_with("_URL") || v.ends_with("_BASE") || *v == "OLLAMA_HOST" {
+                    crate::redact::redact_url(value)
+                } else {
+                    value.clone()
+                };
                 Some((v.to_string(), shown, self.origins.get(*v).cloned().unwrap_or_default()))
             })
             .collect()
@@ -552,7 +638,7 @@ mod tests {
 
     fn load(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
         let map: BTreeMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Settings::load(|k| map.get(k).cloned())
+        Settings::load(move |k| map.get(k).cloned())
     }
 
     #[test]

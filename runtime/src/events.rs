@@ -99,8 +99,12 @@ impl EventSink for NullSink {
 }
 
 /// JSON lines to a writer (a file, or stderr for `--events-out -`).
+///
+/// A write that fails does not fail the run (its result still goes to stdout), but it is never
+/// silent: the first error is kept, nothing more is written after it, and [`JsonLinesSink::failure`]
+/// tells the caller that the record is incomplete.
 pub struct JsonLinesSink {
-    out: Mutex<Box<dyn Write + Send>>,
+    out: Mutex<(Box<dyn Write + Send>, Option<String>)>,
 }
 
 impl std::fmt::Debug for JsonLinesSink {
@@ -111,7 +115,13 @@ impl std::fmt::Debug for JsonLinesSink {
 
 impl JsonLinesSink {
     pub fn new(out: Box<dyn Write + Send>) -> JsonLinesSink {
-        JsonLinesSink { out: Mutex::new(out) }
+        JsonLinesSink { out: Mutex::new((out, None)) }
+    }
+
+    /// The first write error, with how many events were lost up to now; `None` when every
+    /// event was written.
+    pub fn failure(&self) -> Option<String> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner()).1.clone()
     }
 }
 
@@ -119,9 +129,12 @@ impl EventSink for JsonLinesSink {
     fn emit(&self, event: &Event) {
         let mut line = Vec::with_capacity(256);
         event.write_json_line(&mut line);
-        if let Ok(mut out) = self.out.lock() {
-            // An unwritable event stream must not fail the run; the result still goes to stdout.
-            let _ = out.write_all(&line).and_then(|_| out.flush());
+        let mut guard = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let (out, failed) = &mut *guard;
+        if failed.is_none()
+            && let Err(e) = out.write_all(&line).and_then(|_| out.flush())
+        {
+            *failed = Some(format!("writing event {} ({}) failed: {e}; later events were not written", event.seq, event.kind));
         }
     }
 }

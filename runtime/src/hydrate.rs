@@ -81,6 +81,12 @@ impl StageNode {
     pub fn output(&self) -> &OutputSpec {
         &self.output
     }
+
+    /// The role events and views show: the catalogue's `llm_role`, except for the decision
+    /// node of a Pattern 1 route, which calls the model as `decision`.
+    pub fn role_name(&self) -> &'static str {
+        if self.kind == NodeKind::Decision { "decision" } else { self.role.as_str() }
+    }
 }
 
 /// An edge; at run time the first edge (by `order`) whose condition holds is taken.
@@ -250,6 +256,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                     }
                     Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
                     Some(Ok(c)) => {
+                        inherited.extend(c.origin.problems.iter().filter(|d| d.is_error()).cloned());
                         if c.input_schema.is_none() {
                             diags.error(
                                 path,
@@ -363,7 +370,7 @@ fn edge_label(e: &Edge) -> String {
 }
 
 fn node_detail(n: &StageNode) -> String {
-    let mut parts = vec![format!("llm_role={}", n.role.as_str())];
+    let mut parts = vec![format!("llm_role={}", n.role_name())];
     match &n.kind {
         NodeKind::ChildRun { route } => parts.push(format!("kind=agent route={route}")),
         NodeKind::AppendedSynthesis => parts.push("appended".into()),
@@ -431,7 +438,7 @@ pub fn render_dot(route: &Route) -> String {
         let label = if node.kind == NodeKind::End {
             "end".to_owned()
         } else {
-            format!("{}\\n{}\\nprompt: {}", quote(&node.id), node.role.as_str(), node.prompt.source.as_str())
+            format!("{}\\n{}\\nprompt: {}", quote(&node.id), node.role_name(), node.prompt.source.as_str())
         };
         let _ = writeln!(out, "  n{} [label=\"{label}\"{shape}];", idx.index());
     }
@@ -451,7 +458,7 @@ pub fn render_mermaid(route: &Route) -> String {
         if node.kind == NodeKind::End {
             let _ = writeln!(out, "  n{}((end))", idx.index());
         } else {
-            let _ = writeln!(out, "  n{}[\"{}<br/>{}<br/>prompt: {}\"]", idx.index(), esc(&node.id), node.role.as_str(), node.prompt.source.as_str());
+            let _ = writeln!(out, "  n{}[\"{}<br/>{}<br/>prompt: {}\"]", idx.index(), esc(&node.id), node.role_name(), node.prompt.source.as_str());
         }
     }
     for (idx, _) in route.nodes() {

@@ -17,6 +17,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod cancel;
 pub mod catalogue;
 pub mod cli;
 pub mod config;
@@ -27,6 +28,8 @@ pub mod hydrate;
 pub mod llm;
 pub mod otel;
 pub mod prompt;
+pub mod redact;
 pub mod structured;
+pub mod textfile;
 pub mod tools;
 pub mod toolserver;

@@ -98,8 +98,24 @@ impl PromptPack {
         .filter(|t| !t.trim().is_empty())
     }
 
+    /// Fills `{{host}}`, `{{rules}}` and `{{tools}}` (spaces inside the braces allowed, as the
+    /// load check allows them); anything else is left as written (the load check refuses it).
     fn expand(&self, template: &str, tools: &str) -> String {
-        template.replace("{{host}}", self.host.trim_end()).replace("{{rules}}", &self.rules_text()).replace("{{tools}}", tools)
+        let mut out = String::with_capacity(template.len() + self.host.len());
+        let mut rest = template;
+        while let Some(start) = rest.find("{{") {
+            let Some(end) = rest[start + 2..].find("}}") else { break };
+            out.push_str(&rest[..start]);
+            match rest[start + 2..start + 2 + end].trim() {
+                "host" => out.push_str(self.host.trim_end()),
+                "rules" => out.push_str(&self.rules_text()),
+                "tools" => out.push_str(tools),
+                _ => out.push_str(&rest[start..start + 4 + end]),
+            }
+            rest = &rest[start + 4 + end..];
+        }
+        out.push_str(rest);
+        out
     }
 
     fn rules_text(&self) -> String {
@@ -141,9 +157,24 @@ impl PromptPack {
     }
 
     /// Pattern 1: the host (with enterprise rules) wrapped in the agent prompt with the tool list.
+    /// The decision prompt always carries host, rules and tools: a pack template that leaves one
+    /// out gets it added (host before, rules and tools after), as the load warning says.
     pub fn resolve_agent(&self, tools_text: &str) -> ResolvedPrompt {
         match self.agent.as_deref().filter(|t| !t.trim().is_empty()) {
-            Some(t) => ResolvedPrompt { text: self.expand(t, tools_text), source: PromptSource::AgentWrapper },
+            Some(t) => {
+                let used = placeholders(t);
+                let mut text = self.expand(t, tools_text);
+                if !used.contains(&"host") && !self.host.trim().is_empty() {
+                    text = format!("{}\n\n{text}", self.host.trim_end());
+                }
+                if !used.contains(&"rules") && !self.rules.is_empty() {
+                    text = format!("{}\n\nRules:\n{}", text.trim_end(), self.rules_text());
+                }
+                if !used.contains(&"tools") {
+                    text = format!("{}\n\nTools:\n{tools_text}", text.trim_end());
+                }
+                ResolvedPrompt { text, source: PromptSource::AgentWrapper }
+            }
             None => ResolvedPrompt { text: tidy_blank_lines(&self.expand(BUILTIN_AGENT_WRAPPER, tools_text)), source: PromptSource::BuiltinAgentWrapper },
         }
     }
@@ -197,7 +228,16 @@ pub fn decode_pack(ctx: &mut Ctx<'_>, name: &str, root: &Node) -> Option<PromptP
         role_fields.finish(ctx);
     }
     let synthesis = text(ctx, fields.get("synthesis"), "`synthesis`", false);
-    let agent = text(ctx, fields.get("agent"), "`agent`", true);
+    let agent_node = fields.get("agent");
+    let agent = text(ctx, agent_node, "`agent`", true);
+    if let (Some(t), Some(node)) = (&agent, agent_node) {
+        let used = placeholders(t);
+        let missing: Vec<&str> = ["host", "rules", "tools"].into_iter().filter(|p| !used.contains(p)).collect();
+        if !missing.is_empty() && !t.trim().is_empty() {
+            let names: Vec<String> = missing.iter().map(|m| format!("{{{{{m}}}}}")).collect();
+            ctx.warning(node.pos, format!("`agent` does not use {}; the decision prompt always carries them, so they are added around it", names.join(", ")));
+        }
+    }
     let mut rules = Vec::new();
     if let Some(node) = fields.get("rules")
         && let Some(items) = ctx.seq(node, "`rules`")
@@ -216,6 +256,19 @@ pub fn decode_pack(ctx: &mut Ctx<'_>, name: &str, root: &Node) -> Option<PromptP
         agent,
         rules,
     })
+}
+
+/// The placeholder names a template uses (trimmed), in order.
+fn placeholders(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else { break };
+        out.push(after[..end].trim());
+        rest = &after[end + 2..];
+    }
+    out
 }
 
 fn check_placeholders(ctx: &mut Ctx<'_>, pos: Pos, text: &str, what: &str, allow_tools: bool) {
@@ -242,6 +295,7 @@ pub fn load_packs(
     diags: &mut crate::diag::Diagnostics,
 ) -> indexmap::IndexMap<String, Option<std::sync::Arc<PromptPack>>> {
     let mut packs = indexmap::IndexMap::new();
+    let mut first_path: std::collections::HashMap<String, &std::path::Path> = std::collections::HashMap::new();
     for file in files {
         let path = &file.path;
         let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
@@ -250,6 +304,13 @@ pub fn load_packs(
             ctx.error(Pos::FILE, format!("prompt pack file name `{name}` is not a valid name (letters, digits, `_`, `-`, `.`)"));
             continue;
         }
+        if let Some(first) = first_path.get(&name) {
+            // `a.yaml` and `a.yml`, or two folders with an `a.yaml`: neither is used.
+            ctx.error(Pos::FILE, format!("prompt pack `{name}` is already defined by {}; a pack name may be used once", first.display()));
+            packs.insert(name, None);
+            continue;
+        }
+        first_path.insert(name.clone(), path);
         let pack = yaml::parse(path, &file.text, ctx.diags).and_then(|root| decode_pack(&mut ctx, &name, &root));
         packs.insert(name, pack.map(std::sync::Arc::new));
     }

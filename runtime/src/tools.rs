@@ -42,6 +42,9 @@ pub fn builtin_add() -> std::sync::Arc<dyn Tool> {
     std::sync::Arc::new(FnTool(|args: &Map<String, Value>| {
         let num = |k: &str| args.get(k).and_then(Value::as_f64).ok_or_else(|| format!("`{k}` must be a number"));
         let sum = num("a")? + num("b")?;
+        if !sum.is_finite() {
+            return Err("the sum is too large to represent".into());
+        }
         // Whole sums print as integers (`5`, not `5.0`), as a person would write them.
         Ok(if sum.fract() == 0.0 && sum.abs() < 9e15 { serde_json::json!({"sum": sum as i64}) } else { serde_json::json!({"sum": sum}) })
     }))
@@ -74,14 +77,14 @@ pub struct ToolError {
     pub message: String,
 }
 
-impl Default for HttpTools {
-    fn default() -> Self {
-        HttpTools::new()
-    }
-}
+/// The longest request URL a GET tool call may make (what HTTP clients and most servers accept);
+/// arguments that would make a longer one are refused before anything is sent.
+pub const MAX_URL_BYTES: usize = 16 * 1024;
 
 impl HttpTools {
-    pub fn new() -> HttpTools {
+    /// Fails only when the HTTP client cannot be built (a start-up error, never a fallback to a
+    /// client without the redirect policy).
+    pub fn new() -> Result<HttpTools, String> {
         let policy = reqwest::redirect::Policy::custom(|attempt| {
             let same_origin = attempt.previous().first().is_some_and(|first| {
                 let next = attempt.url();
@@ -95,30 +98,53 @@ impl HttpTools {
                 attempt.error("redirect to another origin refused")
             }
         });
-        let client = reqwest::Client::builder().redirect(policy).pool_max_idle_per_host(MAX_IN_FLIGHT_PER_ORIGIN).build().unwrap_or_default();
-        HttpTools { client, per_origin: Default::default() }
+        let client = reqwest::Client::builder()
+            .redirect(policy)
+            .pool_max_idle_per_host(MAX_IN_FLIGHT_PER_ORIGIN)
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client of the tools: {e}"))?;
+        Ok(HttpTools { client, per_origin: Default::default() })
     }
 
     /// Calls `url` (already resolved from the catalogue) with `args`.
     pub async fn call(&self, invoke: &Invoke, url: &str, args: &Map<String, Value>) -> Result<ToolOutput, ToolError> {
         let started = Instant::now();
-        let parsed =
-            reqwest::Url::parse(url).map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("invalid tool URL `{url}`: {e}") })?;
+        // The URL may hold a key (`?api_key=${KB_KEY}`): messages show its origin and path only.
+        let shown = display_url(url);
+        let mut parsed =
+            reqwest::Url::parse(url).map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("invalid tool URL `{shown}`: {e}") })?;
         let (parsed_scheme, parsed_host, parsed_port) =
             (parsed.scheme().to_owned(), parsed.host_str().unwrap_or_default().to_owned(), parsed.port_or_known_default().unwrap_or(0));
         if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("tool URL `{url}` is not http(s)") });
+            return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("tool URL `{shown}` is not http(s)") });
         }
         let request = match invoke.method {
             HttpMethod::Get => {
-                let params: Vec<(String, String)> = args
-                    .iter()
-                    .flat_map(|(k, v)| match v {
-                        Value::Array(items) => items.iter().map(|i| (k.clone(), scalar_text(i))).collect::<Vec<_>>(),
-                        other => vec![(k.clone(), scalar_text(other))],
-                    })
-                    .collect();
-                self.client.get(parsed).query(&params)
+                if !args.is_empty() {
+                    let mut pairs = parsed.query_pairs_mut();
+                    for (k, v) in args {
+                        match v {
+                            Value::Array(items) => {
+                                for i in items {
+                                    pairs.append_pair(k, &scalar_text(i));
+                                }
+                            }
+                            other => {
+                                pairs.append_pair(k, &scalar_text(other));
+                            }
+                        }
+                    }
+                }
+                if parsed.as_str().len() > MAX_URL_BYTES {
+                    return Err(ToolError {
+                        class: ReasonClass::InvalidToolArguments,
+                        message: format!(
+                            "the arguments make a GET request URL of {} bytes; the limit is {MAX_URL_BYTES} (a tool taking large arguments should use method POST)",
+                            parsed.as_str().len()
+                        ),
+                    });
+                }
+                self.client.get(parsed)
             }
             HttpMethod::Post => self.client.post(parsed).json(args),
         };
@@ -128,13 +154,13 @@ impl HttpTools {
             map.entry(origin).or_insert_with(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_ORIGIN))).clone()
         };
         let _permit = gate.acquire_owned().await.map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() })?;
-        let mut response = request.timeout(invoke.timeout).send().await.map_err(|e| classify(&e, invoke.timeout))?;
+        let mut response = request.timeout(invoke.timeout).send().await.map_err(|e| classify(e, invoke.timeout))?;
         let status = response.status().as_u16();
         if response.content_length().is_some_and(|n| n as usize > invoke.max_response_bytes) {
             return Err(too_large(invoke.max_response_bytes));
         }
         let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| classify(&e, invoke.timeout))? {
+        while let Some(chunk) = response.chunk().await.map_err(|e| classify(e, invoke.timeout))? {
             if body.len() + chunk.len() > invoke.max_response_bytes {
                 return Err(too_large(invoke.max_response_bytes));
             }
@@ -165,13 +191,15 @@ fn too_large(limit: usize) -> ToolError {
     ToolError { class: ReasonClass::ToolResponseTooLarge, message: format!("response is larger than the {limit}-byte limit") }
 }
 
-fn classify(e: &reqwest::Error, timeout: Duration) -> ToolError {
+fn classify(e: reqwest::Error, timeout: Duration) -> ToolError {
     if e.is_timeout() {
         ToolError { class: ReasonClass::ToolTimeout, message: format!("no response within {} ms", timeout.as_millis()) }
     } else {
-        // The full error chain names the cause (refused, DNS, redirect refused ...).
+        // The full error chain names the cause (refused, DNS, redirect refused ...); never the
+        // URL, whose query may hold a key.
+        let e = e.without_url();
         let mut message = e.to_string();
-        let mut source = std::error::Error::source(e);
+        let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
             message.push_str(": ");
             message.push_str(&s.to_string());
@@ -181,15 +209,7 @@ fn classify(e: &reqwest::Error, timeout: Duration) -> ToolError {
     }
 }
 
-/// A URL for events: scheme, host and path, never the query (it may carry user data).
+/// A URL for events and messages: scheme, host and path, never credentials or the query.
 pub fn display_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut u) => {
-            u.set_query(None);
-            let _ = u.set_password(None);
-            let _ = u.set_username("");
-            u.to_string()
-        }
-        Err(_) => "(invalid url)".into(),
-    }
+    crate::redact::origin_and_path(url)
 }

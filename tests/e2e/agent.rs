@@ -37,7 +37,8 @@ async fn kb_server() -> String {
 async fn run_agent(script: &[&str], kb_url: Option<String>) -> (RunResult, Vec<Event>) {
     let stub = StubLlm::default().strict(true).script("support-agent", "decide", script);
     let llm = fabric::llm::stack::build(stub, RetryPolicy::default());
-    let runner = Runner::new(shipped(), llm, Arc::new(move |k: &str| (k == "KB_SEARCH_URL").then(|| kb_url.clone()).flatten())).with_tool("add", builtin_add());
+    let runner =
+        Runner::new(shipped(), llm, Arc::new(move |k: &str| (k == "KB_SEARCH_URL").then(|| kb_url.clone()).flatten())).unwrap().with_tool("add", builtin_add());
     let sink = Arc::new(MemorySink::default());
     let goal = json!({"question": "Was I refunded?"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-agent".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();
@@ -153,14 +154,15 @@ async fn ask_ends_the_run_awaiting_the_user() {
 async fn in_process_tools_come_from_the_library_api() {
     let stub = StubLlm::default().script("support-agent", "decide", &[r#"CALL add {"a":1,"b":2}"#, "DONE ok"]);
     let tool = FnTool(|args: &Map<String, Value>| Ok(json!({"custom": args["a"].as_f64().unwrap() * 10.0})));
-    let runner =
-        Runner::new(shipped(), fabric::llm::stack::build(stub.clone(), RetryPolicy::default()), Arc::new(|_: &str| None)).with_tool("add", Arc::new(tool));
+    let runner = Runner::new(shipped(), fabric::llm::stack::build(stub.clone(), RetryPolicy::default()), Arc::new(|_: &str| None))
+        .unwrap()
+        .with_tool("add", Arc::new(tool));
     let goal = json!({}).as_object().unwrap().clone();
     let result =
         runner.run(RunRequest { route_id: "support-agent".into(), goal: goal.clone(), prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
     assert_eq!(result.notes, [r#"add: {"custom":10.0}"#]);
     // Without a registration the route cannot start.
-    let bare = Runner::new(shipped(), fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None));
+    let bare = Runner::new(shipped(), fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None)).unwrap();
     let err = bare.run(RunRequest { route_id: "support-agent".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap_err();
     assert!(matches!(err, StartError::ToolNotRegistered { ref tool, .. } if tool == "add"), "{err}");
 }
@@ -173,8 +175,11 @@ async fn live_providers_decide_with_native_structured_output() {
     f.push(Canned::json(200, json!({"choices": [{"message": {"content": "{\"action\":\"tool_call\",\"tool_name\":\"add\",\"arguments\":{\"a\":2,\"b\":3}}"}, "finish_reason": "stop"}]})));
     let url = f.start().await;
     let target = crate::support::target(ProviderKind::OpenAi, &url, "gpt-test");
-    let llm = fabric::llm::stack::build(backend_for(reqwest::Client::new(), target, Tuning::default()), RetryPolicy::default());
-    let runner = Runner::new(shipped(), llm, Arc::new(|_: &str| None)).with_tool("add", builtin_add());
+    let llm = fabric::llm::stack::build(
+        backend_for(fabric::llm::providers::shared_client().unwrap(), target, Tuning::default(), fabric::llm::providers::DEFAULT_MAX_REPLY_BYTES),
+        RetryPolicy::default(),
+    );
+    let runner = Runner::new(shipped(), llm, Arc::new(|_: &str| None)).unwrap().with_tool("add", builtin_add());
     let goal = json!({"question": "2+3?"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-agent".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
     assert_eq!(result.output.as_deref(), Some("All done."));
@@ -223,7 +228,7 @@ async fn the_step_budget_is_carried_into_child_runs() {
         "workflows:\n  parent:\n    stages:\n      - {id: agent, llm_role: none, kind: agent, route: support-agent}\nroutes:\n  parent: {model_profile: default, prompt_pack: support, workflow: parent, max_loop_steps: 2}\n",
     );
     let stub = StubLlm::default().script("support-agent", "decide", &[r#"CALL add {"a":1,"b":1}"#, r#"CALL add {"a":1,"b":1}"#, "DONE 2"]);
-    let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None)).with_tool("add", builtin_add());
+    let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None)).unwrap().with_tool("add", builtin_add());
     let sink = Arc::new(MemorySink::default());
     let goal = json!({}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "parent".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();

@@ -3,6 +3,7 @@
 mod agent;
 mod catalogue;
 mod cli;
+mod hostile;
 mod hydrate;
 mod llama;
 mod parity;

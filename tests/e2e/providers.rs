@@ -11,7 +11,7 @@ use fabric::exec::{RunRequest, RunResult, RunStatus, Runner};
 use fabric::llm::providers::backend_for;
 use serde_json::{Value, json};
 
-use crate::support::{Canned, FakeProvider, fixtures, repo, target, triage_reply_for};
+use crate::support::{Canned, FakeProvider, fabric_cli, fixtures, repo, target, triage_reply_for};
 
 fn props_of(schema: Option<&Value>) -> Vec<String> {
     schema.and_then(|s| s.get("properties")).and_then(Value::as_object).map(|p| p.keys().cloned().collect()).unwrap_or_default()
@@ -50,8 +50,16 @@ fn shipped() -> Arc<Catalogue> {
 const FAST_RETRY: RetryPolicy = RetryPolicy { max_attempts: 3, base: Duration::from_millis(5), max_backoff: Duration::from_millis(300) };
 
 async fn run_with(kind: ProviderKind, base_url: &str, retry: RetryPolicy) -> (RunResult, Vec<Event>) {
-    let llm = fabric::llm::stack::build(backend_for(reqwest::Client::new(), target(kind, base_url, "m-1"), Tuning::default()), retry);
-    let runner = Runner::new(shipped(), llm, Arc::new(|_: &str| None));
+    let llm = fabric::llm::stack::build(
+        backend_for(
+            fabric::llm::providers::shared_client().unwrap(),
+            target(kind, base_url, "m-1"),
+            Tuning::default(),
+            fabric::llm::providers::DEFAULT_MAX_REPLY_BYTES,
+        ),
+        retry,
+    );
+    let runner = Runner::new(shipped(), llm, Arc::new(|_: &str| None)).unwrap();
     let sink = Arc::new(MemorySink::default());
     let goal = json!({"ticket": "charged twice"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();
@@ -75,8 +83,8 @@ fn model_strings_agree_with_langchain() {
             None => assert_eq!(got, Some((case["provider"].as_str().unwrap().to_owned(), case["model"].as_str().unwrap().to_owned())), "{input}"),
         }
         // As FABRIC_LLM_MODEL: supported providers resolve; the others are named in the error.
-        let vars = [("FABRIC_LLM_MODEL", input), ("OPENAI_API_KEY", "k"), ("ANTHROPIC_API_KEY", "k"), ("GOOGLE_API_KEY", "k")];
-        let settings = Settings::load(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()));
+        let vars = [("FABRIC_LLM_MODEL", input.to_owned()), ("OPENAI_API_KEY", "k".into()), ("ANTHROPIC_API_KEY", "k".into()), ("GOOGLE_API_KEY", "k".into())];
+        let settings = Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()));
         match (case.get("provider").and_then(Value::as_str), settings) {
             (Some(p @ ("ollama" | "openai" | "google_genai" | "anthropic")), s) if !case["model"].as_str().unwrap().is_empty() => {
                 let t = s.unwrap().target.unwrap();
@@ -181,9 +189,17 @@ async fn plain_text_calls_on_every_provider() {
             )
         });
         let url = f.start().await;
-        let llm = fabric::llm::stack::build(backend_for(reqwest::Client::new(), target(kind, &url, "m"), Tuning::default()), FAST_RETRY);
+        let llm = fabric::llm::stack::build(
+            backend_for(
+                fabric::llm::providers::shared_client().unwrap(),
+                target(kind, &url, "m"),
+                Tuning::default(),
+                fabric::llm::providers::DEFAULT_MAX_REPLY_BYTES,
+            ),
+            FAST_RETRY,
+        );
         let cat = Arc::new(catalogue::load(&fixtures().join("providers/routes"), &repo().join("prompt-packs")));
-        let runner = Runner::new(cat, llm, Arc::new(|_: &str| None));
+        let runner = Runner::new(cat, llm, Arc::new(|_: &str| None)).unwrap();
         let goal = json!({"q": 1}).as_object().unwrap().clone();
         let result = runner.run(RunRequest { route_id: "plain".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
         assert_eq!(result.output.as_deref(), Some("plain words"), "{kind:?}");
@@ -274,24 +290,13 @@ async fn connection_refused_and_timeouts_are_retried() {
         Tuning::default(),
     )
     .with_timeout(Duration::from_millis(300));
-    let runner = Runner::new(shipped(), fabric::llm::stack::build(backend, FAST_RETRY), Arc::new(|_: &str| None));
+    let runner = Runner::new(shipped(), fabric::llm::stack::build(backend, FAST_RETRY), Arc::new(|_: &str| None)).unwrap();
     let sink = Arc::new(MemorySink::default());
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();
     assert_eq!(result.status, RunStatus::Completed, "the timed-out attempt was retried");
     let retry = sink.events().into_iter().find(|e| e.kind == "run.llm.retrying").unwrap();
     assert_eq!(retry.data["reason_class"], "timeout");
-}
-
-/// Runs the `fabric` binary with exactly these provider variables.
-async fn fabric_cli(args: &[&str], env: &[(&str, String)]) -> std::process::Output {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
-    cmd.current_dir(repo()).args(args);
-    for var in fabric::config::VARIABLES.iter().chain(["FABRIC_CONFIG", "KB_SEARCH_URL"].iter()) {
-        cmd.env_remove(var);
-    }
-    cmd.envs(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    cmd.output().await.unwrap()
 }
 
 const GOAL: &str = r#"{"ticket":"I was charged twice"}"#;
@@ -429,11 +434,8 @@ async fn a_config_file_sits_under_the_environment() {
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("provider: anthropic  model: claude-haiku-4-5"), "{stdout}");
     assert!(stdout.contains("retry: 2 attempts"), "the environment wins over the file: {stdout}");
-    assert!(
-        stdout.contains(&format!("FABRIC_LLM_MODEL=anthropic:claude-haiku-4-5  (TOML file `{path}`)"))
-            || stdout.contains("FABRIC_LLM_MODEL=anthropic:claude-haiku-4-5  (TOML"),
-        "{stdout}"
-    );
+    assert!(stdout.contains(&format!("FABRIC_LLM_MODEL=anthropic:claude-haiku-4-5  (FABRIC_CONFIG file {path})")), "{stdout}");
+    assert!(stdout.contains("FABRIC_LLM_RETRY_MAX=2  (environment)"), "{stdout}");
     std::fs::write(&file, "FABRIC_LLM_MODLE = \"x\"\n").unwrap();
     let out = fabric_cli(&["doctor"], &[("FABRIC_CONFIG", path.clone())]).await;
     assert_eq!(out.status.code(), Some(2));

@@ -35,7 +35,7 @@ fn harness(cat: Arc<Catalogue>, stub: StubLlm, vars: Vec<(&'static str, String)>
     let seen = Arc::new(Mutex::new(Vec::new()));
     let llm = fabric::llm::stack::build(Recording { inner: stub, seen: seen.clone() }, Default::default());
     let lookup = move |k: &str| vars.iter().find(|(name, _)| *name == k).map(|(_, v)| v.clone());
-    Harness { runner: Runner::new(cat, llm, Arc::new(lookup)), seen }
+    Harness { runner: Runner::new(cat, llm, Arc::new(lookup)).unwrap(), seen }
 }
 
 async fn run(h: &Harness, route: &str, prefetch: Vec<String>) -> (RunResult, Vec<Event>) {

@@ -158,3 +158,45 @@ pub fn catalogue_with(shipped: &[&str], case_yaml: &str) -> std::sync::Arc<fabri
     assert_eq!(cat.error_count(), 0, "{:#?}", cat.diagnostics());
     std::sync::Arc::new(cat)
 }
+
+/// Runs the `fabric` binary in the repository with a clean configuration plus `env`.
+pub async fn fabric_cli(args: &[&str], env: &[(&str, String)]) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
+    cmd.current_dir(repo()).args(args);
+    for var in fabric::config::VARIABLES
+        .iter()
+        .chain(["FABRIC_CONFIG", "KB_SEARCH_URL", "FABRIC_CATALOGUE_DIR", "FABRIC_PROMPT_PACKS_DIR", "FABRIC_LLM_STUB_DIR"].iter())
+    {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    cmd.output().await.unwrap()
+}
+
+/// The shipped provider fake replies of support-triage, for every provider.
+pub fn reply_json(kind: fabric::config::ProviderKind, body: &serde_json::Value) -> serde_json::Value {
+    use fabric::config::ProviderKind;
+    use serde_json::json;
+    let props = |schema: Option<&serde_json::Value>| -> Vec<String> {
+        schema.and_then(|s| s.get("properties")).and_then(serde_json::Value::as_object).map(|p| p.keys().cloned().collect()).unwrap_or_default()
+    };
+    match kind {
+        ProviderKind::Ollama => {
+            let r = triage_reply_for(&props(body.get("format")));
+            json!({"model": body["model"], "message": {"role": "assistant", "content": r.to_string()}, "done": true, "done_reason": "stop", "prompt_eval_count": 31, "eval_count": 9})
+        }
+        ProviderKind::OpenAi => {
+            let r = triage_reply_for(&props(body.pointer("/response_format/json_schema/schema")));
+            json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": r.to_string()}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 31, "completion_tokens": 9}})
+        }
+        ProviderKind::Gemini => {
+            let r = triage_reply_for(&props(body.pointer("/generationConfig/responseJsonSchema")));
+            json!({"candidates": [{"content": {"role": "model", "parts": [{"text": r.to_string()}]}, "finishReason": "STOP"}]})
+        }
+        ProviderKind::Anthropic => {
+            let r = triage_reply_for(&props(body.pointer("/tools/0/input_schema")));
+            let name = body.pointer("/tool_choice/name").cloned().unwrap_or(json!("x"));
+            json!({"content": [{"type": "tool_use", "id": "t", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
+        }
+    }
+}

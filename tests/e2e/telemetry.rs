@@ -48,9 +48,12 @@ async fn one_llm_span_per_logical_call_with_genai_attributes() {
     let url = f.start().await;
     let target = crate::support::target(ProviderKind::OpenAi, &url, "gpt-test");
     let retry = RetryPolicy { max_attempts: 3, base: std::time::Duration::from_millis(5), max_backoff: std::time::Duration::from_millis(50) };
-    let llm = fabric::llm::stack::build(backend_for(reqwest::Client::new(), target, Tuning::default()), retry);
+    let llm = fabric::llm::stack::build(
+        backend_for(fabric::llm::providers::shared_client().unwrap(), target, Tuning::default(), fabric::llm::providers::DEFAULT_MAX_REPLY_BYTES),
+        retry,
+    );
     let cat = Arc::new(fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")));
-    let runner = Runner::new(cat, llm, Arc::new(|_: &str| None));
+    let runner = Runner::new(cat, llm, Arc::new(|_: &str| None)).unwrap();
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
     assert_eq!(f.requests().len(), 5, "two retries happened");
@@ -75,7 +78,7 @@ async fn failed_calls_mark_their_spans() {
     let exporter = exporter();
     let stub = fabric::llm::stub::StubLlm::default().script("support-triage", "intake", &["not json"]);
     let cat = Arc::new(fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")));
-    let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None));
+    let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None)).unwrap();
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
     let spans = spans_of(exporter, &result.run_id);

@@ -26,7 +26,7 @@ impl Runner {
             if state.turns >= run.budget {
                 let f = StageFailure::new(ReasonClass::LoopBudgetExceeded, format!("no answer after max_loop_steps ({}) model turns", run.budget))
                     .with_detail(Value::Array(decisions));
-                return Err((Some(decide.id.clone()), f));
+                return Err(self.refuse_stage(run, decide, f));
             }
             state.turns += 1;
             let open = self.begin_stage(run, decide, stage_idx, run_cx);
@@ -101,13 +101,13 @@ impl Runner {
         }
         if let Some(invoke) = &cap.def.invoke {
             return match self.tool_url(tool) {
-                Some((invoke, url)) => self.call_tool(tool, invoke, &url, args, run.events).await,
+                Some((invoke, url)) => self.call_tool(tool, invoke, &url, args, run.events, run.cancel).await,
                 None => Err(StageFailure::new(
                     ReasonClass::ToolConnection,
                     format!("the tool's URL `{}` is not configured (a variable in it is unset)", invoke.url.raw),
                 )),
             };
         }
-        self.call_in_process_tool(tool, args, run.events).await
+        self.call_in_process_tool(tool, args, run.events, run.cancel).await
     }
 }

@@ -8,6 +8,7 @@ use serde_json::Value as Json;
 use super::LlmRole;
 use super::defs::*;
 use super::yaml::{self, Ctx, Node, Value};
+use crate::diag::Pos;
 use crate::structured::FlatSchema;
 
 pub const DEFAULT_MAX_LOOP_STEPS: u32 = 8;
@@ -24,10 +25,11 @@ fn opt_string(ctx: &mut Ctx<'_>, node: Option<&Node>, what: &str) -> Option<Stri
 
 pub fn profile(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Option<ProfileDef> {
     let mut f = ctx.map(node, &format!("model profile `{name}`"))?;
-    let provider = opt_string(ctx, f.get("provider"), "`provider`");
-    let model = opt_string(ctx, f.get("model"), "`model`");
-    let base_url = opt_string(ctx, f.get("base_url"), "`base_url`");
-    let api_key_env = opt_string(ctx, f.get("api_key_env"), "`api_key_env`");
+    let mut located = |ctx: &mut Ctx<'_>, key: &'static str| f.get(key).and_then(|n| ctx.string(n, &format!("`{key}`")).map(|s| (s, n.pos)));
+    let provider = located(ctx, "provider");
+    let model = located(ctx, "model");
+    let base_url = located(ctx, "base_url");
+    let api_key_env = located(ctx, "api_key_env");
     let temperature = f.get("temperature").and_then(|n| match n.value {
         Value::Float(x) if (0.0..=2.0).contains(&x) => Some(x),
         Value::Int(x) if (0..=2).contains(&x) => Some(x as f64),
@@ -39,8 +41,47 @@ pub fn profile(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Op
     });
     let max_tokens = f.get("max_tokens").and_then(|n| ctx.uint(n, "`max_tokens`", 1, 1_000_000)).map(|n| n as u32);
     f.get("description");
+    check_profile_routing(ctx, f.pos, &provider, &model, &base_url, &api_key_env);
     f.finish(ctx);
-    Some(ProfileDef { origin, provider, model, base_url, api_key_env, temperature, max_tokens })
+    let text = |v: Option<(String, Pos)>| v.map(|(s, _)| s);
+    Some(ProfileDef { origin, provider: text(provider), model: text(model), base_url: text(base_url), api_key_env: text(api_key_env), temperature, max_tokens })
+}
+
+/// What can be known about a profile's routing without the environment: it moves as one unit
+/// (a model whenever anything else is set), the provider is one with a backend, a bare model
+/// string names a provider, the base URL is http(s), the key variable is a variable name.
+fn check_profile_routing(
+    ctx: &mut Ctx<'_>,
+    at: Pos,
+    provider: &Option<(String, Pos)>,
+    model: &Option<(String, Pos)>,
+    base_url: &Option<(String, Pos)>,
+    key_env: &Option<(String, Pos)>,
+) {
+    if model.is_none() && (provider.is_some() || base_url.is_some() || key_env.is_some()) {
+        ctx.error(at, "routing moves as one unit: a profile that sets provider, base_url or api_key_env must also set model");
+    }
+    match (provider, model) {
+        (Some((p, pos)), _) if crate::config::ProviderKind::from_key(p).is_none() => {
+            ctx.error(*pos, format!("provider `{p}` is not supported; supported: ollama, openai, google_genai, anthropic"));
+        }
+        (None, Some((m, pos))) => {
+            if let Err(e) = crate::config::choose_model("model", m) {
+                ctx.error(*pos, format!("`model` {}", e.message));
+            }
+        }
+        _ => {}
+    }
+    if let Some((u, pos)) = base_url
+        && let Err(e) = crate::config::parse_base_url("base_url", u)
+    {
+        ctx.error(*pos, format!("`base_url` {}", e.message));
+    }
+    if let Some((v, pos)) = key_env
+        && (v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+    {
+        ctx.error(*pos, format!("`api_key_env` `{v}` is not an environment variable name"));
+    }
 }
 
 fn url_template(ctx: &mut Ctx<'_>, node: &Node) -> Option<UrlTemplate> {

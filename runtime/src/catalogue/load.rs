@@ -37,41 +37,83 @@ pub struct SourceFile {
     pub text: String,
 }
 
-/// Reads every YAML file below `dir`; unreadable ones are reported and skipped.
-pub fn read_sources(dir: &Path, diags: &mut Diagnostics) -> Vec<SourceFile> {
-    yaml_files(dir, diags).into_iter().filter_map(|path| read_text(&path, diags).map(|text| SourceFile { path, text })).collect()
+/// Reads every YAML file below `dir`; unreadable ones are reported, listed in `unloaded` and
+/// skipped (a missing directory too).
+pub fn read_sources(dir: &Path, diags: &mut Diagnostics, unloaded: &mut Vec<Diagnostic>) -> Vec<SourceFile> {
+    let mark = diags.len();
+    let paths = yaml_files(dir, diags);
+    unloaded.extend(diags.since(mark).iter().cloned());
+    paths
+        .into_iter()
+        .filter_map(|path| {
+            let mark = diags.len();
+            let text = read_text(&path, diags);
+            unloaded.extend(diags.since(mark).iter().cloned());
+            text.map(|text| SourceFile { path, text })
+        })
+        .collect()
 }
 
 /// Loads the catalogue below `catalogue_dir` with the prompt packs of `packs_dir`.
 pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
     let mut diags = Diagnostics::default();
-    let packs = read_sources(packs_dir, &mut diags);
-    let files = read_sources(catalogue_dir, &mut diags);
-    load_sources(&files, &packs, diags)
+    let mut unloaded = Vec::new();
+    let packs = read_sources(packs_dir, &mut diags, &mut Vec::new());
+    let files = read_sources(catalogue_dir, &mut diags, &mut unloaded);
+    load_sources(&files, &packs, diags, unloaded)
 }
 
 /// Loads a catalogue from texts already in memory (benchmarks, fuzzing, embedders).
 pub fn load_from_texts(files: &[SourceFile], packs: &[SourceFile]) -> Catalogue {
-    load_sources(files, packs, Diagnostics::default())
+    load_sources(files, packs, Diagnostics::default(), Vec::new())
 }
 
-fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnostics) -> Catalogue {
+/// The singular of a section name, for messages.
+fn singular(section: &str) -> &'static str {
+    match section {
+        "profiles" => "model profile",
+        "capabilities" => "capability",
+        "workflows" => "workflow",
+        "manifests" => "manifest",
+        _ => "route",
+    }
+}
+
+fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnostics, mut unloaded: Vec<Diagnostic>) -> Catalogue {
     let mut defs = Defs { packs: prompt::load_packs(packs, &mut diags), ..Defs::default() };
     let mut seen: HashMap<(&'static str, String), (Arc<PathBuf>, Pos)> = HashMap::new();
+    // A name defined twice is broken, with every definition's place: picking one would run
+    // something its author did not mean.
+    let mut duplicated: IndexMap<(&'static str, String), Vec<Diagnostic>> = IndexMap::new();
     for SourceFile { path, text } in files {
-        let Some(root) = yaml::parse(path, text, &mut diags) else { continue };
+        let mark = diags.len();
+        let Some(root) = yaml::parse(path, text, &mut diags) else {
+            unloaded.extend(diags.since(mark).iter().cloned());
+            continue;
+        };
         let shared_path = Arc::new(path.clone());
         let mut ctx = Ctx { path, diags: &mut diags };
-        let Some(mut file) = ctx.map(&root, "a catalogue file") else { continue };
+        let Some(mut file) = ctx.map(&root, "a catalogue file") else {
+            unloaded.extend(ctx.diags.since(mark).iter().cloned());
+            continue;
+        };
         for section in SECTIONS {
             let Some(node) = file.get(section) else { continue };
             for (key, node) in yaml::entries(&mut ctx, node, section) {
-                let singular = section.trim_end_matches('s');
+                let singular = singular(section);
                 if let Some((first_path, first_pos)) = seen.get(&(section, key.name.clone())) {
+                    let mark = ctx.diags.len();
                     ctx.error(
                         key.pos,
-                        format!("{singular} `{}` is already defined at {}:{}:{}", key.name, first_path.display(), first_pos.line, first_pos.col),
+                        format!(
+                            "{singular} `{}` is already defined at {}:{}:{}; a name may be defined once (neither definition is used)",
+                            key.name,
+                            first_path.display(),
+                            first_pos.line,
+                            first_pos.col
+                        ),
                     );
+                    duplicated.entry((section, key.name.clone())).or_default().extend(ctx.diags.since(mark).iter().cloned());
                     continue;
                 }
                 seen.insert((section, key.name.clone()), (shared_path.clone(), key.pos));
@@ -103,6 +145,20 @@ fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnosti
         }
         file.finish(&mut ctx);
     }
+    // The first definition stays (its own problems are still checked and reported) but is
+    // broken by the duplicate, and so is everything that uses it.
+    for ((section, name), problems) in duplicated {
+        let origin = match section {
+            "profiles" => defs.profiles.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut d.origin)),
+            "capabilities" => defs.capabilities.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut Arc::make_mut(d).origin)),
+            "workflows" => defs.workflows.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut d.origin)),
+            "manifests" => defs.manifests.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut d.origin)),
+            _ => defs.routes.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut d.origin)),
+        };
+        if let Some(origin) = origin {
+            origin.problems.extend(problems);
+        }
+    }
     check_workflows(&mut defs, &mut diags);
     check_manifests(&mut defs, &mut diags);
     let mut routes = IndexMap::new();
@@ -132,7 +188,7 @@ fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnosti
         routes.insert(id, entry);
     }
     let profiles = defs.profiles.into_iter().filter_map(|(name, p)| p.ok().filter(|p| !p.origin.is_broken()).map(|p| (name, p))).collect();
-    Catalogue { routes, profiles, diagnostics: diags.into_vec() }
+    Catalogue { routes, profiles, diagnostics: diags.into_vec(), unloaded }
 }
 
 fn errors_only(mut problems: Vec<Diagnostic>) -> Vec<Diagnostic> {
@@ -345,7 +401,7 @@ fn check_manifests(defs: &mut Defs, diags: &mut Diagnostics) {
             match defs.capabilities.get(&cap.name) {
                 None => ctx.error(cap.pos, format!("capability `{}` is not defined", cap.name)),
                 Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
-                Some(Ok(_)) => {}
+                Some(Ok(c)) => inherited.extend(c.origin.problems.iter().filter(|d| d.is_error()).cloned()),
             }
         }
         let problems = ctx.diags.since(mark).to_vec();

@@ -77,6 +77,9 @@ pub struct Catalogue {
     routes: IndexMap<String, RouteEntry>,
     profiles: IndexMap<String, defs::ProfileDef>,
     diagnostics: Vec<Diagnostic>,
+    /// Catalogue files (and directories) that could not be read or parsed at all: the routes
+    /// in them are missing, and each is named wherever a missing route is reported.
+    unloaded: Vec<Diagnostic>,
 }
 
 impl Catalogue {
@@ -93,8 +96,13 @@ impl Catalogue {
         match self.routes.get(id) {
             Some(RouteEntry::Ready(r)) => Ok(r),
             Some(RouteEntry::Broken(b)) => Err(RouteLookupError::Broken(b)),
-            None => Err(RouteLookupError::Unknown { known: self.routes.keys().map(String::as_str).collect() }),
+            None => Err(RouteLookupError::Unknown { known: self.routes.keys().map(String::as_str).collect(), unloaded: &self.unloaded }),
         }
+    }
+
+    /// Files and directories of the catalogue that could not be read or parsed.
+    pub fn unloaded(&self) -> &[Diagnostic] {
+        &self.unloaded
     }
 
     /// The model profiles that loaded without errors.
@@ -113,15 +121,21 @@ impl Catalogue {
 
 #[derive(Debug)]
 pub enum RouteLookupError<'a> {
-    Unknown { known: Vec<&'a str> },
+    Unknown { known: Vec<&'a str>, unloaded: &'a [Diagnostic] },
     Broken(&'a BrokenRoute),
 }
 
-/// Every `*.yaml` / `*.yml` file below `dir`, sorted, so loading is deterministic.
+/// Every `*.yaml` / `*.yml` file below `dir`, sorted, so loading is deterministic. Hidden
+/// entries (`.git`, Kubernetes' `..data` of a mounted ConfigMap) are skipped, and a directory
+/// reached twice through symlinks is read once.
 pub fn yaml_files(dir: &Path, diags: &mut Diagnostics) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
+    let mut visited = std::collections::HashSet::new();
     while let Some(d) = stack.pop() {
+        if !visited.insert(std::fs::canonicalize(&d).unwrap_or_else(|_| d.clone())) {
+            continue;
+        }
         let entries = match std::fs::read_dir(&d) {
             Ok(e) => e,
             Err(err) => {
@@ -131,6 +145,9 @@ pub fn yaml_files(dir: &Path, diags: &mut Diagnostics) -> Vec<PathBuf> {
         };
         for entry in entries.flatten() {
             let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
             if path.is_dir() {
                 stack.push(path);
             } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
@@ -142,27 +159,16 @@ pub fn yaml_files(dir: &Path, diags: &mut Diagnostics) -> Vec<PathBuf> {
     out
 }
 
-/// Largest catalogue or pack file accepted; bigger files are refused rather than parsed.
-const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+/// Largest catalogue, pack or stub file accepted; bigger files are refused rather than parsed.
+pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
+/// Reads one catalogue file (a regular file of at most [`MAX_FILE_BYTES`]); a problem becomes a
+/// diagnostic on the file.
 pub fn read_text(path: &Path, diags: &mut Diagnostics) -> Option<String> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.len() > MAX_FILE_BYTES => {
-            diags.error(path, Pos::FILE, format!("file is {} bytes; the limit is {MAX_FILE_BYTES}", m.len()));
-            return None;
-        }
-        _ => {}
-    }
-    match std::fs::read(path) {
-        Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(text) => Some(text),
-            Err(e) => {
-                diags.error(path, Pos::FILE, format!("file is not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()));
-                None
-            }
-        },
-        Err(err) => {
-            diags.error(path, Pos::FILE, format!("cannot read file: {err}"));
+    match crate::textfile::read_bounded(path, MAX_FILE_BYTES) {
+        Ok(text) => Some(text),
+        Err(e) => {
+            diags.error(path, Pos::FILE, format!("file {e}"));
             None
         }
     }

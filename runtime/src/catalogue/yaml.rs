@@ -133,10 +133,37 @@ fn yaml_message(err: &serde_saphyr::Error) -> String {
             .and_then(|t| t.split_once(", column "))
             .is_some_and(|(l, c)| !l.is_empty() && !c.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) && c.bytes().all(|b| b.is_ascii_digit()))
     };
-    match msg.rfind(" at line ") {
-        Some(at) if is_position(&msg[at..]) => msg[..at].to_owned(),
-        _ => msg.to_owned(),
+    let msg = match msg.rfind(" at line ") {
+        Some(at) if is_position(&msg[at..]) => &msg[..at],
+        _ => msg,
+    };
+    plain_words(msg)
+}
+
+/// The parser's messages that speak of its own internals, said in an author's words.
+fn plain_words(msg: &str) -> String {
+    if let Some(rest) = msg.strip_prefix("duplicate mapping key") {
+        let key = rest.strip_prefix(": ").and_then(|r| r.split(", set DuplicateKeyPolicy").next()).filter(|k| !k.is_empty());
+        return match key {
+            Some(k) => format!("duplicate key `{k}`: a key may appear once in a mapping"),
+            None => "duplicate key: a key may appear once in a mapping".into(),
+        };
     }
+    if let Some(breach) = msg.strip_prefix("budget breached: ") {
+        // `Depth { depth: 65 }` → what the limit is about.
+        let kind = breach.split([' ', '{']).next().unwrap_or_default();
+        let what = match kind {
+            "Depth" => "it nests mappings and lists too deeply",
+            "Aliases" | "Anchors" | "AliasAnchorRatio" | "MergeKeys" => "it uses too many anchors, aliases or merge keys",
+            "Events" | "Nodes" | "Documents" => "it has too many values",
+            "ScalarBytes" | "CommentBytes" => "its text is too large",
+            _ => "it exceeds the parser's limits",
+        };
+        // Keep where an alias was defined and used: that is where the author must look.
+        let places: String = breach.split_once('}').map_or("", |(_, tail)| tail).split('(').skip(1).map(|p| format!(" ({}", p.trim_end())).collect();
+        return format!("the file is refused: {what} (a limit that protects the runtime from hostile files){places}");
+    }
+    msg.to_owned()
 }
 
 impl Value {

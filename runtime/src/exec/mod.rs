@@ -17,8 +17,10 @@ use opentelemetry::{Context, KeyValue};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::cancel::Cancel;
 use crate::catalogue::defs::{CondOp, Condition, Invoke};
 use crate::catalogue::{Catalogue, LlmRole, RouteLookupError};
+use crate::config::ConfigError;
 use crate::events::{EventSink, RunEvents};
 use crate::fields;
 use crate::hydrate::{NextStep, NodeKind, Route, RoutePath, StageNode};
@@ -28,6 +30,9 @@ use crate::tools::{HttpTools, Tool, display_url};
 
 /// Child runs nest at most this deep (a route that starts itself stops here).
 pub const MAX_CHILD_DEPTH: u32 = 4;
+
+/// The largest prefetch pack read (`fabric run --prefetch`).
+pub const MAX_PREFETCH_BYTES: u64 = 16 * 1024 * 1024;
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -75,14 +80,16 @@ pub struct RunRequest {
 /// Refusals before a run starts (no events, no run id): exit code 2 territory.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("unknown route `{route}`; known routes: {known}")]
-    UnknownRoute { route: String, known: String },
+    #[error("unknown route `{route}`; known routes: {known}{unloaded}")]
+    UnknownRoute { route: String, known: String, unloaded: String },
     #[error("route `{route}` cannot run: the catalogue has errors in it:\n{problems}")]
     BrokenRoute { route: String, problems: String },
     #[error("route `{route}` is served by fleet `{target}`, but this runtime is fleet `{fleet}`")]
     WrongFleet { route: String, target: String, fleet: String },
     #[error("route `{route}` uses tool `{tool}`, which has no `invoke` URL and no in-process implementation registered")]
     ToolNotRegistered { route: String, tool: String },
+    #[error("route `{route}` cannot run: its model profile `{profile}` cannot be used here: {message}")]
+    ProfileUnusable { route: String, profile: String, message: String },
 }
 
 /// What stays fixed during one run (a child run gets its own).
@@ -96,6 +103,8 @@ pub(crate) struct Run<'a> {
     pub(crate) depth: u32,
     /// The step budget: the route's `max_loop_steps`, never more than its parent's budget.
     pub(crate) budget: u32,
+    /// Fires when the run is cancelled from outside; child runs share their parent's.
+    pub(crate) cancel: &'a Cancel,
 }
 
 /// Mutable state of one run.
@@ -156,8 +165,9 @@ pub struct Runner {
     http: HttpTools,
     vars: VarLookup,
     fleet: Option<String>,
-    /// Per-profile stacks when model profiles select the model (opt-in).
-    profile_llms: HashMap<String, Arc<dyn Llm>>,
+    /// Per-profile stacks when model profiles select the model (opt-in); a profile that cannot
+    /// be used here keeps the reason, and only its routes are refused.
+    profile_llms: HashMap<String, Result<Arc<dyn Llm>, ConfigError>>,
     /// In-process tools, by capability name.
     tools: HashMap<String, Arc<dyn Tool>>,
 }
@@ -169,13 +179,14 @@ impl std::fmt::Debug for Runner {
 }
 
 impl Runner {
-    /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI).
-    pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Runner {
-        Runner { catalogue, llm, http: HttpTools::new(), vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new() }
+    /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI). Fails only
+    /// when the HTTP client of the tools cannot be built.
+    pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Result<Runner, String> {
+        Ok(Runner { catalogue, llm, http: HttpTools::new()?, vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new() })
     }
 
     /// Sends each route's model calls to the stack of its `model_profile`, where one is given.
-    pub fn with_profile_llms(mut self, stacks: HashMap<String, Arc<dyn Llm>>) -> Runner {
+    pub fn with_profile_llms(mut self, stacks: HashMap<String, Result<Arc<dyn Llm>, ConfigError>>) -> Runner {
         self.profile_llms = stacks;
         self
     }
@@ -195,7 +206,16 @@ impl Runner {
     /// Checks that the route can start here.
     pub fn route(&self, route_id: &str) -> Result<&Arc<Route>, StartError> {
         let route = self.catalogue.route(route_id).map_err(|e| match e {
-            RouteLookupError::Unknown { known } => StartError::UnknownRoute { route: route_id.into(), known: known.join(", ") },
+            RouteLookupError::Unknown { known, unloaded } => StartError::UnknownRoute {
+                route: route_id.into(),
+                known: if known.is_empty() { "none".into() } else { known.join(", ") },
+                unloaded: if unloaded.is_empty() {
+                    String::new()
+                } else {
+                    let files: Vec<String> = unloaded.iter().map(|d| format!("\n  {d}")).collect();
+                    format!("\n{} catalogue file(s) failed to load; a route defined there is missing:{}", unloaded.len(), files.concat())
+                },
+            },
             RouteLookupError::Broken(b) => {
                 StartError::BrokenRoute { route: route_id.into(), problems: b.problems.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n") }
             }
@@ -208,15 +228,24 @@ impl Runner {
         if let Some(tool) = route.tools.iter().find(|t| t.def.invoke.is_none() && !self.tools.contains_key(&t.name)) {
             return Err(StartError::ToolNotRegistered { route: route_id.into(), tool: tool.name.clone() });
         }
+        if let Some(Err(e)) = self.profile_llms.get(&route.model_profile) {
+            return Err(StartError::ProfileUnusable { route: route_id.into(), profile: route.model_profile.clone(), message: e.to_string() });
+        }
         Ok(route)
     }
 
     /// Runs a route to its end. Failures of the run itself are in the result, not an `Err`.
     pub async fn run(&self, req: RunRequest, sink: Arc<dyn EventSink>) -> Result<RunResult, StartError> {
+        self.run_with_cancel(req, sink, Cancel::never()).await
+    }
+
+    /// As [`Runner::run`]; when `cancel` fires, the call in flight ends and the run fails with
+    /// `interrupted`, keeping what it did.
+    pub async fn run_with_cancel(&self, req: RunRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunResult, StartError> {
         let route = self.route(&req.route_id)?.clone();
         let run_id = new_run_id();
         let events = RunEvents::new(&run_id, &route.id, None, sink);
-        let run = Run { route: &route, goal: &req.goal, prefetch: &req.prefetch, events: &events, depth: 0, budget: route.max_loop_steps };
+        let run = Run { route: &route, goal: &req.goal, prefetch: &req.prefetch, events: &events, depth: 0, budget: route.max_loop_steps, cancel: &cancel };
         Ok(self.run_route(run, &Context::current()).await)
     }
 
@@ -289,13 +318,13 @@ impl Runner {
         run.events.emit(
             "run.stage.started",
             Some(&stage.id),
-            || fields! {"llm_role" => stage.role.as_str(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
+            || fields! {"llm_role" => stage.role_name(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
         );
         let cx = crate::otel::child(run_cx, "stage", SpanKind::Internal, || {
             vec![
                 KeyValue::new("fabric.run_id", run.events.run_id().to_owned()),
                 KeyValue::new("fabric.stage_id", stage.id.clone()),
-                KeyValue::new("fabric.llm_role", stage.role.as_str()),
+                KeyValue::new("fabric.llm_role", stage.role_name()),
             ]
         });
         OpenStage { stage, started: Instant::now(), cx }
@@ -328,6 +357,13 @@ impl Runner {
         crate::otel::end(cx);
     }
 
+    /// A stage refused before it started (its step budget is spent): `run.stage.failed` alone,
+    /// so that every failed run still names its failed stage.
+    pub(crate) fn refuse_stage(&self, run: &Run<'_>, stage: &StageNode, f: StageFailure) -> (Option<String>, StageFailure) {
+        run.events.emit("run.stage.failed", Some(&stage.id), || fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => 0.0});
+        (Some(stage.id.clone()), f)
+    }
+
     async fn walk(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<Finish, (Option<String>, StageFailure)> {
         let route = run.route;
         let mut node = route.entry;
@@ -342,7 +378,7 @@ impl Runner {
             // A branched workflow may loop; each stage runs at most max_loop_steps times per run.
             if *visits > run.budget {
                 let why = format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id, run.budget);
-                return Err((Some(stage.id.clone()), StageFailure::new(ReasonClass::LoopBudgetExceeded, why)));
+                return Err(self.refuse_stage(run, stage, StageFailure::new(ReasonClass::LoopBudgetExceeded, why)));
             }
             let open = self.begin_stage(run, stage, stage_idx, run_cx);
             match self.run_stage(run, stage, state, &open.cx).await {
@@ -370,7 +406,7 @@ impl Runner {
             (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(run, child_id, state, cx).await,
             (LlmRole::None, _) => {
                 if let Some((invoke, url)) = self.tool_url(stage) {
-                    return self.call_tool(stage, invoke, &url, goal, events).await;
+                    return self.call_tool(stage, invoke, &url, goal, events, run.cancel).await;
                 }
                 // Prefetch passthrough: the pack goes into the slot; notes stay free of it since
                 // every user message already carries it as `packed chunks`.
@@ -400,7 +436,7 @@ impl Runner {
                     Some((invoke, url)) => {
                         let mut args = Map::new();
                         args.insert(invoke.query_param.clone(), Value::String(query));
-                        self.call_tool(stage, invoke, &url, &args, events).await
+                        self.call_tool(stage, invoke, &url, &args, events, run.cancel).await
                     }
                     None => Ok(reply.slot_value()),
                 }
@@ -421,10 +457,16 @@ impl Runner {
         url: &str,
         args: &Map<String, Value>,
         events: &RunEvents,
+        cancel: &Cancel,
     ) -> Result<String, StageFailure> {
         let tool = stage.capability.as_ref().map_or("", |c| c.name.as_str());
         events.emit("run.tool.started", Some(&stage.id), || fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
-        match self.http.call(invoke, url, args).await {
+        let outcome = tokio::select! {
+            biased;
+            why = cancel.cancelled() => Err(crate::tools::ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
+            r = self.http.call(invoke, url, args) => r,
+        };
+        match outcome {
             Ok(out) => {
                 events.emit(
                     "run.tool.completed",
@@ -441,14 +483,25 @@ impl Runner {
     }
 
     /// Calls a registered in-process tool, with the same events as an HTTP tool.
-    pub(crate) async fn call_in_process_tool(&self, stage: &StageNode, args: &Map<String, Value>, events: &RunEvents) -> Result<String, StageFailure> {
+    pub(crate) async fn call_in_process_tool(
+        &self,
+        stage: &StageNode,
+        args: &Map<String, Value>,
+        events: &RunEvents,
+        cancel: &Cancel,
+    ) -> Result<String, StageFailure> {
         let name = stage.capability.as_ref().map_or(stage.id.as_str(), |c| c.name.as_str());
         let Some(tool) = self.tools.get(name) else {
             return Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}` has no in-process implementation registered")));
         };
         events.emit("run.tool.started", Some(&stage.id), || fields! {"tool" => name, "method" => "in_process"});
         let started = Instant::now();
-        match tool.call(args).await {
+        let outcome = tokio::select! {
+            biased;
+            why = cancel.cancelled() => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
+            r = tool.call(args) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
+        };
+        match outcome {
             Ok(value) => {
                 let text = match value {
                     Value::String(s) => s,
@@ -457,23 +510,19 @@ impl Runner {
                 events.emit(
                     "run.tool.completed",
                     Some(&stage.id),
-                    || fields! {"tool" => name, "bytes" => text.len(), "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
+                    || fields! {"tool" => name, "status" => "ok", "bytes" => text.len(), "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
                 );
                 Ok(text)
             }
-            Err(message) => {
-                events.emit(
-                    "run.tool.failed",
-                    Some(&stage.id),
-                    || fields! {"tool" => name, "reason_class" => ReasonClass::ToolFailed.as_str(), "message" => message},
-                );
-                Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}`: {message}")))
+            Err((class, message)) => {
+                events.emit("run.tool.failed", Some(&stage.id), || fields! {"tool" => name, "reason_class" => class.as_str(), "message" => message});
+                Err(StageFailure::new(class, format!("tool `{name}`: {message}")))
             }
         }
     }
 
     pub(crate) async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
-        let Run { route, goal, prefetch, events, .. } = *run;
+        let Run { route, goal, prefetch, events, cancel, .. } = *run;
         let user = message::user_message(goal, prefetch, &state.notes);
         let idx = match state.llm_calls.iter().position(|(id, _)| *id == stage.id) {
             Some(i) => i,
@@ -492,25 +541,35 @@ impl Runner {
             user: &user,
             output: stage.output(),
             cx,
+            cancel,
         };
         *turn += 1;
-        let llm = self.profile_llms.get(&route.model_profile).unwrap_or(&self.llm);
+        let llm = match self.profile_llms.get(&route.model_profile) {
+            Some(Ok(l)) => l,
+            // Refused at start (`route`); never reached.
+            Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.to_string())),
+            None => &self.llm,
+        };
         llm.complete(&req).await.map(|r| r.value).map_err(|e| StageFailure::new(e.class, e.message))
     }
 
     async fn child_run(&self, run: &Run<'_>, child_id: &str, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
-        let Run { goal, prefetch, events, depth, budget, .. } = *run;
+        let Run { goal, prefetch, events, depth, budget, cancel, .. } = *run;
         if depth + 1 > MAX_CHILD_DEPTH {
             return Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child runs nest deeper than {MAX_CHILD_DEPTH}")));
         }
         let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
         let child_events = RunEvents::new(&new_run_id(), &route.id, Some(events.run_id()), events.sink().clone());
         // The step budget is carried into the child: it never gets more than its parent has.
-        let child = Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps) };
+        let child = Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps), cancel };
         let result = self.run_route(child, cx).await;
         state.child_calls.extend(result.llm_calls.iter().cloned());
         match result.status {
             RunStatus::Completed => Ok(result.output.unwrap_or_default()),
+            // The parent was interrupted with its child: say so, not "the child failed".
+            RunStatus::Failed if cancel.reason().is_some() => {
+                Err(StageFailure::new(ReasonClass::Interrupted, format!("the run was interrupted in child run {} of route `{}`", result.run_id, route.id)))
+            }
             RunStatus::Failed => {
                 let why = result.error.map(|e| format!("{}: {}", e.reason_class, e.message)).unwrap_or_default();
                 Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` failed: {why}", result.run_id, route.id)))

@@ -44,6 +44,8 @@ pub struct LlmRequest<'a> {
     pub output: &'a OutputSpec,
     /// The stage's trace context: the parent of the call's `llm.complete` span.
     pub cx: &'a opentelemetry::Context,
+    /// Fires when the run is cancelled; the call then ends with `interrupted`.
+    pub cancel: &'a crate::cancel::Cancel,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -109,6 +111,8 @@ pub enum ReasonClass {
     ToolResponseTooLarge,
     NoBranchMatched,
     ChildRunFailed,
+    /// The run was cancelled from outside (a signal, a service shutdown).
+    Interrupted,
 }
 
 impl ReasonClass {
@@ -134,6 +138,7 @@ impl ReasonClass {
             ReasonClass::ToolResponseTooLarge => "tool_response_too_large",
             ReasonClass::NoBranchMatched => "no_branch_matched",
             ReasonClass::ChildRunFailed => "child_run_failed",
+            ReasonClass::Interrupted => "interrupted",
         }
     }
 

@@ -21,7 +21,7 @@ pub fn build<B: Llm + 'static>(backend: B, retry: RetryPolicy) -> Arc<dyn Llm> {
 /// The default provider stack of the configuration (`FABRIC_LLM_MODEL` / `OLLAMA_MODEL`).
 pub fn provider_stack(settings: &Settings, client: &reqwest::Client) -> Result<Arc<dyn Llm>, ConfigError> {
     let target = settings.target.clone().ok_or_else(|| ConfigError { var: settings.model_string.1.to_owned(), message: "no provider is configured".into() })?;
-    Ok(build(backend_for(client.clone(), target, Tuning::default()), settings.retry))
+    Ok(build(backend_for(client.clone(), target, Tuning::default(), settings.max_reply_bytes), settings.retry))
 }
 
 /// Where a model profile sends its calls when profiles are honoured
@@ -59,22 +59,24 @@ pub fn profile_target(settings: &Settings, name: &str, profile: &ProfileDef) -> 
     Ok((target, tuning))
 }
 
-/// One stack per model profile, all built before any inference so a profile whose provider
-/// key is missing stops start-up.
+/// One stack per model profile, all built before any inference. A profile that cannot be used
+/// here (its key variable is unset, say) keeps its error: runs of the routes that use it are
+/// refused at start, every other route runs.
 pub fn profile_stacks<'a>(
     settings: &Settings,
     client: &reqwest::Client,
     profiles: impl Iterator<Item = (&'a String, &'a ProfileDef)>,
-) -> Result<HashMap<String, Arc<dyn Llm>>, ConfigError> {
-    let mut out = HashMap::new();
-    for (name, profile) in profiles {
-        let (target, tuning) = profile_target(settings, name, profile)?;
-        out.insert(name.clone(), build(backend_for(client.clone(), target, tuning), settings.retry));
-    }
-    Ok(out)
+) -> HashMap<String, Result<Arc<dyn Llm>, ConfigError>> {
+    profiles
+        .map(|(name, profile)| {
+            let stack = profile_target(settings, name, profile)
+                .map(|(target, tuning)| build(backend_for(client.clone(), target, tuning, settings.max_reply_bytes), settings.retry));
+            (name.clone(), stack)
+        })
+        .collect()
 }
 
 /// The client shared by every provider backend of the process.
-pub fn client() -> reqwest::Client {
+pub fn client() -> Result<reqwest::Client, String> {
     shared_client()
 }

@@ -31,23 +31,54 @@ use crate::structured::{FieldType, Scalar};
 pub struct StubLlm {
     /// route id → stage id → replies in call order.
     scripts: HashMap<String, IndexMap<String, Vec<String>>>,
+    /// Routes whose script file has errors, with them: only these routes' runs are refused.
+    broken: HashMap<String, Vec<Diagnostic>>,
     latency: Duration,
     strict: bool,
 }
 
 impl StubLlm {
-    /// Loads every script of `dir` (a missing directory means "no scripts"). Problems are
-    /// returned located, and nothing is loaded when any file is broken.
+    /// Loads every script of `dir`. A script with errors breaks only its own route (see
+    /// [`StubLlm::problems`]); a directory that cannot be read is an error.
     pub fn load(dir: &Path) -> Result<StubLlm, Vec<Diagnostic>> {
         let mut diags = Diagnostics::default();
+        if !dir.is_dir() {
+            diags.error(dir, crate::diag::Pos::FILE, "the stub script directory does not exist (or is not a directory)");
+            return Err(diags.into_vec());
+        }
         let mut scripts = HashMap::new();
-        if dir.is_dir() {
-            for path in crate::catalogue::yaml_files(dir, &mut diags) {
-                let Some(route_id) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
-                let Some(text) = crate::catalogue::read_text(&path, &mut diags) else { continue };
-                let Some(root) = yaml::parse(&path, &text, &mut diags) else { continue };
-                let mut ctx = Ctx { path: &path, diags: &mut diags };
-                let Some(mut f) = ctx.map(&root, &format!("stub script `{route_id}`")) else { continue };
+        let mut broken: HashMap<String, Vec<Diagnostic>> = HashMap::new();
+        let mut first_path: HashMap<String, std::path::PathBuf> = HashMap::new();
+        for path in crate::catalogue::yaml_files(dir, &mut diags) {
+            let Some(route_id) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
+            let mark = diags.len();
+            if let Some(first) = first_path.get(&route_id) {
+                diags.error(&path, crate::diag::Pos::FILE, format!("route `{route_id}` already has a stub script, {}", first.display()));
+            } else {
+                first_path.insert(route_id.clone(), path.clone());
+                if let Some(stages) = Self::load_file(&path, &route_id, &mut diags) {
+                    scripts.insert(route_id.clone(), stages);
+                }
+            }
+            if diags.error_count_since(mark) > 0 {
+                broken.entry(route_id).or_default().extend(diags.since(mark).iter().filter(|d| d.is_error()).cloned());
+            }
+        }
+        Ok(StubLlm { scripts, broken, latency: Duration::ZERO, strict: false })
+    }
+
+    /// The problems of `route_id`'s script file, when it has any: its runs are refused.
+    pub fn problems(&self, route_id: &str) -> Option<&[Diagnostic]> {
+        self.broken.get(route_id).map(Vec::as_slice)
+    }
+
+    fn load_file(path: &Path, route_id: &str, diags: &mut Diagnostics) -> Option<IndexMap<String, Vec<String>>> {
+        {
+            {
+                let text = crate::catalogue::read_text(path, diags)?;
+                let root = yaml::parse(path, &text, diags)?;
+                let mut ctx = Ctx { path, diags };
+                let mut f = ctx.map(&root, &format!("stub script `{route_id}`"))?;
                 let mut stages = IndexMap::new();
                 if let Some(node) = f.get("stages") {
                     for (key, replies) in yaml::entries(&mut ctx, node, "stages") {
@@ -62,11 +93,9 @@ impl StubLlm {
                 }
                 f.get("description");
                 f.finish(&mut ctx);
-                scripts.insert(route_id, stages);
+                Some(stages)
             }
         }
-        let diags = diags.into_vec();
-        if diags.iter().any(Diagnostic::is_error) { Err(diags) } else { Ok(StubLlm { scripts, latency: Duration::ZERO, strict: false }) }
     }
 
     pub fn with_latency(mut self, latency: Duration) -> StubLlm {
@@ -107,6 +136,11 @@ impl StubLlm {
     }
 
     fn reply_for(&self, req: &LlmRequest<'_>) -> Result<String, LlmError> {
+        if let Some(problems) = self.problems(req.route_id) {
+            // Runs are refused at start; a child run of such a route ends here.
+            let first = problems.first().map(ToString::to_string).unwrap_or_default();
+            return Err(LlmError::new(ReasonClass::ProviderError, format!("the stub script of route `{}` has errors: {first}", req.route_id)));
+        }
         if let Some(replies) = self.scripts.get(req.route_id).and_then(|s| s.get(req.stage_id)) {
             if let Some(r) = replies.get(req.turn as usize) {
                 return Ok(r.clone());

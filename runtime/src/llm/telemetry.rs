@@ -7,7 +7,7 @@ use std::time::Instant;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
 
-use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo};
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass};
 use crate::catalogue::defs::OutputSpec;
 use crate::fields;
 
@@ -44,7 +44,12 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                 ]
             });
             let started = Instant::now();
-            let result = self.inner.complete(req).await;
+            // A cancelled run ends its call here, so the call still gets its one `failed` event.
+            let result = tokio::select! {
+                biased;
+                why = req.cancel.cancelled() => Err(LlmError::new(ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
+                r = self.inner.complete(req) => r,
+            };
             let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
             match &result {
                 Ok(reply) => {

@@ -105,6 +105,10 @@ impl Codec for Anthropic {
     fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
         let reply: MessagesResponse = parse_reply(self.kind(), body)?;
         let usage = reply.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens });
+        // A reply cut at the token limit is incomplete, text and tool input alike.
+        if reply.stop_reason.as_deref() == Some("max_tokens") {
+            return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (stop_reason: max_tokens)"));
+        }
         if call.schema.is_some() {
             let input = reply.content.into_iter().find_map(|b| match b {
                 Block::ToolUse { name, input } if name == call.schema_name => Some(input),
@@ -112,9 +116,6 @@ impl Codec for Anthropic {
             });
             return match input {
                 Some(input) => Ok((input.to_string(), usage)),
-                None if reply.stop_reason.as_deref() == Some("max_tokens") => {
-                    Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (max_tokens)"))
-                }
                 None => Err(LlmError::new(ReasonClass::ProviderError, format!("anthropic reply has no `{}` tool_use block", call.schema_name))),
             };
         }

@@ -110,11 +110,23 @@ pub struct HttpBackend<C> {
     target: ProviderTarget,
     tuning: Tuning,
     timeout: Duration,
+    max_reply_bytes: usize,
 }
+
+/// The default cap on one reply body (`FABRIC_LLM_MAX_REPLY_BYTES`): a 4,096-token answer is a
+/// few tens of kilobytes, so 8 MiB leaves room for verbose envelopes and reasoning parts while
+/// keeping a runaway or hostile reply from taking the process's memory.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 8 * 1024 * 1024;
+
+/// A provider's own error message is cut to this many characters in events and results.
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 500;
+
+/// A `Retry-After` longer than this is read as this (the retry cap applies on top of it).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
 
 impl<C: Codec> HttpBackend<C> {
     pub fn new(client: reqwest::Client, codec: C, target: ProviderTarget, tuning: Tuning) -> HttpBackend<C> {
-        HttpBackend { client, codec, target, tuning, timeout: super::CALL_TIMEOUT }
+        HttpBackend { client, codec, target, tuning, timeout: super::CALL_TIMEOUT, max_reply_bytes: DEFAULT_MAX_REPLY_BYTES }
     }
 
     /// Overrides the per-attempt timeout (tests).
@@ -122,11 +134,23 @@ impl<C: Codec> HttpBackend<C> {
         self.timeout = timeout;
         self
     }
+
+    /// Caps the reply body; a longer one fails the call with `provider_error`.
+    pub fn with_max_reply_bytes(mut self, max: usize) -> HttpBackend<C> {
+        self.max_reply_bytes = max;
+        self
+    }
 }
 
-/// The client every backend shares: pooled, rustls.
-pub fn shared_client() -> reqwest::Client {
-    reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(90)).build().unwrap_or_default()
+/// The client every backend shares: pooled, rustls, and never following a redirect. Provider
+/// requests carry keys in headers (`x-api-key`, `x-goog-api-key`) that an HTTP client does not
+/// strip on a redirect, and a 307 would resend the whole prompt: a redirect is an error instead.
+pub fn shared_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(90))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client of the model providers: {e}"))
 }
 
 fn schema_name(stage_id: &str) -> String {
@@ -137,10 +161,47 @@ fn schema_name(stage_id: &str) -> String {
     name
 }
 
-/// Reads `retry-after-ms` or `retry-after` (seconds).
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let get = |k: &str| headers.get(k).and_then(|v| v.to_str().ok()).and_then(|s| s.trim().parse::<f64>().ok()).filter(|f| f.is_finite() && *f >= 0.0);
-    get("retry-after-ms").map(|ms| Duration::from_secs_f64(ms / 1000.0)).or_else(|| get("retry-after").map(Duration::from_secs_f64))
+/// Reads `retry-after-ms` or `retry-after` (seconds, possibly fractional). Any value a peer
+/// sends is safe: negative, non-finite or unreadable values are ignored, and huge ones are read
+/// as [`MAX_RETRY_AFTER`] (the retry layer caps the wait again at its own maximum).
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let seconds = |k: &str, scale: f64| -> Option<Duration> {
+        let text = headers.get(k)?.to_str().ok()?;
+        let value = text.trim().parse::<f64>().ok()?;
+        if !value.is_finite() || value < 0.0 {
+            return None;
+        }
+        Some(Duration::try_from_secs_f64(value * scale).map_or(MAX_RETRY_AFTER, |d| d.min(MAX_RETRY_AFTER)))
+    };
+    seconds("retry-after-ms", 0.001).or_else(|| seconds("retry-after", 1.0))
+}
+
+/// Cuts a provider's error text to [`MAX_ERROR_MESSAGE_CHARS`], saying so when it did.
+fn bounded_message(text: &str) -> String {
+    let text = text.trim();
+    let total = text.chars().count();
+    if total <= MAX_ERROR_MESSAGE_CHARS {
+        return text.to_owned();
+    }
+    let head: String = text.chars().take(MAX_ERROR_MESSAGE_CHARS).collect();
+    format!("{head}… (cut: {total} characters in all)")
+}
+
+/// Reads a reply body up to `limit` bytes; a longer one is refused without reading the rest.
+async fn read_body(response: &mut reqwest::Response, limit: usize, timeout: Duration) -> Result<Vec<u8>, LlmError> {
+    let too_large =
+        || LlmError::new(ReasonClass::ProviderError, format!("the reply is larger than the {limit}-byte limit (FABRIC_LLM_MAX_REPLY_BYTES); it was not read"));
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| transport_error(e, timeout))? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// The reason class of an HTTP error status.
@@ -183,13 +244,23 @@ impl<C: Codec> Llm for HttpBackend<C> {
             for (k, v) in &wire.headers {
                 builder = builder.header(*k, v);
             }
-            let response = builder.send().await.map_err(|e| transport_error(e, self.timeout))?;
+            let mut response = builder.send().await.map_err(|e| transport_error(e, self.timeout))?;
             let status = response.status().as_u16();
+            let provider = self.codec.kind().key();
+            if (300..400).contains(&status) {
+                // Never followed (see `shared_client`); say where it pointed, by origin only.
+                let to = response.headers().get("location").and_then(|v| v.to_str().ok()).map(crate::redact::origin_and_path);
+                let to = to.map_or(String::new(), |t| format!(" to {t}"));
+                return Err(LlmError::new(
+                    ReasonClass::ProviderError,
+                    format!("HTTP {status} from {provider}: a redirect{to}; provider calls never follow redirects (set the base URL to the final address)"),
+                ));
+            }
             let wait = retry_after(response.headers());
-            let bytes = response.bytes().await.map_err(|e| transport_error(e, self.timeout))?;
+            let bytes = read_body(&mut response, self.max_reply_bytes, self.timeout).await?;
             if !(200..300).contains(&status) {
-                let detail = self.codec.error_message(&bytes).unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(300).collect());
-                let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {}: {}", self.codec.kind().key(), detail.trim()));
+                let detail = self.codec.error_message(&bytes).unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+                let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}: {}", bounded_message(&detail)));
                 e.retry_after = wait;
                 return Err(e);
             }
@@ -204,12 +275,12 @@ impl<C: Codec> Llm for HttpBackend<C> {
 }
 
 /// Builds the backend for a target.
-pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuning) -> Box<dyn Llm> {
+pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuning, max_reply_bytes: usize) -> Box<dyn Llm> {
     match target.provider {
-        ProviderKind::Ollama => Box::new(HttpBackend::new(client, ollama::Ollama, target, tuning)),
-        ProviderKind::OpenAi => Box::new(HttpBackend::new(client, openai::OpenAi, target, tuning)),
-        ProviderKind::Gemini => Box::new(HttpBackend::new(client, gemini::Gemini, target, tuning)),
-        ProviderKind::Anthropic => Box::new(HttpBackend::new(client, anthropic::Anthropic, target, tuning)),
+        ProviderKind::Ollama => Box::new(HttpBackend::new(client, ollama::Ollama, target, tuning).with_max_reply_bytes(max_reply_bytes)),
+        ProviderKind::OpenAi => Box::new(HttpBackend::new(client, openai::OpenAi, target, tuning).with_max_reply_bytes(max_reply_bytes)),
+        ProviderKind::Gemini => Box::new(HttpBackend::new(client, gemini::Gemini, target, tuning).with_max_reply_bytes(max_reply_bytes)),
+        ProviderKind::Anthropic => Box::new(HttpBackend::new(client, anthropic::Anthropic, target, tuning).with_max_reply_bytes(max_reply_bytes)),
     }
 }
 
@@ -240,5 +311,52 @@ pub fn retain_keywords(schema: &Value, allowed: &[&str]) -> Value {
             Value::Object(out)
         }
         other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn headers(name: &'static str, value: &str) -> reqwest::header::HeaderMap {
+        let mut h = reqwest::header::HeaderMap::new();
+        if let Ok(v) = reqwest::header::HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+        h
+    }
+
+    #[test]
+    fn retry_after_values() {
+        assert_eq!(retry_after(&headers("retry-after", "2")), Some(Duration::from_secs(2)));
+        assert_eq!(retry_after(&headers("retry-after", " 0.25 ")), Some(Duration::from_millis(250)));
+        assert_eq!(retry_after(&headers("retry-after-ms", "1500")), Some(Duration::from_millis(1500)));
+        assert_eq!(retry_after(&headers("retry-after", "1e308")), Some(MAX_RETRY_AFTER));
+        assert_eq!(retry_after(&headers("retry-after-ms", "1e30")), Some(MAX_RETRY_AFTER));
+        for bad in ["-1", "NaN", "inf", "-inf", "soon", "Wed, 21 Oct 2015 07:28:00 GMT", ""] {
+            assert_eq!(retry_after(&headers("retry-after", bad)), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn long_error_messages_are_cut_and_say_so() {
+        assert_eq!(bounded_message("  short  "), "short");
+        let cut = bounded_message(&"é".repeat(10_000));
+        assert!(cut.ends_with("… (cut: 10000 characters in all)"), "{cut}");
+        assert_eq!(cut.chars().filter(|c| *c == 'é').count(), MAX_ERROR_MESSAGE_CHARS);
+    }
+
+    proptest! {
+        /// Whatever a peer sends, reading it never panics and never waits past the cap.
+        #[test]
+        fn any_retry_after_is_safe(value in "\\PC{0,40}", number in proptest::num::f64::ANY, ms in any::<bool>()) {
+            let name = if ms { "retry-after-ms" } else { "retry-after" };
+            for text in [value, number.to_string(), format!("{number:e}")] {
+                if let Some(d) = retry_after(&headers(name, &text)) {
+                    prop_assert!(d <= MAX_RETRY_AFTER);
+                }
+            }
+        }
     }
 }

@@ -33,6 +33,7 @@ struct Options {
 struct ChatResponse {
     message: Option<ReplyMessage>,
     error: Option<String>,
+    done_reason: Option<String>,
     prompt_eval_count: Option<u64>,
     eval_count: Option<u64>,
 }
@@ -68,6 +69,9 @@ impl Codec for Ollama {
         let reply: ChatResponse = parse_reply(self.kind(), body)?;
         if let Some(e) = reply.error {
             return Err(LlmError::new(ReasonClass::ProviderError, format!("ollama: {e}")));
+        }
+        if reply.done_reason.as_deref() == Some("length") {
+            return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (done_reason: length)"));
         }
         let text = reply.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "ollama reply has no message"))?.content;
         let usage = reply.prompt_eval_count.zip(reply.eval_count).map(|(input_tokens, output_tokens)| Usage { input_tokens, output_tokens });

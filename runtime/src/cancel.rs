@@ -1,0 +1,80 @@
+//! Cancelling runs from outside: a signal to the CLI, a shutdown of the service.
+//!
+//! A [`CancelHandle`] fires once with a reason (`SIGTERM`, `shutdown`); every [`Cancel`] cloned
+//! from it then resolves. Model and tool calls race their work against it, so a cancelled run
+//! ends at once with the `interrupted` reason class and a result that keeps everything done.
+
+use tokio::sync::watch;
+
+/// The sending side: fires once; later fires are ignored (the first reason stays).
+#[derive(Debug, Clone)]
+pub struct CancelHandle(watch::Sender<Option<String>>);
+
+/// The receiving side, cheap to clone; one per run.
+#[derive(Debug, Clone)]
+pub struct Cancel(watch::Receiver<Option<String>>);
+
+impl CancelHandle {
+    pub fn new() -> (CancelHandle, Cancel) {
+        let (tx, rx) = watch::channel(None);
+        (CancelHandle(tx), Cancel(rx))
+    }
+
+    /// Cancels every run holding a [`Cancel`] of this handle, giving `reason`.
+    pub fn cancel(&self, reason: &str) {
+        self.0.send_if_modified(|r| {
+            if r.is_some() {
+                return false;
+            }
+            *r = Some(reason.to_owned());
+            true
+        });
+    }
+
+    pub fn token(&self) -> Cancel {
+        Cancel(self.0.subscribe())
+    }
+}
+
+impl Cancel {
+    /// A token that never fires.
+    pub fn never() -> Cancel {
+        let (handle, cancel) = CancelHandle::new();
+        // Dropping the sender leaves the value at `None` for ever: `cancelled` then pends.
+        drop(handle);
+        cancel
+    }
+
+    /// The reason, once cancelled.
+    pub fn reason(&self) -> Option<String> {
+        self.0.borrow().clone()
+    }
+
+    /// Resolves with the reason once cancelled; never resolves otherwise.
+    pub async fn cancelled(&self) -> String {
+        let mut rx = self.0.clone();
+        let reason = rx.wait_for(Option::is_some).await.ok().and_then(|r| r.clone());
+        match reason {
+            Some(reason) => reason,
+            // The handle is gone without firing: nothing can cancel any more.
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn fires_once_with_the_first_reason() {
+        let (handle, cancel) = CancelHandle::new();
+        assert_eq!(cancel.reason(), None);
+        handle.cancel("SIGTERM");
+        handle.cancel("SIGINT");
+        assert_eq!(cancel.cancelled().await, "SIGTERM");
+        assert_eq!(handle.token().reason().as_deref(), Some("SIGTERM"));
+        let never = Cancel::never();
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(20), never.cancelled()).await.is_err());
+    }
+}

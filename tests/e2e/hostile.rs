@@ -1,0 +1,536 @@
+//! Hostile input and faults: what a peer, a file or the environment may send must never crash the
+//! runtime, leak a secret or silently lose work (issue 8, one test per finding).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fabric::catalogue::{self, Catalogue, RouteEntry};
+use fabric::config::{ProviderKind, RetryPolicy, Settings, Tuning};
+use fabric::events::{Event, MemorySink};
+use fabric::exec::{RunRequest, RunResult, RunStatus, Runner, StartError};
+use fabric::llm::providers::{DEFAULT_MAX_REPLY_BYTES, HttpBackend, backend_for, shared_client};
+use fabric::llm::stub::StubLlm;
+use serde_json::{Value, json};
+
+use crate::support::{Canned, FakeProvider, fabric_cli, reply_json, repo, serve, target};
+
+const KINDS: [ProviderKind; 4] = [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic];
+const FAST_RETRY: RetryPolicy = RetryPolicy { max_attempts: 2, base: Duration::from_millis(5), max_backoff: Duration::from_millis(50) };
+const GOAL: &str = r#"{"ticket":"I was charged twice"}"#;
+
+fn shipped() -> Arc<Catalogue> {
+    Arc::new(catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")))
+}
+
+fn goal() -> serde_json::Map<String, Value> {
+    json!({"ticket": "charged twice"}).as_object().unwrap().clone()
+}
+
+async fn triage_on(kind: ProviderKind, url: &str, max_reply_bytes: usize) -> (RunResult, Vec<Event>) {
+    let backend = backend_for(shared_client().unwrap(), target(kind, url, "m-1"), Tuning::default(), max_reply_bytes);
+    let runner = Runner::new(shipped(), fabric::llm::stack::build(backend, FAST_RETRY), Arc::new(|_: &str| None)).unwrap();
+    let sink = Arc::new(MemorySink::default());
+    let result = runner.run(RunRequest { route_id: "support-triage".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
+    (result, sink.events())
+}
+
+/// Everything a run leaves behind, as one text: result, events, notes.
+fn record(result: &RunResult, events: &[Event]) -> String {
+    let mut all = serde_json::to_string(result).unwrap();
+    for e in events {
+        all.push_str(&e.to_json().to_string());
+    }
+    all
+}
+
+fn out(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+// ---- 1. Retry-After ----
+
+#[tokio::test]
+async fn huge_retry_after_headers_are_capped_not_a_crash() {
+    for kind in KINDS {
+        for (header, value) in [("retry-after", "1e308"), ("retry-after-ms", "1e30"), ("retry-after", "-5"), ("retry-after", "NaN"), ("retry-after", "inf")] {
+            let fake = FakeProvider::new(move |body| Canned::json(200, reply_json(kind, body)));
+            fake.push(Canned { status: 503, headers: vec![(header, value.to_owned())], body: "{}".into(), delay: Duration::ZERO });
+            let url = fake.start().await;
+            let (result, events) = triage_on(kind, &url, DEFAULT_MAX_REPLY_BYTES).await;
+            assert_eq!(result.status, RunStatus::Completed, "{kind:?} {header}: {value}: {result:?}");
+            let retry = events.iter().find(|e| e.kind == "run.llm.retrying").unwrap();
+            assert!(retry.data["delay_ms"].as_u64().unwrap() <= 50, "capped at the retry maximum: {:?}", retry.data);
+        }
+    }
+    // The doctor's probe goes through the same stack.
+    let ok = json!({"choices": [{"message": {"content": "{\"ok\":true}"}, "finish_reason": "stop"}]});
+    let fake = FakeProvider::new(move |_| Canned::json(200, ok.clone()));
+    fake.push(Canned { status: 429, headers: vec![("retry-after", "1e308".into())], body: "{}".into(), delay: Duration::ZERO });
+    let url = fake.start().await;
+    let env = [("FABRIC_LLM_MODEL", "openai:m".to_owned()), ("OPENAI_BASE_URL", url), ("FABRIC_LLM_RETRY_MAX_BACKOFF_S", "0.05".into())];
+    let o = fabric_cli(&["doctor", "--probe"], &env).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", out(&o), err(&o));
+}
+
+// ---- 2. redirects ----
+
+#[tokio::test]
+async fn provider_calls_never_follow_a_redirect() {
+    for kind in KINDS {
+        let elsewhere = FakeProvider::new(move |body| Canned::json(200, reply_json(kind, body)));
+        let elsewhere_url = elsewhere.start().await;
+        for status in [302, 307, 308] {
+            let to = format!("{elsewhere_url}/v1/messages?token=abc");
+            let fake = FakeProvider::new(move |_| Canned { status, headers: vec![("location", to.clone())], body: String::new(), delay: Duration::ZERO });
+            let url = fake.start().await;
+            let (result, events) = triage_on(kind, &url, DEFAULT_MAX_REPLY_BYTES).await;
+            let error = result.error.clone().unwrap();
+            assert_eq!(error.reason_class, "provider_error", "{kind:?} {status}");
+            assert!(error.message.contains(&format!("HTTP {status}")) && error.message.contains("never follow redirects"), "{}", error.message);
+            assert!(!record(&result, &events).contains("token=abc"), "the redirect's query is not repeated");
+            assert_eq!(fake.requests().len(), 1, "not retried");
+        }
+        assert!(elsewhere.requests().is_empty(), "{kind:?}: the key and prompt went to another host");
+    }
+}
+
+// ---- 3. secrets in tool URLs ----
+
+/// support-agent's `kb_search` with a key in its URL's query.
+fn keyed_catalogue() -> Arc<Catalogue> {
+    let text = std::fs::read_to_string(repo().join("routes/support-triage.yaml"))
+        .unwrap()
+        .replace("url: ${KB_SEARCH_URL}/search", "url: ${KB_SEARCH_URL}/search?api_key=${KB_KEY}");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("routes");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["profiles.yaml", "support-agent.yaml"] {
+        std::fs::copy(repo().join("routes").join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join("support-triage.yaml"), text).unwrap();
+    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    assert_eq!(cat.error_count(), 0, "{:?}", cat.diagnostics());
+    Arc::new(cat)
+}
+
+#[tokio::test]
+async fn secrets_in_tool_urls_reach_no_message() {
+    const SECRET: &str = "kb-secret-4711";
+    let redirecting =
+        serve(axum::Router::new().fallback(|| async { axum::response::Redirect::temporary("http://127.0.0.1:9/elsewhere?api_key=kb-secret-4711") })).await;
+    let huge = "x".repeat(1024 * 1024);
+    let cases = [
+        ("http://127.0.0.1:9".to_owned(), "CALL kb_search {\"q\":\"refund\"}".to_owned(), "tool_connection"),
+        (redirecting, "CALL kb_search {\"q\":\"refund\"}".to_owned(), "tool_connection"),
+        ("http://127.0.0.1:9".to_owned(), format!("CALL kb_search {{\"q\":\"{huge}\"}}"), "invalid_tool_arguments"),
+    ];
+    for (base, call, class) in cases {
+        let stub = StubLlm::default().script("support-agent", "decide", &[&call, "DONE no luck"]);
+        let vars = [("KB_SEARCH_URL", base.clone()), ("KB_KEY", SECRET.to_owned())];
+        let runner = Runner::new(
+            keyed_catalogue(),
+            fabric::llm::stack::build(stub, FAST_RETRY),
+            Arc::new(move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())),
+        )
+        .unwrap()
+        .with_tool("add", fabric::tools::builtin_add());
+        let sink = Arc::new(MemorySink::default());
+        let result = runner.run(RunRequest { route_id: "support-agent".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
+        let events = sink.events();
+        let failed = events.iter().find(|e| e.kind == "run.tool.failed").unwrap();
+        assert_eq!(failed.data["reason_class"], class, "{base}: {:?}", failed.data);
+        assert!(result.notes.iter().any(|n| n.contains(class)), "the model sees the error: {:?}", result.notes);
+        assert!(!record(&result, &events).contains(SECRET), "{base}: the key leaked");
+    }
+    // A workflow stage: the failure ends the run, and its message is clean too.
+    let vars = [("KB_SEARCH_URL", "http://127.0.0.1:9".to_owned()), ("KB_KEY", SECRET.to_owned())];
+    let runner = Runner::new(
+        keyed_catalogue(),
+        fabric::llm::stack::build(StubLlm::default(), FAST_RETRY),
+        Arc::new(move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())),
+    )
+    .unwrap();
+    let sink = Arc::new(MemorySink::default());
+    let result = runner.run(RunRequest { route_id: "support-triage".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
+    assert_eq!(result.error.as_ref().unwrap().reason_class, "tool_connection");
+    assert!(!record(&result, &sink.events()).contains(SECRET));
+}
+
+// ---- 4. doctor ----
+
+#[tokio::test]
+async fn doctor_redacts_credentials_in_base_urls() {
+    let env = [("FABRIC_LLM_MODEL", "openai:m".to_owned()), ("OPENAI_BASE_URL", "http://user:PASSWORD@127.0.0.1:9/v1?token=TOKEN123".to_owned())];
+    let o = fabric_cli(&["doctor"], &env).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let text = out(&o);
+    assert!(!text.contains("PASSWORD") && !text.contains("TOKEN123") && !text.contains("user:"), "{text}");
+    assert!(text.contains("base_url: http://REDACTED:REDACTED@127.0.0.1:9/v1?token=REDACTED"), "{text}");
+    // A URL that does not parse is not echoed either.
+    let env = [("FABRIC_LLM_MODEL", "openai:m".to_owned()), ("OPENAI_BASE_URL", "ftp://user:PASSWORD@host/?token=TOKEN123".to_owned())];
+    let o = fabric_cli(&["doctor"], &env).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!out(&o).contains("PASSWORD") && !out(&o).contains("TOKEN123"), "{}", out(&o));
+}
+
+// ---- 5. truncated replies ----
+
+#[tokio::test]
+async fn replies_cut_at_the_token_limit_fail_on_every_provider() {
+    let cut = [
+        (
+            ProviderKind::Ollama,
+            json!({"message": {"role": "assistant", "content": "{\"category\":\"billing\",\"urgency\":\"high\"}"}, "done": true, "done_reason": "length"}),
+        ),
+        (
+            ProviderKind::Anthropic,
+            json!({"content": [{"type": "tool_use", "id": "t", "name": "intake", "input": {"category": "billing", "urgency": "high"}}], "stop_reason": "max_tokens"}),
+        ),
+        (ProviderKind::OpenAi, json!({"choices": [{"message": {"content": "{}"}, "finish_reason": "length"}]})),
+        (ProviderKind::Gemini, json!({"candidates": [{"content": {"parts": [{"text": "{}"}]}, "finishReason": "MAX_TOKENS"}]})),
+    ];
+    for (kind, body) in cut {
+        let fake = FakeProvider::new(move |_| Canned::json(200, body.clone()));
+        let url = fake.start().await;
+        let (result, _) = triage_on(kind, &url, DEFAULT_MAX_REPLY_BYTES).await;
+        let e = result.error.unwrap();
+        assert_eq!(e.reason_class, "provider_error", "{kind:?}");
+        assert!(e.message.contains("cut at the output token limit"), "{kind:?}: {}", e.message);
+    }
+    // Prose cut at the limit (a text call) fails too.
+    let fake = FakeProvider::new(|_| Canned::json(200, json!({"content": [{"type": "text", "text": "We refunded the dupl"}], "stop_reason": "max_tokens"})));
+    let url = fake.start().await;
+    let backend =
+        HttpBackend::new(shared_client().unwrap(), fabric::llm::providers::anthropic::Anthropic, target(ProviderKind::Anthropic, &url, "m"), Tuning::default());
+    let events = fabric::events::RunEvents::new("r", "x", None, Arc::new(fabric::events::NullSink));
+    let never = fabric::cancel::Cancel::never();
+    let cx = opentelemetry::Context::current();
+    let req = fabric::llm::LlmRequest {
+        events: &events,
+        route_id: "x",
+        stage_id: "policy",
+        turn: 0,
+        system: "s",
+        user: "u",
+        output: &fabric::catalogue::defs::OutputSpec::Text,
+        cx: &cx,
+        cancel: &never,
+    };
+    use fabric::llm::Llm;
+    let e = backend.complete(&req).await.unwrap_err();
+    assert!(e.message.contains("stop_reason: max_tokens"), "{e}");
+}
+
+// ---- 6, 7. duplicate names and files that do not parse ----
+
+fn catalogue_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("routes");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["profiles.yaml", "support-triage.yaml", "support-agent.yaml"] {
+        std::fs::copy(repo().join("routes").join(f), dir.join(f)).unwrap();
+    }
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    tmp
+}
+
+#[tokio::test]
+async fn a_duplicate_route_name_breaks_the_route() {
+    let tmp = catalogue_dir(&[(
+        "zz-copy.yaml",
+        "workflows:\n  other:\n    stages:\n      - {id: only, llm_role: synthesis, capability: answer_text}\nroutes:\n  support-triage: {model_profile: default, prompt_pack: support, workflow: other}\n",
+    )]);
+    let dir = tmp.path().join("routes");
+    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    match cat.get("support-triage") {
+        Some(RouteEntry::Broken(b)) => assert!(b.problems.iter().any(|d| d.message.contains("already defined")), "{:?}", b.problems),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(cat.get("support-agent"), Some(RouteEntry::Ready(_))), "other routes still load");
+    let dir_s = dir.to_str().unwrap();
+    let o = fabric_cli(&["--catalogue", dir_s, "run", "support-triage", "--goal", GOAL], &[("FABRIC_LLM_STUB", "1".into())]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(err(&o).contains("already defined"), "{}", err(&o));
+    let o = fabric_cli(&["--catalogue", dir_s, "routes", "list"], &[]).await;
+    assert!(out(&o).contains("support-triage\t-\t-\tbroken"), "{}", out(&o));
+}
+
+#[tokio::test]
+async fn files_that_do_not_parse_are_named_wherever_routes_go_missing() {
+    for (name, text, needle) in [
+        ("broken.yaml", "routes:\n  lost-route: {model_profile: default\n", "invalid YAML"),
+        (
+            "dupkey.yaml",
+            "routes:\n  lost-route: {model_profile: default, prompt_pack: support, workflow: support-triage}\n  lost-route: {model_profile: default}\n",
+            "duplicate key `lost-route`",
+        ),
+    ] {
+        let tmp = catalogue_dir(&[(name, text)]);
+        let dir = tmp.path().join("routes");
+        let dir_s = dir.to_str().unwrap();
+        let o = fabric_cli(&["--catalogue", dir_s, "routes", "check"], &[]).await;
+        assert_eq!(o.status.code(), Some(2));
+        assert!(out(&o).contains(&format!("{name}:")) && out(&o).contains(needle), "{}", out(&o));
+        assert!(!out(&o).contains("DuplicateKeyPolicy"), "no parser internals: {}", out(&o));
+        assert!(err(&o).contains("1 file(s) could not be loaded"), "{}", err(&o));
+        let o = fabric_cli(&["--catalogue", dir_s, "routes", "list"], &[]).await;
+        assert!(out(&o).contains(&format!("not loaded: {dir_s}/{name}")), "{}", out(&o));
+        let o = fabric_cli(&["--catalogue", dir_s, "run", "lost-route", "--goal", GOAL], &[("FABRIC_LLM_STUB", "1".into())]).await;
+        assert_eq!(o.status.code(), Some(2));
+        assert!(err(&o).contains("unknown route `lost-route`") && err(&o).contains(name), "{}", err(&o));
+    }
+}
+
+// ---- 8, 12. output that cannot be written ----
+
+#[tokio::test]
+async fn unwritable_events_or_results_are_reported_with_exit_4() {
+    let stub = ("FABRIC_LLM_STUB", "1".to_owned());
+    let o = fabric_cli(&["run", "support-triage", "--goal", GOAL, "--events-out", "/dev/full"], std::slice::from_ref(&stub)).await;
+    assert_eq!(o.status.code(), Some(4), "{}", err(&o));
+    assert!(err(&o).contains("events of run") && err(&o).contains("incomplete"), "{}", err(&o));
+    assert!(out(&o).contains("\"status\":\"completed\""), "the result still goes out");
+    // stdout on a full disk, and on a closed pipe: an I/O error, never a panic (101).
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
+        .current_dir(repo())
+        .args(["run", "support-triage", "--goal", GOAL])
+        .env("FABRIC_LLM_STUB", "1")
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", err(&o));
+    assert!(err(&o).contains("cannot write the output"), "{}", err(&o));
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_fabric")).current_dir(repo()).args(["routes", "list"]).stdout(writer).output().unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", err(&o));
+}
+
+// ---- 9. special files in the catalogue ----
+
+#[test]
+fn special_files_in_a_catalogue_are_refused_not_read() {
+    let tmp = catalogue_dir(&[]);
+    let dir = tmp.path().join("routes");
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.yaml")).unwrap();
+    let fifo = dir.join("pipe.yaml");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // A symlink loop of directories is read once.
+    std::os::unix::fs::symlink(".", dir.join("again")).unwrap();
+    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    let messages: Vec<String> = cat.unloaded().iter().map(ToString::to_string).collect();
+    assert!(messages.iter().any(|m| m.contains("zero.yaml") && m.contains("not a regular file")), "{messages:?}");
+    assert!(messages.iter().any(|m| m.contains("pipe.yaml") && m.contains("not a regular file")), "{messages:?}");
+    assert!(matches!(cat.get("support-triage"), Some(RouteEntry::Ready(_))));
+    assert_eq!(cat.routes().count(), 2);
+}
+
+// ---- 10. bad model profiles ----
+
+#[tokio::test]
+async fn bad_model_profiles_break_only_their_routes() {
+    let tmp = catalogue_dir(&[(
+        "bad-profiles.yaml",
+        "profiles:\n  no-model: {base_url: 'http://127.0.0.1:9'}\n  odd-provider: {provider: mistralai, model: m}\n  bare: {model: qwen3:8b}\n  keyless: {model: 'openai:gpt-4o', api_key_env: MY_OPENAI_KEY}\nroutes:\n  uses-bad: {model_profile: no-model, prompt_pack: support, workflow: support-triage}\n  uses-keyless: {model_profile: keyless, prompt_pack: support, workflow: support-triage}\n",
+    )]);
+    let dir = tmp.path().join("routes");
+    let dir_s = dir.to_str().unwrap();
+    let o = fabric_cli(&["--catalogue", dir_s, "routes", "check"], &[]).await;
+    let text = out(&o);
+    assert!(text.contains("bad-profiles.yaml:2:13: routing moves as one unit"), "{text}");
+    assert!(text.contains("bad-profiles.yaml:3:28: provider `mistralai` is not supported"), "{text}");
+    assert!(text.contains("bad-profiles.yaml:4:17: `model` cannot tell the provider of `qwen3:8b`"), "{text}");
+    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    assert!(matches!(cat.get("uses-bad"), Some(RouteEntry::Broken(_))));
+    // Honouring profiles: a profile whose key is missing refuses its routes only.
+    let fake = FakeProvider::new(|body| Canned::json(200, reply_json(ProviderKind::Ollama, body)));
+    let url = fake.start().await;
+    let env = [("FABRIC_HONOR_MODEL_PROFILE", "1".to_owned()), ("OLLAMA_MODEL", "qwen3:8b".into()), ("OLLAMA_BASE_URL", url)];
+    let o = fabric_cli(&["--catalogue", dir_s, "run", "support-triage", "--goal", GOAL], &env).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let o = fabric_cli(&["--catalogue", dir_s, "run", "uses-keyless", "--goal", GOAL], &env).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("model profile `keyless` cannot be used here") && err(&o).contains("MY_OPENAI_KEY"), "{}", err(&o));
+}
+
+// ---- 11. settings, placeholders, packs ----
+
+#[test]
+fn settings_read_toml_integers_and_only_the_injected_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fabric.toml");
+    std::fs::write(&file, "FABRIC_LLM_RETRY_MAX = 5\nFABRIC_LLM_RETRY_BASE_S = 0.5\nFABRIC_LLM_STUB = true\n").unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let s = Settings::load(move |k| (k == "FABRIC_CONFIG").then(|| path.clone())).unwrap();
+    assert_eq!((s.retry.max_attempts, s.retry.base, s.stub), (5, Duration::from_millis(500), true));
+    // A key variable named by a profile is read through the same lookup, not the process.
+    let s = Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
+    let t = s.resolve_target(ProviderKind::OpenAi, "m".into(), None, Some("PATH")).unwrap_err();
+    assert_eq!(t.var, "PATH", "PATH is set in the process but not in the injected lookup");
+}
+
+#[test]
+fn a_malformed_config_file_is_located_without_echoing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fabric.toml");
+    std::fs::write(&file, "FABRIC_LLM_MODEL = \"openai:gpt-4o\"\nOPENAI_BASE_URL = \"http://x/?token=SECRET99\n").unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let e = Settings::load(move |k| (k == "FABRIC_CONFIG").then(|| path.clone())).unwrap_err();
+    assert_eq!(e.var, "FABRIC_CONFIG");
+    assert!(e.message.contains("fabric.toml:2:") && e.message.contains("not valid TOML"), "{e}");
+    assert!(!e.message.contains("SECRET99"), "{e}");
+    let e = Settings::load(|k| match k {
+        "FABRIC_LLM_MODEL" => Some("anthropic:claude".into()),
+        "ANTHROPIC_API_KEY" => Some("sk-abc\r\nX-Injected: 1".into()),
+        _ => None,
+    })
+    .unwrap_err();
+    assert_eq!(e.var, "ANTHROPIC_API_KEY");
+    assert!(!e.message.contains("sk-abc"), "{e}");
+    let e = Settings::load(|k| (k == "FABRIC_LLM_STUB_LATENCY_MS").then(|| "18446744073709551615".into())).unwrap_err();
+    assert_eq!(e.var, "FABRIC_LLM_STUB_LATENCY_MS");
+}
+
+#[tokio::test]
+async fn with_the_stub_a_model_string_is_only_a_warning() {
+    let env = [("FABRIC_LLM_STUB", "1".to_owned()), ("FABRIC_LLM_MODEL", "gemini-2.5-flash".into())];
+    let o = fabric_cli(&["run", "support-triage", "--goal", GOAL], &env).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert!(err(&o).contains("warning: FABRIC_LLM_MODEL: provider `google_vertexai`"), "{}", err(&o));
+}
+
+#[test]
+fn placeholders_with_spaces_and_agent_templates_without_tools() {
+    let packs = [catalogue::SourceFile {
+        path: "p/spaced.yaml".into(),
+        text: "host: HOST TEXT\nrules: [Be kind.]\nroles:\n  classify: \"{{ host }} Classify.\"\nagent: \"Decide well.\"\n".into(),
+    }];
+    let files = [catalogue::SourceFile {
+        path: "r/c.yaml".into(),
+        text: "profiles: {d: {}}\ncapabilities:\n  c: {output_schema: {type: object, properties: {a: {type: string}}}}\n  t: {description: A tool., input_schema: {type: object, properties: {q: {type: string}}}, invoke: {url: 'http://127.0.0.1:9/t'}}\nworkflows:\n  w: {stages: [{id: s, llm_role: classify, capability: c}]}\nroutes:\n  r: {model_profile: d, prompt_pack: spaced, workflow: w}\n  a: {model_profile: d, prompt_pack: spaced, agent: {tools: [t]}}\n".into(),
+    }];
+    let cat = catalogue::load_from_texts(&files, &packs);
+    let route = cat.route("r").unwrap();
+    assert_eq!(route.graph[route.entry].prompt.system_text(), "HOST TEXT Classify.");
+    let agent = cat.route("a").unwrap();
+    let prompt = agent.graph[agent.entry].prompt.system_text();
+    assert!(prompt.starts_with("HOST TEXT\n\nDecide well."), "{prompt}");
+    assert!(prompt.contains("Rules:\n- Be kind.") && prompt.contains("Tools:\n- t: A tool.\n  input schema:"), "{prompt}");
+    assert!(cat.diagnostics().iter().any(|d| d.message.contains("`agent` does not use {{host}}, {{rules}}, {{tools}}")), "{:?}", cat.diagnostics());
+}
+
+// ---- 13. output caps ----
+
+#[tokio::test]
+async fn provider_bodies_are_capped() {
+    let huge_error = json!({"error": {"message": "e".repeat(2 * 1024 * 1024)}});
+    let fake = FakeProvider::new(move |_| Canned::json(400, huge_error.clone()));
+    let url = fake.start().await;
+    let (result, events) = triage_on(ProviderKind::OpenAi, &url, DEFAULT_MAX_REPLY_BYTES).await;
+    let message = &result.error.as_ref().unwrap().message;
+    assert!(message.len() < 1000 && message.contains("cut: 2097152 characters in all"), "{}", &message[..200.min(message.len())]);
+    assert!(record(&result, &events).len() < 20_000);
+    let fake = FakeProvider::new(|body| Canned::json(200, reply_json(ProviderKind::OpenAi, body)));
+    let url = fake.start().await;
+    let (result, _) = triage_on(ProviderKind::OpenAi, &url, 64).await;
+    let e = result.error.unwrap();
+    assert_eq!(e.reason_class, "provider_error");
+    assert!(e.message.contains("larger than the 64-byte limit (FABRIC_LLM_MAX_REPLY_BYTES)"), "{}", e.message);
+}
+
+// ---- 15. stub scripts ----
+
+#[tokio::test]
+async fn a_broken_stub_script_breaks_only_its_route() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["support-triage.yaml", "support-agent.yaml"] {
+        std::fs::copy(repo().join("stub").join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::write(dir.path().join("support-agent.yaml"), "stages:\n  decide: {oops: 1}\n").unwrap();
+    let d = dir.path().to_str().unwrap();
+    let stub = ("FABRIC_LLM_STUB", "1".to_owned());
+    let o = fabric_cli(&["--stub-dir", d, "run", "support-triage", "--goal", GOAL], std::slice::from_ref(&stub)).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let o = fabric_cli(&["--stub-dir", d, "run", "support-agent", "--goal", "{}"], std::slice::from_ref(&stub)).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("support-agent.yaml:2:11"), "{}", err(&o));
+    let o = fabric_cli(&["--stub-dir", "/no/such/dir", "run", "support-triage", "--goal", GOAL], std::slice::from_ref(&stub)).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("/no/such/dir") && err(&o).contains("does not exist"), "{}", err(&o));
+}
+
+// ---- 16. signals ----
+
+#[tokio::test]
+async fn a_signal_ends_the_run_with_a_result_and_an_event() {
+    for (signal, code) in [("TERM", 143), ("INT", 130), ("HUP", 129)] {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("events.jsonl");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
+            .current_dir(repo())
+            .args(["run", "support-triage", "--goal", GOAL, "--events-out", events.to_str().unwrap()])
+            .env("FABRIC_LLM_STUB", "1")
+            .env("FABRIC_LLM_STUB_LATENCY_MS", "30000")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Wait until the first model call is in flight.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&events).unwrap_or_default().contains("run.llm.started") {
+            assert!(std::time::Instant::now() < deadline, "the run did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let pid = child.id().unwrap().to_string();
+        assert!(std::process::Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap().success());
+        let o = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output()).await.unwrap().unwrap();
+        assert_eq!(o.status.code(), Some(code), "{signal}");
+        let result: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(result["error"]["reason_class"], "interrupted", "{result}");
+        let lines: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+        assert_eq!(&kinds[kinds.len() - 3..], ["run.llm.failed", "run.stage.failed", "run.failed"], "{kinds:?}");
+        assert_eq!(lines.last().unwrap()["reason_class"], "interrupted");
+    }
+}
+
+// ---- 17. the rest ----
+
+#[tokio::test]
+async fn odd_ends_of_the_review() {
+    // `add` never reports a non-finite sum as a success.
+    let add = fabric::tools::builtin_add();
+    let args = json!({"a": 1e308, "b": 1e308}).as_object().unwrap().clone();
+    assert!(add.call(&args).await.unwrap_err().contains("too large"));
+    // --events-out is not opened (truncated) when the run cannot start.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keep.jsonl");
+    std::fs::write(&file, "precious\n").unwrap();
+    let o = fabric_cli(&["run", "nope", "--goal", GOAL, "--events-out", file.to_str().unwrap()], &[("FABRIC_LLM_STUB", "1".into())]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "precious\n");
+    // Loop budgets name their stage; the decision node says it calls the model; in-process tool
+    // results carry a status.
+    let stub = StubLlm::default().script("support-agent", "decide", &["CALL add {\"a\":1,\"b\":2}"; 9]);
+    let runner =
+        Runner::new(shipped(), fabric::llm::stack::build(stub, FAST_RETRY), Arc::new(|_: &str| None)).unwrap().with_tool("add", fabric::tools::builtin_add());
+    let sink = Arc::new(MemorySink::default());
+    let result = runner.run(RunRequest { route_id: "support-agent".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
+    assert_eq!(result.error.unwrap().reason_class, "loop_budget_exceeded");
+    let events = sink.events();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
+    assert_eq!(&kinds[kinds.len() - 2..], ["run.stage.failed", "run.failed"]);
+    let decide = events.iter().find(|e| e.kind == "run.stage.started" && e.stage_id.as_deref() == Some("decide")).unwrap();
+    assert_eq!(decide.data["llm_role"], "decision");
+    let tool = events.iter().find(|e| e.kind == "run.tool.completed").unwrap();
+    assert_eq!(tool.data["status"], "ok");
+    // A route refused for a missing in-process tool still says why (unchanged behaviour).
+    let bare = Runner::new(shipped(), fabric::llm::stack::build(StubLlm::default(), FAST_RETRY), Arc::new(|_: &str| None)).unwrap();
+    assert!(matches!(bare.route("support-agent"), Err(StartError::ToolNotRegistered { .. })));
+}
