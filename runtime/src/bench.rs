@@ -4,6 +4,7 @@
 //! Figures are reported, never asserted: speed targets live here and in `docs/performance.md`,
 //! not in tests. The loopback tool server runs as its own process (`fabric tool-server`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -331,7 +332,7 @@ fn table_line(v: &Value) -> String {
 /// Runs the chosen scenarios; each result is printed as it completes.
 pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
     if cfg!(debug_assertions) {
-        eprintln!("fabric bench: this is a debug build; figures are only meaningful with --release");
+        let _ = writeln!(std::io::stderr(), "fabric bench: this is a debug build; figures are only meaningful with --release");
     }
     let needs_server = opts.scenarios.iter().any(|s| s == "B-http" || s == "C");
     let server = if needs_server { Some(ToolServer::start(exe).await?) } else { None };
@@ -353,8 +354,9 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
             other => return Err(format!("unknown scenario `{other}`; known: {}", SCENARIOS.join(", "))),
         };
         for r in results {
-            println!("{r}");
-            eprintln!("{}", table_line(&r));
+            // A closed stdout ends the benchmark with an error, never a panic.
+            writeln!(std::io::stdout(), "{r}").map_err(|e| format!("cannot write the results: {e}"))?;
+            let _ = writeln!(std::io::stderr(), "{}", table_line(&r));
         }
     }
     Ok(())

@@ -96,8 +96,10 @@ pub fn init_from_env() -> Result<OtelGuard, String> {
     if disabled || !(set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
         return Ok(OtelGuard(None));
     }
+    use opentelemetry_otlp::WithHttpConfig;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(exporter_client()?)
         .build()
         .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: cannot build the OTLP exporter: {e}"))?;
     let service = std::env::var("OTEL_SERVICE_NAME").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "fabric-runtime".into());
@@ -105,4 +107,23 @@ pub fn init_from_env() -> Result<OtelGuard, String> {
     global::set_tracer_provider(provider.clone());
     enable_spans();
     Ok(OtelGuard(Some(provider)))
+}
+
+/// The exporter's HTTP client: the one the OTLP crate would build (its timeout from
+/// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` / `OTEL_EXPORTER_OTLP_TIMEOUT`, in ms, default 10 s), but
+/// following no redirect: `OTEL_EXPORTER_OTLP_HEADERS` often carries a collector's API key, and
+/// an HTTP client strips only `Authorization` when a redirect leaves the origin.
+fn exporter_client() -> Result<reqwest::blocking::Client, String> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let timeout = match var("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT").or_else(|| var("OTEL_EXPORTER_OTLP_TIMEOUT")) {
+        None => std::time::Duration::from_secs(10),
+        Some(ms) => std::time::Duration::from_millis(
+            ms.trim().parse().map_err(|_| format!("OTEL_EXPORTER_OTLP_TIMEOUT: `{ms}` is not a whole number of milliseconds"))?,
+        ),
+    };
+    // A blocking client owns a runtime of its own: build it off any async context.
+    std::thread::spawn(move || reqwest::blocking::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).build())
+        .join()
+        .map_err(|_| "the OTLP exporter's HTTP client could not be built".to_owned())?
+        .map_err(|e| format!("the OTLP exporter's HTTP client could not be built: {e}"))
 }

@@ -48,8 +48,9 @@ pub async fn serve(listen: &str) -> std::io::Result<()> {
     socket.bind(addr)?;
     // A deep backlog: the concurrency benchmark opens thousands of connections at once.
     let listener = socket.listen(4096)?;
-    println!("http://{}", listener.local_addr()?);
     use std::io::Write;
-    std::io::stdout().flush()?;
+    let mut out = std::io::stdout();
+    writeln!(out, "http://{}", listener.local_addr()?)?;
+    out.flush()?;
     axum::serve(listener, router()).await
 }

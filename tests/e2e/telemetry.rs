@@ -128,3 +128,35 @@ async fn otlp_export_only_when_configured() {
         assert!(contains(needle), "exported spans mention {needle}");
     }
 }
+
+#[tokio::test]
+async fn the_exporter_follows_no_redirect_with_its_headers() {
+    let elsewhere: Arc<Mutex<Vec<axum::http::HeaderMap>>> = Arc::default();
+    let seen = elsewhere.clone();
+    let other = serve(axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push(headers);
+            ""
+        }
+    }))
+    .await;
+    let to = format!("{other}/v1/traces");
+    let collector = serve(axum::Router::new().fallback(move || {
+        let to = to.clone();
+        async move { axum::response::Redirect::temporary(&to) }
+    }))
+    .await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
+        .current_dir(repo())
+        .args(["run", "support-triage", "--goal", r#"{"ticket":"x"}"#])
+        .env("FABRIC_LLM_STUB", "1")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector)
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=collector-secret")
+        .env_remove("OTEL_SDK_DISABLED")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "an export failure never changes the run's exit code");
+    assert!(elsewhere.lock().unwrap().is_empty(), "the collector key went to another host");
+}
