@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use fabric::catalogue::defs::OutputSpec;
 use fabric::catalogue::{SourceFile, load_from_texts};
 use fabric::events::{JsonLinesSink, RunEvents};
 use fabric::exec::message::user_message;
+use fabric::llm::OutputSpec;
 use fabric::llm::stub::StubLlm;
 use fabric::llm::{Llm, LlmRequest};
 use fabric::structured::{FlatSchema, decode_reply};
@@ -51,7 +51,7 @@ fn micro(c: &mut Criterion) {
     c.bench_function("event_emit_json", |b| {
         b.iter(|| {
             events.emit(
-                "run.stage.completed",
+                fabric::events::EventKind::StageCompleted,
                 Some("intake"),
                 || fabric::fields! {"duration_ms" => 0.123, "output" => r#"{"category":"billing","urgency":"high"}"#, "output_chars" => 39},
             )

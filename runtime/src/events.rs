@@ -11,9 +11,90 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
+/// The closed set of event types (docs/events.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    RunStarted,
+    StageStarted,
+    StageCompleted,
+    StageFailed,
+    LlmStarted,
+    LlmRetrying,
+    LlmCompleted,
+    LlmFailed,
+    ToolStarted,
+    ToolCompleted,
+    ToolFailed,
+    RunCompleted,
+    RunFailed,
+    RunAwaitingInput,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 14] = [
+        EventKind::RunStarted,
+        EventKind::StageStarted,
+        EventKind::StageCompleted,
+        EventKind::StageFailed,
+        EventKind::LlmStarted,
+        EventKind::LlmRetrying,
+        EventKind::LlmCompleted,
+        EventKind::LlmFailed,
+        EventKind::ToolStarted,
+        EventKind::ToolCompleted,
+        EventKind::ToolFailed,
+        EventKind::RunCompleted,
+        EventKind::RunFailed,
+        EventKind::RunAwaitingInput,
+    ];
+
+    /// The wire name, the event's `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::RunStarted => "run.started",
+            EventKind::StageStarted => "run.stage.started",
+            EventKind::StageCompleted => "run.stage.completed",
+            EventKind::StageFailed => "run.stage.failed",
+            EventKind::LlmStarted => "run.llm.started",
+            EventKind::LlmRetrying => "run.llm.retrying",
+            EventKind::LlmCompleted => "run.llm.completed",
+            EventKind::LlmFailed => "run.llm.failed",
+            EventKind::ToolStarted => "run.tool.started",
+            EventKind::ToolCompleted => "run.tool.completed",
+            EventKind::ToolFailed => "run.tool.failed",
+            EventKind::RunCompleted => "run.completed",
+            EventKind::RunFailed => "run.failed",
+            EventKind::RunAwaitingInput => "run.awaiting_input",
+        }
+    }
+
+    /// The kind of a wire name (events read back from a store or a stream).
+    pub fn parse(name: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// A run's last event: completed, failed or awaiting input.
+    pub fn ends_run(self) -> bool {
+        matches!(self, EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunAwaitingInput)
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Compares with the wire name: `event.kind == "run.completed"`.
+impl PartialEq<&str> for EventKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Event {
-    pub kind: &'static str,
+    pub kind: EventKind,
     pub run_id: Arc<str>,
     pub route_id: Arc<str>,
     pub seq: u64,
@@ -30,7 +111,7 @@ impl Event {
             let _ = serde_json::to_writer(&mut *out, s);
         }
         out.extend_from_slice(b"{\"type\":");
-        string(out, self.kind);
+        string(out, self.kind.as_str());
         out.extend_from_slice(b",\"run_id\":");
         string(out, &self.run_id);
         out.extend_from_slice(b",\"route_id\":");
@@ -58,7 +139,7 @@ impl Event {
 
     pub fn to_json(&self) -> Value {
         let mut m = Map::with_capacity(self.data.len() + 7);
-        m.insert("type".into(), self.kind.into());
+        m.insert("type".into(), self.kind.as_str().into());
         m.insert("run_id".into(), Value::String(self.run_id.to_string()));
         m.insert("route_id".into(), Value::String(self.route_id.to_string()));
         m.insert("seq".into(), self.seq.into());
@@ -134,7 +215,7 @@ impl EventSink for JsonLinesSink {
         if failed.is_none()
             && let Err(e) = out.write_all(&line).and_then(|_| out.flush())
         {
-            *failed = Some(format!("writing event {} ({}) failed: {e}; later events were not written", event.seq, event.kind));
+            *failed = Some(format!("writing event {} ({}) failed: {e}; later events were not written", event.seq, event.kind.as_str()));
         }
     }
 }
@@ -212,7 +293,7 @@ impl RunEvents {
 
     /// Emits one event. `data` builds its type-specific fields; it is not called when the sink
     /// drops events, so a run without an event consumer pays nothing for them.
-    pub fn emit(&self, kind: &'static str, stage_id: Option<&str>, data: impl FnOnce() -> Map<String, Value>) {
+    pub fn emit(&self, kind: EventKind, stage_id: Option<&str>, data: impl FnOnce() -> Map<String, Value>) {
         if !self.enabled {
             return;
         }
@@ -287,7 +368,7 @@ mod tests {
     #[test]
     fn json_lines_match_the_value_form() {
         let e = super::Event {
-            kind: "run.stage.completed",
+            kind: super::EventKind::StageCompleted,
             run_id: "r".into(),
             route_id: "x\"y".into(),
             seq: 3,
@@ -299,6 +380,14 @@ mod tests {
         let mut line = Vec::new();
         e.write_json_line(&mut line);
         assert_eq!(String::from_utf8(line).unwrap(), format!("{}\n", e.to_json()));
+    }
+
+    #[test]
+    fn kinds_round_trip() {
+        for k in super::EventKind::ALL {
+            assert_eq!(super::EventKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(super::EventKind::parse("run.exploded"), None);
     }
 
     #[test]

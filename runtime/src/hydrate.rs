@@ -9,10 +9,11 @@ use std::sync::Arc;
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
 
-use crate::catalogue::LlmRole;
-use crate::catalogue::defs::*;
-use crate::catalogue::load::{Defs, successors};
+use crate::defs::LlmRole;
+use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics};
+use crate::llm::OutputSpec;
+use crate::loader::{Defs, successors};
 use crate::prompt::{PromptPack, ResolvedPrompt};
 
 /// Which resolution path built the route.
@@ -42,7 +43,7 @@ impl RoutePath {
 pub enum NodeKind {
     /// A workflow stage.
     Stage,
-    /// A `kind: agent` stage: runs a child route.
+    /// A `kind: child_run` stage: runs a child route.
     ChildRun { route: String },
     /// The synthesis node a manifest appends.
     AppendedSynthesis,
@@ -61,21 +62,43 @@ pub struct BoundCapability {
     pub def: Arc<CapabilityDef>,
 }
 
+/// A node of a route's graph. Only hydration makes one, so its role, prompt and output
+/// contract are always the ones the catalogue resolved.
 #[derive(Debug, Clone)]
 pub struct StageNode {
-    pub id: String,
-    pub role: LlmRole,
-    pub kind: NodeKind,
-    pub capability: Option<BoundCapability>,
-    pub prompt: ResolvedPrompt,
+    id: String,
+    role: LlmRole,
+    kind: NodeKind,
+    capability: Option<BoundCapability>,
+    prompt: ResolvedPrompt,
     /// What a model call of this node must return.
-    pub output: OutputSpec,
+    output: OutputSpec,
 }
 
 impl StageNode {
     fn new(id: String, role: LlmRole, kind: NodeKind, capability: Option<BoundCapability>, prompt: ResolvedPrompt) -> StageNode {
         let output = capability.as_ref().map_or(OutputSpec::Text, |c| c.def.output.clone());
         StageNode { id, role, kind, capability, prompt, output }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn role(&self) -> LlmRole {
+        self.role
+    }
+
+    pub fn kind(&self) -> &NodeKind {
+        &self.kind
+    }
+
+    pub fn capability(&self) -> Option<&BoundCapability> {
+        self.capability.as_ref()
+    }
+
+    pub fn prompt(&self) -> &ResolvedPrompt {
+        &self.prompt
     }
 
     pub fn output(&self) -> &OutputSpec {
@@ -96,25 +119,90 @@ pub struct Edge {
     pub when: Option<Condition>,
 }
 
-/// A hydrated, runnable route. Only [`build`] makes one.
+/// A hydrated, runnable route. Only [`build`] makes one; its fields are read through methods,
+/// so nothing downstream can make a route that hydration did not check.
 #[derive(Debug)]
 pub struct Route {
-    pub id: String,
-    pub description: String,
-    pub model_profile: String,
-    pub activation_target: Option<String>,
-    pub max_loop_steps: u32,
-    pub conversation: Conversation,
-    pub pack: Arc<PromptPack>,
-    pub path: RoutePath,
+    id: String,
+    description: String,
+    model_profile: String,
+    activation_target: Option<String>,
+    max_loop_steps: u32,
+    conversation: Conversation,
+    pack: Arc<PromptPack>,
+    path: RoutePath,
     /// The workflow (or manifest) the route runs, for display and events.
-    pub source: Option<String>,
-    pub graph: DiGraph<StageNode, Edge>,
-    pub entry: NodeIndex,
-    pub tools: Vec<BoundCapability>,
+    source: Option<String>,
+    graph: DiGraph<StageNode, Edge>,
+    entry: NodeIndex,
 }
 
 impl Route {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    pub fn model_profile(&self) -> &str {
+        &self.model_profile
+    }
+
+    /// The fleet that serves the route, if it names one.
+    pub fn activation_target(&self) -> Option<&str> {
+        self.activation_target.as_deref()
+    }
+
+    pub fn max_loop_steps(&self) -> u32 {
+        self.max_loop_steps
+    }
+
+    pub fn conversation(&self) -> Conversation {
+        self.conversation
+    }
+
+    pub fn pack(&self) -> &PromptPack {
+        &self.pack
+    }
+
+    pub fn path(&self) -> RoutePath {
+        self.path
+    }
+
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    pub fn graph(&self) -> &DiGraph<StageNode, Edge> {
+        &self.graph
+    }
+
+    pub fn entry(&self) -> NodeIndex {
+        self.entry
+    }
+
+    /// The node runs start at (the decision node of a Pattern 1 route).
+    pub fn entry_node(&self) -> &StageNode {
+        &self.graph[self.entry]
+    }
+
+    pub fn node(&self, idx: NodeIndex) -> &StageNode {
+        &self.graph[idx]
+    }
+
+    /// The tools of a Pattern 1 route: its tool nodes, the one list the decision schema, the
+    /// prompt's tool list and the start checks are all made from.
+    pub fn tools(&self) -> impl Iterator<Item = &BoundCapability> {
+        self.graph.node_weights().filter(|n| n.kind == NodeKind::Tool).filter_map(|n| n.capability.as_ref())
+    }
+
+    /// The tool node called `name`, if the route has one.
+    pub fn tool_node(&self, name: &str) -> Option<&StageNode> {
+        self.graph.node_weights().find(|n| n.kind == NodeKind::Tool && n.id == name)
+    }
+
     /// Where to go after `node`: the first edge (by `order`) whose condition holds.
     pub fn next_step(&self, node: NodeIndex, holds: impl Fn(&Condition) -> bool) -> NextStep {
         let mut best: Option<(u16, NodeIndex)> = None;
@@ -247,7 +335,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 (RoutePath::Manifest, Some(m.name.clone()))
             }
         },
-        (Some(RouteBodyDef::Agent { tools: tool_refs }), Some(pack)) => {
+        (Some(RouteBodyDef::DecisionLoop { tools: tool_refs }), Some(pack)) => {
             for t in tool_refs {
                 match defs.capabilities.get(&t.name) {
                     None => {
@@ -270,7 +358,8 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 }
             }
             let mut decide_node = StageNode::new("decide".into(), LlmRole::None, NodeKind::Decision, None, pack.resolve_agent(&tools_text(&tools)));
-            decide_node.output = OutputSpec::Decision(Arc::new(crate::agent::decision::DecisionSpec::new(tools.iter().map(|t| t.name.clone()).collect())));
+            // The schema's tool enum, the prompt's tool list and the tool nodes come from one list.
+            decide_node.output = OutputSpec::Decision(Arc::new(crate::decision::DecisionSpec::new(tools.iter().map(|t| t.name.clone()).collect())));
             let decide = graph.add_node(decide_node);
             for (order, tool) in tools.iter().enumerate() {
                 let n = graph.add_node(StageNode::new(tool.name.clone(), LlmRole::None, NodeKind::Tool, Some(tool.clone()), ResolvedPrompt::none()));
@@ -297,7 +386,6 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
         source,
         entry: NodeIndex::new(0),
         graph,
-        tools,
     })
 }
 
@@ -315,7 +403,7 @@ fn add_workflow(graph: &mut DiGraph<StageNode, Edge>, wf: &WorkflowDef, defs: &D
             let role = s.role.unwrap_or(LlmRole::None);
             let kind = match &s.kind {
                 StageKindDef::Task => NodeKind::Stage,
-                StageKindDef::Agent { route } => NodeKind::ChildRun { route: route.name.clone() },
+                StageKindDef::ChildRun { route } => NodeKind::ChildRun { route: route.name.clone() },
             };
             graph.add_node(StageNode::new(s.id.clone(), role, kind, s.capability.as_ref().and_then(|c| resolve_cap(defs, c)), resolve(role)))
         })
@@ -372,7 +460,7 @@ fn edge_label(e: &Edge) -> String {
 fn node_detail(n: &StageNode) -> String {
     let mut parts = vec![format!("llm_role={}", n.role_name())];
     match &n.kind {
-        NodeKind::ChildRun { route } => parts.push(format!("kind=agent route={route}")),
+        NodeKind::ChildRun { route } => parts.push(format!("kind=child_run route={route}")),
         NodeKind::AppendedSynthesis => parts.push("appended".into()),
         NodeKind::Decision => parts.push("decision".into()),
         NodeKind::Tool => parts.push("tool".into()),

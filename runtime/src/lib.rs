@@ -1,35 +1,37 @@
 //! Fabric Runtime: a workflow-graph runtime for staged LLM routes.
 //!
-//! Code map, in the order data flows:
+//! Modules in the order data flows; each imports only modules above it (a test checks):
 //!
-//! - [`catalogue`]: files under `routes/` → located YAML trees → definitions → cross-checked
-//!   catalogue, every problem a [`diag::Diagnostic`] (`path:line:col: message`).
-//! - [`prompt`]: prompt packs and the four prompt resolution paths.
-//! - [`hydrate`]: a route becomes a petgraph graph of nodes stamped with role and prompt.
-//! - [`exec`]: the walker; runs stages, builds the user message, keeps notes and slots.
-//! - [`agent`]: the Mode 1 decision loop (Pattern 1) and the decision readers.
-//! - [`llm`]: the LLM port, its decorators ([`llm::telemetry`]) and backends ([`llm::stub`]).
-//! - [`structured`]: Python-parity JSON reading, validation and serialisation of replies.
-//! - [`tools`]: hardened HTTP tool calls.
-//! - [`events`]: run events and their sinks; [`otel`]: OpenTelemetry spans and export.
-//! - [`config`]: environment settings.
-//! - [`cli`]: the `fabric` command; [`bench`]: `fabric bench`; [`toolserver`]: `fabric tool-server`.
+//! - leaves: [`diag`] (located problems), [`textfile`] (bounded reads), [`source`] (catalogue
+//!   files), [`yaml`] (located YAML trees), [`redact`] (URLs without secrets), [`cancel`],
+//!   [`failure`] (reason classes), [`events`], [`otel`], [`structured`] (Python-parity replies),
+//!   [`decision`] (the decision loop's replies);
+//! - [`llm`]: the model port, its decorators, the stub and the providers, and [`llm::model`]
+//!   (provider kinds, model strings, targets); [`config`]: settings from the environment;
+//! - [`defs`] → [`prompt`] → [`loader`] → [`hydrate`] → [`catalogue`]: files become definitions,
+//!   prompts resolve, routes become graphs;
+//! - [`tools`]: the tool port (HTTP and in-process tools); [`exec`]: the walker and the decision
+//!   loop;
+//! - [`runtime`]: the facade every front end (`fabric`, `fabric serve`, Python) is a shell over.
 
-pub mod agent;
-pub mod bench;
 pub mod cancel;
 pub mod catalogue;
-pub mod cli;
 pub mod config;
+pub mod decision;
+pub mod defs;
 pub mod diag;
 pub mod events;
 pub mod exec;
+pub mod failure;
 pub mod hydrate;
 pub mod llm;
+pub mod loader;
 pub mod otel;
 pub mod prompt;
 pub mod redact;
+pub mod runtime;
+pub mod source;
 pub mod structured;
 pub mod textfile;
 pub mod tools;
-pub mod toolserver;
+pub mod yaml;

@@ -101,7 +101,10 @@ pub fn init_from_env() -> Result<OtelGuard, String> {
         .with_http()
         .with_http_client(exporter_client()?)
         .build()
-        .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: cannot build the OTLP exporter: {e}"))?;
+        // The crate's message may quote the endpoint, credentials and all: name the variables only.
+        .map_err(|_| {
+            "OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: not a valid http(s) endpoint URL; the OTLP exporter cannot start".to_owned()
+        })?;
     let service = std::env::var("OTEL_SERVICE_NAME").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "fabric-runtime".into());
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(Resource::builder().with_service_name(service).build()).build();
     global::set_tracer_provider(provider.clone());

@@ -3,9 +3,9 @@
 //! A pack is one YAML file `prompt-packs/<name>.yaml`. Templates may use `{{host}}` and
 //! `{{rules}}`; the agent wrapper may also use `{{tools}}`. Unknown placeholders are load errors.
 
-use crate::catalogue::LlmRole;
-use crate::catalogue::yaml::{self, Ctx, Node};
+use crate::defs::LlmRole;
 use crate::diag::Pos;
+use crate::yaml::{self, Ctx, Node};
 
 /// The system text used at the provider call when a node's prompt resolves to empty.
 pub const DEFAULT_SYSTEM_TEXT: &str = "Follow the user request. Reply with the result only.";

@@ -11,26 +11,32 @@ pub const REDACTED: &str = "REDACTED";
 /// Scheme, host, port and path; never credentials, query or fragment. Text that does not parse
 /// as a URL is not echoed at all (it may be a secret that merely looks broken).
 pub fn origin_and_path(url: &str) -> String {
-    match reqwest::Url::parse(url.trim()) {
-        Ok(mut u) => {
+    match web_url(url) {
+        Some(mut u) => {
             u.set_query(None);
             u.set_fragment(None);
             let _ = u.set_password(None);
             let _ = u.set_username("");
             u.to_string()
         }
-        Err(_) => "(not a valid URL)".into(),
+        None => "(not a valid URL)".into(),
     }
 }
 
+/// An http(s) URL with a host. Anything else (`user:password@host` parses as scheme `user`!) is
+/// treated as text.
+fn web_url(text: &str) -> Option<reqwest::Url> {
+    reqwest::Url::parse(text.trim()).ok().filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+}
+
 /// The URL with the user name, the password and every query value replaced by [`REDACTED`]
-/// (query keys stay, so an operator sees which parameters are set). Works on text that does not
-/// parse too: everything between `://` and the last `@` before the path, and everything after
-/// `?`, is cut.
+/// (query keys stay, so an operator sees which parameters are set). Text that is not an http(s)
+/// URL is cut the same way: everything between `://` (or the start) and the last `@`, and
+/// everything after `?`.
 pub fn redact_url(url: &str) -> String {
     let url = url.trim();
-    match reqwest::Url::parse(url) {
-        Ok(mut u) => {
+    match web_url(url) {
+        Some(mut u) => {
             if !u.username().is_empty() {
                 let _ = u.set_username(REDACTED);
             }
@@ -48,7 +54,7 @@ pub fn redact_url(url: &str) -> String {
             u.set_fragment(None);
             u.to_string()
         }
-        Err(_) => redact_text(url),
+        None => redact_text(url),
     }
 }
 
@@ -60,9 +66,9 @@ fn redact_text(text: &str) -> String {
         out.push('?');
         out.push_str(REDACTED);
     }
+    // Up to the last `@` (a password may hold `/`): cutting a path by mistake is the safe side.
     let after_scheme = out.find("://").map_or(0, |i| i + 3);
-    let authority_end = out[after_scheme..].find('/').map_or(out.len(), |i| after_scheme + i);
-    if let Some(at) = out[after_scheme..authority_end].rfind('@') {
+    if let Some(at) = out[after_scheme..].rfind('@') {
         out.replace_range(after_scheme..after_scheme + at, REDACTED);
     }
     out
@@ -84,6 +90,10 @@ mod tests {
         assert_eq!(redact_url("https://api.openai.com/v1"), "https://api.openai.com/v1");
         // Unparsable text is cut at the same places.
         assert_eq!(redact_url("ht!tp://user:pw@ho st/p?k=v"), "ht!tp://REDACTED@ho st/p?REDACTED");
+        // Without a scheme, `user:PASSWORD@host` would parse as a URL of scheme `user`.
+        assert_eq!(redact_url("user:PASSWORD@host:11434/v1"), "REDACTED@host:11434/v1");
+        assert_eq!(redact_url("ftp://u:PASSWORD@x"), "ftp://REDACTED@x");
+        assert_eq!(origin_and_path("user:PASSWORD@host"), "(not a valid URL)");
     }
 }
 
@@ -103,6 +113,14 @@ mod properties {
             }
             let want = format!("{key}={REDACTED}");
             prop_assert!(redact_url(&url).contains(&want));
+        }
+
+        /// Credentials without an http(s) scheme in front are cut all the same.
+        #[test]
+        fn schemeless_credentials(scheme in "(|[a-z]{1,6}:|[a-z]{1,6}://)", user in "[a-z]{1,8}", password in "SECRET[A-Za-z0-9]{4,12}", host in "[a-z]{1,8}(:[0-9]{1,5})?") {
+            let text = format!("{scheme}{user}:{password}@{host}/v1");
+            prop_assert!(!redact_url(&text).contains("SECRET"), "{}", redact_url(&text));
+            prop_assert!(!origin_and_path(&text).contains("SECRET"));
         }
 
         /// Any text at all: no panic, and nothing after a `?` or before an `@` is echoed.

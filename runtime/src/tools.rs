@@ -1,5 +1,6 @@
-//! Tools: HTTP tools (the `invoke` of a capability) and in-process tools registered by code
-//! that embeds the runtime ([`Tool`]). Both take a JSON arguments object.
+//! Tools: HTTP tools (the `invoke` of a capability) behind the [`HttpPort`], and in-process
+//! tools registered by code that embeds the runtime ([`Tool`]). Both take a JSON arguments
+//! object. The executor sees only these two small traits, so it can be tested without sockets.
 //!
 //! Hardened because arguments may come from a model: the URL comes only from the catalogue,
 //! arguments travel only as encoded query parameters (GET) or a JSON body (POST), redirects are
@@ -10,13 +11,21 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
-use crate::catalogue::defs::{HttpMethod, Invoke};
-use crate::llm::ReasonClass;
+use crate::defs::{HttpMethod, Invoke};
+use crate::failure::{BoxFuture, ReasonClass};
 
 /// An in-process tool: a Rust function with the same input-schema contract as an HTTP tool
 /// (the loop checks the arguments against the capability's `input_schema` before calling it).
 pub trait Tool: Send + Sync {
-    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> crate::llm::BoxFuture<'a, Result<Value, String>>;
+    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, String>>;
+}
+
+/// The port HTTP tool calls go through. Contract: call `url` (already resolved from the
+/// catalogue, never from model output) the way `invoke` says, with `args` as query parameters
+/// (GET) or a JSON body (POST), within its timeout and size cap; a failure carries a tool reason
+/// class and a message that never contains the URL's query or credentials.
+pub trait HttpPort: Send + Sync {
+    fn call<'a>(&'a self, invoke: &'a Invoke, url: &'a str, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
 }
 
 /// Wraps a plain function as a [`Tool`].
@@ -32,7 +41,7 @@ impl<F> Tool for FnTool<F>
 where
     F: Fn(&Map<String, Value>) -> Result<Value, String> + Send + Sync,
 {
-    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> crate::llm::BoxFuture<'a, Result<Value, String>> {
+    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, String>> {
         Box::pin(async move { (self.0)(args) })
     }
 }
@@ -107,7 +116,7 @@ impl HttpTools {
     }
 
     /// Calls `url` (already resolved from the catalogue) with `args`.
-    pub async fn call(&self, invoke: &Invoke, url: &str, args: &Map<String, Value>) -> Result<ToolOutput, ToolError> {
+    pub async fn send(&self, invoke: &Invoke, url: &str, args: &Map<String, Value>) -> Result<ToolOutput, ToolError> {
         let started = Instant::now();
         // The URL may hold a key (`?api_key=${KB_KEY}`): messages show its origin and path only.
         let shown = display_url(url);
@@ -176,6 +185,12 @@ impl HttpTools {
             Err(_) => raw.trim().to_owned(),
         };
         Ok(ToolOutput { status, text, bytes: body.len(), duration: started.elapsed() })
+    }
+}
+
+impl HttpPort for HttpTools {
+    fn call<'a>(&'a self, invoke: &'a Invoke, url: &'a str, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(self.send(invoke, url, args))
     }
 }
 

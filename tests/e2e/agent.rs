@@ -108,12 +108,12 @@ async fn tool_errors_are_noted_and_the_loop_goes_on() {
 async fn unknown_tools_fail_at_once() {
     let (result, events) = run_agent(&[r#"CALL delete_account {"id":1}"#], None).await;
     let err = result.error.unwrap();
-    assert_eq!((err.reason_class, err.stage_id.as_deref()), ("unknown_tool", Some("decide")));
+    assert_eq!((err.reason_class.as_str(), err.stage_id.as_deref()), ("unknown_tool", Some("decide")));
     assert_eq!(
         kinds(&events),
         ["run.started", "run.stage.started:decide", "run.llm.started:decide", "run.llm.failed:decide", "run.stage.failed:decide", "run.failed:decide"]
     );
-    assert!(!events.iter().any(|e| e.kind.starts_with("run.tool")));
+    assert!(!events.iter().any(|e| e.kind.as_str().starts_with("run.tool")));
 }
 
 #[tokio::test]
@@ -225,7 +225,7 @@ async fn hostile_arguments_stay_in_the_query_string() {
 async fn the_step_budget_is_carried_into_child_runs() {
     let cat = crate::support::catalogue_with(
         &["support-triage.yaml", "support-agent.yaml"],
-        "workflows:\n  parent:\n    stages:\n      - {id: agent, llm_role: none, kind: agent, route: support-agent}\nroutes:\n  parent: {model_profile: default, prompt_pack: support, workflow: parent, max_loop_steps: 2}\n",
+        "workflows:\n  parent:\n    stages:\n      - {id: agent, llm_role: none, kind: child_run, route: support-agent}\nroutes:\n  parent: {model_profile: default, prompt_pack: support, workflow: parent, max_loop_steps: 2}\n",
     );
     let stub = StubLlm::default().script("support-agent", "decide", &[r#"CALL add {"a":1,"b":1}"#, r#"CALL add {"a":1,"b":1}"#, "DONE 2"]);
     let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None)).unwrap().with_tool("add", builtin_add());

@@ -62,7 +62,7 @@ fn a_broken_route_does_not_stop_the_others() {
     std::fs::copy(fixtures().join("invalid/unknown-role.yaml"), routes.join("zz-broken.yaml")).unwrap();
     std::fs::copy(fixtures().join("invalid/yaml-syntax.yaml"), routes.join("zz-syntax.yaml")).unwrap();
     let cat = catalogue::load(&routes, &repo().join("prompt-packs"));
-    let ready: Vec<&str> = cat.routes().filter_map(|r| if let RouteEntry::Ready(r) = r { Some(r.id.as_str()) } else { None }).collect();
+    let ready: Vec<&str> = cat.routes().filter_map(|r| if let RouteEntry::Ready(r) = r { Some(r.id()) } else { None }).collect();
     assert_eq!(ready, ["refund-review", "support-agent", "support-triage", "ticket-router"]);
     match cat.get("unknown-role") {
         Some(RouteEntry::Broken(b)) => assert!(b.problems.iter().any(|d| d.message.contains("unknown llm_role `summarize`")), "{:?}", b.problems),
@@ -111,7 +111,7 @@ fn fuzz_regressions_replay() {
             let cat = load_from_texts(&[SourceFile { path: "routes/fuzz.yaml".into(), text }], std::slice::from_ref(&pack));
             assert!(cat.error_count() > 0, "{name}");
         } else if name.starts_with("decision_text-") {
-            let _ = fabric::agent::decision::parse_text_protocol(&text);
+            let _ = fabric::decision::parse_text_protocol(&text);
         } else if name.starts_with("structured_reply-") {
             let schema = serde_json::json!({"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "number"}}});
             let _ = fabric::structured::decode_reply(&fabric::structured::FlatSchema::from_json(&schema).unwrap(), &text);

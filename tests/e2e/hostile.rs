@@ -216,7 +216,7 @@ async fn replies_cut_at_the_token_limit_fail_on_every_provider() {
         turn: 0,
         system: "s",
         user: "u",
-        output: &fabric::catalogue::defs::OutputSpec::Text,
+        output: &fabric::llm::OutputSpec::Text,
         cx: &cx,
         cancel: &never,
     };
@@ -414,13 +414,13 @@ fn placeholders_with_spaces_and_agent_templates_without_tools() {
     }];
     let files = [catalogue::SourceFile {
         path: "r/c.yaml".into(),
-        text: "profiles: {d: {}}\ncapabilities:\n  c: {output_schema: {type: object, properties: {a: {type: string}}}}\n  t: {description: A tool., input_schema: {type: object, properties: {q: {type: string}}}, invoke: {url: 'http://127.0.0.1:9/t'}}\nworkflows:\n  w: {stages: [{id: s, llm_role: classify, capability: c}]}\nroutes:\n  r: {model_profile: d, prompt_pack: spaced, workflow: w}\n  a: {model_profile: d, prompt_pack: spaced, agent: {tools: [t]}}\n".into(),
+        text: "profiles: {d: {}}\ncapabilities:\n  c: {output_schema: {type: object, properties: {a: {type: string}}}}\n  t: {description: A tool., input_schema: {type: object, properties: {q: {type: string}}}, invoke: {url: 'http://127.0.0.1:9/t'}}\nworkflows:\n  w: {stages: [{id: s, llm_role: classify, capability: c}]}\nroutes:\n  r: {model_profile: d, prompt_pack: spaced, workflow: w}\n  a: {model_profile: d, prompt_pack: spaced, decision_loop: {tools: [t]}}\n".into(),
     }];
     let cat = catalogue::load_from_texts(&files, &packs);
     let route = cat.route("r").unwrap();
-    assert_eq!(route.graph[route.entry].prompt.system_text(), "HOST TEXT Classify.");
+    assert_eq!(route.graph()[route.entry()].prompt().system_text(), "HOST TEXT Classify.");
     let agent = cat.route("a").unwrap();
-    let prompt = agent.graph[agent.entry].prompt.system_text();
+    let prompt = agent.graph()[agent.entry()].prompt().system_text();
     assert!(prompt.starts_with("HOST TEXT\n\nDecide well."), "{prompt}");
     assert!(prompt.contains("Rules:\n- Be kind.") && prompt.contains("Tools:\n- t: A tool.\n  input schema:"), "{prompt}");
     assert!(cat.diagnostics().iter().any(|d| d.message.contains("`agent` does not use {{host}}, {{rules}}, {{tools}}")), "{:?}", cat.diagnostics());
@@ -524,7 +524,7 @@ async fn odd_ends_of_the_review() {
     let result = runner.run(RunRequest { route_id: "support-agent".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
     assert_eq!(result.error.unwrap().reason_class, "loop_budget_exceeded");
     let events = sink.events();
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(&kinds[kinds.len() - 2..], ["run.stage.failed", "run.failed"]);
     let decide = events.iter().find(|e| e.kind == "run.stage.started" && e.stage_id.as_deref() == Some("decide")).unwrap();
     assert_eq!(decide.data["llm_role"], "decision");
@@ -533,4 +533,86 @@ async fn odd_ends_of_the_review() {
     // A route refused for a missing in-process tool still says why (unchanged behaviour).
     let bare = Runner::new(shipped(), fabric::llm::stack::build(StubLlm::default(), FAST_RETRY), Arc::new(|_: &str| None)).unwrap();
     assert!(matches!(bare.route("support-agent"), Err(StartError::ToolNotRegistered { .. })));
+}
+
+// ---- found by the second review ----
+
+#[tokio::test]
+async fn credentials_without_a_scheme_are_redacted_too() {
+    for env in [
+        vec![("OLLAMA_HOST", "user:PASSWORD@127.0.0.1:11434".to_owned())],
+        vec![("OLLAMA_HOST", "ftp://u:PASSWORD@x".to_owned())],
+        vec![("OLLAMA_HOST", "u:PASSWORD@x".to_owned())],
+        vec![("FABRIC_LLM_MODEL", "openai:g".to_owned()), ("OPENAI_BASE_URL", "user:PASSWORD@host/v1?key=K".to_owned())],
+        vec![("FABRIC_LLM_MODEL", "openai:g".to_owned()), ("OPENAI_BASE_URL", "http://h/v1".to_owned()), ("OPENAI_API_BASE", "user:PASSWORD@host".to_owned())],
+    ] {
+        for args in [&["doctor"][..], &["run", "support-triage", "--goal", GOAL][..]] {
+            let o = fabric_cli(args, &env).await;
+            assert!(!out(&o).contains("PASSWORD") && !err(&o).contains("PASSWORD"), "{env:?} {args:?}: {}{}", out(&o), err(&o));
+        }
+    }
+    let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
+        .current_dir(repo())
+        .args(["run", "support-triage", "--goal", GOAL])
+        .env("FABRIC_LLM_STUB", "1")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "user:PASSWORD@host")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!err(&o).contains("PASSWORD") && err(&o).contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{}", err(&o));
+}
+
+#[tokio::test]
+async fn a_section_that_is_not_a_mapping_counts_as_not_loaded() {
+    let tmp = catalogue_dir(&[("baz.yaml", "routes: [baz]\n")]);
+    let dir = tmp.path().join("routes");
+    let dir_s = dir.to_str().unwrap();
+    let o = fabric_cli(&["--catalogue", dir_s, "routes", "list"], &[]).await;
+    assert!(out(&o).contains("not loaded") && out(&o).contains("baz.yaml"), "{}", out(&o));
+    let o = fabric_cli(&["--catalogue", dir_s, "run", "baz", "--goal", GOAL], &[("FABRIC_LLM_STUB", "1".into())]).await;
+    assert!(err(&o).contains("baz.yaml"), "{}", err(&o));
+}
+
+#[test]
+fn a_symlink_out_of_the_catalogue_is_not_followed() {
+    let tmp = catalogue_dir(&[]);
+    let dir = tmp.path().join("routes");
+    std::os::unix::fs::symlink("/", dir.join("everything")).unwrap();
+    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    assert_eq!(cat.error_count(), 0, "{:?}", cat.diagnostics());
+    assert!(cat.diagnostics().iter().any(|d| d.message.contains("leads outside")), "{:?}", cat.diagnostics());
+    assert_eq!(cat.routes().count(), 2);
+}
+
+#[tokio::test]
+async fn an_oversized_error_body_keeps_its_status_class() {
+    let fake = FakeProvider::new(|body| Canned::json(200, reply_json(ProviderKind::OpenAi, body)));
+    fake.push(Canned { status: 503, headers: vec![], body: "x".repeat(4096), delay: Duration::ZERO });
+    let url = fake.start().await;
+    let (result, events) = triage_on(ProviderKind::OpenAi, &url, 1024).await;
+    let retry = events.iter().find(|e| e.kind == "run.llm.retrying").expect("a 503 is retried");
+    assert_eq!(retry.data["reason_class"], "server_error");
+    assert!(retry.data["message"].as_str().unwrap().contains("over the 1024-byte limit"), "{:?}", retry.data);
+    assert_eq!(result.status, RunStatus::Completed, "the retry's small reply is read: {result:?}");
+}
+
+#[test]
+fn config_keys_differing_in_case_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fabric.toml");
+    std::fs::write(&file, "Fabric_Llm_Model = \"openai:x\"\nFABRIC_LLM_MODEL = \"ollama:y\"\n").unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let e = Settings::load(move |k| (k == "FABRIC_CONFIG").then(|| path.clone())).unwrap_err();
+    assert!(e.message.contains("sets `FABRIC_LLM_MODEL` twice"), "{e}");
+    // A lower-case key in the file is still overridden by the environment.
+    std::fs::write(&file, "fabric_llm_stub = \"0\"\n").unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let s = Settings::load(move |k| match k {
+        "FABRIC_CONFIG" => Some(path.clone()),
+        "FABRIC_LLM_STUB" => Some("1".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert!(s.stub);
 }

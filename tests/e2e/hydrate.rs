@@ -18,7 +18,7 @@ fn every_resolution_path_is_stamped() {
     let cat = load_fixture();
     for entry in cat.routes() {
         let RouteEntry::Ready(route) = entry else { panic!("{entry:?}") };
-        insta::assert_snapshot!(format!("hydrate__{}", route.id), render_text(route));
+        insta::assert_snapshot!(format!("hydrate__{}", route.id()), render_text(route));
     }
 }
 
@@ -26,9 +26,9 @@ fn every_resolution_path_is_stamped() {
 fn empty_prompts_become_the_default_system_text() {
     let cat = load_fixture();
     let route = cat.route("manifest-no-role-template").unwrap();
-    let first = &route.graph[route.entry];
-    assert!(first.prompt.text.is_empty());
-    assert_eq!(first.prompt.system_text(), DEFAULT_SYSTEM_TEXT);
+    let first = &route.graph()[route.entry()];
+    assert!(first.prompt().text.is_empty());
+    assert_eq!(first.prompt().system_text(), DEFAULT_SYSTEM_TEXT);
 }
 
 #[test]

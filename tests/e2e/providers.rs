@@ -67,7 +67,7 @@ async fn run_with(kind: ProviderKind, base_url: &str, retry: RetryPolicy) -> (Ru
 }
 
 fn kinds(events: &[Event]) -> Vec<&'static str> {
-    events.iter().map(|e| e.kind).collect()
+    events.iter().map(|e| e.kind.as_str()).collect()
 }
 
 #[test]
@@ -219,7 +219,7 @@ async fn transient_errors_are_retried_within_one_logical_call() {
     let (result, events) = run_with(ProviderKind::OpenAi, &f.start().await, FAST_RETRY).await;
     assert_eq!(result.status, RunStatus::Completed);
     assert_eq!(f.requests().len(), 5, "3 attempts for intake, then 1 each");
-    let intake: Vec<&'static str> = events.iter().filter(|e| e.stage_id.as_deref() == Some("intake")).map(|e| e.kind).collect();
+    let intake: Vec<&'static str> = events.iter().filter(|e| e.stage_id.as_deref() == Some("intake")).map(|e| e.kind.as_str()).collect();
     assert_eq!(intake, ["run.stage.started", "run.llm.started", "run.llm.retrying", "run.llm.retrying", "run.llm.completed", "run.stage.completed"]);
     let retrying: Vec<&Event> = events.iter().filter(|e| e.kind == "run.llm.retrying").collect();
     assert_eq!((retrying[0].data["attempt"].as_u64(), retrying[1].data["attempt"].as_u64()), (Some(2), Some(3)));

@@ -139,7 +139,7 @@ async fn tool_failures_fail_the_stage_with_their_class() {
         let (result, events) = run(&h, "support-triage", vec![]).await;
         assert_eq!(result.status, RunStatus::Failed);
         let err = result.error.unwrap();
-        assert_eq!((err.reason_class, err.stage_id.as_deref()), (class, Some("lookup")), "{suffix}: {}", err.message);
+        assert_eq!((err.reason_class.as_str(), err.stage_id.as_deref()), (class, Some("lookup")), "{suffix}: {}", err.message);
         let kinds = types(&events);
         assert!(kinds.ends_with(&["run.tool.failed:lookup".into(), "run.stage.failed:lookup".into(), "run.failed:lookup".into()]), "{kinds:?}");
         // What was done before the failure is kept.
@@ -257,6 +257,8 @@ async fn child_runs_carry_the_parent_run_id() {
     let cat = inline(
         "workflows:\n  parent:\n    stages:\n      - {id: pack, llm_role: none}\n      - {id: triage, llm_role: none, kind: agent, route: support-triage}\n      - {id: wrap, llm_role: synthesis, capability: answer_text}\nroutes:\n  parent: {model_profile: default, prompt_pack: support, workflow: parent}\n",
     );
+    // The old spelling still loads, with a deprecation warning.
+    assert!(cat.diagnostics().iter().any(|d| d.message.contains("`kind: agent` is deprecated: write `kind: child_run`")), "{:?}", cat.diagnostics());
     let h = harness(cat, shipped_stub(), vec![]);
     let (result, events) = run(&h, "parent", vec!["chunk one".into()]).await;
     assert_eq!(result.status, RunStatus::Completed, "{result:?}");
@@ -308,6 +310,6 @@ async fn no_matching_branch_fails_the_run() {
     let h = harness(cat, StubLlm::default().script("strict", "intake", &[r#"{"category":"other","urgency":"low"}"#]), vec![]);
     let (result, events) = run(&h, "strict", vec![]).await;
     let err = result.error.unwrap();
-    assert_eq!((err.reason_class, err.stage_id.as_deref()), ("no_branch_matched", Some("intake")));
+    assert_eq!((err.reason_class.as_str(), err.stage_id.as_deref()), ("no_branch_matched", Some("intake")));
     assert_eq!(events.last().unwrap().kind, "run.failed");
 }

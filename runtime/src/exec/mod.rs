@@ -1,11 +1,14 @@
 //! The executor: walks a hydrated route's graph, one stage at a time.
 //!
 //! Run state is explicit (goal, prefetch chunks, notes, slots, per-stage results) so that a
-//! journal can later record it stage by stage; every model call goes through the [`Llm`] port
-//! and every tool call through [`HttpTools`] or a registered [`Tool`]; the executor itself does
-//! no other I/O. Pattern 1 routes are driven by [`crate::agent`] with the same stage helpers.
+//! journal can record it stage by stage; every model call goes through the [`Llm`] port and
+//! every tool call through the [`HttpPort`] or a registered [`Tool`]; the executor itself does
+//! no other I/O. Pattern 1 routes are driven by [`decision_loop`] with the same stage helpers.
 
+mod decision_loop;
 pub mod message;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,15 +21,15 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::cancel::Cancel;
-use crate::catalogue::defs::{CondOp, Condition, Invoke};
-use crate::catalogue::{Catalogue, LlmRole, RouteLookupError};
-use crate::config::ConfigError;
-use crate::events::{EventSink, RunEvents};
+use crate::catalogue::{Catalogue, RouteLookupError};
+use crate::defs::{CondOp, Condition, Invoke, LlmRole};
+use crate::events::{EventKind, EventSink, RunEvents};
+use crate::failure::{BoxFuture, ReasonClass};
 use crate::fields;
 use crate::hydrate::{NextStep, NodeKind, Route, RoutePath, StageNode};
 use crate::llm::telemetry::round_ms;
-use crate::llm::{Llm, LlmRequest, ReasonClass, ReplyValue};
-use crate::tools::{HttpTools, Tool, display_url};
+use crate::llm::{Llm, LlmRequest, ReplyValue};
+use crate::tools::{HttpPort, HttpTools, Tool, ToolError, display_url};
 
 /// Child runs nest at most this deep (a route that starts itself stops here).
 pub const MAX_CHILD_DEPTH: u32 = 4;
@@ -45,7 +48,7 @@ pub enum RunStatus {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunFailure {
-    pub reason_class: &'static str,
+    pub reason_class: ReasonClass,
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stage_id: Option<String>,
@@ -90,66 +93,68 @@ pub enum StartError {
     ToolNotRegistered { route: String, tool: String },
     #[error("route `{route}` cannot run: its model profile `{profile}` cannot be used here: {message}")]
     ProfileUnusable { route: String, profile: String, message: String },
+    #[error("route `{route}` cannot run with the stub: its script has errors:\n{problems}")]
+    StubScriptBroken { route: String, problems: String },
 }
 
 /// What stays fixed during one run (a child run gets its own).
 #[derive(Clone, Copy)]
-pub(crate) struct Run<'a> {
-    pub(crate) route: &'a Route,
-    pub(crate) goal: &'a Map<String, Value>,
-    pub(crate) prefetch: &'a [String],
-    pub(crate) events: &'a RunEvents,
+struct Run<'a> {
+    route: &'a Route,
+    goal: &'a Map<String, Value>,
+    prefetch: &'a [String],
+    events: &'a RunEvents,
     /// 0 for a top-level run, +1 per child run level.
-    pub(crate) depth: u32,
+    depth: u32,
     /// The step budget: the route's `max_loop_steps`, never more than its parent's budget.
-    pub(crate) budget: u32,
+    budget: u32,
     /// Fires when the run is cancelled from outside; child runs share their parent's.
-    pub(crate) cancel: &'a Cancel,
+    cancel: &'a Cancel,
 }
 
 /// Mutable state of one run.
 #[derive(Debug, Default)]
-pub(crate) struct RunState {
-    pub(crate) notes: Vec<String>,
-    pub(crate) slots: IndexMap<String, String>,
+struct RunState {
+    notes: Vec<String>,
+    slots: IndexMap<String, String>,
     /// Parsed structured outputs, for branch conditions on fields.
     structured: Vec<(String, Value)>,
     /// Visits per node, indexed by node index (a handful of nodes: no hashing).
     visits: Vec<u32>,
     /// Model turns of the decision loop.
-    pub(crate) turns: u32,
+    turns: u32,
     llm_calls: Vec<(String, u32)>,
     child_calls: Vec<(String, String, u32)>,
-    pub(crate) last_output: Option<String>,
+    last_output: Option<String>,
 }
 
 /// A stage between `begin_stage` and `end_stage`: its node, start time and span context.
-pub(crate) struct OpenStage<'s> {
+struct OpenStage<'s> {
     stage: &'s StageNode,
     started: Instant,
     /// The stage's trace context: the parent of its model call's span.
-    pub(crate) cx: Context,
+    cx: Context,
 }
 
 /// How a walk ended when it did not fail.
-pub(crate) enum Finish {
+enum Finish {
     Completed,
     AwaitingInput(String),
 }
 
-pub(crate) struct StageFailure {
-    pub(crate) class: ReasonClass,
-    pub(crate) message: String,
+struct StageFailure {
+    class: ReasonClass,
+    message: String,
     /// Extra data for the `run.failed` event (the last decisions of a loop that ran out).
     detail: Option<Value>,
 }
 
 impl StageFailure {
-    pub(crate) fn new(class: ReasonClass, message: impl Into<String>) -> StageFailure {
+    fn new(class: ReasonClass, message: impl Into<String>) -> StageFailure {
         StageFailure { class, message: message.into(), detail: None }
     }
 
-    pub(crate) fn with_detail(mut self, detail: Value) -> StageFailure {
+    fn with_detail(mut self, detail: Value) -> StageFailure {
         self.detail = Some(detail);
         self
     }
@@ -158,16 +163,19 @@ impl StageFailure {
 /// Resolves `${VAR}` in tool URLs (the process environment in the CLI, a map in tests).
 pub type VarLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
+/// A model stack, or why a model profile cannot be used in this process.
+pub type ProfileStack = Result<Arc<dyn Llm>, String>;
+
 /// Runs routes of one catalogue with one LLM stack.
 pub struct Runner {
     catalogue: Arc<Catalogue>,
     llm: Arc<dyn Llm>,
-    http: HttpTools,
+    http: Arc<dyn HttpPort>,
     vars: VarLookup,
     fleet: Option<String>,
     /// Per-profile stacks when model profiles select the model (opt-in); a profile that cannot
     /// be used here keeps the reason, and only its routes are refused.
-    profile_llms: HashMap<String, Result<Arc<dyn Llm>, ConfigError>>,
+    profile_llms: HashMap<String, ProfileStack>,
     /// In-process tools, by capability name.
     tools: HashMap<String, Arc<dyn Tool>>,
 }
@@ -182,13 +190,30 @@ impl Runner {
     /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI). Fails only
     /// when the HTTP client of the tools cannot be built.
     pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Result<Runner, String> {
-        Ok(Runner { catalogue, llm, http: HttpTools::new()?, vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new() })
+        let http = Arc::new(HttpTools::new()?);
+        Ok(Runner { catalogue, llm, http, vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new() })
+    }
+
+    /// Sends HTTP tool calls through `http` instead of the real client (tests, embedders).
+    pub fn with_http(mut self, http: Arc<dyn HttpPort>) -> Runner {
+        self.http = http;
+        self
     }
 
     /// Sends each route's model calls to the stack of its `model_profile`, where one is given.
-    pub fn with_profile_llms(mut self, stacks: HashMap<String, Result<Arc<dyn Llm>, ConfigError>>) -> Runner {
+    pub fn with_profile_llms(mut self, stacks: HashMap<String, ProfileStack>) -> Runner {
         self.profile_llms = stacks;
         self
+    }
+
+    /// The catalogue this runner runs routes of.
+    pub fn catalogue(&self) -> &Arc<Catalogue> {
+        &self.catalogue
+    }
+
+    /// The default model stack.
+    pub fn llm(&self) -> &Arc<dyn Llm> {
+        &self.llm
     }
 
     /// Makes this runtime fleet `fleet`: routes targeted at another fleet are refused.
@@ -220,16 +245,16 @@ impl Runner {
                 StartError::BrokenRoute { route: route_id.into(), problems: b.problems.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n") }
             }
         })?;
-        if let (Some(fleet), Some(target)) = (&self.fleet, &route.activation_target)
+        if let (Some(fleet), Some(target)) = (&self.fleet, route.activation_target())
             && fleet != target
         {
-            return Err(StartError::WrongFleet { route: route_id.into(), target: target.clone(), fleet: fleet.clone() });
+            return Err(StartError::WrongFleet { route: route_id.into(), target: target.to_owned(), fleet: fleet.clone() });
         }
-        if let Some(tool) = route.tools.iter().find(|t| t.def.invoke.is_none() && !self.tools.contains_key(&t.name)) {
+        if let Some(tool) = route.tools().find(|t| t.def.invoke.is_none() && !self.tools.contains_key(&t.name)) {
             return Err(StartError::ToolNotRegistered { route: route_id.into(), tool: tool.name.clone() });
         }
-        if let Some(Err(e)) = self.profile_llms.get(&route.model_profile) {
-            return Err(StartError::ProfileUnusable { route: route_id.into(), profile: route.model_profile.clone(), message: e.to_string() });
+        if let Some(Err(e)) = self.profile_llms.get(route.model_profile()) {
+            return Err(StartError::ProfileUnusable { route: route_id.into(), profile: route.model_profile().to_owned(), message: e.clone() });
         }
         Ok(route)
     }
@@ -244,41 +269,44 @@ impl Runner {
     pub async fn run_with_cancel(&self, req: RunRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunResult, StartError> {
         let route = self.route(&req.route_id)?.clone();
         let run_id = new_run_id();
-        let events = RunEvents::new(&run_id, &route.id, None, sink);
-        let run = Run { route: &route, goal: &req.goal, prefetch: &req.prefetch, events: &events, depth: 0, budget: route.max_loop_steps, cancel: &cancel };
+        let events = RunEvents::new(&run_id, route.id(), None, sink);
+        let run = Run { route: &route, goal: &req.goal, prefetch: &req.prefetch, events: &events, depth: 0, budget: route.max_loop_steps(), cancel: &cancel };
         Ok(self.run_route(run, &Context::current()).await)
     }
 
-    fn run_route<'a>(&'a self, run: Run<'a>, parent_cx: &'a Context) -> crate::llm::BoxFuture<'a, RunResult> {
+    fn run_route<'a>(&'a self, run: Run<'a>, parent_cx: &'a Context) -> BoxFuture<'a, RunResult> {
         Box::pin(async move {
             let Run { route, prefetch, events, .. } = run;
             let run_cx = crate::otel::child(parent_cx, "run", SpanKind::Internal, || {
                 vec![
                     KeyValue::new("fabric.run_id", events.run_id().to_owned()),
-                    KeyValue::new("fabric.route_id", route.id.clone()),
-                    KeyValue::new("fabric.model_profile", route.model_profile.clone()),
+                    KeyValue::new("fabric.route_id", route.id().to_owned()),
+                    KeyValue::new("fabric.model_profile", route.model_profile().to_owned()),
                 ]
             });
             let started = Instant::now();
-            events.emit("run.started", None, || {
-                let mut data = fields! {"model_profile" => route.model_profile, "path" => route.path.as_str(), "prefetch_chunks" => prefetch.len()};
-                if let Some(source) = &route.source {
-                    data.insert("source".into(), source.clone().into());
+            events.emit(EventKind::RunStarted, None, || {
+                let mut data = fields! {"model_profile" => route.model_profile(), "path" => route.path().as_str(), "prefetch_chunks" => prefetch.len()};
+                if let Some(source) = route.source() {
+                    data.insert("source".into(), source.into());
                 }
-                if let Some(target) = &route.activation_target {
-                    data.insert("activation_target".into(), target.clone().into());
+                if let Some(target) = route.activation_target() {
+                    data.insert("activation_target".into(), target.into());
                 }
                 data
             });
             let mut state = RunState::default();
-            let outcome =
-                if route.path == RoutePath::Pattern1 { self.agent_loop(&run, &mut state, &run_cx).await } else { self.walk(&run, &mut state, &run_cx).await };
+            let outcome = if route.path() == RoutePath::Pattern1 {
+                self.decision_loop(&run, &mut state, &run_cx).await
+            } else {
+                self.walk(&run, &mut state, &run_cx).await
+            };
             let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
-            let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id.clone(), s.clone(), *n)).collect();
+            let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id().to_owned(), s.clone(), *n)).collect();
             llm_calls.append(&mut state.child_calls);
             let mut result = RunResult {
                 run_id: events.run_id().to_owned(),
-                route_id: route.id.clone(),
+                route_id: route.id().to_owned(),
                 status: RunStatus::Completed,
                 output: None,
                 slots: state.slots,
@@ -290,11 +318,11 @@ impl Runner {
             match outcome {
                 Ok(Finish::Completed) => {
                     result.output = state.last_output;
-                    events.emit("run.completed", None, || fields! {"output" => result.output, "duration_ms" => duration_ms});
+                    events.emit(EventKind::RunCompleted, None, || fields! {"output" => result.output, "duration_ms" => duration_ms});
                 }
                 Ok(Finish::AwaitingInput(question)) => {
                     result.status = RunStatus::AwaitingInput;
-                    events.emit("run.awaiting_input", None, || fields! {"question" => question, "duration_ms" => duration_ms});
+                    events.emit(EventKind::RunAwaitingInput, None, || fields! {"question" => question, "duration_ms" => duration_ms});
                     result.question = Some(question);
                 }
                 Err((stage_id, f)) => {
@@ -304,8 +332,8 @@ impl Runner {
                     if let Some(detail) = f.detail {
                         data.insert("decisions".into(), detail);
                     }
-                    events.emit("run.failed", stage_id.as_deref(), move || data);
-                    result.error = Some(RunFailure { reason_class: f.class.as_str(), message: f.message, stage_id });
+                    events.emit(EventKind::RunFailed, stage_id.as_deref(), move || data);
+                    result.error = Some(RunFailure { reason_class: f.class, message: f.message, stage_id });
                 }
             }
             crate::otel::end(&run_cx);
@@ -314,16 +342,16 @@ impl Runner {
     }
 
     /// Opens a stage: its `run.stage.started` event and span.
-    pub(crate) fn begin_stage<'s>(&self, run: &Run<'_>, stage: &'s StageNode, stage_idx: u32, run_cx: &Context) -> OpenStage<'s> {
+    fn begin_stage<'s>(&self, run: &Run<'_>, stage: &'s StageNode, stage_idx: u32, run_cx: &Context) -> OpenStage<'s> {
         run.events.emit(
-            "run.stage.started",
-            Some(&stage.id),
-            || fields! {"llm_role" => stage.role_name(), "stage_idx" => stage_idx, "kind" => kind_name(&stage.kind)},
+            EventKind::StageStarted,
+            Some(stage.id()),
+            || fields! {"llm_role" => stage.role_name(), "stage_idx" => stage_idx, "kind" => kind_name(stage.kind())},
         );
         let cx = crate::otel::child(run_cx, "stage", SpanKind::Internal, || {
             vec![
                 KeyValue::new("fabric.run_id", run.events.run_id().to_owned()),
-                KeyValue::new("fabric.stage_id", stage.id.clone()),
+                KeyValue::new("fabric.stage_id", stage.id().to_owned()),
                 KeyValue::new("fabric.llm_role", stage.role_name()),
             ]
         });
@@ -331,7 +359,7 @@ impl Runner {
     }
 
     /// Closes a stage: the slot (and, if `note`, a note) on success, the event, the span.
-    pub(crate) fn end_stage(&self, run: &Run<'_>, open: OpenStage<'_>, outcome: Result<String, &StageFailure>, state: &mut RunState, note: bool) {
+    fn end_stage(&self, run: &Run<'_>, open: OpenStage<'_>, outcome: Result<String, &StageFailure>, state: &mut RunState, note: bool) {
         let OpenStage { stage, started, cx } = open;
         let cx = &cx;
         let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
@@ -339,17 +367,21 @@ impl Runner {
             Ok(value) => {
                 let chars = value.chars().count();
                 if note && !value.is_empty() {
-                    state.notes.push(message::compress_note(&format!("{}: {value}", stage.id)));
+                    state.notes.push(message::compress_note(&format!("{}: {value}", stage.id())));
                 }
-                state.slots.insert(stage.id.clone(), value.clone());
-                run.events.emit("run.stage.completed", Some(&stage.id), || fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => chars});
+                state.slots.insert(stage.id().to_owned(), value.clone());
+                run.events.emit(
+                    EventKind::StageCompleted,
+                    Some(stage.id()),
+                    || fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => chars},
+                );
                 state.last_output = Some(value);
             }
             Err(f) => {
                 crate::otel::fail_cx(cx, f.class.as_str(), &f.message);
                 run.events.emit(
-                    "run.stage.failed",
-                    Some(&stage.id),
+                    EventKind::StageFailed,
+                    Some(stage.id()),
                     || fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms},
                 );
             }
@@ -359,25 +391,29 @@ impl Runner {
 
     /// A stage refused before it started (its step budget is spent): `run.stage.failed` alone,
     /// so that every failed run still names its failed stage.
-    pub(crate) fn refuse_stage(&self, run: &Run<'_>, stage: &StageNode, f: StageFailure) -> (Option<String>, StageFailure) {
-        run.events.emit("run.stage.failed", Some(&stage.id), || fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => 0.0});
-        (Some(stage.id.clone()), f)
+    fn refuse_stage(&self, run: &Run<'_>, stage: &StageNode, f: StageFailure) -> (Option<String>, StageFailure) {
+        run.events.emit(
+            EventKind::StageFailed,
+            Some(stage.id()),
+            || fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => 0.0},
+        );
+        (Some(stage.id().to_owned()), f)
     }
 
     async fn walk(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<Finish, (Option<String>, StageFailure)> {
         let route = run.route;
-        let mut node = route.entry;
+        let mut node = route.entry();
         let mut stage_idx: u32 = 0;
         loop {
-            let stage = &route.graph[node];
+            let stage = &route.graph()[node];
             if state.visits.len() <= node.index() {
-                state.visits.resize(route.graph.node_count(), 0);
+                state.visits.resize(route.graph().node_count(), 0);
             }
             let visits = &mut state.visits[node.index()];
             *visits += 1;
             // A branched workflow may loop; each stage runs at most max_loop_steps times per run.
             if *visits > run.budget {
-                let why = format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id, run.budget);
+                let why = format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id(), run.budget);
                 return Err(self.refuse_stage(run, stage, StageFailure::new(ReasonClass::LoopBudgetExceeded, why)));
             }
             let open = self.begin_stage(run, stage, stage_idx, run_cx);
@@ -385,7 +421,7 @@ impl Runner {
                 Ok(value) => self.end_stage(run, open, Ok(value), state, true),
                 Err(f) => {
                     self.end_stage(run, open, Err(&f), state, true);
-                    return Err((Some(stage.id.clone()), f));
+                    return Err((Some(stage.id().to_owned()), f));
                 }
             }
             stage_idx += 1;
@@ -393,8 +429,8 @@ impl Runner {
                 NextStep::Go(next) => node = next,
                 NextStep::End => return Ok(Finish::Completed),
                 NextStep::NoMatch => {
-                    let why = format!("no branch of stage `{}` matched and it has no branch without `when`", stage.id);
-                    return Err((Some(stage.id.clone()), StageFailure::new(ReasonClass::NoBranchMatched, why)));
+                    let why = format!("no branch of stage `{}` matched and it has no branch without `when`", stage.id());
+                    return Err((Some(stage.id().to_owned()), StageFailure::new(ReasonClass::NoBranchMatched, why)));
                 }
             }
         }
@@ -402,7 +438,7 @@ impl Runner {
 
     async fn run_stage(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
         let Run { goal, prefetch, events, .. } = *run;
-        match (stage.role, &stage.kind) {
+        match (stage.role(), stage.kind()) {
             (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(run, child_id, state, cx).await,
             (LlmRole::None, _) => {
                 if let Some((invoke, url)) = self.tool_url(stage) {
@@ -418,9 +454,9 @@ impl Runner {
                     if let ReplyValue::Structured(d) = &reply
                         && let Ok(v) = serde_json::from_str::<Value>(&d.compact)
                     {
-                        match state.structured.iter_mut().find(|(id, _)| *id == stage.id) {
+                        match state.structured.iter_mut().find(|(id, _)| *id == stage.id()) {
                             Some(slot) => slot.1 = v,
-                            None => state.structured.push((stage.id.clone(), v)),
+                            None => state.structured.push((stage.id().to_owned(), v)),
                         }
                     }
                     return Ok(reply.slot_value());
@@ -444,13 +480,13 @@ impl Runner {
         }
     }
 
-    pub(crate) fn tool_url<'s>(&self, stage: &'s StageNode) -> Option<(&'s Invoke, String)> {
-        let invoke = stage.capability.as_ref()?.def.invoke.as_ref()?;
+    fn tool_url<'s>(&self, stage: &'s StageNode) -> Option<(&'s Invoke, String)> {
+        let invoke = stage.capability()?.def.invoke.as_ref()?;
         let url = invoke.url.resolve(&|v| (self.vars)(v))?;
         Some((invoke, url))
     }
 
-    pub(crate) async fn call_tool(
+    async fn call_tool(
         &self,
         stage: &StageNode,
         invoke: &Invoke,
@@ -459,42 +495,36 @@ impl Runner {
         events: &RunEvents,
         cancel: &Cancel,
     ) -> Result<String, StageFailure> {
-        let tool = stage.capability.as_ref().map_or("", |c| c.name.as_str());
-        events.emit("run.tool.started", Some(&stage.id), || fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
+        let tool = stage.capability().map_or("", |c| c.name.as_str());
+        events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
         let outcome = tokio::select! {
             biased;
-            why = cancel.cancelled() => Err(crate::tools::ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
+            why = cancel.cancelled() => Err(ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
             r = self.http.call(invoke, url, args) => r,
         };
         match outcome {
             Ok(out) => {
                 events.emit(
-                    "run.tool.completed",
-                    Some(&stage.id),
+                    EventKind::ToolCompleted,
+                    Some(stage.id()),
                     || fields! {"tool" => tool, "status" => out.status, "bytes" => out.bytes, "duration_ms" => round_ms(out.duration.as_secs_f64() * 1000.0)},
                 );
                 Ok(out.text)
             }
             Err(e) => {
-                events.emit("run.tool.failed", Some(&stage.id), || fields! {"tool" => tool, "reason_class" => e.class.as_str(), "message" => e.message});
+                events.emit(EventKind::ToolFailed, Some(stage.id()), || fields! {"tool" => tool, "reason_class" => e.class.as_str(), "message" => e.message});
                 Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
             }
         }
     }
 
     /// Calls a registered in-process tool, with the same events as an HTTP tool.
-    pub(crate) async fn call_in_process_tool(
-        &self,
-        stage: &StageNode,
-        args: &Map<String, Value>,
-        events: &RunEvents,
-        cancel: &Cancel,
-    ) -> Result<String, StageFailure> {
-        let name = stage.capability.as_ref().map_or(stage.id.as_str(), |c| c.name.as_str());
+    async fn call_in_process_tool(&self, stage: &StageNode, args: &Map<String, Value>, events: &RunEvents, cancel: &Cancel) -> Result<String, StageFailure> {
+        let name = stage.capability().map_or(stage.id(), |c| c.name.as_str());
         let Some(tool) = self.tools.get(name) else {
             return Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}` has no in-process implementation registered")));
         };
-        events.emit("run.tool.started", Some(&stage.id), || fields! {"tool" => name, "method" => "in_process"});
+        events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => name, "method" => "in_process"});
         let started = Instant::now();
         let outcome = tokio::select! {
             biased;
@@ -508,46 +538,46 @@ impl Runner {
                     other => other.to_string(),
                 };
                 events.emit(
-                    "run.tool.completed",
-                    Some(&stage.id),
+                    EventKind::ToolCompleted,
+                    Some(stage.id()),
                     || fields! {"tool" => name, "status" => "ok", "bytes" => text.len(), "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
                 );
                 Ok(text)
             }
             Err((class, message)) => {
-                events.emit("run.tool.failed", Some(&stage.id), || fields! {"tool" => name, "reason_class" => class.as_str(), "message" => message});
+                events.emit(EventKind::ToolFailed, Some(stage.id()), || fields! {"tool" => name, "reason_class" => class.as_str(), "message" => message});
                 Err(StageFailure::new(class, format!("tool `{name}`: {message}")))
             }
         }
     }
 
-    pub(crate) async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
+    async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
         let Run { route, goal, prefetch, events, cancel, .. } = *run;
         let user = message::user_message(goal, prefetch, &state.notes);
-        let idx = match state.llm_calls.iter().position(|(id, _)| *id == stage.id) {
+        let idx = match state.llm_calls.iter().position(|(id, _)| *id == stage.id()) {
             Some(i) => i,
             None => {
-                state.llm_calls.push((stage.id.clone(), 0));
+                state.llm_calls.push((stage.id().to_owned(), 0));
                 state.llm_calls.len() - 1
             }
         };
         let turn = &mut state.llm_calls[idx].1;
         let req = LlmRequest {
             events,
-            route_id: &route.id,
-            stage_id: &stage.id,
+            route_id: route.id(),
+            stage_id: stage.id(),
             turn: *turn,
-            system: stage.prompt.system_text(),
+            system: stage.prompt().system_text(),
             user: &user,
             output: stage.output(),
             cx,
             cancel,
         };
         *turn += 1;
-        let llm = match self.profile_llms.get(&route.model_profile) {
+        let llm = match self.profile_llms.get(route.model_profile()) {
             Some(Ok(l)) => l,
             // Refused at start (`route`); never reached.
-            Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.to_string())),
+            Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.clone())),
             None => &self.llm,
         };
         llm.complete(&req).await.map(|r| r.value).map_err(|e| StageFailure::new(e.class, e.message))
@@ -559,31 +589,33 @@ impl Runner {
             return Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child runs nest deeper than {MAX_CHILD_DEPTH}")));
         }
         let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
-        let child_events = RunEvents::new(&new_run_id(), &route.id, Some(events.run_id()), events.sink().clone());
+        let child_events = RunEvents::new(&new_run_id(), route.id(), Some(events.run_id()), events.sink().clone());
         // The step budget is carried into the child: it never gets more than its parent has.
-        let child = Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps), cancel };
+        let child = Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps()), cancel };
         let result = self.run_route(child, cx).await;
         state.child_calls.extend(result.llm_calls.iter().cloned());
         match result.status {
             RunStatus::Completed => Ok(result.output.unwrap_or_default()),
             // The parent was interrupted with its child: say so, not "the child failed".
             RunStatus::Failed if cancel.reason().is_some() => {
-                Err(StageFailure::new(ReasonClass::Interrupted, format!("the run was interrupted in child run {} of route `{}`", result.run_id, route.id)))
+                Err(StageFailure::new(ReasonClass::Interrupted, format!("the run was interrupted in child run {} of route `{}`", result.run_id, route.id())))
             }
             RunStatus::Failed => {
                 let why = result.error.map(|e| format!("{}: {}", e.reason_class, e.message)).unwrap_or_default();
-                Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` failed: {why}", result.run_id, route.id)))
+                Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` failed: {why}", result.run_id, route.id())))
             }
             RunStatus::AwaitingInput => {
-                Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` is awaiting user input", result.run_id, route.id)))
+                Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` is awaiting user input", result.run_id, route.id())))
             }
         }
     }
 }
+
+/// The `kind` of a stage in events.
 fn kind_name(kind: &NodeKind) -> &'static str {
     match kind {
         NodeKind::Stage => "task",
-        NodeKind::ChildRun { .. } => "agent",
+        NodeKind::ChildRun { .. } => "child_run",
         NodeKind::AppendedSynthesis => "appended_synthesis",
         NodeKind::Decision => "decision",
         NodeKind::Tool => "tool",

@@ -8,19 +8,21 @@
 //! The stack is built in one place, [`stack`]: `TelemetryLlm(RetryLlm(backend))`, where the
 //! backend is the seeded stub or a real provider ([`providers`]).
 
+pub mod model;
 pub mod providers;
 pub mod retry;
 pub mod stack;
 pub mod stub;
 pub mod telemetry;
 
-use std::future::Future;
-use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::catalogue::defs::OutputSpec;
+pub use crate::failure::{BoxFuture, ReasonClass};
+
+use crate::decision::{DecisionError, DecisionErrorKind};
 use crate::events::RunEvents;
-use crate::structured::{self, Decoded};
+use crate::structured::{self, Decoded, FlatSchema};
 
 /// Sampling temperature of every model call (fixed, as in the Python runtime).
 pub const TEMPERATURE: f64 = 0.1;
@@ -28,8 +30,6 @@ pub const TEMPERATURE: f64 = 0.1;
 pub const MAX_OUTPUT_TOKENS: u32 = 4096;
 /// Time limit of one model-call attempt (fixed).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One logical model call (all of its attempts).
 #[derive(Debug)]
@@ -48,6 +48,30 @@ pub struct LlmRequest<'a> {
     pub cancel: &'a crate::cancel::Cancel,
 }
 
+/// What a model-calling stage makes of its capability's `output_schema`.
+#[derive(Debug, Clone)]
+pub enum OutputSpec {
+    /// No schema: a plain text call.
+    Text,
+    /// A flat schema: native structured output, validated with parity.
+    Bindable(Arc<FlatSchema>),
+    /// A schema that cannot be bound (nested, empty ...): a plain text call, warned at load.
+    Unbindable { why: String },
+    /// The Mode 1 decision node: an `AgentDecision` over the route's tools.
+    Decision(Arc<crate::decision::DecisionSpec>),
+}
+
+impl OutputSpec {
+    /// What a stage makes of a capability's `output_schema`: native structured output when the
+    /// schema is bindable, a plain text call otherwise (`fabric validate` takes the same path).
+    pub fn from_schema(schema: &serde_json::Value) -> OutputSpec {
+        match FlatSchema::from_json(schema) {
+            Ok(flat) => OutputSpec::Bindable(Arc::new(flat)),
+            Err(why) => OutputSpec::Unbindable { why },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub input_tokens: u64,
@@ -59,7 +83,7 @@ pub enum ReplyValue {
     Text(String),
     Structured(Decoded),
     /// A Mode 1 decision, already checked against the route's tool list.
-    Decision(crate::agent::decision::AgentDecision),
+    Decision(crate::decision::AgentDecision),
 }
 
 impl ReplyValue {
@@ -79,75 +103,6 @@ pub struct LlmReply {
     pub usage: Option<Usage>,
 }
 
-/// The closed set of failure classes (docs/events.md). Runs, stages, model calls and tools all
-/// report one of these as `reason_class`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReasonClass {
-    /// The reply is not JSON where a structured reply was asked for.
-    InvalidJson,
-    /// The reply is JSON but does not satisfy the output schema.
-    SchemaValidation,
-    Timeout,
-    Connection,
-    RateLimited,
-    ServerError,
-    /// Any other 4xx from a provider.
-    ClientError,
-    /// A provider reply we could not read (wrong shape, refusal, empty).
-    ProviderError,
-    /// The seeded stub was asked more often than its script allows (strict mode).
-    StubScriptExhausted,
-    /// A text-protocol decision (`CALL`/`ASK`/`DONE`) that does not parse.
-    InvalidDecision,
-    UnknownTool,
-    /// Mode 1: the model's tool arguments do not match the tool's input schema (noted; the loop goes on).
-    InvalidToolArguments,
-    LoopBudgetExceeded,
-    ToolTimeout,
-    ToolConnection,
-    ToolHttpStatus,
-    /// An in-process tool returned an error.
-    ToolFailed,
-    ToolResponseTooLarge,
-    NoBranchMatched,
-    ChildRunFailed,
-    /// The run was cancelled from outside (a signal, a service shutdown).
-    Interrupted,
-}
-
-impl ReasonClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReasonClass::InvalidJson => "invalid_json",
-            ReasonClass::SchemaValidation => "schema_validation",
-            ReasonClass::Timeout => "timeout",
-            ReasonClass::Connection => "connection",
-            ReasonClass::RateLimited => "rate_limited",
-            ReasonClass::ServerError => "server_error",
-            ReasonClass::ClientError => "client_error",
-            ReasonClass::ProviderError => "provider_error",
-            ReasonClass::StubScriptExhausted => "stub_script_exhausted",
-            ReasonClass::InvalidDecision => "invalid_decision",
-            ReasonClass::UnknownTool => "unknown_tool",
-            ReasonClass::InvalidToolArguments => "invalid_tool_arguments",
-            ReasonClass::LoopBudgetExceeded => "loop_budget_exceeded",
-            ReasonClass::ToolTimeout => "tool_timeout",
-            ReasonClass::ToolConnection => "tool_connection",
-            ReasonClass::ToolHttpStatus => "tool_http_status",
-            ReasonClass::ToolFailed => "tool_failed",
-            ReasonClass::ToolResponseTooLarge => "tool_response_too_large",
-            ReasonClass::NoBranchMatched => "no_branch_matched",
-            ReasonClass::ChildRunFailed => "child_run_failed",
-            ReasonClass::Interrupted => "interrupted",
-        }
-    }
-
-    /// Transient failures a retry may fix; everything else fails at once.
-    pub fn is_retryable(self) -> bool {
-        matches!(self, ReasonClass::Timeout | ReasonClass::Connection | ReasonClass::RateLimited | ReasonClass::ServerError)
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{}: {message}", class.as_str())]
 pub struct LlmError {
@@ -160,6 +115,19 @@ pub struct LlmError {
 impl LlmError {
     pub fn new(class: ReasonClass, message: impl Into<String>) -> LlmError {
         LlmError { class, message: message.into(), retry_after: None }
+    }
+}
+
+/// A reply that is not a usable decision fails the model call with the matching class.
+impl From<DecisionError> for LlmError {
+    fn from(e: DecisionError) -> LlmError {
+        let class = match e.kind {
+            DecisionErrorKind::InvalidJson => ReasonClass::InvalidJson,
+            DecisionErrorKind::Shape => ReasonClass::SchemaValidation,
+            DecisionErrorKind::Malformed => ReasonClass::InvalidDecision,
+            DecisionErrorKind::UnknownTool => ReasonClass::UnknownTool,
+        };
+        LlmError::new(class, e.message)
     }
 }
 

@@ -9,8 +9,9 @@
 use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo};
-use crate::config::RetryPolicy;
+use crate::events::EventKind;
 use crate::fields;
+use crate::llm::model::RetryPolicy;
 
 #[derive(Debug)]
 pub struct RetryLlm<L> {
@@ -46,7 +47,7 @@ impl<L: Llm> Llm for RetryLlm<L> {
                 let Some(computed) = delays.next() else { return Err(error) };
                 let delay = error.retry_after.unwrap_or(computed).min(self.policy.max_backoff);
                 req.events.emit(
-                    "run.llm.retrying",
+                    EventKind::LlmRetrying,
                     Some(req.stage_id),
                     || fields! {"attempt" => attempt + 1, "delay_ms" => delay.as_millis() as u64, "reason_class" => error.class.as_str(), "message" => error.message},
                 );

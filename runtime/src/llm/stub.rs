@@ -22,10 +22,10 @@ use std::time::Duration;
 use indexmap::IndexMap;
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyValue, Usage, finish_reply};
-use crate::catalogue::defs::OutputSpec;
-use crate::catalogue::yaml::{self, Ctx, Value};
 use crate::diag::{Diagnostic, Diagnostics};
+use crate::llm::OutputSpec;
 use crate::structured::{FieldType, Scalar};
+use crate::yaml::{self, Ctx, Value};
 
 #[derive(Debug, Default, Clone)]
 pub struct StubLlm {
@@ -49,7 +49,7 @@ impl StubLlm {
         let mut scripts = HashMap::new();
         let mut broken: HashMap<String, Vec<Diagnostic>> = HashMap::new();
         let mut first_path: HashMap<String, std::path::PathBuf> = HashMap::new();
-        for path in crate::catalogue::yaml_files(dir, &mut diags) {
+        for path in crate::source::yaml_files(dir, &mut diags) {
             let Some(route_id) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
             let mark = diags.len();
             if let Some(first) = first_path.get(&route_id) {
@@ -69,13 +69,16 @@ impl StubLlm {
 
     /// The problems of `route_id`'s script file, when it has any: its runs are refused.
     pub fn problems(&self, route_id: &str) -> Option<&[Diagnostic]> {
+        if self.broken.is_empty() {
+            return None;
+        }
         self.broken.get(route_id).map(Vec::as_slice)
     }
 
     fn load_file(path: &Path, route_id: &str, diags: &mut Diagnostics) -> Option<IndexMap<String, Vec<String>>> {
         {
             {
-                let text = crate::catalogue::read_text(path, diags)?;
+                let text = crate::source::read_text(path, diags)?;
                 let root = yaml::parse(path, &text, diags)?;
                 let mut ctx = Ctx { path, diags };
                 let mut f = ctx.map(&root, &format!("stub script `{route_id}`"))?;

@@ -8,8 +8,9 @@ use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass};
-use crate::catalogue::defs::OutputSpec;
+use crate::events::EventKind;
 use crate::fields;
+use crate::llm::OutputSpec;
 
 #[derive(Debug)]
 pub struct TelemetryLlm<L> {
@@ -28,7 +29,7 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
             let info = self.inner.info();
             let structured = matches!(req.output, OutputSpec::Bindable(_) | OutputSpec::Decision(_));
             req.events.emit(
-                "run.llm.started",
+                EventKind::LlmStarted,
                 Some(req.stage_id),
                 || fields! {"provider" => info.provider, "model" => info.model, "turn" => req.turn, "structured" => structured},
             );
@@ -60,12 +61,12 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                         data.insert("input_tokens".into(), u.input_tokens.into());
                         data.insert("output_tokens".into(), u.output_tokens.into());
                     }
-                    req.events.emit("run.llm.completed", Some(req.stage_id), move || data);
+                    req.events.emit(EventKind::LlmCompleted, Some(req.stage_id), move || data);
                 }
                 Err(e) => {
                     crate::otel::fail_cx(&cx, e.class.as_str(), &e.message);
                     req.events.emit(
-                        "run.llm.failed",
+                        EventKind::LlmFailed,
                         Some(req.stage_id),
                         || fields! {"reason_class" => e.class.as_str(), "message" => e.message, "duration_ms" => round_ms(duration_ms)},
                     );

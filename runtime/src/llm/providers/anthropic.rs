@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{CallSpec, Codec, WireRequest, nested_error_message, parse_reply};
-use crate::config::ProviderKind;
+use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
 pub const API_VERSION: &str = "2023-06-01";

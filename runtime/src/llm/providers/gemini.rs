@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{CallSpec, Codec, WireRequest, nested_error_message, parse_reply, retain_keywords};
-use crate::config::ProviderKind;
+use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
 #[derive(Debug, Clone, Copy)]

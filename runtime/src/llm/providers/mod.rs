@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, Usage, finish_reply};
-use crate::catalogue::defs::OutputSpec;
-use crate::config::{ProviderKind, ProviderTarget, Tuning};
+use crate::llm::OutputSpec;
+use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
 
 /// What a codec needs to build one call.
 #[derive(Debug)]
@@ -44,7 +44,7 @@ impl<'a> WireSchema<'a> {
         match output {
             OutputSpec::Bindable(s) => Some(WireSchema { json: s.source(), all_required: s.fields().iter().all(|f| f.required) }),
             // The decision's `arguments` is a free-form object, which strict modes reject.
-            OutputSpec::Decision(d) => Some(WireSchema { json: &d.schema, all_required: false }),
+            OutputSpec::Decision(d) => Some(WireSchema { json: d.schema(), all_required: false }),
             OutputSpec::Text | OutputSpec::Unbindable { .. } => None,
         }
     }
@@ -187,21 +187,20 @@ fn bounded_message(text: &str) -> String {
     format!("{head}… (cut: {total} characters in all)")
 }
 
-/// Reads a reply body up to `limit` bytes; a longer one is refused without reading the rest.
-async fn read_body(response: &mut reqwest::Response, limit: usize, timeout: Duration) -> Result<Vec<u8>, LlmError> {
-    let too_large =
-        || LlmError::new(ReasonClass::ProviderError, format!("the reply is larger than the {limit}-byte limit (FABRIC_LLM_MAX_REPLY_BYTES); it was not read"));
+/// Reads a reply body up to `limit` bytes. `Ok(None)` when it is longer: nothing past the
+/// limit is read, and the caller says so with the status it got.
+async fn read_body(response: &mut reqwest::Response, limit: usize, timeout: Duration) -> Result<Option<Vec<u8>>, LlmError> {
     if response.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+        return Ok(None);
     }
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|e| transport_error(e, timeout))? {
         if body.len() + chunk.len() > limit {
-            return Err(too_large());
+            return Ok(None);
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(body)
+    Ok(Some(body))
 }
 
 /// The reason class of an HTTP error status.
@@ -257,13 +256,22 @@ impl<C: Codec> Llm for HttpBackend<C> {
                 ));
             }
             let wait = retry_after(response.headers());
-            let bytes = read_body(&mut response, self.max_reply_bytes, self.timeout).await?;
+            let limit = self.max_reply_bytes;
+            let body = read_body(&mut response, limit, self.timeout).await?;
             if !(200..300).contains(&status) {
-                let detail = self.codec.error_message(&bytes).unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-                let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}: {}", bounded_message(&detail)));
+                // The status decides the class (and so the retry), whatever the body holds.
+                let detail = match &body {
+                    Some(bytes) => bounded_message(&self.codec.error_message(bytes).unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned())),
+                    None => format!("(an error body over the {limit}-byte limit, not read past it)"),
+                };
+                let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}: {detail}"));
                 e.retry_after = wait;
                 return Err(e);
             }
+            let Some(bytes) = body else {
+                let why = format!("the reply is larger than the {limit}-byte limit (FABRIC_LLM_MAX_REPLY_BYTES); nothing past the limit was read");
+                return Err(LlmError::new(ReasonClass::ProviderError, why));
+            };
             let (text, usage) = self.codec.decode(&bytes, &call)?;
             finish_reply(req.output, text, usage)
         })

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{CallSpec, ChatMessage, Codec, WireRequest, bearer_headers, parse_reply, system_user_messages};
-use crate::config::ProviderKind;
+use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
 #[derive(Debug, Clone, Copy)]

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, bearer_headers, nested_error_message, parse_reply, retain_keywords, system_user_messages};
-use crate::config::ProviderKind;
+use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
 #[derive(Debug, Clone, Copy)]

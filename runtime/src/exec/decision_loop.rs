@@ -1,25 +1,25 @@
-//! Mode 1, the decision loop of Pattern 1 routes.
+//! The decision loop of Pattern 1 routes (Mode 1), inside the executor.
 //!
-//! Each turn the model returns one [`decision::AgentDecision`]. `tool_call` names a tool of the
-//! hydrated list (checked inside the model call, so an unknown tool fails the call with
-//! `unknown_tool`); its arguments are checked against the tool's input schema before anything is
-//! sent; the tool's result, or its error, becomes a note and the model gets another turn. `ask`
-//! ends the run awaiting the user; `done` completes it. `max_loop_steps` bounds the model turns.
-
-pub mod decision;
+//! Each turn the model returns one [`AgentDecision`]. A tool call names a tool of the route's
+//! list (checked inside the model call, so an unknown tool fails the call with `unknown_tool`);
+//! its arguments are checked against the tool's input schema before anything is sent; the tool's
+//! result, or its error, becomes a note and the model gets another turn. An ask ends the run
+//! awaiting the user; done completes it. `max_loop_steps` bounds the model turns.
 
 use opentelemetry::Context;
 use serde_json::{Map, Value};
 
-use crate::exec::{Finish, Run, RunState, Runner, StageFailure};
-use crate::hydrate::{NodeKind, StageNode};
-use crate::llm::{ReasonClass, ReplyValue};
-use decision::Action;
+use super::{Finish, Run, RunState, Runner, StageFailure};
+use crate::decision::AgentDecision;
+use crate::events::EventKind;
+use crate::failure::ReasonClass;
+use crate::hydrate::StageNode;
+use crate::llm::ReplyValue;
 
 impl Runner {
-    pub(crate) async fn agent_loop(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<Finish, (Option<String>, StageFailure)> {
+    pub(super) async fn decision_loop(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<Finish, (Option<String>, StageFailure)> {
         let route = run.route;
-        let decide = &route.graph[route.entry];
+        let decide = route.entry_node();
         let mut decisions: Vec<Value> = Vec::new();
         let mut stage_idx = 0;
         loop {
@@ -37,39 +37,35 @@ impl Runner {
                 Ok(_) => {
                     let f = StageFailure::new(ReasonClass::ProviderError, "the backend did not return a decision");
                     self.end_stage(run, open, Err(&f), state, false);
-                    return Err((Some(decide.id.clone()), f));
+                    return Err((Some(decide.id().to_owned()), f));
                 }
                 Err(f) => {
                     self.end_stage(run, open, Err(&f), state, false);
-                    return Err((Some(decide.id.clone()), f));
+                    return Err((Some(decide.id().to_owned()), f));
                 }
             };
             let as_json = decision.to_json();
             decisions.push(as_json.clone());
             self.end_stage(run, open, Ok(as_json.to_string()), state, false);
-            match decision.action {
-                Action::Done => {
-                    state.last_output = decision.message;
+            match decision {
+                AgentDecision::Done { answer } => {
+                    state.last_output = Some(answer);
                     return Ok(Finish::Completed);
                 }
-                Action::Ask => return Ok(Finish::AwaitingInput(decision.message.unwrap_or_default())),
-                Action::ToolCall => {
-                    let name = decision.tool_name.unwrap_or_default();
-                    // The name was checked against the tool list inside the model call.
-                    let Some(tool) = route.nodes().map(|(_, n)| n).find(|n| n.kind == NodeKind::Tool && n.id == name) else {
-                        return Err((
-                            Some(decide.id.clone()),
-                            StageFailure::new(ReasonClass::UnknownTool, format!("no tool `{name}` in route `{}`", route.id)),
-                        ));
+                AgentDecision::Ask { question } => return Ok(Finish::AwaitingInput(question)),
+                AgentDecision::ToolCall { tool: name, arguments } => {
+                    // The name was checked against the route's tools inside the model call.
+                    let Some(tool) = route.tool_node(&name) else {
+                        let f = StageFailure::new(ReasonClass::UnknownTool, format!("no tool `{name}` in route `{}`", route.id()));
+                        return Err((Some(decide.id().to_owned()), f));
                     };
                     let open = self.begin_stage(run, tool, stage_idx, run_cx);
                     stage_idx += 1;
-                    let outcome = self.run_agent_tool(run, tool, &decision.arguments).await;
-                    match outcome {
+                    match self.run_loop_tool(run, tool, &arguments).await {
                         Ok(text) => self.end_stage(run, open, Ok(text), state, true),
                         Err(f) => {
                             // A tool error never ends the run: the model sees it and decides again.
-                            state.notes.push(crate::exec::message::compress_note(&format!("{}: error: {}: {}", tool.id, f.class.as_str(), f.message)));
+                            state.notes.push(super::message::compress_note(&format!("{}: error: {}: {}", tool.id(), f.class.as_str(), f.message)));
                             self.end_stage(run, open, Err(&f), state, false);
                         }
                     }
@@ -78,8 +74,8 @@ impl Runner {
         }
     }
 
-    async fn run_agent_tool(&self, run: &Run<'_>, tool: &StageNode, args: &Map<String, Value>) -> Result<String, StageFailure> {
-        let Some(cap) = &tool.capability else { return Err(StageFailure::new(ReasonClass::UnknownTool, format!("tool `{}` has no capability", tool.id))) };
+    async fn run_loop_tool(&self, run: &Run<'_>, tool: &StageNode, args: &Map<String, Value>) -> Result<String, StageFailure> {
+        let Some(cap) = &tool.capability() else { return Err(StageFailure::new(ReasonClass::UnknownTool, format!("tool `{}` has no capability", tool.id()))) };
         if let Some(validator) = &cap.def.input_validator {
             let instance = Value::Object(args.clone());
             let problems: Vec<String> = validator
@@ -92,9 +88,9 @@ impl Runner {
                 .collect();
             if !problems.is_empty() {
                 run.events.emit(
-                    "run.tool.failed",
-                    Some(&tool.id),
-                    || crate::fields! {"tool" => tool.id, "reason_class" => ReasonClass::InvalidToolArguments.as_str(), "message" => problems.join("; ")},
+                    EventKind::ToolFailed,
+                    Some(tool.id()),
+                    || crate::fields! {"tool" => tool.id(), "reason_class" => ReasonClass::InvalidToolArguments.as_str(), "message" => problems.join("; ")},
                 );
                 return Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))));
             }

@@ -1,6 +1,6 @@
 //! Definitions as decoded from catalogue files, before references between them are resolved.
 //!
-//! These are the "raw" layer: each field has been type-checked and carries its position, but a
+//! The raw layer of the catalogue: each field has been type-checked and carries its position, but a
 //! name may still point at nothing. [`crate::hydrate`] resolves them into runnable routes.
 
 use std::path::PathBuf;
@@ -10,9 +10,42 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::diag::{Diagnostic, Pos};
-use crate::structured::FlatSchema;
+use crate::llm::OutputSpec;
 
-use super::LlmRole;
+/// How a workflow stage executes. The set is closed: an unknown role is a load error and the
+/// routes using it cannot run; it never falls back to another role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LlmRole {
+    None,
+    Classify,
+    Synthesis,
+    QueryFormulation,
+}
+
+impl LlmRole {
+    pub fn parse(s: &str) -> Option<LlmRole> {
+        match s {
+            "none" => Some(LlmRole::None),
+            "classify" => Some(LlmRole::Classify),
+            "synthesis" => Some(LlmRole::Synthesis),
+            "query_formulation" => Some(LlmRole::QueryFormulation),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LlmRole::None => "none",
+            LlmRole::Classify => "classify",
+            LlmRole::Synthesis => "synthesis",
+            LlmRole::QueryFormulation => "query_formulation",
+        }
+    }
+
+    pub fn calls_model(self) -> bool {
+        self != LlmRole::None
+    }
+}
 
 /// A reference by name, with where it was written.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,19 +77,6 @@ pub struct ProfileDef {
     pub api_key_env: Option<String>,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
-}
-
-/// What a model-calling stage makes of its capability's `output_schema`.
-#[derive(Debug, Clone)]
-pub enum OutputSpec {
-    /// No schema: a plain text call.
-    Text,
-    /// A flat schema: native structured output, validated with parity.
-    Bindable(Arc<FlatSchema>),
-    /// A schema that cannot be bound (nested, empty ...): a plain text call, warned at load.
-    Unbindable { why: String },
-    /// The Mode 1 decision node: an `AgentDecision` over the route's tools.
-    Decision(Arc<crate::agent::decision::DecisionSpec>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,8 +185,8 @@ pub enum Flow {
 #[derive(Debug, Clone)]
 pub enum StageKindDef {
     Task,
-    /// Starts a child run of another route and waits for it.
-    Agent {
+    /// Starts a child run of another route and waits for it (`kind: child_run`).
+    ChildRun {
         route: Ref,
     },
 }
@@ -201,7 +221,10 @@ pub struct ManifestDef {
 pub enum RouteBodyDef {
     Workflow(Ref),
     Manifest(Ref),
-    Agent { tools: Vec<Ref> },
+    /// The decision loop (Pattern 1) over these tools.
+    DecisionLoop {
+        tools: Vec<Ref>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

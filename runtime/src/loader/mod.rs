@@ -1,4 +1,8 @@
-//! Loading: files → definitions → cross-checks → hydrated routes.
+//! Loading: source files → located YAML trees → definitions → cross-checks.
+//!
+//! The result is [`Loaded`]: every definition decoded (or where it was and why it could not be),
+//! with the problems found, which [`crate::catalogue`] then hydrates into runnable routes. One
+//! broken definition only breaks what uses it; every problem is kept, located.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -7,12 +11,15 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 use petgraph::graph::DiGraph;
 
-use super::defs::*;
-use super::yaml::{self, Ctx};
-use super::{BrokenRoute, Catalogue, LlmRole, RouteEntry, decode, read_text, yaml_files};
+pub mod decode;
+
+use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics, Pos};
+use crate::llm::OutputSpec;
 use crate::prompt::{self, PromptPack};
+use crate::source::{SourceFile, read_sources};
 use crate::structured::FieldType;
+use crate::yaml::{self, Ctx};
 
 /// A definition, or where it was and why it could not be decoded.
 pub type Entry<T> = Result<T, Origin>;
@@ -30,32 +37,17 @@ pub struct Defs {
 
 const SECTIONS: [&str; 5] = ["profiles", "capabilities", "workflows", "manifests", "routes"];
 
-/// One file's path and text.
-#[derive(Debug, Clone)]
-pub struct SourceFile {
-    pub path: PathBuf,
-    pub text: String,
+/// Everything read from the catalogue and pack directories: the definitions, every problem,
+/// and the files that could not be loaded at all.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub defs: Defs,
+    pub diags: Diagnostics,
+    pub unloaded: Vec<Diagnostic>,
 }
 
-/// Reads every YAML file below `dir`; unreadable ones are reported, listed in `unloaded` and
-/// skipped (a missing directory too).
-pub fn read_sources(dir: &Path, diags: &mut Diagnostics, unloaded: &mut Vec<Diagnostic>) -> Vec<SourceFile> {
-    let mark = diags.len();
-    let paths = yaml_files(dir, diags);
-    unloaded.extend(diags.since(mark).iter().cloned());
-    paths
-        .into_iter()
-        .filter_map(|path| {
-            let mark = diags.len();
-            let text = read_text(&path, diags);
-            unloaded.extend(diags.since(mark).iter().cloned());
-            text.map(|text| SourceFile { path, text })
-        })
-        .collect()
-}
-
-/// Loads the catalogue below `catalogue_dir` with the prompt packs of `packs_dir`.
-pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
+/// Reads and decodes the catalogue below `catalogue_dir` with the prompt packs of `packs_dir`.
+pub fn load_dirs(catalogue_dir: &Path, packs_dir: &Path) -> Loaded {
     let mut diags = Diagnostics::default();
     let mut unloaded = Vec::new();
     let packs = read_sources(packs_dir, &mut diags, &mut Vec::new());
@@ -63,8 +55,8 @@ pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
     load_sources(&files, &packs, diags, unloaded)
 }
 
-/// Loads a catalogue from texts already in memory (benchmarks, fuzzing, embedders).
-pub fn load_from_texts(files: &[SourceFile], packs: &[SourceFile]) -> Catalogue {
+/// Decodes a catalogue from texts already in memory (benchmarks, fuzzing, embedders).
+pub fn load_texts(files: &[SourceFile], packs: &[SourceFile]) -> Loaded {
     load_sources(files, packs, Diagnostics::default(), Vec::new())
 }
 
@@ -79,7 +71,7 @@ fn singular(section: &str) -> &'static str {
     }
 }
 
-fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnostics, mut unloaded: Vec<Diagnostic>) -> Catalogue {
+fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnostics, mut unloaded: Vec<Diagnostic>) -> Loaded {
     let mut defs = Defs { packs: prompt::load_packs(packs, &mut diags), ..Defs::default() };
     let mut seen: HashMap<(&'static str, String), (Arc<PathBuf>, Pos)> = HashMap::new();
     // A name defined twice is broken, with every definition's place: picking one would run
@@ -99,6 +91,14 @@ fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnosti
         };
         for section in SECTIONS {
             let Some(node) = file.get(section) else { continue };
+            if !matches!(node.value, yaml::Value::Map(_) | yaml::Value::Null) {
+                // Its definitions cannot be read: count the file with those that did not load,
+                // so a missing route points here.
+                let mark = ctx.diags.len();
+                yaml::entries(&mut ctx, node, section);
+                unloaded.extend(ctx.diags.since(mark).iter().cloned());
+                continue;
+            }
             for (key, node) in yaml::entries(&mut ctx, node, section) {
                 let singular = singular(section);
                 if let Some((first_path, first_pos)) = seen.get(&(section, key.name.clone())) {
@@ -161,40 +161,7 @@ fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnosti
     }
     check_workflows(&mut defs, &mut diags);
     check_manifests(&mut defs, &mut diags);
-    let mut routes = IndexMap::new();
-    let route_ids: Vec<String> = defs.routes.keys().cloned().collect();
-    for id in route_ids {
-        let entry = match &defs.routes[&id] {
-            Ok(def) => {
-                let mark = diags.len();
-                let built = crate::hydrate::build(&id, def, &defs, &mut diags);
-                let own = diags.since(mark).to_vec();
-                match built {
-                    Ok(route) if own.iter().all(|d| !d.is_error()) => RouteEntry::Ready(Arc::new(route)),
-                    result => {
-                        let mut problems = def.origin.problems.clone();
-                        problems.extend(own);
-                        if let Err(inherited) = result {
-                            problems.extend(inherited);
-                        }
-                        RouteEntry::Broken(BrokenRoute { id: id.clone(), path: def.origin.path.clone(), pos: def.origin.pos, problems: errors_only(problems) })
-                    }
-                }
-            }
-            Err(origin) => {
-                RouteEntry::Broken(BrokenRoute { id: id.clone(), path: origin.path.clone(), pos: origin.pos, problems: errors_only(origin.problems.clone()) })
-            }
-        };
-        routes.insert(id, entry);
-    }
-    let profiles = defs.profiles.into_iter().filter_map(|(name, p)| p.ok().filter(|p| !p.origin.is_broken()).map(|p| (name, p))).collect();
-    Catalogue { routes, profiles, diagnostics: diags.into_vec(), unloaded }
-}
-
-fn errors_only(mut problems: Vec<Diagnostic>) -> Vec<Diagnostic> {
-    problems.retain(Diagnostic::is_error);
-    problems.dedup();
-    problems
+    Loaded { defs, diags, unloaded }
 }
 
 /// Output field names of a capability's bindable schema, if it has one.
@@ -246,7 +213,7 @@ fn check_workflows(defs: &mut Defs, diags: &mut Diagnostics) {
                     }
                 }
             }
-            if let StageKindDef::Agent { route } = &stage.kind
+            if let StageKindDef::ChildRun { route } = &stage.kind
                 && !defs.routes.contains_key(&route.name)
             {
                 ctx.error(route.pos, format!("route `{}` (the child run of stage `{}`) is not defined", route.name, stage.id));

@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 use tokio::io::AsyncBufReadExt;
 
-use crate::catalogue::{self, Catalogue, SourceFile};
-use crate::config::RetryPolicy;
-use crate::events::NullSink;
-use crate::exec::{RunRequest, RunStatus, Runner};
-use crate::llm::stub::StubLlm;
+use fabric::cancel::Cancel;
+use fabric::catalogue::{self, Catalogue, SourceFile};
+use fabric::config::Settings;
+use fabric::events::NullSink;
+use fabric::exec::{RunRequest, RunStatus};
+use fabric::llm::stub::StubLlm;
+use fabric::runtime::Runtime;
 
 /// The BENCH.md routes: `staged` (three structured stages) and `loop` / `loop-http` (Pattern 1
 /// with the `add` tool in process, or over HTTP on loopback).
@@ -52,8 +54,8 @@ workflows:
       - {id: answer, llm_role: synthesis, capability: answer_text}
 routes:
   staged: {model_profile: bench, prompt_pack: bench, workflow: staged}
-  loop: {model_profile: bench, prompt_pack: bench, agent: {tools: [add]}}
-  loop-http: {model_profile: bench, prompt_pack: bench, agent: {tools: [add_http]}}
+  loop: {model_profile: bench, prompt_pack: bench, decision_loop: {tools: [add]}}
+  loop-http: {model_profile: bench, prompt_pack: bench, decision_loop: {tools: [add_http]}}
 "#;
 
 const PACK: &str = "host: You are the support desk assistant. Be accurate and brief.\nroles:\n  classify: \"{{host}} Classify the ticket.\"\n";
@@ -74,10 +76,18 @@ fn bench_catalogue() -> Arc<Catalogue> {
     Arc::new(catalogue::load_from_texts(&files, &packs))
 }
 
-fn runner(latency: Duration, tool_url: Option<String>) -> Result<Runner, String> {
-    let llm = crate::llm::stack::build(stub(latency), RetryPolicy::default());
-    Ok(Runner::new(bench_catalogue(), llm, Arc::new(move |k: &str| if k == "BENCH_TOOL_URL" { tool_url.clone() } else { None }))?
-        .with_tool("add", crate::tools::builtin_add()))
+/// The runtime every scenario drives: the library facade, as `fabric run` and the service use it.
+fn runner(latency: Duration, tool_url: Option<String>) -> Result<Runtime, String> {
+    // Default settings, whatever the environment says: the figures must not depend on it.
+    let settings = Settings::load(|_| None).map_err(|e| e.to_string())?;
+    Runtime::builder()
+        .settings(settings)
+        .catalogue(bench_catalogue())
+        .stub(stub(latency))
+        .vars(move |k: &str| if k == "BENCH_TOOL_URL" { tool_url.clone() } else { None })
+        .tool("add", fabric::tools::builtin_add())
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 /// Options of `fabric bench`.
@@ -99,8 +109,8 @@ pub struct BenchOptions {
     pub events: bool,
 }
 
-fn sink(opts: &BenchOptions) -> Arc<dyn crate::events::EventSink> {
-    if opts.events { Arc::new(crate::events::JsonLinesSink::new(Box::new(std::io::sink()))) } else { Arc::new(NullSink) }
+fn sink(opts: &BenchOptions) -> Arc<dyn fabric::events::EventSink> {
+    if opts.events { Arc::new(fabric::events::JsonLinesSink::new(Box::new(std::io::sink()))) } else { Arc::new(NullSink) }
 }
 
 pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "H"];
@@ -147,7 +157,7 @@ fn meta() -> Value {
         "fabric_version": env!("CARGO_PKG_VERSION"),
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "date": &crate::events::rfc3339_now()[..10],
+        "date": &fabric::events::rfc3339_now()[..10],
     })
 }
 
@@ -191,7 +201,7 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
     let sink = sink(opts);
     let req = RunRequest { route_id: route.into(), goal: goal(), prefetch: vec![] };
     for _ in 0..opts.warmup {
-        let _ = runner.run(req.clone(), sink.clone()).await;
+        let _ = runner.run(req.clone(), sink.clone(), Cancel::never()).await;
     }
     let mut samples = Vec::with_capacity(opts.runs);
     let mut failed = 0;
@@ -199,9 +209,9 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
     let wall0 = Instant::now();
     for _ in 0..opts.runs {
         let t = Instant::now();
-        let r = runner.run(req.clone(), sink.clone()).await;
+        let r = runner.run(req.clone(), sink.clone(), Cancel::never()).await;
         samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if !matches!(r, Ok(ref r) if r.status == RunStatus::Completed) {
+        if !matches!(r, Ok(ref r) if r.result.status == RunStatus::Completed) {
             failed += 1;
         }
     }
@@ -221,7 +231,7 @@ async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &
     let sink = sink(opts);
     // Warm the connection pool and the allocator a little.
     for _ in 0..10 {
-        let _ = runner.run(RunRequest { route_id: "staged".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await;
+        let _ = runner.run(RunRequest { route_id: "staged".into(), goal: goal(), prefetch: vec![] }, sink.clone(), Cancel::never()).await;
     }
     // Reset the peak RSS so VmHWM reflects this scenario only.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
@@ -232,11 +242,13 @@ async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &
     for _ in 0..c {
         let runner = runner.clone();
         let sink = sink.clone();
-        handles.push(tokio::spawn(async move { runner.run(RunRequest { route_id: "staged".into(), goal: goal(), prefetch: vec![] }, sink).await }));
+        handles.push(tokio::spawn(
+            async move { runner.run(RunRequest { route_id: "staged".into(), goal: goal(), prefetch: vec![] }, sink, Cancel::never()).await },
+        ));
     }
     let mut failed = 0;
     for h in handles {
-        if !matches!(h.await, Ok(Ok(ref r)) if r.status == RunStatus::Completed) {
+        if !matches!(h.await, Ok(Ok(ref r)) if r.result.status == RunStatus::Completed) {
             failed += 1;
         }
     }

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use serde_json::Value as Json;
 
-use super::LlmRole;
-use super::defs::*;
-use super::yaml::{self, Ctx, Node, Value};
+use crate::defs::*;
 use crate::diag::Pos;
+use crate::llm::OutputSpec;
 use crate::structured::FlatSchema;
+use crate::yaml::{self, Ctx, Node, Value};
 
 pub const DEFAULT_MAX_LOOP_STEPS: u32 = 8;
 pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
@@ -62,18 +62,18 @@ fn check_profile_routing(
         ctx.error(at, "routing moves as one unit: a profile that sets provider, base_url or api_key_env must also set model");
     }
     match (provider, model) {
-        (Some((p, pos)), _) if crate::config::ProviderKind::from_key(p).is_none() => {
+        (Some((p, pos)), _) if crate::llm::model::ProviderKind::from_key(p).is_none() => {
             ctx.error(*pos, format!("provider `{p}` is not supported; supported: ollama, openai, google_genai, anthropic"));
         }
         (None, Some((m, pos))) => {
-            if let Err(e) = crate::config::choose_model("model", m) {
+            if let Err(e) = crate::llm::model::choose_model("model", m) {
                 ctx.error(*pos, format!("`model` {}", e.message));
             }
         }
         _ => {}
     }
     if let Some((u, pos)) = base_url
-        && let Err(e) = crate::config::parse_base_url("base_url", u)
+        && let Err(e) = crate::llm::model::parse_base_url("base_url", u)
     {
         ctx.error(*pos, format!("`base_url` {}", e.message));
     }
@@ -265,18 +265,21 @@ fn stage(ctx: &mut Ctx<'_>, workflow: &str, node: &Node) -> Option<StageDef> {
         None => Some(StageKindDef::Task),
         Some(n) => match ctx.string(n, "`kind`").as_deref() {
             Some("task") => Some(StageKindDef::Task),
-            Some("agent") => {
+            Some(spelling @ ("child_run" | "agent")) => {
+                if spelling == "agent" {
+                    ctx.warning(n.pos, "`kind: agent` is deprecated: write `kind: child_run` (the stage starts a child run of another route)");
+                }
                 let route = f.get("route");
                 match route {
-                    Some(r) => reference(ctx, r, "`route`").map(|route| StageKindDef::Agent { route }),
+                    Some(r) => reference(ctx, r, "`route`").map(|route| StageKindDef::ChildRun { route }),
                     None => {
-                        ctx.error(n.pos, "a `kind: agent` stage needs `route`: the route its child run starts");
+                        ctx.error(n.pos, "a `kind: child_run` stage needs `route`: the route its child run starts");
                         None
                     }
                 }
             }
             Some(other) => {
-                ctx.error(n.pos, format!("unknown stage `kind` `{other}`; expected task or agent"));
+                ctx.error(n.pos, format!("unknown stage `kind` `{other}`; expected task or child_run"));
                 None
             }
             None => None,
@@ -285,12 +288,12 @@ fn stage(ctx: &mut Ctx<'_>, workflow: &str, node: &Node) -> Option<StageDef> {
     if matches!(kind, Some(StageKindDef::Task))
         && let Some(r) = f.get("route")
     {
-        ctx.error(r.pos, "`route` is only for `kind: agent` stages");
+        ctx.error(r.pos, "`route` is only for `kind: child_run` stages");
     }
-    if let (Some(StageKindDef::Agent { .. }), Some(r)) = (&kind, role)
+    if let (Some(StageKindDef::ChildRun { .. }), Some(r)) = (&kind, role)
         && r != LlmRole::None
     {
-        ctx.error(node.pos, "a `kind: agent` stage must have `llm_role: none` (the child run calls the model)");
+        ctx.error(node.pos, "a `kind: child_run` stage must have `llm_role: none` (the child run calls the model)");
     }
     let next = f.get("next");
     let branches = f.get("branches");
@@ -386,26 +389,30 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
     if let Some(n) = f.get("manifest") {
         bodies.push((n.pos, reference(ctx, n, "`manifest`").map(RouteBodyDef::Manifest)));
     }
-    if let Some(n) = f.get("agent") {
-        let body = ctx.map(n, "`agent`").and_then(|mut a| {
+    for key in ["decision_loop", "agent"] {
+        let Some(n) = f.get(key) else { continue };
+        if key == "agent" {
+            ctx.warning(n.pos, "route field `agent` is deprecated: write `decision_loop` (the model drives a tool loop)");
+        }
+        let body = ctx.map(n, &format!("`{key}`")).and_then(|mut a| {
             let tools = a
                 .require(ctx, "tools")
-                .and_then(|t| ctx.seq(t, "`agent.tools`"))
+                .and_then(|t| ctx.seq(t, &format!("`{key}.tools`")))
                 .map(|items| items.iter().filter_map(|i| reference(ctx, i, "a tool name")).collect::<Vec<_>>());
             a.finish(ctx);
-            tools.map(|tools| RouteBodyDef::Agent { tools })
+            tools.map(|tools| RouteBodyDef::DecisionLoop { tools })
         });
         bodies.push((n.pos, body));
     }
     f.finish(ctx);
     let body = match bodies.len() {
         0 => {
-            ctx.error(origin.pos, format!("route `{name}` needs one of `workflow`, `manifest` or `agent`"));
+            ctx.error(origin.pos, format!("route `{name}` needs one of `workflow`, `manifest` or `decision_loop`"));
             None
         }
         1 => bodies.pop().and_then(|(_, b)| b),
         _ => {
-            ctx.error(bodies[1].0, format!("route `{name}` has more than one of `workflow`, `manifest` and `agent`; pick one"));
+            ctx.error(bodies[1].0, format!("route `{name}` has more than one of `workflow`, `manifest` and `decision_loop`; pick one"));
             None
         }
     };

@@ -1,27 +1,28 @@
-//! The `fabric` command line. Exit codes: 0 completed / ok, 1 run failed (or a reply refused by
-//! `validate`), 2 bad usage, configuration or catalogue, 3 the run awaits the user.
+//! The `fabric` command line: parses arguments, prints, picks exit codes; every decision about
+//! runs is the library's ([`Runtime`]). Exit codes: 0 completed / ok, 1 run failed (or a reply
+//! refused by `validate`), 2 bad usage, configuration or catalogue, 3 the run awaits the user,
+//! 4 output could not be written, 128 + N a signal ended the run.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use fabric::cancel::CancelHandle;
+use fabric::catalogue::{self, Catalogue, RouteEntry};
+use fabric::config::{ConfigError, ProviderKind, Settings};
+use fabric::events::{EventSink, FanOut, JsonLinesSink, NullSink};
+use fabric::exec::{self, RunRequest, RunStatus};
+use fabric::failure::ReasonClass;
+use fabric::hydrate;
+use fabric::runtime::{Runtime, Validation};
 
-use crate::catalogue::{self, Catalogue, RouteEntry};
-use crate::config::Settings;
-use crate::events::{Event, EventSink, FanOut, JsonLinesSink, NullSink};
-use crate::exec::{self, RunRequest, RunStatus, Runner};
-use crate::hydrate;
-use crate::llm::stub::StubLlm;
-use crate::structured::{self, FlatSchema};
+use crate::progress::Progress;
 
 const EXIT_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_AWAITING: u8 = 3;
-/// Where stub scripts are read from when no directory is given.
-const DEFAULT_STUB_DIR: &str = "stub";
 
 #[derive(Debug, Parser)]
 #[command(name = "fabric", version, about = "Run staged LLM routes from a route catalogue")]
@@ -130,7 +131,7 @@ enum Format {
 const EXIT_IO: u8 = 4;
 
 /// Writes a line to stderr; a closed or full stderr is ignored (there is nowhere left to say it).
-fn say(line: impl std::fmt::Display) {
+pub fn say(line: impl std::fmt::Display) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
@@ -164,7 +165,7 @@ pub fn main() -> ExitCode {
         Err(e) => return usage(format_args!("cannot start the async runtime: {e}")),
     };
     // Export spans only when the standard OTLP variables ask for it; the guard flushes at exit.
-    let _otel = match crate::otel::init_from_env() {
+    let _otel = match fabric::otel::init_from_env() {
         Ok(guard) => guard,
         Err(e) => return usage(e),
     };
@@ -213,7 +214,7 @@ fn routes_list(cat: &Catalogue) -> std::io::Result<ExitCode> {
     let mut text = String::new();
     for entry in cat.routes() {
         match entry {
-            RouteEntry::Ready(r) => text.push_str(&format!("{}\t{}\t{}\tok\n", r.id, r.path.as_str(), r.activation_target.as_deref().unwrap_or("-"))),
+            RouteEntry::Ready(r) => text.push_str(&format!("{}\t{}\t{}\tok\n", r.id(), r.path().as_str(), r.activation_target().unwrap_or("-"))),
             RouteEntry::Broken(b) => text.push_str(&format!("{}\t-\t-\tbroken ({} errors)\n", b.id, b.problems.len())),
         }
     }
@@ -272,60 +273,51 @@ const MAX_SCHEMA_BYTES: u64 = 1024 * 1024;
 
 fn read_input(arg: Option<&str>, limit: u64) -> Result<String, String> {
     match arg {
-        None | Some("-") => crate::textfile::read_bounded_from(std::io::stdin().lock(), limit).map_err(|e| format!("standard input {e}")),
-        Some(path) => crate::textfile::read_bounded(Path::new(path), limit).map_err(|e| format!("{path} {e}")),
+        None | Some("-") => fabric::textfile::read_bounded_from(std::io::stdin().lock(), limit).map_err(|e| format!("standard input {e}")),
+        Some(path) => fabric::textfile::read_bounded(Path::new(path), limit).map_err(|e| format!("{path} {e}")),
     }
 }
 
 fn validate_cmd(schema_path: &Path, reply: Option<&str>) -> std::io::Result<ExitCode> {
-    let schema = crate::textfile::read_bounded(schema_path, MAX_SCHEMA_BYTES)
+    let schema = fabric::textfile::read_bounded(schema_path, MAX_SCHEMA_BYTES)
         .map_err(|e| e.to_string())
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| format!("is not valid JSON: {e}")));
     let schema = match schema {
         Ok(s) => s,
         Err(e) => return Ok(usage(format_args!("schema {}: {e}", schema_path.display()))),
     };
-    let raw = match read_input(reply, crate::llm::providers::DEFAULT_MAX_REPLY_BYTES as u64) {
+    let raw = match read_input(reply, fabric::llm::providers::DEFAULT_MAX_REPLY_BYTES as u64) {
         Ok(r) => r,
         Err(e) => return Ok(usage(format_args!("cannot read the reply: {e}"))),
     };
-    let flat = match FlatSchema::from_json(&schema) {
-        Ok(f) => f,
-        Err(why) => {
-            // What the stage would do: a plain text call whose reply is the slot value as is.
+    match fabric::runtime::validate(&schema, &raw) {
+        Validation::Accepted(value) => {
+            print_out(&format!("{value}\n"))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Validation::PlainText { why, text } => {
             say(format_args!(
                 "fabric: schema {} is not bindable ({why}); a stage with it runs as a plain text call and keeps the reply as text",
                 schema_path.display()
             ));
-            print_out(&format!("{raw}\n"))?;
-            return Ok(ExitCode::SUCCESS);
-        }
-    };
-    match structured::decode_reply(&flat, &raw) {
-        Ok(d) => {
-            print_out(&format!("{}\n", d.slot_value()))?;
+            print_out(&format!("{text}\n"))?;
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => {
-            print_out(&format!("{}\n", e.reason_class()))?;
-            say(format_args!("fabric: {}", e.detail()));
+        Validation::Refused { class, detail } => {
+            print_out(&format!("{class}\n"))?;
+            say(format_args!("fabric: {detail}"));
             Ok(ExitCode::from(EXIT_FAILED))
         }
     }
 }
 
-/// The stub for `fabric run`: scripts from `--stub-dir`/`FABRIC_LLM_STUB_DIR` when given (which
-/// must exist), else from `stub/` when it exists, else none (every reply generated, with a warning).
-fn load_stub(cli: &Cli) -> Result<StubLlm, String> {
-    let (dir, explicit) = match &cli.stub_dir {
-        Some(dir) => (dir.clone(), true),
-        None => (PathBuf::from(DEFAULT_STUB_DIR), false),
-    };
-    if !explicit && !dir.exists() {
-        say(format_args!("fabric: warning: no stub script directory `{DEFAULT_STUB_DIR}` here; every stub reply is generated from the stage's schema"));
-        return Ok(StubLlm::default());
+/// The runtime of `run` and `doctor`: the CLI's directories and the built-in `add` tool.
+fn build_runtime(cli: &Cli, settings: Settings) -> Result<Runtime, fabric::runtime::BuildError> {
+    let mut builder = Runtime::builder().settings(settings).catalogue_dirs(&cli.catalogue, &cli.prompt_packs).tool("add", fabric::tools::builtin_add());
+    if let Some(dir) = &cli.stub_dir {
+        builder = builder.stub_dir(dir);
     }
-    StubLlm::load(&dir).map_err(|problems| problems.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n"))
+    builder.build()
 }
 
 /// Signals that end a run cleanly: the run fails with `interrupted`, its result is printed, and
@@ -338,7 +330,7 @@ const SIGNALS: [(tokio::signal::unix::SignalKind, &str, u8); 3] = [
 
 /// Installs the handlers; the returned cell holds the number of the first signal received.
 /// A second signal ends the process at once.
-fn on_signals(handle: crate::cancel::CancelHandle) -> Result<Arc<std::sync::atomic::AtomicU8>, String> {
+fn on_signals(handle: CancelHandle) -> Result<Arc<std::sync::atomic::AtomicU8>, String> {
     let got = Arc::new(std::sync::atomic::AtomicU8::new(0));
     for (kind, name, number) in SIGNALS {
         let mut stream = tokio::signal::unix::signal(kind).map_err(|e| format!("cannot install the {name} handler: {e}"))?;
@@ -355,84 +347,52 @@ fn on_signals(handle: crate::cancel::CancelHandle) -> Result<Arc<std::sync::atom
     Ok(got)
 }
 
+fn settings_or_exit() -> Result<Settings, ExitCode> {
+    Settings::from_env().map_err(|e: ConfigError| usage(format_args!("bad configuration: {e}")))
+}
+
 async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>, events_out: Option<&str>) -> std::io::Result<ExitCode> {
-    let settings = match Settings::from_env() {
+    let settings = match settings_or_exit() {
         Ok(s) => s,
-        Err(e) => return Ok(usage(format_args!("bad configuration: {e}"))),
+        Err(code) => return Ok(code),
     };
-    for w in &settings.warnings {
-        say(format_args!("fabric: warning: {w}"));
-    }
     let goal = match exec::parse_goal(goal) {
         Ok(g) => g,
         Err(e) => return Ok(usage(format_args!("--goal: {e}"))),
     };
     let prefetch = match prefetch {
         None => Vec::new(),
-        Some(p) => match crate::textfile::read_bounded(p, exec::MAX_PREFETCH_BYTES).map_err(|e| e.to_string()).and_then(|t| exec::parse_prefetch(&t)) {
+        Some(p) => match fabric::textfile::read_bounded(p, exec::MAX_PREFETCH_BYTES).map_err(|e| e.to_string()).and_then(|t| exec::parse_prefetch(&t)) {
             Ok(chunks) => chunks,
             Err(e) => return Ok(usage(format_args!("--prefetch {}: {e}", p.display()))),
         },
     };
-    let catalogue = Arc::new(load(cli));
-    let mut stub = None;
-    let mut profile_llms = std::collections::HashMap::new();
-    let llm = if settings.stub {
-        let s = match load_stub(cli) {
-            Ok(s) => s.with_latency(settings.stub_latency).strict(settings.stub_strict),
-            Err(problems) => return Ok(usage(format_args!("stub scripts:\n{problems}"))),
-        };
-        if let Some(problems) = s.problems(route_id) {
-            let lines: Vec<String> = problems.iter().map(|d| format!("  {d}")).collect();
-            return Ok(usage(format_args!("route `{route_id}` cannot run with the stub: its script has errors:\n{}", lines.join("\n"))));
-        }
-        stub = Some(s.clone());
-        crate::llm::stack::build(s, settings.retry)
-    } else {
-        // Every stack is built before the run starts, so a missing key stops us before inference.
-        let client = match crate::llm::stack::client() {
-            Ok(c) => c,
-            Err(e) => return Ok(usage(e)),
-        };
-        if settings.honor_model_profile {
-            profile_llms = crate::llm::stack::profile_stacks(&settings, &client, catalogue.profiles());
-        }
-        match crate::llm::stack::provider_stack(&settings, &client) {
-            Ok(l) => l,
-            Err(e) => return Ok(usage(format_args!("bad configuration: {e}"))),
-        }
-    };
-    let runner = match Runner::new(catalogue, llm, Arc::new(|k: &str| std::env::var(k).ok())) {
+    let runtime = match build_runtime(cli, settings) {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
     };
-    let runner = runner
-        .with_fleet(settings.fleet.clone())
-        .with_profile_llms(profile_llms)
-        // The binary's built-in in-process tools (library users register their own).
-        .with_tool("add", crate::tools::builtin_add());
+    for w in runtime.warnings() {
+        say(format_args!("fabric: warning: {w}"));
+    }
     // Every refusal comes before the events file is opened: a run that cannot start leaves an
     // existing file as it was.
-    if let Err(e) = runner.route(route_id) {
+    if let Err(e) = runtime.check_route(route_id) {
         return Ok(usage(e));
     }
     let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
     let mut json_sink = None;
-    match events_out {
-        None => {}
-        Some(target) => {
-            let writer: Box<dyn Write + Send> = if target == "-" {
-                Box::new(std::io::stderr())
-            } else {
-                match std::fs::File::create(target) {
-                    Ok(f) => Box::new(std::io::BufWriter::new(f)),
-                    Err(e) => return Ok(usage(format_args!("--events-out {target}: {e}"))),
-                }
-            };
-            let sink = Arc::new(JsonLinesSink::new(writer));
-            json_sink = Some(sink.clone());
-            sinks.push(sink);
-        }
+    if let Some(target) = events_out {
+        let writer: Box<dyn Write + Send> = if target == "-" {
+            Box::new(std::io::stderr())
+        } else {
+            match std::fs::File::create(target) {
+                Ok(f) => Box::new(std::io::BufWriter::new(f)),
+                Err(e) => return Ok(usage(format_args!("--events-out {target}: {e}"))),
+            }
+        };
+        let sink = Arc::new(JsonLinesSink::new(writer));
+        json_sink = Some(sink.clone());
+        sinks.push(sink);
     }
     if events_out != Some("-") && std::io::stderr().is_terminal() {
         sinks.push(Arc::new(Progress::default()));
@@ -442,36 +402,38 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         1 => sinks.pop().unwrap_or_else(|| Arc::new(NullSink)),
         _ => Arc::new(FanOut(sinks)),
     };
-    let (handle, cancel) = crate::cancel::CancelHandle::new();
+    let (handle, cancel) = CancelHandle::new();
     let signal = match on_signals(handle) {
         Ok(s) => s,
         Err(e) => return Ok(usage(e)),
     };
-    let result = match runner.run_with_cancel(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await {
+    let outcome = match runtime.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
     };
-    let printed = print_out(&format!("{}\n", serde_json::to_string(&result).unwrap_or_default()));
+    let result = &outcome.result;
+    let printed = print_out(&format!("{}\n", serde_json::to_string(result).unwrap_or_default()));
     let events_failed = json_sink.and_then(|s| s.failure());
     if let Some(why) = &events_failed {
         say(format_args!("fabric: the events of run {} are incomplete: {why}", result.run_id));
     }
+    if let Err(e) = &printed {
+        say(format_args!("fabric: cannot write the output: {e}"));
+    }
+    // A signal that interrupted the run names the exit code; one that came after the run had
+    // ended changes nothing.
     let signal = signal.load(std::sync::atomic::Ordering::SeqCst);
-    if signal != 0 {
+    if signal != 0 && result.error.as_ref().is_some_and(|e| e.reason_class == ReasonClass::Interrupted) {
         return Ok(ExitCode::from(128 + signal));
     }
-    printed?;
-    if events_failed.is_some() {
+    if printed.is_err() || events_failed.is_some() {
         return Ok(ExitCode::from(EXIT_IO));
     }
-    if let Some(stub) = stub.as_ref().filter(|s| s.is_strict()) {
-        let unused = stub.unconsumed(&result.llm_calls);
-        if !unused.is_empty() {
-            for u in &unused {
-                say(format_args!("fabric: strict stub: {u}"));
-            }
-            return Ok(ExitCode::from(EXIT_FAILED));
+    if !outcome.unused_script_lines.is_empty() {
+        for u in &outcome.unused_script_lines {
+            say(format_args!("fabric: strict stub: {u}"));
         }
+        return Ok(ExitCode::from(EXIT_FAILED));
     }
     Ok(match result.status {
         RunStatus::Completed => ExitCode::SUCCESS,
@@ -492,16 +454,13 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     for (var, value, origin) in settings.describe() {
         out.push_str(&format!("  {var}={value}  ({origin})\n"));
     }
-    for w in &settings.warnings {
-        out.push_str(&format!("  warning: {w}\n"));
-    }
     out.push_str(&format!("backend: {}\n", if settings.stub { "seeded stub (FABRIC_LLM_STUB)" } else { "provider" }));
     out.push_str(&format!("model: {} (from {})\n", settings.model_string.0, settings.model_string.1));
     match &settings.target {
         Some(t) => {
-            let base_url = crate::redact::redact_url(&t.base_url);
+            let base_url = fabric::redact::redact_url(&t.base_url);
             out.push_str(&format!("  provider: {}  model: {}  base_url: {base_url}\n", t.provider.key(), t.model));
-            if t.provider == crate::config::ProviderKind::Gemini {
+            if t.provider == ProviderKind::Gemini {
                 out.push_str(&format!("  api_version: {}\n", t.api_version));
             }
             out.push_str(&format!("  api key: {}\n", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})"))));
@@ -512,9 +471,9 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     out.push_str(&format!("retry: {} attempts, base {:?}, cap {:?}\n", r.max_attempts, r.base, r.max_backoff));
     out.push_str(&format!(
         "fixed: temperature {}, max tokens {}, timeout {:?}; reply cap {} bytes\n",
-        crate::llm::TEMPERATURE,
-        crate::llm::MAX_OUTPUT_TOKENS,
-        crate::llm::CALL_TIMEOUT,
+        fabric::llm::TEMPERATURE,
+        fabric::llm::MAX_OUTPUT_TOKENS,
+        fabric::llm::CALL_TIMEOUT,
         settings.max_reply_bytes
     ));
     out.push_str(&format!(
@@ -522,7 +481,18 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         if settings.honor_model_profile { "select the model (FABRIC_HONOR_MODEL_PROFILE)" } else { "metadata only" }
     ));
     out.push_str(&format!("fleet: {}\n", settings.fleet.as_deref().unwrap_or("(none: serves every route)")));
-    let cat = load(cli);
+    let runtime = match build_runtime(cli, settings) {
+        Ok(r) => r,
+        Err(e) => {
+            out.push_str(&format!("runtime: ERROR {e}\n"));
+            print_out(&out)?;
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    for w in runtime.warnings() {
+        out.push_str(&format!("  warning: {w}\n"));
+    }
+    let cat = runtime.catalogue();
     out.push_str(&format!(
         "catalogue: {} ({} routes, {} errors, {} files not loaded)\n",
         cli.catalogue.display(),
@@ -530,99 +500,24 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         cat.error_count(),
         cat.unloaded().len()
     ));
-    let client = match crate::llm::stack::client() {
-        Ok(c) => c,
-        Err(e) => {
-            out.push_str(&format!("http client: ERROR {e}\n"));
-            print_out(&out)?;
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
-    if settings.honor_model_profile && !settings.stub {
-        for (name, stack) in crate::llm::stack::profile_stacks(&settings, &client, cat.profiles()) {
-            match stack {
-                Ok(l) => out.push_str(&format!("  profile {name}: {} {}\n", l.info().provider, l.info().model)),
-                Err(e) => out.push_str(&format!("  profile {name}: UNUSABLE ({e}); its routes are refused\n")),
-            }
+    for p in runtime.profiles() {
+        match p.model {
+            Ok(m) => out.push_str(&format!("  profile {}: {} {}\n", p.name, m.provider, m.model)),
+            Err(e) => out.push_str(&format!("  profile {}: UNUSABLE ({e}); its routes are refused\n", p.name)),
         }
     }
     print_out(&out)?;
     if !probe {
         return Ok(ExitCode::SUCCESS);
     }
-    let llm = if settings.stub {
-        crate::llm::stack::build(StubLlm::default(), settings.retry)
-    } else {
-        match crate::llm::stack::provider_stack(&settings, &client) {
-            Ok(l) => l,
-            Err(e) => {
-                print_out(&format!("probe: ERROR {e}\n"))?;
-                return Ok(ExitCode::from(EXIT_USAGE));
-            }
-        }
-    };
-    let schema = serde_json::json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]});
-    let output = crate::catalogue::defs::OutputSpec::Bindable(Arc::new(FlatSchema::from_json(&schema).unwrap_or_else(|_| unreachable!("a flat schema"))));
-    let events = crate::events::RunEvents::new("doctor", "doctor", None, Arc::new(NullSink));
-    let never = crate::cancel::Cancel::never();
-    let req = crate::llm::LlmRequest {
-        events: &events,
-        route_id: "doctor",
-        stage_id: "probe",
-        turn: 0,
-        system: "Reply with JSON only.",
-        user: "Reply with {\"ok\": true}.",
-        output: &output,
-        cx: &opentelemetry::Context::current(),
-        cancel: &never,
-    };
-    let started = Instant::now();
-    match llm.complete(&req).await {
-        Ok(reply) => {
-            print_out(&format!("probe: ok in {:.0} ms: {}\n", started.elapsed().as_secs_f64() * 1000.0, reply.value.slot_value()))?;
+    match runtime.probe().await {
+        Ok(p) => {
+            print_out(&format!("probe: ok in {:.0} ms: {}\n", p.elapsed.as_secs_f64() * 1000.0, p.reply))?;
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
             print_out(&format!("probe: FAILED ({}) {}\n", e.class.as_str(), e.message))?;
             Ok(ExitCode::from(EXIT_FAILED))
         }
-    }
-}
-
-/// Live progress on a terminal: one line per stage, with model-call timings.
-#[derive(Default)]
-struct Progress {
-    started: Mutex<Option<Instant>>,
-}
-
-impl EventSink for Progress {
-    fn emit(&self, e: &Event) {
-        let get = |k: &str| match e.data.get(k) {
-            None => String::new(),
-            Some(serde_json::Value::String(s)) => s.clone(),
-            Some(serde_json::Value::Number(n)) if n.is_f64() => format!("{:.1}", n.as_f64().unwrap_or_default()),
-            Some(v) => v.to_string(),
-        };
-        let stage = e.stage_id.as_deref().unwrap_or("");
-        let indent = if e.parent_run_id.is_some() { "    " } else { "" };
-        let line = match e.kind {
-            "run.started" => {
-                if let Ok(mut s) = self.started.lock() {
-                    s.get_or_insert_with(Instant::now);
-                }
-                format!("{indent}▶ {} ({} path)", e.route_id, get("path"))
-            }
-            "run.stage.started" => format!("{indent}  • {stage} [{}] …", get("llm_role")),
-            "run.llm.completed" => format!("{indent}      model {} ms, {} → {} tokens", get("duration_ms"), get("input_tokens"), get("output_tokens")),
-            "run.llm.failed" => format!("{indent}      model failed: {} ({})", get("reason_class"), get("message")),
-            "run.tool.completed" => format!("{indent}      tool {} HTTP {} in {} ms", get("tool"), get("status"), get("duration_ms")),
-            "run.tool.failed" => format!("{indent}      tool {} failed: {}", get("tool"), get("reason_class")),
-            "run.stage.completed" => format!("{indent}  ✓ {stage} {} ms", get("duration_ms")),
-            "run.stage.failed" => format!("{indent}  ✗ {stage}: {}", get("reason_class")),
-            "run.completed" => format!("{indent}✔ completed in {} ms", get("duration_ms")),
-            "run.failed" => format!("{indent}✘ failed: {} — {}", get("reason_class"), get("message")),
-            _ => return,
-        };
-        say(line);
     }
 }

@@ -1,0 +1,148 @@
+//! The route catalogue: what [`crate::loader`] decoded, hydrated into runnable routes.
+//!
+//! Every route is either ready (a [`Route`] graph) or broken (with every problem that stands in
+//! its way); one broken definition only breaks the routes that use it. All problems are kept as
+//! [`Diagnostic`]s in file and position order, and files that could not be loaded at all are
+//! named wherever a route goes missing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use indexmap::IndexMap;
+
+pub use crate::loader::decode::{DEFAULT_MAX_LOOP_STEPS, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TOOL_TIMEOUT_MS};
+pub use crate::source::SourceFile;
+
+use crate::defs::ProfileDef;
+use crate::diag::{Diagnostic, Pos};
+use crate::hydrate::Route;
+use crate::loader::{self, Loaded};
+
+/// A route that could not be built, with every problem that stands in its way.
+#[derive(Debug, Clone)]
+pub struct BrokenRoute {
+    pub id: String,
+    pub path: Arc<PathBuf>,
+    pub pos: Pos,
+    pub problems: Vec<Diagnostic>,
+}
+
+#[derive(Debug, Clone)]
+pub enum RouteEntry {
+    Ready(Arc<Route>),
+    Broken(BrokenRoute),
+}
+
+/// The loaded catalogue: every route, runnable or not, and every diagnostic.
+#[derive(Debug, Default)]
+pub struct Catalogue {
+    routes: IndexMap<String, RouteEntry>,
+    profiles: IndexMap<String, ProfileDef>,
+    diagnostics: Vec<Diagnostic>,
+    /// Catalogue files (and directories) that could not be read or parsed at all: the routes
+    /// in them are missing, and each is named wherever a missing route is reported.
+    unloaded: Vec<Diagnostic>,
+}
+
+impl Catalogue {
+    pub fn routes(&self) -> impl Iterator<Item = &RouteEntry> {
+        self.routes.values()
+    }
+
+    pub fn get(&self, id: &str) -> Option<&RouteEntry> {
+        self.routes.get(id)
+    }
+
+    /// A runnable route, or why not.
+    pub fn route(&self, id: &str) -> Result<&Arc<Route>, RouteLookupError<'_>> {
+        match self.routes.get(id) {
+            Some(RouteEntry::Ready(r)) => Ok(r),
+            Some(RouteEntry::Broken(b)) => Err(RouteLookupError::Broken(b)),
+            None => Err(RouteLookupError::Unknown { known: self.routes.keys().map(String::as_str).collect(), unloaded: &self.unloaded }),
+        }
+    }
+
+    /// Files and directories of the catalogue that could not be read or parsed.
+    pub fn unloaded(&self) -> &[Diagnostic] {
+        &self.unloaded
+    }
+
+    /// The model profiles that loaded without errors.
+    pub fn profiles(&self) -> impl Iterator<Item = (&String, &ProfileDef)> {
+        self.profiles.iter()
+    }
+
+    pub fn diagnostics(&self) -> &[Diagnostic] {
+        &self.diagnostics
+    }
+
+    pub fn error_count(&self) -> usize {
+        self.diagnostics.iter().filter(|d| d.is_error()).count()
+    }
+}
+
+#[derive(Debug)]
+pub enum RouteLookupError<'a> {
+    Unknown { known: Vec<&'a str>, unloaded: &'a [Diagnostic] },
+    Broken(&'a BrokenRoute),
+}
+
+/// Loads the catalogue below `catalogue_dir` with the prompt packs of `packs_dir`.
+pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
+    Catalogue::from_loaded(loader::load_dirs(catalogue_dir, packs_dir))
+}
+
+/// Loads a catalogue from texts already in memory (benchmarks, fuzzing, embedders).
+pub fn load_from_texts(files: &[SourceFile], packs: &[SourceFile]) -> Catalogue {
+    Catalogue::from_loaded(loader::load_texts(files, packs))
+}
+
+impl Catalogue {
+    /// Hydrates every route of the loaded definitions; a route that cannot be built keeps every
+    /// problem that stands in its way.
+    fn from_loaded(loaded: Loaded) -> Catalogue {
+        let Loaded { defs, mut diags, unloaded } = loaded;
+        let mut routes = IndexMap::new();
+        let route_ids: Vec<String> = defs.routes.keys().cloned().collect();
+        for id in route_ids {
+            let entry = match &defs.routes[&id] {
+                Ok(def) => {
+                    let mark = diags.len();
+                    let built = crate::hydrate::build(&id, def, &defs, &mut diags);
+                    let own = diags.since(mark).to_vec();
+                    match built {
+                        Ok(route) if own.iter().all(|d| !d.is_error()) => RouteEntry::Ready(Arc::new(route)),
+                        result => {
+                            let mut problems = def.origin.problems.clone();
+                            problems.extend(own);
+                            if let Err(inherited) = result {
+                                problems.extend(inherited);
+                            }
+                            RouteEntry::Broken(BrokenRoute {
+                                id: id.clone(),
+                                path: def.origin.path.clone(),
+                                pos: def.origin.pos,
+                                problems: errors_only(problems),
+                            })
+                        }
+                    }
+                }
+                Err(origin) => RouteEntry::Broken(BrokenRoute {
+                    id: id.clone(),
+                    path: origin.path.clone(),
+                    pos: origin.pos,
+                    problems: errors_only(origin.problems.clone()),
+                }),
+            };
+            routes.insert(id, entry);
+        }
+        let profiles = defs.profiles.into_iter().filter_map(|(name, p)| p.ok().filter(|p| !p.origin.is_broken()).map(|p| (name, p))).collect();
+        Catalogue { routes, profiles, diagnostics: diags.into_vec(), unloaded }
+    }
+}
+
+fn errors_only(mut problems: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    problems.retain(Diagnostic::is_error);
+    problems.dedup();
+    problems
+}

@@ -1,0 +1,98 @@
+//! The closed set of failure classes, and the boxed future every port returns.
+//!
+//! A leaf: runs, stages, model calls and tools all report through [`ReasonClass`], so it sits
+//! below every module that fails (docs/events.md lists the set).
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// The future an object-safe port method returns.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The closed set of failure classes (docs/events.md). Runs, stages, model calls and tools all
+/// report one of these as `reason_class`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReasonClass {
+    /// The reply is not JSON where a structured reply was asked for.
+    InvalidJson,
+    /// The reply is JSON but does not satisfy the output schema.
+    SchemaValidation,
+    Timeout,
+    Connection,
+    RateLimited,
+    ServerError,
+    /// Any other 4xx from a provider.
+    ClientError,
+    /// A provider reply we could not read (wrong shape, refusal, empty).
+    ProviderError,
+    /// The seeded stub was asked more often than its script allows (strict mode).
+    StubScriptExhausted,
+    /// A text-protocol decision (`CALL`/`ASK`/`DONE`) that does not parse.
+    InvalidDecision,
+    UnknownTool,
+    /// Mode 1: the model's tool arguments do not match the tool's input schema (noted; the loop goes on).
+    InvalidToolArguments,
+    LoopBudgetExceeded,
+    ToolTimeout,
+    ToolConnection,
+    ToolHttpStatus,
+    /// An in-process tool returned an error.
+    ToolFailed,
+    ToolResponseTooLarge,
+    NoBranchMatched,
+    ChildRunFailed,
+    /// The run was cancelled from outside (a signal, a service shutdown).
+    Interrupted,
+}
+
+impl ReasonClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonClass::InvalidJson => "invalid_json",
+            ReasonClass::SchemaValidation => "schema_validation",
+            ReasonClass::Timeout => "timeout",
+            ReasonClass::Connection => "connection",
+            ReasonClass::RateLimited => "rate_limited",
+            ReasonClass::ServerError => "server_error",
+            ReasonClass::ClientError => "client_error",
+            ReasonClass::ProviderError => "provider_error",
+            ReasonClass::StubScriptExhausted => "stub_script_exhausted",
+            ReasonClass::InvalidDecision => "invalid_decision",
+            ReasonClass::UnknownTool => "unknown_tool",
+            ReasonClass::InvalidToolArguments => "invalid_tool_arguments",
+            ReasonClass::LoopBudgetExceeded => "loop_budget_exceeded",
+            ReasonClass::ToolTimeout => "tool_timeout",
+            ReasonClass::ToolConnection => "tool_connection",
+            ReasonClass::ToolHttpStatus => "tool_http_status",
+            ReasonClass::ToolFailed => "tool_failed",
+            ReasonClass::ToolResponseTooLarge => "tool_response_too_large",
+            ReasonClass::NoBranchMatched => "no_branch_matched",
+            ReasonClass::ChildRunFailed => "child_run_failed",
+            ReasonClass::Interrupted => "interrupted",
+        }
+    }
+
+    /// Transient failures a retry may fix; everything else fails at once.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ReasonClass::Timeout | ReasonClass::Connection | ReasonClass::RateLimited | ReasonClass::ServerError)
+    }
+}
+
+impl std::fmt::Display for ReasonClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for ReasonClass {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Lets callers and tests compare with the wire name: `class == "invalid_json"`.
+impl PartialEq<&str> for ReasonClass {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}

@@ -1,0 +1,422 @@
+//! The facade: one embeddable runtime that `fabric`, `fabric serve` and the Python package are
+//! thin shells over.
+//!
+//! A [`Runtime`] is built once ([`Runtime::builder`]) from settings (the environment by
+//! default), a catalogue and the stub scripts; it owns the loaded catalogue, the model stacks
+//! (the seeded stub, or the configured provider and, when opted in, one stack per model
+//! profile), the in-process tools and the tool client. It starts runs, checks routes, validates
+//! replies the way stages do and probes the provider. Everything it decides (stub or provider,
+//! strict-stub checks, which profile may run) is here, not in a front end.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+
+use crate::cancel::Cancel;
+use crate::catalogue::{self, Catalogue, SourceFile};
+use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning, choose_model};
+use crate::defs::ProfileDef;
+use crate::diag::Diagnostic;
+use crate::events::{EventSink, NullSink, RunEvents};
+use crate::exec::{ProfileStack, RunRequest, RunResult, Runner, StartError, VarLookup};
+use crate::hydrate::Route;
+use crate::llm::providers::backend_for;
+use crate::llm::stub::StubLlm;
+use crate::llm::{Llm, LlmError, LlmRequest, ModelInfo, OutputSpec, ReplyValue, stack};
+use crate::tools::{HttpPort, Tool};
+
+/// Where stub scripts are read from when no directory is given.
+pub const DEFAULT_STUB_DIR: &str = "stub";
+
+/// Why a runtime could not be built: nothing ran, and a front end says so (exit 2, HTTP 500 at
+/// start-up, a Python exception).
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("bad configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("stub scripts: {0}")]
+    Stub(String),
+    #[error("{0}")]
+    Client(String),
+}
+
+/// Where the catalogue comes from.
+#[derive(Debug)]
+enum CatalogueSource {
+    Dirs { catalogue: PathBuf, packs: PathBuf },
+    Texts { files: Vec<SourceFile>, packs: Vec<SourceFile> },
+    Loaded(Arc<Catalogue>),
+}
+
+/// Builds a [`Runtime`]. Defaults: settings from the process environment, the catalogue in
+/// `routes/` with packs in `prompt-packs/`, stub scripts in `stub/` when it exists, `${VAR}` of
+/// tool URLs from the process environment, no in-process tools.
+pub struct RuntimeBuilder {
+    settings: Option<Settings>,
+    catalogue: CatalogueSource,
+    stub_dir: Option<PathBuf>,
+    stub: Option<StubLlm>,
+    vars: Option<VarLookup>,
+    tools: HashMap<String, Arc<dyn Tool>>,
+    backend: Option<Arc<dyn Llm>>,
+    http: Option<Arc<dyn HttpPort>>,
+}
+
+impl std::fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder").field("catalogue", &self.catalogue).field("tools", &self.tools.keys().collect::<Vec<_>>()).finish_non_exhaustive()
+    }
+}
+
+impl RuntimeBuilder {
+    /// The settings to use instead of the process environment.
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = Some(settings);
+        self
+    }
+
+    /// The catalogue and prompt pack directories.
+    pub fn catalogue_dirs(mut self, catalogue: impl Into<PathBuf>, packs: impl Into<PathBuf>) -> Self {
+        self.catalogue = CatalogueSource::Dirs { catalogue: catalogue.into(), packs: packs.into() };
+        self
+    }
+
+    /// A catalogue from texts in memory.
+    pub fn catalogue_texts(mut self, files: Vec<SourceFile>, packs: Vec<SourceFile>) -> Self {
+        self.catalogue = CatalogueSource::Texts { files, packs };
+        self
+    }
+
+    /// A catalogue already loaded.
+    pub fn catalogue(mut self, catalogue: Arc<Catalogue>) -> Self {
+        self.catalogue = CatalogueSource::Loaded(catalogue);
+        self
+    }
+
+    /// Stub scripts from this directory, which must exist (with the stub on).
+    pub fn stub_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.stub_dir = Some(dir.into());
+        self
+    }
+
+    /// This stub instead of scripts from a directory (with the stub on, or to force the stub).
+    pub fn stub(mut self, stub: StubLlm) -> Self {
+        self.stub = Some(stub);
+        self
+    }
+
+    /// Resolves `${VAR}` in tool URLs (the process environment by default).
+    pub fn vars(mut self, vars: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.vars = Some(Arc::new(vars));
+        self
+    }
+
+    /// Registers an in-process tool for the catalogue capability `name` (one without `invoke`),
+    /// with the same input-schema contract as an HTTP tool.
+    pub fn tool(mut self, name: &str, tool: Arc<dyn Tool>) -> Self {
+        self.tools.insert(name.to_owned(), tool);
+        self
+    }
+
+    /// A model backend of the embedder's own (wrapped in the same retry and telemetry layers).
+    pub fn backend(mut self, backend: Arc<dyn Llm>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// HTTP tool calls through this port instead of the real client.
+    pub fn http(mut self, http: Arc<dyn HttpPort>) -> Self {
+        self.http = Some(http);
+        self
+    }
+
+    /// Loads the catalogue, builds every model stack (so a missing key stops here, before any
+    /// inference) and the tool client.
+    pub fn build(self) -> Result<Runtime, BuildError> {
+        let settings = match self.settings {
+            Some(s) => s,
+            None => Settings::from_env()?,
+        };
+        let mut warnings = settings.warnings.clone();
+        let catalogue = match self.catalogue {
+            CatalogueSource::Dirs { catalogue, packs } => Arc::new(catalogue::load(&catalogue, &packs)),
+            CatalogueSource::Texts { files, packs } => Arc::new(catalogue::load_from_texts(&files, &packs)),
+            CatalogueSource::Loaded(c) => c,
+        };
+        let mut stub = None;
+        let mut profile_llms = HashMap::new();
+        let llm = if let Some(backend) = self.backend {
+            stack::build(backend, settings.retry)
+        } else if settings.stub || self.stub.is_some() {
+            // A stub given by the embedder is used as it is; one read from scripts takes the
+            // latency and strictness of the settings.
+            let s = match (self.stub, self.stub_dir) {
+                (Some(s), _) => s,
+                (None, dir) => {
+                    let scripts = match dir {
+                        Some(dir) => load_stub(&dir)?,
+                        None if Path::new(DEFAULT_STUB_DIR).is_dir() => load_stub(Path::new(DEFAULT_STUB_DIR))?,
+                        None => {
+                            warnings.push(format!("no stub script directory `{DEFAULT_STUB_DIR}` here; every stub reply is generated from the stage's schema"));
+                            StubLlm::default()
+                        }
+                    };
+                    scripts.with_latency(settings.stub_latency).strict(settings.stub_strict)
+                }
+            };
+            stub = Some(s.clone());
+            stack::build(s, settings.retry)
+        } else {
+            let client = stack::client().map_err(BuildError::Client)?;
+            if settings.honor_model_profile {
+                profile_llms = profile_stacks(&settings, &client, catalogue.profiles());
+            }
+            provider_stack(&settings, &client)?
+        };
+        let vars = self.vars.unwrap_or_else(|| Arc::new(|k: &str| std::env::var(k).ok()));
+        let mut runner = Runner::new(catalogue, llm, vars).map_err(BuildError::Client)?.with_fleet(settings.fleet.clone()).with_profile_llms(profile_llms);
+        if let Some(http) = self.http {
+            runner = runner.with_http(http);
+        }
+        for (name, tool) in self.tools {
+            runner = runner.with_tool(&name, tool);
+        }
+        Ok(Runtime { runner, settings, stub, warnings })
+    }
+}
+
+fn load_stub(dir: &Path) -> Result<StubLlm, BuildError> {
+    StubLlm::load(dir).map_err(|problems| BuildError::Stub(problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")))
+}
+
+/// The default provider stack of the configuration (`FABRIC_LLM_MODEL` / `OLLAMA_MODEL`).
+fn provider_stack(settings: &Settings, client: &reqwest::Client) -> Result<Arc<dyn Llm>, ConfigError> {
+    let target = settings.target.clone().ok_or_else(|| ConfigError { var: settings.model_string.1.to_owned(), message: "no provider is configured".into() })?;
+    Ok(stack::build(backend_for(client.clone(), target, Tuning::default(), settings.max_reply_bytes), settings.retry))
+}
+
+/// Where a model profile sends its calls when profiles are honoured
+/// (`FABRIC_HONOR_MODEL_PROFILE=1`): routing (provider, model, base URL, key variable) is taken
+/// from the profile as one unit, or entirely from the process configuration when the profile
+/// names no routing; tuning (temperature, max tokens) merges field by field over the defaults.
+/// The loader has already checked what needs no environment (see `loader::decode`).
+fn profile_target(settings: &Settings, name: &str, profile: &ProfileDef) -> Result<(ProviderTarget, Tuning), String> {
+    let what = format!("model profile `{name}` ({}:{}:{})", profile.origin.path.display(), profile.origin.pos.line, profile.origin.pos.col);
+    let has_routing = profile.provider.is_some() || profile.model.is_some() || profile.base_url.is_some() || profile.api_key_env.is_some();
+    let target = if !has_routing {
+        settings.target.clone().ok_or_else(|| format!("{what} names no model and the process has no provider configured"))?
+    } else {
+        let model = profile.model.as_deref().ok_or_else(|| format!("{what}: routing moves as one unit; set model"))?;
+        let (kind, model) = match &profile.provider {
+            Some(p) => (ProviderKind::from_key(p).ok_or_else(|| format!("{what}: provider `{p}` is not supported"))?, model.to_owned()),
+            None => {
+                let c = choose_model(&what, model).map_err(|e| e.to_string())?;
+                (c.provider, c.model)
+            }
+        };
+        settings.resolve_target(kind, model, profile.base_url.as_deref(), profile.api_key_env.as_deref()).map_err(|e| format!("{}: {}", e.var, e.message))?
+    };
+    let defaults = Tuning::default();
+    let tuning = Tuning { temperature: profile.temperature.unwrap_or(defaults.temperature), max_tokens: profile.max_tokens.unwrap_or(defaults.max_tokens) };
+    Ok((target, tuning))
+}
+
+/// One stack per model profile, all built before any inference. A profile that cannot be used
+/// here (its key variable is unset, say) keeps its error: runs of the routes that use it are
+/// refused at start, every other route runs.
+fn profile_stacks<'a>(
+    settings: &Settings,
+    client: &reqwest::Client,
+    profiles: impl Iterator<Item = (&'a String, &'a ProfileDef)>,
+) -> HashMap<String, ProfileStack> {
+    profiles
+        .map(|(name, profile)| {
+            let stack = profile_target(settings, name, profile)
+                .map(|(target, tuning)| stack::build(backend_for(client.clone(), target, tuning, settings.max_reply_bytes), settings.retry));
+            (name.clone(), stack)
+        })
+        .collect()
+}
+
+/// A finished run as a front end reports it.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub result: RunResult,
+    /// Strict stub only: script lines the run left unused (a test expected calls that did not
+    /// happen); front ends treat a non-empty list as a failure.
+    pub unused_script_lines: Vec<String>,
+}
+
+/// What a stage makes of a raw reply against an output schema ([`validate`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Validation {
+    /// The slot value: compact JSON, or the unwrapped string of a text envelope.
+    Accepted(String),
+    /// The schema is not bindable: a stage with it runs as a plain text call and keeps the
+    /// reply as it is.
+    PlainText { why: String, text: String },
+    /// Refused with `invalid_json` or `schema_validation`.
+    Refused { class: crate::failure::ReasonClass, detail: String },
+}
+
+/// What a stage with `schema` makes of `raw`: the same decision (bindable or plain text) and the
+/// same reading as a model call's ([`OutputSpec::from_schema`], [`crate::llm::finish_reply`]).
+pub fn validate(schema: &Value, raw: &str) -> Validation {
+    let output = OutputSpec::from_schema(schema);
+    match crate::llm::finish_reply(&output, raw.to_owned(), None) {
+        Ok(reply) => match (&output, reply.value) {
+            (OutputSpec::Unbindable { why }, ReplyValue::Text(text)) => Validation::PlainText { why: why.clone(), text },
+            (_, value) => Validation::Accepted(value.slot_value()),
+        },
+        Err(e) => Validation::Refused { class: e.class, detail: e.message },
+    }
+}
+
+/// A model profile as this process would use it ([`Runtime::profiles`]).
+#[derive(Debug, Clone)]
+pub struct ProfileStatus {
+    pub name: String,
+    /// Where its calls go, or why it cannot be used here.
+    pub model: Result<ModelInfo, String>,
+}
+
+/// The result of [`Runtime::probe`].
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub provider: String,
+    pub model: String,
+    pub reply: String,
+    pub elapsed: Duration,
+}
+
+/// The embeddable runtime (see the module docs).
+pub struct Runtime {
+    runner: Runner,
+    settings: Settings,
+    stub: Option<StubLlm>,
+    warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("runner", &self.runner).field("stub", &self.stub.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder {
+            settings: None,
+            catalogue: CatalogueSource::Dirs { catalogue: "routes".into(), packs: "prompt-packs".into() },
+            stub_dir: None,
+            stub: None,
+            vars: None,
+            tools: HashMap::new(),
+            backend: None,
+            http: None,
+        }
+    }
+
+    pub fn catalogue(&self) -> &Catalogue {
+        self.runner.catalogue()
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Problems that did not stop the build (a model string ignored with the stub, a missing
+    /// stub directory); front ends show them.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Checks that `route_id` can start here: it exists and is not broken, this fleet serves it,
+    /// its in-process tools are registered, its model profile is usable, its stub script loaded.
+    pub fn check_route(&self, route_id: &str) -> Result<&Arc<Route>, StartError> {
+        let route = self.runner.route(route_id)?;
+        if let Some(problems) = self.stub.as_ref().and_then(|s| s.problems(route_id)) {
+            return Err(StartError::StubScriptBroken { route: route_id.to_owned(), problems: lines(problems) });
+        }
+        Ok(route)
+    }
+
+    /// Runs a route to its end; `cancel` interrupts it (a signal, a shutdown). Failures of the
+    /// run itself are in the result; an `Err` means it could not start (nothing ran).
+    pub async fn run(&self, req: RunRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
+        // The runner checks the rest of `check_route` itself.
+        if let Some(problems) = self.stub.as_ref().and_then(|s| s.problems(&req.route_id)) {
+            return Err(StartError::StubScriptBroken { route: req.route_id.clone(), problems: lines(problems) });
+        }
+        let result = self.runner.run_with_cancel(req, sink, cancel).await?;
+        let unused_script_lines = self.stub.as_ref().filter(|s| s.is_strict()).map(|s| s.unconsumed(&result.llm_calls)).unwrap_or_default();
+        Ok(RunOutcome { result, unused_script_lines })
+    }
+
+    /// A run with a goal and nothing else: no events, no cancellation.
+    pub async fn run_goal(&self, route_id: &str, goal: Map<String, Value>) -> Result<RunOutcome, StartError> {
+        self.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch: Vec::new() }, Arc::new(NullSink), Cancel::never()).await
+    }
+
+    /// The model profiles' stacks when profiles are honoured: each profile's provider and
+    /// model, or why it cannot be used. Empty when profiles are metadata only.
+    pub fn profiles(&self) -> Vec<ProfileStatus> {
+        if !self.settings.honor_model_profile || self.stub.is_some() {
+            return Vec::new();
+        }
+        let Ok(client) = stack::client() else { return Vec::new() };
+        let mut out: Vec<ProfileStatus> = profile_stacks(&self.settings, &client, self.catalogue().profiles())
+            .into_iter()
+            .map(|(name, stack)| ProfileStatus { name, model: stack.map(|l| l.info()) })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// One tiny structured call to the configured backend (`fabric doctor --probe`).
+    pub async fn probe(&self) -> Result<Probe, LlmError> {
+        let schema = serde_json::json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]});
+        let output = OutputSpec::from_schema(&schema);
+        let events = RunEvents::new("probe", "doctor", None, Arc::new(NullSink));
+        let never = Cancel::never();
+        let cx = opentelemetry::Context::current();
+        let req = LlmRequest {
+            events: &events,
+            route_id: "doctor",
+            stage_id: "probe",
+            turn: 0,
+            system: "Reply with JSON only.",
+            user: "Reply with {\"ok\": true}.",
+            output: &output,
+            cx: &cx,
+            cancel: &never,
+        };
+        let llm = self.runner.llm();
+        let info = llm.info();
+        let started = Instant::now();
+        let reply = llm.complete(&req).await?;
+        Ok(Probe { provider: info.provider, model: info.model, reply: reply.value.slot_value(), elapsed: started.elapsed() })
+    }
+}
+
+fn lines(problems: &[Diagnostic]) -> String {
+    problems.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_takes_the_stage_path() {
+        let schema = serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}});
+        assert_eq!(validate(&schema, r#"{"text": "hi", "x": 1}"#), Validation::Accepted("hi".into()));
+        let refused = validate(&schema, "not json");
+        assert!(matches!(refused, Validation::Refused { class: crate::failure::ReasonClass::InvalidJson, .. }), "{refused:?}");
+        let nested = serde_json::json!({"type": "object", "properties": {"a": {"type": "object"}}});
+        assert!(matches!(validate(&nested, "anything"), Validation::PlainText { ref text, .. } if text == "anything"));
+    }
+}
