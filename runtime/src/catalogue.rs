@@ -146,3 +146,47 @@ fn errors_only(mut problems: Vec<Diagnostic>) -> Vec<Diagnostic> {
     problems.dedup();
     problems
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(files: &[(&str, &str)]) -> Catalogue {
+        let files: Vec<SourceFile> = files.iter().map(|(p, t)| SourceFile { path: (*p).into(), text: (*t).into() }).collect();
+        load_from_texts(&files, &[SourceFile { path: "packs/s.yaml".into(), text: "host: H\n".into() }])
+    }
+
+    const BASE: &str = "profiles: {p: {}}\ncapabilities: {c: {}}\nworkflows: {w: {stages: [{id: a, llm_role: classify, capability: c}]}}\n";
+
+    #[test]
+    fn routes_are_ready_or_broken_with_their_problems() {
+        let cat = load(&[
+            ("r/base.yaml", BASE),
+            ("r/routes.yaml", "routes:\n  ok: {model_profile: p, prompt_pack: s, workflow: w}\n  bad: {model_profile: nope, prompt_pack: s, workflow: w}\n"),
+        ]);
+        assert!(matches!(cat.route("ok"), Ok(r) if r.id() == "ok"));
+        match cat.route("bad") {
+            Err(RouteLookupError::Broken(b)) => assert!(b.problems[0].message.contains("model_profile `nope` is not defined"), "{:?}", b.problems),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(cat.route("nope"), Err(RouteLookupError::Unknown { known, .. }) if known == ["ok", "bad"]));
+        assert_eq!(cat.error_count(), 1);
+        assert_eq!(cat.profiles().count(), 1);
+    }
+
+    #[test]
+    fn a_name_defined_twice_breaks_what_uses_it_and_an_unparsable_file_is_named() {
+        let cat = load(&[
+            ("r/base.yaml", BASE),
+            ("r/more.yaml", "capabilities: {c: {}}\nroutes: {r: {model_profile: p, prompt_pack: s, workflow: w}}\n"),
+            ("r/broken.yaml", "routes: {x: [\n"),
+        ]);
+        assert!(matches!(cat.route("r"), Err(RouteLookupError::Broken(_))), "the workflow uses the duplicated capability");
+        assert_eq!(cat.unloaded().len(), 1);
+        assert!(cat.unloaded()[0].to_string().starts_with("r/broken.yaml:"), "{}", cat.unloaded()[0]);
+        match cat.route("x") {
+            Err(RouteLookupError::Unknown { unloaded, .. }) => assert_eq!(unloaded.len(), 1),
+            other => panic!("{other:?}"),
+        }
+    }
+}

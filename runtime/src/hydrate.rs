@@ -560,3 +560,67 @@ pub fn render_mermaid(route: &Route) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::{RouteEntry, SourceFile, load_from_texts};
+
+    fn route(yaml: &str, id: &str) -> Arc<Route> {
+        let files = [SourceFile { path: "t/c.yaml".into(), text: format!("profiles: {{p: {{}}}}\n{yaml}") }];
+        let packs = [SourceFile { path: "t/pack.yaml".into(), text: "host: HOST\nroles: {classify: 'CLASSIFY {{host}}'}\nsynthesis: SYNTH\n".into() }];
+        let cat = load_from_texts(&files, &packs);
+        match cat.get(id) {
+            Some(RouteEntry::Ready(r)) => r.clone(),
+            other => panic!("{other:?}: {:?}", cat.diagnostics()),
+        }
+    }
+
+    const CAPS: &str = "capabilities:\n  c: {output_schema: {type: object, properties: {u: {type: string}}}}\n  t: {input_schema: {type: object}, invoke: {url: 'http://x/t'}}\n";
+
+    #[test]
+    fn a_manifest_ends_in_its_appended_synthesis() {
+        let r = route(
+            &format!(
+                "{CAPS}workflows:\n  w: {{stages: [{{id: a, llm_role: classify, capability: c}}, {{id: b, llm_role: synthesis}}]}}\nmanifests:\n  m: {{workflow: w}}\nroutes:\n  r: {{model_profile: p, prompt_pack: pack, manifest: m}}\n"
+            ),
+            "r",
+        );
+        assert_eq!(r.path(), RoutePath::Manifest);
+        let order: Vec<&str> = r.nodes().map(|(_, n)| n.id()).collect();
+        assert_eq!(order, ["a", "b", "end", "synthesis"]);
+        let NextStep::Go(after_b) = r.next_step(NodeIndex::new(1), |_| true) else { panic!() };
+        assert_eq!(r.node(after_b).kind(), &NodeKind::AppendedSynthesis);
+        assert_eq!(r.node(after_b).prompt().text, "SYNTH", "the synthesis template");
+        // Manifest stages take the role template only: `b` has none, so it is empty.
+        assert_eq!(r.node(NodeIndex::new(1)).prompt().source, crate::prompt::PromptSource::Empty);
+        assert_eq!(r.next_step(after_b, |_| true), NextStep::End);
+    }
+
+    #[test]
+    fn branches_are_taken_in_order_and_no_match_is_reported() {
+        let r = route(
+            &format!(
+                "{CAPS}workflows:\n  w:\n    stages:\n      - {{id: a, llm_role: classify, capability: c, branches: [{{when: {{slot: a.u, equals: x}}, goto: b}}, {{when: {{slot: a.u, equals: y}}, goto: end}}]}}\n      - {{id: b, llm_role: classify, capability: c}}\nroutes:\n  r: {{model_profile: p, prompt_pack: pack, workflow: w}}\n"
+            ),
+            "r",
+        );
+        let a = r.entry();
+        assert_eq!(r.next_step(a, |c| c.op == CondOp::Equals("x".into())), NextStep::Go(NodeIndex::new(1)));
+        assert_eq!(r.next_step(a, |c| c.op == CondOp::Equals("y".into())), NextStep::End);
+        assert_eq!(r.next_step(a, |_| false), NextStep::NoMatch);
+        assert_eq!(r.entry_node().prompt().text, "CLASSIFY HOST");
+    }
+
+    #[test]
+    fn a_decision_loop_has_one_list_of_tools() {
+        let r = route(&format!("{CAPS}routes:\n  r: {{model_profile: p, prompt_pack: pack, decision_loop: {{tools: [t]}}}}\n"), "r");
+        assert_eq!(r.path(), RoutePath::Pattern1);
+        assert_eq!(r.tools().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["t"]);
+        assert!(r.tool_node("t").is_some() && r.tool_node("c").is_none());
+        let OutputSpec::Decision(spec) = r.entry_node().output() else { panic!("the entry decides") };
+        assert_eq!(spec.tools(), ["t"]);
+        assert_eq!(r.entry_node().role_name(), "decision");
+        assert!(r.entry_node().prompt().text.contains("- t\n  input schema: {\"type\":\"object\"}"), "{}", r.entry_node().prompt().text);
+    }
+}

@@ -290,10 +290,7 @@ fn check_placeholders(ctx: &mut Ctx<'_>, pos: Pos, text: &str, what: &str, allow
 }
 
 /// Decodes every pack file, named by file stem.
-pub fn load_packs(
-    files: &[crate::catalogue::SourceFile],
-    diags: &mut crate::diag::Diagnostics,
-) -> indexmap::IndexMap<String, Option<std::sync::Arc<PromptPack>>> {
+pub fn load_packs(files: &[crate::source::SourceFile], diags: &mut crate::diag::Diagnostics) -> indexmap::IndexMap<String, Option<std::sync::Arc<PromptPack>>> {
     let mut packs = indexmap::IndexMap::new();
     let mut first_path: std::collections::HashMap<String, &std::path::Path> = std::collections::HashMap::new();
     for file in files {
@@ -315,4 +312,56 @@ pub fn load_packs(
         packs.insert(name, pack.map(std::sync::Arc::new));
     }
     packs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diag::Diagnostics;
+
+    fn pack(text: &str) -> (Option<PromptPack>, Vec<String>) {
+        let mut diags = Diagnostics::default();
+        let path = std::path::Path::new("p.yaml");
+        let root = yaml::parse(path, text, &mut diags).unwrap();
+        let mut ctx = Ctx { path, diags: &mut diags };
+        let pack = decode_pack(&mut ctx, "p", &root);
+        (pack, diags.into_vec().iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn the_four_paths_resolve_as_the_spec_says() {
+        let (p, _) = pack("host: H\nroles: {classify: 'C {{ host }}'}\nrules: [r1]\n");
+        let p = p.unwrap();
+        assert_eq!(p.resolve_workflow_stage(LlmRole::Classify).text, "C H");
+        assert_eq!(p.resolve_workflow_stage(LlmRole::Synthesis).source, PromptSource::Host);
+        assert_eq!(p.resolve_manifest_stage(LlmRole::Synthesis).source, PromptSource::Empty);
+        assert_eq!(p.resolve_manifest_stage(LlmRole::None).source, PromptSource::NotApplicable);
+        assert_eq!(p.resolve_appended_synthesis().source, PromptSource::Host);
+        let agent = p.resolve_agent("- t");
+        assert_eq!(
+            (agent.source, agent.text.as_str()),
+            (
+                PromptSource::BuiltinAgentWrapper,
+                "H\n\n- r1\n\nYou decide the next step of the task. Either call one tool, ask the user one question, or finish with the answer.\n\nTools:\n- t"
+            )
+        );
+        let (empty, _) = pack("description: nothing\n");
+        assert_eq!(empty.unwrap().resolve_appended_synthesis().text, BUILTIN_SYNTHESIS_PROMPT);
+        assert_eq!(ResolvedPrompt { text: " ".into(), source: PromptSource::Empty }.system_text(), DEFAULT_SYSTEM_TEXT);
+    }
+
+    #[test]
+    fn placeholders_are_checked_and_filled() {
+        let (p, diags) = pack("host: H\nroles: {classify: '{{hots}}'}\n");
+        assert!(p.is_none());
+        assert!(diags[0].contains("unknown placeholder `{{hots}}`"), "{diags:?}");
+        let (p, diags) = pack("host: H\nagent: 'Only {{tools}}'\n");
+        assert!(diags[0].contains("warning: `agent` does not use {{host}}"), "{diags:?}");
+        let text = p.unwrap().resolve_agent("- t").text;
+        assert_eq!(text, "H\n\nOnly - t");
+        let (p, _) = pack("host: H\nrules: [a, b]\nsynthesis: '{{rules}}|{{ host }}|x'\n");
+        assert_eq!(p.unwrap().resolve_appended_synthesis().text, "- a\n- b|H|x");
+        let (p, diags) = pack("host: H\nsynthesis: '{{ host'\n");
+        assert!(p.is_none() && diags[0].contains("unclosed"), "{diags:?}");
+    }
 }

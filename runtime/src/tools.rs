@@ -228,3 +228,48 @@ fn classify(e: reqwest::Error, timeout: Duration) -> ToolError {
 pub fn display_url(url: &str) -> String {
     crate::redact::origin_and_path(url)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::defs::UrlTemplate;
+
+    fn invoke(method: HttpMethod) -> Invoke {
+        let url = UrlTemplate { raw: "http://127.0.0.1:9/t".into(), parts: vec![] };
+        Invoke { url, method, timeout: Duration::from_secs(1), max_response_bytes: 1024, query_param: "q".into() }
+    }
+
+    #[tokio::test]
+    async fn oversized_get_arguments_are_refused_before_sending() {
+        let tools = HttpTools::new().unwrap();
+        let args: Map<String, Value> = serde_json::json!({"q": "x".repeat(MAX_URL_BYTES)}).as_object().unwrap().clone();
+        // Port 9 is closed: had anything been sent, the error would be a connection error.
+        let e = tools.send(&invoke(HttpMethod::Get), "http://127.0.0.1:9/t?api_key=SECRET", &args).await.unwrap_err();
+        assert_eq!(e.class, ReasonClass::InvalidToolArguments);
+        assert!(!e.message.contains("SECRET"));
+        let e = tools.send(&invoke(HttpMethod::Get), "ftp://127.0.0.1/t?api_key=SECRET", &Map::new()).await.unwrap_err();
+        assert_eq!(e.class, ReasonClass::ToolConnection);
+        assert!(!e.message.contains("SECRET"), "{}", e.message);
+    }
+
+    #[tokio::test]
+    async fn the_add_tool() {
+        let add = builtin_add();
+        let call = |a: Value, b: Value| {
+            let args = serde_json::json!({"a": a, "b": b}).as_object().unwrap().clone();
+            let add = add.clone();
+            async move { add.call(&args).await }
+        };
+        assert_eq!(call(2.into(), 3.into()).await.unwrap(), serde_json::json!({"sum": 5}));
+        assert_eq!(call(0.5.into(), 0.25.into()).await.unwrap(), serde_json::json!({"sum": 0.75}));
+        assert!(call("two".into(), 3.into()).await.unwrap_err().contains("`a` must be a number"));
+    }
+
+    #[test]
+    fn arguments_become_text_for_query_strings() {
+        assert_eq!(scalar_text(&Value::Null), "");
+        assert_eq!(scalar_text(&serde_json::json!("a b")), "a b");
+        assert_eq!(scalar_text(&serde_json::json!(1.5)), "1.5");
+        assert_eq!(display_url("http://u:p@h:1/x?k=v"), "http://h:1/x");
+    }
+}

@@ -79,23 +79,6 @@ fn shipped_catalogue_is_clean() {
 }
 
 /// Every source module says what it is for (rust-analyzer's tidy rule).
-#[test]
-fn every_module_has_a_header() {
-    let mut stack = vec![repo().join("runtime/src")];
-    let mut missing = Vec::new();
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") && !std::fs::read_to_string(&path).unwrap().starts_with("//!") {
-                missing.push(path);
-            }
-        }
-    }
-    assert!(missing.is_empty(), "modules without a //! header: {missing:?}");
-}
-
 /// Inputs the fuzzers once broke: each loads (or parses) to diagnostics, never a panic.
 #[test]
 fn fuzz_regressions_replay() {

@@ -1,6 +1,7 @@
 //! End-to-end tests: the catalogue, hydration, runs and the `fabric` CLI, on fixture files.
 
 mod agent;
+mod architecture;
 mod catalogue;
 mod cli;
 mod hostile;
