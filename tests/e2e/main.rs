@@ -1,9 +1,9 @@
 //! End-to-end tests: the catalogue, hydration, runs and the `fabric` CLI, on fixture files.
 
-mod agent;
 mod architecture;
 mod catalogue;
 mod cli;
+mod decision_loop;
 mod hostile;
 mod hydrate;
 mod llama;

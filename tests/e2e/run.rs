@@ -313,3 +313,21 @@ async fn no_matching_branch_fails_the_run() {
     assert_eq!((err.reason_class.as_str(), err.stage_id.as_deref()), ("no_branch_matched", Some("intake")));
     assert_eq!(events.last().unwrap().kind, "run.failed");
 }
+
+/// The README's embedding example, with the stub.
+#[tokio::test]
+async fn embedding_the_runtime_as_the_readme_shows() {
+    let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
+    let runtime = fabric::runtime::Runtime::builder()
+        .settings(settings)
+        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .stub_dir(repo().join("stub"))
+        .tool("add", fabric::tools::builtin_add())
+        .build()
+        .unwrap();
+    let outcome = runtime.run_goal("support-triage", goal()).await.unwrap();
+    assert_eq!(outcome.result.output.as_deref(), Some("You were charged twice; the duplicate charge has been refunded."));
+    let outcome = runtime.run_goal("support-agent", goal()).await.unwrap();
+    assert_eq!(outcome.result.output.as_deref(), Some("12"));
+    assert!(matches!(runtime.check_route("nope"), Err(StartError::UnknownRoute { .. })));
+}
