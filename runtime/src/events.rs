@@ -28,10 +28,11 @@ pub enum EventKind {
     RunCompleted,
     RunFailed,
     RunAwaitingInput,
+    RunResumed,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 15] = [
         EventKind::RunStarted,
         EventKind::StageStarted,
         EventKind::StageCompleted,
@@ -46,6 +47,7 @@ impl EventKind {
         EventKind::RunCompleted,
         EventKind::RunFailed,
         EventKind::RunAwaitingInput,
+        EventKind::RunResumed,
     ];
 
     /// The wire name, the event's `type`.
@@ -65,6 +67,7 @@ impl EventKind {
             EventKind::RunCompleted => "run.completed",
             EventKind::RunFailed => "run.failed",
             EventKind::RunAwaitingInput => "run.awaiting_input",
+            EventKind::RunResumed => "run.resumed",
         }
     }
 
@@ -265,6 +268,8 @@ pub struct RunEvents {
     seq: AtomicU64,
     sink: Arc<dyn EventSink>,
     enabled: bool,
+    /// Events since the last [`RunEvents::take_recorded`], when the run is journalled.
+    recorded: Option<Mutex<Vec<Event>>>,
 }
 
 impl std::fmt::Debug for RunEvents {
@@ -276,7 +281,35 @@ impl std::fmt::Debug for RunEvents {
 impl RunEvents {
     pub fn new(run_id: &str, route_id: &str, parent_run_id: Option<&str>, sink: Arc<dyn EventSink>) -> RunEvents {
         let enabled = sink.enabled();
-        RunEvents { run_id: run_id.into(), route_id: route_id.into(), parent_run_id: parent_run_id.map(Into::into), seq: AtomicU64::new(0), sink, enabled }
+        RunEvents {
+            run_id: run_id.into(),
+            route_id: route_id.into(),
+            parent_run_id: parent_run_id.map(Into::into),
+            seq: AtomicU64::new(0),
+            sink,
+            enabled,
+            recorded: None,
+        }
+    }
+
+    /// Also keeps every event until [`RunEvents::take_recorded`] (a journalled run), numbering
+    /// from `first_seq` (a run continued after it asked goes on where it stopped).
+    pub fn recording(mut self, first_seq: u64) -> RunEvents {
+        self.recorded = Some(Mutex::new(Vec::new()));
+        self.enabled = true;
+        self.seq = AtomicU64::new(first_seq.saturating_sub(1));
+        self
+    }
+
+    /// Numbers events from `first_seq` (a run continued after it asked, without a journal).
+    pub fn numbered_from(mut self, first_seq: u64) -> RunEvents {
+        self.seq = AtomicU64::new(first_seq.saturating_sub(1));
+        self
+    }
+
+    /// The events recorded since the last call (empty when the run is not journalled).
+    pub fn take_recorded(&self) -> Vec<Event> {
+        self.recorded.as_ref().map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default()
     }
 
     pub fn run_id(&self) -> &str {
@@ -309,6 +342,9 @@ impl RunEvents {
             data,
         };
         self.sink.emit(&event);
+        if let Some(recorded) = &self.recorded {
+            recorded.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+        }
     }
 }
 

@@ -43,6 +43,8 @@ pub enum ReasonClass {
     ChildRunFailed,
     /// The run was cancelled from outside (a signal, a service shutdown).
     Interrupted,
+    /// The run's record could not be written to the run store; the run stops there.
+    StoreError,
 }
 
 impl ReasonClass {
@@ -69,6 +71,7 @@ impl ReasonClass {
             ReasonClass::NoBranchMatched => "no_branch_matched",
             ReasonClass::ChildRunFailed => "child_run_failed",
             ReasonClass::Interrupted => "interrupted",
+            ReasonClass::StoreError => "store_error",
         }
     }
 

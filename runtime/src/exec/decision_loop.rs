@@ -21,7 +21,6 @@ impl Runner {
         let route = run.route;
         let decide = route.entry_node();
         let mut decisions: Vec<Value> = Vec::new();
-        let mut stage_idx = 0;
         loop {
             if state.turns >= run.budget {
                 let f = StageFailure::new(ReasonClass::LoopBudgetExceeded, format!("no answer after max_loop_steps ({}) model turns", run.budget))
@@ -29,8 +28,7 @@ impl Runner {
                 return Err(self.refuse_stage(run, decide, f));
             }
             state.turns += 1;
-            let open = self.begin_stage(run, decide, stage_idx, run_cx);
-            stage_idx += 1;
+            let open = self.begin_stage(run, decide, state, run_cx);
             let reply = self.call_model(run, decide, state, &open.cx).await;
             let decision = match reply {
                 Ok(ReplyValue::Decision(d)) => d,
@@ -47,6 +45,10 @@ impl Runner {
             let as_json = decision.to_json();
             decisions.push(as_json.clone());
             self.end_stage(run, open, Ok(as_json.to_string()), state, false);
+            // An ask ends the run, whose last commit records it; other turns commit here.
+            if !matches!(decision, AgentDecision::Ask { .. }) {
+                self.checkpoint(run, state, None).await.map_err(|f| (Some(decide.id().to_owned()), f))?;
+            }
             match decision {
                 AgentDecision::Done { answer } => {
                     state.last_output = Some(answer);
@@ -59,16 +61,20 @@ impl Runner {
                         let f = StageFailure::new(ReasonClass::UnknownTool, format!("no tool `{name}` in route `{}`", route.id()));
                         return Err((Some(decide.id().to_owned()), f));
                     };
-                    let open = self.begin_stage(run, tool, stage_idx, run_cx);
-                    stage_idx += 1;
+                    let open = self.begin_stage(run, tool, state, run_cx);
                     match self.run_loop_tool(run, tool, &arguments).await {
                         Ok(text) => self.end_stage(run, open, Ok(text), state, true),
                         Err(f) => {
                             // A tool error never ends the run: the model sees it and decides again.
-                            state.notes.push(super::message::compress_note(&format!("{}: error: {}: {}", tool.id(), f.class.as_str(), f.message)));
+                            let note = super::message::compress_note(&format!("{}: error: {}: {}", tool.id(), f.class.as_str(), f.message));
+                            state.notes.push(note.clone());
+                            if run.journal.is_some() {
+                                state.pending.push(super::JournalEntry::Note { note });
+                            }
                             self.end_stage(run, open, Err(&f), state, false);
                         }
                     }
+                    self.checkpoint(run, state, None).await.map_err(|f| (Some(tool.id().to_owned()), f))?;
                 }
             }
         }

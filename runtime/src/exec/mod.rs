@@ -17,13 +17,13 @@ use std::time::Instant;
 use indexmap::IndexMap;
 use opentelemetry::trace::SpanKind;
 use opentelemetry::{Context, KeyValue};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::cancel::Cancel;
 use crate::catalogue::{Catalogue, RouteLookupError};
 use crate::defs::{CondOp, Condition, Invoke, LlmRole};
-use crate::events::{EventKind, EventSink, RunEvents};
+use crate::events::{Event, EventKind, EventSink, RunEvents};
 use crate::failure::{BoxFuture, ReasonClass};
 use crate::fields;
 use crate::hydrate::{NextStep, NodeKind, Route, RoutePath, StageNode};
@@ -72,6 +72,49 @@ pub struct RunResult {
     pub llm_calls: Vec<(String, String, u32)>,
 }
 
+/// One durable fact of a run, in the order it happened. A run's journal is the list of them;
+/// with the start contract it is enough to rebuild the run's state (notes, slots, turns).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "entry", rename_all = "snake_case")]
+pub enum JournalEntry {
+    /// A model call's reply as received (structured replies and decisions before reading).
+    ModelReply { stage_id: String, turn: u32, raw: String },
+    /// A stage that completed: its slot value and the note it added, if any.
+    StageCompleted { stage_id: String, value: String, note: Option<String> },
+    /// A note added without a completed stage (a failed tool call in the decision loop).
+    Note { note: String },
+    /// The user's reply to a run that asked, and the note the next decision sees.
+    UserReply { message: String, note: String },
+}
+
+/// What one commit writes: the events since the last one, the journal entries, and at the
+/// run's end (or when it asks) its result.
+#[derive(Debug, Clone, Default)]
+pub struct JournalBatch {
+    pub events: Vec<Event>,
+    pub entries: Vec<JournalEntry>,
+    pub end: Option<RunResult>,
+}
+
+/// Where a journalled run's record goes as it runs: one commit per completed stage (its events
+/// and entries together) and one at the end. A commit that fails stops the run (`store_error`):
+/// a run never goes on with a record that says less than it did.
+pub trait RunJournal: Send + Sync {
+    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// How to continue a run that asked the user: its history and the user's answer.
+#[derive(Debug, Clone)]
+pub struct Continuation {
+    pub run_id: String,
+    /// The journal so far, in order.
+    pub history: Vec<JournalEntry>,
+    /// The `seq` the next event gets (one past the last recorded).
+    pub next_seq: u64,
+    /// The user's reply.
+    pub reply: String,
+}
+
 /// What a caller asks for.
 #[derive(Debug, Clone, Default)]
 pub struct RunRequest {
@@ -95,6 +138,8 @@ pub enum StartError {
     ProfileUnusable { route: String, profile: String, message: String },
     #[error("route `{route}` cannot run with the stub: its script has errors:\n{problems}")]
     StubScriptBroken { route: String, problems: String },
+    #[error("route `{route}` does not run a decision loop: only a decision-loop run can ask and be continued")]
+    NotResumable { route: String },
 }
 
 /// What stays fixed during one run (a child run gets its own).
@@ -110,6 +155,8 @@ struct Run<'a> {
     budget: u32,
     /// Fires when the run is cancelled from outside; child runs share their parent's.
     cancel: &'a Cancel,
+    /// Where the run's record goes, when it is journalled (top-level runs only).
+    journal: Option<&'a dyn RunJournal>,
 }
 
 /// Mutable state of one run.
@@ -123,6 +170,10 @@ struct RunState {
     visits: Vec<u32>,
     /// Model turns of the decision loop.
     turns: u32,
+    /// Stages started so far (the next `stage_idx`).
+    stages_started: u32,
+    /// Journal entries not yet committed (journalled runs only).
+    pending: Vec<JournalEntry>,
     llm_calls: Vec<(String, u32)>,
     child_calls: Vec<(String, String, u32)>,
     last_output: Option<String>,
@@ -147,6 +198,35 @@ struct StageFailure {
     message: String,
     /// Extra data for the `run.failed` event (the last decisions of a loop that ran out).
     detail: Option<Value>,
+}
+
+impl RunState {
+    /// The state a journal describes: notes, slots and the last output in order, model calls per
+    /// stage, the decision loop's turns (the calls of its `decide` node).
+    fn from_history(decide_id: &str, history: &[JournalEntry]) -> RunState {
+        let mut state = RunState::default();
+        for entry in history {
+            match entry {
+                JournalEntry::ModelReply { stage_id, .. } => match state.llm_calls.iter_mut().find(|(id, _)| id == stage_id) {
+                    Some(c) => c.1 += 1,
+                    None => state.llm_calls.push((stage_id.clone(), 1)),
+                },
+                JournalEntry::StageCompleted { stage_id, value, note } => {
+                    state.stages_started += 1;
+                    state.notes.extend(note.iter().cloned());
+                    state.slots.insert(stage_id.clone(), value.clone());
+                    state.last_output = Some(value.clone());
+                }
+                JournalEntry::Note { note } => {
+                    state.stages_started += 1;
+                    state.notes.push(note.clone());
+                }
+                JournalEntry::UserReply { note, .. } => state.notes.push(note.clone()),
+            }
+        }
+        state.turns = state.llm_calls.iter().find(|(id, _)| id == decide_id).map_or(0, |c| c.1);
+        state
+    }
 }
 
 impl StageFailure {
@@ -267,14 +347,74 @@ impl Runner {
     /// As [`Runner::run`]; when `cancel` fires, the call in flight ends and the run fails with
     /// `interrupted`, keeping what it did.
     pub async fn run_with_cancel(&self, req: RunRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunResult, StartError> {
-        let route = self.route(&req.route_id)?.clone();
-        let run_id = new_run_id();
-        let events = RunEvents::new(&run_id, route.id(), None, sink);
-        let run = Run { route: &route, goal: &req.goal, prefetch: &req.prefetch, events: &events, depth: 0, budget: route.max_loop_steps(), cancel: &cancel };
-        Ok(self.run_route(run, &Context::current()).await)
+        self.start(new_run_id(), req, sink, cancel, None).await
     }
 
-    fn run_route<'a>(&'a self, run: Run<'a>, parent_cx: &'a Context) -> BoxFuture<'a, RunResult> {
+    /// Runs under a given id (a service names a run before it starts it); with `journal`, the
+    /// run's record is committed as it goes.
+    pub async fn start(
+        &self,
+        run_id: String,
+        req: RunRequest,
+        sink: Arc<dyn EventSink>,
+        cancel: Cancel,
+        journal: Option<&dyn RunJournal>,
+    ) -> Result<RunResult, StartError> {
+        let route = self.route(&req.route_id)?.clone();
+        let mut events = RunEvents::new(&run_id, route.id(), None, sink);
+        if journal.is_some() {
+            events = events.recording(1);
+        }
+        let run = Run {
+            route: &route,
+            goal: &req.goal,
+            prefetch: &req.prefetch,
+            events: &events,
+            depth: 0,
+            budget: route.max_loop_steps(),
+            cancel: &cancel,
+            journal,
+        };
+        Ok(self.run_route(run, &Context::current(), RunState::default(), None).await)
+    }
+
+    /// Continues a decision-loop run that asked the user: its state is rebuilt from `history`,
+    /// the reply becomes a note (`user: <reply>`) the next decision sees, and the loop goes on
+    /// with the turns it had left. Events go on from `next_seq`.
+    pub async fn resume(
+        &self,
+        req: RunRequest,
+        cont: Continuation,
+        sink: Arc<dyn EventSink>,
+        cancel: Cancel,
+        journal: Option<&dyn RunJournal>,
+    ) -> Result<RunResult, StartError> {
+        let route = self.route(&req.route_id)?.clone();
+        if route.path() != RoutePath::Pattern1 {
+            return Err(StartError::NotResumable { route: route.id().to_owned() });
+        }
+        let events = RunEvents::new(&cont.run_id, route.id(), None, sink);
+        let events = if journal.is_some() { events.recording(cont.next_seq) } else { events.numbered_from(cont.next_seq) };
+        let mut state = RunState::from_history(route.entry_node().id(), &cont.history);
+        let note = message::compress_note(&format!("user: {}", cont.reply));
+        state.notes.push(note.clone());
+        if journal.is_some() {
+            state.pending.push(JournalEntry::UserReply { message: cont.reply.clone(), note });
+        }
+        let run = Run {
+            route: &route,
+            goal: &req.goal,
+            prefetch: &req.prefetch,
+            events: &events,
+            depth: 0,
+            budget: route.max_loop_steps(),
+            cancel: &cancel,
+            journal,
+        };
+        Ok(self.run_route(run, &Context::current(), state, Some(&cont.reply)).await)
+    }
+
+    fn run_route<'a>(&'a self, run: Run<'a>, parent_cx: &'a Context, mut state: RunState, resumed: Option<&'a str>) -> BoxFuture<'a, RunResult> {
         Box::pin(async move {
             let Run { route, prefetch, events, .. } = run;
             let run_cx = crate::otel::child(parent_cx, "run", SpanKind::Internal, || {
@@ -285,23 +425,27 @@ impl Runner {
                 ]
             });
             let started = Instant::now();
-            events.emit(EventKind::RunStarted, None, || {
-                let mut data = fields! {"model_profile" => route.model_profile(), "path" => route.path().as_str(), "prefetch_chunks" => prefetch.len()};
-                if let Some(source) = route.source() {
-                    data.insert("source".into(), source.into());
-                }
-                if let Some(target) = route.activation_target() {
-                    data.insert("activation_target".into(), target.into());
-                }
-                data
-            });
-            let mut state = RunState::default();
+            if let Some(reply) = resumed {
+                events.emit(EventKind::RunResumed, None, || fields! {"reply" => reply});
+            } else {
+                events.emit(EventKind::RunStarted, None, || {
+                    let mut data = fields! {"model_profile" => route.model_profile(), "path" => route.path().as_str(), "prefetch_chunks" => prefetch.len()};
+                    if let Some(source) = route.source() {
+                        data.insert("source".into(), source.into());
+                    }
+                    if let Some(target) = route.activation_target() {
+                        data.insert("activation_target".into(), target.into());
+                    }
+                    data
+                });
+            }
             let outcome = if route.path() == RoutePath::Pattern1 {
                 self.decision_loop(&run, &mut state, &run_cx).await
             } else {
                 self.walk(&run, &mut state, &run_cx).await
             };
             let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
+            let pending = std::mem::take(&mut state.pending);
             let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id().to_owned(), s.clone(), *n)).collect();
             llm_calls.append(&mut state.child_calls);
             let mut result = RunResult {
@@ -337,12 +481,23 @@ impl Runner {
                 }
             }
             crate::otel::end(&run_cx);
+            if let Some(journal) = run.journal {
+                let batch = JournalBatch { events: events.take_recorded(), entries: pending, end: Some(result.clone()) };
+                if let Err(e) = journal.commit(events.run_id(), batch).await {
+                    // The record lacks the end: the caller must not take the run as settled.
+                    result.status = RunStatus::Failed;
+                    let message = format!("the run's end could not be recorded: {e}");
+                    result.error = Some(RunFailure { reason_class: ReasonClass::StoreError, message, stage_id: None });
+                }
+            }
             result
         })
     }
 
     /// Opens a stage: its `run.stage.started` event and span.
-    fn begin_stage<'s>(&self, run: &Run<'_>, stage: &'s StageNode, stage_idx: u32, run_cx: &Context) -> OpenStage<'s> {
+    fn begin_stage<'s>(&self, run: &Run<'_>, stage: &'s StageNode, state: &mut RunState, run_cx: &Context) -> OpenStage<'s> {
+        let stage_idx = state.stages_started;
+        state.stages_started += 1;
         run.events.emit(
             EventKind::StageStarted,
             Some(stage.id()),
@@ -366,8 +521,12 @@ impl Runner {
         match outcome {
             Ok(value) => {
                 let chars = value.chars().count();
-                if note && !value.is_empty() {
-                    state.notes.push(message::compress_note(&format!("{}: {value}", stage.id())));
+                let added = (note && !value.is_empty()).then(|| message::compress_note(&format!("{}: {value}", stage.id())));
+                if let Some(n) = &added {
+                    state.notes.push(n.clone());
+                }
+                if run.journal.is_some() {
+                    state.pending.push(JournalEntry::StageCompleted { stage_id: stage.id().to_owned(), value: value.clone(), note: added });
                 }
                 state.slots.insert(stage.id().to_owned(), value.clone());
                 run.events.emit(
@@ -389,6 +548,16 @@ impl Runner {
         crate::otel::end(cx);
     }
 
+    /// Commits what the run did since the last commit (journalled runs; a no-op otherwise).
+    async fn checkpoint(&self, run: &Run<'_>, state: &mut RunState, end: Option<RunResult>) -> Result<(), StageFailure> {
+        let Some(journal) = run.journal else { return Ok(()) };
+        let batch = JournalBatch { events: run.events.take_recorded(), entries: std::mem::take(&mut state.pending), end };
+        journal
+            .commit(run.events.run_id(), batch)
+            .await
+            .map_err(|e| StageFailure::new(ReasonClass::StoreError, format!("the run's record could not be written: {e}")))
+    }
+
     /// A stage refused before it started (its step budget is spent): `run.stage.failed` alone,
     /// so that every failed run still names its failed stage.
     fn refuse_stage(&self, run: &Run<'_>, stage: &StageNode, f: StageFailure) -> (Option<String>, StageFailure) {
@@ -403,7 +572,6 @@ impl Runner {
     async fn walk(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<Finish, (Option<String>, StageFailure)> {
         let route = run.route;
         let mut node = route.entry();
-        let mut stage_idx: u32 = 0;
         loop {
             let stage = &route.graph()[node];
             if state.visits.len() <= node.index() {
@@ -416,7 +584,7 @@ impl Runner {
                 let why = format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id(), run.budget);
                 return Err(self.refuse_stage(run, stage, StageFailure::new(ReasonClass::LoopBudgetExceeded, why)));
             }
-            let open = self.begin_stage(run, stage, stage_idx, run_cx);
+            let open = self.begin_stage(run, stage, state, run_cx);
             match self.run_stage(run, stage, state, &open.cx).await {
                 Ok(value) => self.end_stage(run, open, Ok(value), state, true),
                 Err(f) => {
@@ -424,7 +592,7 @@ impl Runner {
                     return Err((Some(stage.id().to_owned()), f));
                 }
             }
-            stage_idx += 1;
+            self.checkpoint(run, state, None).await.map_err(|f| (Some(stage.id().to_owned()), f))?;
             match route.next_step(node, |c| condition_holds(c, state)) {
                 NextStep::Go(next) => node = next,
                 NextStep::End => return Ok(Finish::Completed),
@@ -580,7 +748,11 @@ impl Runner {
             Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.clone())),
             None => &self.llm,
         };
-        llm.complete(&req).await.map(|r| r.value).map_err(|e| StageFailure::new(e.class, e.message))
+        let reply = llm.complete(&req).await.map_err(|e| StageFailure::new(e.class, e.message))?;
+        if run.journal.is_some() {
+            state.pending.push(JournalEntry::ModelReply { stage_id: stage.id().to_owned(), turn: req.turn, raw: reply.raw_text() });
+        }
+        Ok(reply.value)
     }
 
     async fn child_run(&self, run: &Run<'_>, child_id: &str, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
@@ -591,8 +763,10 @@ impl Runner {
         let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
         let child_events = RunEvents::new(&new_run_id(), route.id(), Some(events.run_id()), events.sink().clone());
         // The step budget is carried into the child: it never gets more than its parent has.
-        let child = Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps()), cancel };
-        let result = self.run_route(child, cx).await;
+        // A child run is recorded in its parent's journal through the stage's result.
+        let child =
+            Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps()), cancel, journal: None };
+        let result = self.run_route(child, cx, RunState::default(), None).await;
         state.child_calls.extend(result.llm_calls.iter().cloned());
         match result.status {
             RunStatus::Completed => Ok(result.output.unwrap_or_default()),

@@ -101,6 +101,19 @@ impl ReplyValue {
 pub struct LlmReply {
     pub value: ReplyValue,
     pub usage: Option<Usage>,
+    /// The reply text as received, when the value is not that text itself (structured replies
+    /// and decisions): what a run journal records so the reply can be read again.
+    pub raw: Option<String>,
+}
+
+impl LlmReply {
+    /// The reply as the backend received it.
+    pub fn raw_text(&self) -> String {
+        match (&self.raw, &self.value) {
+            (Some(raw), _) => raw.clone(),
+            (None, value) => value.slot_value(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -179,7 +192,7 @@ pub fn finish_reply(output: &OutputSpec, raw: String, usage: Option<Usage>) -> R
             }
         },
         OutputSpec::Decision(spec) => ReplyValue::Decision(spec.parse_json(&raw)?),
-        OutputSpec::Text | OutputSpec::Unbindable { .. } => ReplyValue::Text(raw),
+        OutputSpec::Text | OutputSpec::Unbindable { .. } => return Ok(LlmReply { value: ReplyValue::Text(raw), usage, raw: None }),
     };
-    Ok(LlmReply { value, usage })
+    Ok(LlmReply { value, usage, raw: Some(raw) })
 }

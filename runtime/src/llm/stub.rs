@@ -181,7 +181,7 @@ impl Llm for StubLlm {
             let usage = Usage { input_tokens: approx_tokens(req.system) + approx_tokens(req.user), output_tokens: approx_tokens(&raw) };
             match req.output {
                 // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
-                OutputSpec::Decision(spec) => Ok(LlmReply { value: ReplyValue::Decision(spec.parse_text(&raw)?), usage: Some(usage) }),
+                OutputSpec::Decision(spec) => Ok(LlmReply { value: ReplyValue::Decision(spec.parse_text(&raw)?), usage: Some(usage), raw: Some(raw) }),
                 _ => finish_reply(req.output, raw, Some(usage)),
             }
         })
