@@ -45,6 +45,13 @@ pub const VARIABLES: &[&str] = &[
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_BASE_URL",
     "FABRIC_LLM_MAX_REPLY_BYTES",
+    "FABRIC_DATABASE_URL",
+    "FABRIC_API_TOKEN",
+    "FABRIC_MAX_RUNS_IN_FLIGHT",
+    "FABRIC_SHUTDOWN_GRACE_S",
+    "FABRIC_WAIT_MAX_S",
+    "FABRIC_LOG",
+    "FABRIC_LOG_FORMAT",
 ];
 
 /// The largest `FABRIC_CONFIG` file read; a bigger one (or a special file) is refused.
@@ -83,9 +90,37 @@ pub struct Settings {
     pub max_reply_bytes: usize,
     /// Problems that do not stop start-up (shown by the CLI on stderr, logged by the service).
     pub warnings: Vec<String>,
+    /// The run store and the service (`fabric serve`).
+    pub service: ServiceSettings,
     raw: RawVars,
     origins: BTreeMap<String, String>,
     env: EnvLookup,
+}
+
+/// Where runs are recorded, and the service's access and limits.
+#[derive(Clone, PartialEq)]
+pub struct ServiceSettings {
+    /// `FABRIC_DATABASE_URL` (default `sqlite://fabric.db`).
+    pub database_url: String,
+    /// `FABRIC_API_TOKEN`: the bearer token of the API. Never printed.
+    pub api_token: Option<String>,
+    pub max_runs_in_flight: usize,
+    pub shutdown_grace: Duration,
+    pub wait_max: Duration,
+    /// `FABRIC_LOG`: a `tracing` filter (default `info`).
+    pub log_filter: String,
+    /// `FABRIC_LOG_FORMAT`: `json` lines or `text`.
+    pub log_json: bool,
+}
+
+impl fmt::Debug for ServiceSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceSettings")
+            .field("database_url", &crate::redact::redact_url(&self.database_url))
+            .field("api_token", &self.api_token.as_ref().map(|_| "<redacted>"))
+            .field("max_runs_in_flight", &self.max_runs_in_flight)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The merged variables as text. Its `Debug` redacts keys.
@@ -94,7 +129,8 @@ struct RawVars(BTreeMap<String, String>);
 
 impl fmt::Debug for RawVars {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map().entries(self.0.iter().map(|(k, v)| (k, if k.ends_with("_KEY") { "<redacted>" } else { v.as_str() }))).finish()
+        let shown = |k: &str, v: &str| if k.ends_with("_KEY") || k.ends_with("_TOKEN") { "<redacted>".to_owned() } else { crate::redact::redact_url(v) };
+        f.debug_map().entries(self.0.iter().map(|(k, v)| (k, shown(k, v)))).finish()
     }
 }
 
@@ -208,7 +244,7 @@ impl Settings {
             let from_env = figment.get_metadata(value.tag()).is_none_or(|m| m.name == "environment");
             let source = if from_env { "environment".to_owned() } else { file_label.clone().unwrap_or_default() };
             // Keys come only from the environment: a file is too easily committed or shared.
-            if upper.ends_with("_API_KEY") && source != "environment" {
+            if (upper.ends_with("_API_KEY") || upper.ends_with("_TOKEN")) && source != "environment" {
                 return Err(err("FABRIC_CONFIG", format!("`{upper}` is an API key; keys are read only from the environment, never from files")));
             }
             // The file may spell a key in lower case; the environment's value still wins.
@@ -264,6 +300,32 @@ impl Settings {
             (None, Some(m)) => (m.trim().to_owned(), "FABRIC_LLM_MODEL"),
             (None, None) => (DEFAULT_MODEL.to_owned(), "FABRIC_LLM_MODEL"),
         };
+        let whole = |var: &str, default: u64, max: u64| -> Result<u64, ConfigError> {
+            match get(var).map(str::trim) {
+                None => Ok(default),
+                Some(v) => {
+                    v.parse::<u64>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| err(var, format!("`{v}` must be a whole number from 1 to {max}")))
+                }
+            }
+        };
+        let api_token = get("FABRIC_API_TOKEN").map(|t| t.trim().to_owned());
+        if let Some(t) = &api_token {
+            check_key("FABRIC_API_TOKEN", t)?;
+        }
+        let log_json = match get("FABRIC_LOG_FORMAT").map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("json") => true,
+            Some("text") => false,
+            Some(other) => return Err(err("FABRIC_LOG_FORMAT", format!("`{other}` is not a log format; use json or text"))),
+        };
+        let service = ServiceSettings {
+            database_url: get("FABRIC_DATABASE_URL").map_or_else(|| crate::llm::model::DEFAULT_DATABASE_URL.to_owned(), |u| u.trim().to_owned()),
+            api_token,
+            max_runs_in_flight: whole("FABRIC_MAX_RUNS_IN_FLIGHT", 1024, 1_000_000)? as usize,
+            shutdown_grace: Duration::from_secs(whole("FABRIC_SHUTDOWN_GRACE_S", 30, 86_400)?),
+            wait_max: Duration::from_secs(whole("FABRIC_WAIT_MAX_S", 60, 86_400)?),
+            log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
+            log_json,
+        };
         let mut settings = Settings {
             stub,
             stub_latency,
@@ -275,6 +337,7 @@ impl Settings {
             target: None,
             max_reply_bytes,
             warnings: Vec::new(),
+            service,
             raw: RawVars(raw.clone()),
             origins,
             env,
@@ -368,7 +431,7 @@ impl Settings {
             .iter()
             .filter_map(|v| {
                 let value = self.raw.0.get(*v)?;
-                let shown = if v.ends_with("_KEY") {
+                let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") {
                     "<redacted>".to_owned()
                 } else if v.ends_with("_URL") || v.ends_with("_BASE") || *v == "OLLAMA_HOST" {
                     crate::redact::redact_url(value)

@@ -14,6 +14,7 @@
 //!   loop;
 //! - [`runtime`]: the facade every front end (`fabric`, `fabric serve`, Python) is a shell over.
 
+pub mod api;
 pub mod cancel;
 pub mod catalogue;
 pub mod config;
@@ -31,6 +32,7 @@ pub mod prompt;
 pub mod redact;
 pub mod runtime;
 pub mod source;
+pub mod store;
 pub mod structured;
 pub mod textfile;
 pub mod tools;

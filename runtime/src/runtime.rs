@@ -21,11 +21,12 @@ use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning,
 use crate::defs::ProfileDef;
 use crate::diag::Diagnostic;
 use crate::events::{EventSink, NullSink, RunEvents};
-use crate::exec::{ProfileStack, RunRequest, RunResult, Runner, StartError, VarLookup};
+use crate::exec::{Continuation, ProfileStack, RunRequest, RunResult, Runner, StartError, VarLookup};
 use crate::hydrate::Route;
 use crate::llm::providers::backend_for;
 use crate::llm::stub::StubLlm;
 use crate::llm::{Llm, LlmError, LlmRequest, ModelInfo, OutputSpec, ReplyValue, stack};
+use crate::store::{RunStore, StoreError, StoredStatus};
 use crate::tools::{HttpPort, Tool};
 
 /// Where stub scripts are read from when no directory is given.
@@ -63,6 +64,7 @@ pub struct RuntimeBuilder {
     tools: HashMap<String, Arc<dyn Tool>>,
     backend: Option<Arc<dyn Llm>>,
     http: Option<Arc<dyn HttpPort>>,
+    store: Option<Arc<dyn RunStore>>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -133,6 +135,12 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Records runs in this store ([`Runtime::accept`], [`Runtime::execute`], replies).
+    pub fn store(mut self, store: Arc<dyn RunStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
     /// Loads the catalogue, builds every model stack (so a missing key stops here, before any
     /// inference) and the tool client.
     pub fn build(self) -> Result<Runtime, BuildError> {
@@ -184,7 +192,7 @@ impl RuntimeBuilder {
         for (name, tool) in self.tools {
             runner = runner.with_tool(&name, tool);
         }
-        Ok(Runtime { runner, settings, stub, warnings })
+        Ok(Runtime { runner, settings, stub, warnings, store: self.store })
     }
 }
 
@@ -298,6 +306,7 @@ pub struct Runtime {
     settings: Settings,
     stub: Option<StubLlm>,
     warnings: Vec<String>,
+    store: Option<Arc<dyn RunStore>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -317,6 +326,7 @@ impl Runtime {
             tools: HashMap::new(),
             backend: None,
             http: None,
+            store: None,
         }
     }
 
@@ -354,6 +364,55 @@ impl Runtime {
         let result = self.runner.run_with_cancel(req, sink, cancel).await?;
         let unused_script_lines = self.stub.as_ref().filter(|s| s.is_strict()).map(|s| s.unconsumed(&result.llm_calls)).unwrap_or_default();
         Ok(RunOutcome { result, unused_script_lines })
+    }
+
+    /// The run store, when the runtime records runs.
+    pub fn store(&self) -> Option<&Arc<dyn RunStore>> {
+        self.store.as_ref()
+    }
+
+    /// Accepts a run: every start check, then a new run id and its row in the store
+    /// (`running`). Nothing runs yet; [`Runtime::execute`] runs it.
+    pub async fn accept(&self, req: &StartRequest) -> Result<String, AcceptError> {
+        self.check_route(&req.route_id)?;
+        if let Some(p) = &req.model_profile
+            && !self.catalogue().profiles().any(|(name, _)| name == p)
+        {
+            return Err(AcceptError::UnknownProfile(p.clone()));
+        }
+        let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
+        let run_id = crate::exec::new_run_id();
+        let request = serde_json::to_value(req).unwrap_or(Value::Null);
+        store.create_run(&run_id, &req.route_id, &request).await?;
+        Ok(run_id)
+    }
+
+    /// Runs an accepted run, recording it in the store as it goes.
+    pub async fn execute(&self, run_id: String, req: &StartRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
+        let journal = self.store.as_deref().map(|s| s as &dyn crate::exec::RunJournal);
+        let result = self.runner.start(run_id, req.run_request(), sink, cancel, journal).await?;
+        Ok(RunOutcome { result, unused_script_lines: Vec::new() })
+    }
+
+    /// Claims a run that awaits the user for `message`: only one reply can claim it.
+    pub async fn claim_reply(&self, run_id: &str, message: String) -> Result<ClaimedReply, ReplyError> {
+        let store = self.store.as_ref().ok_or(ReplyError::NoStore)?;
+        let run = store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
+        if run.status != StoredStatus::AwaitingInput || !store.claim_reply(run_id).await? {
+            let status = if run.status == StoredStatus::AwaitingInput { "running" } else { run.status.as_str() };
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status });
+        }
+        let request: StartRequest =
+            serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
+        let history = store.journal(run_id).await?;
+        Ok(ClaimedReply { request, continuation: Continuation { run_id: run_id.to_owned(), history, next_seq: run.next_seq, reply: message } })
+    }
+
+    /// Continues a claimed run: the decision loop goes on with the reply as a note.
+    pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
+        let journal = self.store.as_deref().map(|s| s as &dyn crate::exec::RunJournal);
+        let result = self.runner.resume(claimed.request.run_request(), claimed.continuation, sink, cancel, journal).await?;
+        Ok(RunOutcome { result, unused_script_lines: Vec::new() })
     }
 
     /// A run with a goal and nothing else: no events, no cancellation.
@@ -399,6 +458,68 @@ impl Runtime {
         let started = Instant::now();
         let reply = llm.complete(&req).await?;
         Ok(Probe { provider: info.provider, model: info.model, reply: reply.value.slot_value(), elapsed: started.elapsed() })
+    }
+}
+
+/// The start contract of a run, as a service accepts it: `{route_id, goal, model_profile,
+/// prefetch?, session_id?}`. `model_profile` must name a defined profile and is recorded with
+/// the run; the route's own profile decides the model (as in the Python runtime).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StartRequest {
+    pub route_id: String,
+    pub goal: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_profile: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefetch: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+}
+
+impl StartRequest {
+    fn run_request(&self) -> RunRequest {
+        RunRequest { route_id: self.route_id.clone(), goal: self.goal.clone(), prefetch: self.prefetch.clone() }
+    }
+}
+
+/// Why a run was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("model profile `{0}` is not defined in the catalogue")]
+    UnknownProfile(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("this runtime has no run store")]
+    NoStore,
+}
+
+/// Why a reply was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplyError {
+    #[error("no run `{0}`")]
+    NotFound(String),
+    #[error("run `{run_id}` is {status}, not awaiting the user")]
+    NotWaiting { run_id: String, status: &'static str },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("this runtime has no run store")]
+    NoStore,
+}
+
+/// A run a reply may continue: claimed in the store (no other reply can take it).
+#[derive(Debug)]
+pub struct ClaimedReply {
+    request: StartRequest,
+    continuation: Continuation,
+}
+
+impl ClaimedReply {
+    pub fn run_id(&self) -> &str {
+        &self.continuation.run_id
     }
 }
 

@@ -35,7 +35,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Running them.
     ("tools", &["redact", "failure", "defs"]),
     ("exec", &["cancel", "failure", "events", "otel", "decision", "llm", "defs", "hydrate", "catalogue", "tools"]),
-    ("runtime", &["cancel", "diag", "failure", "events", "llm", "config", "defs", "hydrate", "catalogue", "tools", "exec"]),
+    ("store", &["redact", "failure", "events", "llm", "exec"]),
+    ("runtime", &["cancel", "diag", "failure", "events", "llm", "config", "defs", "hydrate", "catalogue", "tools", "exec", "store"]),
+    // The service: HTTP over the facade.
+    ("api", &["cancel", "failure", "events", "catalogue", "exec", "store", "runtime"]),
 ];
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {

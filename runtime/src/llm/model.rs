@@ -6,6 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
+/// The default run store (`FABRIC_DATABASE_URL`).
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://fabric.db";
 pub const DEFAULT_MODEL: &str = "ollama:qwen3:14b";
 pub const DEFAULT_OLLAMA_URL: &str = "http://127.0.0.1:11434";
 pub const DEFAULT_OPENAI_URL: &str = "https://api.openai.com/v1";

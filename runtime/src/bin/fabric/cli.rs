@@ -16,7 +16,8 @@ use fabric::events::{EventSink, FanOut, JsonLinesSink, NullSink};
 use fabric::exec::{self, RunRequest, RunStatus};
 use fabric::failure::ReasonClass;
 use fabric::hydrate;
-use fabric::runtime::{Runtime, Validation};
+use fabric::runtime::{Runtime, StartRequest, Validation};
+use fabric::store::{RunFilter, RunStore, StoredStatus};
 
 use crate::progress::Progress;
 
@@ -54,6 +55,26 @@ enum Command {
         /// Write events as JSON lines to FILE (`-` for stderr).
         #[arg(long, value_name = "FILE|-")]
         events_out: Option<String>,
+        /// Record the run in this run store (e.g. sqlite://fabric.db), as the service does.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+    },
+    /// Serve the HTTP API (start contract, runs, events, replies, metrics).
+    Serve {
+        /// Address to listen on [default: 0.0.0.0:8080; 127.0.0.1:8080 with --no-auth].
+        #[arg(long)]
+        listen: Option<String>,
+        /// Serve without a bearer token (loopback addresses only).
+        #[arg(long)]
+        no_auth: bool,
+    },
+    /// Read the run store: list runs, or show one.
+    Runs {
+        /// The run store [default: FABRIC_DATABASE_URL, else sqlite://fabric.db].
+        #[arg(long, global = true, value_name = "URL")]
+        store: Option<String>,
+        #[command(subcommand)]
+        action: RunsAction,
     },
     /// List or check the routes of the catalogue.
     Routes {
@@ -109,6 +130,25 @@ enum Command {
         schema: PathBuf,
         /// The raw reply (a file, or `-`/absent for stdin).
         reply: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsAction {
+    /// The newest runs, one line each: id, route, status, created, reason class.
+    List {
+        #[arg(long)]
+        route: Option<String>,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// One run as JSON (the result object); `--events` adds its events as JSON lines.
+    Show {
+        run_id: String,
+        #[arg(long)]
+        events: bool,
     },
 }
 
@@ -205,7 +245,11 @@ async fn dispatch(cli: Cli) -> ExitCode {
             Ok(()) => Ok(ExitCode::SUCCESS),
             Err(e) => Ok(usage(format_args!("tool-server: {e}"))),
         },
-        Command::Run { route, goal, prefetch, events_out } => run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref()).await,
+        Command::Run { route, goal, prefetch, events_out, store } => {
+            run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref(), store.as_deref()).await
+        }
+        Command::Serve { listen, no_auth } => crate::serve::serve(&cli, listen.as_deref(), *no_auth).await,
+        Command::Runs { store, action } => runs_cmd(store.as_deref(), action).await,
     };
     printed.unwrap_or_else(output_failed)
 }
@@ -311,13 +355,65 @@ fn validate_cmd(schema_path: &Path, reply: Option<&str>) -> std::io::Result<Exit
     }
 }
 
-/// The runtime of `run` and `doctor`: the CLI's directories and the built-in `add` tool.
-fn build_runtime(cli: &Cli, settings: Settings) -> Result<Runtime, fabric::runtime::BuildError> {
+/// The runtime of `run`, `doctor` and `serve`: the CLI's directories, the built-in `add` tool,
+/// and the run store when one is given.
+pub fn build_runtime(cli: &Cli, settings: Settings, store: Option<Arc<dyn RunStore>>) -> Result<Runtime, fabric::runtime::BuildError> {
     let mut builder = Runtime::builder().settings(settings).catalogue_dirs(&cli.catalogue, &cli.prompt_packs).tool("add", fabric::tools::builtin_add());
     if let Some(dir) = &cli.stub_dir {
         builder = builder.stub_dir(dir);
     }
+    if let Some(store) = store {
+        builder = builder.store(store);
+    }
     builder.build()
+}
+
+async fn runs_cmd(store: Option<&str>, action: &RunsAction) -> std::io::Result<ExitCode> {
+    let settings = match settings_or_exit() {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    let url = store.map_or(settings.service.database_url.clone(), str::to_owned);
+    let store = match fabric::store::open(&url).await {
+        Ok(s) => s,
+        Err(e) => return Ok(usage(format_args!("run store: {e}"))),
+    };
+    match action {
+        RunsAction::List { route, status, limit } => {
+            let status = match status.as_deref().map(|s| (s, StoredStatus::parse(s))) {
+                None => None,
+                Some((_, Some(s))) => Some(s),
+                Some((s, None)) => return Ok(usage(format_args!("--status `{s}` is not one of running, completed, failed, awaiting_input"))),
+            };
+            let filter = RunFilter { route_id: route.clone(), status, before: None, limit: *limit };
+            let runs = match store.list_runs(&filter).await {
+                Ok(r) => r,
+                Err(e) => return Ok(usage(e)),
+            };
+            let text: String = runs
+                .iter()
+                .map(|r| format!("{}\t{}\t{}\t{}\t{}\n", r.run_id, r.route_id, r.status.as_str(), r.created_at, r.reason_class.as_deref().unwrap_or("-")))
+                .collect();
+            print_out(&text)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        RunsAction::Show { run_id, events } => {
+            let run = match store.get_run(run_id).await {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(usage(format_args!("no run `{run_id}` in the store"))),
+                Err(e) => return Ok(usage(e)),
+            };
+            let mut text = format!("{}\n", serde_json::to_string(&fabric::api::RunView::of(run)).unwrap_or_default());
+            if *events {
+                match store.events_after(run_id, 0).await {
+                    Ok(list) => list.iter().for_each(|e| text.push_str(&format!("{}\n", e.body))),
+                    Err(e) => return Ok(usage(e)),
+                }
+            }
+            print_out(&text)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
 
 /// Signals that end a run cleanly: the run fails with `interrupted`, its result is printed, and
@@ -351,7 +447,7 @@ fn settings_or_exit() -> Result<Settings, ExitCode> {
     Settings::from_env().map_err(|e: ConfigError| usage(format_args!("bad configuration: {e}")))
 }
 
-async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>, events_out: Option<&str>) -> std::io::Result<ExitCode> {
+async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>, events_out: Option<&str>, store: Option<&str>) -> std::io::Result<ExitCode> {
     let settings = match settings_or_exit() {
         Ok(s) => s,
         Err(code) => return Ok(code),
@@ -367,7 +463,14 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
             Err(e) => return Ok(usage(format_args!("--prefetch {}: {e}", p.display()))),
         },
     };
-    let runtime = match build_runtime(cli, settings) {
+    let store = match store {
+        None => None,
+        Some(url) => match fabric::store::open(url).await {
+            Ok(s) => Some(s),
+            Err(e) => return Ok(usage(format_args!("--store: {e}"))),
+        },
+    };
+    let runtime = match build_runtime(cli, settings, store.clone()) {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
     };
@@ -407,7 +510,18 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         Ok(s) => s,
         Err(e) => return Ok(usage(e)),
     };
-    let outcome = match runtime.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await {
+    let outcome = if store.is_some() {
+        // Recorded as the service records a run: accepted (a row), then journalled as it goes.
+        let req = StartRequest { route_id: route_id.to_owned(), goal, model_profile: None, prefetch, session_id: None };
+        let run_id = match runtime.accept(&req).await {
+            Ok(id) => id,
+            Err(e) => return Ok(usage(e)),
+        };
+        runtime.execute(run_id, &req, sink, cancel).await
+    } else {
+        runtime.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await
+    };
+    let outcome = match outcome {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
     };
@@ -481,7 +595,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         if settings.honor_model_profile { "select the model (FABRIC_HONOR_MODEL_PROFILE)" } else { "metadata only" }
     ));
     out.push_str(&format!("fleet: {}\n", settings.fleet.as_deref().unwrap_or("(none: serves every route)")));
-    let runtime = match build_runtime(cli, settings) {
+    let runtime = match build_runtime(cli, settings, None) {
         Ok(r) => r,
         Err(e) => {
             out.push_str(&format!("runtime: ERROR {e}\n"));

@@ -5,6 +5,7 @@
 mod bench;
 mod cli;
 mod progress;
+mod serve;
 mod toolserver;
 
 fn main() -> std::process::ExitCode {

@@ -1,0 +1,116 @@
+//! Runs executing in this process: their events as they happen (for Server-Sent Events) and
+//! their end (for `?wait=true`). The store is the record; this is only the live tail.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::events::{Event, EventSink};
+
+/// An event as the live tail keeps it: ready to send.
+#[derive(Debug, Clone)]
+pub struct LiveEvent {
+    pub seq: u64,
+    pub kind: &'static str,
+    pub json: Arc<str>,
+}
+
+/// One run segment in flight (from its start, or from a reply, to its end or its question).
+#[derive(Debug)]
+pub struct LiveRun {
+    run_id: String,
+    /// Every event of this segment, in order.
+    log: Mutex<Vec<LiveEvent>>,
+    /// Bumped on every event and at the end, so waiters wake up.
+    tick: watch::Sender<u64>,
+    /// The result object once the segment ended.
+    end: Mutex<Option<Value>>,
+}
+
+impl LiveRun {
+    /// Events with `seq > after`, and whether the segment has ended (then they are all).
+    pub fn events_after(&self, after: u64) -> (Vec<LiveEvent>, bool) {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let ended = self.end.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        (log.iter().filter(|e| e.seq > after).cloned().collect(), ended)
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.tick.subscribe()
+    }
+
+    /// The result, once ended.
+    pub fn end(&self) -> Option<Value> {
+        self.end.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until the segment ended; returns its result.
+    pub async fn wait(&self) -> Value {
+        let mut rx = self.subscribe();
+        loop {
+            if let Some(v) = self.end() {
+                return v;
+            }
+            if rx.changed().await.is_err() {
+                return self.end().unwrap_or(Value::Null);
+            }
+        }
+    }
+}
+
+impl EventSink for LiveRun {
+    fn emit(&self, event: &Event) {
+        // A child run's events have their own ids and numbering; the parent's stream shows the
+        // child through its stage.
+        if *event.run_id != *self.run_id {
+            return;
+        }
+        let mut line = Vec::with_capacity(256);
+        event.write_json_line(&mut line);
+        line.pop();
+        let json: Arc<str> = String::from_utf8(line).unwrap_or_default().into();
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).push(LiveEvent { seq: event.seq, kind: event.kind.as_str(), json });
+        self.tick.send_modify(|t| *t += 1);
+    }
+}
+
+/// Every live run of this process, by id.
+#[derive(Debug, Default)]
+pub struct Live {
+    runs: Mutex<HashMap<String, Arc<LiveRun>>>,
+}
+
+impl Live {
+    /// Registers a new segment of `run_id` (replacing an ended one).
+    pub fn begin(&self, run_id: &str) -> Arc<LiveRun> {
+        let run = Arc::new(LiveRun { run_id: run_id.to_owned(), log: Mutex::default(), tick: watch::channel(0).0, end: Mutex::default() });
+        self.runs.lock().unwrap_or_else(|p| p.into_inner()).insert(run_id.to_owned(), run.clone());
+        run
+    }
+
+    pub fn get(&self, run_id: &str) -> Option<Arc<LiveRun>> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned()
+    }
+
+    /// Ends a segment: records its result, wakes its waiters, forgets it (its record is in the
+    /// store by now: the run's last commit came before).
+    pub fn finish(&self, run: &LiveRun, result: Value) {
+        *run.end.lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+        run.tick.send_modify(|t| *t += 1);
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        if runs.get(&run.run_id).is_some_and(|r| std::ptr::eq(r.as_ref(), run)) {
+            runs.remove(&run.run_id);
+        }
+    }
+
+    /// How many runs are in flight.
+    pub fn len(&self) -> usize {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,126 @@
+//! Prometheus metrics of the service, counted from the events runs emit (an [`EventSink`]):
+//! runs started and finished by route and status, stage and model-call latency histograms,
+//! retries, tokens in and out, runs in flight.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use crate::events::{Event, EventKind, EventSink};
+
+/// Histogram buckets in seconds (stages and model calls: milliseconds to minutes).
+const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
+
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if seconds <= *b {
+                self.counts[i] += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += seconds;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    started: BTreeMap<String, u64>,
+    finished: BTreeMap<(String, String), u64>,
+    stage_seconds: BTreeMap<String, Histogram>,
+    llm_seconds: BTreeMap<String, Histogram>,
+    retries: BTreeMap<String, u64>,
+    tokens_in: BTreeMap<String, u64>,
+    tokens_out: BTreeMap<String, u64>,
+    in_flight: i64,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    counts: Mutex<Counts>,
+}
+
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+impl EventSink for Metrics {
+    fn emit(&self, e: &Event) {
+        // Child runs are counted as runs of their own routes.
+        let route = e.route_id.to_string();
+        let seconds = || e.data.get("duration_ms").and_then(|v| v.as_f64()).unwrap_or(0.0) / 1000.0;
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        match e.kind {
+            EventKind::RunStarted | EventKind::RunResumed => {
+                if e.kind == EventKind::RunStarted {
+                    *c.started.entry(route).or_default() += 1;
+                }
+                c.in_flight += 1;
+            }
+            EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunAwaitingInput => {
+                let status = match e.kind {
+                    EventKind::RunCompleted => "completed",
+                    EventKind::RunFailed => "failed",
+                    _ => "awaiting_input",
+                };
+                *c.finished.entry((route, status.to_owned())).or_default() += 1;
+                c.in_flight -= 1;
+            }
+            EventKind::StageCompleted | EventKind::StageFailed => c.stage_seconds.entry(route).or_default().observe(seconds()),
+            EventKind::LlmCompleted | EventKind::LlmFailed => {
+                let s = seconds();
+                c.llm_seconds.entry(route.clone()).or_default().observe(s);
+                let n = |k: &str| e.data.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+                *c.tokens_in.entry(route.clone()).or_default() += n("input_tokens");
+                *c.tokens_out.entry(route).or_default() += n("output_tokens");
+            }
+            EventKind::LlmRetrying => *c.retries.entry(route).or_default() += 1,
+            _ => {}
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition (version 0.0.4).
+    pub fn render(&self) -> String {
+        let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = String::new();
+        let counter = |out: &mut String, name: &str, help: &str, rows: &BTreeMap<String, u64>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (route, v) in rows {
+                let _ = writeln!(out, "{name}{{route=\"{}\"}} {v}", label(route));
+            }
+        };
+        counter(&mut out, "fabric_runs_started_total", "Runs started, by route.", &c.started);
+        let _ = writeln!(out, "# HELP fabric_runs_finished_total Runs that ended or asked, by route and status.\n# TYPE fabric_runs_finished_total counter");
+        for ((route, status), v) in &c.finished {
+            let _ = writeln!(out, "fabric_runs_finished_total{{route=\"{}\",status=\"{status}\"}} {v}", label(route));
+        }
+        let histogram = |out: &mut String, name: &str, help: &str, rows: &BTreeMap<String, Histogram>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            for (route, h) in rows {
+                let route = label(route);
+                for (i, b) in BUCKETS.iter().enumerate() {
+                    let _ = writeln!(out, "{name}_bucket{{route=\"{route}\",le=\"{b}\"}} {}", h.counts[i]);
+                }
+                let _ = writeln!(out, "{name}_bucket{{route=\"{route}\",le=\"+Inf\"}} {}", h.count);
+                let _ = writeln!(out, "{name}_sum{{route=\"{route}\"}} {}", h.sum);
+                let _ = writeln!(out, "{name}_count{{route=\"{route}\"}} {}", h.count);
+            }
+        };
+        histogram(&mut out, "fabric_stage_duration_seconds", "Stage durations, by route.", &c.stage_seconds);
+        histogram(&mut out, "fabric_model_call_duration_seconds", "Model-call durations (all attempts), by route.", &c.llm_seconds);
+        counter(&mut out, "fabric_model_retries_total", "Model-call retries, by route.", &c.retries);
+        counter(&mut out, "fabric_model_input_tokens_total", "Tokens sent to models, by route.", &c.tokens_in);
+        counter(&mut out, "fabric_model_output_tokens_total", "Tokens received from models, by route.", &c.tokens_out);
+        let _ = writeln!(out, "# HELP fabric_runs_in_flight Runs executing now.\n# TYPE fabric_runs_in_flight gauge\nfabric_runs_in_flight {}", c.in_flight);
+        out
+    }
+}

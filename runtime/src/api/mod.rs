@@ -1,0 +1,641 @@
+//! The HTTP service (`fabric serve`): the start contract, run records, live events, replies,
+//! routes, health, metrics and the OpenAPI document, over the [`Runtime`] facade.
+//!
+//! [`router`] builds the whole app from an [`AppState`], so tests drive it without a socket;
+//! every error is one JSON shape, `{"error": {"code", "message", "problems"?}}`, made in one
+//! place ([`ApiError`]). The service decides nothing about runs: it parses requests, asks the
+//! runtime, and answers.
+
+mod live;
+pub mod metrics;
+pub mod openapi;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::Stream;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+pub use live::{Live, LiveEvent, LiveRun};
+pub use metrics::Metrics;
+
+use crate::cancel::{Cancel, CancelHandle};
+use crate::catalogue::RouteEntry;
+use crate::events::{EventSink, FanOut};
+use crate::exec::StartError;
+use crate::runtime::{AcceptError, ReplyError, Runtime, StartRequest};
+use crate::store::{RunFilter, StoredRun, StoredStatus};
+
+/// The service's limits and access.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// The bearer token every endpoint but health needs; `None` only with `--no-auth`.
+    pub token: Option<String>,
+    /// Runs executing at once; more are refused with 429 and `Retry-After`.
+    pub max_in_flight: usize,
+    /// The largest request body.
+    pub max_body_bytes: usize,
+    /// The largest goal (as compact JSON).
+    pub max_goal_bytes: usize,
+    /// How long `?wait=true` waits before answering with the run as it stands.
+    pub wait_max: Duration,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig { token: None, max_in_flight: 1024, max_body_bytes: 1024 * 1024, max_goal_bytes: 256 * 1024, wait_max: Duration::from_secs(60) }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    runtime: Arc<Runtime>,
+    config: ApiConfig,
+    live: Live,
+    metrics: Arc<Metrics>,
+    in_flight: Arc<Semaphore>,
+    /// Cancels every run of this process (the end of a graceful shutdown).
+    shutdown: CancelHandle,
+    cancel: Cancel,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("config", &self.inner.config).finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// The runtime must have a run store.
+    pub fn new(runtime: Arc<Runtime>, config: ApiConfig) -> AppState {
+        let (shutdown, cancel) = CancelHandle::new();
+        let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
+        AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, shutdown, cancel }) }
+    }
+
+    /// Runs executing now.
+    pub fn runs_in_flight(&self) -> usize {
+        self.inner.config.max_in_flight - self.inner.in_flight.available_permits()
+    }
+
+    /// Waits until no run executes, at most `grace`; then interrupts the rest (they fail with
+    /// `interrupted`, recorded so) and waits for their last commits, at most 10 s more.
+    pub async fn drain(&self, grace: Duration) -> usize {
+        let deadline = Instant::now() + grace;
+        while self.runs_in_flight() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let left = self.runs_in_flight();
+        if left > 0 {
+            self.inner.shutdown.cancel("shutdown");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.runs_in_flight() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        left
+    }
+}
+
+/// The one error shape of the API.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    problems: Vec<String>,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, code, message: message.into(), problems: Vec::new(), retry_after: None }
+    }
+}
+
+/// The body of every error response.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// A stable code: `unauthorized`, `not_found`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `store_error`, `unavailable`.
+    pub code: String,
+    pub message: String,
+    /// Located problems (`path:line:col: message`) of a broken route.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message, problems: self.problems } };
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}
+
+fn start_error(e: StartError) -> ApiError {
+    match e {
+        StartError::UnknownRoute { route, .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{route}`")),
+        StartError::WrongFleet { route, target, fleet } => ApiError::new(
+            StatusCode::CONFLICT,
+            "wrong_fleet",
+            format!("route `{route}` is served by fleet `{target}`; this is fleet `{fleet}`: send it to `{target}`"),
+        ),
+        StartError::BrokenRoute { route, problems } => {
+            let mut e = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "broken_route", format!("route `{route}` cannot run: the catalogue has errors in it"));
+            e.problems = problems.lines().map(|l| l.trim().to_owned()).collect();
+            e
+        }
+        other => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "cannot_start", other.to_string()),
+    }
+}
+
+fn store_error(e: impl std::fmt::Display) -> ApiError {
+    tracing::error!(error = %e, "run store");
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_error", "the run store is not available")
+}
+
+/// The start contract as JSON: `{route_id, goal, model_profile, prefetch?, session_id?}`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StartBody {
+    pub route_id: String,
+    /// A JSON object.
+    #[schema(value_type = Object)]
+    pub goal: Value,
+    /// A model profile of the catalogue; recorded with the run (the route's profile chooses the model).
+    #[serde(default)]
+    pub model_profile: Option<String>,
+    /// Prefetched chunks every model call of the run sees.
+    #[serde(default)]
+    pub prefetch: Option<Vec<String>>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+}
+
+/// A run accepted (201), or accepted again by a reply (202).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Accepted {
+    pub run_id: String,
+    /// `running`.
+    pub status: String,
+}
+
+/// A run: the same object as `fabric run` prints once it ended or asked (`output`, `slots`,
+/// `notes`, `question`, `error`), and `created_at`/`updated_at` from the store.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunView {
+    pub run_id: String,
+    pub route_id: String,
+    /// `running`, `completed`, `failed` or `awaiting_input`.
+    pub status: String,
+    #[serde(default)]
+    pub output: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub slots: Value,
+    #[serde(default)]
+    pub notes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub error: Option<Value>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl RunView {
+    /// The view of a stored run.
+    pub fn of(run: StoredRun) -> RunView {
+        let result = run.result.unwrap_or(Value::Null);
+        let status = if run.status == StoredStatus::Failed && result.is_null() {
+            // Failed without a result: the process that ran it is gone.
+            "failed"
+        } else {
+            run.status.as_str()
+        };
+        let error = result.get("error").cloned().or_else(|| {
+            (run.status == StoredStatus::Failed && result.is_null())
+                .then(|| json!({"reason_class": run.reason_class.as_deref().unwrap_or("interrupted"), "message": "the process running it stopped"}))
+        });
+        RunView {
+            run_id: run.run_id,
+            route_id: run.route_id,
+            status: status.to_owned(),
+            output: result.get("output").and_then(Value::as_str).map(str::to_owned),
+            slots: result.get("slots").cloned().unwrap_or_else(|| json!({})),
+            notes: result.get("notes").and_then(|n| serde_json::from_value(n.clone()).ok()).unwrap_or_default(),
+            question: run.question,
+            error,
+            created_at: run.created_at,
+            updated_at: run.updated_at,
+        }
+    }
+}
+
+/// A page of runs, newest first.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunPage {
+    pub runs: Vec<RunView>,
+    /// Pass as `before` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// The reply to a run that asked.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ReplyBody {
+    pub message: String,
+}
+
+/// A route of the catalogue.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RouteInfo {
+    pub id: String,
+    /// The fleet that serves it (`activation_target`), if it names one.
+    #[serde(default)]
+    pub fleet: Option<String>,
+    /// `workflow`, `branched`, `manifest` or `pattern1`; `broken` when it cannot run.
+    pub kind: String,
+    pub description: String,
+    /// Whether this runtime starts it (its fleet, and not broken).
+    pub runs_here: bool,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WaitParam {
+    /// Answer with the run once it ends or asks (at most the service's wait limit).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    pub route_id: Option<String>,
+    /// `running`, `completed`, `failed` or `awaiting_input`.
+    pub status: Option<String>,
+    /// A run id: list runs older than it (the `next` of the previous page).
+    pub before: Option<String>,
+    /// Page size, 1 to 200 (default 50).
+    pub limit: Option<u32>,
+}
+
+/// The app: every route, authentication, the request log.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/v1/runs", post(start_run).get(list_runs))
+        .route("/v1/runs/{run_id}", get(get_run))
+        .route("/v1/runs/{run_id}/events", get(run_events))
+        .route("/v1/runs/{run_id}/reply", post(reply))
+        .route("/v1/routes", get(list_routes))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(api)
+        .layer(axum::extract::DefaultBodyLimit::max(state.inner.config.max_body_bytes))
+        .layer(axum::middleware::from_fn(request_log))
+        .with_state(state)
+}
+
+/// Compares without stopping at the first difference, so timing says nothing about the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.inner.config.token {
+        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), token.as_bytes())) {
+            let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid `Authorization: Bearer <token>` header is required").into_response();
+            e.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return e;
+        }
+    }
+    next.run(request).await
+}
+
+/// One line per request: its id, method, path (never the query), status and duration.
+async fn request_log(request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| uuid::Uuid::now_v7().to_string(), str::to_owned);
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let started = Instant::now();
+    let mut response = next.run(request).await;
+    let status = response.status().as_u16();
+    tracing::info!(request_id = %id, method = %method, path = %path, status, duration_ms = started.elapsed().as_secs_f64() * 1000.0, "request");
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
+}
+
+fn parse_body<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("the request body is larger than {limit} bytes")),
+        _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "the request body could not be read"),
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("the body is not what this endpoint takes: {e}")))
+}
+
+/// The service's view of a run's end, as stored.
+async fn view(state: &AppState, run_id: &str) -> Result<RunView, ApiError> {
+    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+    match store.get_run(run_id).await.map_err(store_error)? {
+        Some(run) => Ok(RunView::of(run)),
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`"))),
+    }
+}
+
+fn sink_for(state: &AppState, live: &Arc<LiveRun>) -> Arc<dyn EventSink> {
+    Arc::new(FanOut(vec![live.clone(), state.inner.metrics.clone()]))
+}
+
+fn too_many() -> ApiError {
+    let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_runs", "the service runs as many runs as it may; retry shortly");
+    e.retry_after = Some(1);
+    e
+}
+
+/// Starts a run.
+#[utoipa::path(post, path = "/v1/runs", request_body = StartBody, params(WaitParam),
+    responses(
+        (status = 201, description = "Accepted; the run executes (see `Location`)", body = Accepted),
+        (status = 200, description = "With `wait=true`: the run once it ended or asked", body = RunView),
+        (status = 404, description = "Unknown route", body = ErrorBody),
+        (status = 409, description = "The route is served by another fleet", body = ErrorBody),
+        (status = 413, description = "Body or goal too large", body = ErrorBody),
+        (status = 422, description = "Invalid body, a goal that is not an object, or a broken route", body = ErrorBody),
+        (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn start_run(State(state): State<AppState>, Query(wait): Query<WaitParam>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let config = &state.inner.config;
+    let body: StartBody = parse_body(body, config.max_body_bytes)?;
+    let Value::Object(goal) = body.goal else {
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "`goal` must be a JSON object"));
+    };
+    let goal_bytes = serde_json::to_vec(&goal).map_or(0, |g| g.len());
+    if goal_bytes > config.max_goal_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the goal is {goal_bytes} bytes; the limit is {}", config.max_goal_bytes),
+        ));
+    }
+    let req = StartRequest {
+        route_id: body.route_id,
+        goal,
+        model_profile: body.model_profile,
+        prefetch: body.prefetch.unwrap_or_default(),
+        session_id: body.session_id,
+    };
+    let permit = state.inner.in_flight.clone().try_acquire_owned().map_err(|_| too_many())?;
+    let run_id = state.inner.runtime.accept(&req).await.map_err(|e| match e {
+        AcceptError::Start(s) => start_error(s),
+        AcceptError::UnknownProfile(p) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("model profile `{p}` is not defined")),
+        AcceptError::Store(s) => store_error(s),
+        AcceptError::NoStore => store_error("no store"),
+    })?;
+    let live = state.inner.live.begin(&run_id);
+    let task_state = state.clone();
+    let (task_live, task_id) = (live.clone(), run_id.clone());
+    tokio::spawn(async move {
+        let _permit = permit;
+        let sink = sink_for(&task_state, &task_live);
+        let outcome = task_state.inner.runtime.execute(task_id.clone(), &req, sink, task_state.inner.cancel.clone()).await;
+        finish(&task_state, &task_live, &task_id, outcome.map(|o| o.result)).await;
+    });
+    if wait.wait {
+        return Ok(waited(&state, &live, &run_id).await?.into_response());
+    }
+    let mut response = (StatusCode::CREATED, Json(Accepted { run_id: run_id.clone(), status: "running".into() })).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(response)
+}
+
+/// Ends a live segment with the run's stored view (its record is complete by now).
+async fn finish(state: &AppState, live: &LiveRun, run_id: &str, outcome: Result<crate::exec::RunResult, StartError>) {
+    if let Err(e) = &outcome {
+        tracing::warn!(run_id, error = %e, "run did not start");
+    }
+    if let Ok(r) = &outcome
+        && let Some(e) = r.error.as_ref().filter(|e| e.reason_class == crate::failure::ReasonClass::StoreError)
+    {
+        tracing::error!(run_id, error = %e.message, "run record");
+    }
+    let stored = view(state, run_id).await.ok().and_then(|v| serde_json::to_value(v).ok()).unwrap_or(Value::Null);
+    state.inner.live.finish(live, stored);
+}
+
+async fn waited(state: &AppState, live: &LiveRun, run_id: &str) -> Result<Json<RunView>, ApiError> {
+    let _ = tokio::time::timeout(state.inner.config.wait_max, live.wait()).await;
+    view(state, run_id).await.map(Json)
+}
+
+/// A run: the result object once it ended or asked.
+#[utoipa::path(get, path = "/v1/runs/{run_id}", params(("run_id" = String, Path, description = "The run id")),
+    responses((status = 200, body = RunView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Json<RunView>, ApiError> {
+    view(&state, &run_id).await.map(Json)
+}
+
+/// Runs, newest first, paged.
+#[utoipa::path(get, path = "/v1/runs", params(ListParams), responses((status = 200, body = RunPage), (status = 422, body = ErrorBody)), security(("bearer" = [])))]
+async fn list_runs(State(state): State<AppState>, Query(p): Query<ListParams>) -> Result<Json<RunPage>, ApiError> {
+    let status = match p.status.as_deref() {
+        None => None,
+        Some(s) => Some(StoredStatus::parse(s).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                format!("`status` `{s}` is not one of running, completed, failed, awaiting_input"),
+            )
+        })?),
+    };
+    let limit = p.limit.unwrap_or(50).clamp(1, 200);
+    let filter = RunFilter { route_id: p.route_id, status, before: p.before, limit: limit + 1 };
+    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+    let mut runs: Vec<RunView> = store.list_runs(&filter).await.map_err(store_error)?.into_iter().map(RunView::of).collect();
+    let next = (runs.len() > limit as usize).then(|| {
+        runs.truncate(limit as usize);
+        runs.last().map(|r| r.run_id.clone())
+    });
+    Ok(Json(RunPage { runs, next: next.flatten() }))
+}
+
+/// A run's events as Server-Sent Events: from the start, or after `Last-Event-ID`; live until
+/// the run ends or asks. Each event's id is its `seq`.
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = "The run id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
+    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn run_events(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let after: u64 = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
+    // The live segment first, then the record: an event is in one or the other (a segment
+    // leaves the registry only after its last commit).
+    let live = state.inner.live.get(&run_id);
+    if store.get_run(&run_id).await.map_err(store_error)?.is_none() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`")));
+    }
+    let stored = store.events_after(&run_id, after).await.map_err(store_error)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
+    let sse = |seq: u64, kind: &str, json: &str| SseEvent::default().id(seq.to_string()).event(kind).data(json);
+    tokio::spawn(async move {
+        let mut last = after;
+        for e in stored {
+            last = e.seq;
+            if tx.send(sse(e.seq, &e.kind, &e.body)).await.is_err() {
+                return;
+            }
+        }
+        let Some(live) = live else { return };
+        let mut ticks = live.subscribe();
+        loop {
+            let (events, ended) = live.events_after(last);
+            for e in events {
+                last = e.seq;
+                if tx.send(sse(e.seq, e.kind, &e.json)).await.is_err() {
+                    return;
+                }
+            }
+            // Ended: every event of the segment was in that read.
+            if ended {
+                return;
+            }
+            let _ = ticks.changed().await;
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// Continues a run that asked: the reply becomes a note the next decision sees.
+#[utoipa::path(post, path = "/v1/runs/{run_id}/reply", request_body = ReplyBody, params(("run_id" = String, Path, description = "The run id"), WaitParam),
+    responses((status = 202, body = Accepted), (status = 200, description = "With `wait=true`", body = RunView), (status = 404, body = ErrorBody),
+        (status = 409, description = "The run is not awaiting the user", body = ErrorBody), (status = 429, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn reply(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    Query(wait): Query<WaitParam>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body: ReplyBody = parse_body(body, state.inner.config.max_body_bytes)?;
+    if body.message.len() > state.inner.config.max_goal_bytes {
+        return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the reply is too large"));
+    }
+    let permit = state.inner.in_flight.clone().try_acquire_owned().map_err(|_| too_many())?;
+    let claimed = state.inner.runtime.claim_reply(&run_id, body.message).await.map_err(|e| match e {
+        ReplyError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`")),
+        ReplyError::NotWaiting { .. } => ApiError::new(StatusCode::CONFLICT, "not_waiting", e.to_string()),
+        ReplyError::Store(s) => store_error(s),
+        ReplyError::NoStore => store_error("no store"),
+        ReplyError::Start(s) => start_error(s),
+    })?;
+    let live = state.inner.live.begin(&run_id);
+    let task_state = state.clone();
+    let (task_live, task_id) = (live.clone(), run_id.clone());
+    tokio::spawn(async move {
+        let _permit = permit;
+        let sink = sink_for(&task_state, &task_live);
+        let outcome = task_state.inner.runtime.continue_run(claimed, sink, task_state.inner.cancel.clone()).await;
+        finish(&task_state, &task_live, &task_id, outcome.map(|o| o.result)).await;
+    });
+    if wait.wait {
+        return Ok(waited(&state, &live, &run_id).await?.into_response());
+    }
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id, status: "running".into() })).into_response())
+}
+
+/// The routes of the catalogue.
+#[utoipa::path(get, path = "/v1/routes", responses((status = 200, body = [RouteInfo])), security(("bearer" = [])))]
+async fn list_routes(State(state): State<AppState>) -> Json<Vec<RouteInfo>> {
+    let runtime = &state.inner.runtime;
+    let routes = runtime
+        .catalogue()
+        .routes()
+        .map(|entry| match entry {
+            RouteEntry::Ready(r) => RouteInfo {
+                id: r.id().to_owned(),
+                fleet: r.activation_target().map(str::to_owned),
+                kind: r.path().as_str().to_owned(),
+                description: r.description().to_owned(),
+                runs_here: runtime.check_route(r.id()).is_ok(),
+            },
+            RouteEntry::Broken(b) => RouteInfo { id: b.id.clone(), fleet: None, kind: "broken".into(), description: String::new(), runs_here: false },
+        })
+        .collect();
+    Json(routes)
+}
+
+/// Whether the process is up (no authentication).
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "`{\"status\": \"ok\"}`")))]
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Whether the service can take runs: catalogue loaded, store reachable (no authentication).
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, body = ErrorBody)))]
+async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let runtime = &state.inner.runtime;
+    let store = runtime.store().ok_or_else(|| store_error("no store"))?;
+    store.ping().await.map_err(store_error)?;
+    let ready = runtime.catalogue().routes().filter(|r| matches!(r, RouteEntry::Ready(_))).count();
+    Ok(Json(json!({"status": "ready", "routes_ready": ready, "runs_in_flight": state.runs_in_flight()})))
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain")), security(("bearer" = [])))]
+async fn metrics(State(state): State<AppState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.inner.metrics.render()).into_response()
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "The OpenAPI 3.1 document")), security(("bearer" = [])))]
+async fn openapi_json() -> Json<Value> {
+    Json(openapi::document())
+}

@@ -1,0 +1,33 @@
+//! The OpenAPI 3.1 document of the service, generated from the handlers and types themselves
+//! (utoipa), so it cannot drift from the code; `docs/openapi.json` is a copy a test keeps equal.
+
+use serde_json::Value;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::*;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Fabric Runtime", description = "Runs staged LLM routes: the start contract, run records, live events, replies.", license(name = "Apache-2.0")),
+    paths(start_run, list_runs, get_run, run_events, reply, list_routes, healthz, readyz, metrics, openapi_json),
+    components(schemas(StartBody, Accepted, RunView, RunPage, ReplyBody, RouteInfo, ErrorBody, ErrorDetail)),
+    modifiers(&Bearer)
+)]
+struct ApiDoc;
+
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+/// The document as JSON, with the runtime's version.
+pub fn document() -> Value {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    serde_json::to_value(doc).unwrap_or(Value::Null)
+}

@@ -1,0 +1,110 @@
+//! `fabric serve`: the HTTP API over the runtime facade, with the run store, structured logs,
+//! a bearer token, and a graceful shutdown on SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use fabric::api::{ApiConfig, AppState, router};
+use fabric::config::Settings;
+
+use crate::cli::{Cli, build_runtime, say};
+
+/// Installs the log subscriber: `FABRIC_LOG` filters, `FABRIC_LOG_FORMAT` picks JSON or text.
+fn init_logs(settings: &Settings) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&settings.service.log_filter).map_err(|e| format!("FABRIC_LOG: {e}"))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    let installed = if settings.service.log_json { builder.json().flatten_event(true).try_init() } else { builder.try_init() };
+    installed.map_err(|e| format!("cannot install the log subscriber: {e}"))
+}
+
+pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::Result<ExitCode> {
+    let fail = |msg: String| {
+        say(format_args!("fabric serve: {msg}"));
+        Ok(ExitCode::from(2))
+    };
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => return fail(format!("bad configuration: {e}")),
+    };
+    if let Err(e) = init_logs(&settings) {
+        return fail(e);
+    }
+    let token = settings.service.api_token.clone();
+    if token.is_none() && !no_auth {
+        return fail(
+            "FABRIC_API_TOKEN is not set: every endpoint but /healthz and /readyz needs a bearer token (or start with --no-auth, loopback only)".into(),
+        );
+    }
+    let default_listen = if no_auth { "127.0.0.1:8080" } else { "0.0.0.0:8080" };
+    let addr: SocketAddr = match listen.unwrap_or(default_listen).parse() {
+        Ok(a) => a,
+        Err(e) => return fail(format!("--listen: {e}")),
+    };
+    if token.is_none() && !addr.ip().is_loopback() {
+        return fail(format!("--no-auth serves loopback addresses only; {addr} is not one"));
+    }
+    let store = match fabric::store::open(&settings.service.database_url).await {
+        Ok(s) => s,
+        Err(e) => return fail(format!("run store {}: {e}", fabric::redact::redact_url(&settings.service.database_url))),
+    };
+    match store.fail_orphans().await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(runs = n, "runs left running by a process that stopped are marked failed (interrupted)"),
+        Err(e) => return fail(format!("run store: {e}")),
+    }
+    let config = ApiConfig { token, max_in_flight: settings.service.max_runs_in_flight, wait_max: settings.service.wait_max, ..ApiConfig::default() };
+    let grace = settings.service.shutdown_grace;
+    let runtime = match build_runtime(cli, settings, Some(store)) {
+        Ok(r) => Arc::new(r),
+        Err(e) => return fail(e.to_string()),
+    };
+    for w in runtime.warnings() {
+        tracing::warn!(warning = %w, "configuration");
+    }
+    let ready = runtime.catalogue().routes().filter(|r| matches!(r, fabric::catalogue::RouteEntry::Ready(_))).count();
+    let state = AppState::new(runtime, config);
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
+    };
+    let local = listener.local_addr()?;
+    tracing::info!(addr = %local, routes_ready = ready, "listening");
+    // The address on stdout, so scripts and tests that asked for port 0 learn the port.
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        writeln!(out, "http://{local}")?;
+        out.flush()?;
+    }
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel();
+    let drain_state = state.clone();
+    let shutdown = async move {
+        let signal = wait_for_signal().await;
+        tracing::info!(signal, "shutting down: no new requests; running runs get up to the grace period");
+        tokio::spawn(async move {
+            let interrupted = drain_state.drain(grace).await;
+            if interrupted > 0 {
+                tracing::warn!(runs = interrupted, "runs still executing at the end of the grace period were interrupted");
+            }
+            let _ = drained_tx.send(());
+        });
+    };
+    if let Err(e) = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await {
+        tracing::error!(error = %e, "server");
+    }
+    let _ = drained_rx.await;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
