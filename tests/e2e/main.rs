@@ -10,5 +10,6 @@ mod llama;
 mod parity;
 mod providers;
 mod run;
+mod service;
 mod support;
 mod telemetry;

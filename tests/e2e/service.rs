@@ -1,0 +1,368 @@
+//! The service: the router without sockets (tower `oneshot`), then `fabric serve` over a real
+//! socket with the stub: start, events, ask, reply, restart, limits, metrics, OpenAPI.
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use fabric::api::{ApiConfig, AppState, router};
+use fabric::config::Settings;
+use fabric::runtime::Runtime;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::support::repo;
+
+const TOKEN: &str = "test-token-4711";
+
+/// A stub directory where support-agent asks first, then calls `add`, then answers.
+fn asking_stub() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["support-triage.yaml", "ticket-router.yaml", "refund-review.yaml"] {
+        std::fs::copy(repo().join("stub").join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("support-agent.yaml"),
+        "stages:\n  decide:\n    - 'ASK Which order number?'\n    - 'CALL add {\"a\":2,\"b\":3}'\n    - 'DONE Order 42 is refunded.'\n",
+    )
+    .unwrap();
+    dir
+}
+
+async fn app(fleet: Option<&str>, config: ApiConfig) -> (axum::Router, tempfile::TempDir) {
+    let mut vars = vec![("FABRIC_LLM_STUB", "1".to_owned())];
+    if let Some(f) = fleet {
+        vars.push(("FABRIC_FLEET", f.to_owned()));
+    }
+    let settings = Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
+    let stub = asking_stub();
+    let store = fabric::store::open("sqlite::memory:").await.unwrap();
+    let runtime = Runtime::builder()
+        .settings(settings)
+        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .stub_dir(stub.path())
+        .tool("add", fabric::tools::builtin_add())
+        .store(store)
+        .build()
+        .unwrap();
+    (router(AppState::new(Arc::new(runtime), config)), stub)
+}
+
+fn authed(config: ApiConfig) -> ApiConfig {
+    ApiConfig { token: Some(TOKEN.into()), ..config }
+}
+
+async fn call(app: &axum::Router, method: &str, uri: &str, body: Option<Value>, token: bool) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if token {
+        req = req.header("authorization", format!("Bearer {TOKEN}"));
+    }
+    let req = req.body(body.map_or_else(Body::empty, |b| Body::from(b.to_string()))).unwrap();
+    let response = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    (parts.status, parts.headers, serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned())))
+}
+
+#[tokio::test]
+async fn the_router_answers_every_refusal_in_one_shape() {
+    let (app, _stub) = app(Some("agent-runtime-shared"), authed(ApiConfig { max_body_bytes: 4096, max_goal_bytes: 512, ..ApiConfig::default() })).await;
+    let start = |route: &str, goal: Value| json!({"route_id": route, "goal": goal, "model_profile": "default"});
+    // Health needs no token; everything else does.
+    assert_eq!(call(&app, "GET", "/healthz", None, false).await.0, StatusCode::OK);
+    assert_eq!(call(&app, "GET", "/readyz", None, false).await.0, StatusCode::OK);
+    let (status, headers, body) = call(&app, "GET", "/v1/routes", None, false).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    assert_eq!(headers["www-authenticate"], "Bearer");
+    assert_eq!(call(&app, "POST", "/v1/runs", Some(start("support-triage", json!({"t": 1}))), false).await.0, StatusCode::UNAUTHORIZED);
+    // Unknown route, foreign fleet, a goal that is not an object, an unknown profile.
+    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(start("nope", json!({}))), true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(start("refund-review", json!({}))), true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("wrong_fleet")));
+    assert!(body["error"]["message"].as_str().unwrap().contains("agent-runtime-custom"), "{body}");
+    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(start("support-triage", json!([1, 2]))), true).await;
+    assert_eq!((status, body["error"]["message"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("`goal` must be a JSON object")));
+    let (status, _, _) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "support-triage", "goal": {}, "model_profile": "nope"})), true).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _, _) = call(&app, "POST", "/v1/runs", Some(json!({"goal": {}})), true).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    // Too large: the body, then the goal.
+    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(start("support-triage", json!({"t": "x".repeat(5000)}))), true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("too_large")));
+    let (status, _, _) = call(&app, "POST", "/v1/runs", Some(start("support-triage", json!({"t": "x".repeat(1000)}))), true).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    // A run, its record, a late reply, a list.
+    let (status, headers, body) = call(&app, "POST", "/v1/runs", Some(start("support-triage", json!({"ticket": "charged twice"}))), true).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(headers["location"], format!("/v1/runs/{id}"));
+    let mut view = Value::Null;
+    for _ in 0..200 {
+        view = call(&app, "GET", &format!("/v1/runs/{id}"), None, true).await.2;
+        if view["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(view["status"], "completed", "{view}");
+    assert_eq!(view["output"], "You were charged twice; the duplicate charge has been refunded.");
+    let (status, _, body) = call(&app, "POST", &format!("/v1/runs/{id}/reply"), Some(json!({"message": "hi"})), true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("not_waiting")));
+    assert_eq!(call(&app, "POST", "/v1/runs/nope/reply", Some(json!({"message": "hi"})), true).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(call(&app, "GET", "/v1/runs/nope", None, true).await.0, StatusCode::NOT_FOUND);
+    let (_, _, page) = call(&app, "GET", "/v1/runs?route_id=support-triage&status=completed", None, true).await;
+    assert_eq!(page["runs"].as_array().unwrap().len(), 1, "{page}");
+    let (_, _, routes) = call(&app, "GET", "/v1/routes", None, true).await;
+    let review = routes.as_array().unwrap().iter().find(|r| r["id"] == "refund-review").unwrap();
+    assert_eq!((review["fleet"].as_str(), review["runs_here"].as_bool()), (Some("agent-runtime-custom"), Some(false)));
+}
+
+#[tokio::test]
+async fn past_the_bound_on_runs_in_flight_it_is_429_with_retry_after() {
+    let (app, _stub) = app(None, authed(ApiConfig { max_in_flight: 0, ..ApiConfig::default() })).await;
+    let (status, headers, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "support-triage", "goal": {}})), true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("too_many_runs")));
+    assert_eq!(headers["retry-after"], "1");
+}
+
+#[tokio::test]
+async fn a_broken_route_is_422_with_its_problems() {
+    let settings = Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(repo().join("routes/profiles.yaml"), tmp.path().join("profiles.yaml")).unwrap();
+    std::fs::write(tmp.path().join("r.yaml"), "routes:\n  bad: {model_profile: nope, prompt_pack: support, workflow: w}\n").unwrap();
+    let runtime = Runtime::builder()
+        .settings(settings)
+        .catalogue_dirs(tmp.path(), repo().join("prompt-packs"))
+        .stub(fabric::llm::stub::StubLlm::default())
+        .store(fabric::store::open("sqlite::memory:").await.unwrap())
+        .build()
+        .unwrap();
+    let app = router(AppState::new(Arc::new(runtime), ApiConfig::default()));
+    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "bad", "goal": {}})), false).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("broken_route")));
+    assert!(body["error"]["problems"][0].as_str().unwrap().contains("r.yaml:2:"), "{body}");
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_generated_kept_in_docs_and_describes_the_responses() {
+    let (app, _stub) = app(None, authed(ApiConfig::default())).await;
+    let (status, _, doc) = call(&app, "GET", "/openapi.json", None, true).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(doc["openapi"].as_str().map(|v| &v[..3]), Some("3.1"));
+    for path in ["/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/reply", "/v1/routes", "/healthz", "/readyz", "/metrics"] {
+        assert!(doc["paths"].get(path).is_some(), "{path} is documented");
+    }
+    let copy = repo().join("docs/openapi.json");
+    let pretty = serde_json::to_string_pretty(&doc).unwrap() + "\n";
+    if std::env::var_os("FABRIC_UPDATE_OPENAPI").is_some() {
+        std::fs::write(&copy, &pretty).unwrap();
+    }
+    assert_eq!(std::fs::read_to_string(&copy).unwrap_or_default(), pretty, "docs/openapi.json is stale: run the tests with FABRIC_UPDATE_OPENAPI=1");
+    // The component schemas are JSON Schema (2020-12, as OpenAPI 3.1 says): real answers fit them.
+    let schema = |name: &str| {
+        let mut s = doc["components"]["schemas"][name].clone();
+        s["$defs"] = doc["components"]["schemas"].clone();
+        let text = s.to_string().replace("#/components/schemas/", "#/$defs/");
+        jsonschema::validator_for(&serde_json::from_str(&text).unwrap()).unwrap()
+    };
+    let (_, _, run) = call(&app, "POST", "/v1/runs?wait=true", Some(json!({"route_id": "support-agent", "goal": {"q": 1}})), true).await;
+    assert_eq!(run["status"], "awaiting_input", "{run}");
+    assert!(schema("RunView").is_valid(&run), "{run}");
+    let (_, _, error) = call(&app, "GET", "/v1/runs/nope", None, true).await;
+    assert!(schema("ErrorBody").is_valid(&error));
+    let (_, _, routes) = call(&app, "GET", "/v1/routes", None, true).await;
+    assert!(routes.as_array().unwrap().iter().all(|r| schema("RouteInfo").is_valid(r)));
+    let (_, _, page) = call(&app, "GET", "/v1/runs", None, true).await;
+    assert!(schema("RunPage").is_valid(&page), "{page}");
+}
+
+// ---- over a real socket ----
+
+/// `fabric serve` on a free loopback port, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(db: &std::path::Path, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
+        cmd.current_dir(repo())
+            .args(["--stub-dir", stub.to_str().unwrap(), "serve", "--listen", "127.0.0.1:0"])
+            .env("FABRIC_LLM_STUB", "1")
+            .env("FABRIC_API_TOKEN", TOKEN)
+            .env("FABRIC_DATABASE_URL", format!("sqlite://{}", db.display()))
+            .env("FABRIC_LOG_FORMAT", "json")
+            .env_remove("FABRIC_FLEET")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("http://"), "no address: {line:?}");
+        Server { child, url: line.trim().to_owned() }
+    }
+
+    /// SIGTERM, then the exit status and the logs.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        let mut logs = String::new();
+        std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut logs).unwrap();
+        (status, logs)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
+    let r = client().post(format!("{}{path}", s.url)).bearer_auth(TOKEN).json(&body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// Reads a run's SSE stream to its end: (id, event type, data) each.
+async fn sse(s: &Server, run_id: &str, last_event_id: Option<u64>) -> Vec<(u64, String, Value)> {
+    let mut req = client().get(format!("{}/v1/runs/{run_id}/events", s.url)).bearer_auth(TOKEN);
+    if let Some(id) = last_event_id {
+        req = req.header("last-event-id", id.to_string());
+    }
+    let text = req.send().await.unwrap().text().await.unwrap();
+    let mut out = Vec::new();
+    for block in text.split("\n\n").filter(|b| b.contains("data:")) {
+        let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default();
+        out.push((field("id:").parse().unwrap(), field("event:"), serde_json::from_str(&field("data:")).unwrap()));
+    }
+    out
+}
+
+#[tokio::test]
+async fn ask_reply_across_a_restart_with_resumable_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fabric.db");
+    let stub = asking_stub();
+    let server = Server::start(&db, stub.path(), &[]);
+    // support-triage end to end.
+    let (status, run) =
+        post(&server, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+    assert_eq!((status, run["status"].as_str()), (200, Some("completed")), "{run}");
+    // support-agent asks.
+    let (status, run) = post(&server, "/v1/runs?wait=true", json!({"route_id": "support-agent", "goal": {"question": "refund?"}})).await;
+    assert_eq!((status, run["status"].as_str(), run["question"].as_str()), (200, Some("awaiting_input"), Some("Which order number?")), "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let before = sse(&server, &id, None).await;
+    assert_eq!(before.last().unwrap().1, "run.awaiting_input");
+    // The process stops between the question and the answer.
+    let (exit, logs) = server.stop();
+    assert!(exit.success(), "{logs}");
+    for line in logs.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("a log line is JSON ({e}): {line}"));
+        assert!(!line.contains("charged twice") && !line.contains(TOKEN), "no goal or token in logs: {line}");
+        if v["message"] == "request" {
+            assert!(v["request_id"].is_string() && v["status"].is_number(), "{line}");
+        }
+    }
+    let server = Server::start(&db, stub.path(), &[]);
+    let (status, done) = post(&server, &format!("/v1/runs/{id}/reply?wait=true"), json!({"message": "order 42"})).await;
+    assert_eq!((status, done["status"].as_str(), done["output"].as_str()), (200, Some("completed"), Some("Order 42 is refunded.")), "{done}");
+    assert_eq!(done["notes"][0], "user: order 42", "the reply is a note the next decision sees");
+    // The whole stream: 1..n without gaps or duplicates; resumed from the middle, the rest.
+    let all = sse(&server, &id, None).await;
+    let seqs: Vec<u64> = all.iter().map(|e| e.0).collect();
+    assert_eq!(seqs, (1..=all.len() as u64).collect::<Vec<_>>());
+    assert_eq!(all[before.len()].1, "run.resumed");
+    assert_eq!(all.last().unwrap().1, "run.completed");
+    for (seq, kind, data) in &all {
+        assert_eq!((data["seq"].as_u64(), data["type"].as_str()), (Some(*seq), Some(kind.as_str())));
+    }
+    let rest = sse(&server, &id, Some(5)).await;
+    assert_eq!(rest.iter().map(|e| e.0).collect::<Vec<_>>(), (6..=all.len() as u64).collect::<Vec<_>>());
+    // A reply to a run that is not waiting.
+    let (status, body) = post(&server, &format!("/v1/runs/{id}/reply"), json!({"message": "again"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("not_waiting")));
+    // Metrics parse as Prometheus text.
+    let text = client().get(format!("{}/metrics", server.url)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
+    check_prometheus(&text);
+    assert!(text.contains("fabric_runs_finished_total{route=\"support-agent\",status=\"completed\"} 1"), "{text}");
+    // The store, read by the CLI.
+    drop(server);
+    let out = Command::new(env!("CARGO_BIN_EXE_fabric")).args(["runs", "--store", &format!("sqlite://{}", db.display()), "show", &id]).output().unwrap();
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["status"], "completed");
+}
+
+/// Every line is a comment, or `name{labels} value` with a valid name and a number.
+fn check_prometheus(text: &str) {
+    let mut samples = 0;
+    for line in text.lines() {
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("not a sample: {line}"));
+        assert!(value.parse::<f64>().is_ok(), "value of {line}");
+        let name = series.split('{').next().unwrap();
+        assert!(!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'), "name of {line}");
+        if let Some(labels) = series.strip_prefix(name) {
+            assert!(labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')), "labels of {line}");
+        }
+        samples += 1;
+    }
+    assert!(samples > 10, "{text}");
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_interrupts_what_outlives_the_grace_and_records_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fabric.db");
+    let stub = asking_stub();
+    let server = Server::start(&db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "20000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
+    let (status, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (exit, logs) = server.stop();
+    assert!(exit.success(), "{logs}");
+    assert!(logs.contains("interrupted"), "{logs}");
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_fabric")).args(["runs", "--store", &format!("sqlite://{}", db.display()), "show", &id, "--events"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let shown: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!((shown["status"].as_str(), shown["error"]["reason_class"].as_str()), (Some("failed"), Some("interrupted")), "{text}");
+    assert!(text.lines().last().unwrap().contains("\"type\":\"run.failed\""), "{text}");
+}
+
+#[test]
+fn without_a_token_the_server_refuses_to_start_unless_told_and_then_only_on_loopback() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_fabric"))
+            .current_dir(repo())
+            .args(args)
+            .env("FABRIC_LLM_STUB", "1")
+            .env_remove("FABRIC_API_TOKEN")
+            .env("FABRIC_DATABASE_URL", "sqlite::memory:")
+            .output()
+            .unwrap()
+    };
+    let o = run(&["serve", "--listen", "127.0.0.1:0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("FABRIC_API_TOKEN is not set"));
+    let o = run(&["serve", "--no-auth", "--listen", "0.0.0.0:0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("loopback"));
+}
