@@ -186,14 +186,17 @@ fn prefetch_packs_from_a_file() {
 
 #[test]
 fn bench_prints_every_scenario() {
-    let out = fabric(&["bench", "--runs", "30", "--warmup", "3", "--concurrency", "20", "--latency-ms", "1", "--routes", "20"], &[]);
+    let out = fabric(
+        &["bench", "--runs", "30", "--warmup", "3", "--concurrency", "20", "--latency-ms", "1", "--routes", "20", "--clients", "8", "--requests", "2"],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let lines: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<&str> = lines.iter().map(|l| l["scenario"].as_str().unwrap()).collect();
-    assert_eq!(names, ["A", "A2", "B", "B-http", "C", "H"]);
+    assert_eq!(names, ["A", "A2", "B", "B-http", "C", "H", "S"]);
     for l in &lines {
         match l["scenario"].as_str().unwrap() {
-            "A" | "B" | "B-http" => {
+            "A" | "A2" | "B" | "B-http" => {
                 assert_eq!(l["failed_runs"], 0, "{l}");
                 for k in ["runs_per_s", "cpu_us_per_run"] {
                     assert!(l[k].as_f64().unwrap() > 0.0, "{k} in {l}");
@@ -205,7 +208,10 @@ fn bench_prints_every_scenario() {
                 assert!(l["peak_rss_mib"].as_f64().unwrap() > 0.0);
             }
             "H" => assert_eq!((l["routes_ready"].as_u64(), l["errors"].as_u64()), (Some(20), Some(0)), "{l}"),
-            "A2" => assert!(l["skipped"].as_str().unwrap().contains("journal")),
+            "S" => {
+                assert_eq!((l["runs"].as_u64(), l["errors"].as_u64()), (Some(16), Some(0)), "{l}");
+                assert!(l["latency_ms"]["p50"].as_f64().unwrap() >= 3.0, "three stub calls of 1 ms: {l}");
+            }
             _ => unreachable!(),
         }
     }
@@ -244,4 +250,24 @@ fn live_progress_on_a_terminal() {
     for line in ["▶ support-triage (workflow path)", "• intake [classify] …", "model ", "✓ answer", "✔ completed in"] {
         assert!(screen.contains(line), "missing `{line}` in:\n{screen}");
     }
+}
+
+#[test]
+fn a_cli_run_can_be_recorded_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("runs.db").display());
+    let out = fabric(&["run", "support-triage", "--goal", GOAL, "--store", &store], &[STUB]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let id = result["run_id"].as_str().unwrap();
+    let out = fabric(&["runs", "--store", &store, "list"], &[]);
+    assert!(stdout(&out).starts_with(&format!("{id}\tsupport-triage\tcompleted\t")), "{}", stdout(&out));
+    let out = fabric(&["runs", "--store", &store, "show", id, "--events"], &[]);
+    let lines: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!((lines[0]["status"].as_str(), lines[0]["output"].as_str()), (Some("completed"), result["output"].as_str()));
+    assert_eq!(lines.len(), 1 + 14, "the run and its 14 events");
+    let out = fabric(&["runs", "--store", &store, "show", "nope"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = fabric(&["run", "support-triage", "--goal", GOAL, "--store", "mysql://x"], &[STUB]);
+    assert_eq!(out.status.code(), Some(2));
 }

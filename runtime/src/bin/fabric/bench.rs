@@ -19,7 +19,7 @@ use fabric::config::Settings;
 use fabric::events::NullSink;
 use fabric::exec::{RunRequest, RunStatus};
 use fabric::llm::stub::StubLlm;
-use fabric::runtime::Runtime;
+use fabric::runtime::{Runtime, StartRequest};
 
 /// The BENCH.md routes: `staged` (three structured stages) and `loop` / `loop-http` (Pattern 1
 /// with the `add` tool in process, or over HTTP on loopback).
@@ -59,6 +59,9 @@ routes:
 "#;
 
 const PACK: &str = "host: You are the support desk assistant. Be accurate and brief.\nroles:\n  classify: \"{{host}} Classify the ticket.\"\n";
+
+/// The staged route's script as a stub file (scenario S runs it in the service process).
+const STAGED_SCRIPT: &str = "stages:\n  intake: ['{\"category\":\"billing\",\"urgency\":\"high\"}']\n  lookup: ['{\"query\":\"duplicate subscription charge refund\"}']\n  answer: ['{\"text\":\"You were charged twice; the duplicate charge has been refunded.\"}']\n";
 
 fn stub(latency: Duration) -> StubLlm {
     StubLlm::default()
@@ -107,13 +110,16 @@ pub struct BenchOptions {
     pub no_tool: bool,
     /// Serialise every event as a JSON line (to a discarding writer) instead of having no consumer.
     pub events: bool,
+    /// Scenario S: concurrent clients, and requests each makes.
+    pub clients: usize,
+    pub requests: usize,
 }
 
 fn sink(opts: &BenchOptions) -> Arc<dyn fabric::events::EventSink> {
     if opts.events { Arc::new(fabric::events::JsonLinesSink::new(Box::new(std::io::sink()))) } else { Arc::new(NullSink) }
 }
 
-pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "H"];
+pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "H", "S"];
 
 /// Total CPU time of this process so far, from the scheduler's per-thread accounting (ns).
 fn cpu_ns() -> u64 {
@@ -165,7 +171,8 @@ fn goal() -> Map<String, Value> {
     json!({"ticket": "I was charged twice for my subscription"}).as_object().cloned().unwrap_or_default()
 }
 
-/// The loopback tool server, as a child process; killed when dropped.
+/// A `fabric` child process that prints its URL first (the tool server, the service); killed
+/// when dropped.
 struct ToolServer {
     child: tokio::process::Child,
     url: String,
@@ -173,21 +180,148 @@ struct ToolServer {
 
 impl ToolServer {
     async fn start(exe: &Path) -> Result<ToolServer, String> {
-        let mut child = tokio::process::Command::new(exe)
-            .args(["tool-server", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start the tool server: {e}"))?;
-        let stdout = child.stdout.take().ok_or("the tool server has no stdout")?;
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.args(["tool-server", "--listen", "127.0.0.1:0"]);
+        ToolServer::spawn(cmd, "the tool server").await
+    }
+
+    async fn spawn(mut cmd: tokio::process::Command, what: &str) -> Result<ToolServer, String> {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).kill_on_drop(true).spawn().map_err(|e| format!("cannot start {what}: {e}"))?;
+        let stdout = child.stdout.take().ok_or(format!("{what} has no stdout"))?;
         let mut line = String::new();
-        tokio::time::timeout(Duration::from_secs(10), tokio::io::BufReader::new(stdout).read_line(&mut line))
+        tokio::time::timeout(Duration::from_secs(20), tokio::io::BufReader::new(stdout).read_line(&mut line))
             .await
-            .map_err(|_| "the tool server did not start in 10 s".to_owned())?
-            .map_err(|e| format!("reading the tool server's address: {e}"))?;
+            .map_err(|_| format!("{what} did not start in 20 s"))?
+            .map_err(|e| format!("reading the address of {what}: {e}"))?;
         Ok(ToolServer { child, url: line.trim().to_owned() })
     }
+}
+
+/// A2: scenario A with every run recorded in a SQLite run store (a fresh file), as the service
+/// records them: accepted (a row), then journalled at every stage and at the end.
+async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
+    let dir = std::env::temp_dir().join(format!("fabric-bench-a2-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let store = fabric::store::open(&format!("sqlite://{}/a2.db", dir.display())).await.map_err(|e| e.to_string())?;
+    let settings = Settings::load(|_| None).map_err(|e| e.to_string())?;
+    let runtime = Runtime::builder()
+        .settings(settings)
+        .catalogue(bench_catalogue())
+        .stub(stub(Duration::from_millis(opts.latency_ms.unwrap_or(0))))
+        .store(store)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let sink = sink(opts);
+    let req = StartRequest { route_id: "staged".into(), goal: goal(), model_profile: None, prefetch: vec![], session_id: None };
+    let once = || async {
+        let id = runtime.accept(&req).await.map_err(|e| e.to_string())?;
+        runtime.execute(id, &req, sink.clone(), Cancel::never()).await.map_err(|e| e.to_string())
+    };
+    for _ in 0..opts.warmup {
+        once().await?;
+    }
+    let mut samples = Vec::with_capacity(opts.runs);
+    let mut failed = 0;
+    let cpu0 = cpu_ns();
+    let wall0 = Instant::now();
+    for _ in 0..opts.runs {
+        let t = Instant::now();
+        let r = once().await?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        if r.result.status != RunStatus::Completed {
+            failed += 1;
+        }
+    }
+    let wall = wall0.elapsed().as_secs_f64();
+    let cpu_us = (cpu_ns() - cpu0) as f64 / 1e3 / opts.runs.max(1) as f64;
+    let per_stage: Vec<f64> = samples.iter().map(|s| s / 3.0).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(json!({
+        "scenario": "A2", "route": "staged", "runs": opts.runs, "failed_runs": failed, "journal": "sqlite", "events": if opts.events { "json" } else { "none" },
+        "runs_per_s": round2(opts.runs as f64 / wall), "run_us": stats(samples), "stages_per_run": 3, "stages_us": stats(per_stage),
+        "cpu_us_per_run": round2(cpu_us), "meta": meta(),
+    }))
+}
+
+/// S: `fabric serve` (stub at 50 ms, SQLite journal) in its own process, loaded from this one:
+/// `clients` connections each posting `POST /v1/runs?wait=true` `requests` times.
+async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u64) -> Result<Value, String> {
+    let dir = std::env::temp_dir().join(format!("fabric-bench-s-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let catalogue = dir.join("routes");
+    let packs = dir.join("packs");
+    std::fs::create_dir_all(&catalogue).and_then(|_| std::fs::create_dir_all(&packs)).map_err(|e| e.to_string())?;
+    std::fs::write(catalogue.join("bench.yaml"), CATALOGUE).and_then(|_| std::fs::write(packs.join("bench.yaml"), PACK)).map_err(|e| e.to_string())?;
+    let stub_dir = dir.join("stub");
+    std::fs::create_dir_all(&stub_dir).map_err(|e| e.to_string())?;
+    std::fs::write(stub_dir.join("staged.yaml"), STAGED_SCRIPT).map_err(|e| e.to_string())?;
+    let token = "bench-token";
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["--catalogue", &catalogue.to_string_lossy(), "--prompt-packs", &packs.to_string_lossy(), "--stub-dir", &stub_dir.to_string_lossy()])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("FABRIC_LLM_STUB", "1")
+        .env("FABRIC_LLM_STUB_LATENCY_MS", latency_ms.to_string())
+        .env("FABRIC_API_TOKEN", token)
+        .env("FABRIC_DATABASE_URL", format!("sqlite://{}/s.db", dir.display()))
+        .env("FABRIC_MAX_RUNS_IN_FLIGHT", (clients * 2).to_string())
+        .env("FABRIC_LOG", "warn");
+    let server = ToolServer::spawn(cmd, "the service").await?;
+    let pid = server.child.id().unwrap_or(0);
+    let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build().map_err(|e| e.to_string())?;
+    let url = format!("{}/v1/runs?wait=true", server.url);
+    let body = json!({"route_id": "staged", "goal": goal(), "model_profile": "bench"});
+    // Warm the server's connections and the store.
+    for _ in 0..5 {
+        let _ = client.post(&url).bearer_auth(token).json(&body).send().await;
+    }
+    let rss_before = proc_kib(pid, "VmRSS:").unwrap_or(0);
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(requests);
+            let mut errors = 0;
+            for _ in 0..requests {
+                let t = Instant::now();
+                match client.post(&url).bearer_auth(token).json(&body).send().await {
+                    Ok(r) if r.status().is_success() => match r.json::<Value>().await {
+                        Ok(v) if v["status"] == "completed" => latencies.push(t.elapsed().as_secs_f64() * 1e3),
+                        _ => errors += 1,
+                    },
+                    _ => errors += 1,
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        if let Ok((l, e)) = t.await {
+            latencies.extend(l);
+            errors += e;
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let peak = proc_kib(pid, "VmHWM:").unwrap_or(0);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    let done = latencies.len();
+    Ok(json!({
+        "scenario": "S", "clients": clients, "requests_per_client": requests, "runs": done, "errors": errors, "stub_latency_ms": latency_ms, "journal": "sqlite",
+        "wall_ms": round2(wall * 1e3), "runs_per_s": round2(done as f64 / wall), "latency_ms": stats(latencies),
+        "server_peak_rss_mib": round2(peak as f64 / 1024.0), "server_rss_kib_per_inflight_run": round2(peak.saturating_sub(rss_before) as f64 / clients as f64),
+        "meta": meta(),
+    }))
+}
+
+/// A field of another process's `/proc/PID/status`, in KiB.
+fn proc_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl Drop for ToolServer {
@@ -331,6 +465,27 @@ fn table_line(v: &Value) -> String {
             v["rss_kib_per_inflight_run"].as_f64().unwrap_or(0.0),
             v["cpu_us_per_run"].as_f64().unwrap_or(0.0)
         ),
+        "A2" => format!(
+            "A2      runs {:>6}  {:>9.0} runs/s  run mean {:>8.1} µs  p50 {:>8.1}  p99 {:>8.1}  stage mean {:>7.1} µs  cpu {:>8.1} µs/run (SQLite journal)",
+            v["runs"].as_u64().unwrap_or(0),
+            v["runs_per_s"].as_f64().unwrap_or(0.0),
+            v["run_us"]["mean"].as_f64().unwrap_or(0.0),
+            v["run_us"]["p50"].as_f64().unwrap_or(0.0),
+            v["run_us"]["p99"].as_f64().unwrap_or(0.0),
+            v["stages_us"]["mean"].as_f64().unwrap_or(0.0),
+            v["cpu_us_per_run"].as_f64().unwrap_or(0.0)
+        ),
+        "S" => format!(
+            "S       runs {:>6}  ({} clients)  {:>8.0} runs/s  latency p50 {:.1} ms  p99 {:.1} ms  errors {}  server peak RSS {:.1} MiB  {:.1} KiB/in-flight run",
+            v["runs"].as_u64().unwrap_or(0),
+            v["clients"].as_u64().unwrap_or(0),
+            v["runs_per_s"].as_f64().unwrap_or(0.0),
+            v["latency_ms"]["p50"].as_f64().unwrap_or(0.0),
+            v["latency_ms"]["p99"].as_f64().unwrap_or(0.0),
+            v["errors"].as_u64().unwrap_or(0),
+            v["server_peak_rss_mib"].as_f64().unwrap_or(0.0),
+            v["server_rss_kib_per_inflight_run"].as_f64().unwrap_or(0.0)
+        ),
         "H" => format!(
             "H       routes {:>5}  load+validate+hydrate {:.1} ms  {:.1} µs/route",
             v["routes"],
@@ -362,7 +517,8 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
                 out
             }
             "H" => vec![catalogue_load(opts.routes)],
-            "A2" => vec![json!({"scenario": "A2", "skipped": "the durable run journal does not exist yet; A2 runs once the store lands", "meta": meta()})],
+            "A2" => vec![journalled(&opts).await?],
+            "S" => vec![service(exe, opts.clients, opts.requests, opts.latency_ms.unwrap_or(50)).await?],
             other => return Err(format!("unknown scenario `{other}`; known: {}", SCENARIOS.join(", "))),
         };
         for r in results {

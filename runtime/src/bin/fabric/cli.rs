@@ -94,7 +94,7 @@ enum Command {
     },
     /// Run the BENCH.md scenarios with the seeded stub; JSON lines on stdout, a table on stderr.
     Bench {
-        /// Scenarios: A, A2, B, B-http, C, H (repeat or comma-separate); all when absent.
+        /// Scenarios: A, A2, B, B-http, C, H, S (repeat or comma-separate); all when absent.
         #[arg(long, value_delimiter = ',')]
         scenario: Vec<String>,
         /// Runs of the sequential scenarios (A, B, B-http).
@@ -118,6 +118,12 @@ enum Command {
         /// Serialise every event as JSON (to a discarding writer); default: no event consumer.
         #[arg(long)]
         events: bool,
+        /// Scenario S: concurrent clients of the service.
+        #[arg(long, default_value_t = 1000)]
+        clients: usize,
+        /// Scenario S: requests each client makes, one after the other.
+        #[arg(long, default_value_t = 3)]
+        requests: usize,
     },
     /// Serve the demo HTTP tools (`/search`, `/add`) on ADDR; prints its URL.
     ToolServer {
@@ -223,7 +229,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
-        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events } => {
+        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events, clients, requests } => {
             let scenarios = if scenario.is_empty() { crate::bench::SCENARIOS.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
             let opts = crate::bench::BenchOptions {
                 scenarios,
@@ -234,6 +240,8 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 routes: *routes,
                 no_tool: *no_tool,
                 events: *events,
+                clients: *clients,
+                requests: *requests,
             };
             let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
             match crate::bench::run(opts, &exe).await {
