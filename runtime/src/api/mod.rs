@@ -138,7 +138,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `store_error`, `unavailable`.
+    /// A stable code: `unauthorized`, `not_found`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `store_error`, `timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -308,14 +308,18 @@ pub struct ListParams {
 
 /// The app: every route, authentication, the request log.
 pub fn router(state: AppState) -> Router {
-    let api = Router::new()
+    // Every request but an event stream ends within the wait limit plus a margin.
+    let bounded = Router::new()
         .route("/v1/runs", post(start_run).get(list_runs))
         .route("/v1/runs/{run_id}", get(get_run))
-        .route("/v1/runs/{run_id}/events", get(run_events))
         .route("/v1/runs/{run_id}/reply", post(reply))
         .route("/v1/routes", get(list_routes))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), time_limit));
+    let api = Router::new()
+        .route("/v1/runs/{run_id}/events", get(run_events))
+        .merge(bounded)
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
@@ -345,6 +349,15 @@ async fn authenticate(State(state): State<AppState>, request: Request, next: Nex
         }
     }
     next.run(request).await
+}
+
+/// The time a request may take (reading its body included): the wait limit plus 15 s.
+async fn time_limit(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let limit = state.inner.config.wait_max + Duration::from_secs(15);
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", format!("the request took longer than {} s", limit.as_secs())).into_response(),
+    }
 }
 
 /// One line per request: its id, method, path (never the query), status and duration.

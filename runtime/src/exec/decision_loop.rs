@@ -47,7 +47,7 @@ impl Runner {
             self.end_stage(run, open, Ok(as_json.to_string()), state, false);
             // An ask ends the run, whose last commit records it; other turns commit here.
             if !matches!(decision, AgentDecision::Ask { .. }) {
-                self.checkpoint(run, state, None).await.map_err(|f| (Some(decide.id().to_owned()), f))?;
+                self.checkpoint(run, state).await.map_err(|f| (Some(decide.id().to_owned()), f))?;
             }
             match decision {
                 AgentDecision::Done { answer } => {
@@ -74,7 +74,7 @@ impl Runner {
                             self.end_stage(run, open, Err(&f), state, false);
                         }
                     }
-                    self.checkpoint(run, state, None).await.map_err(|f| (Some(tool.id().to_owned()), f))?;
+                    self.checkpoint(run, state).await.map_err(|f| (Some(tool.id().to_owned()), f))?;
                 }
             }
         }

@@ -96,10 +96,16 @@ pub struct JournalBatch {
     pub end: Option<RunResult>,
 }
 
-/// Where a journalled run's record goes as it runs: one commit per completed stage (its events
-/// and entries together) and one at the end. A commit that fails stops the run (`store_error`):
-/// a run never goes on with a record that says less than it did.
+/// Where a journalled run's record goes as it runs: one batch per completed stage (its events and
+/// entries together), and one at the end.
+///
+/// Contract: batches of a run are written in the order given. `append` queues a batch and
+/// returns once it is queued (it waits only while the writer's queue is full), so a stage does
+/// not wait for the disk; an error says an earlier write of the run failed (or its lease is
+/// lost), and the run stops there (`store_error`). `commit` queues the last batch and returns
+/// once every batch of the run is durable: a run is reported ended only when its record is.
 pub trait RunJournal: Send + Sync {
+    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
 }
 
@@ -548,12 +554,12 @@ impl Runner {
         crate::otel::end(cx);
     }
 
-    /// Commits what the run did since the last commit (journalled runs; a no-op otherwise).
-    async fn checkpoint(&self, run: &Run<'_>, state: &mut RunState, end: Option<RunResult>) -> Result<(), StageFailure> {
+    /// Hands what the run did since the last checkpoint to the journal (journalled runs only).
+    async fn checkpoint(&self, run: &Run<'_>, state: &mut RunState) -> Result<(), StageFailure> {
         let Some(journal) = run.journal else { return Ok(()) };
-        let batch = JournalBatch { events: run.events.take_recorded(), entries: std::mem::take(&mut state.pending), end };
+        let batch = JournalBatch { events: run.events.take_recorded(), entries: std::mem::take(&mut state.pending), end: None };
         journal
-            .commit(run.events.run_id(), batch)
+            .append(run.events.run_id(), batch)
             .await
             .map_err(|e| StageFailure::new(ReasonClass::StoreError, format!("the run's record could not be written: {e}")))
     }
@@ -592,7 +598,7 @@ impl Runner {
                     return Err((Some(stage.id().to_owned()), f));
                 }
             }
-            self.checkpoint(run, state, None).await.map_err(|f| (Some(stage.id().to_owned()), f))?;
+            self.checkpoint(run, state).await.map_err(|f| (Some(stage.id().to_owned()), f))?;
             match route.next_step(node, |c| condition_holds(c, state)) {
                 NextStep::Go(next) => node = next,
                 NextStep::End => return Ok(Finish::Completed),

@@ -4,7 +4,9 @@
 //! `synchronous=NORMAL` with WAL survives a crash of the process (every commit is in the log)
 //! but not of the machine's power; `docs/operations.md` says so.
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -26,12 +28,24 @@ fn db(e: sqlx::Error) -> StoreError {
     StoreError::Database(e.to_string())
 }
 
-type Commit = (String, JournalBatch, oneshot::Sender<Result<(), StoreError>>);
+/// What the writer does: a new run's row, or a run's commit.
+enum Write {
+    Create { run_id: String, route_id: String, request: String },
+    Commit { run_id: String, batch: JournalBatch },
+}
+
+/// A job, and who waits for it (appends are not waited for).
+type Commit = (Write, Option<oneshot::Sender<Result<(), StoreError>>>);
+
+/// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).
+const ROWS_PER_INSERT: usize = 500;
 
 #[derive(Debug)]
 pub struct SqliteStore {
     pool: SqlitePool,
     writes: mpsc::Sender<Commit>,
+    /// Runs one of whose queued writes failed: their next append or commit says so.
+    failed: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl SqliteStore {
@@ -49,8 +63,19 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new().max_connections(max).connect_with(options).await.map_err(db)?;
         migrate(&pool).await?;
         let (writes, queue) = mpsc::channel(WRITE_QUEUE);
-        tokio::spawn(writer(pool.clone(), queue));
-        Ok(SqliteStore { pool, writes })
+        let failed = Arc::new(Mutex::new(HashMap::new()));
+        tokio::spawn(writer(pool.clone(), queue, failed.clone()));
+        Ok(SqliteStore { pool, writes, failed })
+    }
+}
+
+impl SqliteStore {
+    /// Hands a job to the writer and waits until its transaction committed.
+    async fn write(&self, job: Write) -> Result<(), StoreError> {
+        let (ack, done) = oneshot::channel();
+        let stopped = || StoreError::Database("the store's writer has stopped".into());
+        self.writes.send((job, Some(ack))).await.map_err(|_| stopped())?;
+        done.await.map_err(|_| stopped())?
     }
 }
 
@@ -72,7 +97,7 @@ async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
 
 /// Takes commits as they come and writes every one waiting in one transaction: at many
 /// concurrent runs one fsync serves many stages.
-async fn writer(pool: SqlitePool, mut queue: mpsc::Receiver<Commit>) {
+async fn writer(pool: SqlitePool, mut queue: mpsc::Receiver<Commit>, failed: Arc<Mutex<HashMap<String, String>>>) {
     let mut batch: Vec<Commit> = Vec::new();
     while let Some(first) = queue.recv().await {
         batch.push(first);
@@ -83,33 +108,80 @@ async fn writer(pool: SqlitePool, mut queue: mpsc::Receiver<Commit>) {
             }
         }
         let result = write_all(&pool, &batch).await;
-        for (_, _, ack) in batch.drain(..) {
-            let _ = ack.send(result.clone());
+        if let Err(e) = &result {
+            let mut failed = failed.lock().unwrap_or_else(|p| p.into_inner());
+            for (job, _) in &batch {
+                let (Write::Create { run_id, .. } | Write::Commit { run_id, .. }) = job;
+                failed.insert(run_id.clone(), e.to_string());
+            }
+        }
+        for (job, ack) in batch.drain(..) {
+            if let Some(ack) = ack {
+                let _ = ack.send(result.clone());
+            }
+            // A run's last commit settles it: forget an earlier failure.
+            if let Write::Commit { run_id, batch } = job
+                && batch.end.is_some()
+            {
+                failed.lock().unwrap_or_else(|p| p.into_inner()).remove(&run_id);
+            }
         }
     }
 }
 
+/// Writes every waiting job in one transaction, with as few statements as the rows allow: one
+/// multi-row INSERT per table (per 500 rows), one UPDATE per run.
 async fn write_all(pool: &SqlitePool, batch: &[Commit]) -> Result<(), StoreError> {
+    let at = now();
     let mut tx = pool.begin().await.map_err(db)?;
-    for (run_id, b, _) in batch {
+    let creates: Vec<(&str, &str, &str)> = batch
+        .iter()
+        .filter_map(|(w, _)| match w {
+            Write::Create { run_id, route_id, request } => Some((run_id.as_str(), route_id.as_str(), request.as_str())),
+            Write::Commit { .. } => None,
+        })
+        .collect();
+    for chunk in creates.chunks(ROWS_PER_INSERT) {
+        let sql = rows_sql("INSERT INTO runs (run_id, route_id, status, request, created_at, updated_at) VALUES ", "(?, ?, 'running', ?, ?, ?)", chunk.len());
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (run_id, route_id, request) in chunk {
+            q = q.bind(*run_id).bind(*route_id).bind(*request).bind(&at).bind(&at);
+        }
+        q.execute(&mut *tx).await.map_err(db)?;
+    }
+    let commits: Vec<(&str, &JournalBatch)> = batch
+        .iter()
+        .filter_map(|(w, _)| match w {
+            Write::Commit { run_id, batch } => Some((run_id.as_str(), batch)),
+            Write::Create { .. } => None,
+        })
+        .collect();
+    let mut events = Vec::new();
+    for (run_id, b) in &commits {
         for e in &b.events {
             let mut body = Vec::with_capacity(256);
             e.write_json_line(&mut body);
             body.pop();
-            let body = String::from_utf8(body).unwrap_or_default();
-            sqlx::query("INSERT INTO run_events (run_id, seq, kind, body) VALUES (?, ?, ?, ?)")
-                .bind(run_id)
-                .bind(e.seq as i64)
-                .bind(e.kind.as_str())
-                .bind(body)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
+            events.push((*run_id, e.seq as i64, e.kind.as_str(), String::from_utf8(body).unwrap_or_default()));
         }
-        for entry in &b.entries {
-            let text = serde_json::to_string(entry).unwrap_or_default();
-            sqlx::query("INSERT INTO run_journal (run_id, entry) VALUES (?, ?)").bind(run_id).bind(text).execute(&mut *tx).await.map_err(db)?;
+    }
+    for chunk in events.chunks(ROWS_PER_INSERT) {
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql("INSERT INTO run_events (run_id, seq, kind, body) VALUES ", "(?, ?, ?, ?)", chunk.len())));
+        for (run_id, seq, kind, body) in chunk {
+            q = q.bind(*run_id).bind(*seq).bind(*kind).bind(body.as_str());
         }
+        q.execute(&mut *tx).await.map_err(db)?;
+    }
+    let entries: Vec<(&str, String)> =
+        commits.iter().flat_map(|(run_id, b)| b.entries.iter().map(move |e| (*run_id, serde_json::to_string(e).unwrap_or_default()))).collect();
+    for chunk in entries.chunks(ROWS_PER_INSERT) {
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql("INSERT INTO run_journal (run_id, entry) VALUES ", "(?, ?)", chunk.len())));
+        for (run_id, entry) in chunk {
+            q = q.bind(*run_id).bind(entry.as_str());
+        }
+        q.execute(&mut *tx).await.map_err(db)?;
+    }
+    for (run_id, b) in &commits {
         let next_seq = b.events.last().map(|e| e.seq as i64 + 1);
         match &b.end {
             Some(result) => {
@@ -128,32 +200,51 @@ async fn write_all(pool: &SqlitePool, batch: &[Commit]) -> Result<(), StoreError
                 .bind(class)
                 .bind(result.question.as_deref())
                 .bind(next_seq)
-                .bind(now())
-                .bind(run_id)
+                .bind(&at)
+                .bind(*run_id)
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;
             }
-            None => {
-                sqlx::query("UPDATE runs SET next_seq = COALESCE(?, next_seq), updated_at = ? WHERE run_id = ?")
-                    .bind(next_seq)
-                    .bind(now())
-                    .bind(run_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db)?;
-            }
+            // Between stages only the next `seq` changes, and the events' rows already say it.
+            None => {}
         }
     }
     tx.commit().await.map_err(db)
 }
 
+/// `head` followed by `n` copies of `row`, comma-separated.
+fn rows_sql(head: &str, row: &str, n: usize) -> String {
+    let mut sql = String::with_capacity(head.len() + n * (row.len() + 1));
+    sql.push_str(head);
+    for i in 0..n {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str(row);
+    }
+    sql
+}
+
 impl RunJournal for SqliteStore {
+    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if let Some(e) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(run_id) {
+                return Err(e.clone());
+            }
+            let job = Write::Commit { run_id: run_id.to_owned(), batch };
+            self.writes.send((job, None)).await.map_err(|_| "the store's writer has stopped".to_owned())
+        })
+    }
+
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let (ack, done) = oneshot::channel();
-            self.writes.send((run_id.to_owned(), batch, ack)).await.map_err(|_| "the store's writer has stopped".to_owned())?;
-            done.await.map_err(|_| "the store's writer has stopped".to_owned())?.map_err(|e| e.to_string())
+            let earlier = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned();
+            let result = self.write(Write::Commit { run_id: run_id.to_owned(), batch }).await.map_err(|e| e.to_string());
+            match earlier {
+                Some(e) => Err(e),
+                None => result,
+            }
         })
     }
 }
@@ -180,19 +271,7 @@ const RUN_COLUMNS: &str = "run_id, route_id, status, request, result, reason_cla
 
 impl RunStore for SqliteStore {
     fn create_run<'a>(&'a self, run_id: &'a str, route_id: &'a str, request: &'a Value) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let at = now();
-            sqlx::query("INSERT INTO runs (run_id, route_id, status, request, created_at, updated_at) VALUES (?, ?, 'running', ?, ?, ?)")
-                .bind(run_id)
-                .bind(route_id)
-                .bind(request.to_string())
-                .bind(&at)
-                .bind(&at)
-                .execute(&self.pool)
-                .await
-                .map_err(db)?;
-            Ok(())
-        })
+        Box::pin(self.write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string() }))
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
