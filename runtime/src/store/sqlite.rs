@@ -31,7 +31,7 @@ fn db(e: sqlx::Error) -> StoreError {
 /// What the writer does: a new run's row, or a run's commit.
 enum Write {
     Create { run_id: String, route_id: String, request: String },
-    Commit { run_id: String, batch: JournalBatch },
+    Commit { run_id: String, batch: Box<JournalBatch> },
 }
 
 /// A job, and who waits for it (appends are not waited for).
@@ -152,7 +152,7 @@ async fn write_all(pool: &SqlitePool, batch: &[Commit]) -> Result<(), StoreError
     let commits: Vec<(&str, &JournalBatch)> = batch
         .iter()
         .filter_map(|(w, _)| match w {
-            Write::Commit { run_id, batch } => Some((run_id.as_str(), batch)),
+            Write::Commit { run_id, batch } => Some((run_id.as_str(), batch.as_ref())),
             Write::Create { .. } => None,
         })
         .collect();
@@ -183,31 +183,28 @@ async fn write_all(pool: &SqlitePool, batch: &[Commit]) -> Result<(), StoreError
     }
     for (run_id, b) in &commits {
         let next_seq = b.events.last().map(|e| e.seq as i64 + 1);
-        match &b.end {
-            Some(result) => {
-                let status = match result.status {
-                    RunStatus::Completed => StoredStatus::Completed,
-                    RunStatus::Failed => StoredStatus::Failed,
-                    RunStatus::AwaitingInput => StoredStatus::AwaitingInput,
-                };
-                let text = serde_json::to_string(result).unwrap_or_default();
-                let class = result.error.as_ref().map(|e| e.reason_class.as_str());
-                sqlx::query(
-                    "UPDATE runs SET status = ?, result = ?, reason_class = ?, question = ?, next_seq = COALESCE(?, next_seq), updated_at = ? WHERE run_id = ?",
-                )
-                .bind(status.as_str())
-                .bind(text)
-                .bind(class)
-                .bind(result.question.as_deref())
-                .bind(next_seq)
-                .bind(&at)
-                .bind(*run_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
-            }
-            // Between stages only the next `seq` changes, and the events' rows already say it.
-            None => {}
+        // Between stages only the next `seq` changes, and the events' rows already say it.
+        if let Some(result) = &b.end {
+            let status = match result.status {
+                RunStatus::Completed => StoredStatus::Completed,
+                RunStatus::Failed => StoredStatus::Failed,
+                RunStatus::AwaitingInput => StoredStatus::AwaitingInput,
+            };
+            let text = serde_json::to_string(result).unwrap_or_default();
+            let class = result.error.as_ref().map(|e| e.reason_class.as_str());
+            sqlx::query(
+                "UPDATE runs SET status = ?, result = ?, reason_class = ?, question = ?, next_seq = COALESCE(?, next_seq), updated_at = ? WHERE run_id = ?",
+            )
+            .bind(status.as_str())
+            .bind(text)
+            .bind(class)
+            .bind(result.question.as_deref())
+            .bind(next_seq)
+            .bind(&at)
+            .bind(*run_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
         }
     }
     tx.commit().await.map_err(db)
@@ -232,7 +229,7 @@ impl RunJournal for SqliteStore {
             if let Some(e) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(run_id) {
                 return Err(e.clone());
             }
-            let job = Write::Commit { run_id: run_id.to_owned(), batch };
+            let job = Write::Commit { run_id: run_id.to_owned(), batch: Box::new(batch) };
             self.writes.send((job, None)).await.map_err(|_| "the store's writer has stopped".to_owned())
         })
     }
@@ -240,7 +237,7 @@ impl RunJournal for SqliteStore {
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             let earlier = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned();
-            let result = self.write(Write::Commit { run_id: run_id.to_owned(), batch }).await.map_err(|e| e.to_string());
+            let result = self.write(Write::Commit { run_id: run_id.to_owned(), batch: Box::new(batch) }).await.map_err(|e| e.to_string());
             match earlier {
                 Some(e) => Err(e),
                 None => result,
