@@ -270,6 +270,9 @@ pub struct RunEvents {
     enabled: bool,
     /// Events since the last [`RunEvents::take_recorded`], when the run is journalled.
     recorded: Option<Mutex<Vec<Event>>>,
+    /// While a recovered run replays what its journal holds, its events were already recorded:
+    /// nothing is emitted (and no `seq` is used) until the replay catches up.
+    muted: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RunEvents {
@@ -289,7 +292,13 @@ impl RunEvents {
             sink,
             enabled,
             recorded: None,
+            muted: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Stops (or resumes) emitting: see the `muted` field.
+    pub fn set_muted(&self, muted: bool) {
+        self.muted.store(muted, Ordering::Relaxed);
     }
 
     /// Also keeps every event until [`RunEvents::take_recorded`] (a journalled run), numbering
@@ -327,7 +336,7 @@ impl RunEvents {
     /// Emits one event. `data` builds its type-specific fields; it is not called when the sink
     /// drops events, so a run without an event consumer pays nothing for them.
     pub fn emit(&self, kind: EventKind, stage_id: Option<&str>, data: impl FnOnce() -> Map<String, Value>) {
-        if !self.enabled {
+        if !self.enabled || self.muted.load(Ordering::Relaxed) {
             return;
         }
         let data = data();

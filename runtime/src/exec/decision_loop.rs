@@ -54,7 +54,16 @@ impl Runner {
                     state.last_output = Some(answer);
                     return Ok(Finish::Completed);
                 }
-                AgentDecision::Ask { question } => return Ok(Finish::AwaitingInput(question)),
+                AgentDecision::Ask { question } => {
+                    // Recovered after the user replied: the reply is in the journal; go on.
+                    if let Some(super::JournalEntry::UserReply { note, .. }) = state.replay_front() {
+                        let note = note.clone();
+                        state.replay_pop(run.events);
+                        state.notes.push(note);
+                        continue;
+                    }
+                    return Ok(Finish::AwaitingInput(question));
+                }
                 AgentDecision::ToolCall { tool: name, arguments } => {
                     // The name was checked against the route's tools inside the model call.
                     let Some(tool) = route.tool_node(&name) else {
@@ -62,7 +71,24 @@ impl Runner {
                         return Err((Some(decide.id().to_owned()), f));
                     };
                     let open = self.begin_stage(run, tool, state, run_cx);
-                    match self.run_loop_tool(run, tool, &arguments).await {
+                    // A recovered or replayed run takes the tool's recorded outcome.
+                    if let Some(super::JournalEntry::Note { note }) = state.replay_front() {
+                        let note = note.clone();
+                        state.replay_pop(run.events);
+                        state.notes.push(note);
+                        self.end_stage(run, open, Err(&StageFailure::new(ReasonClass::ToolFailed, "recorded")), state, false);
+                        continue;
+                    }
+                    let outcome = match state.recorded_result(tool.id()) {
+                        Some(value) => Ok(value),
+                        None if state.strict_replay() => {
+                            let what = format!("tool `{}` is called where the journal has no result", tool.id());
+                            state.diverge(what.clone());
+                            Err(StageFailure::new(ReasonClass::ToolFailed, format!("replay: {what}")))
+                        }
+                        None => self.run_loop_tool(run, tool, &arguments).await,
+                    };
+                    match outcome {
                         Ok(text) => self.end_stage(run, open, Ok(text), state, true),
                         Err(f) => {
                             // A tool error never ends the run: the model sees it and decides again.

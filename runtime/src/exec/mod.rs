@@ -28,7 +28,7 @@ use crate::failure::{BoxFuture, ReasonClass};
 use crate::fields;
 use crate::hydrate::{NextStep, NodeKind, Route, RoutePath, StageNode};
 use crate::llm::telemetry::round_ms;
-use crate::llm::{Llm, LlmRequest, ReplyValue};
+use crate::llm::{Llm, LlmRequest, OutputSpec, ReplyValue};
 use crate::tools::{HttpPort, HttpTools, Tool, ToolError, display_url};
 
 /// Child runs nest at most this deep (a route that starts itself stops here).
@@ -70,6 +70,9 @@ pub struct RunResult {
     /// Model calls made, per (route, stage), children included; used by the strict stub check.
     #[serde(skip)]
     pub llm_calls: Vec<(String, String, u32)>,
+    /// A replay's divergences from the journal (see [`Runner::replay`]).
+    #[serde(skip)]
+    pub divergences: Vec<String>,
 }
 
 /// One durable fact of a run, in the order it happened. A run's journal is the list of them;
@@ -77,8 +80,9 @@ pub struct RunResult {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "entry", rename_all = "snake_case")]
 pub enum JournalEntry {
-    /// A model call's reply as received (structured replies and decisions before reading).
-    ModelReply { stage_id: String, turn: u32, raw: String },
+    /// A model call: what it was asked (system text, user message), its reply as received, and
+    /// the value the stage took from it (what a recovered or replayed run uses instead of asking).
+    ModelReply { stage_id: String, turn: u32, system: String, user: String, raw: String, value: String },
     /// A stage that completed: its slot value and the note it added, if any.
     StageCompleted { stage_id: String, value: String, note: Option<String> },
     /// A note added without a completed stage (a failed tool call in the decision loop).
@@ -180,6 +184,8 @@ struct RunState {
     stages_started: u32,
     /// Journal entries not yet committed (journalled runs only).
     pending: Vec<JournalEntry>,
+    /// A recovered or replayed run: what its journal says happened, not yet caught up with.
+    replay: Option<Replay>,
     llm_calls: Vec<(String, u32)>,
     child_calls: Vec<(String, String, u32)>,
     last_output: Option<String>,
@@ -206,7 +212,67 @@ struct StageFailure {
     detail: Option<Value>,
 }
 
+/// The journal of a run being recovered (after its process died) or replayed (`fabric replay`):
+/// the executor walks the run again and takes recorded replies and results instead of asking
+/// for them, in order; events stay muted until the journal is used up. A strict replay makes no
+/// call at all and notes every divergence.
+#[derive(Debug, Default)]
+struct Replay {
+    entries: std::collections::VecDeque<JournalEntry>,
+    strict: bool,
+    divergences: Vec<String>,
+}
+
+/// What `fabric replay` found: every divergence, and the result of the replayed run.
+#[derive(Debug, Clone)]
+pub struct ReplayReport {
+    pub divergences: Vec<String>,
+    pub result: RunResult,
+}
+
 impl RunState {
+    /// The next journal entry a replay expects, if replaying.
+    fn replay_front(&self) -> Option<&JournalEntry> {
+        self.replay.as_ref().and_then(|r| r.entries.front())
+    }
+
+    /// Takes the front entry; once a recovery's journal is used up, the run goes on live.
+    fn replay_pop(&mut self, events: &RunEvents) -> Option<JournalEntry> {
+        let r = self.replay.as_mut()?;
+        let entry = r.entries.pop_front();
+        if r.entries.is_empty() && !r.strict {
+            self.replay = None;
+            events.set_muted(false);
+        }
+        entry
+    }
+
+    /// A recovery whose journal does not fit the path taken goes on live from here.
+    fn replay_abandon(&mut self, events: &RunEvents) {
+        if self.replay.as_ref().is_some_and(|r| !r.strict) {
+            self.replay = None;
+            events.set_muted(false);
+        }
+    }
+
+    fn diverge(&mut self, what: String) {
+        if let Some(r) = self.replay.as_mut().filter(|r| r.strict) {
+            r.divergences.push(what);
+        }
+    }
+
+    fn strict_replay(&self) -> bool {
+        self.replay.as_ref().is_some_and(|r| r.strict)
+    }
+
+    /// The recorded result of `stage` when the journal's next entry is its completion: a
+    /// recovered or replayed run does not call the tool (or start the child run) again.
+    fn recorded_result(&self, stage: &str) -> Option<String> {
+        match self.replay_front() {
+            Some(JournalEntry::StageCompleted { stage_id, value, .. }) if stage_id == stage => Some(value.clone()),
+            _ => None,
+        }
+    }
     /// The state a journal describes: notes, slots and the last output in order, model calls per
     /// stage, the decision loop's turns (the calls of its `decide` node).
     fn from_history(decide_id: &str, history: &[JournalEntry]) -> RunState {
@@ -420,6 +486,60 @@ impl Runner {
         Ok(self.run_route(run, &Context::current(), state, Some(&cont.reply)).await)
     }
 
+    /// Recovers a run whose process died: the executor walks it again from the start, taking
+    /// every recorded reply and result from `history` instead of asking (events muted), then goes
+    /// on live from where the journal ends; its events go on from `next_seq`.
+    pub async fn recover(
+        &self,
+        run_id: String,
+        req: RunRequest,
+        history: Vec<JournalEntry>,
+        next_seq: u64,
+        sink: Arc<dyn EventSink>,
+        cancel: Cancel,
+        journal: Option<&dyn RunJournal>,
+    ) -> Result<RunResult, StartError> {
+        let route = self.route(&req.route_id)?.clone();
+        let events = RunEvents::new(&run_id, route.id(), None, sink);
+        let events = if journal.is_some() { events.recording(next_seq) } else { events.numbered_from(next_seq) };
+        let replaying = !history.is_empty();
+        events.set_muted(replaying);
+        let state = RunState { replay: replaying.then(|| Replay { entries: history.into(), strict: false, divergences: Vec::new() }), ..RunState::default() };
+        let run = Run {
+            route: &route,
+            goal: &req.goal,
+            prefetch: &req.prefetch,
+            events: &events,
+            depth: 0,
+            budget: route.max_loop_steps(),
+            cancel: &cancel,
+            journal,
+        };
+        Ok(self.run_route(run, &Context::current(), state, None).await)
+    }
+
+    /// Replays a finished run from its journal with no model and no tool call: every recorded
+    /// reply and result is used in order, and every difference (a prompt, a user message, a
+    /// result, a path the journal does not have) is reported.
+    pub async fn replay(&self, req: RunRequest, history: Vec<JournalEntry>) -> Result<ReplayReport, StartError> {
+        let route = self.route(&req.route_id)?.clone();
+        let events = RunEvents::new(&new_run_id(), route.id(), None, Arc::new(crate::events::NullSink));
+        let state = RunState { replay: Some(Replay { entries: history.into(), strict: true, divergences: Vec::new() }), ..RunState::default() };
+        let cancel = Cancel::never();
+        let run = Run {
+            route: &route,
+            goal: &req.goal,
+            prefetch: &req.prefetch,
+            events: &events,
+            depth: 0,
+            budget: route.max_loop_steps(),
+            cancel: &cancel,
+            journal: None,
+        };
+        let mut result = self.run_route(run, &Context::current(), state, None).await;
+        Ok(ReplayReport { divergences: std::mem::take(&mut result.divergences), result })
+    }
+
     fn run_route<'a>(&'a self, run: Run<'a>, parent_cx: &'a Context, mut state: RunState, resumed: Option<&'a str>) -> BoxFuture<'a, RunResult> {
         Box::pin(async move {
             let Run { route, prefetch, events, .. } = run;
@@ -452,6 +572,14 @@ impl Runner {
             };
             let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
             let pending = std::mem::take(&mut state.pending);
+            let mut divergences = Vec::new();
+            if let Some(r) = state.replay.take().filter(|r| r.strict) {
+                divergences = r.divergences;
+                if !r.entries.is_empty() {
+                    let rest: Vec<String> = r.entries.iter().map(describe).collect();
+                    divergences.push(format!("the run ended before the journal did; it still has {}", rest.join(", ")));
+                }
+            }
             let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id().to_owned(), s.clone(), *n)).collect();
             llm_calls.append(&mut state.child_calls);
             let mut result = RunResult {
@@ -464,6 +592,7 @@ impl Runner {
                 question: None,
                 error: None,
                 llm_calls,
+                divergences,
             };
             match outcome {
                 Ok(Finish::Completed) => {
@@ -531,8 +660,24 @@ impl Runner {
                 if let Some(n) = &added {
                     state.notes.push(n.clone());
                 }
-                if run.journal.is_some() {
-                    state.pending.push(JournalEntry::StageCompleted { stage_id: stage.id().to_owned(), value: value.clone(), note: added });
+                match state.replay_front() {
+                    Some(JournalEntry::StageCompleted { stage_id, value: recorded, .. }) if stage_id == stage.id() => {
+                        if *recorded != value {
+                            let what = format!("stage `{}`: the result differs: recorded {recorded}, now {value}", stage.id());
+                            state.diverge(what);
+                        }
+                        state.replay_pop(run.events);
+                    }
+                    Some(other) if state.strict_replay() => {
+                        let what = format!("stage `{}` completed where the journal has {}", stage.id(), describe(other));
+                        state.diverge(what);
+                    }
+                    _ => {
+                        state.replay_abandon(run.events);
+                        if run.journal.is_some() {
+                            state.pending.push(JournalEntry::StageCompleted { stage_id: stage.id().to_owned(), value: value.clone(), note: added });
+                        }
+                    }
                 }
                 state.slots.insert(stage.id().to_owned(), value.clone());
                 run.events.emit(
@@ -612,6 +757,11 @@ impl Runner {
 
     async fn run_stage(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
         let Run { goal, prefetch, events, .. } = *run;
+        if stage.role() == LlmRole::None
+            && let Some(value) = state.recorded_result(stage.id())
+        {
+            return Ok(value);
+        }
         match (stage.role(), stage.kind()) {
             (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(run, child_id, state, cx).await,
             (LlmRole::None, _) => {
@@ -642,7 +792,16 @@ impl Runner {
                         .unwrap_or_default(),
                     other => other.slot_value().trim().to_owned(),
                 };
+                if let Some(value) = state.recorded_result(stage.id()) {
+                    return Ok(value);
+                }
                 match self.tool_url(stage) {
+                    Some((invoke, url)) if state.strict_replay() => {
+                        let _ = (invoke, url);
+                        let what = format!("stage `{}` calls its tool where the journal has no result", stage.id());
+                        state.diverge(what.clone());
+                        Err(StageFailure::new(ReasonClass::ToolConnection, format!("replay: {what}")))
+                    }
                     Some((invoke, url)) => {
                         let mut args = Map::new();
                         args.insert(invoke.query_param.clone(), Value::String(query));
@@ -748,6 +907,33 @@ impl Runner {
             cancel,
         };
         *turn += 1;
+        if state.replay.is_some() {
+            match state.replay_front() {
+                Some(JournalEntry::ModelReply { stage_id, turn, system, user: asked, value, .. }) if stage_id == stage.id() && *turn == req.turn => {
+                    let (system, asked, value) = (system.clone(), asked.clone(), value.clone());
+                    if system != req.system {
+                        state.diverge(format!(
+                            "stage `{}` turn {}: the prompt differs:\n  recorded: {system}\n  now:      {}",
+                            stage.id(),
+                            req.turn,
+                            req.system
+                        ));
+                    }
+                    if asked != user {
+                        state.diverge(format!("stage `{}` turn {}: the user message differs:\n  recorded: {asked}\n  now:      {user}", stage.id(), req.turn));
+                    }
+                    state.replay_pop(events);
+                    return recorded_reply(stage, &value);
+                }
+                other if state.strict_replay() => {
+                    let found = other.map_or("nothing more".to_owned(), describe);
+                    let what = format!("stage `{}` turn {} calls the model where the journal has {found}", stage.id(), req.turn);
+                    state.diverge(what.clone());
+                    return Err(StageFailure::new(ReasonClass::ProviderError, format!("replay: {what}")));
+                }
+                _ => state.replay_abandon(events),
+            }
+        }
         let llm = match self.profile_llms.get(route.model_profile()) {
             Some(Ok(l)) => l,
             // Refused at start (`route`); never reached.
@@ -756,7 +942,10 @@ impl Runner {
         };
         let reply = llm.complete(&req).await.map_err(|e| StageFailure::new(e.class, e.message))?;
         if run.journal.is_some() {
-            state.pending.push(JournalEntry::ModelReply { stage_id: stage.id().to_owned(), turn: req.turn, raw: reply.raw_text() });
+            let (stage_id, system, raw, value) = (stage.id().to_owned(), req.system.to_owned(), reply.raw_text(), reply.value.recorded());
+            state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value });
+            // Recorded at once: a run recovered after a crash does not ask the model again.
+            self.checkpoint(run, state).await?;
         }
         Ok(reply.value)
     }
@@ -789,6 +978,26 @@ impl Runner {
             }
         }
     }
+}
+
+/// A journal entry in a divergence message.
+fn describe(entry: &JournalEntry) -> String {
+    match entry {
+        JournalEntry::ModelReply { stage_id, turn, .. } => format!("a model reply of stage `{stage_id}` turn {turn}"),
+        JournalEntry::StageCompleted { stage_id, .. } => format!("the completion of stage `{stage_id}`"),
+        JournalEntry::Note { .. } => "a tool error".into(),
+        JournalEntry::UserReply { .. } => "a reply of the user".into(),
+    }
+}
+
+/// The stage value of a recorded reply, read the way the reply was read when it came.
+fn recorded_reply(stage: &StageNode, value: &str) -> Result<ReplyValue, StageFailure> {
+    let bad = |why: String| StageFailure::new(ReasonClass::StoreError, format!("the recorded reply of stage `{}` does not read: {why}", stage.id()));
+    Ok(match stage.output() {
+        OutputSpec::Bindable(schema) => ReplyValue::Structured(crate::structured::decode_reply(schema, value).map_err(|e| bad(e.to_string()))?),
+        OutputSpec::Decision(spec) => ReplyValue::Decision(spec.parse_json(value).map_err(|e| bad(e.to_string()))?),
+        OutputSpec::Text | OutputSpec::Unbindable { .. } => ReplyValue::Text(value.to_owned()),
+    })
 }
 
 /// The `kind` of a stage in events.

@@ -29,7 +29,7 @@ workflows:
       - {id: answer, llm_role: synthesis, capability: answer}
 routes:
   staged: {model_profile: p, prompt_pack: pack, workflow: staged}
-  looped: {model_profile: p, prompt_pack: pack, decision_loop: {tools: [search]}, max_loop_steps: 3}
+  looped: {model_profile: p, prompt_pack: pack, decision_loop: {tools: [search]}, max_loop_steps: 5}
 "#;
 
 /// Records every call and answers with what `reply` says.
@@ -138,4 +138,134 @@ fn goals_and_prefetch_packs_are_parsed_once() {
     assert_eq!(parse_prefetch(r#"["a","b"]"#).unwrap(), ["a", "b"]);
     assert_eq!(parse_prefetch(r#"{"chunks":["a"]}"#).unwrap(), ["a"]);
     assert_eq!(parse_prefetch(r#"[1]"#).unwrap_err(), "chunk 0 is not a string");
+}
+
+/// A journal in memory: every batch, in order.
+#[derive(Default)]
+struct MemoryJournal {
+    batches: Mutex<Vec<JournalBatch>>,
+}
+
+impl RunJournal for MemoryJournal {
+    fn append<'a>(&'a self, _: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        self.batches.lock().unwrap().push(batch);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        self.append(run_id, batch)
+    }
+}
+
+impl MemoryJournal {
+    fn entries(&self) -> Vec<JournalEntry> {
+        self.batches.lock().unwrap().iter().flat_map(|b| b.entries.clone()).collect()
+    }
+
+    /// (entries, events) as a store would hold them after the first `n` batches.
+    fn prefix(&self, n: usize) -> (Vec<JournalEntry>, Vec<Event>) {
+        let b = self.batches.lock().unwrap();
+        (b[..n].iter().flat_map(|b| b.entries.clone()).collect(), b[..n].iter().flat_map(|b| b.events.clone()).collect())
+    }
+}
+
+/// Counts model calls of the stub it wraps.
+struct Counting(StubLlm, Arc<std::sync::atomic::AtomicUsize>);
+
+impl crate::llm::Llm for Counting {
+    fn complete<'a>(&'a self, req: &'a crate::llm::LlmRequest<'a>) -> BoxFuture<'a, Result<crate::llm::LlmReply, crate::llm::LlmError>> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.complete(req)
+    }
+
+    fn info(&self) -> crate::llm::ModelInfo {
+        self.0.info()
+    }
+}
+
+fn loop_stub() -> StubLlm {
+    StubLlm::default()
+        .script("staged", "intake", &[r#"{"urgency":"high","score":1}"#])
+        .script("staged", "lookup", &[r#"{"query":"refund rules"}"#])
+        .script("staged", "answer", &[r#"{"text":"Done."}"#])
+        .script("looped", "decide", &[r#"CALL search {"q":"x"}"#, "ASK Which one?", r#"CALL search {"q":"y"}"#, "DONE found"])
+}
+
+fn counted_runner(calls: Arc<std::sync::atomic::AtomicUsize>) -> Runner {
+    let mut r = runner(StubLlm::default(), http(Ok(r#"{"hits":[1]}"#)));
+    r.llm = crate::llm::stack::build(Counting(loop_stub(), calls), Default::default());
+    r
+}
+
+#[tokio::test]
+async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_a_gap() {
+    for route in ["staged", "looped"] {
+        // The original run, journalled, until it ends (the loop: it asks, and is answered).
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = counted_runner(calls.clone());
+        let journal = MemoryJournal::default();
+        let goal = json!({"ticket": "t"}).as_object().unwrap().clone();
+        let req = RunRequest { route_id: route.into(), goal: goal.clone(), prefetch: vec![] };
+        let mut result = r.start("run-1".into(), req.clone(), Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+        if result.status == RunStatus::AwaitingInput {
+            let all = journal.batches.lock().unwrap().len();
+            let (history, events) = journal.prefix(all);
+            let cont = Continuation { run_id: "run-1".into(), history, next_seq: events.last().unwrap().seq + 1, reply: "the second".into() };
+            result = r.resume(req.clone(), cont, Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+        }
+        assert_eq!(result.status, RunStatus::Completed, "{route}: {result:?}");
+        let total_calls = calls.load(std::sync::atomic::Ordering::SeqCst);
+        let batches = journal.batches.lock().unwrap().len();
+        // Kill it after every batch, recover, and compare.
+        for cut in 1..batches {
+            let (history, events) = journal.prefix(cut);
+            if history.is_empty() {
+                continue;
+            }
+            let calls_after = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let again = counted_runner(calls_after.clone());
+            let sink = Arc::new(MemorySink::default());
+            let next_seq = events.last().map_or(1, |e| e.seq + 1);
+            let recovered_journal = MemoryJournal::default();
+            let recovered =
+                again.recover("run-1".into(), req.clone(), history.clone(), next_seq, sink.clone(), Cancel::never(), Some(&recovered_journal)).await.unwrap();
+            let recorded_replies = history.iter().filter(|e| matches!(e, JournalEntry::ModelReply { .. })).count();
+            if route == "looped" && !history.iter().any(|e| matches!(e, JournalEntry::UserReply { .. })) {
+                // Cut before the user replied: the recovered run asks again, as it did.
+                assert_eq!(recovered.status, RunStatus::AwaitingInput, "{route} cut {cut}");
+                assert_eq!(recovered.question.as_deref(), Some("Which one?"));
+                continue;
+            }
+            assert_eq!((recovered.status, &recovered.output, &recovered.slots), (result.status, &result.output, &result.slots), "{route} cut {cut}");
+            assert_eq!(
+                calls_after.load(std::sync::atomic::Ordering::SeqCst),
+                total_calls - recorded_replies,
+                "{route} cut {cut}: recorded replies are not asked again"
+            );
+            let seqs: Vec<u64> = sink.events().iter().map(|e| e.seq).collect();
+            assert_eq!(seqs.first().copied(), Some(next_seq), "{route} cut {cut}: no gap, no duplicate");
+            assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+            let full = journal.entries();
+            assert_eq!(recovered_journal.entries(), full[history.len()..], "{route} cut {cut}: the journal goes on where it stopped, nothing written twice");
+        }
+        // A strict replay of the whole journal: no model, no tool, no divergence.
+        let replayer = runner(StubLlm::default(), http(Err(ReasonClass::ToolConnection)));
+        let report = replayer.replay(req.clone(), journal.entries()).await.unwrap();
+        assert!(report.divergences.is_empty(), "{route}: {:?}", report.divergences);
+        assert_eq!(report.result.output, result.output);
+    }
+}
+
+#[tokio::test]
+async fn a_replay_with_another_prompt_reports_it() {
+    let journal = MemoryJournal::default();
+    let r = runner(loop_stub(), http(Ok("{}")));
+    let req = RunRequest { route_id: "staged".into(), goal: json!({"ticket": "t"}).as_object().unwrap().clone(), prefetch: vec![] };
+    r.start("run-1".into(), req.clone(), Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+    let files = [SourceFile { path: "t/c.yaml".into(), text: CATALOGUE.into() }];
+    let packs = [SourceFile { path: "t/pack.yaml".into(), text: "host: ANOTHER HOST\n".into() }];
+    let cat = catalogue::load_from_texts(&files, &packs);
+    let changed = Runner::new(Arc::new(cat), crate::llm::stack::build(StubLlm::default(), Default::default()), Arc::new(|_: &str| None)).unwrap();
+    let report = changed.replay(req, journal.entries()).await.unwrap();
+    assert!(report.divergences.iter().any(|d| d.contains("stage `intake` turn 0: the prompt differs")), "{:?}", report.divergences);
 }

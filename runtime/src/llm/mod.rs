@@ -87,6 +87,16 @@ pub enum ReplyValue {
 }
 
 impl ReplyValue {
+    /// The value as a journal records it, from which it is read again: the compact JSON of a
+    /// structured reply (before any unwrapping), a decision's JSON, the text otherwise.
+    pub fn recorded(&self) -> String {
+        match self {
+            ReplyValue::Text(t) => t.clone(),
+            ReplyValue::Structured(d) => d.compact.clone(),
+            ReplyValue::Decision(d) => d.to_json().to_string(),
+        }
+    }
+
     /// The slot value: unwrapped text or compact JSON for structured replies, the text otherwise.
     pub fn slot_value(&self) -> String {
         match self {
