@@ -34,7 +34,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("catalogue", &["diag", "source", "defs", "loader", "hydrate"]),
     // Running them.
     ("tools", &["redact", "failure", "defs"]),
-    ("exec", &["cancel", "failure", "events", "otel", "decision", "llm", "defs", "hydrate", "catalogue", "tools"]),
+    ("exec", &["cancel", "failure", "events", "otel", "structured", "decision", "llm", "defs", "hydrate", "catalogue", "tools"]),
     ("store", &["redact", "failure", "events", "llm", "exec"]),
     ("runtime", &["cancel", "diag", "failure", "events", "llm", "config", "defs", "hydrate", "catalogue", "tools", "exec", "store"]),
     // The service: HTTP over the facade.

@@ -125,6 +125,16 @@ pub struct Continuation {
     pub reply: String,
 }
 
+/// How to recover a run whose process died: what its journal holds.
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    pub run_id: String,
+    /// The journal so far, in order.
+    pub history: Vec<JournalEntry>,
+    /// The `seq` the next event gets (one past the last recorded).
+    pub next_seq: u64,
+}
+
 /// What a caller asks for.
 #[derive(Debug, Clone, Default)]
 pub struct RunRequest {
@@ -491,14 +501,13 @@ impl Runner {
     /// on live from where the journal ends; its events go on from `next_seq`.
     pub async fn recover(
         &self,
-        run_id: String,
         req: RunRequest,
-        history: Vec<JournalEntry>,
-        next_seq: u64,
+        recovery: Recovery,
         sink: Arc<dyn EventSink>,
         cancel: Cancel,
         journal: Option<&dyn RunJournal>,
     ) -> Result<RunResult, StartError> {
+        let Recovery { run_id, history, next_seq } = recovery;
         let route = self.route(&req.route_id)?.clone();
         let events = RunEvents::new(&run_id, route.id(), None, sink);
         let events = if journal.is_some() { events.recording(next_seq) } else { events.numbered_from(next_seq) };

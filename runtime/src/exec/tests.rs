@@ -227,8 +227,8 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
             let sink = Arc::new(MemorySink::default());
             let next_seq = events.last().map_or(1, |e| e.seq + 1);
             let recovered_journal = MemoryJournal::default();
-            let recovered =
-                again.recover("run-1".into(), req.clone(), history.clone(), next_seq, sink.clone(), Cancel::never(), Some(&recovered_journal)).await.unwrap();
+            let recovery = Recovery { run_id: "run-1".into(), history: history.clone(), next_seq };
+            let recovered = again.recover(req.clone(), recovery, sink.clone(), Cancel::never(), Some(&recovered_journal)).await.unwrap();
             let recorded_replies = history.iter().filter(|e| matches!(e, JournalEntry::ModelReply { .. })).count();
             if route == "looped" && !history.iter().any(|e| matches!(e, JournalEntry::UserReply { .. })) {
                 // Cut before the user replied: the recovered run asks again, as it did.
