@@ -114,6 +114,13 @@ async fn the_router_answers_every_refusal_in_one_shape() {
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("not_waiting")));
     assert_eq!(call(&app, "POST", "/v1/runs/nope/reply", Some(json!({"message": "hi"})), true).await.0, StatusCode::NOT_FOUND);
     assert_eq!(call(&app, "GET", "/v1/runs/nope", None, true).await.0, StatusCode::NOT_FOUND);
+    // Unknown endpoints, methods and query strings answer in the same shape.
+    let (status, _, body) = call(&app, "GET", "/v1/nothing", None, true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (status, _, body) = call(&app, "DELETE", "/v1/runs", None, true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed")));
+    let (status, _, body) = call(&app, "GET", "/v1/runs?limit=many", None, true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")), "{body}");
     let (_, _, page) = call(&app, "GET", "/v1/runs?route_id=support-triage&status=completed", None, true).await;
     assert_eq!(page["runs"].as_array().unwrap().len(), 1, "{page}");
     let (_, _, routes) = call(&app, "GET", "/v1/routes", None, true).await;

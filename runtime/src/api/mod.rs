@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -138,7 +138,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `store_error`, `timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `store_error`, `timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -325,6 +325,10 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(api)
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint; see /openapi.json") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this endpoint does not take that method")
+        })
         .layer(axum::extract::DefaultBodyLimit::max(state.inner.config.max_body_bytes))
         .layer(axum::middleware::from_fn(request_log))
         .with_state(state)
@@ -408,6 +412,11 @@ fn too_many() -> ApiError {
     e
 }
 
+/// A query string that does not parse is a 400 in the API's error shape.
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(v)| v).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("the query string does not parse: {}", e.body_text())))
+}
+
 /// Starts a run.
 #[utoipa::path(post, path = "/v1/runs", request_body = StartBody, params(WaitParam),
     responses(
@@ -419,7 +428,12 @@ fn too_many() -> ApiError {
         (status = 422, description = "Invalid body, a goal that is not an object, or a broken route", body = ErrorBody),
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody)),
     security(("bearer" = [])))]
-async fn start_run(State(state): State<AppState>, Query(wait): Query<WaitParam>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn start_run(
+    State(state): State<AppState>,
+    wait: Result<Query<WaitParam>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let wait = query(wait)?;
     let config = &state.inner.config;
     let body: StartBody = parse_body(body, config.max_body_bytes)?;
     let Value::Object(goal) = body.goal else {
@@ -494,7 +508,8 @@ async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>) -> R
 
 /// Runs, newest first, paged.
 #[utoipa::path(get, path = "/v1/runs", params(ListParams), responses((status = 200, body = RunPage), (status = 422, body = ErrorBody)), security(("bearer" = [])))]
-async fn list_runs(State(state): State<AppState>, Query(p): Query<ListParams>) -> Result<Json<RunPage>, ApiError> {
+async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, QueryRejection>) -> Result<Json<RunPage>, ApiError> {
+    let p = query(p)?;
     let status = match p.status.as_deref() {
         None => None,
         Some(s) => Some(StoredStatus::parse(s).ok_or_else(|| {
@@ -574,9 +589,10 @@ async fn run_events(
 async fn reply(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    Query(wait): Query<WaitParam>,
+    wait: Result<Query<WaitParam>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let wait = query(wait)?;
     let body: ReplyBody = parse_body(body, state.inner.config.max_body_bytes)?;
     if body.message.len() > state.inner.config.max_goal_bytes {
         return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the reply is too large"));

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CallSpec, Codec, WireRequest, nested_error_message, parse_reply};
+use super::{CallSpec, Codec, WireRequest, nested_error_code, parse_reply};
 use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -130,7 +130,7 @@ impl Codec for Anthropic {
         Ok((text, usage))
     }
 
-    fn error_message(&self, body: &[u8]) -> Option<String> {
-        nested_error_message(body)
+    fn error_code(&self, body: &[u8]) -> Option<String> {
+        nested_error_code(body)
     }
 }

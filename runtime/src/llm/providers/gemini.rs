@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CallSpec, Codec, WireRequest, nested_error_message, parse_reply, retain_keywords};
+use super::{CallSpec, Codec, WireRequest, nested_error_code, parse_reply, retain_keywords};
 use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -158,8 +158,8 @@ impl Codec for Gemini {
         Ok((text, usage))
     }
 
-    fn error_message(&self, body: &[u8]) -> Option<String> {
-        nested_error_message(body)
+    fn error_code(&self, body: &[u8]) -> Option<String> {
+        nested_error_code(body)
     }
 }
 

@@ -64,8 +64,10 @@ pub trait Codec: Send + Sync + 'static {
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest;
     /// Reads a 2xx body: the reply text (for structured calls, the JSON text) and usage.
     fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError>;
-    /// The provider's own error message in an error body, when it has one.
-    fn error_message(&self, body: &[u8]) -> Option<String>;
+    /// The provider's machine-readable error code in an error body (`invalid_api_key`,
+    /// `RESOURCE_EXHAUSTED`, `overloaded_error` ...), when it has one. Never its message: a
+    /// provider's error text may quote a key or the prompt, and it goes nowhere.
+    fn error_code(&self, body: &[u8]) -> Option<String>;
 }
 
 /// One chat message of the chat-style APIs (Ollama, OpenAI).
@@ -80,20 +82,17 @@ pub(crate) fn bearer_headers(call: &CallSpec<'_>) -> Vec<(&'static str, String)>
     call.target.api_key.iter().map(|key| ("authorization", format!("Bearer {}", key.expose()))).collect()
 }
 
-/// `{"error": {"message": ...}}`: the error body shape OpenAI, Gemini and Anthropic share.
-#[derive(serde::Deserialize)]
-struct NestedErrorBody {
-    error: NestedErrorDetail,
+/// The code of a `{"error": {"code" | "type" | "status": ...}}` body (OpenAI, Gemini and
+/// Anthropic share the shape): the first of them that is a short identifier.
+pub(crate) fn nested_error_code(body: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let e = v.get("error")?;
+    ["code", "type", "status"].iter().filter_map(|k| e.get(*k)?.as_str()).find(|c| is_code(c)).map(str::to_owned)
 }
 
-#[derive(serde::Deserialize)]
-struct NestedErrorDetail {
-    message: String,
-}
-
-/// The message of a `{"error": {"message": ...}}` body.
-pub(crate) fn nested_error_message(body: &[u8]) -> Option<String> {
-    serde_json::from_slice::<NestedErrorBody>(body).ok().map(|b| b.error.message)
+/// A short identifier: what an error code looks like, and nothing a secret or a prompt is.
+fn is_code(text: &str) -> bool {
+    (1..=64).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 /// Reads a provider's reply body into its wire type; a mismatch is a `provider_error` that says
@@ -117,9 +116,6 @@ pub struct HttpBackend<C> {
 /// few tens of kilobytes, so 8 MiB leaves room for verbose envelopes and reasoning parts while
 /// keeping a runaway or hostile reply from taking the process's memory.
 pub const DEFAULT_MAX_REPLY_BYTES: usize = 8 * 1024 * 1024;
-
-/// A provider's own error message is cut to this many characters in events and results.
-pub const MAX_ERROR_MESSAGE_CHARS: usize = 500;
 
 /// A `Retry-After` longer than this is read as this (the retry cap applies on top of it).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
@@ -174,17 +170,6 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         Some(Duration::try_from_secs_f64(value * scale).map_or(MAX_RETRY_AFTER, |d| d.min(MAX_RETRY_AFTER)))
     };
     seconds("retry-after-ms", 0.001).or_else(|| seconds("retry-after", 1.0))
-}
-
-/// Cuts a provider's error text to [`MAX_ERROR_MESSAGE_CHARS`], saying so when it did.
-fn bounded_message(text: &str) -> String {
-    let text = text.trim();
-    let total = text.chars().count();
-    if total <= MAX_ERROR_MESSAGE_CHARS {
-        return text.to_owned();
-    }
-    let head: String = text.chars().take(MAX_ERROR_MESSAGE_CHARS).collect();
-    format!("{head}… (cut: {total} characters in all)")
 }
 
 /// Reads a reply body up to `limit` bytes. `Ok(None)` when it is longer: nothing past the
@@ -259,12 +244,10 @@ impl<C: Codec> Llm for HttpBackend<C> {
             let limit = self.max_reply_bytes;
             let body = read_body(&mut response, limit, self.timeout).await?;
             if !(200..300).contains(&status) {
-                // The status decides the class (and so the retry), whatever the body holds.
-                let detail = match &body {
-                    Some(bytes) => bounded_message(&self.codec.error_message(bytes).unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned())),
-                    None => format!("(an error body over the {limit}-byte limit, not read past it)"),
-                };
-                let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}: {detail}"));
+                // The status decides the class (and so the retry); of the body only the provider's
+                // error code is kept (its text may quote a key or the prompt).
+                let code = body.as_deref().and_then(|b| self.codec.error_code(b)).map_or(String::new(), |c| format!(" ({c})"));
+                let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}{code}"));
                 e.retry_after = wait;
                 return Err(e);
             }
@@ -348,11 +331,14 @@ mod tests {
     }
 
     #[test]
-    fn long_error_messages_are_cut_and_say_so() {
-        assert_eq!(bounded_message("  short  "), "short");
-        let cut = bounded_message(&"é".repeat(10_000));
-        assert!(cut.ends_with("… (cut: 10000 characters in all)"), "{cut}");
-        assert_eq!(cut.chars().filter(|c| *c == 'é').count(), MAX_ERROR_MESSAGE_CHARS);
+    fn only_an_error_code_is_kept_from_an_error_body() {
+        assert_eq!(
+            nested_error_code(br#"{"error": {"message": "Incorrect API key sk-abc", "type": "invalid_request_error", "code": "invalid_api_key"}}"#).as_deref(),
+            Some("invalid_api_key")
+        );
+        assert_eq!(nested_error_code(br#"{"error": {"code": 429, "message": "m", "status": "RESOURCE_EXHAUSTED"}}"#).as_deref(), Some("RESOURCE_EXHAUSTED"));
+        assert_eq!(nested_error_code(br#"{"error": {"type": "a type with the key sk-abc in it"}}"#), None);
+        assert_eq!(nested_error_code(b"not json"), None);
     }
 
     proptest! {

@@ -43,11 +43,6 @@ struct ReplyMessage {
     content: String,
 }
 
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: String,
-}
-
 impl Codec for Ollama {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Ollama
@@ -68,7 +63,9 @@ impl Codec for Ollama {
     fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
         let reply: ChatResponse = parse_reply(self.kind(), body)?;
         if let Some(e) = reply.error {
-            return Err(LlmError::new(ReasonClass::ProviderError, format!("ollama: {e}")));
+            // Its text may quote the prompt: say only that it came.
+            let _ = e;
+            return Err(LlmError::new(ReasonClass::ProviderError, "ollama answered with an error instead of a reply"));
         }
         if reply.done_reason.as_deref() == Some("length") {
             return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (done_reason: length)"));
@@ -78,7 +75,8 @@ impl Codec for Ollama {
         Ok((text, usage))
     }
 
-    fn error_message(&self, body: &[u8]) -> Option<String> {
-        serde_json::from_slice::<ErrorBody>(body).ok().map(|b| b.error)
+    fn error_code(&self, _body: &[u8]) -> Option<String> {
+        // Ollama's errors are free text (`{"error": "model 'x' not found"}`): nothing to keep.
+        None
     }
 }

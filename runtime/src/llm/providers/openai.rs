@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, bearer_headers, nested_error_message, parse_reply, retain_keywords, system_user_messages};
+use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, bearer_headers, nested_error_code, parse_reply, retain_keywords, system_user_messages};
 use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
@@ -134,8 +134,8 @@ impl Codec for OpenAi {
         Ok((text, reply.usage.map(|u| Usage { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens })))
     }
 
-    fn error_message(&self, body: &[u8]) -> Option<String> {
-        nested_error_message(body)
+    fn error_code(&self, body: &[u8]) -> Option<String> {
+        nested_error_code(body)
     }
 }
 
