@@ -415,6 +415,30 @@ impl Runtime {
         Ok(RunOutcome { result, unused_script_lines: Vec::new() })
     }
 
+    /// Re-executes a finished run from its journal with no model and no tool call, on this
+    /// runtime's catalogue, and reports every divergence: a prompt, a user message, a result or
+    /// a path that differs from what was recorded, and an end that differs from the stored one.
+    pub async fn replay(&self, run_id: &str) -> Result<crate::exec::ReplayReport, ReplyError> {
+        let store = self.store.as_ref().ok_or(ReplyError::NoStore)?;
+        let run = store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
+        if run.status == StoredStatus::Running {
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
+        }
+        let request: StartRequest =
+            serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
+        let history = store.journal(run_id).await?;
+        let mut report = self.runner.replay(request.run_request(), history).await?;
+        let recorded = run.result.unwrap_or(Value::Null);
+        let now = serde_json::to_value(&report.result).unwrap_or(Value::Null);
+        for key in ["status", "output", "question"] {
+            if recorded.get(key) != now.get(key) {
+                let (was, is) = (recorded.get(key).cloned().unwrap_or(Value::Null), now.get(key).cloned().unwrap_or(Value::Null));
+                report.divergences.push(format!("the run's `{key}` differs: recorded {was}, now {is}"));
+            }
+        }
+        Ok(report)
+    }
+
     /// A run with a goal and nothing else: no events, no cancellation.
     pub async fn run_goal(&self, route_id: &str, goal: Map<String, Value>) -> Result<RunOutcome, StartError> {
         self.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch: Vec::new() }, Arc::new(NullSink), Cancel::never()).await

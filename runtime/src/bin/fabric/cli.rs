@@ -68,6 +68,13 @@ enum Command {
         #[arg(long)]
         no_auth: bool,
     },
+    /// Re-execute a finished run from the store with no model call; report every divergence.
+    Replay {
+        run_id: String,
+        /// The run store [default: FABRIC_DATABASE_URL, else sqlite://fabric.db].
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+    },
     /// Read the run store: list runs, or show one.
     Runs {
         /// The run store [default: FABRIC_DATABASE_URL, else sqlite://fabric.db].
@@ -258,6 +265,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         }
         Command::Serve { listen, no_auth } => crate::serve::serve(&cli, listen.as_deref(), *no_auth).await,
         Command::Runs { store, action } => runs_cmd(store.as_deref(), action).await,
+        Command::Replay { run_id, store } => replay_cmd(&cli, run_id, store.as_deref()).await,
     };
     printed.unwrap_or_else(output_failed)
 }
@@ -374,6 +382,43 @@ pub fn build_runtime(cli: &Cli, settings: Settings, store: Option<Arc<dyn RunSto
         builder = builder.store(store);
     }
     builder.build()
+}
+
+/// `fabric replay`: the run's journal through the current catalogue. The backend is never asked:
+/// a strict replay takes every reply from the journal, or reports that it has none.
+async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Result<ExitCode> {
+    let settings = match settings_or_exit() {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    let url = store.map_or(settings.service.database_url.clone(), str::to_owned);
+    let store = match fabric::store::open(&url).await {
+        Ok(s) => s,
+        Err(e) => return Ok(usage(format_args!("run store: {e}"))),
+    };
+    let runtime = Runtime::builder()
+        .settings(settings)
+        .catalogue_dirs(&cli.catalogue, &cli.prompt_packs)
+        .backend(Arc::new(fabric::llm::stub::StubLlm::default()))
+        .tool("add", fabric::tools::builtin_add())
+        .store(store)
+        .build();
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    let report = match runtime.replay(run_id).await {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    let mut text = String::new();
+    for d in &report.divergences {
+        text.push_str(&format!("divergence: {d}\n"));
+    }
+    let status = serde_json::to_value(report.result.status).unwrap_or_default();
+    text.push_str(&format!("replayed run {run_id}: {} divergence(s); status {}\n", report.divergences.len(), status.as_str().unwrap_or("?")));
+    print_out(&text)?;
+    Ok(if report.divergences.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_FAILED) })
 }
 
 async fn runs_cmd(store: Option<&str>, action: &RunsAction) -> std::io::Result<ExitCode> {
