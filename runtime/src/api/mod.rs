@@ -461,15 +461,8 @@ async fn start_run(
         AcceptError::Store(s) => store_error(s),
         AcceptError::NoStore => store_error("no store"),
     })?;
-    let live = state.inner.live.begin(&run_id);
-    let task_state = state.clone();
-    let (task_live, task_id) = (live.clone(), run_id.clone());
-    tokio::spawn(async move {
-        let _permit = permit;
-        let sink = sink_for(&task_state, &task_live);
-        let outcome = task_state.inner.runtime.execute(task_id.clone(), &req, sink, task_state.inner.cancel.clone()).await;
-        finish(&task_state, &task_live, &task_id, outcome.map(|o| o.result)).await;
-    });
+    let task_id = run_id.clone();
+    let live = run_segment(&state, &run_id, permit, move |runtime, sink, cancel| async move { runtime.execute(task_id, &req, sink, cancel).await });
     if wait.wait {
         return Ok(waited(&state, &live, &run_id).await?.into_response());
     }
@@ -478,6 +471,24 @@ async fn start_run(
         response.headers_mut().insert(header::LOCATION, v);
     }
     Ok(response)
+}
+
+/// Executes a run segment (a start, or a reply's continuation) in the background while holding
+/// its permit; its events go to the live tail and the metrics; its end to [`finish`].
+fn run_segment<F, Fut>(state: &AppState, run_id: &str, permit: tokio::sync::OwnedSemaphorePermit, segment: F) -> Arc<LiveRun>
+where
+    F: FnOnce(Arc<Runtime>, Arc<dyn EventSink>, Cancel) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<crate::runtime::RunOutcome, StartError>> + Send,
+{
+    let live = state.inner.live.begin(run_id);
+    let (task_state, task_live, task_id) = (state.clone(), live.clone(), run_id.to_owned());
+    tokio::spawn(async move {
+        let _permit = permit;
+        let sink = sink_for(&task_state, &task_live);
+        let outcome = segment(task_state.inner.runtime.clone(), sink, task_state.inner.cancel.clone()).await;
+        finish(&task_state, &task_live, &task_id, outcome.map(|o| o.result)).await;
+    });
+    live
 }
 
 /// Ends a live segment with the run's stored view (its record is complete by now).
@@ -605,15 +616,7 @@ async fn reply(
         ReplyError::NoStore => store_error("no store"),
         ReplyError::Start(s) => start_error(s),
     })?;
-    let live = state.inner.live.begin(&run_id);
-    let task_state = state.clone();
-    let (task_live, task_id) = (live.clone(), run_id.clone());
-    tokio::spawn(async move {
-        let _permit = permit;
-        let sink = sink_for(&task_state, &task_live);
-        let outcome = task_state.inner.runtime.continue_run(claimed, sink, task_state.inner.cancel.clone()).await;
-        finish(&task_state, &task_live, &task_id, outcome.map(|o| o.result)).await;
-    });
+    let live = run_segment(&state, &run_id, permit, move |runtime, sink, cancel| async move { runtime.continue_run(claimed, sink, cancel).await });
     if wait.wait {
         return Ok(waited(&state, &live, &run_id).await?.into_response());
     }

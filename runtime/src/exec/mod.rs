@@ -240,6 +240,13 @@ pub struct ReplayReport {
     pub result: RunResult,
 }
 
+impl<'a> Run<'a> {
+    /// A top-level run of `route` (not a child run).
+    fn top(route: &'a Route, req: &'a RunRequest, events: &'a RunEvents, cancel: &'a Cancel, journal: Option<&'a dyn RunJournal>) -> Run<'a> {
+        Run { route, goal: &req.goal, prefetch: &req.prefetch, events, depth: 0, budget: route.max_loop_steps(), cancel, journal }
+    }
+}
+
 impl RunState {
     /// The next journal entry a replay expects, if replaying.
     fn replay_front(&self) -> Option<&JournalEntry> {
@@ -447,16 +454,7 @@ impl Runner {
         if journal.is_some() {
             events = events.recording(1);
         }
-        let run = Run {
-            route: &route,
-            goal: &req.goal,
-            prefetch: &req.prefetch,
-            events: &events,
-            depth: 0,
-            budget: route.max_loop_steps(),
-            cancel: &cancel,
-            journal,
-        };
+        let run = Run::top(&route, &req, &events, &cancel, journal);
         Ok(self.run_route(run, &Context::current(), RunState::default(), None).await)
     }
 
@@ -483,16 +481,7 @@ impl Runner {
         if journal.is_some() {
             state.pending.push(JournalEntry::UserReply { message: cont.reply.clone(), note });
         }
-        let run = Run {
-            route: &route,
-            goal: &req.goal,
-            prefetch: &req.prefetch,
-            events: &events,
-            depth: 0,
-            budget: route.max_loop_steps(),
-            cancel: &cancel,
-            journal,
-        };
+        let run = Run::top(&route, &req, &events, &cancel, journal);
         Ok(self.run_route(run, &Context::current(), state, Some(&cont.reply)).await)
     }
 
@@ -514,16 +503,7 @@ impl Runner {
         let replaying = !history.is_empty();
         events.set_muted(replaying);
         let state = RunState { replay: replaying.then(|| Replay { entries: history.into(), strict: false, divergences: Vec::new() }), ..RunState::default() };
-        let run = Run {
-            route: &route,
-            goal: &req.goal,
-            prefetch: &req.prefetch,
-            events: &events,
-            depth: 0,
-            budget: route.max_loop_steps(),
-            cancel: &cancel,
-            journal,
-        };
+        let run = Run::top(&route, &req, &events, &cancel, journal);
         Ok(self.run_route(run, &Context::current(), state, None).await)
     }
 
@@ -535,16 +515,7 @@ impl Runner {
         let events = RunEvents::new(&new_run_id(), route.id(), None, Arc::new(crate::events::NullSink));
         let state = RunState { replay: Some(Replay { entries: history.into(), strict: true, divergences: Vec::new() }), ..RunState::default() };
         let cancel = Cancel::never();
-        let run = Run {
-            route: &route,
-            goal: &req.goal,
-            prefetch: &req.prefetch,
-            events: &events,
-            depth: 0,
-            budget: route.max_loop_steps(),
-            cancel: &cancel,
-            journal: None,
-        };
+        let run = Run::top(&route, &req, &events, &cancel, None);
         let mut result = self.run_route(run, &Context::current(), state, None).await;
         Ok(ReplayReport { divergences: std::mem::take(&mut result.divergences), result })
     }

@@ -384,17 +384,22 @@ pub fn build_runtime(cli: &Cli, settings: Settings, store: Option<Arc<dyn RunSto
     builder.build()
 }
 
+/// The settings, and the store `--store` names (else `FABRIC_DATABASE_URL`).
+async fn settings_and_store(store: Option<&str>) -> Result<(Settings, Arc<dyn RunStore>), ExitCode> {
+    let settings = settings_or_exit()?;
+    let url = store.map_or(settings.service.database_url.clone(), str::to_owned);
+    match fabric::store::open(&url).await {
+        Ok(s) => Ok((settings, s)),
+        Err(e) => Err(usage(format_args!("run store: {e}"))),
+    }
+}
+
 /// `fabric replay`: the run's journal through the current catalogue. The backend is never asked:
 /// a strict replay takes every reply from the journal, or reports that it has none.
 async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Result<ExitCode> {
-    let settings = match settings_or_exit() {
-        Ok(s) => s,
+    let (settings, store) = match settings_and_store(store).await {
+        Ok(both) => both,
         Err(code) => return Ok(code),
-    };
-    let url = store.map_or(settings.service.database_url.clone(), str::to_owned);
-    let store = match fabric::store::open(&url).await {
-        Ok(s) => s,
-        Err(e) => return Ok(usage(format_args!("run store: {e}"))),
     };
     let runtime = Runtime::builder()
         .settings(settings)
@@ -422,14 +427,9 @@ async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Re
 }
 
 async fn runs_cmd(store: Option<&str>, action: &RunsAction) -> std::io::Result<ExitCode> {
-    let settings = match settings_or_exit() {
-        Ok(s) => s,
+    let (_, store) = match settings_and_store(store).await {
+        Ok(both) => both,
         Err(code) => return Ok(code),
-    };
-    let url = store.map_or(settings.service.database_url.clone(), str::to_owned);
-    let store = match fabric::store::open(&url).await {
-        Ok(s) => s,
-        Err(e) => return Ok(usage(format_args!("run store: {e}"))),
     };
     match action {
         RunsAction::List { route, status, limit } => {
