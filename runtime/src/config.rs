@@ -52,6 +52,7 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_WAIT_MAX_S",
     "FABRIC_LOG",
     "FABRIC_LOG_FORMAT",
+    "FABRIC_RUN_LEASE_S",
 ];
 
 /// The largest `FABRIC_CONFIG` file read; a bigger one (or a special file) is refused.
@@ -107,6 +108,9 @@ pub struct ServiceSettings {
     pub max_runs_in_flight: usize,
     pub shutdown_grace: Duration,
     pub wait_max: Duration,
+    /// `FABRIC_RUN_LEASE_S` (default 30): a process says it still executes its runs every third
+    /// of it; a `running` run not heard of for that long is an orphan.
+    pub run_lease: Duration,
     /// `FABRIC_LOG`: a `tracing` filter (default `info`).
     pub log_filter: String,
     /// `FABRIC_LOG_FORMAT`: `json` lines or `text`.
@@ -323,6 +327,7 @@ impl Settings {
             max_runs_in_flight: whole("FABRIC_MAX_RUNS_IN_FLIGHT", 1024, 1_000_000)? as usize,
             shutdown_grace: Duration::from_secs(whole("FABRIC_SHUTDOWN_GRACE_S", 30, 86_400)?),
             wait_max: Duration::from_secs(whole("FABRIC_WAIT_MAX_S", 60, 86_400)?),
+            run_lease: Duration::from_secs(whole("FABRIC_RUN_LEASE_S", 30, 86_400)?),
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };

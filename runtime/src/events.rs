@@ -368,6 +368,12 @@ macro_rules! fields {
     }};
 }
 
+/// A UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ` (sortable as text).
+pub fn rfc3339_at(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    format!("{}.{:03}Z", civil_seconds(d.as_secs() as i64), d.subsec_millis())
+}
+
 /// Current UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
 pub fn rfc3339_now() -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();

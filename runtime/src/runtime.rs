@@ -398,21 +398,38 @@ impl Runtime {
     pub async fn claim_reply(&self, run_id: &str, message: String) -> Result<ClaimedReply, ReplyError> {
         let store = self.store.as_ref().ok_or(ReplyError::NoStore)?;
         let run = store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
-        if run.status != StoredStatus::AwaitingInput || !store.claim_reply(run_id).await? {
-            let status = if run.status == StoredStatus::AwaitingInput { "running" } else { run.status.as_str() };
-            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status });
+        if run.status != StoredStatus::AwaitingInput {
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: run.status.as_str() });
         }
+        // Everything that could stop the continuation is checked before the run is claimed: a
+        // claimed run that cannot go on would be stuck `running`.
         let request: StartRequest =
             serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
+        self.check_route(&request.route_id)?;
+        if self.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::Pattern1) {
+            return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
+        }
         let history = store.journal(run_id).await?;
+        if !store.claim_reply(run_id).await? {
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
+        }
         Ok(ClaimedReply { request, continuation: Continuation { run_id: run_id.to_owned(), history, next_seq: run.next_seq, reply: message } })
     }
 
     /// Continues a claimed run: the decision loop goes on with the reply as a note.
     pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
         let journal = self.store.as_deref().map(|s| s as &dyn crate::exec::RunJournal);
-        let result = self.runner.resume(claimed.request.run_request(), claimed.continuation, sink, cancel, journal).await?;
-        Ok(RunOutcome { result, unused_script_lines: Vec::new() })
+        let run_id = claimed.continuation.run_id.clone();
+        match self.runner.resume(claimed.request.run_request(), claimed.continuation, sink, cancel, journal).await {
+            Ok(result) => Ok(RunOutcome { result, unused_script_lines: Vec::new() }),
+            Err(e) => {
+                // Not started after all (the catalogue changed since the check): it still waits.
+                if let Some(store) = &self.store {
+                    let _ = store.reopen_reply(&run_id).await;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Re-executes a finished run from its journal with no model and no tool call, on this

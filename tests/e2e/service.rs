@@ -90,6 +90,8 @@ async fn the_router_answers_every_refusal_in_one_shape() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     let (status, _, _) = call(&app, "POST", "/v1/runs", Some(json!({"goal": {}})), true).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "support-triage", "goal": {}})), true).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "the start contract needs model_profile: {body}");
     // Too large: the body, then the goal.
     let (status, _, body) = call(&app, "POST", "/v1/runs", Some(start("support-triage", json!({"t": "x".repeat(5000)}))), true).await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("too_large")));
@@ -131,7 +133,8 @@ async fn the_router_answers_every_refusal_in_one_shape() {
 #[tokio::test]
 async fn past_the_bound_on_runs_in_flight_it_is_429_with_retry_after() {
     let (app, _stub) = app(None, authed(ApiConfig { max_in_flight: 0, ..ApiConfig::default() })).await;
-    let (status, headers, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "support-triage", "goal": {}})), true).await;
+    let (status, headers, body) =
+        call(&app, "POST", "/v1/runs", Some(json!({"route_id": "support-triage", "goal": {}, "model_profile": "default"})), true).await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("too_many_runs")));
     assert_eq!(headers["retry-after"], "1");
 }
@@ -150,7 +153,7 @@ async fn a_broken_route_is_422_with_its_problems() {
         .build()
         .unwrap();
     let app = router(AppState::new(Arc::new(runtime), ApiConfig::default()));
-    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "bad", "goal": {}})), false).await;
+    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "bad", "goal": {}, "model_profile": "default"})), false).await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("broken_route")));
     assert!(body["error"]["problems"][0].as_str().unwrap().contains("r.yaml:2:"), "{body}");
 }
@@ -177,7 +180,8 @@ async fn the_openapi_document_is_generated_kept_in_docs_and_describes_the_respon
         let text = s.to_string().replace("#/components/schemas/", "#/$defs/");
         jsonschema::validator_for(&serde_json::from_str(&text).unwrap()).unwrap()
     };
-    let (_, _, run) = call(&app, "POST", "/v1/runs?wait=true", Some(json!({"route_id": "support-agent", "goal": {"q": 1}})), true).await;
+    let (_, _, run) =
+        call(&app, "POST", "/v1/runs?wait=true", Some(json!({"route_id": "support-agent", "goal": {"q": 1}, "model_profile": "default"})), true).await;
     assert_eq!(run["status"], "awaiting_input", "{run}");
     assert!(schema("RunView").is_valid(&run), "{run}");
     let (_, _, error) = call(&app, "GET", "/v1/runs/nope", None, true).await;
@@ -270,7 +274,8 @@ async fn ask_reply_across_a_restart_with_resumable_events() {
         post(&server, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
     assert_eq!((status, run["status"].as_str()), (200, Some("completed")), "{run}");
     // support-agent asks.
-    let (status, run) = post(&server, "/v1/runs?wait=true", json!({"route_id": "support-agent", "goal": {"question": "refund?"}})).await;
+    let (status, run) =
+        post(&server, "/v1/runs?wait=true", json!({"route_id": "support-agent", "goal": {"question": "refund?"}, "model_profile": "default"})).await;
     assert_eq!((status, run["status"].as_str(), run["question"].as_str()), (200, Some("awaiting_input"), Some("Which order number?")), "{run}");
     let id = run["run_id"].as_str().unwrap().to_owned();
     let before = sse(&server, &id, None).await;
@@ -339,7 +344,7 @@ async fn a_graceful_shutdown_interrupts_what_outlives_the_grace_and_records_it()
     let db = dir.path().join("fabric.db");
     let stub = asking_stub();
     let server = Server::start(&db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "20000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
-    let (status, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}})).await;
+    let (status, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}, "model_profile": "default"})).await;
     assert_eq!(status, 201, "{run}");
     let id = run["run_id"].as_str().unwrap().to_owned();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -372,4 +377,69 @@ fn without_a_token_the_server_refuses_to_start_unless_told_and_then_only_on_loop
     let o = run(&["serve", "--no-auth", "--listen", "0.0.0.0:0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("loopback"));
+}
+
+async fn get(s: &Server, path: &str) -> Value {
+    client().get(format!("{}{path}", s.url)).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_reply_the_runtime_cannot_continue_leaves_the_run_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fabric.db");
+    let stub = asking_stub();
+    let server = Server::start(&db, stub.path(), &[]);
+    let (_, run) = post(&server, "/v1/runs?wait=true", json!({"route_id": "support-agent", "goal": {"q": 1}, "model_profile": "default"})).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    drop(server);
+    // The next process serves another fleet: the reply is refused, and the run still waits.
+    let server = Server::start(&db, stub.path(), &[("FABRIC_FLEET", "agent-runtime-custom")]);
+    let (status, body) = post(&server, &format!("/v1/runs/{id}/reply"), json!({"message": "order 42"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("wrong_fleet")), "{body}");
+    assert_eq!(get(&server, &format!("/v1/runs/{id}")).await["status"], "awaiting_input");
+    drop(server);
+    let server = Server::start(&db, stub.path(), &[]);
+    let (status, done) = post(&server, &format!("/v1/runs/{id}/reply?wait=true"), json!({"message": "order 42"})).await;
+    assert_eq!((status, done["status"].as_str()), (200, Some("completed")), "{done}");
+}
+
+#[tokio::test]
+async fn a_run_whose_process_died_is_failed_with_its_progress_and_a_last_event_and_a_live_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fabric.db");
+    let stub = asking_stub();
+    let lease = [("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_LLM_STUB_LATENCY_MS", "700")];
+    let mut server = Server::start(&db, stub.path(), &lease);
+    let (_, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"t": 1}, "model_profile": "default"})).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    // Another process on the same store, with a live run of its own that outlasts the lease.
+    let other = Server::start(&db, stub.path(), &[("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_LLM_STUB_LATENCY_MS", "1000")]);
+    let (_, live) = post(&other, "/v1/runs", json!({"route_id": "support-triage", "goal": {"t": 2}, "model_profile": "default"})).await;
+    let mut view = Value::Null;
+    for _ in 0..300 {
+        view = get(&other, &format!("/v1/runs/{id}")).await;
+        if view["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!((view["status"].as_str(), view["error"]["reason_class"].as_str()), (Some("failed"), Some("interrupted")), "{view}");
+    assert!(view["slots"].get("intake").is_some(), "what the journal holds is kept: {view}");
+    let events = sse(&other, &id, None).await;
+    assert_eq!(events.last().unwrap().1, "run.failed");
+    assert!(events.windows(2).all(|w| w[1].0 == w[0].0 + 1), "no gap before the last event");
+    // The other process's run was heard of all along: it completes.
+    let live_id = live["run_id"].as_str().unwrap();
+    let mut live_view = Value::Null;
+    for _ in 0..300 {
+        live_view = get(&other, &format!("/v1/runs/{live_id}")).await;
+        if live_view["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(live_view["status"], "completed", "{live_view}");
 }

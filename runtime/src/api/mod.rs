@@ -90,6 +90,11 @@ impl AppState {
         AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, shutdown, cancel }) }
     }
 
+    /// The ids of the runs this process executes now (for the store's heartbeat).
+    pub fn live_run_ids(&self) -> Vec<String> {
+        self.inner.live.ids()
+    }
+
     /// Runs executing now.
     pub fn runs_in_flight(&self) -> usize {
         self.inner.config.max_in_flight - self.inner.in_flight.available_permits()
@@ -187,8 +192,7 @@ pub struct StartBody {
     #[schema(value_type = Object)]
     pub goal: Value,
     /// A model profile of the catalogue; recorded with the run (the route's profile chooses the model).
-    #[serde(default)]
-    pub model_profile: Option<String>,
+    pub model_profile: String,
     /// Prefetched chunks every model call of the run sees.
     #[serde(default)]
     pub prefetch: Option<Vec<String>>,
@@ -345,7 +349,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(token) = &state.inner.config.token {
-        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        // Exactly one `Authorization` header, scheme `Bearer` in any case (RFC 7235).
+        let mut headers = request.headers().get_all(header::AUTHORIZATION).iter();
+        let given = match (headers.next(), headers.next()) {
+            (Some(v), None) => v.to_str().ok().and_then(|v| v.split_once(' ')).filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, t)| t),
+            _ => None,
+        };
         if !given.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), token.as_bytes())) {
             let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid `Authorization: Bearer <token>` header is required").into_response();
             e.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -426,7 +435,10 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         (status = 409, description = "The route is served by another fleet", body = ErrorBody),
         (status = 413, description = "Body or goal too large", body = ErrorBody),
         (status = 422, description = "Invalid body, a goal that is not an object, or a broken route", body = ErrorBody),
-        (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody)),
+        (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
+        (status = 400, description = "A query string that does not parse", body = ErrorBody),
+        (status = 401, description = "No valid bearer token", body = ErrorBody),
+        (status = 503, description = "The run store is unavailable, or the request took too long", body = ErrorBody)),
     security(("bearer" = [])))]
 async fn start_run(
     State(state): State<AppState>,
@@ -450,7 +462,7 @@ async fn start_run(
     let req = StartRequest {
         route_id: body.route_id,
         goal,
-        model_profile: body.model_profile,
+        model_profile: Some(body.model_profile),
         prefetch: body.prefetch.unwrap_or_default(),
         session_id: body.session_id,
     };
@@ -512,13 +524,13 @@ async fn waited(state: &AppState, live: &LiveRun, run_id: &str) -> Result<Json<R
 
 /// A run: the result object once it ended or asked.
 #[utoipa::path(get, path = "/v1/runs/{run_id}", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 200, body = RunView), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
+    responses((status = 200, body = RunView), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
 async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Json<RunView>, ApiError> {
     view(&state, &run_id).await.map(Json)
 }
 
 /// Runs, newest first, paged.
-#[utoipa::path(get, path = "/v1/runs", params(ListParams), responses((status = 200, body = RunPage), (status = 422, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/runs", params(ListParams), responses((status = 200, body = RunPage), (status = 400, description = "A query string that does not parse", body = ErrorBody), (status = 422, description = "An unknown status", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
 async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, QueryRejection>) -> Result<Json<RunPage>, ApiError> {
     let p = query(p)?;
     let status = match p.status.as_deref() {
@@ -545,14 +557,21 @@ async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, Q
 /// A run's events as Server-Sent Events: from the start, or after `Last-Event-ID`; live until
 /// the run ends or asks. Each event's id is its `seq`.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = "The run id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
-    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 404, body = ErrorBody)),
+    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 400, description = "A `Last-Event-ID` that is not a seq", body = ErrorBody), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn run_events(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let after: u64 = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    let after: u64 = match headers.get("last-event-id") {
+        None => 0,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "`Last-Event-ID` must be the `seq` of an event (a whole number)"))?,
+    };
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
     // The live segment first, then the record: an event is in one or the other (a segment
     // leaves the registry only after its last commit).
@@ -595,7 +614,7 @@ async fn run_events(
 /// Continues a run that asked: the reply becomes a note the next decision sees.
 #[utoipa::path(post, path = "/v1/runs/{run_id}/reply", request_body = ReplyBody, params(("run_id" = String, Path, description = "The run id"), WaitParam),
     responses((status = 202, body = Accepted), (status = 200, description = "With `wait=true`", body = RunView), (status = 404, body = ErrorBody),
-        (status = 409, description = "The run is not awaiting the user", body = ErrorBody), (status = 429, body = ErrorBody)),
+        (status = 409, description = "The run is not awaiting the user, or its route is now served by another fleet", body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, description = "An invalid body, or the run's route cannot run now", body = ErrorBody), (status = 429, body = ErrorBody), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn reply(
     State(state): State<AppState>,
@@ -624,7 +643,7 @@ async fn reply(
 }
 
 /// The routes of the catalogue.
-#[utoipa::path(get, path = "/v1/routes", responses((status = 200, body = [RouteInfo])), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/routes", responses((status = 200, body = [RouteInfo]), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn list_routes(State(state): State<AppState>) -> Json<Vec<RouteInfo>> {
     let runtime = &state.inner.runtime;
     let routes = runtime
@@ -661,13 +680,13 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 }
 
 /// Prometheus metrics.
-#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain")), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn metrics(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.inner.metrics.render()).into_response()
 }
 
 /// This document.
-#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "The OpenAPI 3.1 document")), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "The OpenAPI 3.1 document"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn openapi_json() -> Json<Value> {
     Json(openapi::document())
 }

@@ -240,6 +240,24 @@ pub struct ReplayReport {
     pub result: RunResult,
 }
 
+/// The result of a run that stopped without its process: what its journal holds (slots, notes,
+/// the last output), failed with `class` and `message`.
+pub fn result_from_journal(run_id: &str, route_id: &str, history: &[JournalEntry], class: ReasonClass, message: &str) -> RunResult {
+    let state = RunState::from_history("", history);
+    RunResult {
+        run_id: run_id.to_owned(),
+        route_id: route_id.to_owned(),
+        status: RunStatus::Failed,
+        output: None,
+        slots: state.slots,
+        notes: state.notes,
+        question: None,
+        error: Some(RunFailure { reason_class: class, message: message.to_owned(), stage_id: None }),
+        llm_calls: Vec::new(),
+        divergences: Vec::new(),
+    }
+}
+
 impl<'a> Run<'a> {
     /// A top-level run of `route` (not a child run).
     fn top(route: &'a Route, req: &'a RunRequest, events: &'a RunEvents, cancel: &'a Cancel, journal: Option<&'a dyn RunJournal>) -> Run<'a> {

@@ -105,9 +105,14 @@ pub trait RunStore: RunJournal + std::fmt::Debug {
     fn events_after<'a>(&'a self, run_id: &'a str, after_seq: u64) -> BoxFuture<'a, Result<Vec<StoredEvent>, StoreError>>;
     fn journal<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<JournalEntry>, StoreError>>;
     fn claim_reply<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
-    /// Runs left `running` by a process that is gone (a crash): marked failed, `interrupted`.
-    /// Returns how many.
-    fn fail_orphans<'a>(&'a self) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// Puts a claimed reply back (`running` → `awaiting_input`) when the run could not go on.
+    fn reopen_reply<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Says that this process still executes these runs (every third of the lease).
+    fn heartbeat<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Runs left `running` by a process that is gone (no heartbeat for `silent_for`, the lease):
+    /// each fails with `interrupted`, with a `run.failed` event after its last one and a result
+    /// that keeps what its journal holds. Returns how many.
+    fn fail_orphans<'a>(&'a self, silent_for: std::time::Duration) -> BoxFuture<'a, Result<u64, StoreError>>;
     /// Whether the database answers (`/readyz`).
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }

@@ -341,14 +341,79 @@ impl RunStore for SqliteStore {
         })
     }
 
-    fn fail_orphans<'a>(&'a self) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn reopen_reply<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let done = sqlx::query("UPDATE runs SET status = 'failed', reason_class = 'interrupted', updated_at = ? WHERE status = 'running'")
+            sqlx::query("UPDATE runs SET status = 'awaiting_input', updated_at = ? WHERE run_id = ? AND status = 'running'")
                 .bind(now())
+                .bind(run_id)
                 .execute(&self.pool)
                 .await
                 .map_err(db)?;
-            Ok(done.rows_affected())
+            Ok(())
+        })
+    }
+
+    fn heartbeat<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let at = now();
+            for chunk in run_ids.chunks(ROWS_PER_INSERT) {
+                let marks = vec!["?"; chunk.len()].join(", ");
+                let sql = sqlx::AssertSqlSafe(format!("UPDATE runs SET updated_at = ? WHERE status = 'running' AND run_id IN ({marks})"));
+                let mut q = sqlx::query(sql).bind(&at);
+                for id in chunk {
+                    q = q.bind(id);
+                }
+                q.execute(&self.pool).await.map_err(db)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn fail_orphans<'a>(&'a self, silent_for: std::time::Duration) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let cutoff = crate::events::rfc3339_at(std::time::SystemTime::now() - silent_for);
+            let sql = sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs WHERE status = 'running' AND updated_at < ?"));
+            let rows = sqlx::query(sql).bind(cutoff).fetch_all(&self.pool).await.map_err(db)?;
+            let mut failed = 0;
+            for row in &rows {
+                let run = run_of(row)?;
+                let history = self.journal(&run.run_id).await?;
+                let message = "the process executing the run stopped (no heartbeat)";
+                let result = crate::exec::result_from_journal(&run.run_id, &run.route_id, &history, crate::failure::ReasonClass::Interrupted, message);
+                let mut tx = self.pool.begin().await.map_err(db)?;
+                // The events table, not `next_seq`, says what was written: appends and the run row
+                // are separate writes, and a process can die between them.
+                let seq: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq) + 1, 0) FROM run_events WHERE run_id = ?")
+                    .bind(&run.run_id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let event = serde_json::json!({"type": "run.failed", "run_id": run.run_id, "route_id": run.route_id, "seq": seq, "ts": now(), "reason_class": "interrupted", "message": message});
+                // Only if nobody touched it meanwhile: a live process's heartbeat wins.
+                let done = sqlx::query(
+                    "UPDATE runs SET status = 'failed', reason_class = 'interrupted', result = ?, next_seq = ?, updated_at = ? WHERE run_id = ? AND status = 'running' AND updated_at = ?",
+                )
+                .bind(serde_json::to_string(&result).unwrap_or_default())
+                .bind(seq + 1)
+                .bind(now())
+                .bind(&run.run_id)
+                .bind(&run.updated_at)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+                if done.rows_affected() == 1 {
+                    sqlx::query("INSERT INTO run_events (run_id, seq, kind, body) VALUES (?, ?, 'run.failed', ?)")
+                        .bind(&run.run_id)
+                        .bind(seq)
+                        .bind(event.to_string())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    failed += 1;
+                }
+                tx.commit().await.map_err(db)?;
+            }
+            Ok(failed)
         })
     }
 

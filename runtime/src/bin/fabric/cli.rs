@@ -570,7 +570,20 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
             Ok(id) => id,
             Err(e) => return Ok(usage(e)),
         };
-        runtime.execute(run_id, &req, sink, cancel).await
+        // Say the run is alive, so a service on the same store does not take it for an orphan.
+        let beat = runtime.store().cloned().map(|store| {
+            let (ids, every) = (vec![run_id.clone()], runtime.settings().service.run_lease / 3);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    let _ = store.heartbeat(&ids).await;
+                }
+            })
+        });
+        let outcome = runtime.execute(run_id, &req, sink, cancel).await;
+        beat.inspect(|b| b.abort());
+        outcome
     } else {
         runtime.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await
     };

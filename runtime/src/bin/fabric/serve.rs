@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fabric::api::{ApiConfig, AppState, router};
 use fabric::config::Settings;
@@ -36,10 +37,16 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
             "FABRIC_API_TOKEN is not set: every endpoint but /healthz and /readyz needs a bearer token (or start with --no-auth, loopback only)".into(),
         );
     }
+    if token.is_some() && no_auth {
+        return fail("--no-auth and FABRIC_API_TOKEN contradict each other: unset the token, or drop --no-auth".into());
+    }
     let default_listen = if no_auth { "127.0.0.1:8080" } else { "0.0.0.0:8080" };
-    let addr: SocketAddr = match listen.unwrap_or(default_listen).parse() {
-        Ok(a) => a,
-        Err(e) => return fail(format!("--listen: {e}")),
+    let listen = listen.unwrap_or(default_listen);
+    // A host name (`localhost:8080`) is resolved; the first address is used.
+    let addr: SocketAddr = match tokio::net::lookup_host(listen).await.map(|mut a| a.next()) {
+        Ok(Some(a)) => a,
+        Ok(None) => return fail(format!("--listen {listen}: no address")),
+        Err(e) => return fail(format!("--listen {listen}: {e}")),
     };
     if token.is_none() && !addr.ip().is_loopback() {
         return fail(format!("--no-auth serves loopback addresses only; {addr} is not one"));
@@ -48,11 +55,11 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         Ok(s) => s,
         Err(e) => return fail(format!("run store {}: {e}", fabric::redact::redact_url(&settings.service.database_url))),
     };
-    match store.fail_orphans().await {
-        Ok(0) => {}
-        Ok(n) => tracing::warn!(runs = n, "runs left running by a process that stopped are marked failed (interrupted)"),
-        Err(e) => return fail(format!("run store: {e}")),
+    let lease = settings.service.run_lease;
+    if let Err(e) = store.fail_orphans(lease).await {
+        return fail(format!("run store: {e}"));
     }
+    let heartbeat_store = store.clone();
     let config = ApiConfig { token, max_in_flight: settings.service.max_runs_in_flight, wait_max: settings.service.wait_max, ..ApiConfig::default() };
     let grace = settings.service.shutdown_grace;
     let runtime = match build_runtime(cli, settings, Some(store)) {
@@ -64,6 +71,23 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     }
     let ready = runtime.catalogue().routes().filter(|r| matches!(r, fabric::catalogue::RouteEntry::Ready(_))).count();
     let state = AppState::new(runtime, config);
+    // Every third of the lease: say which runs this process executes, and fail the runs of
+    // processes that stopped saying so.
+    let beating = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(lease / 3);
+        loop {
+            tick.tick().await;
+            if let Err(e) = heartbeat_store.heartbeat(&beating.live_run_ids()).await {
+                tracing::error!(error = %e, "run store heartbeat");
+            }
+            match heartbeat_store.fail_orphans(lease).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(runs = n, "runs whose process stopped are marked failed (interrupted)"),
+                Err(e) => tracing::error!(error = %e, "run store"),
+            }
+        }
+    });
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
@@ -78,9 +102,11 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         out.flush()?;
     }
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel();
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
     let shutdown = async move {
         let signal = wait_for_signal().await;
+        let _ = stopping_tx.send(());
         tracing::info!(signal, "shutting down: no new requests; running runs get up to the grace period");
         tokio::spawn(async move {
             let interrupted = drain_state.drain(grace).await;
@@ -90,10 +116,25 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
             let _ = drained_tx.send(());
         });
     };
-    if let Err(e) = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await {
-        tracing::error!(error = %e, "server");
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown);
+    // A client that never finishes its request must not keep a stopping server alive: past the
+    // grace period and the interrupted runs' last commits, the server stops regardless.
+    let deadline = async move {
+        if stopping_rx.await.is_ok() {
+            tokio::time::sleep(grace + Duration::from_secs(15)).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        r = server => {
+            if let Err(e) = r {
+                tracing::error!(error = %e, "server");
+            }
+        }
+        _ = deadline => tracing::warn!("connections still open at the shutdown deadline were closed"),
     }
-    let _ = drained_rx.await;
+    let _ = tokio::time::timeout(Duration::from_secs(15), drained_rx).await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }
