@@ -200,6 +200,19 @@ struct Server {
     url: String,
 }
 
+/// The run once it is no longer `running` (or as it stands after 30 s).
+async fn settled(server: &Server, id: &str) -> Value {
+    let mut view = Value::Null;
+    for _ in 0..300 {
+        view = get(server, &format!("/v1/runs/{id}")).await;
+        if view["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    view
+}
+
 impl Server {
     fn start(db: &std::path::Path, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
@@ -418,14 +431,7 @@ async fn a_run_whose_process_died_is_failed_with_its_progress_and_a_last_event_a
     // Another process on the same store, with a live run of its own that outlasts the lease.
     let other = Server::start(&db, stub.path(), &[("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_LLM_STUB_LATENCY_MS", "1000")]);
     let (_, live) = post(&other, "/v1/runs", json!({"route_id": "support-triage", "goal": {"t": 2}, "model_profile": "default"})).await;
-    let mut view = Value::Null;
-    for _ in 0..300 {
-        view = get(&other, &format!("/v1/runs/{id}")).await;
-        if view["status"] != "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let view = settled(&other, &id).await;
     assert_eq!((view["status"].as_str(), view["error"]["reason_class"].as_str()), (Some("failed"), Some("interrupted")), "{view}");
     assert!(view["slots"].get("intake").is_some(), "what the journal holds is kept: {view}");
     let events = sse(&other, &id, None).await;
@@ -433,13 +439,6 @@ async fn a_run_whose_process_died_is_failed_with_its_progress_and_a_last_event_a
     assert!(events.windows(2).all(|w| w[1].0 == w[0].0 + 1), "no gap before the last event");
     // The other process's run was heard of all along: it completes.
     let live_id = live["run_id"].as_str().unwrap();
-    let mut live_view = Value::Null;
-    for _ in 0..300 {
-        live_view = get(&other, &format!("/v1/runs/{live_id}")).await;
-        if live_view["status"] != "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let live_view = settled(&other, live_id).await;
     assert_eq!(live_view["status"], "completed", "{live_view}");
 }
