@@ -24,11 +24,8 @@ fn asking_stub() -> tempfile::TempDir {
     for f in ["support-triage.yaml", "ticket-router.yaml", "refund-review.yaml"] {
         std::fs::copy(repo().join("stub").join(f), dir.path().join(f)).unwrap();
     }
-    std::fs::write(
-        dir.path().join("support-agent.yaml"),
-        "stages:\n  decide:\n    - 'ASK Which order number?'\n    - 'CALL add {\"a\":2,\"b\":3}'\n    - 'DONE Order 42 is refunded.'\n",
-    )
-    .unwrap();
+    // The script the README's service example uses.
+    std::fs::copy(repo().join("examples/stub-asking/support-agent.yaml"), dir.path().join("support-agent.yaml")).unwrap();
     dir
 }
 
