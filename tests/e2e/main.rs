@@ -11,5 +11,6 @@ mod parity;
 mod providers;
 mod run;
 mod service;
+mod store;
 mod support;
 mod telemetry;

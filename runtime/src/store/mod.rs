@@ -6,6 +6,8 @@
 //! completed stage and once at its end. SQL and its row types stay inside the implementations.
 //! Schema versions are numbered; a store refuses a database whose schema is newer than it knows.
 
+pub mod postgres;
+mod queue;
 pub mod sqlite;
 
 use std::sync::Arc;
@@ -117,16 +119,41 @@ pub trait RunStore: RunJournal + std::fmt::Debug {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
-/// Opens the store a URL names: `sqlite://PATH` (created when missing) or `sqlite::memory:`.
+/// Opens the store a URL names: `sqlite://PATH` (created when missing), `sqlite::memory:`, or
+/// `postgres://USER:PASSWORD@HOST[:PORT]/DB` (the database must exist; its tables are created).
 pub async fn open(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
     let url = url.trim();
     if url.starts_with("sqlite:") {
         return Ok(Arc::new(sqlite::SqliteStore::open(url).await?));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Err(StoreError::Url("PostgreSQL stores are not available in this build yet; use sqlite://PATH".into()));
+        return Ok(Arc::new(postgres::PgStore::open(url).await?));
     }
-    Err(StoreError::Url(format!("`{}` is not a store URL; use sqlite://PATH", crate::redact::redact_url(url))))
+    Err(StoreError::Url(format!("`{}` is not a store URL; use sqlite://PATH or postgres://…", crate::redact::redact_url(url))))
+}
+
+/// What failing a run whose process is gone writes: a result that keeps what its journal holds,
+/// and a last `run.failed` event.
+pub(crate) struct Orphan<'a> {
+    run: &'a StoredRun,
+    pub result: String,
+}
+
+impl<'a> Orphan<'a> {
+    const MESSAGE: &'static str = "the process executing the run stopped (no heartbeat)";
+
+    pub fn of(run: &'a StoredRun, history: &[JournalEntry]) -> Orphan<'a> {
+        let class = crate::failure::ReasonClass::Interrupted;
+        let result = crate::exec::result_from_journal(&run.run_id, &run.route_id, history, class, Self::MESSAGE);
+        Orphan { run, result: serde_json::to_string(&result).unwrap_or_default() }
+    }
+
+    /// The `run.failed` event, numbered `seq`.
+    pub fn event(&self, seq: i64) -> String {
+        let (run_id, route_id, ts) = (&self.run.run_id, &self.run.route_id, now());
+        serde_json::json!({"type": "run.failed", "run_id": run_id, "route_id": route_id, "seq": seq, "ts": ts, "reason_class": "interrupted", "message": Self::MESSAGE})
+            .to_string()
+    }
 }
 
 /// The time now, as stored (`YYYY-MM-DDTHH:MM:SS.mmmZ`, sortable as text).

@@ -1,41 +1,23 @@
-//! The embedded SQLite run store (sqlx): WAL, a busy timeout, one writer task that commits what
-//! arrives together in one transaction (group commit), readers on a small pool.
+//! The embedded SQLite run store (sqlx): WAL, a busy timeout, the shared writer task
+//! ([`super::queue`]: group commit), readers on a small pool.
 //!
 //! `synchronous=NORMAL` with WAL survives a crash of the process (every commit is in the log)
 //! but not of the machine's power; `docs/operations.md` says so.
 
-use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use tokio::sync::{mpsc, oneshot};
 
+use super::queue::{RUN_COLUMNS, Rows, Write, WriteQueue, WriteRows, db, rows_sql, run_of};
 use super::{RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
-use crate::exec::{JournalBatch, JournalEntry, RunJournal, RunStatus};
+use crate::exec::{JournalBatch, JournalEntry, RunJournal};
 use crate::failure::BoxFuture;
 
 /// The schema versions this binary knows, in order: (version, SQL).
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/sqlite/0001_runs.sql"))];
-
-/// Commits waiting for the writer; more than this waiting means the disk cannot keep up.
-const WRITE_QUEUE: usize = 4096;
-
-fn db(e: sqlx::Error) -> StoreError {
-    StoreError::Database(e.to_string())
-}
-
-/// What the writer does: a new run's row, or a run's commit.
-enum Write {
-    Create { run_id: String, route_id: String, request: String },
-    Commit { run_id: String, batch: Box<JournalBatch> },
-}
-
-/// A job, and who waits for it (appends are not waited for).
-type Commit = (Write, Option<oneshot::Sender<Result<(), StoreError>>>);
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).
 const ROWS_PER_INSERT: usize = 500;
@@ -43,9 +25,7 @@ const ROWS_PER_INSERT: usize = 500;
 #[derive(Debug)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    writes: mpsc::Sender<Commit>,
-    /// Runs one of whose queued writes failed: their next append or commit says so.
-    failed: Arc<Mutex<HashMap<String, String>>>,
+    queue: WriteQueue,
 }
 
 impl SqliteStore {
@@ -62,20 +42,8 @@ impl SqliteStore {
         let max = if url.contains(":memory:") { 1 } else { 4 };
         let pool = SqlitePoolOptions::new().max_connections(max).connect_with(options).await.map_err(db)?;
         migrate(&pool).await?;
-        let (writes, queue) = mpsc::channel(WRITE_QUEUE);
-        let failed = Arc::new(Mutex::new(HashMap::new()));
-        tokio::spawn(writer(pool.clone(), queue, failed.clone()));
-        Ok(SqliteStore { pool, writes, failed })
-    }
-}
-
-impl SqliteStore {
-    /// Hands a job to the writer and waits until its transaction committed.
-    async fn write(&self, job: Write) -> Result<(), StoreError> {
-        let (ack, done) = oneshot::channel();
-        let stopped = || StoreError::Database("the store's writer has stopped".into());
-        self.writes.send((job, Some(ack))).await.map_err(|_| stopped())?;
-        done.await.map_err(|_| stopped())?
+        let queue = WriteQueue::start(Writer(pool.clone()));
+        Ok(SqliteStore { pool, queue })
     }
 }
 
@@ -95,180 +63,72 @@ async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Takes commits as they come and writes every one waiting in one transaction: at many
-/// concurrent runs one fsync serves many stages.
-async fn writer(pool: SqlitePool, mut queue: mpsc::Receiver<Commit>, failed: Arc<Mutex<HashMap<String, String>>>) {
-    let mut batch: Vec<Commit> = Vec::new();
-    while let Some(first) = queue.recv().await {
-        batch.push(first);
-        while batch.len() < 256 {
-            match queue.try_recv() {
-                Ok(c) => batch.push(c),
-                Err(_) => break,
-            }
-        }
-        let result = write_all(&pool, &batch).await;
-        if let Err(e) = &result {
-            let mut failed = failed.lock().unwrap_or_else(|p| p.into_inner());
-            for (job, _) in &batch {
-                let (Write::Create { run_id, .. } | Write::Commit { run_id, .. }) = job;
-                failed.insert(run_id.clone(), e.to_string());
-            }
-        }
-        for (job, ack) in batch.drain(..) {
-            if let Some(ack) = ack {
-                let _ = ack.send(result.clone());
-            }
-            // A run's last commit settles it: forget an earlier failure.
-            if let Write::Commit { run_id, batch } = job
-                && batch.end.is_some()
-            {
-                failed.lock().unwrap_or_else(|p| p.into_inner()).remove(&run_id);
-            }
-        }
-    }
-}
+/// The writer task's side of the pool.
+struct Writer(SqlitePool);
 
-/// Writes every waiting job in one transaction, with as few statements as the rows allow: one
-/// multi-row INSERT per table (per 500 rows), one UPDATE per run.
-async fn write_all(pool: &SqlitePool, batch: &[Commit]) -> Result<(), StoreError> {
-    let at = now();
-    let mut tx = pool.begin().await.map_err(db)?;
-    let creates: Vec<(&str, &str, &str)> = batch
-        .iter()
-        .filter_map(|(w, _)| match w {
-            Write::Create { run_id, route_id, request } => Some((run_id.as_str(), route_id.as_str(), request.as_str())),
-            Write::Commit { .. } => None,
+impl WriteRows for Writer {
+    /// One multi-row INSERT per table (per 500 rows), one UPDATE per run that ended.
+    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let at = &rows.at;
+            let mut tx = self.0.begin().await.map_err(db)?;
+            for chunk in rows.creates.chunks(ROWS_PER_INSERT) {
+                let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at) VALUES ";
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "'running'", 5, chunk.len(), false)));
+                for (run_id, route_id, request) in chunk {
+                    q = q.bind(*run_id).bind(*route_id).bind(*request).bind(at).bind(at);
+                }
+                q.execute(&mut *tx).await.map_err(db)?;
+            }
+            for chunk in rows.events.chunks(ROWS_PER_INSERT) {
+                let head = "INSERT INTO run_events (run_id, seq, kind, body) VALUES ";
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "", 4, chunk.len(), false)));
+                for (run_id, seq, kind, body) in chunk {
+                    q = q.bind(*run_id).bind(*seq).bind(*kind).bind(body.as_str());
+                }
+                q.execute(&mut *tx).await.map_err(db)?;
+            }
+            for chunk in rows.entries.chunks(ROWS_PER_INSERT) {
+                let head = "INSERT INTO run_journal (run_id, entry) VALUES ";
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "", 2, chunk.len(), false)));
+                for (run_id, entry) in chunk {
+                    q = q.bind(*run_id).bind(entry.as_str());
+                }
+                q.execute(&mut *tx).await.map_err(db)?;
+            }
+            for end in &rows.ends {
+                sqlx::query(
+                    "UPDATE runs SET status = ?, result = ?, reason_class = ?, question = ?, next_seq = COALESCE(?, next_seq), updated_at = ? WHERE run_id = ?",
+                )
+                .bind(end.status.as_str())
+                .bind(&end.result)
+                .bind(end.reason_class)
+                .bind(end.question)
+                .bind(end.next_seq)
+                .bind(at)
+                .bind(end.run_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+            }
+            tx.commit().await.map_err(db)
         })
-        .collect();
-    for chunk in creates.chunks(ROWS_PER_INSERT) {
-        let sql = rows_sql("INSERT INTO runs (run_id, route_id, status, request, created_at, updated_at) VALUES ", "(?, ?, 'running', ?, ?, ?)", chunk.len());
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (run_id, route_id, request) in chunk {
-            q = q.bind(*run_id).bind(*route_id).bind(*request).bind(&at).bind(&at);
-        }
-        q.execute(&mut *tx).await.map_err(db)?;
     }
-    let commits: Vec<(&str, &JournalBatch)> = batch
-        .iter()
-        .filter_map(|(w, _)| match w {
-            Write::Commit { run_id, batch } => Some((run_id.as_str(), batch.as_ref())),
-            Write::Create { .. } => None,
-        })
-        .collect();
-    let mut events = Vec::new();
-    for (run_id, b) in &commits {
-        for e in &b.events {
-            let mut body = Vec::with_capacity(256);
-            e.write_json_line(&mut body);
-            body.pop();
-            events.push((*run_id, e.seq as i64, e.kind.as_str(), String::from_utf8(body).unwrap_or_default()));
-        }
-    }
-    for chunk in events.chunks(ROWS_PER_INSERT) {
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql("INSERT INTO run_events (run_id, seq, kind, body) VALUES ", "(?, ?, ?, ?)", chunk.len())));
-        for (run_id, seq, kind, body) in chunk {
-            q = q.bind(*run_id).bind(*seq).bind(*kind).bind(body.as_str());
-        }
-        q.execute(&mut *tx).await.map_err(db)?;
-    }
-    let entries: Vec<(&str, String)> =
-        commits.iter().flat_map(|(run_id, b)| b.entries.iter().map(move |e| (*run_id, serde_json::to_string(e).unwrap_or_default()))).collect();
-    for chunk in entries.chunks(ROWS_PER_INSERT) {
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql("INSERT INTO run_journal (run_id, entry) VALUES ", "(?, ?)", chunk.len())));
-        for (run_id, entry) in chunk {
-            q = q.bind(*run_id).bind(entry.as_str());
-        }
-        q.execute(&mut *tx).await.map_err(db)?;
-    }
-    for (run_id, b) in &commits {
-        let next_seq = b.events.last().map(|e| e.seq as i64 + 1);
-        // Between stages only the next `seq` changes, and the events' rows already say it.
-        if let Some(result) = &b.end {
-            let status = match result.status {
-                RunStatus::Completed => StoredStatus::Completed,
-                RunStatus::Failed => StoredStatus::Failed,
-                RunStatus::AwaitingInput => StoredStatus::AwaitingInput,
-            };
-            let text = serde_json::to_string(result).unwrap_or_default();
-            let class = result.error.as_ref().map(|e| e.reason_class.as_str());
-            sqlx::query(
-                "UPDATE runs SET status = ?, result = ?, reason_class = ?, question = ?, next_seq = COALESCE(?, next_seq), updated_at = ? WHERE run_id = ?",
-            )
-            .bind(status.as_str())
-            .bind(text)
-            .bind(class)
-            .bind(result.question.as_deref())
-            .bind(next_seq)
-            .bind(&at)
-            .bind(*run_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        }
-    }
-    tx.commit().await.map_err(db)
-}
-
-/// `head` followed by `n` copies of `row`, comma-separated.
-fn rows_sql(head: &str, row: &str, n: usize) -> String {
-    let mut sql = String::with_capacity(head.len() + n * (row.len() + 1));
-    sql.push_str(head);
-    for i in 0..n {
-        if i > 0 {
-            sql.push(',');
-        }
-        sql.push_str(row);
-    }
-    sql
 }
 
 impl RunJournal for SqliteStore {
     fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            if let Some(e) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(run_id) {
-                return Err(e.clone());
-            }
-            let job = Write::Commit { run_id: run_id.to_owned(), batch: Box::new(batch) };
-            self.writes.send((job, None)).await.map_err(|_| "the store's writer has stopped".to_owned())
-        })
+        Box::pin(self.queue.append(run_id, batch))
     }
 
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            let earlier = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned();
-            let result = self.write(Write::Commit { run_id: run_id.to_owned(), batch: Box::new(batch) }).await.map_err(|e| e.to_string());
-            match earlier {
-                Some(e) => Err(e),
-                None => result,
-            }
-        })
+        Box::pin(self.queue.commit(run_id, batch))
     }
 }
 
-fn run_of(row: &sqlx::sqlite::SqliteRow) -> Result<StoredRun, StoreError> {
-    let text = |k: &str| -> Result<String, StoreError> { row.try_get::<String, _>(k).map_err(db) };
-    let opt = |k: &str| -> Result<Option<String>, StoreError> { row.try_get::<Option<String>, _>(k).map_err(db) };
-    let status = text("status")?;
-    Ok(StoredRun {
-        run_id: text("run_id")?,
-        route_id: text("route_id")?,
-        status: StoredStatus::parse(&status).ok_or_else(|| StoreError::Database(format!("unknown run status `{status}` in the store")))?,
-        request: serde_json::from_str(&text("request")?).unwrap_or(Value::Null),
-        result: opt("result")?.and_then(|r| serde_json::from_str(&r).ok()),
-        reason_class: opt("reason_class")?,
-        question: opt("question")?,
-        next_seq: row.try_get::<i64, _>("next_seq").map_err(db)?.max(1) as u64,
-        created_at: text("created_at")?,
-        updated_at: text("updated_at")?,
-    })
-}
-
-const RUN_COLUMNS: &str = "run_id, route_id, status, request, result, reason_class, question, next_seq, created_at, updated_at";
-
 impl RunStore for SqliteStore {
     fn create_run<'a>(&'a self, run_id: &'a str, route_id: &'a str, request: &'a Value) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string() }))
+        Box::pin(self.queue.write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string() }))
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
@@ -378,22 +238,20 @@ impl RunStore for SqliteStore {
             for row in &rows {
                 let run = run_of(row)?;
                 let history = self.journal(&run.run_id).await?;
-                let message = "the process executing the run stopped (no heartbeat)";
-                let result = crate::exec::result_from_journal(&run.run_id, &run.route_id, &history, crate::failure::ReasonClass::Interrupted, message);
+                let orphan = super::Orphan::of(&run, &history);
                 let mut tx = self.pool.begin().await.map_err(db)?;
                 // The events table, not `next_seq`, says what was written: appends and the run row
                 // are separate writes, and a process can die between them.
-                let seq: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq) + 1, 0) FROM run_events WHERE run_id = ?")
+                let seq: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq) + 1, 1) FROM run_events WHERE run_id = ?")
                     .bind(&run.run_id)
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(db)?;
-                let event = serde_json::json!({"type": "run.failed", "run_id": run.run_id, "route_id": run.route_id, "seq": seq, "ts": now(), "reason_class": "interrupted", "message": message});
                 // Only if nobody touched it meanwhile: a live process's heartbeat wins.
                 let done = sqlx::query(
                     "UPDATE runs SET status = 'failed', reason_class = 'interrupted', result = ?, next_seq = ?, updated_at = ? WHERE run_id = ? AND status = 'running' AND updated_at = ?",
                 )
-                .bind(serde_json::to_string(&result).unwrap_or_default())
+                .bind(&orphan.result)
                 .bind(seq + 1)
                 .bind(now())
                 .bind(&run.run_id)
@@ -405,7 +263,7 @@ impl RunStore for SqliteStore {
                     sqlx::query("INSERT INTO run_events (run_id, seq, kind, body) VALUES (?, ?, 'run.failed', ?)")
                         .bind(&run.run_id)
                         .bind(seq)
-                        .bind(event.to_string())
+                        .bind(orphan.event(seq))
                         .execute(&mut *tx)
                         .await
                         .map_err(db)?;
