@@ -113,6 +113,8 @@ pub struct BenchOptions {
     /// Scenario S: concurrent clients, and requests each makes.
     pub clients: usize,
     pub requests: usize,
+    /// Scenario A2's store URL; `None`: a fresh SQLite file.
+    pub journal: Option<String>,
 }
 
 fn sink(opts: &BenchOptions) -> Arc<dyn fabric::events::EventSink> {
@@ -197,13 +199,15 @@ impl ToolServer {
     }
 }
 
-/// A2: scenario A with every run recorded in a SQLite run store (a fresh file), as the service
+/// A2: scenario A with every run recorded in a run store (a fresh SQLite file, or `--journal URL`), as the service
 /// records them: accepted (a row), then journalled at every stage and at the end.
 async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
     let dir = std::env::temp_dir().join(format!("fabric-bench-a2-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let store = fabric::store::open(&format!("sqlite://{}/a2.db", dir.display())).await.map_err(|e| e.to_string())?;
+    let url = opts.journal.clone().unwrap_or_else(|| format!("sqlite://{}/a2.db", dir.display()));
+    let kind = if url.starts_with("sqlite:") { "sqlite" } else { "postgres" };
+    let store = fabric::store::open(&url).await.map_err(|e| e.to_string())?;
     let settings = Settings::load(|_| None).map_err(|e| e.to_string())?;
     let runtime = Runtime::builder()
         .settings(settings)
@@ -238,7 +242,7 @@ async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
     let per_stage: Vec<f64> = samples.iter().map(|s| s / 3.0).collect();
     let _ = std::fs::remove_dir_all(&dir);
     Ok(json!({
-        "scenario": "A2", "route": "staged", "runs": opts.runs, "failed_runs": failed, "journal": "sqlite", "events": if opts.events { "json" } else { "none" },
+        "scenario": "A2", "route": "staged", "runs": opts.runs, "failed_runs": failed, "journal": kind, "events": if opts.events { "json" } else { "none" },
         "runs_per_s": round2(opts.runs as f64 / wall), "run_us": stats(samples), "stages_per_run": 3, "stages_us": stats(per_stage),
         "cpu_us_per_run": round2(cpu_us), "meta": meta(),
     }))
@@ -466,14 +470,15 @@ fn table_line(v: &Value) -> String {
             v["cpu_us_per_run"].as_f64().unwrap_or(0.0)
         ),
         "A2" => format!(
-            "A2      runs {:>6}  {:>9.0} runs/s  run mean {:>8.1} µs  p50 {:>8.1}  p99 {:>8.1}  stage mean {:>7.1} µs  cpu {:>8.1} µs/run (SQLite journal)",
+            "A2      runs {:>6}  {:>9.0} runs/s  run mean {:>8.1} µs  p50 {:>8.1}  p99 {:>8.1}  stage mean {:>7.1} µs  cpu {:>8.1} µs/run ({} journal)",
             v["runs"].as_u64().unwrap_or(0),
             v["runs_per_s"].as_f64().unwrap_or(0.0),
             v["run_us"]["mean"].as_f64().unwrap_or(0.0),
             v["run_us"]["p50"].as_f64().unwrap_or(0.0),
             v["run_us"]["p99"].as_f64().unwrap_or(0.0),
             v["stages_us"]["mean"].as_f64().unwrap_or(0.0),
-            v["cpu_us_per_run"].as_f64().unwrap_or(0.0)
+            v["cpu_us_per_run"].as_f64().unwrap_or(0.0),
+            v["journal"].as_str().unwrap_or("?")
         ),
         "S" => format!(
             "S       runs {:>6}  ({} clients)  {:>8.0} runs/s  latency p50 {:.1} ms  p99 {:.1} ms  errors {}  server peak RSS {:.1} MiB  {:.1} KiB/in-flight run",

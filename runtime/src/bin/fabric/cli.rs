@@ -131,6 +131,10 @@ enum Command {
         /// Scenario S: requests each client makes, one after the other.
         #[arg(long, default_value_t = 3)]
         requests: usize,
+        /// Scenario A2's run store: a store URL (e.g. postgres://…, whose runs it adds to);
+        /// default a fresh SQLite file.
+        #[arg(long)]
+        journal: Option<String>,
     },
     /// Serve the demo HTTP tools (`/search`, `/add`) on ADDR; prints its URL.
     ToolServer {
@@ -236,7 +240,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
-        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events, clients, requests } => {
+        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events, clients, requests, journal } => {
             let scenarios = if scenario.is_empty() { crate::bench::SCENARIOS.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
             let opts = crate::bench::BenchOptions {
                 scenarios,
@@ -249,6 +253,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 events: *events,
                 clients: *clients,
                 requests: *requests,
+                journal: journal.clone(),
             };
             let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
             match crate::bench::run(opts, &exe).await {
