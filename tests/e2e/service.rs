@@ -211,13 +211,13 @@ async fn settled(server: &Server, id: &str) -> Value {
 }
 
 impl Server {
-    fn start(db: &std::path::Path, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
+    fn start(store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
         cmd.current_dir(repo())
             .args(["--stub-dir", stub.to_str().unwrap(), "serve", "--listen", "127.0.0.1:0"])
             .env("FABRIC_LLM_STUB", "1")
             .env("FABRIC_API_TOKEN", TOKEN)
-            .env("FABRIC_DATABASE_URL", format!("sqlite://{}", db.display()))
+            .env("FABRIC_DATABASE_URL", store)
             .env("FABRIC_LOG_FORMAT", "json")
             .env_remove("FABRIC_FLEET")
             .stdout(Stdio::piped())
@@ -274,11 +274,21 @@ async fn sse(s: &Server, run_id: &str, last_event_id: Option<u64>) -> Vec<(u64, 
 }
 
 #[tokio::test]
-async fn ask_reply_across_a_restart_with_resumable_events() {
+async fn ask_reply_across_a_restart_with_resumable_events_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("fabric.db");
+    ask_reply_across_a_restart(&format!("sqlite://{}", dir.path().join("fabric.db").display())).await;
+}
+
+#[tokio::test]
+async fn ask_reply_across_a_restart_with_resumable_events_on_postgres() {
+    if let Some(url) = crate::store::fresh_postgres().await {
+        ask_reply_across_a_restart(&url).await;
+    }
+}
+
+async fn ask_reply_across_a_restart(db: &str) {
     let stub = asking_stub();
-    let server = Server::start(&db, stub.path(), &[]);
+    let server = Server::start(db, stub.path(), &[]);
     // support-triage end to end.
     let (status, run) =
         post(&server, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
@@ -300,7 +310,7 @@ async fn ask_reply_across_a_restart_with_resumable_events() {
             assert!(v["request_id"].is_string() && v["status"].is_number(), "{line}");
         }
     }
-    let server = Server::start(&db, stub.path(), &[]);
+    let server = Server::start(db, stub.path(), &[]);
     let (status, done) = post(&server, &format!("/v1/runs/{id}/reply?wait=true"), json!({"message": "order 42"})).await;
     assert_eq!((status, done["status"].as_str(), done["output"].as_str()), (200, Some("completed"), Some("Order 42 is refunded.")), "{done}");
     assert_eq!(done["notes"][0], "user: order 42", "the reply is a note the next decision sees");
@@ -324,7 +334,7 @@ async fn ask_reply_across_a_restart_with_resumable_events() {
     assert!(text.contains("fabric_runs_finished_total{route=\"support-agent\",status=\"completed\"} 1"), "{text}");
     // The store, read by the CLI.
     drop(server);
-    let out = Command::new(env!("CARGO_BIN_EXE_fabric")).args(["runs", "--store", &format!("sqlite://{}", db.display()), "show", &id]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fabric")).args(["runs", "--store", db, "show", &id]).output().unwrap();
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["status"], "completed");
 }
@@ -351,9 +361,9 @@ fn check_prometheus(text: &str) {
 #[tokio::test]
 async fn a_graceful_shutdown_interrupts_what_outlives_the_grace_and_records_it() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("fabric.db");
+    let db = &format!("sqlite://{}", dir.path().join("fabric.db").display());
     let stub = asking_stub();
-    let server = Server::start(&db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "20000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
+    let server = Server::start(db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "20000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
     let (status, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}, "model_profile": "default"})).await;
     assert_eq!(status, 201, "{run}");
     let id = run["run_id"].as_str().unwrap().to_owned();
@@ -361,8 +371,7 @@ async fn a_graceful_shutdown_interrupts_what_outlives_the_grace_and_records_it()
     let (exit, logs) = server.stop();
     assert!(exit.success(), "{logs}");
     assert!(logs.contains("interrupted"), "{logs}");
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_fabric")).args(["runs", "--store", &format!("sqlite://{}", db.display()), "show", &id, "--events"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fabric")).args(["runs", "--store", db, "show", &id, "--events"]).output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     let shown: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
     assert_eq!((shown["status"].as_str(), shown["error"]["reason_class"].as_str()), (Some("failed"), Some("interrupted")), "{text}");
@@ -396,37 +405,47 @@ async fn get(s: &Server, path: &str) -> Value {
 #[tokio::test]
 async fn a_reply_the_runtime_cannot_continue_leaves_the_run_waiting() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("fabric.db");
+    let db = &format!("sqlite://{}", dir.path().join("fabric.db").display());
     let stub = asking_stub();
-    let server = Server::start(&db, stub.path(), &[]);
+    let server = Server::start(db, stub.path(), &[]);
     let (_, run) = post(&server, "/v1/runs?wait=true", json!({"route_id": "support-agent", "goal": {"q": 1}, "model_profile": "default"})).await;
     let id = run["run_id"].as_str().unwrap().to_owned();
     drop(server);
     // The next process serves another fleet: the reply is refused, and the run still waits.
-    let server = Server::start(&db, stub.path(), &[("FABRIC_FLEET", "agent-runtime-custom")]);
+    let server = Server::start(db, stub.path(), &[("FABRIC_FLEET", "agent-runtime-custom")]);
     let (status, body) = post(&server, &format!("/v1/runs/{id}/reply"), json!({"message": "order 42"})).await;
     assert_eq!((status, body["error"]["code"].as_str()), (409, Some("wrong_fleet")), "{body}");
     assert_eq!(get(&server, &format!("/v1/runs/{id}")).await["status"], "awaiting_input");
     drop(server);
-    let server = Server::start(&db, stub.path(), &[]);
+    let server = Server::start(db, stub.path(), &[]);
     let (status, done) = post(&server, &format!("/v1/runs/{id}/reply?wait=true"), json!({"message": "order 42"})).await;
     assert_eq!((status, done["status"].as_str()), (200, Some("completed")), "{done}");
 }
 
 #[tokio::test]
-async fn a_run_whose_process_died_is_failed_with_its_progress_and_a_last_event_and_a_live_one_is_not() {
+async fn a_run_whose_process_died_is_failed_with_its_progress_and_a_last_event_and_a_live_one_is_not_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("fabric.db");
+    orphaned_run(&format!("sqlite://{}", dir.path().join("fabric.db").display())).await;
+}
+
+#[tokio::test]
+async fn a_run_whose_process_died_is_failed_with_its_progress_and_a_last_event_and_a_live_one_is_not_on_postgres() {
+    if let Some(url) = crate::store::fresh_postgres().await {
+        orphaned_run(&url).await;
+    }
+}
+
+async fn orphaned_run(db: &str) {
     let stub = asking_stub();
     let lease = [("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_LLM_STUB_LATENCY_MS", "700")];
-    let mut server = Server::start(&db, stub.path(), &lease);
+    let mut server = Server::start(db, stub.path(), &lease);
     let (_, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"t": 1}, "model_profile": "default"})).await;
     let id = run["run_id"].as_str().unwrap().to_owned();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     // Another process on the same store, with a live run of its own that outlasts the lease.
-    let other = Server::start(&db, stub.path(), &[("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_LLM_STUB_LATENCY_MS", "1000")]);
+    let other = Server::start(db, stub.path(), &[("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_LLM_STUB_LATENCY_MS", "1000")]);
     let (_, live) = post(&other, "/v1/runs", json!({"route_id": "support-triage", "goal": {"t": 2}, "model_profile": "default"})).await;
     let view = settled(&other, &id).await;
     assert_eq!((view["status"].as_str(), view["error"]["reason_class"].as_str()), (Some("failed"), Some("interrupted")), "{view}");

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::support::repo;
 
 /// A new, empty PostgreSQL database on the test server, or `None` (and why) when there is none.
-async fn fresh_postgres() -> Option<String> {
+pub(crate) async fn fresh_postgres() -> Option<String> {
     let Ok(base) = std::env::var("FABRIC_TEST_POSTGRES_URL") else {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
