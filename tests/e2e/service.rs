@@ -458,3 +458,20 @@ async fn orphaned_run(db: &str) {
     let live_view = settled(&other, live_id).await;
     assert_eq!(live_view["status"], "completed", "{live_view}");
 }
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let stub = asking_stub();
+    let server = Server::start(&format!("sqlite://{}", dir.path().join("fabric.db").display()), stub.path(), &[]);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    // The server closes it (10 s header timeout); a minute is the test's own patience.
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(60), slow.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the connection is still open after a minute");
+    // Others are served meanwhile and after.
+    assert_eq!(get(&server, "/v1/routes").await.as_array().map(Vec::len), Some(4));
+}

@@ -116,7 +116,6 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
             let _ = drained_tx.send(());
         });
     };
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown);
     // A client that never finishes its request must not keep a stopping server alive: past the
     // grace period and the interrupted runs' last commits, the server stops regardless.
     let deadline = async move {
@@ -126,17 +125,55 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
             std::future::pending::<()>().await;
         }
     };
+    let connections = accept_until(listener, router(state), shutdown).await;
     tokio::select! {
-        r = server => {
-            if let Err(e) = r {
-                tracing::error!(error = %e, "server");
-            }
-        }
+        _ = connections.shutdown() => {}
         _ = deadline => tracing::warn!("connections still open at the shutdown deadline were closed"),
     }
     let _ = tokio::time::timeout(Duration::from_secs(15), drained_rx).await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long a client may take to send a request's headers: past it the connection is closed
+/// (a slow client holding sockets open, slowloris). axum::serve has no such timeout.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves HTTP/1.1 connections until `stop` resolves; the connections still open are returned,
+/// to be shut down gracefully (each finishes its request in flight).
+async fn accept_until(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: impl std::future::Future<Output = ()>,
+) -> hyper_util::server::graceful::GracefulShutdown {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let connections = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, mostly: wait a little rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => return connections,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .serve_connection(TokioIo::new(stream), service);
+        let connection = connections.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection");
+            }
+        });
+    }
 }
 
 async fn wait_for_signal() -> &'static str {
