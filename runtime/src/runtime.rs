@@ -409,11 +409,24 @@ impl Runtime {
         if self.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::Pattern1) {
             return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
         }
-        let history = store.journal(run_id).await?;
         if !store.claim_reply(run_id).await? {
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
         }
-        Ok(ClaimedReply { request, continuation: Continuation { run_id: run_id.to_owned(), history, next_seq: run.next_seq, reply: message } })
+        // Read after the claim: between a read and the claim another process could have
+        // continued the run and seen it ask again, and this claim would go on from stale history.
+        let claimed = async {
+            let run = store.get_run(run_id).await?.ok_or_else(|| StoreError::NotFound(run_id.to_owned()))?;
+            Ok::<_, StoreError>((store.journal(run_id).await?, run.next_seq))
+        };
+        match claimed.await {
+            Ok((history, next_seq)) => {
+                Ok(ClaimedReply { request, continuation: Continuation { run_id: run_id.to_owned(), history, next_seq, reply: message } })
+            }
+            Err(e) => {
+                let _ = store.reopen_reply(run_id).await;
+                Err(e.into())
+            }
+        }
     }
 
     /// Continues a claimed run: the decision loop goes on with the reply as a note.

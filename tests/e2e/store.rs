@@ -196,3 +196,51 @@ async fn an_unreachable_postgres_is_named_without_its_password() {
     assert!(err.contains("cannot connect to postgres://") && err.contains("127.0.0.1:1/fabric"), "{err}");
     assert!(!err.contains("s3cret-pw") && !err.contains("k3y"), "{err}");
 }
+
+/// A process that stalled past the lease writes on as if nothing happened: its run stays failed,
+/// and the runs that share its transaction are not harmed.
+#[tokio::test]
+async fn a_stalled_process_late_writes_neither_revive_its_run_nor_fail_others_on_every_store() {
+    use fabric::exec::{JournalBatch, RunStatus};
+    let (stores, _dir) = stores().await;
+    for (name, url) in stores {
+        let store = fabric::store::open(&url).await.unwrap();
+        for id in ["stalled", "healthy"] {
+            store.create_run(id, "support-triage", &json!({"route_id": "support-triage", "goal": {}})).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        store.heartbeat(&["healthy".to_owned()]).await.unwrap();
+        assert_eq!(store.fail_orphans(Duration::from_secs(1)).await.unwrap(), 1, "{name}");
+        let event = |run: &str, seq: u64, kind| fabric::events::Event {
+            kind,
+            run_id: run.into(),
+            route_id: "support-triage".into(),
+            seq,
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            stage_id: None,
+            parent_run_id: None,
+            data: Default::default(),
+        };
+        let end = |run: &str| {
+            let mut r = fabric::exec::result_from_journal(run, "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
+            r.status = RunStatus::Completed;
+            r.error = None;
+            r.output = Some("done".into());
+            r
+        };
+        // The stalled process's next stage and end, queued together with the healthy run's end.
+        let stalled = JournalBatch { events: vec![event("stalled", 1, fabric::events::EventKind::RunStarted)], entries: vec![], end: None };
+        let stalled_end =
+            JournalBatch { events: vec![event("stalled", 2, fabric::events::EventKind::RunCompleted)], entries: vec![], end: Some(end("stalled")) };
+        let healthy = JournalBatch { events: vec![event("healthy", 1, fabric::events::EventKind::RunCompleted)], entries: vec![], end: Some(end("healthy")) };
+        store.append("stalled", stalled).await.unwrap();
+        let (a, b) = tokio::join!(store.commit("healthy", healthy), store.commit("stalled", stalled_end));
+        a.unwrap_or_else(|e| panic!("{name}: the healthy run's commit failed: {e}"));
+        let _ = b;
+        assert_eq!(store.get_run("healthy").await.unwrap().unwrap().status, StoredStatus::Completed, "{name}");
+        let stalled = store.get_run("stalled").await.unwrap().unwrap();
+        assert_eq!((stalled.status, stalled.reason_class.as_deref()), (StoredStatus::Failed, Some("interrupted")), "{name}: not revived");
+        let kinds: Vec<String> = store.events_after("stalled", 0).await.unwrap().into_iter().map(|e| e.kind).collect();
+        assert_eq!(kinds[0], "run.failed", "{name}: the failure keeps its place: {kinds:?}");
+    }
+}

@@ -80,7 +80,11 @@ impl WriteRows for Writer {
             }
             for chunk in rows.events.chunks(ROWS_PER_INSERT) {
                 let head = "INSERT INTO run_events (run_id, seq, kind, body) VALUES ";
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "", 4, chunk.len(), true)));
+                // A run failed as an orphan while its process was alive after all (a stall past the
+                // lease) holds a `run.failed` at a seq this process writes too: that row is skipped,
+                // not a failure of every run sharing this transaction.
+                let sql = rows_sql(head, "", 4, chunk.len(), true) + " ON CONFLICT (run_id, seq) DO NOTHING";
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for (run_id, seq, kind, body) in chunk {
                     q = q.bind(*run_id).bind(*seq).bind(*kind).bind(body.as_str());
                 }
@@ -96,7 +100,7 @@ impl WriteRows for Writer {
             }
             for end in &rows.ends {
                 sqlx::query(
-                    "UPDATE runs SET status = $1, result = $2, reason_class = $3, question = $4, next_seq = COALESCE($5, next_seq), updated_at = $6 WHERE run_id = $7",
+                    "UPDATE runs SET status = $1, result = $2, reason_class = $3, question = $4, next_seq = COALESCE($5, next_seq), updated_at = $6 WHERE run_id = $7 AND status = 'running'",
                 )
                 .bind(end.status.as_str())
                 .bind(&end.result)

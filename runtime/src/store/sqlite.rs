@@ -32,7 +32,7 @@ impl SqliteStore {
     /// Opens (creating when missing) and migrates the database at `url` (`sqlite://PATH`).
     pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Url(format!("`{url}`: {e}")))?
+            .map_err(|e| StoreError::Url(format!("`{}`: {e}", crate::redact::redact_url(url))))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
@@ -82,7 +82,11 @@ impl WriteRows for Writer {
             }
             for chunk in rows.events.chunks(ROWS_PER_INSERT) {
                 let head = "INSERT INTO run_events (run_id, seq, kind, body) VALUES ";
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "", 4, chunk.len(), false)));
+                // A run failed as an orphan while its process was alive after all (a stall past the
+                // lease) holds a `run.failed` at a seq this process writes too: that row is skipped,
+                // not a failure of every run sharing this transaction.
+                let sql = rows_sql(head, "", 4, chunk.len(), false) + " ON CONFLICT (run_id, seq) DO NOTHING";
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for (run_id, seq, kind, body) in chunk {
                     q = q.bind(*run_id).bind(*seq).bind(*kind).bind(body.as_str());
                 }
@@ -98,7 +102,7 @@ impl WriteRows for Writer {
             }
             for end in &rows.ends {
                 sqlx::query(
-                    "UPDATE runs SET status = ?, result = ?, reason_class = ?, question = ?, next_seq = COALESCE(?, next_seq), updated_at = ? WHERE run_id = ?",
+                    "UPDATE runs SET status = ?, result = ?, reason_class = ?, question = ?, next_seq = COALESCE(?, next_seq), updated_at = ? WHERE run_id = ? AND status = 'running'",
                 )
                 .bind(end.status.as_str())
                 .bind(&end.result)

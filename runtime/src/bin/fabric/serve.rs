@@ -13,7 +13,10 @@ use crate::cli::{Cli, build_runtime, say};
 
 /// Installs the log subscriber: `FABRIC_LOG` filters, `FABRIC_LOG_FORMAT` picks JSON or text.
 fn init_logs(settings: &Settings) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&settings.service.log_filter).map_err(|e| format!("FABRIC_LOG: {e}"))?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&settings.service.log_filter)
+        .map_err(|e| format!("FABRIC_LOG: {e}"))?
+        // sqlx warns about an unknown connect parameter with its value, which may be a secret.
+        .add_directive("sqlx::postgres::options=error".parse().map_err(|e| format!("log filter: {e}"))?);
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
     let installed = if settings.service.log_json { builder.json().flatten_event(true).try_init() } else { builder.try_init() };
     installed.map_err(|e| format!("cannot install the log subscriber: {e}"))
@@ -73,7 +76,10 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     let state = AppState::new(runtime, config);
     // Every third of the lease: say which runs this process executes, and fail the runs of
     // processes that stopped saying so.
+    // Two tasks: a slow sweep (many orphans at once) must not delay this process's heartbeat,
+    // or its own live runs would look orphaned to the others.
     let beating = state.clone();
+    let sweep_store = heartbeat_store.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(lease / 3);
         loop {
@@ -81,7 +87,13 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
             if let Err(e) = heartbeat_store.heartbeat(&beating.live_run_ids()).await {
                 tracing::error!(error = %e, "run store heartbeat");
             }
-            match heartbeat_store.fail_orphans(lease).await {
+        }
+    });
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(lease / 3);
+        loop {
+            tick.tick().await;
+            match sweep_store.fail_orphans(lease).await {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(runs = n, "runs whose process stopped are marked failed (interrupted)"),
                 Err(e) => tracing::error!(error = %e, "run store"),
