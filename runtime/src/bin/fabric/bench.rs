@@ -448,15 +448,16 @@ fn catalogue_load(n: usize) -> Value {
 fn table_line(v: &Value) -> String {
     let s = v["scenario"].as_str().unwrap_or("?");
     match s {
-        "A" | "B" | "B-http" => format!(
-            "{s:<7} runs {:>6}  {:>9.0} runs/s  run mean {:>8.1} µs  p50 {:>8.1}  p99 {:>8.1}  stage mean {:>7.1} µs  cpu {:>8.1} µs/run",
+        "A" | "A2" | "B" | "B-http" => format!(
+            "{s:<7} runs {:>6}  {:>9.0} runs/s  run mean {:>8.1} µs  p50 {:>8.1}  p99 {:>8.1}  stage mean {:>7.1} µs  cpu {:>8.1} µs/run{}",
             v["runs"].as_u64().unwrap_or(0),
             v["runs_per_s"].as_f64().unwrap_or(0.0),
             v["run_us"]["mean"].as_f64().unwrap_or(0.0),
             v["run_us"]["p50"].as_f64().unwrap_or(0.0),
             v["run_us"]["p99"].as_f64().unwrap_or(0.0),
             v["stages_us"]["mean"].as_f64().unwrap_or(0.0),
-            v["cpu_us_per_run"].as_f64().unwrap_or(0.0)
+            v["cpu_us_per_run"].as_f64().unwrap_or(0.0),
+            v["journal"].as_str().map(|j| format!(" ({j} journal)")).unwrap_or_default()
         ),
         "C" => format!(
             "C       runs {:>6}  wall {:>8.1} ms (ideal {:.0}, x{:.2})  {:>8.0} runs/s  peak RSS {:.1} MiB  {:.1} KiB/run  cpu {:.1} µs/run",
@@ -468,17 +469,6 @@ fn table_line(v: &Value) -> String {
             v["peak_rss_mib"].as_f64().unwrap_or(0.0),
             v["rss_kib_per_inflight_run"].as_f64().unwrap_or(0.0),
             v["cpu_us_per_run"].as_f64().unwrap_or(0.0)
-        ),
-        "A2" => format!(
-            "A2      runs {:>6}  {:>9.0} runs/s  run mean {:>8.1} µs  p50 {:>8.1}  p99 {:>8.1}  stage mean {:>7.1} µs  cpu {:>8.1} µs/run ({} journal)",
-            v["runs"].as_u64().unwrap_or(0),
-            v["runs_per_s"].as_f64().unwrap_or(0.0),
-            v["run_us"]["mean"].as_f64().unwrap_or(0.0),
-            v["run_us"]["p50"].as_f64().unwrap_or(0.0),
-            v["run_us"]["p99"].as_f64().unwrap_or(0.0),
-            v["stages_us"]["mean"].as_f64().unwrap_or(0.0),
-            v["cpu_us_per_run"].as_f64().unwrap_or(0.0),
-            v["journal"].as_str().unwrap_or("?")
         ),
         "S" => format!(
             "S       runs {:>6}  ({} clients)  {:>8.0} runs/s  latency p50 {:.1} ms  p99 {:.1} ms  errors {}  server peak RSS {:.1} MiB  {:.1} KiB/in-flight run",
