@@ -8,6 +8,7 @@
 
 pub mod postgres;
 mod queue;
+pub mod sql;
 pub mod sqlite;
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The write path every SQL store shares: one writer task that takes what the runs hand it and
 //! writes everything waiting in one transaction (group commit: at many concurrent runs one
-//! fsync serves many stages), and the rows a batch becomes. Each database only says how rows
-//! are written ([`WriteRows`]).
+//! fsync serves many stages), the rows a batch becomes, and how they are written on any sqlx
+//! database ([`PoolWriter`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -182,10 +182,82 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Arc<
     }
 }
 
-/// `head` followed by `n` rows of `width` placeholders each, comma-separated; `numbered` gives
-/// PostgreSQL's `$1, $2, …`, else SQLite's `?`. A `'running'`-style literal can lead a row via
-/// `lead`.
-pub(crate) fn rows_sql(head: &str, lead: &str, width: usize, n: usize, numbered: bool) -> String {
+/// The writer's side of a pool: how many rows one INSERT takes at the most (a database bounds
+/// the parameters of a statement).
+pub(crate) struct PoolWriter<DB: sqlx::Database> {
+    pub pool: sqlx::Pool<DB>,
+    pub per_insert: usize,
+}
+
+impl<DB> WriteRows for PoolWriter<DB>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'t> &'t str: sqlx::Encode<'t, DB> + Type<DB>,
+    for<'t> Option<&'t str>: sqlx::Encode<'t, DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: sqlx::Encode<'t, DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    /// One multi-row INSERT per table (per `per_insert` rows), one UPDATE per run that ended.
+    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (pool, per_insert) = (&self.pool, self.per_insert);
+        Box::pin(async move {
+            let at = rows.at.as_str();
+            let mut tx = pool.begin().await.map_err(db)?;
+            for chunk in rows.creates.chunks(per_insert) {
+                let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at) VALUES ";
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "'running'", 5, chunk.len())));
+                for (run_id, route_id, request) in chunk {
+                    q = q.bind(*run_id).bind(*route_id).bind(*request).bind(at).bind(at);
+                }
+                q.execute(&mut *tx).await.map_err(db)?;
+            }
+            for chunk in rows.events.chunks(per_insert) {
+                let head = "INSERT INTO run_events (run_id, seq, kind, body) VALUES ";
+                // A run failed as an orphan while its process was alive after all (a stall past the
+                // lease) holds a `run.failed` at a seq this process writes too: that row is skipped,
+                // not a failure of every run sharing this transaction.
+                let sql = rows_sql(head, "", 4, chunk.len()) + " ON CONFLICT (run_id, seq) DO NOTHING";
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for (run_id, seq, kind, body) in chunk {
+                    q = q.bind(*run_id).bind(*seq).bind(*kind).bind(body.as_str());
+                }
+                q.execute(&mut *tx).await.map_err(db)?;
+            }
+            for chunk in rows.entries.chunks(per_insert) {
+                let head = "INSERT INTO run_journal (run_id, entry) VALUES ";
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "", 2, chunk.len())));
+                for (run_id, entry) in chunk {
+                    q = q.bind(*run_id).bind(entry.as_str());
+                }
+                q.execute(&mut *tx).await.map_err(db)?;
+            }
+            for end in &rows.ends {
+                // Guarded by `running`: the end of a run failed meanwhile as an orphan does not revive it.
+                sqlx::query(
+                    "UPDATE runs SET status = $1, result = $2, reason_class = $3, question = $4, next_seq = COALESCE($5, next_seq), \
+                     updated_at = $6 WHERE run_id = $7 AND status = 'running'",
+                )
+                .bind(end.status.as_str())
+                .bind(end.result.as_str())
+                .bind(end.reason_class)
+                .bind(end.question)
+                .bind(end.next_seq)
+                .bind(at)
+                .bind(end.run_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+            }
+            tx.commit().await.map_err(db)
+        })
+    }
+}
+
+/// `head` followed by `n` rows of `width` placeholders each (`$1, $2, …`, numbered across the
+/// rows), comma-separated; a literal such as `'running'` can lead each row via `lead`.
+pub(crate) fn rows_sql(head: &str, lead: &str, width: usize, n: usize) -> String {
     let mut sql = String::with_capacity(head.len() + n * (lead.len() + width * 5 + 3));
     sql.push_str(head);
     let mut k = 0;
@@ -197,12 +269,8 @@ pub(crate) fn rows_sql(head: &str, lead: &str, width: usize, n: usize, numbered:
                 sql.push_str(", ");
             }
             k += 1;
-            if numbered {
-                sql.push('$');
-                sql.push_str(&k.to_string());
-            } else {
-                sql.push('?');
-            }
+            sql.push('$');
+            sql.push_str(&k.to_string());
         }
         sql.push(')');
     }
@@ -248,7 +316,7 @@ mod tests {
 
     #[test]
     fn rows_sql_numbers_placeholders_across_rows() {
-        assert_eq!(rows_sql("INSERT INTO t VALUES ", "", 2, 2, false), "INSERT INTO t VALUES (?, ?),(?, ?)");
-        assert_eq!(rows_sql("V ", "'x'", 2, 2, true), "V ('x', $1, $2),('x', $3, $4)");
+        assert_eq!(rows_sql("INSERT INTO t VALUES ", "", 2, 2), "INSERT INTO t VALUES ($1, $2),($3, $4)");
+        assert_eq!(rows_sql("V ", "'x'", 2, 2), "V ('x', $1, $2),('x', $3, $4)");
     }
 }
