@@ -53,6 +53,8 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_LOG",
     "FABRIC_LOG_FORMAT",
     "FABRIC_RUN_LEASE_S",
+    "FABRIC_MAX_QUEUED_RUNS",
+    "FABRIC_CLAIM_POLL_MS",
 ];
 
 /// The largest `FABRIC_CONFIG` file read; a bigger one (or a special file) is refused.
@@ -108,9 +110,15 @@ pub struct ServiceSettings {
     pub max_runs_in_flight: usize,
     pub shutdown_grace: Duration,
     pub wait_max: Duration,
-    /// `FABRIC_RUN_LEASE_S` (default 30): a process says it still executes its runs every third
-    /// of it; a `running` run not heard of for that long is an orphan.
+    /// `FABRIC_RUN_LEASE_S` (default 30): how long a process holds a run it claimed without
+    /// renewing the claim (it renews every third of it); past it, another process takes the run
+    /// over from its journal.
     pub run_lease: Duration,
+    /// `FABRIC_MAX_QUEUED_RUNS` (default 10000): runs a busy service queues in the store for any
+    /// replica with room; past it, 429. 0: a busy service refuses rather than queues.
+    pub max_queued_runs: u64,
+    /// `FABRIC_CLAIM_POLL_MS` (default 1000): how often a service looks for runs to claim.
+    pub claim_poll: Duration,
     /// `FABRIC_LOG`: a `tracing` filter (default `info`).
     pub log_filter: String,
     /// `FABRIC_LOG_FORMAT`: `json` lines or `text`.
@@ -328,6 +336,15 @@ impl Settings {
             shutdown_grace: Duration::from_secs(whole("FABRIC_SHUTDOWN_GRACE_S", 30, 86_400)?),
             wait_max: Duration::from_secs(whole("FABRIC_WAIT_MAX_S", 60, 86_400)?),
             run_lease: Duration::from_secs(whole("FABRIC_RUN_LEASE_S", 30, 86_400)?),
+            max_queued_runs: match get("FABRIC_MAX_QUEUED_RUNS").map(str::trim) {
+                None => 10_000,
+                Some(v) => v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n <= 10_000_000)
+                    .ok_or_else(|| err("FABRIC_MAX_QUEUED_RUNS", format!("`{v}` must be a whole number from 0 to 10000000")))?,
+            },
+            claim_poll: Duration::from_millis(whole("FABRIC_CLAIM_POLL_MS", 1000, 60_000)?.max(10)),
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };

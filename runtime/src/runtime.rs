@@ -21,12 +21,13 @@ use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning,
 use crate::defs::ProfileDef;
 use crate::diag::Diagnostic;
 use crate::events::{EventSink, NullSink, RunEvents};
-use crate::exec::{Continuation, ProfileStack, RunRequest, RunResult, Runner, StartError, VarLookup};
+use crate::exec::{Continuation, ProfileStack, Recovery, RunRequest, RunResult, Runner, StartError, VarLookup};
+use crate::failure::ReasonClass;
 use crate::hydrate::Route;
 use crate::llm::providers::backend_for;
 use crate::llm::stub::StubLlm;
 use crate::llm::{Llm, LlmError, LlmRequest, ModelInfo, OutputSpec, ReplyValue, stack};
-use crate::store::{RunStore, StoreError, StoredStatus};
+use crate::store::{Fenced, Holder, Lease, RunStore, StoreError, StoredStatus};
 use crate::tools::{HttpPort, Tool};
 
 /// Where stub scripts are read from when no directory is given.
@@ -192,7 +193,8 @@ impl RuntimeBuilder {
         for (name, tool) in self.tools {
             runner = runner.with_tool(&name, tool);
         }
-        Ok(Runtime { runner, settings, stub, warnings, store: self.store })
+        let holder = Holder::new(settings.service.run_lease);
+        Ok(Runtime { runner, settings, stub, warnings, store: self.store, holder })
     }
 }
 
@@ -307,6 +309,8 @@ pub struct Runtime {
     stub: Option<StubLlm>,
     warnings: Vec<String>,
     store: Option<Arc<dyn RunStore>>,
+    /// This process as the store's claims name it.
+    holder: Holder,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -371,9 +375,15 @@ impl Runtime {
         self.store.as_ref()
     }
 
-    /// Accepts a run: every start check, then a new run id and its row in the store
-    /// (`running`). Nothing runs yet; [`Runtime::execute`] runs it.
-    pub async fn accept(&self, req: &StartRequest) -> Result<String, AcceptError> {
+    /// This process as it holds runs in the store (a new name at every start).
+    pub fn holder(&self) -> &Holder {
+        &self.holder
+    }
+
+    /// Accepts a run: every start check, then a new run id and its row in the store. With
+    /// `here`, the run is claimed by this process at once ([`Runtime::execute`] runs it);
+    /// without, it is `queued` for whichever process claims it first ([`Runtime::claim_runs`]).
+    pub async fn accept(&self, req: &StartRequest, here: bool) -> Result<AcceptedRun, AcceptError> {
         self.check_route(&req.route_id)?;
         if let Some(p) = &req.model_profile
             && !self.catalogue().profiles().any(|(name, _)| name == p)
@@ -383,15 +393,98 @@ impl Runtime {
         let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
         let run_id = crate::exec::new_run_id();
         let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        store.create_run(&run_id, &req.route_id, &request).await?;
-        Ok(run_id)
+        let lease = store.create_run(&run_id, &req.route_id, &request, here.then_some(&self.holder)).await?;
+        Ok(AcceptedRun { run_id, lease })
     }
 
-    /// Runs an accepted run, recording it in the store as it goes.
-    pub async fn execute(&self, run_id: String, req: &StartRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
-        let journal = self.store.as_deref().map(|s| s as &dyn crate::exec::RunJournal);
-        let result = self.runner.start(run_id, req.run_request(), sink, cancel, journal).await?;
+    /// Runs an accepted run this process holds, recording it in the store as it goes (every
+    /// write fenced by the lease).
+    pub async fn execute(&self, lease: &Lease, req: &StartRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
+        let fenced = self.store.as_deref().map(|store| Fenced { store, lease });
+        let journal = fenced.as_ref().map(|f| f as &dyn crate::exec::RunJournal);
+        let result = self.runner.start(lease.run_id.clone(), req.run_request(), sink, cancel, journal).await?;
         Ok(RunOutcome { result, unused_script_lines: Vec::new() })
+    }
+
+    /// The routes whose runs this process may claim: those [`Runtime::check_route`] accepts.
+    pub fn claimable_routes(&self) -> Vec<String> {
+        self.catalogue()
+            .routes()
+            .filter_map(|entry| match entry {
+                crate::catalogue::RouteEntry::Ready(r) if self.check_route(r.id()).is_ok() => Some(r.id().to_owned()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Claims up to `limit` runnable runs of the routes this process serves: queued runs, and
+    /// runs whose process stopped renewing its lease (died, or stalled past it). Each comes with
+    /// what its journal holds, to go on from there ([`Runtime::resume`]).
+    pub async fn claim_runs(&self, limit: usize) -> Result<Vec<ClaimedRun>, StoreError> {
+        let store = self.store.as_ref().ok_or_else(|| StoreError::Database("this runtime has no run store".into()))?;
+        let routes = self.claimable_routes();
+        let mut out = Vec::new();
+        for claimed in store.claim_runs(&self.holder, &routes, limit).await? {
+            let run_id = claimed.run.run_id.clone();
+            let lease = Lease { run_id: run_id.clone(), token: claimed.token };
+            let read = async {
+                let history = store.journal(&run_id).await?;
+                let next_seq = store.next_seq(&run_id).await?;
+                Ok::<_, StoreError>((history, next_seq))
+            };
+            let (history, next_seq) = match read.await {
+                Ok(h) => h,
+                Err(e) => {
+                    // Let it go: another try (here or elsewhere) once the store answers.
+                    let _ = store.release(&lease).await;
+                    return if out.is_empty() { Err(e) } else { Ok(out) };
+                }
+            };
+            let request = serde_json::from_value::<StartRequest>(claimed.run.request.clone()).map_err(|e| format!("its start contract does not read: {e}"));
+            out.push(ClaimedRun { lease, route_id: claimed.run.route_id, request, recovery: Recovery { run_id, history, next_seq } });
+        }
+        Ok(out)
+    }
+
+    /// Executes a claimed run from where its journal ends: recorded model replies and completed
+    /// stages and tool calls are taken from the journal (not done again), events go on after
+    /// the last one written. A run that cannot go on here is failed, keeping what it did.
+    pub async fn resume(&self, claimed: ClaimedRun, sink: Arc<dyn EventSink>, cancel: Cancel) -> RunOutcome {
+        let ClaimedRun { lease, route_id, request, recovery } = claimed;
+        let store = self.store.as_deref();
+        let Some(store) = store else {
+            let result = crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, "this runtime has no run store");
+            return RunOutcome { result, unused_script_lines: Vec::new() };
+        };
+        let fenced = Fenced { store, lease: &lease };
+        let why = match request {
+            Ok(req) => match self.runner.recover(req.run_request(), recovery.clone(), sink.clone(), cancel, Some(&fenced)).await {
+                Ok(result) => return RunOutcome { result, unused_script_lines: Vec::new() },
+                Err(e) => format!("it cannot go on here: {e}"),
+            },
+            Err(why) => why,
+        };
+        let result = self.runner.abandon(&route_id, recovery, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await;
+        RunOutcome { result, unused_script_lines: Vec::new() }
+    }
+
+    /// Extends the leases of the runs this process executes; returns the runs another process
+    /// took over (this one must stop them).
+    pub async fn renew(&self, leases: &[Lease]) -> Result<Vec<String>, StoreError> {
+        let store = self.store.as_ref().ok_or_else(|| StoreError::Database("this runtime has no run store".into()))?;
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        store.renew(&self.holder, leases).await
+    }
+
+    /// Lets a run go that this process stopped without an end (its last write failed): it can
+    /// be claimed again at once.
+    pub async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        match &self.store {
+            Some(store) => store.release(lease).await,
+            None => Ok(()),
+        }
     }
 
     /// Claims a run that awaits the user for `message`: only one reply can claim it.
@@ -409,21 +502,18 @@ impl Runtime {
         if self.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::Pattern1) {
             return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
         }
-        if !store.claim_reply(run_id).await? {
+        let Some(lease) = store.claim_reply(run_id, &self.holder).await? else {
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
-        }
+        };
         // Read after the claim: between a read and the claim another process could have
         // continued the run and seen it ask again, and this claim would go on from stale history.
-        let claimed = async {
-            let run = store.get_run(run_id).await?.ok_or_else(|| StoreError::NotFound(run_id.to_owned()))?;
-            Ok::<_, StoreError>((store.journal(run_id).await?, run.next_seq))
-        };
+        let claimed = async { Ok::<_, StoreError>((store.journal(run_id).await?, store.next_seq(run_id).await?)) };
         match claimed.await {
             Ok((history, next_seq)) => {
-                Ok(ClaimedReply { request, continuation: Continuation { run_id: run_id.to_owned(), history, next_seq, reply: message } })
+                Ok(ClaimedReply { request, lease, continuation: Continuation { run_id: run_id.to_owned(), history, next_seq, reply: message } })
             }
             Err(e) => {
-                let _ = store.reopen_reply(run_id).await;
+                let _ = store.reopen_reply(&lease).await;
                 Err(e.into())
             }
         }
@@ -431,14 +521,15 @@ impl Runtime {
 
     /// Continues a claimed run: the decision loop goes on with the reply as a note.
     pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
-        let journal = self.store.as_deref().map(|s| s as &dyn crate::exec::RunJournal);
-        let run_id = claimed.continuation.run_id.clone();
-        match self.runner.resume(claimed.request.run_request(), claimed.continuation, sink, cancel, journal).await {
+        let ClaimedReply { request, lease, continuation } = claimed;
+        let fenced = self.store.as_deref().map(|store| Fenced { store, lease: &lease });
+        let journal = fenced.as_ref().map(|f| f as &dyn crate::exec::RunJournal);
+        match self.runner.resume(request.run_request(), continuation, sink, cancel, journal).await {
             Ok(result) => Ok(RunOutcome { result, unused_script_lines: Vec::new() }),
             Err(e) => {
                 // Not started after all (the catalogue changed since the check): it still waits.
                 if let Some(store) = &self.store {
-                    let _ = store.reopen_reply(&run_id).await;
+                    let _ = store.reopen_reply(&lease).await;
                 }
                 Err(e)
             }
@@ -568,12 +659,45 @@ pub enum ReplyError {
 #[derive(Debug)]
 pub struct ClaimedReply {
     request: StartRequest,
+    lease: Lease,
     continuation: Continuation,
 }
 
 impl ClaimedReply {
     pub fn run_id(&self) -> &str {
         &self.continuation.run_id
+    }
+
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+/// An accepted run: its id, and its lease when this process claimed it at once.
+#[derive(Debug, Clone)]
+pub struct AcceptedRun {
+    pub run_id: String,
+    pub lease: Option<Lease>,
+}
+
+/// A run this process claimed from the store ([`Runtime::claim_runs`]), to [`Runtime::resume`].
+#[derive(Debug)]
+pub struct ClaimedRun {
+    lease: Lease,
+    route_id: String,
+    /// The start contract, or why it does not read.
+    request: Result<StartRequest, String>,
+    recovery: Recovery,
+}
+
+impl ClaimedRun {
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Whether the run had done anything before (journal entries): it is taken over, not new.
+    pub fn is_takeover(&self) -> bool {
+        !self.recovery.history.is_empty() || self.recovery.next_seq > 1
     }
 }
 

@@ -4,6 +4,7 @@ mod architecture;
 mod catalogue;
 mod cli;
 mod decision_loop;
+mod durable;
 mod hostile;
 mod hydrate;
 mod llama;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use fabric::cancel::Cancel;
 use fabric::events::NullSink;
 use fabric::runtime::{Runtime, StartRequest};
-use fabric::store::{RunFilter, RunStore, StoreError, StoredStatus};
+use fabric::store::{Holder, Lease, RunFilter, RunStore, StoreError, StoredStatus};
 use serde_json::{Value, json};
 
 use crate::support::repo;
@@ -72,9 +72,11 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
         let rt = runtime(store.clone(), stub.path());
         // A staged run: the row, every event in order, the journal, the list, a clean replay.
         let req = start("support-triage", json!({"ticket": "charged twice"}));
-        let id = rt.accept(&req).await.unwrap();
+        let accepted = rt.accept(&req, true).await.unwrap();
+        let (id, lease) = (accepted.run_id.clone(), accepted.lease.unwrap());
+        assert_eq!(lease.token, 1, "{name}");
         assert_eq!(store.get_run(&id).await.unwrap().unwrap().status, StoredStatus::Running, "{name}");
-        let out = rt.execute(id.clone(), &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
+        let out = rt.execute(&lease, &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
         let run = store.get_run(&id).await.unwrap().unwrap();
         assert_eq!((run.status, run.route_id.as_str()), (StoredStatus::Completed, "support-triage"), "{name}");
         assert_eq!(run.result.as_ref().unwrap()["output"], serde_json::to_value(&out.result).unwrap()["output"], "{name}");
@@ -89,13 +91,16 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
         assert!(report.divergences.is_empty(), "{name}: {:?}", report.divergences);
         // A run that asks: one claim wins, a second loses, a reopened one can be claimed again.
         let req = start("support-agent", json!({"question": "refund?"}));
-        let asking = rt.accept(&req).await.unwrap();
-        rt.execute(asking.clone(), &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
+        let accepted = rt.accept(&req, true).await.unwrap();
+        let asking = accepted.run_id.clone();
+        rt.execute(&accepted.lease.unwrap(), &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
         let run = store.get_run(&asking).await.unwrap().unwrap();
         assert_eq!((run.status, run.question.as_deref()), (StoredStatus::AwaitingInput, Some("Which order number?")), "{name}");
-        assert!(store.claim_reply(&asking).await.unwrap(), "{name}");
-        assert!(!store.claim_reply(&asking).await.unwrap(), "{name}: a second reply cannot claim it");
-        store.reopen_reply(&asking).await.unwrap();
+        let holder = Holder::new(Duration::from_secs(30));
+        let reply_lease = store.claim_reply(&asking, &holder).await.unwrap().unwrap_or_else(|| panic!("{name}: the first reply claims it"));
+        assert_eq!(reply_lease.token, 2, "{name}: a claim bumps the token");
+        assert!(store.claim_reply(&asking, &holder).await.unwrap().is_none(), "{name}: a second reply cannot claim it");
+        store.reopen_reply(&reply_lease).await.unwrap();
         let claimed = rt.claim_reply(&asking, "order 42".into()).await.unwrap();
         let done = rt.continue_run(claimed, Arc::new(NullSink), Cancel::never()).await.unwrap();
         assert_eq!(serde_json::to_value(&done.result).unwrap()["output"], "Order 42 is refunded.", "{name}");
@@ -113,24 +118,151 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
     }
 }
 
+fn request() -> Value {
+    json!({"route_id": "support-triage", "goal": {}})
+}
+
+/// Queued runs and runs whose lease expired are claimable; a live lease is not; a claim bumps
+/// the token; the holder that lost a run learns it from its renewal.
 #[tokio::test]
-async fn only_runs_nobody_heartbeats_are_failed_as_orphans_on_every_store() {
+async fn claims_take_queued_and_expired_runs_and_leave_live_leases_on_every_store() {
     let (stores, _dir) = stores().await;
+    let routes = ["support-triage".to_owned()];
     for (name, url) in stores {
         let store = fabric::store::open(&url).await.unwrap();
-        for id in ["orphan", "alive"] {
-            store.create_run(id, "support-triage", &json!({"route_id": "support-triage", "goal": {}})).await.unwrap();
+        let a = Holder::new(Duration::from_millis(600));
+        let b = Holder::new(Duration::from_secs(30));
+        assert!(store.create_run("q1", "support-triage", &request(), None).await.unwrap().is_none(), "{name}");
+        store.create_run("other-route", "support-agent", &request(), None).await.unwrap();
+        let dying = store.create_run("dying", "support-triage", &request(), Some(&a)).await.unwrap().unwrap();
+        let alive = store.create_run("alive", "support-triage", &request(), Some(&a)).await.unwrap().unwrap();
+        assert_eq!(store.queued().await.unwrap(), 2, "{name}");
+        // Only the queued run of a route this claimer serves: the leases are live.
+        let first = store.claim_runs(&b, &routes, 10).await.unwrap();
+        assert_eq!(first.iter().map(|c| (c.run.run_id.as_str(), c.token)).collect::<Vec<_>>(), [("q1", 1)], "{name}");
+        assert_eq!(first[0].run.status, StoredStatus::Running, "{name}");
+        // Past the lease: `alive` is renewed by its holder, `dying` is not.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(store.renew(&a, std::slice::from_ref(&alive)).await.unwrap().is_empty(), "{name}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let second = store.claim_runs(&b, &routes, 10).await.unwrap();
+        assert_eq!(second.iter().map(|c| (c.run.run_id.as_str(), c.token)).collect::<Vec<_>>(), [("dying", 2)], "{name}");
+        assert!(store.claim_runs(&b, &routes, 10).await.unwrap().is_empty(), "{name}: nothing claimed twice");
+        // The old holder's renewal says it lost `dying`; `alive` is still its own.
+        let lost = store.renew(&a, &[dying.clone(), alive.clone()]).await.unwrap();
+        assert_eq!(lost, ["dying"], "{name}");
+        // A lease let go is claimable at once.
+        store.release(&Lease { run_id: "dying".into(), token: 2 }).await.unwrap();
+        let third = store.claim_runs(&a, &routes, 10).await.unwrap();
+        assert_eq!(third.iter().map(|c| (c.run.run_id.as_str(), c.token)).collect::<Vec<_>>(), [("dying", 3)], "{name}");
+        assert_eq!(store.queued().await.unwrap(), 1, "{name}: the other route's run still waits");
+    }
+}
+
+/// Claimers racing over one database (each with its own pool, as replicas have) never get the
+/// same run, and together get every run.
+#[tokio::test]
+async fn concurrent_claimers_share_the_queued_runs_without_overlap_on_every_store() {
+    let (stores, _dir) = stores().await;
+    let routes = Arc::new(vec!["support-triage".to_owned()]);
+    for (name, url) in stores {
+        let setup = fabric::store::open(&url).await.unwrap();
+        let ids: Vec<String> = (0..200).map(|k| format!("run-{k:03}")).collect();
+        for id in &ids {
+            setup.create_run(id, "support-triage", &request(), None).await.unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        store.heartbeat(&["alive".to_owned()]).await.unwrap();
-        assert_eq!(store.fail_orphans(Duration::from_secs(1)).await.unwrap(), 1, "{name}");
-        let orphan = store.get_run("orphan").await.unwrap().unwrap();
-        assert_eq!((orphan.status, orphan.reason_class.as_deref()), (StoredStatus::Failed, Some("interrupted")), "{name}");
-        assert_eq!(orphan.result.unwrap()["status"], "failed", "{name}");
-        let events = store.events_after("orphan", 0).await.unwrap();
-        assert_eq!(events.iter().map(|e| (e.seq, e.kind.as_str())).collect::<Vec<_>>(), [(1, "run.failed")], "{name}");
-        assert_eq!(store.get_run("alive").await.unwrap().unwrap().status, StoredStatus::Running, "{name}");
-        assert_eq!(store.fail_orphans(Duration::from_secs(1)).await.unwrap(), 0, "{name}: a failed run is not failed twice");
+        let mut claimers = Vec::new();
+        for _ in 0..4 {
+            let (url, routes) = (url.clone(), routes.clone());
+            claimers.push(tokio::spawn(async move {
+                let store = fabric::store::open(&url).await.unwrap();
+                let holder = Holder::new(Duration::from_secs(30));
+                let mut mine = Vec::new();
+                loop {
+                    let got = store.claim_runs(&holder, &routes, 7).await.unwrap();
+                    if got.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(got.into_iter().map(|c| c.run.run_id));
+                }
+            }));
+        }
+        let mut all: Vec<String> = Vec::new();
+        for c in claimers {
+            all.extend(c.await.unwrap());
+        }
+        let total = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!((total, all), (200, ids), "{name}: every run claimed exactly once");
+    }
+}
+
+/// A holder that lost its lease (it stalled past it and another process took the run over)
+/// cannot write again: its batches are refused whole, the new holder's are written, and a run
+/// sharing the stalled writer's transaction is not harmed.
+#[tokio::test]
+async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() {
+    use fabric::exec::{JournalBatch, JournalEntry, RunStatus};
+    let (stores, _dir) = stores().await;
+    let routes = ["support-triage".to_owned()];
+    for (name, url) in stores {
+        let store = fabric::store::open(&url).await.unwrap();
+        let stalled_holder = Holder::new(Duration::from_millis(300));
+        let stalled = store.create_run("stalled", "support-triage", &request(), Some(&stalled_holder)).await.unwrap().unwrap();
+        let healthy = store.create_run("healthy", "support-triage", &request(), Some(&Holder::new(Duration::from_secs(30)))).await.unwrap().unwrap();
+        let event = |run: &str, seq: u64, kind| fabric::events::Event {
+            kind,
+            run_id: run.into(),
+            route_id: "support-triage".into(),
+            seq,
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            stage_id: None,
+            parent_run_id: None,
+            data: Default::default(),
+        };
+        let entry = |v: &str| JournalEntry::StageCompleted { stage_id: "intake".into(), value: v.into(), note: None };
+        let end = |run: &str| {
+            let mut r = fabric::exec::result_from_journal(run, "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
+            r.status = RunStatus::Completed;
+            r.error = None;
+            r.output = Some("done".into());
+            r
+        };
+        let first = JournalBatch { events: vec![event("stalled", 1, fabric::events::EventKind::RunStarted)], entries: vec![entry("first")], end: None };
+        store.commit(&stalled, first).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let taker = Holder::new(Duration::from_secs(30));
+        let taken = store.claim_runs(&taker, &routes, 10).await.unwrap();
+        assert_eq!(taken.iter().map(|c| c.run.run_id.as_str()).collect::<Vec<_>>(), ["stalled"], "{name}");
+        let new_lease = Lease { run_id: "stalled".into(), token: taken[0].token };
+        assert_eq!(store.next_seq("stalled").await.unwrap(), 2, "{name}");
+        // The stalled holder wakes up and writes its next stage and its end, in one transaction
+        // with the healthy run's end.
+        let late = JournalBatch { events: vec![event("stalled", 2, fabric::events::EventKind::StageCompleted)], entries: vec![entry("late")], end: None };
+        let late_end = JournalBatch { events: vec![event("stalled", 3, fabric::events::EventKind::RunCompleted)], entries: vec![], end: Some(end("stalled")) };
+        let healthy_end =
+            JournalBatch { events: vec![event("healthy", 1, fabric::events::EventKind::RunCompleted)], entries: vec![], end: Some(end("healthy")) };
+        store.append(&stalled, late).await.unwrap();
+        let (a, b) = tokio::join!(store.commit(&healthy, healthy_end), store.commit(&stalled, late_end));
+        a.unwrap_or_else(|e| panic!("{name}: the healthy run's commit failed: {e}"));
+        let refused = b.expect_err("the fenced holder's commit is refused");
+        assert!(refused.contains("lease was lost"), "{name}: {refused}");
+        assert_eq!(store.get_run("healthy").await.unwrap().unwrap().status, StoredStatus::Completed, "{name}");
+        let run = store.get_run("stalled").await.unwrap().unwrap();
+        assert_eq!((run.status, run.lease_token), (StoredStatus::Running, 2), "{name}: not ended by the fenced holder");
+        assert_eq!(store.events_after("stalled", 0).await.unwrap().len(), 1, "{name}: no late event");
+        assert_eq!(store.journal("stalled").await.unwrap(), [entry("first")], "{name}: no late journal entry");
+        // The new holder writes on where the journal ends.
+        let resumed = JournalBatch {
+            events: vec![event("stalled", 2, fabric::events::EventKind::RunCompleted)],
+            entries: vec![entry("resumed")],
+            end: Some(end("stalled")),
+        };
+        store.commit(&new_lease, resumed).await.unwrap();
+        let run = store.get_run("stalled").await.unwrap().unwrap();
+        assert_eq!((run.status, run.next_seq), (StoredStatus::Completed, 3), "{name}");
+        assert_eq!(store.journal("stalled").await.unwrap(), [entry("first"), entry("resumed")], "{name}");
     }
 }
 
@@ -150,7 +282,7 @@ async fn a_database_migrated_by_a_newer_runtime_is_refused_by_every_store() {
             pool.close().await;
         }
         let err = fabric::store::open(&url).await.unwrap_err();
-        assert!(matches!(err, StoreError::TooNew { found: 999, known: 1 }), "{name}: {err}");
+        assert!(matches!(err, StoreError::TooNew { found: 999, known: 2 }), "{name}: {err}");
     }
 }
 
@@ -163,7 +295,7 @@ async fn replicas_opening_one_new_postgres_database_together_migrate_it_once() {
     }
     let pool = sqlx::postgres::PgPoolOptions::new().connect(&url).await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM fabric_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [1]);
+    assert_eq!(versions, [1, 2]);
 }
 
 #[test]
@@ -195,52 +327,4 @@ async fn an_unreachable_postgres_is_named_without_its_password() {
     let err = fabric::store::open("postgres://fabric:s3cret-pw@127.0.0.1:1/fabric?sslpassword=k3y").await.unwrap_err().to_string();
     assert!(err.contains("cannot connect to postgres://") && err.contains("127.0.0.1:1/fabric"), "{err}");
     assert!(!err.contains("s3cret-pw") && !err.contains("k3y"), "{err}");
-}
-
-/// A process that stalled past the lease writes on as if nothing happened: its run stays failed,
-/// and the runs that share its transaction are not harmed.
-#[tokio::test]
-async fn a_stalled_process_late_writes_neither_revive_its_run_nor_fail_others_on_every_store() {
-    use fabric::exec::{JournalBatch, RunStatus};
-    let (stores, _dir) = stores().await;
-    for (name, url) in stores {
-        let store = fabric::store::open(&url).await.unwrap();
-        for id in ["stalled", "healthy"] {
-            store.create_run(id, "support-triage", &json!({"route_id": "support-triage", "goal": {}})).await.unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        store.heartbeat(&["healthy".to_owned()]).await.unwrap();
-        assert_eq!(store.fail_orphans(Duration::from_secs(1)).await.unwrap(), 1, "{name}");
-        let event = |run: &str, seq: u64, kind| fabric::events::Event {
-            kind,
-            run_id: run.into(),
-            route_id: "support-triage".into(),
-            seq,
-            ts: "2026-01-01T00:00:00.000Z".into(),
-            stage_id: None,
-            parent_run_id: None,
-            data: Default::default(),
-        };
-        let end = |run: &str| {
-            let mut r = fabric::exec::result_from_journal(run, "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
-            r.status = RunStatus::Completed;
-            r.error = None;
-            r.output = Some("done".into());
-            r
-        };
-        // The stalled process's next stage and end, queued together with the healthy run's end.
-        let stalled = JournalBatch { events: vec![event("stalled", 1, fabric::events::EventKind::RunStarted)], entries: vec![], end: None };
-        let stalled_end =
-            JournalBatch { events: vec![event("stalled", 2, fabric::events::EventKind::RunCompleted)], entries: vec![], end: Some(end("stalled")) };
-        let healthy = JournalBatch { events: vec![event("healthy", 1, fabric::events::EventKind::RunCompleted)], entries: vec![], end: Some(end("healthy")) };
-        store.append("stalled", stalled).await.unwrap();
-        let (a, b) = tokio::join!(store.commit("healthy", healthy), store.commit("stalled", stalled_end));
-        a.unwrap_or_else(|e| panic!("{name}: the healthy run's commit failed: {e}"));
-        let _ = b;
-        assert_eq!(store.get_run("healthy").await.unwrap().unwrap().status, StoredStatus::Completed, "{name}");
-        let stalled = store.get_run("stalled").await.unwrap().unwrap();
-        assert_eq!((stalled.status, stalled.reason_class.as_deref()), (StoredStatus::Failed, Some("interrupted")), "{name}: not revived");
-        let kinds: Vec<String> = store.events_after("stalled", 0).await.unwrap().into_iter().map(|e| e.kind).collect();
-        assert_eq!(kinds[0], "run.failed", "{name}: the failure keeps its place: {kinds:?}");
-    }
 }

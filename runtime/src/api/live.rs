@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::cancel::{Cancel, CancelHandle};
 use crate::events::{Event, EventSink};
+use crate::store::Lease;
 
 /// An event as the live tail keeps it: ready to send.
 #[derive(Debug, Clone)]
@@ -21,6 +23,10 @@ pub struct LiveEvent {
 #[derive(Debug)]
 pub struct LiveRun {
     run_id: String,
+    /// The lease this process executes it under.
+    lease: Lease,
+    /// Stops this segment (a lost lease, the end of a shutdown).
+    stop: CancelHandle,
     /// Every event of this segment, in order.
     log: Mutex<Vec<LiveEvent>>,
     /// Bumped on every event and at the end, so waiters wake up.
@@ -30,6 +36,20 @@ pub struct LiveRun {
 }
 
 impl LiveRun {
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The token the segment runs with: fires when it is stopped.
+    pub fn cancel_token(&self) -> Cancel {
+        self.stop.token()
+    }
+
+    /// Stops the segment (its run ends `interrupted`, which a lost lease keeps from the record).
+    pub fn stop(&self, reason: &str) {
+        self.stop.cancel(reason);
+    }
+
     /// Events with `seq > after`, and whether the segment has ended (then they are all).
     pub fn events_after(&self, after: u64) -> (Vec<LiveEvent>, bool) {
         let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
@@ -83,11 +103,26 @@ pub struct Live {
 }
 
 impl Live {
-    /// Registers a new segment of `run_id` (replacing an ended one).
-    pub fn begin(&self, run_id: &str) -> Arc<LiveRun> {
-        let run = Arc::new(LiveRun { run_id: run_id.to_owned(), log: Mutex::default(), tick: watch::channel(0).0, end: Mutex::default() });
-        self.runs.lock().unwrap_or_else(|p| p.into_inner()).insert(run_id.to_owned(), run.clone());
+    /// Registers a new segment of a run this process holds (replacing an ended one).
+    pub fn begin(&self, lease: &Lease) -> Arc<LiveRun> {
+        let run_id = lease.run_id.clone();
+        let (stop, _) = CancelHandle::new();
+        let run =
+            Arc::new(LiveRun { run_id: run_id.clone(), lease: lease.clone(), stop, log: Mutex::default(), tick: watch::channel(0).0, end: Mutex::default() });
+        self.runs.lock().unwrap_or_else(|p| p.into_inner()).insert(run_id, run.clone());
         run
+    }
+
+    /// The leases of the runs in flight (for the store's heartbeat).
+    pub fn leases(&self) -> Vec<Lease> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner()).values().map(|r| r.lease.clone()).collect()
+    }
+
+    /// Stops every run in flight.
+    pub fn stop_all(&self, reason: &str) {
+        for run in self.runs.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            run.stop(reason);
+        }
     }
 
     pub fn get(&self, run_id: &str) -> Option<Arc<LiveRun>> {

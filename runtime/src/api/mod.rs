@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 pub use live::{Live, LiveEvent, LiveRun};
 pub use metrics::Metrics;
 
-use crate::cancel::{Cancel, CancelHandle};
+use crate::cancel::Cancel;
 use crate::catalogue::RouteEntry;
 use crate::events::{EventSink, FanOut};
 use crate::exec::StartError;
@@ -51,11 +51,24 @@ pub struct ApiConfig {
     pub max_goal_bytes: usize,
     /// How long `?wait=true` waits before answering with the run as it stands.
     pub wait_max: Duration,
+    /// Runs the store may hold `queued` (accepted while every replica was busy); past it, 429.
+    /// 0: a busy service refuses new runs rather than queue them.
+    pub max_queued: u64,
+    /// How often this process looks for runs to claim (queued, or whose process stopped).
+    pub claim_poll: Duration,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
-        ApiConfig { token: None, max_in_flight: 1024, max_body_bytes: 1024 * 1024, max_goal_bytes: 256 * 1024, wait_max: Duration::from_secs(60) }
+        ApiConfig {
+            token: None,
+            max_in_flight: 1024,
+            max_body_bytes: 1024 * 1024,
+            max_goal_bytes: 256 * 1024,
+            wait_max: Duration::from_secs(60),
+            max_queued: 10_000,
+            claim_poll: Duration::from_secs(1),
+        }
     }
 }
 
@@ -71,9 +84,8 @@ struct Shared {
     live: Live,
     metrics: Arc<Metrics>,
     in_flight: Arc<Semaphore>,
-    /// Cancels every run of this process (the end of a graceful shutdown).
-    shutdown: CancelHandle,
-    cancel: Cancel,
+    /// Set when a shutdown begins: no more claims.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for AppState {
@@ -85,14 +97,79 @@ impl std::fmt::Debug for AppState {
 impl AppState {
     /// The runtime must have a run store.
     pub fn new(runtime: Arc<Runtime>, config: ApiConfig) -> AppState {
-        let (shutdown, cancel) = CancelHandle::new();
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
-        AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, shutdown, cancel }) }
+        let stopping = std::sync::atomic::AtomicBool::new(false);
+        AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, stopping }) }
     }
 
-    /// The ids of the runs this process executes now (for the store's heartbeat).
+    /// The ids of the runs this process executes now.
     pub fn live_run_ids(&self) -> Vec<String> {
         self.inner.live.ids()
+    }
+
+    /// Keeps this process's share of the work, for ever: every third of the lease it renews the
+    /// leases of the runs it executes (and stops those another process took over); every
+    /// `claim_poll` it claims what it has room for: queued runs, and runs whose process stopped
+    /// renewing (died, or stalled past its lease), which go on from their journal.
+    pub async fn keep_leases(self) {
+        let runtime = self.inner.runtime.clone();
+        let every = runtime.holder().lease / 3;
+        let poll = self.inner.config.claim_poll.min(every).max(Duration::from_millis(10));
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut renewed = Instant::now();
+        loop {
+            tick.tick().await;
+            if renewed.elapsed() + poll / 2 >= every {
+                // Renewed before claiming: this process's own live runs never look expired to it.
+                match runtime.renew(&self.inner.live.leases()).await {
+                    Ok(lost) => {
+                        renewed = Instant::now();
+                        for run_id in lost {
+                            tracing::warn!(
+                                run_id,
+                                "run lease lost (another process took the run over after this one went silent past its lease); this process stops the run"
+                            );
+                            if let Some(live) = self.inner.live.get(&run_id) {
+                                live.stop("lease lost");
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "run store: renewing leases");
+                        continue;
+                    }
+                }
+            }
+            if self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                continue;
+            }
+            let room = self.inner.in_flight.available_permits().min(64);
+            if room == 0 {
+                continue;
+            }
+            let claimed = match runtime.claim_runs(room).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "run store: claiming runs");
+                    continue;
+                }
+            };
+            for run in claimed {
+                let lease = run.lease().clone();
+                let Ok(permit) = self.inner.in_flight.clone().try_acquire_owned() else {
+                    // A request took the room meanwhile: let the run go for the next claim.
+                    let _ = runtime.release(&lease).await;
+                    continue;
+                };
+                if run.is_takeover() {
+                    tracing::warn!(run_id = lease.run_id, claim = lease.token, "taking over a run whose process stopped; it goes on from its journal");
+                } else {
+                    tracing::info!(run_id = lease.run_id, "claimed a queued run");
+                }
+                run_segment(&self, &lease, permit, move |runtime, sink, cancel| async move { Ok(runtime.resume(run, sink, cancel).await) });
+            }
+        }
     }
 
     /// Runs executing now.
@@ -100,16 +177,18 @@ impl AppState {
         self.inner.config.max_in_flight - self.inner.in_flight.available_permits()
     }
 
-    /// Waits until no run executes, at most `grace`; then interrupts the rest (they fail with
-    /// `interrupted`, recorded so) and waits for their last commits, at most 10 s more.
+    /// Stops claiming, waits until no run executes, at most `grace`; then interrupts the rest
+    /// (they fail with `interrupted`, recorded so) and waits for their last commits, at most 10 s
+    /// more.
     pub async fn drain(&self, grace: Duration) -> usize {
+        self.inner.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         let deadline = Instant::now() + grace;
         while self.runs_in_flight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let left = self.runs_in_flight();
         if left > 0 {
-            self.inner.shutdown.cancel("shutdown");
+            self.inner.live.stop_all("shutdown");
             let deadline = Instant::now() + Duration::from_secs(10);
             while self.runs_in_flight() > 0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -204,7 +283,8 @@ pub struct StartBody {
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Accepted {
     pub run_id: String,
-    /// `running`.
+    /// `running`, or `queued` when every run slot of this process was taken (any replica with
+    /// room claims it).
     pub status: String,
 }
 
@@ -214,7 +294,7 @@ pub struct Accepted {
 pub struct RunView {
     pub run_id: String,
     pub route_id: String,
-    /// `running`, `completed`, `failed` or `awaiting_input`.
+    /// `queued`, `running`, `completed`, `failed` or `awaiting_input`.
     pub status: String,
     #[serde(default)]
     pub output: Option<String>,
@@ -302,7 +382,7 @@ pub struct WaitParam {
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
     pub route_id: Option<String>,
-    /// `running`, `completed`, `failed` or `awaiting_input`.
+    /// `queued`, `running`, `completed`, `failed` or `awaiting_input`.
     pub status: Option<String>,
     /// A run id: list runs older than it (the `next` of the previous page).
     pub before: Option<String>,
@@ -466,19 +546,34 @@ async fn start_run(
         prefetch: body.prefetch.unwrap_or_default(),
         session_id: body.session_id,
     };
-    let permit = state.inner.in_flight.clone().try_acquire_owned().map_err(|_| too_many())?;
-    let run_id = state.inner.runtime.accept(&req).await.map_err(|e| match e {
+    // Room here: the run is claimed by this process as it is accepted. None: it is queued in
+    // the store for any replica with room, up to the queue's bound.
+    let permit = state.inner.in_flight.clone().try_acquire_owned().ok();
+    if permit.is_none() {
+        let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+        if config.max_queued == 0 || store.queued().await.map_err(store_error)? >= config.max_queued {
+            return Err(too_many());
+        }
+    }
+    let accepted = state.inner.runtime.accept(&req, permit.is_some()).await.map_err(|e| match e {
         AcceptError::Start(s) => start_error(s),
         AcceptError::UnknownProfile(p) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("model profile `{p}` is not defined")),
         AcceptError::Store(s) => store_error(s),
         AcceptError::NoStore => store_error("no store"),
     })?;
-    let task_id = run_id.clone();
-    let live = run_segment(&state, &run_id, permit, move |runtime, sink, cancel| async move { runtime.execute(task_id, &req, sink, cancel).await });
+    let run_id = accepted.run_id.clone();
+    let status = match (permit, accepted.lease) {
+        (Some(permit), Some(lease)) => {
+            let held = lease.clone();
+            run_segment(&state, &held, permit, move |runtime, sink, cancel| async move { runtime.execute(&lease, &req, sink, cancel).await });
+            "running"
+        }
+        _ => "queued",
+    };
     if wait.wait {
-        return Ok(waited(&state, &live, &run_id).await?.into_response());
+        return Ok(waited(&state, &run_id).await?.into_response());
     }
-    let mut response = (StatusCode::CREATED, Json(Accepted { run_id: run_id.clone(), status: "running".into() })).into_response();
+    let mut response = (StatusCode::CREATED, Json(Accepted { run_id: run_id.clone(), status: status.into() })).into_response();
     if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
         response.headers_mut().insert(header::LOCATION, v);
     }
@@ -487,24 +582,25 @@ async fn start_run(
 
 /// Executes a run segment (a start, or a reply's continuation) in the background while holding
 /// its permit; its events go to the live tail and the metrics; its end to [`finish`].
-fn run_segment<F, Fut>(state: &AppState, run_id: &str, permit: tokio::sync::OwnedSemaphorePermit, segment: F) -> Arc<LiveRun>
+fn run_segment<F, Fut>(state: &AppState, lease: &crate::store::Lease, permit: tokio::sync::OwnedSemaphorePermit, segment: F) -> Arc<LiveRun>
 where
     F: FnOnce(Arc<Runtime>, Arc<dyn EventSink>, Cancel) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<crate::runtime::RunOutcome, StartError>> + Send,
 {
-    let live = state.inner.live.begin(run_id);
-    let (task_state, task_live, task_id) = (state.clone(), live.clone(), run_id.to_owned());
+    let live = state.inner.live.begin(lease);
+    let (task_state, task_live) = (state.clone(), live.clone());
     tokio::spawn(async move {
         let _permit = permit;
         let sink = sink_for(&task_state, &task_live);
-        let outcome = segment(task_state.inner.runtime.clone(), sink, task_state.inner.cancel.clone()).await;
-        finish(&task_state, &task_live, &task_id, outcome.map(|o| o.result)).await;
+        let outcome = segment(task_state.inner.runtime.clone(), sink, task_live.cancel_token()).await;
+        finish(&task_state, &task_live, outcome.map(|o| o.result)).await;
     });
     live
 }
 
 /// Ends a live segment with the run's stored view (its record is complete by now).
-async fn finish(state: &AppState, live: &LiveRun, run_id: &str, outcome: Result<crate::exec::RunResult, StartError>) {
+async fn finish(state: &AppState, live: &LiveRun, outcome: Result<crate::exec::RunResult, StartError>) {
+    let run_id = live.lease().run_id.as_str();
     if let Err(e) = &outcome {
         tracing::warn!(run_id, error = %e, "run did not start");
     }
@@ -512,14 +608,34 @@ async fn finish(state: &AppState, live: &LiveRun, run_id: &str, outcome: Result<
         && let Some(e) = r.error.as_ref().filter(|e| e.reason_class == crate::failure::ReasonClass::StoreError)
     {
         tracing::error!(run_id, error = %e.message, "run record");
+        // Its end is not recorded: let it go, so a process (this one, or another) takes it over
+        // from its journal at once. A lease already lost is not this process's to let go (the
+        // store checks the token).
+        if let Err(e) = state.inner.runtime.release(live.lease()).await {
+            tracing::error!(run_id, error = %e, "run store: letting a run go");
+        }
     }
     let stored = view(state, run_id).await.ok().and_then(|v| serde_json::to_value(v).ok()).unwrap_or(Value::Null);
     state.inner.live.finish(live, stored);
 }
 
-async fn waited(state: &AppState, live: &LiveRun, run_id: &str) -> Result<Json<RunView>, ApiError> {
-    let _ = tokio::time::timeout(state.inner.config.wait_max, live.wait()).await;
-    view(state, run_id).await.map(Json)
+/// How often a request that follows a run executed elsewhere (another replica) reads the store.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+/// The run once it ended or asked, or as it stands after the wait limit: followed live when
+/// this process executes it, through the store otherwise.
+async fn waited(state: &AppState, run_id: &str) -> Result<Json<RunView>, ApiError> {
+    let deadline = Instant::now() + state.inner.config.wait_max;
+    loop {
+        if let Some(live) = state.inner.live.get(run_id) {
+            let _ = tokio::time::timeout_at(deadline.into(), live.wait()).await;
+        }
+        let v = view(state, run_id).await?;
+        if !matches!(v.status.as_str(), "queued" | "running") || Instant::now() >= deadline {
+            return Ok(Json(v));
+        }
+        tokio::time::sleep(FOLLOW_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
 }
 
 /// A run: the result object once it ended or asked.
@@ -539,7 +655,7 @@ async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, Q
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_request",
-                format!("`status` `{s}` is not one of running, completed, failed, awaiting_input"),
+                format!("`status` `{s}` is not one of queued, running, completed, failed, awaiting_input"),
             )
         })?),
     };
@@ -573,38 +689,56 @@ async fn run_events(
             .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "`Last-Event-ID` must be the `seq` of an event (a whole number)"))?,
     };
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
-    // The live segment first, then the record: an event is in one or the other (a segment
-    // leaves the registry only after its last commit).
-    let live = state.inner.live.get(&run_id);
     if store.get_run(&run_id).await.map_err(store_error)?.is_none() {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`")));
     }
-    let stored = store.events_after(&run_id, after).await.map_err(store_error)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
-    let sse = |seq: u64, kind: &str, json: &str| SseEvent::default().id(seq.to_string()).event(kind).data(json);
+    let follower = state.clone();
     tokio::spawn(async move {
+        let sse = |seq: u64, kind: &str, json: &str| SseEvent::default().id(seq.to_string()).event(kind).data(json);
         let mut last = after;
-        for e in stored {
-            last = e.seq;
-            if tx.send(sse(e.seq, &e.kind, &e.body)).await.is_err() {
-                return;
-            }
-        }
-        let Some(live) = live else { return };
-        let mut ticks = live.subscribe();
         loop {
-            let (events, ended) = live.events_after(last);
-            for e in events {
+            // The live segment first, then the record: an event is in one or the other (a
+            // segment leaves the registry only after its last commit).
+            let live = follower.inner.live.get(&run_id);
+            let status = match store.get_run(&run_id).await {
+                Ok(Some(run)) => run.status,
+                _ => return,
+            };
+            let Ok(stored) = store.events_after(&run_id, last).await else { return };
+            for e in stored {
                 last = e.seq;
-                if tx.send(sse(e.seq, e.kind, &e.json)).await.is_err() {
+                if tx.send(sse(e.seq, &e.kind, &e.body)).await.is_err() {
                     return;
                 }
             }
-            // Ended: every event of the segment was in that read.
-            if ended {
+            if let Some(live) = live {
+                let mut ticks = live.subscribe();
+                loop {
+                    let (events, ended) = live.events_after(last);
+                    for e in events {
+                        last = e.seq;
+                        if tx.send(sse(e.seq, e.kind, &e.json)).await.is_err() {
+                            return;
+                        }
+                    }
+                    // Ended: every event of the segment was in that read.
+                    if ended {
+                        break;
+                    }
+                    let _ = ticks.changed().await;
+                }
+                continue;
+            }
+            // Not executing here: queued, or executed by another replica; followed through the
+            // store until it ends or asks.
+            if !matches!(status, StoredStatus::Queued | StoredStatus::Running) {
                 return;
             }
-            let _ = ticks.changed().await;
+            tokio::select! {
+                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+                _ = tx.closed() => return,
+            }
         }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) });
@@ -635,9 +769,10 @@ async fn reply(
         ReplyError::NoStore => store_error("no store"),
         ReplyError::Start(s) => start_error(s),
     })?;
-    let live = run_segment(&state, &run_id, permit, move |runtime, sink, cancel| async move { runtime.continue_run(claimed, sink, cancel).await });
+    let lease = claimed.lease().clone();
+    run_segment(&state, &lease, permit, move |runtime, sink, cancel| async move { runtime.continue_run(claimed, sink, cancel).await });
     if wait.wait {
-        return Ok(waited(&state, &live, &run_id).await?.into_response());
+        return Ok(waited(&state, &run_id).await?.into_response());
     }
     Ok((StatusCode::ACCEPTED, Json(Accepted { run_id, status: "running".into() })).into_response())
 }

@@ -74,9 +74,10 @@ impl Runner {
                     // A recovered or replayed run takes the tool's recorded outcome.
                     if let Some(super::JournalEntry::Note { note }) = state.replay_front() {
                         let note = note.clone();
-                        state.replay_pop(run.events);
                         state.notes.push(note);
                         self.end_stage(run, open, Err(&StageFailure::new(ReasonClass::ToolFailed, "recorded")), state, false);
+                        // Popped after the stage's (muted) event: it was written before.
+                        state.replay_pop(run.events);
                         continue;
                     }
                     let outcome = match state.recorded_result(tool.id()) {

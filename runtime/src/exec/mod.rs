@@ -525,6 +525,33 @@ impl Runner {
         Ok(self.run_route(run, &Context::current(), state, None).await)
     }
 
+    /// Ends a recovered run that cannot go on here (its route is gone from the catalogue, its
+    /// start contract does not read): failed with `class`, keeping what its journal holds, with a
+    /// last `run.failed` event, committed to `journal`.
+    pub async fn abandon(
+        &self,
+        route_id: &str,
+        recovery: Recovery,
+        class: ReasonClass,
+        message: &str,
+        sink: Arc<dyn EventSink>,
+        journal: &dyn RunJournal,
+    ) -> RunResult {
+        let result = result_from_journal(&recovery.run_id, route_id, &recovery.history, class, message);
+        let events = RunEvents::new(&recovery.run_id, route_id, None, sink).recording(recovery.next_seq);
+        events.emit(EventKind::RunFailed, None, || fields! {"reason_class" => class.as_str(), "message" => message});
+        let batch = JournalBatch { events: events.take_recorded(), entries: Vec::new(), end: Some(result.clone()) };
+        if let Err(e) = journal.commit(&recovery.run_id, batch).await {
+            let mut failed = result;
+            if let Some(f) = failed.error.as_mut() {
+                f.reason_class = ReasonClass::StoreError;
+                f.message = format!("the run's record could not be written: {e}");
+            }
+            return failed;
+        }
+        result
+    }
+
     /// Replays a finished run from its journal with no model and no tool call: every recorded
     /// reply and result is used in order, and every difference (a prompt, a user message, a
     /// result, a path the journal does not have) is reported.
@@ -658,13 +685,16 @@ impl Runner {
                 if let Some(n) = &added {
                     state.notes.push(n.clone());
                 }
+                // A recovery goes on live after the stage that completes its journal: its own
+                // event was written before, so it is popped after the (muted) event below.
+                let mut recorded_here = false;
                 match state.replay_front() {
                     Some(JournalEntry::StageCompleted { stage_id, value: recorded, .. }) if stage_id == stage.id() => {
                         if *recorded != value {
                             let what = format!("stage `{}`: the result differs: recorded {recorded}, now {value}", stage.id());
                             state.diverge(what);
                         }
-                        state.replay_pop(run.events);
+                        recorded_here = true;
                     }
                     Some(other) if state.strict_replay() => {
                         let what = format!("stage `{}` completed where the journal has {}", stage.id(), describe(other));
@@ -684,6 +714,9 @@ impl Runner {
                     || fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => chars},
                 );
                 state.last_output = Some(value);
+                if recorded_here {
+                    state.replay_pop(run.events);
+                }
             }
             Err(f) => {
                 crate::otel::fail_cx(cx, f.class.as_str(), &f.message);

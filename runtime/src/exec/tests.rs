@@ -245,6 +245,11 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
             let seqs: Vec<u64> = sink.events().iter().map(|e| e.seq).collect();
             assert_eq!(seqs.first().copied(), Some(next_seq), "{route} cut {cut}: no gap, no duplicate");
             assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+            // The same events the run would have written, from where its record stops: none of
+            // the replayed part again (a stage completed twice, say).
+            let (_, all_events) = journal.prefix(batches);
+            let kinds = |e: &[crate::events::Event]| e.iter().map(|e| (e.kind, e.stage_id.clone())).collect::<Vec<_>>();
+            assert_eq!(kinds(&sink.events()), kinds(&all_events[events.len()..]), "{route} cut {cut}: the events go on as they would have");
             let full = journal.entries();
             assert_eq!(recovered_journal.entries(), full[history.len()..], "{route} cut {cut}: the journal goes on where it stopped, nothing written twice");
         }

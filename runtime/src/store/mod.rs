@@ -1,10 +1,14 @@
-//! The run store: runs (start contract, status, result), their events and their journal.
+//! The run store: runs (start contract, status, result), their events and their journal, and who
+//! executes each run (claims and leases).
 //!
-//! One small trait, [`RunStore`], with one implementation per database; SQLite
-//! ([`sqlite::SqliteStore`], the default `sqlite://fabric.db`) is embedded. A store is also the
-//! executor's [`RunJournal`]: a journalled run commits its events and journal entries once per
-//! completed stage and once at its end. SQL and its row types stay inside the implementations.
-//! Schema versions are numbered; a store refuses a database whose schema is newer than it knows.
+//! One small trait, [`RunStore`], with one implementation for SQLite ([`sqlite::SqliteStore`], the
+//! default `sqlite://fabric.db`, embedded) and PostgreSQL ([`postgres::PgStore`]). A run is
+//! `queued` until a process claims it; a claim holds a lease (renewed by a heartbeat) and a
+//! fencing token that every write of the holder carries and the store checks under the run's row
+//! lock, so a process that lost its lease never writes again ([`Fenced`] is a claimed run's
+//! [`RunJournal`]). A journalled run commits its events and journal entries once per completed
+//! stage and once at its end. SQL and its row types stay inside the implementations. Schema
+//! versions are numbered; a store refuses a database whose schema is newer than it knows.
 
 pub mod postgres;
 mod queue;
@@ -16,7 +20,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::exec::{JournalEntry, RunJournal};
+use crate::exec::{JournalBatch, JournalEntry, RunJournal};
 use crate::failure::BoxFuture;
 
 pub use crate::llm::model::DEFAULT_DATABASE_URL;
@@ -31,6 +35,13 @@ pub enum StoreError {
     TooNew { found: i64, known: i64 },
     #[error("the run store failed: {0}")]
     Database(String),
+    /// The database cannot be reached now (a restart, a network cut): worth trying again.
+    #[error("the run store is unavailable: {0}")]
+    Unavailable(String),
+    /// The run's lease was taken over by another process (its own expired): this holder's
+    /// writes are refused and it must stop the run.
+    #[error("run {0}: its lease was lost (another process took the run over); this process stops it")]
+    LeaseLost(String),
     #[error("no run `{0}`")]
     NotFound(String),
 }
@@ -39,6 +50,8 @@ pub enum StoreError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StoredStatus {
+    /// Accepted, not claimed yet: any process serving its route may claim it.
+    Queued,
     Running,
     Completed,
     Failed,
@@ -48,6 +61,7 @@ pub enum StoredStatus {
 impl StoredStatus {
     pub fn as_str(self) -> &'static str {
         match self {
+            StoredStatus::Queued => "queued",
             StoredStatus::Running => "running",
             StoredStatus::Completed => "completed",
             StoredStatus::Failed => "failed",
@@ -56,7 +70,9 @@ impl StoredStatus {
     }
 
     pub fn parse(s: &str) -> Option<StoredStatus> {
-        [StoredStatus::Running, StoredStatus::Completed, StoredStatus::Failed, StoredStatus::AwaitingInput].into_iter().find(|k| k.as_str() == s)
+        [StoredStatus::Queued, StoredStatus::Running, StoredStatus::Completed, StoredStatus::Failed, StoredStatus::AwaitingInput]
+            .into_iter()
+            .find(|k| k.as_str() == s)
     }
 }
 
@@ -76,6 +92,9 @@ pub struct StoredRun {
     pub next_seq: u64,
     pub created_at: String,
     pub updated_at: String,
+    /// How many times the run was claimed (its fencing token): 1 for a run executed by the
+    /// process that accepted it and never taken over.
+    pub lease_token: i64,
 }
 
 /// Which runs to list, newest first.
@@ -96,28 +115,101 @@ pub struct StoredEvent {
     pub body: String,
 }
 
-/// The port to a run store. Contract: `create_run` inserts a new run (`running`); commits
-/// (the [`RunJournal`] side) append events and journal entries and, with an end, set the run's
-/// status, result and next `seq` in the same transaction; `claim_reply` atomically moves a run
-/// from `awaiting_input` to `running` and says whether it did (so two replies cannot both
-/// continue a run).
-pub trait RunStore: RunJournal + std::fmt::Debug {
-    fn create_run<'a>(&'a self, run_id: &'a str, route_id: &'a str, request: &'a Value) -> BoxFuture<'a, Result<(), StoreError>>;
+/// Who claims runs: this process's name in the store and how long its leases last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Unique per process (a new one at every start).
+    pub owner: String,
+    /// How long a claim lasts without a heartbeat (`FABRIC_RUN_LEASE_S`).
+    pub lease: std::time::Duration,
+}
+
+impl Holder {
+    /// A new holder name for this process.
+    pub fn new(lease: std::time::Duration) -> Holder {
+        Holder { owner: uuid::Uuid::now_v7().to_string(), lease }
+    }
+
+    pub(crate) fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX / 4)
+    }
+}
+
+/// A run's lease as its holder has it: the fencing token its writes carry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Lease {
+    pub run_id: String,
+    pub token: i64,
+}
+
+/// A run this process claimed (queued, or whose holder's lease expired).
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub run: StoredRun,
+    pub token: i64,
+}
+
+/// The port to a run store. Contract:
+/// - `create_run` inserts a new run, `queued`, or `running` and claimed by `holder`.
+/// - `claim_runs` claims runnable runs of the given routes, oldest first: `queued` ones, and
+///   `running` ones whose lease expired (their process died or stalled). Each claim bumps the
+///   run's fencing token; concurrent claimers never get the same run.
+/// - `append`/`commit` (through [`Fenced`]) write a batch only while the run is `running` with the
+///   writer's token, checked in the transaction that writes it under the run's row lock; a fenced
+///   run's batch fails with [`StoreError::LeaseLost`] and nothing of it is written, without failing
+///   the other runs of the same transaction. With an end, the run's status, result and next `seq`
+///   change in the same transaction and its lease is let go.
+/// - `claim_reply` atomically moves a run from `awaiting_input` to `running`, claimed (two replies
+///   cannot both continue a run).
+/// - `renew` extends the leases this process still holds and returns those another process took.
+pub trait RunStore: std::fmt::Debug + Send + Sync {
+    fn create_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        route_id: &'a str,
+        request: &'a Value,
+        holder: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>>;
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>>;
     fn list_runs<'a>(&'a self, filter: &'a RunFilter) -> BoxFuture<'a, Result<Vec<StoredRun>, StoreError>>;
     fn events_after<'a>(&'a self, run_id: &'a str, after_seq: u64) -> BoxFuture<'a, Result<Vec<StoredEvent>, StoreError>>;
+    /// One past the last event written (what a resumed run numbers its next event).
+    fn next_seq<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
     fn journal<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<JournalEntry>, StoreError>>;
-    fn claim_reply<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn claim_runs<'a>(&'a self, holder: &'a Holder, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>>;
+    fn claim_reply<'a>(&'a self, run_id: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<Option<Lease>, StoreError>>;
     /// Puts a claimed reply back (`running` → `awaiting_input`) when the run could not go on.
-    fn reopen_reply<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Says that this process still executes these runs (every third of the lease).
-    fn heartbeat<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Runs left `running` by a process that is gone (no heartbeat for `silent_for`, the lease):
-    /// each fails with `interrupted`, with a `run.failed` event after its last one and a result
-    /// that keeps what its journal holds. Returns how many.
-    fn fail_orphans<'a>(&'a self, silent_for: std::time::Duration) -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn reopen_reply<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Ends a lease early (the holder stopped the run without an end): any process may claim it now.
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Extends these leases by the holder's lease length; returns the runs whose lease another
+    /// process holds now.
+    fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
+    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
+    /// How many runs wait for a claim.
+    fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// Whether the database answers (`/readyz`).
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// A claimed run's journal: every write carries its lease's fencing token.
+#[derive(Debug, Clone, Copy)]
+pub struct Fenced<'a> {
+    pub store: &'a dyn RunStore,
+    pub lease: &'a Lease,
+}
+
+impl RunJournal for Fenced<'_> {
+    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        debug_assert_eq!(run_id, self.lease.run_id);
+        self.store.append(self.lease, batch)
+    }
+
+    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        debug_assert_eq!(run_id, self.lease.run_id);
+        self.store.commit(self.lease, batch)
+    }
 }
 
 /// Opens the store a URL names: `sqlite://PATH` (created when missing), `sqlite::memory:`, or
@@ -131,30 +223,6 @@ pub async fn open(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
         return Ok(Arc::new(postgres::PgStore::open(url).await?));
     }
     Err(StoreError::Url(format!("`{}` is not a store URL; use sqlite://PATH or postgres://…", crate::redact::redact_url(url))))
-}
-
-/// What failing a run whose process is gone writes: a result that keeps what its journal holds,
-/// and a last `run.failed` event.
-pub(crate) struct Orphan<'a> {
-    run: &'a StoredRun,
-    pub result: String,
-}
-
-impl<'a> Orphan<'a> {
-    const MESSAGE: &'static str = "the process executing the run stopped (no heartbeat)";
-
-    pub fn of(run: &'a StoredRun, history: &[JournalEntry]) -> Orphan<'a> {
-        let class = crate::failure::ReasonClass::Interrupted;
-        let result = crate::exec::result_from_journal(&run.run_id, &run.route_id, history, class, Self::MESSAGE);
-        Orphan { run, result: serde_json::to_string(&result).unwrap_or_default() }
-    }
-
-    /// The `run.failed` event, numbered `seq`.
-    pub fn event(&self, seq: i64) -> String {
-        let (run_id, route_id, ts) = (&self.run.run_id, &self.run.route_id, now());
-        serde_json::json!({"type": "run.failed", "run_id": run_id, "route_id": route_id, "seq": seq, "ts": ts, "reason_class": "interrupted", "message": Self::MESSAGE})
-            .to_string()
-    }
 }
 
 /// The time now, as stored (`YYYY-MM-DDTHH:MM:SS.mmmZ`, sortable as text).

@@ -10,7 +10,7 @@ use super::sql::SqlStore;
 use super::{StoreError, now};
 
 /// The schema versions this binary knows, in order: (version, SQL). Numbered as SQLite's are.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/postgres/0001_runs.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/postgres/0001_runs.sql")), (2, include_str!("migrations/postgres/0002_leases.sql"))];
 
 /// Rows per multi-row INSERT (PostgreSQL allows 65,535 parameters per statement).
 const ROWS_PER_INSERT: usize = 1000;

@@ -1,15 +1,18 @@
 //! The run store over any SQL database sqlx has: one implementation of [`RunStore`] for SQLite
-//! and PostgreSQL, whose SQL both take (`$n` placeholders, `CAST(… AS TEXT)`, `ON CONFLICT`).
-//! The adapters ([`super::sqlite`], [`super::postgres`]) only open, tune and migrate a pool.
-
-use std::time::Duration;
+//! and PostgreSQL, whose SQL both take (`$n` placeholders, `CAST(… AS TEXT)`, `RETURNING`); what
+//! differs (the clock, `SKIP LOCKED`) is the [`Dialect`]. The adapters ([`super::sqlite`],
+//! [`super::postgres`]) only open, tune and migrate a pool.
+//!
+//! Claims on PostgreSQL select with `FOR UPDATE SKIP LOCKED`, so replicas claiming together
+//! take different runs without waiting for each other; on SQLite the claim is one UPDATE under
+//! the database's write lock, which gives processes on one machine the same guarantee.
 
 use serde_json::Value;
 use sqlx::Row;
 
-use super::queue::{RUN_COLUMNS, Write, WriteQueue, db, run_of};
-use super::{RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
-use crate::exec::{JournalBatch, JournalEntry, RunJournal};
+use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, run_of};
+use super::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
+use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
 
 /// How many rows a statement changed: sqlx has no trait for it.
@@ -43,19 +46,14 @@ impl<DB: sqlx::Database> SqlStore<DB> {
     }
 }
 
-impl<DB: sqlx::Database> RunJournal for SqlStore<DB> {
-    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(self.queue.append(run_id, batch))
-    }
-
-    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(self.queue.commit(run_id, batch))
-    }
+/// `n` comma-separated placeholders from `$first` on.
+fn marks(first: usize, n: usize) -> String {
+    (first..first + n).map(|k| format!("${k}")).collect::<Vec<_>>().join(", ")
 }
 
 impl<DB> RunStore for SqlStore<DB>
 where
-    DB: sqlx::Database,
+    DB: sqlx::Database + Dialect,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
@@ -65,10 +63,21 @@ where
     for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Decode<'t, DB> + sqlx::Type<DB>,
     for<'t> Option<i64>: sqlx::Encode<'t, DB>,
     for<'r> &'r str: sqlx::ColumnIndex<DB::Row>,
+    for<'r> usize: sqlx::ColumnIndex<DB::Row>,
     DB::QueryResult: RowsAffected,
 {
-    fn create_run<'a>(&'a self, run_id: &'a str, route_id: &'a str, request: &'a Value) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.queue.write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string() }))
+    fn create_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        route_id: &'a str,
+        request: &'a Value,
+        holder: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+        Box::pin(async move {
+            let claim = holder.map(|h| (h.owner.clone(), h.lease_ms()));
+            self.queue.write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string(), claim }).await?;
+            Ok(holder.map(|_| Lease { run_id: run_id.to_owned(), token: 1 }))
+        })
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
@@ -131,23 +140,86 @@ where
         })
     }
 
-    fn claim_reply<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+    fn next_seq<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            let done = sqlx::query("UPDATE runs SET status = 'running', updated_at = $1 WHERE run_id = $2 AND status = 'awaiting_input'")
-                .bind(now())
+            let last: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) AS last FROM run_events WHERE run_id = $1")
                 .bind(run_id)
-                .execute(&self.pool)
+                .fetch_one(&self.pool)
                 .await
+                .map_err(db)?
+                .try_get("last")
                 .map_err(db)?;
-            Ok(done.count() == 1)
+            Ok(last.max(0) as u64 + 1)
         })
     }
 
-    fn reopen_reply<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn claim_runs<'a>(&'a self, holder: &'a Holder, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
         Box::pin(async move {
-            sqlx::query("UPDATE runs SET status = 'awaiting_input', updated_at = $1 WHERE run_id = $2 AND status = 'running'")
+            if routes.is_empty() || limit == 0 {
+                return Ok(Vec::new());
+            }
+            let now_ms = DB::NOW_MS;
+            // Oldest first (ids are UUIDv7): queued runs, and running ones whose holder stopped
+            // renewing its lease.
+            let sql = format!(
+                "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {now_ms} + $2, updated_at = $3 \
+                 WHERE run_id IN (SELECT run_id FROM runs WHERE (status = 'queued' OR (status = 'running' AND lease_until < {now_ms})) \
+                 AND route_id IN ({}) ORDER BY run_id LIMIT $4{}) RETURNING {RUN_COLUMNS}",
+                marks(5, routes.len()),
+                DB::SKIP_LOCKED
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(holder.owner.as_str()).bind(holder.lease_ms()).bind(now()).bind(limit.min(1000) as i64);
+            for r in routes {
+                q = q.bind(r.as_str());
+            }
+            let rows = q.fetch_all(&self.pool).await.map_err(db)?;
+            let mut claimed: Vec<Claimed> = rows.iter().map(run_of).map(|r| r.map(|run| Claimed { token: run.lease_token, run })).collect::<Result<_, _>>()?;
+            claimed.sort_by(|a, b| a.run.run_id.cmp(&b.run.run_id));
+            Ok(claimed)
+        })
+    }
+
+    fn claim_reply<'a>(&'a self, run_id: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+        Box::pin(async move {
+            let sql = format!(
+                "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {} + $2, updated_at = $3 \
+                 WHERE run_id = $4 AND status = 'awaiting_input' RETURNING lease_token",
+                DB::NOW_MS
+            );
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(holder.owner.as_str())
+                .bind(holder.lease_ms())
                 .bind(now())
                 .bind(run_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+            row.map(|r| r.try_get::<i64, _>("lease_token").map(|token| Lease { run_id: run_id.to_owned(), token }).map_err(db)).transpose()
+        })
+    }
+
+    fn reopen_reply<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE runs SET status = 'awaiting_input', lease_owner = NULL, lease_until = 0, updated_at = $1 \
+                 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'",
+            )
+            .bind(now())
+            .bind(lease.run_id.as_str())
+            .bind(lease.token)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query("UPDATE runs SET lease_until = 0, updated_at = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'")
+                .bind(now())
+                .bind(lease.run_id.as_str())
+                .bind(lease.token)
                 .execute(&self.pool)
                 .await
                 .map_err(db)?;
@@ -155,67 +227,55 @@ where
         })
     }
 
-    fn heartbeat<'a>(&'a self, run_ids: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
-            let at = now();
-            for chunk in run_ids.chunks(1000) {
-                let marks: Vec<String> = (2..chunk.len() + 2).map(|k| format!("${k}")).collect();
-                let sql = format!("UPDATE runs SET updated_at = $1 WHERE status = 'running' AND run_id IN ({})", marks.join(", "));
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(at.as_str());
-                for id in chunk {
-                    q = q.bind(id.as_str());
+            let mut lost = Vec::new();
+            for chunk in leases.chunks(500) {
+                let mut sql = format!("UPDATE runs SET lease_until = {} + $1 WHERE lease_owner = $2 AND status = 'running' AND (", DB::NOW_MS);
+                for k in 0..chunk.len() {
+                    let sep = if k > 0 { " OR " } else { "" };
+                    sql.push_str(&format!("{sep}(run_id = ${} AND lease_token = ${})", 2 * k + 3, 2 * k + 4));
                 }
-                q.execute(&self.pool).await.map_err(db)?;
+                sql.push_str(") RETURNING run_id");
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(holder.lease_ms()).bind(holder.owner.as_str());
+                for l in chunk {
+                    q = q.bind(l.run_id.as_str()).bind(l.token);
+                }
+                let renewed: Vec<String> = q.fetch_all(&self.pool).await.map_err(db)?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>().map_err(db)?;
+                let missing: Vec<&Lease> = chunk.iter().filter(|l| !renewed.contains(&l.run_id)).collect();
+                if missing.is_empty() {
+                    continue;
+                }
+                // Not renewed: ended meanwhile (its own last commit), or taken over (a newer token).
+                let sql = format!("SELECT run_id, lease_token FROM runs WHERE run_id IN ({})", marks(1, missing.len()));
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for l in &missing {
+                    q = q.bind(l.run_id.as_str());
+                }
+                for row in q.fetch_all(&self.pool).await.map_err(db)? {
+                    let (id, token): (String, i64) = (row.try_get(0).map_err(db)?, row.try_get(1).map_err(db)?);
+                    if missing.iter().any(|l| l.run_id == id && l.token != token) {
+                        lost.push(id);
+                    }
+                }
             }
-            Ok(())
+            Ok(lost)
         })
     }
 
-    fn fail_orphans<'a>(&'a self, silent_for: Duration) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(self.queue.append(lease, batch))
+    }
+
+    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(self.queue.commit(lease, batch))
+    }
+
+    fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         Box::pin(async move {
-            let cutoff = crate::events::rfc3339_at(std::time::SystemTime::now() - silent_for);
-            let sql = sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs WHERE status = 'running' AND updated_at < $1"));
-            let rows = sqlx::query(sql).bind(cutoff).fetch_all(&self.pool).await.map_err(db)?;
-            let mut failed = 0;
-            for row in &rows {
-                let run = run_of(row)?;
-                let history = self.journal(&run.run_id).await?;
-                let orphan = super::Orphan::of(&run, &history);
-                let mut tx = self.pool.begin().await.map_err(db)?;
-                // The events table, not `next_seq`, says what was written.
-                let seq: i64 = sqlx::query("SELECT COALESCE(MAX(seq) + 1, 1) AS next FROM run_events WHERE run_id = $1")
-                    .bind(run.run_id.as_str())
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(db)?
-                    .try_get("next")
-                    .map_err(db)?;
-                // Only if nobody touched it meanwhile: a live process's heartbeat wins.
-                let done = sqlx::query(
-                    "UPDATE runs SET status = 'failed', reason_class = 'interrupted', result = $1, next_seq = $2, updated_at = $3 \
-                     WHERE run_id = $4 AND status = 'running' AND updated_at = $5",
-                )
-                .bind(&orphan.result)
-                .bind(seq + 1)
-                .bind(now())
-                .bind(&run.run_id)
-                .bind(&run.updated_at)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
-                if done.count() == 1 {
-                    sqlx::query("INSERT INTO run_events (run_id, seq, kind, body) VALUES ($1, $2, 'run.failed', $3)")
-                        .bind(&run.run_id)
-                        .bind(seq)
-                        .bind(orphan.event(seq))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    failed += 1;
-                }
-                tx.commit().await.map_err(db)?;
-            }
-            Ok(failed)
+            let n: i64 =
+                sqlx::query("SELECT COUNT(*) AS n FROM runs WHERE status = 'queued'").fetch_one(&self.pool).await.map_err(db)?.try_get("n").map_err(db)?;
+            Ok(n.max(0) as u64)
         })
     }
 

@@ -14,7 +14,7 @@ use super::sql::SqlStore;
 use super::{StoreError, now};
 
 /// The schema versions this binary knows, in order: (version, SQL).
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/sqlite/0001_runs.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/sqlite/0001_runs.sql")), (2, include_str!("migrations/sqlite/0002_leases.sql"))];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).
 const ROWS_PER_INSERT: usize = 500;

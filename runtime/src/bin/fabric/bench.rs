@@ -219,8 +219,8 @@ async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
     let sink = sink(opts);
     let req = StartRequest { route_id: "staged".into(), goal: goal(), model_profile: None, prefetch: vec![], session_id: None };
     let once = || async {
-        let id = runtime.accept(&req).await.map_err(|e| e.to_string())?;
-        runtime.execute(id, &req, sink.clone(), Cancel::never()).await.map_err(|e| e.to_string())
+        let lease = runtime.accept(&req, true).await.map_err(|e| e.to_string())?.lease.ok_or("the run was not claimed")?;
+        runtime.execute(&lease, &req, sink.clone(), Cancel::never()).await.map_err(|e| e.to_string())
     };
     for _ in 0..opts.warmup {
         once().await?;

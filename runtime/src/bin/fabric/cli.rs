@@ -564,6 +564,7 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         _ => Arc::new(FanOut(sinks)),
     };
     let (handle, cancel) = CancelHandle::new();
+    let lost_handle = handle.clone();
     let signal = match on_signals(handle) {
         Ok(s) => s,
         Err(e) => return Ok(usage(e)),
@@ -571,23 +572,29 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     let outcome = if store.is_some() {
         // Recorded as the service records a run: accepted (a row), then journalled as it goes.
         let req = StartRequest { route_id: route_id.to_owned(), goal, model_profile: None, prefetch, session_id: None };
-        let run_id = match runtime.accept(&req).await {
-            Ok(id) => id,
+        let lease = match runtime.accept(&req, true).await {
+            Ok(accepted) => accepted.lease,
             Err(e) => return Ok(usage(e)),
         };
-        // Say the run is alive, so a service on the same store does not take it for an orphan.
-        let beat = runtime.store().cloned().map(|store| {
-            let (ids, every) = (vec![run_id.clone()], runtime.settings().service.run_lease / 3);
+        let Some(lease) = lease else { return Ok(usage("the store did not let this process claim the run it accepted")) };
+        // Renew the claim every third of the lease, so a service on the same store does not take
+        // the run over; a claim another process took stops the run.
+        let beat = {
+            let (store, holder, leases) = (runtime.store().cloned(), runtime.holder().clone(), vec![lease.clone()]);
+            let every = holder.lease / 3;
             tokio::spawn(async move {
+                let Some(store) = store else { return };
                 let mut tick = tokio::time::interval(every);
                 loop {
                     tick.tick().await;
-                    let _ = store.heartbeat(&ids).await;
+                    if store.renew(&holder, &leases).await.is_ok_and(|lost| !lost.is_empty()) {
+                        lost_handle.cancel("lease lost");
+                    }
                 }
             })
-        });
-        let outcome = runtime.execute(run_id, &req, sink, cancel).await;
-        beat.inspect(|b| b.abort());
+        };
+        let outcome = runtime.execute(&lease, &req, sink, cancel).await;
+        beat.abort();
         outcome
     } else {
         runtime.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await

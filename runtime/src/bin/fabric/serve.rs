@@ -58,12 +58,14 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         Ok(s) => s,
         Err(e) => return fail(format!("run store {}: {e}", fabric::redact::redact_url(&settings.service.database_url))),
     };
-    let lease = settings.service.run_lease;
-    if let Err(e) = store.fail_orphans(lease).await {
-        return fail(format!("run store: {e}"));
-    }
-    let heartbeat_store = store.clone();
-    let config = ApiConfig { token, max_in_flight: settings.service.max_runs_in_flight, wait_max: settings.service.wait_max, ..ApiConfig::default() };
+    let config = ApiConfig {
+        token,
+        max_in_flight: settings.service.max_runs_in_flight,
+        wait_max: settings.service.wait_max,
+        max_queued: settings.service.max_queued_runs,
+        claim_poll: settings.service.claim_poll,
+        ..ApiConfig::default()
+    };
     let grace = settings.service.shutdown_grace;
     let runtime = match build_runtime(cli, settings, Some(store)) {
         Ok(r) => Arc::new(r),
@@ -73,33 +75,10 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         tracing::warn!(warning = %w, "configuration");
     }
     let ready = runtime.catalogue().routes().filter(|r| matches!(r, fabric::catalogue::RouteEntry::Ready(_))).count();
+    tracing::info!(holder = runtime.holder().owner, lease_s = runtime.holder().lease.as_secs(), "claiming runs as this holder");
     let state = AppState::new(runtime, config);
-    // Every third of the lease: say which runs this process executes, and fail the runs of
-    // processes that stopped saying so.
-    // Two tasks: a slow sweep (many orphans at once) must not delay this process's heartbeat,
-    // or its own live runs would look orphaned to the others.
-    let beating = state.clone();
-    let sweep_store = heartbeat_store.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(lease / 3);
-        loop {
-            tick.tick().await;
-            if let Err(e) = heartbeat_store.heartbeat(&beating.live_run_ids()).await {
-                tracing::error!(error = %e, "run store heartbeat");
-            }
-        }
-    });
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(lease / 3);
-        loop {
-            tick.tick().await;
-            match sweep_store.fail_orphans(lease).await {
-                Ok(0) => {}
-                Ok(n) => tracing::warn!(runs = n, "runs whose process stopped are marked failed (interrupted)"),
-                Err(e) => tracing::error!(error = %e, "run store"),
-            }
-        }
-    });
+    // This process's share of the fleet's work: leases renewed, queued and orphaned runs claimed.
+    tokio::spawn(state.clone().keep_leases());
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(e) => return fail(format!("cannot listen on {addr}: {e}")),

@@ -1,0 +1,253 @@
+//! Durable runs across processes, each against SQLite (processes on one machine) and a real
+//! PostgreSQL: a replica killed in the middle of a run, replicas racing over one queue, a
+//! replica paused past its lease, and the database restarted under load. Every process is a
+//! real `fabric serve` with the stub; what a run did is read back from the store and from each
+//! process's metrics (its model calls).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use fabric::store::{RunStore, StoredStatus};
+use serde_json::{Value, json};
+
+use crate::service::{Server, asking_stub, get, post, settled, sse};
+
+/// A SQLite file in `dir`, or a fresh PostgreSQL database (`None` when there is no server: the
+/// PostgreSQL half skips, as `store::fresh_postgres` says).
+async fn store_url(kind: &str, dir: &tempfile::TempDir) -> Option<String> {
+    match kind {
+        "sqlite" => Some(format!("sqlite://{}", dir.path().join("fabric.db").display())),
+        _ => crate::store::fresh_postgres().await,
+    }
+}
+
+fn triage(k: usize) -> Value {
+    json!({"route_id": "support-triage", "goal": {"ticket": format!("ticket {k}")}, "model_profile": "default"})
+}
+
+/// The model calls a process made for support-triage (its metrics).
+async fn model_calls(server: &Server) -> u64 {
+    let text = crate::service::client().get(format!("{}/metrics", server.url)).bearer_auth(crate::service::TOKEN).send().await.unwrap().text().await.unwrap();
+    text.lines().find_map(|l| l.strip_prefix("fabric_model_call_duration_seconds_count{route=\"support-triage\"} ")).map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Every event of a stored run: numbered 1.. without a gap or a duplicate, started once, ended
+/// once, and each of the route's stages started, called and completed exactly once.
+async fn assert_executed_once(store: &dyn RunStore, run_id: &str, what: &str) {
+    let events = store.events_after(run_id, 0).await.unwrap();
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "{what}: run {run_id}: no gap, no duplicate");
+    let mut counts: HashMap<(String, String), usize> = HashMap::new();
+    for e in &events {
+        let body: Value = serde_json::from_str(&e.body).unwrap();
+        let stage = body["stage_id"].as_str().unwrap_or("").to_owned();
+        *counts.entry((e.kind.clone(), stage)).or_default() += 1;
+    }
+    let count = |kind: &str, stage: &str| counts.get(&(kind.to_owned(), stage.to_owned())).copied().unwrap_or(0);
+    assert_eq!((count("run.started", ""), count("run.completed", "")), (1, 1), "{what}: run {run_id}: {counts:?}");
+    for stage in ["intake", "lookup", "answer"] {
+        for kind in ["run.stage.started", "run.llm.completed", "run.stage.completed"] {
+            assert_eq!(count(kind, stage), 1, "{what}: run {run_id}: {kind} of `{stage}`: {counts:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_replica_killed_mid_run_is_taken_over_and_each_stage_runs_once_on_sqlite() {
+    killed_mid_run("sqlite").await;
+}
+
+#[tokio::test]
+async fn a_replica_killed_mid_run_is_taken_over_and_each_stage_runs_once_on_postgres() {
+    killed_mid_run("postgres").await;
+}
+
+async fn killed_mid_run(kind: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(db) = store_url(kind, &dir).await else { return };
+    let stub = asking_stub();
+    let env = [("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_LLM_STUB_LATENCY_MS", "700"), ("FABRIC_CLAIM_POLL_MS", "100")];
+    let mut first = Server::start(&db, stub.path(), &env);
+    let (_, run) = post(&first, "/v1/runs", triage(1)).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    // The first stage (700 ms) is recorded; the second is in its model call.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    first.child.kill().unwrap(); // SIGKILL
+    first.child.wait().unwrap();
+    let store = fabric::store::open(&db).await.unwrap();
+    let before = store.events_after(&id, 0).await.unwrap();
+    assert!(before.iter().any(|e| e.kind == "run.stage.completed"), "{kind}: the first stage was recorded before the kill: {before:?}");
+    assert!(before.iter().all(|e| e.kind != "run.completed"), "{kind}: killed mid-run");
+    // Another replica takes the run over once its lease expires, and finishes it.
+    let second = Server::start(&db, stub.path(), &env);
+    let view = settled(&second, &id).await;
+    assert_eq!(view["status"], "completed", "{kind}: {view}\n{}", second.logs());
+    assert_executed_once(store.as_ref(), &id, kind).await;
+    // The recorded model reply was not asked again: the second replica made the other two calls.
+    assert_eq!(model_calls(&second).await, 2, "{kind}: {}", second.logs());
+    assert_eq!(store.get_run(&id).await.unwrap().unwrap().lease_token, 2, "{kind}: claimed twice: accepted, taken over");
+    assert!(second.logs().contains("taking over a run whose process stopped"), "{kind}: the takeover is logged");
+    // The stream a client reads from the new replica is the whole run, in order.
+    let streamed: Vec<u64> = sse(&second, &id, None).await.iter().map(|e| e.0).collect();
+    assert_eq!(streamed, (1..=streamed.len() as u64).collect::<Vec<_>>(), "{kind}");
+}
+
+#[tokio::test]
+async fn replicas_racing_over_500_runs_execute_each_exactly_once_on_sqlite() {
+    for replicas in [2, 4] {
+        race(replicas, "sqlite").await;
+    }
+}
+
+#[tokio::test]
+async fn replicas_racing_over_500_runs_execute_each_exactly_once_on_postgres() {
+    for replicas in [2, 4] {
+        race(replicas, "postgres").await;
+    }
+}
+
+/// `replicas` processes with 4 run slots each; 500 runs posted round-robin to them, so most
+/// are queued in the store and claimed by whichever replica has room first.
+async fn race(replicas: usize, kind: &str) {
+    const RUNS: usize = 500;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(db) = store_url(kind, &dir).await else { return };
+    let stub = asking_stub();
+    let env = [("FABRIC_MAX_RUNS_IN_FLIGHT", "4"), ("FABRIC_CLAIM_POLL_MS", "20"), ("FABRIC_LLM_STUB_LATENCY_MS", "2"), ("FABRIC_LOG", "warn")];
+    let servers: Vec<Server> = (0..replicas).map(|_| Server::start(&db, stub.path(), &env)).collect();
+    let posts = (0..RUNS).map(|k| {
+        let server = &servers[k % replicas];
+        async move {
+            let (status, body) = post(server, "/v1/runs", triage(k)).await;
+            assert_eq!(status, 201, "{body}");
+            body["run_id"].as_str().unwrap().to_owned()
+        }
+    });
+    let ids: Vec<String> = futures_util::stream::iter(posts).buffer_unordered(32).collect().await;
+    let store = fabric::store::open(&db).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let open = store.list_runs(&fabric::store::RunFilter { status: Some(StoredStatus::Queued), limit: 1, ..Default::default() }).await.unwrap().len()
+            + store.list_runs(&fabric::store::RunFilter { status: Some(StoredStatus::Running), limit: 1, ..Default::default() }).await.unwrap().len();
+        if open == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{kind}, {replicas} replicas: runs still open after 240 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let what = format!("{kind}, {replicas} replicas");
+    for id in &ids {
+        let run = store.get_run(id).await.unwrap().unwrap();
+        // Claimed once, mostly; a replica whose slots a request took between its claim and the
+        // run's start lets the run go unstarted, and it is claimed again.
+        assert_eq!(run.status, StoredStatus::Completed, "{what}: run {id}");
+        assert_executed_once(store.as_ref(), id, &what).await;
+    }
+    // Each run's three model calls, made once: nothing executed twice anywhere.
+    let mut calls = 0;
+    let mut busy = 0;
+    for s in &servers {
+        let n = model_calls(s).await;
+        busy += usize::from(n > 0);
+        calls += n;
+    }
+    let logs: String = servers.iter().map(Server::logs).collect();
+    assert_eq!(calls, 3 * RUNS as u64, "{what}: {logs}");
+    assert!(!logs.contains("lease lost") && !logs.contains("run record"), "{what}: no run lost its lease or its record: {logs}");
+    assert_eq!(busy, replicas, "{what}: every replica took a share");
+}
+
+use futures_util::StreamExt;
+
+#[tokio::test]
+async fn a_replica_paused_past_its_lease_is_fenced_on_sqlite() {
+    paused("sqlite").await;
+}
+
+#[tokio::test]
+async fn a_replica_paused_past_its_lease_is_fenced_on_postgres() {
+    paused("postgres").await;
+}
+
+/// SIGSTOP a replica in the middle of a model call for longer than its lease: another replica
+/// takes the run over and completes it; after SIGCONT the paused one's late write is refused
+/// by the fence, it stops the run and says so, and the record holds each stage once.
+async fn paused(kind: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(db) = store_url(kind, &dir).await else { return };
+    let stub = asking_stub();
+    let slow = Server::start(&db, stub.path(), &[("FABRIC_RUN_LEASE_S", "1"), ("FABRIC_LLM_STUB_LATENCY_MS", "1500")]);
+    let (_, run) = post(&slow, "/v1/runs", triage(1)).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    slow.signal("STOP");
+    let other = Server::start(&db, stub.path(), &[("FABRIC_RUN_LEASE_S", "1"), ("FABRIC_LLM_STUB_LATENCY_MS", "10"), ("FABRIC_CLAIM_POLL_MS", "100")]);
+    let view = settled(&other, &id).await;
+    assert_eq!(view["status"], "completed", "{kind}: {view}");
+    slow.signal("CONT");
+    // The paused replica wakes up inside its model call, finishes it and tries to write.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !slow.logs().contains("lease was lost") && !slow.logs().contains("run lease lost") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = slow.logs();
+    assert!(
+        logs.contains(&id) && (logs.contains("lease was lost") || logs.contains("run lease lost")),
+        "{kind}: the fenced replica says it stopped the run: {logs}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let store = fabric::store::open(&db).await.unwrap();
+    assert_executed_once(store.as_ref(), &id, kind).await;
+    let run = store.get_run(&id).await.unwrap().unwrap();
+    assert_eq!((run.status, run.lease_token), (StoredStatus::Completed, 2), "{kind}");
+    assert_eq!(get(&other, &format!("/v1/runs/{id}")).await["status"], "completed");
+}
+
+/// The database restarted while runs execute: the writes wait for it, and every run completes
+/// with its record whole. A cluster of its own, so other tests do not see the restart.
+#[tokio::test]
+async fn the_database_restarted_under_load_loses_nothing() {
+    let Some((url, data)) = private_postgres() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let stub = asking_stub();
+    let server = Server::start(&url, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "300"), ("FABRIC_RUN_LEASE_S", "3"), ("FABRIC_CLAIM_POLL_MS", "100")]);
+    let mut ids = Vec::new();
+    for k in 0..40 {
+        let (status, body) = post(&server, "/v1/runs", triage(k)).await;
+        assert_eq!(status, 201, "{body}");
+        ids.push(body["run_id"].as_str().unwrap().to_owned());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let restarted = std::process::Command::new(crate::support::repo().join(".ci/postgres")).args(["restart", &data, "2"]).status().unwrap();
+    assert!(restarted.success(), "the test cluster restarts");
+    for id in &ids {
+        let view = settled(&server, id).await;
+        assert_eq!(view["status"], "completed", "{view}\n{}", server.logs());
+    }
+    let store = fabric::store::open(&url).await.unwrap();
+    for id in &ids {
+        let events = store.events_after(id, 0).await.unwrap();
+        let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "run {id}: no gap, no duplicate");
+        let completed = events.iter().filter(|e| e.kind == "run.stage.completed").count();
+        assert_eq!(completed, 3, "run {id}: every stage recorded once");
+    }
+    drop(server);
+    drop(dir);
+    let _ = std::process::Command::new(crate::support::repo().join(".ci/postgres")).args(["stop", &data]).status();
+}
+
+/// A PostgreSQL cluster of this test's own (`.ci/postgres start`), or `None` where there is no
+/// PostgreSQL (skipped, except in CI).
+fn private_postgres() -> Option<(String, String)> {
+    if std::env::var("FABRIC_TEST_POSTGRES_URL").is_err() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but FABRIC_TEST_POSTGRES_URL is unset");
+        eprintln!("skipping the database restart test: no PostgreSQL (FABRIC_TEST_POSTGRES_URL is unset)");
+        return None;
+    }
+    let out = std::process::Command::new(crate::support::repo().join(".ci/postgres")).arg("start").env_remove("FABRIC_TEST_PG_PORT").output().unwrap();
+    assert!(out.status.success(), "a private PostgreSQL cluster starts: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let var = |name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("export {name}="))).unwrap().to_owned();
+    Some((var("FABRIC_TEST_POSTGRES_URL"), var("FABRIC_TEST_PGDATA")))
+}
