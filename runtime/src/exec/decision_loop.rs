@@ -21,6 +21,11 @@ impl Runner {
         let route = run.route;
         let decide = route.entry_node();
         let mut decisions: Vec<Value> = Vec::new();
+        // A user's reply is recorded before the turn it starts: a process that dies during that
+        // turn loses the turn, not the reply (its successor goes on from it, not asks again).
+        if !state.pending.is_empty() {
+            self.checkpoint(run, state).await.map_err(|f| (Some(decide.id().to_owned()), f))?;
+        }
         loop {
             if state.turns >= run.budget {
                 let f = StageFailure::new(ReasonClass::LoopBudgetExceeded, format!("no answer after max_loop_steps ({}) model turns", run.budget))

@@ -113,15 +113,18 @@ pub struct BenchOptions {
     /// Scenario S: concurrent clients, and requests each makes.
     pub clients: usize,
     pub requests: usize,
-    /// Scenario A2's store URL; `None`: a fresh SQLite file.
+    /// The store URL of scenarios A2 and C2 (`None`: a fresh SQLite file) and R (required:
+    /// replicas share one database).
     pub journal: Option<String>,
+    /// Scenario R: replica counts, and the runs they share.
+    pub replicas: Vec<usize>,
 }
 
 fn sink(opts: &BenchOptions) -> Arc<dyn fabric::events::EventSink> {
     if opts.events { Arc::new(fabric::events::JsonLinesSink::new(Box::new(std::io::sink()))) } else { Arc::new(NullSink) }
 }
 
-pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "H", "S"];
+pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "C2", "H", "R", "S"];
 
 /// Total CPU time of this process so far, from the scheduler's per-thread accounting (ns).
 fn cpu_ns() -> u64 {
@@ -245,6 +248,126 @@ async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
         "scenario": "A2", "route": "staged", "runs": opts.runs, "failed_runs": failed, "journal": kind, "events": if opts.events { "json" } else { "none" },
         "runs_per_s": round2(opts.runs as f64 / wall), "run_us": stats(samples), "stages_per_run": 3, "stages_us": stats(per_stage),
         "cpu_us_per_run": round2(cpu_us), "meta": meta(),
+    }))
+}
+
+/// A store for a journalled scenario: `--journal URL`, or a fresh SQLite file in `dir`.
+async fn bench_store(opts: &BenchOptions, dir: &Path) -> Result<(Arc<dyn fabric::store::RunStore>, &'static str), String> {
+    let url = opts.journal.clone().unwrap_or_else(|| format!("sqlite://{}/bench.db", dir.display()));
+    let kind = if url.starts_with("sqlite:") { "sqlite" } else { "postgres" };
+    Ok((fabric::store::open(&url).await.map_err(|e| e.to_string())?, kind))
+}
+
+/// C2: scenario C (no tool) with every run recorded as the service records it: accepted and
+/// claimed (a row), journalled at every stage, its end committed; `c` runs at once.
+async fn concurrent_journalled(c: usize, latency_ms: u64, opts: &BenchOptions) -> Result<Value, String> {
+    let dir = std::env::temp_dir().join(format!("fabric-bench-c2-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (store, kind) = bench_store(opts, &dir).await?;
+    let settings = Settings::load(|_| None).map_err(|e| e.to_string())?;
+    let runtime = Arc::new(
+        Runtime::builder()
+            .settings(settings)
+            .catalogue(bench_catalogue())
+            .stub(stub(Duration::from_millis(latency_ms)))
+            .store(store)
+            .build()
+            .map_err(|e| e.to_string())?,
+    );
+    let sink = sink(opts);
+    let req = Arc::new(StartRequest { route_id: "staged".into(), goal: goal(), model_profile: None, prefetch: vec![], session_id: None });
+    let once = |runtime: Arc<Runtime>, req: Arc<StartRequest>, sink: Arc<dyn fabric::events::EventSink>| async move {
+        let lease = runtime.accept(&req, true).await.map_err(|e| e.to_string())?.lease.ok_or("the run was not claimed")?;
+        runtime.execute(&lease, &req, sink, Cancel::never()).await.map_err(|e| e.to_string())
+    };
+    for _ in 0..10 {
+        once(runtime.clone(), req.clone(), sink.clone()).await?;
+    }
+    let cpu0 = cpu_ns();
+    let start = Instant::now();
+    let handles: Vec<_> = (0..c).map(|_| tokio::spawn(once(runtime.clone(), req.clone(), sink.clone()))).collect();
+    let mut failed = 0;
+    for h in handles {
+        if !matches!(h.await, Ok(Ok(ref r)) if r.result.status == RunStatus::Completed) {
+            failed += 1;
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let ideal_ms = 3.0 * latency_ms as f64;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(json!({
+        "scenario": "C2", "route": "staged", "runs": c, "concurrency": c, "failed_runs": failed, "stub_latency_ms": latency_ms, "journal": kind,
+        "events": if opts.events { "json" } else { "none" },
+        "wall_ms": round2(wall * 1e3), "ideal_ms": ideal_ms, "wall_over_ideal": round2(wall * 1e3 / ideal_ms.max(1.0)),
+        "runs_per_s": round2(c as f64 / wall), "cpu_us_per_run": round2((cpu_ns() - cpu0) as f64 / 1e3 / c as f64), "meta": meta(),
+    }))
+}
+
+/// R: `replicas` `fabric serve` processes on one database (`--journal URL`) sharing `runs`
+/// queued runs (stub at `latency_ms`, 64 run slots each): runs/s from the moment the runs are
+/// queued to the moment the last one completed.
+async fn replicated(exe: &Path, replicas: usize, runs: usize, latency_ms: u64, opts: &BenchOptions) -> Result<Value, String> {
+    let Some(url) = opts.journal.clone() else {
+        return Ok(json!({"scenario": "R", "skipped": "scenario R needs --journal URL (the database the replicas share)"}));
+    };
+    let dir = std::env::temp_dir().join(format!("fabric-bench-r-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (catalogue, packs, stub_dir) = (dir.join("routes"), dir.join("packs"), dir.join("stub"));
+    for d in [&catalogue, &packs, &stub_dir] {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    std::fs::write(catalogue.join("bench.yaml"), CATALOGUE)
+        .and_then(|_| std::fs::write(packs.join("bench.yaml"), PACK))
+        .and_then(|_| std::fs::write(stub_dir.join("staged.yaml"), STAGED_SCRIPT))
+        .map_err(|e| e.to_string())?;
+    let store = fabric::store::open(&url).await.map_err(|e| e.to_string())?;
+    let mut servers = Vec::new();
+    for _ in 0..replicas {
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.args(["--catalogue", &catalogue.to_string_lossy(), "--prompt-packs", &packs.to_string_lossy(), "--stub-dir", &stub_dir.to_string_lossy()])
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("FABRIC_LLM_STUB", "1")
+            .env("FABRIC_LLM_STUB_LATENCY_MS", latency_ms.to_string())
+            .env("FABRIC_API_TOKEN", "bench-token")
+            .env("FABRIC_DATABASE_URL", &url)
+            .env("FABRIC_MAX_RUNS_IN_FLIGHT", "64")
+            .env("FABRIC_CLAIM_POLL_MS", "20")
+            .env("FABRIC_LOG", "warn");
+        servers.push(ToolServer::spawn(cmd, "a replica").await?);
+    }
+    let request = json!({"route_id": "staged", "goal": goal(), "model_profile": "bench"});
+    let start = Instant::now();
+    let ids: Vec<String> = (0..runs).map(|_| fabric::exec::new_run_id()).collect();
+    let creates = ids.iter().map(|id| store.create_run(id, "staged", &request, None));
+    for r in futures_util::future::join_all(creates).await {
+        r.map_err(|e| e.to_string())?;
+    }
+    let queued_ms = start.elapsed().as_secs_f64() * 1e3;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let open = |status| fabric::store::RunFilter { status: Some(status), limit: 1, ..Default::default() };
+    loop {
+        let waiting = store.list_runs(&open(fabric::store::StoredStatus::Queued)).await.map_err(|e| e.to_string())?.len()
+            + store.list_runs(&open(fabric::store::StoredStatus::Running)).await.map_err(|e| e.to_string())?.len();
+        if waiting == 0 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let mut completed = 0;
+    for id in &ids {
+        if store.get_run(id).await.map_err(|e| e.to_string())?.is_some_and(|r| r.status == fabric::store::StoredStatus::Completed) {
+            completed += 1;
+        }
+    }
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(json!({
+        "scenario": "R", "replicas": replicas, "runs": runs, "completed": completed, "stub_latency_ms": latency_ms, "slots_per_replica": 64,
+        "journal": if url.starts_with("sqlite:") { "sqlite" } else { "postgres" },
+        "queued_ms": round2(queued_ms), "wall_ms": round2(wall * 1e3), "runs_per_s": round2(completed as f64 / wall),
+        "ideal_runs_per_s": round2((replicas * 64) as f64 / (3.0 * latency_ms as f64 / 1e3)), "meta": meta(),
     }))
 }
 
@@ -459,6 +582,26 @@ fn table_line(v: &Value) -> String {
             v["cpu_us_per_run"].as_f64().unwrap_or(0.0),
             v["journal"].as_str().map(|j| format!(" ({j} journal)")).unwrap_or_default()
         ),
+        "C2" => format!(
+            "C2      runs {:>6}  wall {:>8.1} ms (ideal {:.0}, x{:.2})  {:>8.0} runs/s  cpu {:.1} µs/run ({} journal)",
+            v["runs"].as_u64().unwrap_or(0),
+            v["wall_ms"].as_f64().unwrap_or(0.0),
+            v["ideal_ms"].as_f64().unwrap_or(0.0),
+            v["wall_over_ideal"].as_f64().unwrap_or(0.0),
+            v["runs_per_s"].as_f64().unwrap_or(0.0),
+            v["cpu_us_per_run"].as_f64().unwrap_or(0.0),
+            v["journal"].as_str().unwrap_or("?")
+        ),
+        "R" => format!(
+            "R       replicas {}  runs {:>6}  completed {}  {:>8.0} runs/s (slots allow {:.0})  wall {:.1} ms  ({} store)",
+            v["replicas"].as_u64().unwrap_or(0),
+            v["runs"].as_u64().unwrap_or(0),
+            v["completed"].as_u64().unwrap_or(0),
+            v["runs_per_s"].as_f64().unwrap_or(0.0),
+            v["ideal_runs_per_s"].as_f64().unwrap_or(0.0),
+            v["wall_ms"].as_f64().unwrap_or(0.0),
+            v["journal"].as_str().unwrap_or("?")
+        ),
         "C" => format!(
             "C       runs {:>6}  wall {:>8.1} ms (ideal {:.0}, x{:.2})  {:>8.0} runs/s  peak RSS {:.1} MiB  {:.1} KiB/run  cpu {:.1} µs/run",
             v["runs"].as_u64().unwrap_or(0),
@@ -513,6 +656,20 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
             }
             "H" => vec![catalogue_load(opts.routes)],
             "A2" => vec![journalled(&opts).await?],
+            "C2" => {
+                let mut out = Vec::new();
+                for &c in &opts.concurrency {
+                    out.push(concurrent_journalled(c, opts.latency_ms.unwrap_or(50), &opts).await?);
+                }
+                out
+            }
+            "R" => {
+                let mut out = Vec::new();
+                for &n in &opts.replicas {
+                    out.push(replicated(exe, n, opts.runs, opts.latency_ms.unwrap_or(50), &opts).await?);
+                }
+                out
+            }
             "S" => vec![service(exe, opts.clients, opts.requests, opts.latency_ms.unwrap_or(50)).await?],
             other => return Err(format!("unknown scenario `{other}`; known: {}", SCENARIOS.join(", "))),
         };

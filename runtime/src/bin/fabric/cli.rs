@@ -101,7 +101,7 @@ enum Command {
     },
     /// Run the BENCH.md scenarios with the seeded stub; JSON lines on stdout, a table on stderr.
     Bench {
-        /// Scenarios: A, A2, B, B-http, C, H, S (repeat or comma-separate); all when absent.
+        /// Scenarios: A, A2, B, B-http, C, C2, H, R, S (repeat or comma-separate); all when absent.
         #[arg(long, value_delimiter = ',')]
         scenario: Vec<String>,
         /// Runs of the sequential scenarios (A, B, B-http).
@@ -131,10 +131,13 @@ enum Command {
         /// Scenario S: requests each client makes, one after the other.
         #[arg(long, default_value_t = 3)]
         requests: usize,
-        /// Scenario A2's run store: a store URL (e.g. postgres://…, whose runs it adds to);
-        /// default a fresh SQLite file.
+        /// The run store of scenarios A2 and C2 (default a fresh SQLite file) and R (needed): a
+        /// store URL (e.g. postgres://…, whose runs it adds to).
         #[arg(long)]
         journal: Option<String>,
+        /// Scenario R: how many replicas share the database (runs: --runs).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        replicas: Vec<usize>,
     },
     /// Serve the demo HTTP tools (`/search`, `/add`) on ADDR; prints its URL.
     ToolServer {
@@ -240,7 +243,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
-        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events, clients, requests, journal } => {
+        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events, clients, requests, journal, replicas } => {
             let scenarios = if scenario.is_empty() { crate::bench::SCENARIOS.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
             let opts = crate::bench::BenchOptions {
                 scenarios,
@@ -254,6 +257,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 clients: *clients,
                 requests: *requests,
                 journal: journal.clone(),
+                replicas: replicas.clone(),
             };
             let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
             match crate::bench::run(opts, &exe).await {
