@@ -418,54 +418,54 @@ impl Runtime {
     }
 
     /// Claims up to `limit` runnable runs of the routes this process serves: queued runs, and
-    /// runs whose process stopped renewing its lease (died, or stalled past it). Each comes with
-    /// what its journal holds, to go on from there ([`Runtime::resume`]).
+    /// runs whose process stopped renewing its lease (died, or stalled past it), to
+    /// [`Runtime::resume`] each.
     pub async fn claim_runs(&self, limit: usize) -> Result<Vec<ClaimedRun>, StoreError> {
         let store = self.store.as_ref().ok_or_else(|| StoreError::Database("this runtime has no run store".into()))?;
         let routes = self.claimable_routes();
-        let mut out = Vec::new();
-        for claimed in store.claim_runs(&self.holder, &routes, limit).await? {
-            let run_id = claimed.run.run_id.clone();
-            let lease = Lease { run_id: run_id.clone(), token: claimed.token };
-            let read = async {
-                let history = store.journal(&run_id).await?;
-                let next_seq = store.next_seq(&run_id).await?;
-                Ok::<_, StoreError>((history, next_seq))
-            };
-            let (history, next_seq) = match read.await {
-                Ok(h) => h,
-                Err(e) => {
-                    // Let it go: another try (here or elsewhere) once the store answers.
-                    let _ = store.release(&lease).await;
-                    return if out.is_empty() { Err(e) } else { Ok(out) };
-                }
-            };
-            let request = serde_json::from_value::<StartRequest>(claimed.run.request.clone()).map_err(|e| format!("its start contract does not read: {e}"));
-            out.push(ClaimedRun { lease, route_id: claimed.run.route_id, request, recovery: Recovery { run_id, history, next_seq } });
-        }
-        Ok(out)
+        Ok(store
+            .claim_runs(&self.holder, &routes, limit)
+            .await?
+            .into_iter()
+            .map(|claimed| {
+                let request = serde_json::from_value::<StartRequest>(claimed.run.request).map_err(|e| format!("its start contract does not read: {e}"));
+                ClaimedRun { lease: Lease { run_id: claimed.run.run_id, token: claimed.token }, route_id: claimed.run.route_id, request }
+            })
+            .collect())
     }
 
     /// Executes a claimed run from where its journal ends: recorded model replies and completed
     /// stages and tool calls are taken from the journal (not done again), events go on after
-    /// the last one written. A run that cannot go on here is failed, keeping what it did.
+    /// the last one written. A run that cannot go on here, or that was taken over more than
+    /// [`MAX_TAKEOVERS`] times (it may be what kills its processes), is failed, keeping what it
+    /// did. When its journal cannot be read the run is let go for another claim, and the
+    /// outcome says `store_error` (nothing recorded).
     pub async fn resume(&self, claimed: ClaimedRun, sink: Arc<dyn EventSink>, cancel: Cancel) -> RunOutcome {
-        let ClaimedRun { lease, route_id, request, recovery } = claimed;
-        let store = self.store.as_deref();
-        let Some(store) = store else {
-            let result = crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, "this runtime has no run store");
-            return RunOutcome { result, unused_script_lines: Vec::new() };
+        let ClaimedRun { lease, route_id, request } = claimed;
+        let done = |result| RunOutcome { result, unused_script_lines: Vec::new() };
+        let Some(store) = self.store.as_deref() else {
+            return done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, "this runtime has no run store"));
         };
+        let read = async { Ok::<_, StoreError>((store.journal(&lease.run_id).await?, store.next_seq(&lease.run_id).await?)) };
+        let (history, next_seq) = match read.await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = store.release(&lease).await;
+                let why = format!("the run's record could not be read: {e}");
+                return done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, &why));
+            }
+        };
+        let recovery = Recovery { run_id: lease.run_id.clone(), history, next_seq };
         let fenced = Fenced { store, lease: &lease };
         let why = match request {
+            Ok(_) if lease.token > MAX_TAKEOVERS => format!("it was taken over {} times", lease.token - 1),
             Ok(req) => match self.runner.recover(req.run_request(), recovery.clone(), sink.clone(), cancel, Some(&fenced)).await {
-                Ok(result) => return RunOutcome { result, unused_script_lines: Vec::new() },
+                Ok(result) => return done(result),
                 Err(e) => format!("it cannot go on here: {e}"),
             },
             Err(why) => why,
         };
-        let result = self.runner.abandon(&route_id, recovery, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await;
-        RunOutcome { result, unused_script_lines: Vec::new() }
+        done(self.runner.abandon(&route_id, recovery, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await)
     }
 
     /// Extends the leases of the runs this process executes; returns the runs another process
@@ -687,7 +687,6 @@ pub struct ClaimedRun {
     route_id: String,
     /// The start contract, or why it does not read.
     request: Result<StartRequest, String>,
-    recovery: Recovery,
 }
 
 impl ClaimedRun {
@@ -695,11 +694,15 @@ impl ClaimedRun {
         &self.lease
     }
 
-    /// Whether the run had done anything before (journal entries): it is taken over, not new.
+    /// Whether another process held the run before (it is taken over, not started).
     pub fn is_takeover(&self) -> bool {
-        !self.recovery.history.is_empty() || self.recovery.next_seq > 1
+        self.lease.token > 1
     }
 }
+
+/// How many times a run may be taken over before the next claim fails it instead: a run that
+/// takes its process down with it (a panic, memory) must not take the fleet down one by one.
+pub const MAX_TAKEOVERS: i64 = 10;
 
 fn lines(problems: &[Diagnostic]) -> String {
     problems.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n")

@@ -186,14 +186,36 @@ fn prefetch_packs_from_a_file() {
 
 #[test]
 fn bench_prints_every_scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = format!("sqlite://{}", dir.path().join("bench.db").display());
     let out = fabric(
-        &["bench", "--runs", "30", "--warmup", "3", "--concurrency", "20", "--latency-ms", "1", "--routes", "20", "--clients", "8", "--requests", "2"],
+        &[
+            "bench",
+            "--runs",
+            "30",
+            "--warmup",
+            "3",
+            "--concurrency",
+            "20",
+            "--latency-ms",
+            "1",
+            "--routes",
+            "20",
+            "--clients",
+            "8",
+            "--requests",
+            "2",
+            "--journal",
+            &journal,
+            "--replicas",
+            "1,2",
+        ],
         &[],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let lines: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<&str> = lines.iter().map(|l| l["scenario"].as_str().unwrap()).collect();
-    assert_eq!(names, ["A", "A2", "B", "B-http", "C", "H", "S"]);
+    assert_eq!(names, ["A", "A2", "B", "B-http", "C", "C2", "H", "R", "R", "S"]);
     for l in &lines {
         match l["scenario"].as_str().unwrap() {
             "A" | "A2" | "B" | "B-http" => {
@@ -206,6 +228,11 @@ fn bench_prints_every_scenario() {
             "C" => {
                 assert_eq!((l["failed_runs"].as_u64(), l["ideal_ms"].as_f64()), (Some(0), Some(3.0)), "{l}");
                 assert!(l["peak_rss_mib"].as_f64().unwrap() > 0.0);
+            }
+            "C2" => assert_eq!((l["failed_runs"].as_u64(), l["runs"].as_u64(), l["journal"].as_str()), (Some(0), Some(20), Some("sqlite")), "{l}"),
+            "R" => {
+                assert_eq!((l["runs"].as_u64(), l["completed"].as_u64()), (Some(30), Some(30)), "{l}");
+                assert!(l["runs_per_s"].as_f64().unwrap() > 0.0, "{l}");
             }
             "H" => assert_eq!((l["routes_ready"].as_u64(), l["errors"].as_u64()), (Some(20), Some(0)), "{l}"),
             "S" => {

@@ -118,13 +118,6 @@ impl Live {
         self.runs.lock().unwrap_or_else(|p| p.into_inner()).values().map(|r| r.lease.clone()).collect()
     }
 
-    /// Stops every run in flight.
-    pub fn stop_all(&self, reason: &str) {
-        for run in self.runs.lock().unwrap_or_else(|p| p.into_inner()).values() {
-            run.stop(reason);
-        }
-    }
-
     pub fn get(&self, run_id: &str) -> Option<Arc<LiveRun>> {
         self.runs.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned()
     }

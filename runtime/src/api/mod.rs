@@ -107,42 +107,49 @@ impl AppState {
         self.inner.live.ids()
     }
 
-    /// Keeps this process's share of the work, for ever: every third of the lease it renews the
-    /// leases of the runs it executes (and stops those another process took over); every
-    /// `claim_poll` it claims what it has room for: queued runs, and runs whose process stopped
-    /// renewing (died, or stalled past its lease), which go on from their journal.
+    /// Keeps this process's share of the work, for ever, in two tasks: every third of the lease
+    /// it renews the leases of the runs it executes (and stops those another process took
+    /// over); every `claim_poll` it claims what it has room for: queued runs, and runs whose
+    /// process stopped renewing (died, or stalled past its lease), which go on from their
+    /// journal. Apart, so that slow claims never delay a renewal past the lease.
     pub async fn keep_leases(self) {
+        let claims = tokio::spawn(self.clone().claim_work());
+        self.renew_leases().await;
+        claims.abort();
+    }
+
+    async fn renew_leases(self) {
         let runtime = self.inner.runtime.clone();
-        let every = runtime.holder().lease / 3;
-        let poll = self.inner.config.claim_poll.min(every).max(Duration::from_millis(10));
-        let mut tick = tokio::time::interval(poll);
+        let mut tick = tokio::time::interval(runtime.holder().lease / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut renewed = Instant::now();
         loop {
             tick.tick().await;
-            if renewed.elapsed() + poll / 2 >= every {
-                // Renewed before claiming: this process's own live runs never look expired to it.
-                match runtime.renew(&self.inner.live.leases()).await {
-                    Ok(lost) => {
-                        renewed = Instant::now();
-                        for run_id in lost {
-                            tracing::warn!(
-                                run_id,
-                                "run lease lost (another process took the run over after this one went silent past its lease); this process stops the run"
-                            );
-                            if let Some(live) = self.inner.live.get(&run_id) {
-                                live.stop("lease lost");
-                            }
+            match runtime.renew(&self.inner.live.leases()).await {
+                Ok(lost) => {
+                    for run_id in lost {
+                        tracing::warn!(
+                            run_id,
+                            "run lease lost (another process took the run over after this one went silent past its lease); this process stops the run"
+                        );
+                        if let Some(live) = self.inner.live.get(&run_id) {
+                            live.stop("lease lost");
                         }
                     }
-                    Err(e) => {
-                        tracing::error!(error = %e, "run store: renewing leases");
-                        continue;
-                    }
                 }
+                Err(e) => tracing::error!(error = %e, "run store: renewing leases"),
             }
+        }
+    }
+
+    async fn claim_work(self) {
+        let runtime = self.inner.runtime.clone();
+        let poll = self.inner.config.claim_poll.min(runtime.holder().lease / 3).max(Duration::from_millis(10));
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
             if self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                continue;
+                return;
             }
             let room = self.inner.in_flight.available_permits().min(64);
             if room == 0 {
@@ -177,24 +184,23 @@ impl AppState {
         self.inner.config.max_in_flight - self.inner.in_flight.available_permits()
     }
 
-    /// Stops claiming, waits until no run executes, at most `grace`; then interrupts the rest
-    /// (they fail with `interrupted`, recorded so) and waits for their last commits, at most 10 s
-    /// more.
+    /// Stops claiming, waits until no run executes, at most `grace`; then hands the rest over:
+    /// their leases are let go, so another replica (or this one's successor) claims each at once
+    /// and continues it from its journal; the work since each run's last commit is done again
+    /// there. Returns how many runs were handed over.
     pub async fn drain(&self, grace: Duration) -> usize {
         self.inner.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         let deadline = Instant::now() + grace;
         while self.runs_in_flight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let left = self.runs_in_flight();
-        if left > 0 {
-            self.inner.live.stop_all("shutdown");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while self.runs_in_flight() > 0 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+        let leases = self.inner.live.leases();
+        for lease in &leases {
+            if let Err(e) = self.inner.runtime.release(lease).await {
+                tracing::error!(run_id = lease.run_id, error = %e, "run store: handing a run over");
             }
         }
-        left
+        leases.len()
     }
 }
 
@@ -727,6 +733,16 @@ async fn run_events(
                         break;
                     }
                     let _ = ticks.changed().await;
+                }
+                // A segment that ended without recording its end (its lease was lost, its write
+                // failed) streamed events the store does not hold; whoever continues the run
+                // writes its own from the last recorded one, and the stream goes on from there
+                // (those `seq`s come again, with what the run actually did).
+                if let Ok(Some(run)) = store.get_run(&run_id).await
+                    && matches!(run.status, StoredStatus::Queued | StoredStatus::Running)
+                    && let Ok(next) = store.next_seq(&run_id).await
+                {
+                    last = last.min(next.saturating_sub(1));
                 }
                 continue;
             }

@@ -138,19 +138,31 @@ impl<'a> Rows<'a> {
     }
 }
 
+/// A transaction's name in `fabric_writes` (this one's, and the writer's previous one's, which it
+/// deletes: the table holds one row per writer).
+pub(crate) struct Marker<'a> {
+    pub id: &'a str,
+    pub previous: Option<&'a str>,
+}
+
 /// How one database writes a transaction's rows (all of them, or none): the rows of runs that
 /// hold their lease; the ids of those that do not (fenced) are returned.
 pub(crate) trait WriteRows: Send + Sync + 'static {
-    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>>;
+    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>, marker: &'a Marker<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>>;
+    /// Whether the transaction `marker` committed (its connection broke before it heard), and
+    /// then which of these runs are fenced now.
+    fn committed<'a>(&'a self, marker: &'a str, leases: &'a [(&'a str, i64)]) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>>;
 }
 
 /// The handle the store keeps: where jobs go, and which runs had a queued write fail.
 #[derive(Debug)]
 pub(crate) struct WriteQueue {
     writes: mpsc::Sender<Job>,
-    /// Runs one of whose queued writes failed: their next append or commit says so.
-    failed: Arc<Mutex<HashMap<String, String>>>,
+    /// Leases (run, token) one of whose queued writes failed: their next append or commit says so.
+    failed: Failed,
 }
+
+type Failed = Arc<Mutex<HashMap<(String, i64), String>>>;
 
 impl WriteQueue {
     /// Starts the writer task (on the current tokio runtime).
@@ -169,32 +181,36 @@ impl WriteQueue {
         done.await.map_err(|_| stopped())?
     }
 
-    fn earlier_failure(&self, run_id: &str) -> Option<String> {
-        self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(run_id).cloned()
+    /// The failure of an earlier queued write of this lease; `forget` once the run is done here.
+    fn earlier_failure(&self, lease: &Lease, forget: bool) -> Option<String> {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (lease.run_id.clone(), lease.token);
+        if forget { failed.remove(&key) } else { failed.get(&key).cloned() }
     }
 
     /// [`crate::exec::RunJournal::append`]: queued, not waited for.
     pub async fn append(&self, lease: &Lease, batch: JournalBatch) -> Result<(), String> {
-        if let Some(e) = self.earlier_failure(&lease.run_id) {
+        if let Some(e) = self.earlier_failure(lease, false) {
             return Err(e);
         }
         let job = Write::Commit { lease: lease.clone(), batch: Box::new(batch) };
         self.writes.send((job, None)).await.map_err(|_| "the store's writer has stopped".to_owned())
     }
 
-    /// [`crate::exec::RunJournal::commit`]: waited for; an earlier queued failure wins.
+    /// [`crate::exec::RunJournal::commit`]: waited for. After an earlier queued failure nothing
+    /// is written (an end after a hole would record less than the run did): the error is
+    /// returned, the run stays `running`, and whoever claims it next goes on from its journal.
     pub async fn commit(&self, lease: &Lease, batch: JournalBatch) -> Result<(), String> {
-        let earlier = self.earlier_failure(&lease.run_id);
-        let result = self.write(Write::Commit { lease: lease.clone(), batch: Box::new(batch) }).await.map_err(|e| e.to_string());
-        match earlier {
-            Some(e) => Err(e),
-            None => result,
+        if let Some(e) = self.earlier_failure(lease, true) {
+            return Err(e);
         }
+        self.write(Write::Commit { lease: lease.clone(), batch: Box::new(batch) }).await.map_err(|e| e.to_string())
     }
 }
 
-async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Arc<Mutex<HashMap<String, String>>>) {
+async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Failed) {
     let mut jobs: Vec<Job> = Vec::new();
+    let mut previous: Option<String> = None;
     while let Some(first) = queue.recv().await {
         jobs.push(first);
         while jobs.len() < JOBS_PER_TRANSACTION {
@@ -203,48 +219,77 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Arc<
                 Err(_) => break,
             }
         }
-        let result = write_retrying(&db, &jobs).await;
-        let outcome = |job: &Write| match &result {
-            Err(e) => Err(e.clone()),
-            Ok(fenced) if fenced.contains(job.run_id()) => Err(StoreError::LeaseLost(job.run_id().to_owned())),
-            Ok(_) => Ok(()),
-        };
-        {
-            let mut failed = failed.lock().unwrap_or_else(|p| p.into_inner());
-            for (job, _) in &jobs {
-                if let Err(e) = outcome(job) {
-                    failed.insert(job.run_id().to_owned(), e.to_string());
+        let mut outcomes: Vec<Result<(), StoreError>> = match write_retrying(&db, &jobs, &mut previous).await {
+            Ok(fenced) => jobs.iter().map(|(job, _)| outcome(job, &fenced)).collect(),
+            // One job the database refuses must not fail the others sharing its transaction:
+            // each is tried on its own (in order, so a run's batches stay in order).
+            Err(StoreError::Database(_)) if jobs.len() > 1 => {
+                let mut each = Vec::with_capacity(jobs.len());
+                for job in jobs.chunks(1) {
+                    each.push(write_retrying(&db, job, &mut previous).await.and_then(|fenced| outcome(&job[0].0, &fenced)));
                 }
+                each
             }
-        }
-        for (job, ack) in jobs.drain(..) {
-            let done = outcome(&job);
+            Err(e) => jobs.iter().map(|_| Err(e.clone())).collect(),
+        };
+        for ((job, ack), done) in jobs.drain(..).zip(outcomes.drain(..)) {
+            // A failed commit of a claimed run fails its later writes (a create's caller hears).
+            if let (Err(e), Write::Commit { lease, batch }) = (&done, &job)
+                && batch.end.is_none()
+            {
+                failed.lock().unwrap_or_else(|p| p.into_inner()).insert((lease.run_id.clone(), lease.token), e.to_string());
+            }
             if let Some(ack) = ack {
                 let _ = ack.send(done);
-            }
-            // A run's last commit settles it: forget an earlier failure.
-            if let Write::Commit { lease, batch } = job
-                && batch.end.is_some()
-            {
-                failed.lock().unwrap_or_else(|p| p.into_inner()).remove(&lease.run_id);
             }
         }
     }
 }
 
+fn outcome(job: &Write, fenced: &HashSet<String>) -> Result<(), StoreError> {
+    if fenced.contains(job.run_id()) { Err(StoreError::LeaseLost(job.run_id().to_owned())) } else { Ok(()) }
+}
+
 /// Writes the jobs' rows, trying again while the database is unreachable (at most
-/// [`UNAVAILABLE_RETRY`]): a database restart delays the runs, it does not fail them.
-async fn write_retrying(db: &impl WriteRows, jobs: &[Job]) -> Result<HashSet<String>, StoreError> {
+/// [`UNAVAILABLE_RETRY`]): a database restart delays the runs, it does not fail them. A
+/// transaction whose connection broke while it committed may have committed: its marker says,
+/// and it is not written twice.
+async fn write_retrying(db: &impl WriteRows, jobs: &[Job], previous: &mut Option<String>) -> Result<HashSet<String>, StoreError> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(50);
+    let id = uuid::Uuid::now_v7().to_string();
+    let rows = Rows::of(jobs);
+    let mut attempted = false;
     loop {
-        match db.write_rows(&Rows::of(jobs)).await {
+        if attempted {
+            match db.committed(&id, &rows.leases).await {
+                Ok(Some(fenced)) => {
+                    *previous = Some(id);
+                    return Ok(fenced);
+                }
+                Ok(None) => {}
+                Err(StoreError::Unavailable(e)) if started.elapsed() < UNAVAILABLE_RETRY => {
+                    tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "run store unavailable; the writes wait");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        attempted = true;
+        let marker = Marker { id: &id, previous: previous.as_deref() };
+        match db.write_rows(&rows, &marker).await {
+            Ok(fenced) => {
+                *previous = Some(id);
+                return Ok(fenced);
+            }
             Err(StoreError::Unavailable(e)) if started.elapsed() < UNAVAILABLE_RETRY => {
                 tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "run store unavailable; the writes wait");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
-            other => return other,
+            Err(e) => return Err(e),
         }
     }
 }
@@ -263,19 +308,44 @@ where
     for<'t> &'t str: sqlx::Encode<'t, DB> + Type<DB>,
     for<'t> Option<&'t str>: sqlx::Encode<'t, DB>,
     for<'t> String: Decode<'t, DB> + Type<DB>,
-    for<'t> i64: sqlx::Encode<'t, DB> + Type<DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
     for<'t> Option<i64>: sqlx::Encode<'t, DB>,
     for<'r> usize: ColumnIndex<DB::Row>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
     /// The fence first (it locks the rows of the runs committed for, so no claim can come
     /// between the check and the writes), then one multi-row INSERT per table (per `per_insert`
     /// rows) for the runs that hold their lease, and one UPDATE per run that ended.
-    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
+    fn committed<'a>(&'a self, marker: &'a str, leases: &'a [(&'a str, i64)]) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await.map_err(db)?;
+            let found = sqlx::query("SELECT id FROM fabric_writes WHERE id = $1").bind(marker).fetch_optional(&mut *conn).await.map_err(db)?;
+            if found.is_none() {
+                return Ok(None);
+            }
+            // It committed: the runs it wrote for hold the token it carried, unless claimed since.
+            let mut fenced = HashSet::new();
+            for (run_id, token) in leases {
+                let row = sqlx::query("SELECT lease_token FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await.map_err(db)?;
+                let now: Option<i64> = row.map(|r| r.try_get(0)).transpose().map_err(db)?;
+                if now != Some(*token) {
+                    fenced.insert((*run_id).to_owned());
+                }
+            }
+            Ok(Some(fenced))
+        })
+    }
+
+    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>, marker: &'a Marker<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
         let (pool, per_insert) = (&self.pool, self.per_insert);
         Box::pin(async move {
             let at = rows.at.as_str();
             let mut tx = pool.begin().await.map_err(db)?;
+            sqlx::query("INSERT INTO fabric_writes (id) VALUES ($1)").bind(marker.id).execute(&mut *tx).await.map_err(db)?;
+            if let Some(previous) = marker.previous {
+                sqlx::query("DELETE FROM fabric_writes WHERE id = $1").bind(previous).execute(&mut *tx).await.map_err(db)?;
+            }
             for chunk in rows.creates.chunks(per_insert) {
                 let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, lease_until) VALUES ";
                 let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
@@ -379,9 +449,13 @@ pub(crate) fn db(e: sqlx::Error) -> StoreError {
     let transient = match &e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(d) => d.code().is_some_and(|c| {
-            // PostgreSQL: connection exceptions (08…), operator intervention (57P01-57P03: an
-            // admin or crash shutdown, not accepting connections yet); SQLite: busy, locked.
-            c.starts_with("08") || c.starts_with("57P") || c == "5" || c == "6" || c == "517"
+            // PostgreSQL: connection exceptions (08…), operator intervention (57P…), too many
+            // connections (53300), a deadlock or serialization failure (40P01, 40001); SQLite:
+            // busy and locked, with their extended codes.
+            c.starts_with("08")
+                || c.starts_with("57P")
+                || ["53300", "40P01", "40001"].contains(&c.as_ref())
+                || ["5", "6", "261", "262", "517", "773"].contains(&c.as_ref())
         }),
         _ => false,
     };
@@ -420,7 +494,83 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::rows_sql;
+    use super::*;
+
+    /// A database that keeps the (run, seq) of every event it committed, and misbehaves on cue.
+    #[derive(Default)]
+    struct Flaky {
+        committed: Mutex<Vec<(String, i64)>>,
+        markers: Mutex<HashSet<String>>,
+        /// Commit the first transaction, then report its connection broken.
+        lose_first_ack: std::sync::atomic::AtomicBool,
+        /// Refuse any transaction holding this run's rows.
+        poison: Option<&'static str>,
+    }
+
+    impl WriteRows for Arc<Flaky> {
+        fn write_rows<'a>(&'a self, rows: &'a Rows<'a>, marker: &'a Marker<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
+            Box::pin(async move {
+                if let Some(p) = self.poison
+                    && rows.events.iter().any(|e| e.0 == p)
+                {
+                    return Err(StoreError::Database("refused".into()));
+                }
+                self.committed.lock().unwrap().extend(rows.events.iter().map(|e| (e.0.to_owned(), e.1)));
+                self.markers.lock().unwrap().insert(marker.id.to_owned());
+                if self.lose_first_ack.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    return Err(StoreError::Unavailable("connection reset while committing".into()));
+                }
+                Ok(HashSet::new())
+            })
+        }
+
+        fn committed<'a>(&'a self, marker: &'a str, _: &'a [(&'a str, i64)]) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
+            Box::pin(async move { Ok(self.markers.lock().unwrap().contains(marker).then(HashSet::new)) })
+        }
+    }
+
+    fn batch(run: &str, seq: u64) -> JournalBatch {
+        let event = crate::events::Event {
+            kind: crate::events::EventKind::RunStarted,
+            run_id: run.into(),
+            route_id: "r".into(),
+            seq,
+            ts: String::new(),
+            stage_id: None,
+            parent_run_id: None,
+            data: Default::default(),
+        };
+        JournalBatch { events: vec![event], entries: Vec::new(), end: None }
+    }
+
+    fn lease(run: &str) -> Lease {
+        Lease { run_id: run.into(), token: 1 }
+    }
+
+    #[tokio::test]
+    async fn a_transaction_whose_commit_was_not_acknowledged_is_not_written_twice() {
+        let db = Arc::new(Flaky { lose_first_ack: true.into(), ..Flaky::default() });
+        let queue = WriteQueue::start(db.clone());
+        queue.commit(&lease("a"), batch("a", 1)).await.unwrap();
+        queue.commit(&lease("a"), batch("a", 2)).await.unwrap();
+        assert_eq!(*db.committed.lock().unwrap(), [("a".to_owned(), 1), ("a".to_owned(), 2)]);
+    }
+
+    #[tokio::test]
+    async fn a_job_the_database_refuses_fails_alone_and_its_run_writes_no_more() {
+        let db = Arc::new(Flaky { poison: Some("bad"), ..Flaky::default() });
+        let queue = WriteQueue::start(db.clone());
+        // Queued together: they share a transaction, which the bad run's rows make fail.
+        queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
+        let (good_lease, bad_lease) = (lease("good"), lease("bad"));
+        let (good, bad) = tokio::join!(queue.commit(&good_lease, batch("good", 1)), async {
+            tokio::task::yield_now().await;
+            queue.commit(&bad_lease, batch("bad", 2)).await
+        });
+        good.unwrap();
+        assert!(bad.unwrap_err().contains("refused"));
+        assert_eq!(*db.committed.lock().unwrap(), [("good".to_owned(), 1)], "nothing of the bad run, its end included");
+    }
 
     #[test]
     fn rows_sql_numbers_placeholders_across_rows() {

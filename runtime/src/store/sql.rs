@@ -216,7 +216,7 @@ where
 
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            sqlx::query("UPDATE runs SET lease_until = 0, updated_at = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'")
+            sqlx::query("UPDATE runs SET lease_owner = NULL, lease_until = 0, updated_at = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'")
                 .bind(now())
                 .bind(lease.run_id.as_str())
                 .bind(lease.token)

@@ -663,6 +663,7 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
                 }
                 out
             }
+            "R" if opts.journal.is_none() => vec![json!({"scenario": "R", "skipped": "scenario R needs --journal URL (the database the replicas share)"})],
             "R" => {
                 let mut out = Vec::new();
                 for &n in &opts.replicas {

@@ -100,9 +100,12 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         let _ = stopping_tx.send(());
         tracing::info!(signal, "shutting down: no new requests; running runs get up to the grace period");
         tokio::spawn(async move {
-            let interrupted = drain_state.drain(grace).await;
-            if interrupted > 0 {
-                tracing::warn!(runs = interrupted, "runs still executing at the end of the grace period were interrupted");
+            let handed = drain_state.drain(grace).await;
+            if handed > 0 {
+                tracing::warn!(
+                    runs = handed,
+                    "runs still executing at the end of the grace period are handed over: another replica (or the next start) continues them from their journal"
+                );
             }
             let _ = drained_tx.send(());
         });
