@@ -28,8 +28,9 @@ const UNAVAILABLE_RETRY: Duration = Duration::from_secs(120);
 
 /// What differs between the SQL of the databases a store runs on.
 pub(crate) trait Dialect {
-    /// Milliseconds since the epoch on the database's clock: leases never compare two
-    /// processes' clocks.
+    /// Milliseconds since the epoch on the database's clock (PostgreSQL's server; SQLite's is
+    /// the machine's, which every process using the file shares): leases never compare two
+    /// machines' clocks.
     const NOW_MS: &'static str;
     /// Appended to the select of a claim: rows another claimer holds are skipped, not waited
     /// for (empty where a write locks the whole database).
@@ -138,20 +139,14 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// A transaction's name in `fabric_writes` (this one's, and the writer's previous one's, which it
-/// deletes: the table holds one row per writer).
-pub(crate) struct Marker<'a> {
-    pub id: &'a str,
-    pub previous: Option<&'a str>,
-}
-
 /// How one database writes a transaction's rows (all of them, or none): the rows of runs that
 /// hold their lease; the ids of those that do not (fenced) are returned.
 pub(crate) trait WriteRows: Send + Sync + 'static {
-    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>, marker: &'a Marker<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>>;
-    /// Whether the transaction `marker` committed (its connection broke before it heard), and
-    /// then which of these runs are fenced now.
-    fn committed<'a>(&'a self, marker: &'a str, leases: &'a [(&'a str, i64)]) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>>;
+    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>>;
+    /// Whether the transaction of `rows` committed after all (its connection broke before it
+    /// heard), and then which of its runs are fenced now: the rows of a run still holding its
+    /// lease were written by this writer alone, so the first of them says.
+    fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>>;
 }
 
 /// The handle the store keeps: where jobs go, and which runs had a queued write fail.
@@ -210,7 +205,6 @@ impl WriteQueue {
 
 async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Failed) {
     let mut jobs: Vec<Job> = Vec::new();
-    let mut previous: Option<String> = None;
     while let Some(first) = queue.recv().await {
         jobs.push(first);
         while jobs.len() < JOBS_PER_TRANSACTION {
@@ -219,14 +213,14 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
                 Err(_) => break,
             }
         }
-        let mut outcomes: Vec<Result<(), StoreError>> = match write_retrying(&db, &jobs, &mut previous).await {
+        let mut outcomes: Vec<Result<(), StoreError>> = match write_retrying(&db, &jobs).await {
             Ok(fenced) => jobs.iter().map(|(job, _)| outcome(job, &fenced)).collect(),
             // One job the database refuses must not fail the others sharing its transaction:
             // each is tried on its own (in order, so a run's batches stay in order).
             Err(StoreError::Database(_)) if jobs.len() > 1 => {
                 let mut each = Vec::with_capacity(jobs.len());
                 for job in jobs.chunks(1) {
-                    each.push(write_retrying(&db, job, &mut previous).await.and_then(|fenced| outcome(&job[0].0, &fenced)));
+                    each.push(write_retrying(&db, job).await.and_then(|fenced| outcome(&job[0].0, &fenced)));
                 }
                 each
             }
@@ -252,44 +246,31 @@ fn outcome(job: &Write, fenced: &HashSet<String>) -> Result<(), StoreError> {
 
 /// Writes the jobs' rows, trying again while the database is unreachable (at most
 /// [`UNAVAILABLE_RETRY`]): a database restart delays the runs, it does not fail them. A
-/// transaction whose connection broke while it committed may have committed: its marker says,
-/// and it is not written twice.
-async fn write_retrying(db: &impl WriteRows, jobs: &[Job], previous: &mut Option<String>) -> Result<HashSet<String>, StoreError> {
+/// transaction whose connection broke while it committed may have committed: that is looked up
+/// before it is written again, so nothing is written twice.
+async fn write_retrying(db: &impl WriteRows, jobs: &[Job]) -> Result<HashSet<String>, StoreError> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(50);
-    let id = uuid::Uuid::now_v7().to_string();
     let rows = Rows::of(jobs);
     let mut attempted = false;
     loop {
-        if attempted {
-            match db.committed(&id, &rows.leases).await {
-                Ok(Some(fenced)) => {
-                    *previous = Some(id);
-                    return Ok(fenced);
-                }
-                Ok(None) => {}
-                Err(StoreError::Unavailable(e)) if started.elapsed() < UNAVAILABLE_RETRY => {
-                    tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "run store unavailable; the writes wait");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                    continue;
-                }
-                Err(e) => return Err(e),
+        let tried = if attempted {
+            match db.committed(&rows).await {
+                Ok(Some(fenced)) => return Ok(fenced),
+                Ok(None) => db.write_rows(&rows).await,
+                Err(e) => Err(e),
             }
-        }
+        } else {
+            db.write_rows(&rows).await
+        };
         attempted = true;
-        let marker = Marker { id: &id, previous: previous.as_deref() };
-        match db.write_rows(&rows, &marker).await {
-            Ok(fenced) => {
-                *previous = Some(id);
-                return Ok(fenced);
-            }
+        match tried {
             Err(StoreError::Unavailable(e)) if started.elapsed() < UNAVAILABLE_RETRY => {
                 tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "run store unavailable; the writes wait");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
-            Err(e) => return Err(e),
+            other => return other,
         }
     }
 }
@@ -317,35 +298,34 @@ where
     /// The fence first (it locks the rows of the runs committed for, so no claim can come
     /// between the check and the writes), then one multi-row INSERT per table (per `per_insert`
     /// rows) for the runs that hold their lease, and one UPDATE per run that ended.
-    fn committed<'a>(&'a self, marker: &'a str, leases: &'a [(&'a str, i64)]) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
+    fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await.map_err(db)?;
-            let found = sqlx::query("SELECT id FROM fabric_writes WHERE id = $1").bind(marker).fetch_optional(&mut *conn).await.map_err(db)?;
-            if found.is_none() {
-                return Ok(None);
-            }
-            // It committed: the runs it wrote for hold the token it carried, unless claimed since.
             let mut fenced = HashSet::new();
-            for (run_id, token) in leases {
+            for (run_id, token) in &rows.leases {
                 let row = sqlx::query("SELECT lease_token FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await.map_err(db)?;
                 let now: Option<i64> = row.map(|r| r.try_get(0)).transpose().map_err(db)?;
                 if now != Some(*token) {
                     fenced.insert((*run_id).to_owned());
                 }
             }
-            Ok(Some(fenced))
+            let witness = if let Some((run_id, seq, ..)) = rows.events.iter().find(|e| !fenced.contains(e.0)) {
+                sqlx::query("SELECT run_id FROM run_events WHERE run_id = $1 AND seq = $2").bind(*run_id).bind(*seq).fetch_optional(&mut *conn).await
+            } else if let Some((run_id, ..)) = rows.creates.first() {
+                sqlx::query("SELECT run_id FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await
+            } else {
+                // Every run it wrote for is fenced now: whether it committed changes nothing.
+                return Ok(Some(fenced));
+            };
+            Ok(witness.map_err(db)?.map(|_| fenced))
         })
     }
 
-    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>, marker: &'a Marker<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
+    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
         let (pool, per_insert) = (&self.pool, self.per_insert);
         Box::pin(async move {
             let at = rows.at.as_str();
             let mut tx = pool.begin().await.map_err(db)?;
-            sqlx::query("INSERT INTO fabric_writes (id) VALUES ($1)").bind(marker.id).execute(&mut *tx).await.map_err(db)?;
-            if let Some(previous) = marker.previous {
-                sqlx::query("DELETE FROM fabric_writes WHERE id = $1").bind(previous).execute(&mut *tx).await.map_err(db)?;
-            }
             for chunk in rows.creates.chunks(per_insert) {
                 let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, lease_until) VALUES ";
                 let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
@@ -500,7 +480,6 @@ mod tests {
     #[derive(Default)]
     struct Flaky {
         committed: Mutex<Vec<(String, i64)>>,
-        markers: Mutex<HashSet<String>>,
         /// Commit the first transaction, then report its connection broken.
         lose_first_ack: std::sync::atomic::AtomicBool,
         /// Refuse any transaction holding this run's rows.
@@ -508,7 +487,7 @@ mod tests {
     }
 
     impl WriteRows for Arc<Flaky> {
-        fn write_rows<'a>(&'a self, rows: &'a Rows<'a>, marker: &'a Marker<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
+        fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
             Box::pin(async move {
                 if let Some(p) = self.poison
                     && rows.events.iter().any(|e| e.0 == p)
@@ -516,7 +495,6 @@ mod tests {
                     return Err(StoreError::Database("refused".into()));
                 }
                 self.committed.lock().unwrap().extend(rows.events.iter().map(|e| (e.0.to_owned(), e.1)));
-                self.markers.lock().unwrap().insert(marker.id.to_owned());
                 if self.lose_first_ack.swap(false, std::sync::atomic::Ordering::SeqCst) {
                     return Err(StoreError::Unavailable("connection reset while committing".into()));
                 }
@@ -524,8 +502,11 @@ mod tests {
             })
         }
 
-        fn committed<'a>(&'a self, marker: &'a str, _: &'a [(&'a str, i64)]) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
-            Box::pin(async move { Ok(self.markers.lock().unwrap().contains(marker).then(HashSet::new)) })
+        fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
+            Box::pin(async move {
+                let first = rows.events.first().map(|e| (e.0.to_owned(), e.1));
+                Ok(first.filter(|f| self.committed.lock().unwrap().contains(f)).map(|_| HashSet::new()))
+            })
         }
     }
 

@@ -231,13 +231,14 @@ where
         Box::pin(async move {
             let mut lost = Vec::new();
             for chunk in leases.chunks(500) {
-                let mut sql = format!("UPDATE runs SET lease_until = {} + $1 WHERE lease_owner = $2 AND status = 'running' AND (", DB::NOW_MS);
+                // `updated_at` too: a replica of the version before leases judges liveness by it.
+                let mut sql = format!("UPDATE runs SET lease_until = {} + $1, updated_at = $3 WHERE lease_owner = $2 AND status = 'running' AND (", DB::NOW_MS);
                 for k in 0..chunk.len() {
                     let sep = if k > 0 { " OR " } else { "" };
-                    sql.push_str(&format!("{sep}(run_id = ${} AND lease_token = ${})", 2 * k + 3, 2 * k + 4));
+                    sql.push_str(&format!("{sep}(run_id = ${} AND lease_token = ${})", 2 * k + 4, 2 * k + 5));
                 }
                 sql.push_str(") RETURNING run_id");
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(holder.lease_ms()).bind(holder.owner.as_str());
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(holder.lease_ms()).bind(holder.owner.as_str()).bind(now());
                 for l in chunk {
                     q = q.bind(l.run_id.as_str()).bind(l.token);
                 }

@@ -6,6 +6,3 @@ ALTER TABLE runs ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN lease_until INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX runs_claimable ON runs (status, lease_until);
 
--- One row per writer: the id of its last committed transaction. A writer whose connection broke
--- while committing looks its transaction up here before writing it again (it may have committed).
-CREATE TABLE fabric_writes (id TEXT PRIMARY KEY);
