@@ -12,6 +12,10 @@ use super::{StoreError, now};
 /// The schema versions this binary knows, in order: (version, SQL). Numbered as SQLite's are.
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/postgres/0001_runs.sql")), (2, include_str!("migrations/postgres/0002_leases.sql"))];
 
+/// Writer tasks (each a connection while it writes): PostgreSQL writes their transactions in
+/// parallel; the pool keeps the rest of its connections for reads, claims and renewals.
+const WRITERS: usize = 4;
+
 /// Rows per multi-row INSERT (PostgreSQL allows 65,535 parameters per statement).
 const ROWS_PER_INSERT: usize = 1000;
 
@@ -31,7 +35,7 @@ impl PgStore {
             // Where, without the password or the query string.
             .map_err(|e| StoreError::Database(format!("cannot connect to {}: {e}", crate::redact::redact_url(url))))?;
         migrate(&pool).await?;
-        let queue = WriteQueue::start(PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT });
+        let queue = WriteQueue::start(PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT }, WRITERS);
         Ok(SqlStore::new(pool, queue))
     }
 }

@@ -35,23 +35,76 @@ pub(crate) trait Dialect {
     /// Appended to the select of a claim: rows another claimer holds are skipped, not waited
     /// for (empty where a write locks the whole database).
     const SKIP_LOCKED: &'static str;
+    /// Placeholders numbered (`$1, $2`) or anonymous (`?`, bound in the order they appear).
+    /// SQLite takes both, but sqlx looks each numbered one up by name, a cost that grows with
+    /// the square of a statement's parameters: the writer's large statements use `?` there.
+    const NUMBERED: bool;
 }
 
 impl Dialect for sqlx::Sqlite {
     const NOW_MS: &'static str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
     const SKIP_LOCKED: &'static str = "";
+    const NUMBERED: bool = false;
 }
 
 impl Dialect for sqlx::Postgres {
     const NOW_MS: &'static str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const NUMBERED: bool = true;
 }
 
 /// What the writer does: a new run's row (claimed by `owner` for `lease_ms`, or queued), or a
 /// claimed run's commit.
 pub(crate) enum Write {
     Create { run_id: String, route_id: String, request: String, claim: Option<(String, i64)> },
-    Commit { lease: Lease, batch: Box<JournalBatch> },
+    Commit { lease: Lease, batch: Box<Prepared> },
+}
+
+/// A batch as rows: serialized by the run that hands it over (on its own thread), so the
+/// writer, which every run shares, only writes.
+pub(crate) struct Prepared {
+    /// (seq, kind, body).
+    events: Vec<(i64, &'static str, String)>,
+    entries: Vec<String>,
+    end: Option<PreparedEnd>,
+}
+
+struct PreparedEnd {
+    status: StoredStatus,
+    result: String,
+    reason_class: Option<&'static str>,
+    question: Option<String>,
+    /// One past the last event written, when the batch has events.
+    next_seq: Option<i64>,
+}
+
+impl Prepared {
+    fn of(batch: JournalBatch) -> Prepared {
+        let events = batch
+            .events
+            .iter()
+            .map(|e| {
+                let mut body = Vec::with_capacity(256);
+                e.write_json_line(&mut body);
+                body.pop();
+                (e.seq as i64, e.kind.as_str(), String::from_utf8(body).unwrap_or_default())
+            })
+            .collect();
+        let entries = batch.entries.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect();
+        // Between stages only the next `seq` changes, and the events' rows already say it.
+        let end = batch.end.as_ref().map(|result| PreparedEnd {
+            status: match result.status {
+                RunStatus::Completed => StoredStatus::Completed,
+                RunStatus::Failed => StoredStatus::Failed,
+                RunStatus::AwaitingInput => StoredStatus::AwaitingInput,
+            },
+            result: serde_json::to_string(result).unwrap_or_default(),
+            reason_class: result.error.as_ref().map(|e| e.reason_class.as_str()),
+            question: result.question.clone(),
+            next_seq: batch.events.last().map(|e| e.seq as i64 + 1),
+        });
+        Prepared { events, entries, end }
+    }
 }
 
 impl Write {
@@ -71,7 +124,7 @@ pub(crate) struct End<'a> {
     pub run_id: &'a str,
     pub token: i64,
     pub status: StoredStatus,
-    pub result: String,
+    pub result: &'a str,
     pub reason_class: Option<&'a str>,
     pub question: Option<&'a str>,
     /// One past the last event written, when the batch has events.
@@ -89,9 +142,9 @@ pub(crate) struct Rows<'a> {
     /// The leases of the runs this transaction commits for: the fence.
     pub leases: Vec<(&'a str, i64)>,
     /// (run_id, seq, kind, body).
-    pub events: Vec<(&'a str, i64, &'a str, String)>,
+    pub events: Vec<(&'a str, i64, &'a str, &'a str)>,
     /// (run_id, entry).
-    pub entries: Vec<(&'a str, String)>,
+    pub entries: Vec<(&'a str, &'a str)>,
     pub ends: Vec<End<'a>>,
 }
 
@@ -109,27 +162,17 @@ impl<'a> Rows<'a> {
                     if fenced.insert((run_id.as_str(), lease.token)) {
                         rows.leases.push((run_id.as_str(), lease.token));
                     }
-                    for e in &batch.events {
-                        let mut body = Vec::with_capacity(256);
-                        e.write_json_line(&mut body);
-                        body.pop();
-                        rows.events.push((run_id, e.seq as i64, e.kind.as_str(), String::from_utf8(body).unwrap_or_default()));
-                    }
-                    rows.entries.extend(batch.entries.iter().map(|e| (run_id.as_str(), serde_json::to_string(e).unwrap_or_default())));
-                    // Between stages only the next `seq` changes, and the events' rows already say it.
-                    if let Some(result) = &batch.end {
+                    rows.events.extend(batch.events.iter().map(|(seq, kind, body)| (run_id.as_str(), *seq, *kind, body.as_str())));
+                    rows.entries.extend(batch.entries.iter().map(|e| (run_id.as_str(), e.as_str())));
+                    if let Some(end) = &batch.end {
                         rows.ends.push(End {
                             run_id,
                             token: lease.token,
-                            status: match result.status {
-                                RunStatus::Completed => StoredStatus::Completed,
-                                RunStatus::Failed => StoredStatus::Failed,
-                                RunStatus::AwaitingInput => StoredStatus::AwaitingInput,
-                            },
-                            result: serde_json::to_string(result).unwrap_or_default(),
-                            reason_class: result.error.as_ref().map(|e| e.reason_class.as_str()),
-                            question: result.question.as_deref(),
-                            next_seq: batch.events.last().map(|e| e.seq as i64 + 1),
+                            status: end.status,
+                            result: &end.result,
+                            reason_class: end.reason_class,
+                            question: end.question.as_deref(),
+                            next_seq: end.next_seq,
                         });
                     }
                 }
@@ -152,7 +195,9 @@ pub(crate) trait WriteRows: Send + Sync + 'static {
 /// The handle the store keeps: where jobs go, and which runs had a queued write fail.
 #[derive(Debug)]
 pub(crate) struct WriteQueue {
-    writes: mpsc::Sender<Job>,
+    /// One queue per writer task; a run's jobs always go to the same one (so they stay in
+    /// order), and the writers write in parallel where the database can (PostgreSQL).
+    writes: Vec<mpsc::Sender<Job>>,
     /// Leases (run, token) one of whose queued writes failed: their next append or commit says so.
     failed: Failed,
 }
@@ -160,19 +205,31 @@ pub(crate) struct WriteQueue {
 type Failed = Arc<Mutex<HashMap<(String, i64), String>>>;
 
 impl WriteQueue {
-    /// Starts the writer task (on the current tokio runtime).
-    pub fn start(db: impl WriteRows) -> WriteQueue {
-        let (writes, queue) = mpsc::channel(WRITE_QUEUE);
+    /// Starts `writers` writer tasks (on the current tokio runtime), each with its own
+    /// connection from the pool at a time.
+    pub fn start<W: WriteRows + Clone>(db: W, writers: usize) -> WriteQueue {
         let failed = Arc::new(Mutex::new(HashMap::new()));
-        tokio::spawn(writer(db, queue, failed.clone()));
+        let writes = (0..writers.max(1))
+            .map(|_| {
+                let (writes, queue) = mpsc::channel(WRITE_QUEUE);
+                tokio::spawn(writer(db.clone(), queue, failed.clone()));
+                writes
+            })
+            .collect();
         WriteQueue { writes, failed }
+    }
+
+    fn writer_of(&self, run_id: &str) -> &mpsc::Sender<Job> {
+        // FNV-1a: stable and cheap; any spread will do.
+        let hash = run_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        &self.writes[(hash % self.writes.len() as u64) as usize]
     }
 
     /// Hands a job to the writer and waits until its transaction committed.
     pub async fn write(&self, job: Write) -> Result<(), StoreError> {
         let (ack, done) = oneshot::channel();
         let stopped = || StoreError::Database("the store's writer has stopped".into());
-        self.writes.send((job, Some(ack))).await.map_err(|_| stopped())?;
+        self.writer_of(job.run_id()).send((job, Some(ack))).await.map_err(|_| stopped())?;
         done.await.map_err(|_| stopped())?
     }
 
@@ -188,8 +245,8 @@ impl WriteQueue {
         if let Some(e) = self.earlier_failure(lease, false) {
             return Err(e);
         }
-        let job = Write::Commit { lease: lease.clone(), batch: Box::new(batch) };
-        self.writes.send((job, None)).await.map_err(|_| "the store's writer has stopped".to_owned())
+        let job = Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) };
+        self.writer_of(&lease.run_id).send((job, None)).await.map_err(|_| "the store's writer has stopped".to_owned())
     }
 
     /// [`crate::exec::RunJournal::commit`]: waited for. After an earlier queued failure nothing
@@ -199,7 +256,7 @@ impl WriteQueue {
         if let Some(e) = self.earlier_failure(lease, true) {
             return Err(e);
         }
-        self.write(Write::Commit { lease: lease.clone(), batch: Box::new(batch) }).await.map_err(|e| e.to_string())
+        self.write(Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) }).await.map_err(|e| e.to_string())
     }
 }
 
@@ -282,6 +339,13 @@ pub(crate) struct PoolWriter<DB: sqlx::Database> {
     pub per_insert: usize,
 }
 
+// By hand: a derive would ask `DB: Clone`, which the databases' marker types are not.
+impl<DB: sqlx::Database> Clone for PoolWriter<DB> {
+    fn clone(&self) -> Self {
+        PoolWriter { pool: self.pool.clone(), per_insert: self.per_insert }
+    }
+}
+
 impl<DB> WriteRows for PoolWriter<DB>
 where
     DB: sqlx::Database + Dialect,
@@ -329,7 +393,7 @@ where
             for chunk in rows.creates.chunks(per_insert) {
                 let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, lease_until) VALUES ";
                 let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, &row, chunk.len())));
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)));
                 for (run_id, route_id, request, claim) in chunk {
                     let status = if claim.is_some() { "running" } else { "queued" };
                     let (owner, token, ms) = claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
@@ -337,18 +401,39 @@ where
                 }
                 q.execute(&mut *tx).await.map_err(db)?;
             }
-            // The fence: the runs still `running` under the token their writer holds.
+            // The fence and the ends, in one statement: the runs still `running` under the
+            // token their writer holds get their row updated (an end: status, result, the lease let
+            // go; a reply claims the run anew) and are returned. The UPDATE locks their rows until
+            // the commit, so no claim can come between the check and the writes below, which are
+            // made for those runs only.
             let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
-            for chunk in rows.leases.chunks(per_insert / 2) {
-                let mut sql = String::from("UPDATE runs SET updated_at = $1 WHERE status = 'running' AND (");
-                for k in 0..chunk.len() {
-                    let sep = if k > 0 { " OR " } else { "" };
-                    sql.push_str(&format!("{sep}(run_id = ${} AND lease_token = ${})", 2 * k + 2, 2 * k + 3));
-                }
-                sql.push_str(") RETURNING run_id");
+            let ends: HashMap<&str, &End> = rows.ends.iter().map(|e| (e.run_id, e)).collect();
+            for chunk in rows.leases.chunks(per_insert / 4) {
+                let values = rows_sql("", "(?, ?, ?, ?, ?, ?, ?)", chunk.len(), 2, DB::NUMBERED);
+                let at_mark = if DB::NUMBERED { "$1" } else { "?" };
+                let ended = "v.column3 IS NULL";
+                let sql = format!(
+                    "UPDATE runs SET updated_at = {at_mark}, status = COALESCE(v.column3, runs.status), \
+                     result = CASE WHEN {ended} THEN runs.result ELSE v.column4 END, \
+                     reason_class = CASE WHEN {ended} THEN runs.reason_class ELSE v.column5 END, \
+                     question = CASE WHEN {ended} THEN runs.question ELSE v.column6 END, \
+                     next_seq = COALESCE(v.column7, runs.next_seq), \
+                     lease_owner = CASE WHEN {ended} THEN runs.lease_owner ELSE NULL END, \
+                     lease_until = CASE WHEN {ended} THEN runs.lease_until ELSE 0 END \
+                     FROM (VALUES {values}) AS v WHERE runs.run_id = v.column1 AND runs.lease_token = v.column2 AND runs.status = 'running' \
+                     RETURNING run_id"
+                );
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(at);
                 for (run_id, token) in chunk {
-                    q = q.bind(*run_id).bind(*token);
+                    let end = ends.get(run_id).filter(|e| e.token == *token);
+                    q = q
+                        .bind(*run_id)
+                        .bind(*token)
+                        .bind(end.map(|e| e.status.as_str()))
+                        .bind(end.map(|e| e.result))
+                        .bind(end.and_then(|e| e.reason_class))
+                        .bind(end.and_then(|e| e.question))
+                        .bind(end.and_then(|e| e.next_seq));
                 }
                 for row in q.fetch_all(&mut *tx).await.map_err(db)? {
                     let id: String = row.try_get(0).map_err(db)?;
@@ -361,38 +446,20 @@ where
             let events: Vec<_> = rows.events.iter().filter(|e| holding.contains(e.0)).collect();
             for chunk in events.chunks(per_insert) {
                 let head = "INSERT INTO run_events (run_id, seq, kind, body) VALUES ";
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "(?, ?, ?, ?)", chunk.len())));
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "(?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED)));
                 for (run_id, seq, kind, body) in chunk {
-                    q = q.bind(*run_id).bind(*seq).bind(*kind).bind(body.as_str());
+                    q = q.bind(*run_id).bind(*seq).bind(*kind).bind(*body);
                 }
                 q.execute(&mut *tx).await.map_err(db)?;
             }
             let entries: Vec<_> = rows.entries.iter().filter(|e| holding.contains(e.0)).collect();
             for chunk in entries.chunks(per_insert) {
                 let head = "INSERT INTO run_journal (run_id, entry) VALUES ";
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "(?, ?)", chunk.len())));
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "(?, ?)", chunk.len(), 1, DB::NUMBERED)));
                 for (run_id, entry) in chunk {
-                    q = q.bind(*run_id).bind(entry.as_str());
+                    q = q.bind(*run_id).bind(*entry);
                 }
                 q.execute(&mut *tx).await.map_err(db)?;
-            }
-            for end in rows.ends.iter().filter(|e| holding.contains(e.run_id)) {
-                // The end lets the lease go (a reply claims the run anew).
-                sqlx::query(
-                    "UPDATE runs SET status = $1, result = $2, reason_class = $3, question = $4, next_seq = COALESCE($5, next_seq), \
-                     updated_at = $6, lease_owner = NULL, lease_until = 0 WHERE run_id = $7 AND lease_token = $8 AND status = 'running'",
-                )
-                .bind(end.status.as_str())
-                .bind(end.result.as_str())
-                .bind(end.reason_class)
-                .bind(end.question)
-                .bind(end.next_seq)
-                .bind(at)
-                .bind(end.run_id)
-                .bind(end.token)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
             }
             tx.commit().await.map_err(db)?;
             Ok(fenced)
@@ -401,20 +468,21 @@ where
 }
 
 /// `head` followed by `n` copies of `row`, comma-separated, each `?` of which becomes the next
-/// placeholder (`$1, $2, …`, numbered across the rows).
-pub(crate) fn rows_sql(head: &str, row: &str, n: usize) -> String {
+/// placeholder: numbered from `$first` on (`$1, $2, …`, across the rows), or left `?` where the
+/// database binds anonymous placeholders in order ([`Dialect::NUMBERED`]).
+pub(crate) fn rows_sql(head: &str, row: &str, n: usize, first: usize, numbered: bool) -> String {
     let mut sql = String::with_capacity(head.len() + n * (row.len() + 16));
     sql.push_str(head);
-    let mut k = 0;
+    let mut k = first;
     for i in 0..n {
         if i > 0 {
             sql.push(',');
         }
         for c in row.chars() {
-            if c == '?' {
-                k += 1;
+            if c == '?' && numbered {
                 sql.push('$');
                 sql.push_str(&k.to_string());
+                k += 1;
             } else {
                 sql.push(c);
             }
@@ -531,7 +599,7 @@ mod tests {
     #[tokio::test]
     async fn a_transaction_whose_commit_was_not_acknowledged_is_not_written_twice() {
         let db = Arc::new(Flaky { lose_first_ack: true.into(), ..Flaky::default() });
-        let queue = WriteQueue::start(db.clone());
+        let queue = WriteQueue::start(db.clone(), 1);
         queue.commit(&lease("a"), batch("a", 1)).await.unwrap();
         queue.commit(&lease("a"), batch("a", 2)).await.unwrap();
         assert_eq!(*db.committed.lock().unwrap(), [("a".to_owned(), 1), ("a".to_owned(), 2)]);
@@ -540,7 +608,7 @@ mod tests {
     #[tokio::test]
     async fn a_job_the_database_refuses_fails_alone_and_its_run_writes_no_more() {
         let db = Arc::new(Flaky { poison: Some("bad"), ..Flaky::default() });
-        let queue = WriteQueue::start(db.clone());
+        let queue = WriteQueue::start(db.clone(), 1);
         // Queued together: they share a transaction, which the bad run's rows make fail.
         queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
         let (good_lease, bad_lease) = (lease("good"), lease("bad"));
@@ -555,7 +623,8 @@ mod tests {
 
     #[test]
     fn rows_sql_numbers_placeholders_across_rows() {
-        assert_eq!(rows_sql("INSERT INTO t VALUES ", "(?, ?)", 2), "INSERT INTO t VALUES ($1, $2),($3, $4)");
-        assert_eq!(rows_sql("V ", "('x', ?, f() + ?)", 2), "V ('x', $1, f() + $2),('x', $3, f() + $4)");
+        assert_eq!(rows_sql("INSERT INTO t VALUES ", "(?, ?)", 2, 1, true), "INSERT INTO t VALUES ($1, $2),($3, $4)");
+        assert_eq!(rows_sql("V ", "('x', ?, f() + ?)", 2, 2, true), "V ('x', $2, f() + $3),('x', $4, f() + $5)");
+        assert_eq!(rows_sql("V ", "(?, ?)", 2, 1, false), "V (?, ?),(?, ?)");
     }
 }

@@ -35,7 +35,7 @@ impl SqliteStore {
         let max = if url.contains(":memory:") { 1 } else { 4 };
         let pool = SqlitePoolOptions::new().max_connections(max).connect_with(options).await.map_err(db)?;
         migrate(&pool).await?;
-        let queue = WriteQueue::start(PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT });
+        let queue = WriteQueue::start(PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT }, 1);
         Ok(SqlStore::new(pool, queue))
     }
 }
