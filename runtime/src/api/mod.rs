@@ -826,8 +826,11 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     let runtime = &state.inner.runtime;
     let store = runtime.store().ok_or_else(|| store_error("no store"))?;
     store.ping().await.map_err(store_error)?;
+    // The fleet's backlog: runs no replica has claimed yet (a route no replica serves, or every
+    // replica busy).
+    let queued = store.queued().await.map_err(store_error)?;
     let ready = runtime.catalogue().routes().filter(|r| matches!(r, RouteEntry::Ready(_))).count();
-    Ok(Json(json!({"status": "ready", "routes_ready": ready, "runs_in_flight": state.runs_in_flight()})))
+    Ok(Json(json!({"status": "ready", "routes_ready": ready, "runs_in_flight": state.runs_in_flight(), "runs_queued": queued})))
 }
 
 /// Prometheus metrics.
