@@ -46,6 +46,25 @@ impl<DB: sqlx::Database> SqlStore<DB> {
     }
 }
 
+impl<DB> SqlStore<DB>
+where
+    DB: sqlx::Database,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> String: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    /// Lets a run's lease go (it stays `running`, or `set` changes more), only while `lease` is
+    /// still the run's: a lease lost meanwhile is not this holder's to let go.
+    async fn let_go(&self, lease: &Lease, set: &'static str) -> Result<(), StoreError> {
+        let sql =
+            format!("UPDATE runs SET {set}lease_owner = NULL, lease_until = 0, updated_at = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'");
+        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now()).bind(lease.run_id.as_str()).bind(lease.token).execute(&self.pool).await.map_err(db)?;
+        Ok(())
+    }
+}
+
 /// `n` comma-separated placeholders from `$first` on.
 fn marks(first: usize, n: usize) -> String {
     (first..first + n).map(|k| format!("${k}")).collect::<Vec<_>>().join(", ")
@@ -199,32 +218,11 @@ where
     }
 
     fn reopen_reply<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            sqlx::query(
-                "UPDATE runs SET status = 'awaiting_input', lease_owner = NULL, lease_until = 0, updated_at = $1 \
-                 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'",
-            )
-            .bind(now())
-            .bind(lease.run_id.as_str())
-            .bind(lease.token)
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
-            Ok(())
-        })
+        Box::pin(self.let_go(lease, "status = 'awaiting_input', "))
     }
 
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            sqlx::query("UPDATE runs SET lease_owner = NULL, lease_until = 0, updated_at = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'")
-                .bind(now())
-                .bind(lease.run_id.as_str())
-                .bind(lease.token)
-                .execute(&self.pool)
-                .await
-                .map_err(db)?;
-            Ok(())
-        })
+        Box::pin(self.let_go(lease, ""))
     }
 
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
