@@ -694,6 +694,10 @@ impl ClaimedRun {
         &self.lease
     }
 
+    pub fn route_id(&self) -> &str {
+        &self.route_id
+    }
+
     /// Whether another process held the run before (it is taken over, not started).
     pub fn is_takeover(&self) -> bool {
         self.lease.token > 1

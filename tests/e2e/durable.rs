@@ -25,9 +25,13 @@ fn triage(k: usize) -> Value {
     json!({"route_id": "support-triage", "goal": {"ticket": format!("ticket {k}")}, "model_profile": "default"})
 }
 
+async fn metrics_text(server: &Server) -> String {
+    crate::service::client().get(format!("{}/metrics", server.url)).bearer_auth(crate::service::TOKEN).send().await.unwrap().text().await.unwrap()
+}
+
 /// The model calls a process made for support-triage (its metrics).
 async fn model_calls(server: &Server) -> u64 {
-    let text = crate::service::client().get(format!("{}/metrics", server.url)).bearer_auth(crate::service::TOKEN).send().await.unwrap().text().await.unwrap();
+    let text = metrics_text(server).await;
     text.lines().find_map(|l| l.strip_prefix("fabric_model_call_duration_seconds_count{route=\"support-triage\"} ")).map_or(0, |v| v.trim().parse().unwrap())
 }
 
@@ -85,6 +89,9 @@ async fn killed_mid_run(kind: &str) {
     assert_executed_once(store.as_ref(), &id, kind).await;
     // The recorded model reply was not asked again: the second replica made the other two calls.
     assert_eq!(model_calls(&second).await, 2, "{kind}: {}", second.logs());
+    let metrics = metrics_text(&second).await;
+    assert!(metrics.contains("fabric_runs_taken_over_total{route=\"support-triage\"} 1"), "{kind}: {metrics}");
+    assert!(metrics.contains("fabric_runs_in_flight 0"), "{kind}: {metrics}");
     assert_eq!(store.get_run(&id).await.unwrap().unwrap().lease_token, 2, "{kind}: claimed twice: accepted, taken over");
     assert!(second.logs().contains("taking over a run whose process stopped"), "{kind}: the takeover is logged");
     // The stream a client reads from the new replica is the whole run, in order.

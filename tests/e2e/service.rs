@@ -382,15 +382,46 @@ async fn a_graceful_shutdown_hands_what_outlives_the_grace_to_the_next_replica()
     let (exit, logs) = server.stop();
     assert!(exit.success(), "{logs}");
     assert!(logs.contains("handed over"), "{logs}");
+    assert!(!logs.contains("lease lost") && !logs.contains("run record"), "a handover is not reported as a failure: {logs}");
     // Not failed: let go, so the next process claims it at once (no lease to wait out).
     let store = fabric::store::open(db).await.unwrap();
-    assert_eq!(store.get_run(&id).await.unwrap().unwrap().status, fabric::store::StoredStatus::Running);
+    let stored = store.get_run(&id).await.unwrap().unwrap();
+    assert_eq!(stored.status, fabric::store::StoredStatus::Running);
+    assert!(store.events_after(&id, 0).await.unwrap().iter().all(|e| e.kind != "run.failed"), "the interruption is not recorded");
     let next = Server::start(db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "10"), ("FABRIC_CLAIM_POLL_MS", "50")]);
     let view = settled(&next, &id).await;
     assert_eq!(view["status"], "completed", "{view}");
     let kinds: Vec<String> = sse(&next, &id, None).await.into_iter().map(|e| e.1).collect();
     assert_eq!(kinds.iter().filter(|k| *k == "run.started").count(), 1, "{kinds:?}");
     assert!(!kinds.iter().any(|k| k == "run.failed"), "{kinds:?}");
+}
+
+/// A client following a run live on the replica that hands it over sees the run as it really
+/// goes: no `run.failed` for the interruption, and its end as recorded by the next replica.
+#[tokio::test]
+async fn a_stream_on_a_replica_that_hands_its_run_over_shows_no_false_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = &format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let stopping = Server::start(db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "3000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
+    let other = Server::start(db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "10"), ("FABRIC_CLAIM_POLL_MS", "50")]);
+    let (_, run) = post(&stopping, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}, "model_profile": "default"})).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let url = stopping.url.clone();
+    let stream = tokio::spawn({
+        let id = id.clone();
+        async move {
+            let text = client().get(format!("{url}/v1/runs/{id}/events")).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
+            text.split("\n\n").filter_map(|b| b.lines().find_map(|l| l.strip_prefix("event:")).map(|k| k.trim().to_owned())).collect::<Vec<_>>()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stopping.signal("TERM");
+    let kinds = tokio::time::timeout(Duration::from_secs(60), stream).await.expect("the stream ends").unwrap();
+    assert!(!kinds.iter().any(|k| k == "run.failed" || k.ends_with(".failed")), "{kinds:?}");
+    assert_eq!(kinds.last().map(String::as_str), Some("run.completed"), "{kinds:?}");
+    assert_eq!(settled(&other, &id).await["status"], "completed");
+    drop(stopping);
 }
 
 #[test]

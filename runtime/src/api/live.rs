@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::cancel::{Cancel, CancelHandle};
-use crate::events::{Event, EventSink};
+use crate::events::{Event, EventKind, EventSink};
 use crate::store::Lease;
 
 /// An event as the live tail keeps it: ready to send.
@@ -27,6 +27,9 @@ pub struct LiveRun {
     lease: Lease,
     /// Stops this segment (a lost lease, the end of a shutdown).
     stop: CancelHandle,
+    /// Set once stopped: what the segment does after that (its interruption) is not the run's
+    /// record and is shown to nobody.
+    stopped: std::sync::atomic::AtomicBool,
     /// Every event of this segment, in order.
     log: Mutex<Vec<LiveEvent>>,
     /// Bumped on every event and at the end, so waiters wake up.
@@ -45,9 +48,16 @@ impl LiveRun {
         self.stop.token()
     }
 
-    /// Stops the segment (its run ends `interrupted`, which a lost lease keeps from the record).
+    /// Stops the segment: it is no longer this process's to run (its lease is lost or handed
+    /// over, so its interruption is kept from the record by the fence), and from now on its
+    /// events reach neither the live tail nor the metrics.
     pub fn stop(&self, reason: &str) {
+        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         self.stop.cancel(reason);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Events with `seq > after`, and whether the segment has ended (then they are all).
@@ -84,7 +94,13 @@ impl EventSink for LiveRun {
     fn emit(&self, event: &Event) {
         // A child run's events have their own ids and numbering; the parent's stream shows the
         // child through its stage.
-        if *event.run_id != *self.run_id {
+        if *event.run_id != *self.run_id || self.is_stopped() {
+            return;
+        }
+        // A run's end is streamed from the store once recorded, never from here: a segment whose
+        // end could not be recorded (its lease lost) must not tell a client the run ended.
+        if matches!(event.kind, EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunAwaitingInput) {
+            self.tick.send_modify(|t| *t += 1);
             return;
         }
         let mut line = Vec::with_capacity(256);
@@ -107,8 +123,15 @@ impl Live {
     pub fn begin(&self, lease: &Lease) -> Arc<LiveRun> {
         let run_id = lease.run_id.clone();
         let (stop, _) = CancelHandle::new();
-        let run =
-            Arc::new(LiveRun { run_id: run_id.clone(), lease: lease.clone(), stop, log: Mutex::default(), tick: watch::channel(0).0, end: Mutex::default() });
+        let run = Arc::new(LiveRun {
+            run_id: run_id.clone(),
+            lease: lease.clone(),
+            stop,
+            stopped: false.into(),
+            log: Mutex::default(),
+            tick: watch::channel(0).0,
+            end: Mutex::default(),
+        });
         self.runs.lock().unwrap_or_else(|p| p.into_inner()).insert(run_id, run.clone());
         run
     }

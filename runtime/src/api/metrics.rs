@@ -39,7 +39,7 @@ struct Counts {
     retries: BTreeMap<String, u64>,
     tokens_in: BTreeMap<String, u64>,
     tokens_out: BTreeMap<String, u64>,
-    in_flight: i64,
+    taken_over: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -58,12 +58,7 @@ impl EventSink for Metrics {
         let seconds = || e.data.get("duration_ms").and_then(|v| v.as_f64()).unwrap_or(0.0) / 1000.0;
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         match e.kind {
-            EventKind::RunStarted | EventKind::RunResumed => {
-                if e.kind == EventKind::RunStarted {
-                    *c.started.entry(route).or_default() += 1;
-                }
-                c.in_flight += 1;
-            }
+            EventKind::RunStarted => *c.started.entry(route).or_default() += 1,
             EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunAwaitingInput => {
                 let status = match e.kind {
                     EventKind::RunCompleted => "completed",
@@ -71,7 +66,6 @@ impl EventSink for Metrics {
                     _ => "awaiting_input",
                 };
                 *c.finished.entry((route, status.to_owned())).or_default() += 1;
-                c.in_flight -= 1;
             }
             EventKind::StageCompleted | EventKind::StageFailed => c.stage_seconds.entry(route).or_default().observe(seconds()),
             EventKind::LlmCompleted | EventKind::LlmFailed => {
@@ -88,8 +82,13 @@ impl EventSink for Metrics {
 }
 
 impl Metrics {
-    /// The Prometheus text exposition (version 0.0.4).
-    pub fn render(&self) -> String {
+    /// A run of `route` this process took over from one that stopped.
+    pub fn taken_over(&self, route: &str) {
+        *self.counts.lock().unwrap_or_else(|p| p.into_inner()).taken_over.entry(route.to_owned()).or_default() += 1;
+    }
+
+    /// The Prometheus text exposition (version 0.0.4), with the runs executing now.
+    pub fn render(&self, in_flight: usize) -> String {
         let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, rows: &BTreeMap<String, u64>| {
@@ -120,7 +119,8 @@ impl Metrics {
         counter(&mut out, "fabric_model_retries_total", "Model-call retries, by route.", &c.retries);
         counter(&mut out, "fabric_model_input_tokens_total", "Tokens sent to models, by route.", &c.tokens_in);
         counter(&mut out, "fabric_model_output_tokens_total", "Tokens received from models, by route.", &c.tokens_out);
-        let _ = writeln!(out, "# HELP fabric_runs_in_flight Runs executing now.\n# TYPE fabric_runs_in_flight gauge\nfabric_runs_in_flight {}", c.in_flight);
+        counter(&mut out, "fabric_runs_taken_over_total", "Runs this process took over from a process that stopped, by route.", &c.taken_over);
+        let _ = writeln!(out, "# HELP fabric_runs_in_flight Runs executing now.\n# TYPE fabric_runs_in_flight gauge\nfabric_runs_in_flight {in_flight}");
         out
     }
 }

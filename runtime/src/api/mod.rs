@@ -33,7 +33,7 @@ pub use metrics::Metrics;
 
 use crate::cancel::Cancel;
 use crate::catalogue::RouteEntry;
-use crate::events::{EventSink, FanOut};
+use crate::events::EventSink;
 use crate::exec::StartError;
 use crate::runtime::{AcceptError, ReplyError, Runtime, StartRequest};
 use crate::store::{RunFilter, StoredRun, StoredStatus};
@@ -127,13 +127,13 @@ impl AppState {
             match runtime.renew(&self.inner.live.leases()).await {
                 Ok(lost) => {
                     for run_id in lost {
+                        // Stopped already: handed over at a shutdown.
+                        let Some(live) = self.inner.live.get(&run_id).filter(|l| !l.is_stopped()) else { continue };
                         tracing::warn!(
                             run_id,
                             "run lease lost (another process took the run over after this one went silent past its lease); this process stops the run"
                         );
-                        if let Some(live) = self.inner.live.get(&run_id) {
-                            live.stop("lease lost");
-                        }
+                        live.stop("lease lost");
                     }
                 }
                 Err(e) => tracing::error!(error = %e, "run store: renewing leases"),
@@ -170,6 +170,7 @@ impl AppState {
                     continue;
                 };
                 if run.is_takeover() {
+                    self.inner.metrics.taken_over(run.route_id());
                     tracing::warn!(run_id = lease.run_id, claim = lease.token, "taking over a run whose process stopped; it goes on from its journal");
                 } else {
                     tracing::info!(run_id = lease.run_id, "claimed a queued run");
@@ -194,10 +195,15 @@ impl AppState {
         while self.runs_in_flight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // Let go first (the fence then refuses whatever the stopped segment still writes), then
+        // stop: nothing of the interruption reaches the record, a client or the metrics.
         let leases = self.inner.live.leases();
         for lease in &leases {
             if let Err(e) = self.inner.runtime.release(lease).await {
                 tracing::error!(run_id = lease.run_id, error = %e, "run store: handing a run over");
+            }
+            if let Some(live) = self.inner.live.get(&lease.run_id) {
+                live.stop("handed over");
             }
         }
         leases.len()
@@ -498,7 +504,22 @@ async fn view(state: &AppState, run_id: &str) -> Result<RunView, ApiError> {
 }
 
 fn sink_for(state: &AppState, live: &Arc<LiveRun>) -> Arc<dyn EventSink> {
-    Arc::new(FanOut(vec![live.clone(), state.inner.metrics.clone()]))
+    Arc::new(Segment { live: live.clone(), metrics: state.inner.metrics.clone() })
+}
+
+/// A segment's events: to the live tail and the metrics, until the segment is stopped.
+struct Segment {
+    live: Arc<LiveRun>,
+    metrics: Arc<Metrics>,
+}
+
+impl EventSink for Segment {
+    fn emit(&self, event: &crate::events::Event) {
+        if !self.live.is_stopped() {
+            self.live.emit(event);
+            self.metrics.emit(event);
+        }
+    }
 }
 
 fn too_many() -> ApiError {
@@ -557,8 +578,13 @@ async fn start_run(
     let permit = state.inner.in_flight.clone().try_acquire_owned().ok();
     if permit.is_none() {
         let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
-        if config.max_queued == 0 || store.queued().await.map_err(store_error)? >= config.max_queued {
+        if config.max_queued == 0 {
             return Err(too_many());
+        }
+        if store.queued().await.map_err(store_error)? >= config.max_queued {
+            let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_runs", "the fleet's queue of runs is full; retry shortly");
+            e.retry_after = Some(1);
+            return Err(e);
         }
     }
     let accepted = state.inner.runtime.accept(&req, permit.is_some()).await.map_err(|e| match e {
@@ -611,6 +637,7 @@ async fn finish(state: &AppState, live: &LiveRun, outcome: Result<crate::exec::R
         tracing::warn!(run_id, error = %e, "run did not start");
     }
     if let Ok(r) = &outcome
+        && !live.is_stopped()
         && let Some(e) = r.error.as_ref().filter(|e| e.reason_class == crate::failure::ReasonClass::StoreError)
     {
         tracing::error!(run_id, error = %e.message, "run record");
@@ -836,7 +863,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn metrics(State(state): State<AppState>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.inner.metrics.render()).into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.inner.metrics.render(state.runs_in_flight())).into_response()
 }
 
 /// This document.

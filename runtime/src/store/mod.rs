@@ -180,7 +180,8 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn claim_reply<'a>(&'a self, run_id: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<Option<Lease>, StoreError>>;
     /// Puts a claimed reply back (`running` → `awaiting_input`) when the run could not go on.
     fn reopen_reply<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Ends a lease early (the holder stopped the run without an end): any process may claim it now.
+    /// Ends a lease early (the holder stops the run without an end): any process may claim it
+    /// now, and the holder's later writes are refused (the fencing token moves on).
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>>;
     /// Extends these leases by the holder's lease length; returns the runs whose lease another
     /// process holds now.

@@ -3,14 +3,20 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use std::str::FromStr;
 
-use super::queue::{PoolWriter, WriteQueue, db};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+
+use super::queue::{PoolWriter, WriteQueue, db, describe};
 use super::sql::SqlStore;
 use super::{StoreError, now};
 
 /// The schema versions this binary knows, in order: (version, SQL). Numbered as SQLite's are.
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/postgres/0001_runs.sql")), (2, include_str!("migrations/postgres/0002_leases.sql"))];
+
+/// How long connecting, or waiting for a connection of the pool, may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writer tasks (each a connection while it writes): PostgreSQL writes their transactions in
 /// parallel; the pool keeps the rest of its connections for reads, claims and renewals.
@@ -27,13 +33,25 @@ pub type PgStore = SqlStore<sqlx::Postgres>;
 impl PgStore {
     /// Connects to and migrates the database at `url` (`postgres://USER:PASSWORD@HOST/DB`).
     pub async fn open(url: &str) -> Result<PgStore, StoreError> {
+        // Where, without the credentials or the query string.
+        let here = crate::redact::redact_url(url);
+        let options = PgConnectOptions::from_str(url).map_err(|e| StoreError::Url(format!("`{here}`: {}", describe(&e))))?;
+        // One connection first: the pool would retry until its timeout and then say only that
+        // it timed out, hiding the cause (refused, unknown host, authentication failed).
+        let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await;
+        match first {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+            }
+            Ok(Err(e)) => return Err(StoreError::Unavailable(format!("cannot connect to {here}: {}", describe(&e)))),
+            Err(_) => return Err(StoreError::Unavailable(format!("cannot connect to {here}: no answer within {} s", CONNECT_TIMEOUT.as_secs()))),
+        }
         let pool = PgPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_with(options)
             .await
-            // Where, without the password or the query string.
-            .map_err(|e| StoreError::Database(format!("cannot connect to {}: {e}", crate::redact::redact_url(url))))?;
+            .map_err(|e| StoreError::Unavailable(format!("cannot connect to {here}: {}", describe(&e))))?;
         migrate(&pool).await?;
         let queue = WriteQueue::start(PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT }, WRITERS);
         Ok(SqlStore::new(pool, queue))
@@ -44,7 +62,11 @@ async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     let mut tx = pool.begin().await.map_err(db)?;
     // Replicas starting together: one migrates, the others wait and then find it done.
     sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK).execute(&mut *tx).await.map_err(db)?;
-    sqlx::query("CREATE TABLE IF NOT EXISTS fabric_schema (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)").execute(&mut *tx).await.map_err(db)?;
+    // Created only where missing (`IF NOT EXISTS` would say so in a notice at every start).
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('fabric_schema') IS NOT NULL").fetch_one(&mut *tx).await.map_err(db)?;
+    if !exists {
+        sqlx::query("CREATE TABLE fabric_schema (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)").execute(&mut *tx).await.map_err(db)?;
+    }
     let found: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0)::BIGINT FROM fabric_schema").fetch_one(&mut *tx).await.map_err(db)?;
     let known = MIGRATIONS.last().map_or(0, |m| m.0);
     if found > known {

@@ -507,7 +507,20 @@ pub(crate) fn db(e: sqlx::Error) -> StoreError {
         }),
         _ => false,
     };
-    if transient { StoreError::Unavailable(e.to_string()) } else { StoreError::Database(e.to_string()) }
+    let text = describe(&e);
+    if transient { StoreError::Unavailable(text) } else { StoreError::Database(text) }
+}
+
+/// What went wrong, in the database's words: its message and code, without sqlx's wrapping or
+/// the server's source location (`at line 334`).
+pub(crate) fn describe(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(d) => match d.code() {
+            Some(code) => format!("{} ({code})", d.message()),
+            None => d.message().to_owned(),
+        },
+        other => other.to_string(),
+    }
 }
 
 /// The columns [`run_of`] reads.

@@ -55,8 +55,8 @@ where
     for<'t> String: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
     for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
 {
-    /// Lets a run's lease go (it stays `running`, or `set` changes more), only while `lease` is
-    /// still the run's: a lease lost meanwhile is not this holder's to let go.
+    /// Lets a run's lease go (`set` says what else changes), only while `lease` is still the
+    /// run's: a lease lost meanwhile is not this holder's to let go.
     async fn let_go(&self, lease: &Lease, set: &'static str) -> Result<(), StoreError> {
         let sql =
             format!("UPDATE runs SET {set}lease_owner = NULL, lease_until = 0, updated_at = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'");
@@ -222,7 +222,8 @@ where
     }
 
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.let_go(lease, ""))
+        // The token moves on: whatever the holder still writes is refused by the fence.
+        Box::pin(self.let_go(lease, "lease_token = lease_token + 1, "))
     }
 
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {

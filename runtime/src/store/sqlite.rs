@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
-use super::queue::{PoolWriter, WriteQueue, db};
+use super::queue::{PoolWriter, WriteQueue, db, describe};
 use super::sql::SqlStore;
 use super::{StoreError, now};
 
@@ -33,7 +33,11 @@ impl SqliteStore {
             .foreign_keys(true);
         // One in-memory database is one connection: a pool of several would see several.
         let max = if url.contains(":memory:") { 1 } else { 4 };
-        let pool = SqlitePoolOptions::new().max_connections(max).connect_with(options).await.map_err(db)?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Database(format!("cannot open {}: {}", crate::redact::redact_url(url), describe(&e))))?;
         migrate(&pool).await?;
         let queue = WriteQueue::start(PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT }, 1);
         Ok(SqlStore::new(pool, queue))

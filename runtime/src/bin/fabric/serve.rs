@@ -56,7 +56,8 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     }
     let store = match fabric::store::open(&settings.service.database_url).await {
         Ok(s) => s,
-        Err(e) => return fail(format!("run store {}: {e}", fabric::redact::redact_url(&settings.service.database_url))),
+        // The error names the store (its URL without credentials or query string).
+        Err(e) => return fail(format!("run store: {e}")),
     };
     let config = ApiConfig {
         token,
