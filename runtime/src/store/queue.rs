@@ -443,21 +443,31 @@ where
                 }
             }
             let fenced: HashSet<String> = rows.leases.iter().filter(|(r, _)| !holding.contains(r)).map(|(r, _)| (*r).to_owned()).collect();
+            // Each row carries its writer's token, checked again by the statement that writes it
+            // (under the lock the fence took, so it cannot have moved on since).
+            let tokens: HashMap<&str, i64> = rows.leases.iter().copied().collect();
+            let holds = "EXISTS (SELECT 1 FROM runs r WHERE r.run_id = v.column1 AND r.lease_token = v.column2)";
             let events: Vec<_> = rows.events.iter().filter(|e| holding.contains(e.0)).collect();
             for chunk in events.chunks(per_insert) {
-                let head = "INSERT INTO run_events (run_id, seq, kind, body) VALUES ";
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "(?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED)));
+                let values = rows_sql("", "(?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
+                let sql = format!(
+                    "INSERT INTO run_events (run_id, seq, kind, body) SELECT v.column1, v.column3, v.column4, v.column5 FROM (VALUES {values}) AS v WHERE {holds}"
+                );
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for (run_id, seq, kind, body) in chunk {
-                    q = q.bind(*run_id).bind(*seq).bind(*kind).bind(*body);
+                    q = q.bind(*run_id).bind(tokens[run_id]).bind(*seq).bind(*kind).bind(*body);
                 }
                 q.execute(&mut *tx).await.map_err(db)?;
             }
             let entries: Vec<_> = rows.entries.iter().filter(|e| holding.contains(e.0)).collect();
             for chunk in entries.chunks(per_insert) {
-                let head = "INSERT INTO run_journal (run_id, entry) VALUES ";
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "(?, ?)", chunk.len(), 1, DB::NUMBERED)));
-                for (run_id, entry) in chunk {
-                    q = q.bind(*run_id).bind(*entry);
+                // In the order given (the journal's order is its ids'), whatever the plan.
+                let values = rows_sql("", "(?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
+                let sql =
+                    format!("INSERT INTO run_journal (run_id, entry) SELECT v.column1, v.column3 FROM (VALUES {values}) AS v WHERE {holds} ORDER BY v.column4");
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for (k, (run_id, entry)) in chunk.iter().enumerate() {
+                    q = q.bind(*run_id).bind(tokens[run_id]).bind(*entry).bind(k as i64);
                 }
                 q.execute(&mut *tx).await.map_err(db)?;
             }
