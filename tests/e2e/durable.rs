@@ -244,6 +244,39 @@ async fn the_database_restarted_under_load_loses_nothing() {
     let _ = std::process::Command::new(crate::support::repo().join(".ci/postgres")).args(["stop", &data]).status();
 }
 
+/// SQLite's counterpart of a database restart: another process holds the file's write lock for
+/// longer than the store's busy timeout (10 s) while runs execute. Their writes wait it out and
+/// every run completes, its record whole, each stage once.
+#[tokio::test]
+async fn the_sqlite_file_locked_under_load_loses_nothing() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let server = Server::start(&db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "300")]);
+    let mut ids = Vec::new();
+    for k in 0..20 {
+        let (status, body) = post(&server, "/v1/runs", triage(k)).await;
+        assert_eq!(status, 201, "{body}");
+        ids.push(body["run_id"].as_str().unwrap().to_owned());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut locker = sqlx::sqlite::SqliteConnection::connect(&db).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    drop(locker);
+    for id in &ids {
+        let view = settled(&server, id).await;
+        assert_eq!(view["status"], "completed", "{view}\n{}", server.logs());
+    }
+    assert!(server.logs().contains("run store unavailable; the writes wait"), "{}", server.logs());
+    let store = fabric::store::open(&db).await.unwrap();
+    for id in &ids {
+        assert_executed_once(store.as_ref(), id, "sqlite locked").await;
+    }
+}
+
 /// A PostgreSQL cluster of this test's own (`.ci/postgres start`), or `None` where there is no
 /// PostgreSQL (skipped, except in CI).
 fn private_postgres() -> Option<(String, String)> {
