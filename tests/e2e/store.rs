@@ -156,6 +156,17 @@ async fn claims_take_queued_and_expired_runs_and_leave_live_leases_on_every_stor
         let third = store.claim_runs(&a, &routes, 10).await.unwrap();
         assert_eq!(third.iter().map(|c| (c.run.run_id.as_str(), c.token)).collect::<Vec<_>>(), [("dying", 4)], "{name}");
         assert_eq!(store.queued().await.unwrap(), 1, "{name}: the other route's run still waits");
+        assert!(store.claim_runs(&b, &[], 10).await.unwrap().is_empty(), "{name}: no route, no claim");
+        assert!(store.claim_runs(&b, &["support-agent".to_owned()], 0).await.unwrap().is_empty(), "{name}: no room, no claim");
+        // A run that ended is not renewed, and not lost either: its holder simply let it go.
+        let end = {
+            let mut r = fabric::exec::result_from_journal("alive", "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
+            r.status = fabric::exec::RunStatus::Completed;
+            r.error = None;
+            r
+        };
+        store.commit(&alive, fabric::exec::JournalBatch { end: Some(end), ..Default::default() }).await.unwrap();
+        assert!(store.renew(&a, std::slice::from_ref(&alive)).await.unwrap().is_empty(), "{name}");
     }
 }
 

@@ -15,23 +15,6 @@ use super::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent
 use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
 
-/// How many rows a statement changed: sqlx has no trait for it.
-pub trait RowsAffected {
-    fn count(&self) -> u64;
-}
-
-impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
-    fn count(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
-impl RowsAffected for sqlx::postgres::PgQueryResult {
-    fn count(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
 /// A run store on a pool of `DB` connections, with the shared writer task.
 #[derive(Debug)]
 pub struct SqlStore<DB: sqlx::Database> {
@@ -83,7 +66,6 @@ where
     for<'t> Option<i64>: sqlx::Encode<'t, DB>,
     for<'r> &'r str: sqlx::ColumnIndex<DB::Row>,
     for<'r> usize: sqlx::ColumnIndex<DB::Row>,
-    DB::QueryResult: RowsAffected,
 {
     fn create_run<'a>(
         &'a self,
