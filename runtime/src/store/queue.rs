@@ -359,9 +359,6 @@ where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
-    /// The fence first (it locks the rows of the runs committed for, so no claim can come
-    /// between the check and the writes), then one multi-row INSERT per table (per `per_insert`
-    /// rows) for the runs that hold their lease, and one UPDATE per run that ended.
     fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await.map_err(db)?;
@@ -385,6 +382,10 @@ where
         })
     }
 
+    /// The new runs' rows; the fence with the ends (it locks the rows of the runs committed for,
+    /// so no claim can come between the check and the writes); then one multi-row INSERT per
+    /// table (per `per_insert` rows) for the runs that hold their lease, each row's token checked
+    /// again in the statement.
     fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
         let (pool, per_insert) = (&self.pool, self.per_insert);
         Box::pin(async move {
@@ -618,6 +619,42 @@ mod tests {
 
     fn lease(run: &str) -> Lease {
         Lease { run_id: run.into(), token: 1 }
+    }
+
+    #[test]
+    fn a_database_that_is_away_is_unavailable_and_a_refusal_is_not() {
+        assert!(matches!(db(sqlx::Error::PoolTimedOut), StoreError::Unavailable(_)));
+        assert!(matches!(db(sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))), StoreError::Unavailable(_)));
+        assert!(matches!(db(sqlx::Error::RowNotFound), StoreError::Database(_)));
+    }
+
+    /// Whether a transaction committed, asked of a real database: by its first row, and which
+    /// of its runs are fenced now.
+    #[tokio::test]
+    async fn a_real_database_says_whether_a_transaction_committed() {
+        let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
+        let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100 };
+        let holder = super::super::Holder::new(Duration::from_secs(30));
+        let create = |run: &str| Write::Create { run_id: run.into(), route_id: "r".into(), request: "{}".into(), claim: Some((holder.owner.clone(), 30_000)) };
+        let commit = |run: &str, seq| Write::Commit { lease: lease(run), batch: Box::new(Prepared::of(batch(run, seq))) };
+        let jobs: Vec<Job> = vec![(create("a"), None), (create("b"), None), (commit("a", 1), None), (commit("b", 1), None)];
+        let never: Vec<Job> = vec![(commit("a", 2), None)];
+        assert_eq!(writer.committed(&Rows::of(&jobs)).await.unwrap(), None, "not written yet");
+        assert_eq!(writer.write_rows(&Rows::of(&jobs)).await.unwrap(), HashSet::new());
+        assert_eq!(writer.committed(&Rows::of(&jobs)).await.unwrap(), Some(HashSet::new()), "written, nobody fenced");
+        assert_eq!(writer.committed(&Rows::of(&never)).await.unwrap(), None, "a transaction that did not commit");
+        // `b` is let go (its token moves on): a transaction of it is fenced, whatever it did.
+        let b_lease = lease("b");
+        store_release(&store, &b_lease).await;
+        let fenced = writer.committed(&Rows::of(&jobs)).await.unwrap().unwrap();
+        assert_eq!(fenced, HashSet::from(["b".to_owned()]));
+        let only_b: Vec<Job> = vec![(commit("b", 2), None)];
+        assert_eq!(writer.committed(&Rows::of(&only_b)).await.unwrap(), Some(HashSet::from(["b".to_owned()])), "fenced: nothing to write either way");
+    }
+
+    async fn store_release(store: &super::super::sqlite::SqliteStore, lease: &Lease) {
+        use super::super::RunStore;
+        store.release(lease).await.unwrap();
     }
 
     #[tokio::test]

@@ -27,6 +27,11 @@ impl<DB: sqlx::Database> SqlStore<DB> {
     pub(crate) fn new(pool: sqlx::Pool<DB>, queue: WriteQueue) -> SqlStore<DB> {
         SqlStore { pool, queue }
     }
+
+    #[cfg(test)]
+    pub(crate) fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
 }
 
 impl<DB> SqlStore<DB>
