@@ -447,7 +447,9 @@ where
             // Each row carries its writer's token, checked again by the statement that writes it
             // (under the lock the fence took, so it cannot have moved on since).
             let tokens: HashMap<&str, i64> = rows.leases.iter().copied().collect();
-            let holds = "EXISTS (SELECT 1 FROM runs r WHERE r.run_id = v.column1 AND r.lease_token = v.column2)";
+            // A scalar subquery, not EXISTS: PostgreSQL may plan a semi-join as a scan of `runs`; this
+            // is one primary-key lookup per row on both databases.
+            let holds = "v.column2 = (SELECT r.lease_token FROM runs r WHERE r.run_id = v.column1)";
             let events: Vec<_> = rows.events.iter().filter(|e| holding.contains(e.0)).collect();
             for chunk in events.chunks(per_insert) {
                 let values = rows_sql("", "(?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
