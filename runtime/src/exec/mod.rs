@@ -162,6 +162,22 @@ pub enum StartError {
     NotResumable { route: String },
 }
 
+impl StartError {
+    /// A stable name for the refusal (front ends that are not the CLI or the HTTP API use it:
+    /// the Python package's `reason_class`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            StartError::UnknownRoute { .. } => "unknown_route",
+            StartError::BrokenRoute { .. } => "broken_route",
+            StartError::WrongFleet { .. } => "wrong_fleet",
+            StartError::ToolNotRegistered { .. } => "tool_not_registered",
+            StartError::ProfileUnusable { .. } => "profile_unusable",
+            StartError::StubScriptBroken { .. } => "stub_script_broken",
+            StartError::NotResumable { .. } => "not_resumable",
+        }
+    }
+}
+
 /// What stays fixed during one run (a child run gets its own).
 #[derive(Clone, Copy)]
 struct Run<'a> {

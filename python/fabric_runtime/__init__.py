@@ -1,0 +1,29 @@
+"""Fabric Runtime embedded in Python.
+
+The runtime itself is Rust (``fabric_runtime._native``); this package adds only what Python
+needs around it: an ``async`` run that does not block the event loop.
+
+    from fabric_runtime import Runtime
+    rt = Runtime("routes", "prompt-packs", llm_stub=True)
+    result = rt.run("support-triage", {"ticket": "I was charged twice"})
+    print(result["status"], result["output"])
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from . import _native
+from ._native import ConfigError, FabricError, StartError, ValidationError, validate
+
+__all__ = ["Runtime", "validate", "FabricError", "ConfigError", "StartError", "ValidationError", "__version__"]
+__version__: str = _native.__version__
+
+
+class Runtime(_native.Runtime):
+    """A catalogue of routes with its prompt packs and settings (see ``fabric_runtime._native``)."""
+
+    async def run_async(self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None) -> dict[str, Any]:
+        """``run`` on a worker thread: the event loop goes on while the run executes."""
+        return await asyncio.to_thread(self.run, route_id, goal, prefetch=prefetch)

@@ -1,0 +1,43 @@
+from typing import Any, Callable
+
+__version__: str
+
+class FabricError(Exception):
+    """Every error of the runtime."""
+
+    reason_class: str
+
+class ConfigError(FabricError):
+    """The runtime could not be built: bad settings, an unusable stub directory, a tool that is not callable."""
+
+class StartError(FabricError):
+    """A run could not start (unknown route, wrong fleet, broken route, ...); nothing ran."""
+
+class ValidationError(FabricError):
+    """A reply a stage would refuse: ``reason_class`` is ``invalid_json`` or ``schema_validation``."""
+
+class Runtime:
+    def __init__(
+        self,
+        catalogue: str = "routes",
+        prompt_packs: str = "prompt-packs",
+        *,
+        stub_dir: str | None = None,
+        tools: dict[str, Callable[..., Any]] | None = None,
+        **settings: Any,
+    ) -> None:
+        """Loads the catalogue. ``settings`` are ``FABRIC_*`` settings in lower case without the
+        prefix (``llm_stub=True``, ``llm_stub_latency_ms=50``) or any variable by its own name
+        (``OLLAMA_MODEL="ollama:qwen"``); the process environment fills in the rest, as for
+        ``fabric``. ``tools`` maps catalogue capabilities without ``invoke`` to Python callables
+        (sync or async), called with the arguments as keywords, returning a JSON value."""
+    def run(self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None) -> dict[str, Any]:
+        """Runs a route to its end with the GIL released; the result object of ``fabric run``,
+        with its ``events``. Raises ``StartError`` when the run cannot start."""
+    async def run_async(self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None) -> dict[str, Any]: ...
+    def routes(self) -> list[str]:
+        """The routes that can run here."""
+
+def validate(schema: dict[str, Any], raw: str) -> str:
+    """What a stage with ``schema`` makes of the reply ``raw``: the slot value, or
+    ``ValidationError``."""

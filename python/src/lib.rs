@@ -1,0 +1,197 @@
+//! `fabric_runtime._native`: the runtime facade ([`fabric::runtime::Runtime`]) for Python. A thin
+//! shell like `fabric` and `fabric serve`: it turns Python values into the facade's inputs and
+//! its outputs into Python values, and decides nothing itself.
+//!
+//! Values cross as JSON (Python's own `json` module on this side), so a result is exactly the
+//! object `fabric run` prints. A run executes with the GIL released, on the runtime's own tokio
+//! threads; Python tools are called back with the GIL held, each on a blocking thread.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fabric::cancel::Cancel;
+use fabric::config::Settings;
+use fabric::events::{EventSink, MemorySink};
+use fabric::exec::RunRequest;
+use fabric::failure::BoxFuture;
+use fabric::runtime::{Runtime as Core, Validation};
+use fabric::tools::Tool;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use serde_json::{Map, Value};
+
+pyo3::create_exception!(_native, FabricError, PyException, "Every error of the runtime; `reason_class` says which.");
+pyo3::create_exception!(_native, ConfigError, FabricError, "The runtime could not be built (`reason_class` `config`).");
+pyo3::create_exception!(_native, StartError, FabricError, "A run could not start; nothing ran.");
+pyo3::create_exception!(_native, ValidationError, FabricError, "A reply a stage would refuse (`invalid_json`, `schema_validation`).");
+
+/// An exception of class `E` with its `reason_class`.
+fn error<E: pyo3::PyTypeInfo>(py: Python<'_>, reason_class: &str, message: String) -> PyErr {
+    let err = PyErr::new::<E, _>(message);
+    let _ = err.value(py).setattr("reason_class", reason_class);
+    err
+}
+
+/// A Python value as JSON, through Python's `json` (what a caller passes is what a stage gets).
+fn to_json(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let text: String = py.import("json")?.call_method1("dumps", (value,))?.extract()?;
+    serde_json::from_str(&text).map_err(|e| error::<FabricError>(py, "invalid_input", format!("not JSON: {e}")))
+}
+
+/// JSON as a Python value.
+fn from_json<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (text,))
+}
+
+/// A Python callable as an in-process tool: called with the arguments as keywords; returns a
+/// JSON value (a coroutine function's result is awaited on an event loop of its own).
+struct PyTool(Arc<Py<PyAny>>);
+
+impl Tool for PyTool {
+    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, String>> {
+        let (function, args) = (self.0.clone(), Value::Object(args.clone()).to_string());
+        Box::pin(async move {
+            let called = tokio::task::spawn_blocking(move || {
+                Python::attach(|py| -> PyResult<Value> {
+                    let kwargs = from_json(py, &args)?;
+                    let kwargs = kwargs.cast::<PyDict>()?;
+                    let mut out = function.bind(py).call((), Some(kwargs))?;
+                    if py.import("inspect")?.call_method1("isawaitable", (&out,))?.is_truthy()? {
+                        out = py.import("asyncio")?.call_method1("run", (out,))?;
+                    }
+                    to_json(py, &out)
+                })
+                .map_err(|e| Python::attach(|py| e.value(py).to_string()))
+            })
+            .await;
+            called.map_err(|e| format!("the tool's thread failed: {e}"))?
+        })
+    }
+}
+
+/// The settings of `**settings`: `llm_stub=True` is `FABRIC_LLM_STUB=1`; a name in capitals is
+/// taken as it is (`OLLAMA_MODEL`); then the process environment, as `fabric` reads it.
+fn settings_from(py: Python<'_>, given: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
+    let mut vars: HashMap<String, String> = HashMap::new();
+    if let Some(given) = given {
+        for (k, v) in given.iter() {
+            let key: String = k.extract()?;
+            let name = if key.chars().any(|c| c.is_ascii_uppercase()) { key } else { format!("FABRIC_{}", key.to_ascii_uppercase()) };
+            let value = if let Ok(b) = v.extract::<bool>() { if b { "1".into() } else { "0".into() } } else { v.str()?.to_string() };
+            vars.insert(name, value);
+        }
+    }
+    Settings::load(move |k| vars.get(k).cloned().or_else(|| std::env::var(k).ok())).map_err(|e| error::<ConfigError>(py, "config", e.to_string()))
+}
+
+/// The embeddable runtime: a catalogue, its prompt packs, the settings.
+#[pyclass(subclass, module = "fabric_runtime._native")]
+struct Runtime {
+    core: Arc<Core>,
+    tokio: Arc<tokio::runtime::Runtime>,
+}
+
+#[pymethods]
+impl Runtime {
+    #[new]
+    #[pyo3(signature = (catalogue = "routes".to_owned(), prompt_packs = "prompt-packs".to_owned(), *, stub_dir = None, tools = None, **settings))]
+    fn new(
+        py: Python<'_>,
+        catalogue: String,
+        prompt_packs: String,
+        stub_dir: Option<String>,
+        tools: Option<&Bound<'_, PyDict>>,
+        settings: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let settings = settings_from(py, settings)?;
+        let tokio = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("fabric")
+            .build()
+            .map_err(|e| error::<FabricError>(py, "runtime", format!("cannot start the runtime's threads: {e}")))?;
+        let mut builder = Core::builder().settings(settings).catalogue_dirs(catalogue, prompt_packs);
+        if let Some(dir) = stub_dir {
+            builder = builder.stub_dir(dir);
+        }
+        for (name, function) in tools.map(|t| t.iter().collect::<Vec<_>>()).unwrap_or_default() {
+            let name: String = name.extract()?;
+            if !function.is_callable() {
+                return Err(error::<ConfigError>(py, "config", format!("tool `{name}` is not callable")));
+            }
+            builder = builder.tool(&name, Arc::new(PyTool(Arc::new(function.unbind()))));
+        }
+        // The catalogue is read and the stacks built on the runtime's threads (some need one).
+        let _guard = tokio.enter();
+        let core = builder.build().map_err(|e| error::<ConfigError>(py, "config", e.to_string()))?;
+        Ok(Runtime { core: Arc::new(core), tokio: Arc::new(tokio) })
+    }
+
+    /// Runs `route_id` with `goal` to its end; the result object of `fabric run`, with its
+    /// `events`. A run that fails is a result (`status` `failed`); a run that cannot start
+    /// raises `StartError`.
+    #[pyo3(signature = (route_id, goal, *, prefetch = None))]
+    fn run<'py>(&self, py: Python<'py>, route_id: String, goal: &Bound<'py, PyAny>, prefetch: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+        let Value::Object(goal) = to_json(py, goal)? else {
+            return Err(error::<StartError>(py, "invalid_goal", "`goal` must be a dict".into()));
+        };
+        let (core, tokio) = (self.core.clone(), self.tokio.clone());
+        let sink = Arc::new(MemorySink::default());
+        let events: Arc<dyn EventSink> = sink.clone();
+        let req = RunRequest { route_id, goal, prefetch: prefetch.unwrap_or_default() };
+        // The GIL is released while the run executes: Python tools and other threads go on.
+        let outcome = py.detach(move || tokio.block_on(core.run(req, events, Cancel::never())));
+        let outcome = outcome.map_err(|e| error::<StartError>(py, e.code(), e.to_string()))?;
+        let mut result = serde_json::to_value(&outcome.result).unwrap_or(Value::Null);
+        let lines: Vec<Value> = sink
+            .events()
+            .iter()
+            .map(|e| {
+                let mut line = Vec::with_capacity(256);
+                e.write_json_line(&mut line);
+                serde_json::from_slice(&line).unwrap_or(Value::Null)
+            })
+            .collect();
+        if let Value::Object(map) = &mut result {
+            map.insert("events".into(), Value::Array(lines));
+            if !outcome.unused_script_lines.is_empty() {
+                map.insert("unused_script_lines".into(), outcome.unused_script_lines.into());
+            }
+        }
+        from_json(py, &result.to_string())
+    }
+
+    /// The routes of the catalogue that can run here.
+    fn routes(&self) -> Vec<String> {
+        self.core.claimable_routes()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Runtime({} routes)", self.core.catalogue().routes().count())
+    }
+}
+
+/// What a stage does with a reply: the slot value (compact JSON, or the unwrapped text of a
+/// text envelope), or `ValidationError` with the stage's reason class.
+#[pyfunction]
+fn validate(py: Python<'_>, schema: &Bound<'_, PyAny>, raw: &Bound<'_, PyString>) -> PyResult<String> {
+    let schema = to_json(py, schema)?;
+    match fabric::runtime::validate(&schema, raw.to_str()?) {
+        Validation::Accepted(value) => Ok(value),
+        Validation::PlainText { text, .. } => Ok(text),
+        Validation::Refused { class, detail } => Err(error::<ValidationError>(py, class.as_str(), detail)),
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Runtime>()?;
+    m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add("FabricError", py.get_type::<FabricError>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("StartError", py.get_type::<StartError>())?;
+    m.add("ValidationError", py.get_type::<ValidationError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

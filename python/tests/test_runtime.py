@@ -1,0 +1,142 @@
+"""The Python package over the runtime: runs, tools, errors, validation, and that a run neither
+holds the GIL nor blocks an event loop. Run from anywhere: the repository's catalogue is used."""
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric_runtime import ConfigError, FabricError, Runtime, StartError, ValidationError, validate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def runtime(**kwargs):
+    return Runtime(str(REPO / "routes"), str(REPO / "prompt-packs"), stub_dir=str(REPO / "stub"), llm_stub=True, **kwargs)
+
+
+def test_a_staged_route_runs_offline_with_its_events():
+    result = runtime().run("support-triage", {"ticket": "I was charged twice"})
+    assert result["status"] == "completed", result
+    assert "refund" in result["output"]
+    seqs = [e["seq"] for e in result["events"]]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert (result["events"][0]["type"], result["events"][-1]["type"]) == ("run.started", "run.completed")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_python_tool_serves_the_decision_loop(kind):
+    calls = []
+
+    def add(a, b):
+        calls.append((a, b))
+        return {"sum": a + b}
+
+    async def add_async(a, b):
+        await asyncio.sleep(0)
+        return add(a, b)
+
+    result = runtime(tools={"add": add if kind == "sync" else add_async}).run("support-agent", {"question": "What is 2 + 3?"})
+    assert result["status"] == "completed", result
+    assert calls == [(2, 3), (5, 7)]
+    assert result["output"] == "12"
+
+
+def test_a_failing_tool_becomes_a_note_the_model_sees():
+    def add(a, b):
+        raise ValueError("no adding today")
+
+    result = runtime(tools={"add": add}).run("support-agent", {"question": "What is 2 + 3?"})
+    assert any("no adding today" in n and "tool_failed" in n for n in result["notes"]), result["notes"]
+
+
+def test_a_route_without_its_tool_cannot_start():
+    with pytest.raises(StartError) as e:
+        runtime().run("support-agent", {"question": "?"})
+    assert e.value.reason_class == "tool_not_registered"
+
+
+def test_refusals_are_fabric_errors_with_a_reason_class():
+    with pytest.raises(StartError) as e:
+        runtime().run("no-such-route", {})
+    assert e.value.reason_class == "unknown_route" and isinstance(e.value, FabricError)
+    with pytest.raises(StartError) as e:
+        runtime().run("support-triage", ["not", "a", "dict"])
+    assert e.value.reason_class == "invalid_goal"
+    with pytest.raises(ConfigError) as e:
+        runtime(llm_stub_latency_ms="soon")
+    assert "FABRIC_LLM_STUB_LATENCY_MS" in str(e.value) and e.value.reason_class == "config"
+    with pytest.raises(ConfigError):
+        runtime(tools={"add": 42})
+
+
+def test_validate_is_what_a_stage_does_with_a_reply():
+    envelope = {"type": "object", "properties": {"text": {"type": "string"}}}
+    assert validate(envelope, '{"text": "hi", "extra": 1}') == "hi"
+    counted = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert validate(counted, '{"n": "7"}') == '{"n":7}'
+    with pytest.raises(ValidationError) as e:
+        validate(counted, '{"n": "seven"}')
+    assert e.value.reason_class == "schema_validation"
+    with pytest.raises(ValidationError) as e:
+        validate(counted, "not json")
+    assert e.value.reason_class == "invalid_json"
+
+
+def test_a_run_releases_the_gil():
+    rt = runtime(llm_stub_latency_ms=100)
+    ticks = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.005)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    before = len(ticks)
+    rt.run("support-triage", {"ticket": "x"})
+    during = len(ticks) - before
+    stop.set()
+    t.join()
+    assert during > 10, during
+
+
+def test_run_async_does_not_block_the_event_loop():
+    rt = runtime(llm_stub_latency_ms=100)
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        ticker = asyncio.create_task(tick())
+        results = await asyncio.gather(*(rt.run_async("support-triage", {"ticket": str(k)}) for k in range(3)))
+        ticker.cancel()
+        return ticks, results
+
+    ticks, results = asyncio.run(main())
+    assert all(r["status"] == "completed" for r in results)
+    assert ticks > 10, ticks
+
+
+def test_settings_and_the_environment_are_those_of_fabric(monkeypatch):
+    monkeypatch.setenv("FABRIC_FLEET", "agent-runtime-custom")
+    rt = runtime()
+    with pytest.raises(StartError) as e:
+        rt.run("support-triage", {"ticket": "x"})
+    assert e.value.reason_class == "wrong_fleet"
+    assert "support-triage" in runtime(fleet="agent-runtime-shared").routes()
