@@ -15,9 +15,9 @@ import asyncio
 from typing import Any
 
 from . import _native
-from ._native import ConfigError, FabricError, StartError, ValidationError, validate
+from ._native import ConfigError, FabricError, StartError, ValidationError, parse_model, validate
 
-__all__ = ["Runtime", "validate", "FabricError", "ConfigError", "StartError", "ValidationError", "__version__"]
+__all__ = ["Runtime", "validate", "parse_model", "FabricError", "ConfigError", "StartError", "ValidationError", "__version__"]
 __version__: str = _native.__version__
 
 

@@ -41,3 +41,7 @@ class Runtime:
 def validate(schema: dict[str, Any], raw: str) -> str:
     """What a stage with ``schema`` makes of the reply ``raw``: the slot value, or
     ``ValidationError``."""
+
+def parse_model(s: str) -> tuple[str, str] | None:
+    """A model string as LangChain's ``init_chat_model`` reads it: ``(provider, model)``, or
+    ``None`` when no provider can be told."""

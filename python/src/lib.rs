@@ -183,11 +183,19 @@ fn validate(py: Python<'_>, schema: &Bound<'_, PyAny>, raw: &Bound<'_, PyString>
     }
 }
 
+/// A model string as LangChain's `init_chat_model` reads it: `(provider, model)`, or `None`
+/// when no provider can be told.
+#[pyfunction]
+fn parse_model(s: &str) -> Option<(String, String)> {
+    fabric::llm::model::parse_model_string(s)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Runtime>()?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_model, m)?)?;
     m.add("FabricError", py.get_type::<FabricError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("StartError", py.get_type::<StartError>())?;

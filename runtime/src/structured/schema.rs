@@ -58,9 +58,14 @@ impl FlatSchema {
         let mut fields = Vec::with_capacity(props.len());
         for (name, prop) in props {
             let ty = field_type(prop).map_err(|why| format!("property `{name}` {why}"))?;
+            // Pydantic makes a name with a leading underscore a private attribute: never
+            // validated, never in the output, required or not (found by python/tests/test_parity.py).
+            if name.starts_with('_') {
+                continue;
+            }
             fields.push(Field { name: name.clone(), ty, required: required.contains(&name.as_str()) });
         }
-        let text_envelope = fields.iter().all(|f| f.name == "text" || f.name == "message");
+        let text_envelope = props.keys().all(|name| name == "text" || name == "message");
         Ok(FlatSchema { fields, source: schema.clone(), text_envelope })
     }
 
