@@ -58,6 +58,21 @@ def test_a_failing_tool_becomes_a_note_the_model_sees():
     assert any("no adding today" in n and "tool_failed" in n for n in result["notes"]), result["notes"]
 
 
+def test_a_python_tool_gets_only_arguments_its_input_schema_accepts(tmp_path):
+    # A model that calls `add` with a string: the runtime refuses it before the tool sees it,
+    # as it does for a Rust tool, and the model is told.
+    for f in (REPO / "stub").iterdir():
+        (tmp_path / f.name).write_text(f.read_text())
+    (tmp_path / "support-agent.yaml").write_text(
+        "stages:\n  decide:\n    - 'CALL add {\"a\":\"two\",\"b\":3}'\n    - 'DONE no'\n"
+    )
+    calls = []
+    rt = Runtime(str(REPO / "routes"), str(REPO / "prompt-packs"), stub_dir=str(tmp_path), llm_stub=True, tools={"add": lambda **kw: calls.append(kw)})
+    result = rt.run("support-agent", {"question": "?"})
+    assert calls == []
+    assert any("invalid_tool_arguments" in n for n in result["notes"]), result["notes"]
+
+
 def test_a_route_without_its_tool_cannot_start():
     with pytest.raises(StartError) as e:
         runtime().run("support-agent", {"question": "?"})
