@@ -9,7 +9,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fabric::cancel::Cancel;
+use std::time::Duration;
+
+use fabric::cancel::CancelHandle;
 use fabric::config::Settings;
 use fabric::events::{EventSink, MemorySink};
 use fabric::exec::RunRequest;
@@ -140,7 +142,30 @@ impl Runtime {
         let events: Arc<dyn EventSink> = sink.clone();
         let req = RunRequest { route_id, goal, prefetch: prefetch.unwrap_or_default() };
         // The GIL is released while the run executes: Python tools and other threads go on.
-        let outcome = py.detach(move || tokio.block_on(core.run(req, events, Cancel::never())));
+        // Every 100 ms the run looks at Python's signals: Ctrl-C interrupts it (it ends
+        // `interrupted`, as `fabric run` does on SIGINT) and raises `KeyboardInterrupt`.
+        let (handle, cancel) = CancelHandle::new();
+        let (outcome, interrupted) = py.detach(move || {
+            tokio.block_on(async move {
+                let run = core.run(req, events, cancel);
+                tokio::pin!(run);
+                let mut interrupted: Option<PyErr> = None;
+                loop {
+                    tokio::select! {
+                        outcome = &mut run => return (outcome, interrupted),
+                        _ = tokio::time::sleep(Duration::from_millis(100)), if interrupted.is_none() => {
+                            if let Err(e) = Python::attach(|py| py.check_signals()) {
+                                handle.cancel("KeyboardInterrupt");
+                                interrupted = Some(e);
+                            }
+                        }
+                    }
+                }
+            })
+        });
+        if let Some(e) = interrupted {
+            return Err(e);
+        }
         let outcome = outcome.map_err(|e| error::<StartError>(py, e.code(), e.to_string()))?;
         let mut result = serde_json::to_value(&outcome.result).unwrap_or(Value::Null);
         let lines: Vec<Value> = sink

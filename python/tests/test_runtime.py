@@ -155,3 +155,16 @@ def test_settings_and_the_environment_are_those_of_fabric(monkeypatch):
         rt.run("support-triage", {"ticket": "x"})
     assert e.value.reason_class == "wrong_fleet"
     assert "support-triage" in runtime(fleet="agent-runtime-shared").routes()
+
+
+def test_ctrl_c_interrupts_a_run():
+    import signal
+
+    rt = runtime(llm_stub_latency_ms=5000)
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        rt.run("support-triage", {"ticket": "x"})
+    # Interrupted at once, not after the run's 15 s of model calls.
+    assert time.monotonic() - started < 10
