@@ -151,7 +151,7 @@ async fn request_bodies_field_by_field() {
     let f = fake(ProviderKind::Gemini);
     run_with(ProviderKind::Gemini, &f.start().await, FAST_RETRY).await;
     let r = &f.requests()[0];
-    assert_eq!(r.path, "/v1beta/models/m-1:generateContent");
+    assert_eq!(r.path, "/v1/models/m-1:generateContent", "google-genai 3.6's default version");
     assert_eq!(
         r.body,
         json!({"contents": [{"role": "user", "parts": [{"text": user}]}], "systemInstruction": {"parts": [{"text": sys}]},
@@ -171,6 +171,16 @@ async fn request_bodies_field_by_field() {
     );
     assert_eq!(r.headers["x-api-key"], "test-key-123");
     assert_eq!(r.headers["anthropic-version"], "2023-06-01");
+}
+
+#[tokio::test]
+async fn every_provider_request_names_the_runtime_in_its_user_agent() {
+    for kind in [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic] {
+        let f = fake(kind);
+        run_with(kind, &f.start().await, FAST_RETRY).await;
+        let r = &f.requests()[0];
+        assert_eq!(r.headers["user-agent"], concat!("fabric-runtime/", env!("CARGO_PKG_VERSION")), "{kind:?}");
+    }
 }
 
 #[tokio::test]

@@ -140,7 +140,7 @@ pub fn target(kind: fabric::config::ProviderKind, base_url: &str, model: &str) -
         base_url: base_url.into(),
         api_key: Some(fabric::config::ApiKey::new("test-key-123".into())),
         api_key_var: None,
-        api_version: "v1beta".into(),
+        api_version: fabric::llm::model::DEFAULT_GEMINI_VERSION.into(),
     }
 }
 

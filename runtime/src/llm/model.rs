@@ -12,7 +12,7 @@ pub const DEFAULT_MODEL: &str = "ollama:qwen3:14b";
 pub const DEFAULT_OLLAMA_URL: &str = "http://127.0.0.1:11434";
 pub const DEFAULT_OPENAI_URL: &str = "https://api.openai.com/v1";
 pub const DEFAULT_GEMINI_URL: &str = "https://generativelanguage.googleapis.com";
-pub const DEFAULT_GEMINI_VERSION: &str = "v1beta";
+pub const DEFAULT_GEMINI_VERSION: &str = "v1";
 pub const DEFAULT_ANTHROPIC_URL: &str = "https://api.anthropic.com";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! Gemini `POST {base}/{version}/models/{model}:generateContent` (default version `v1beta`).
+//! Gemini `POST {base}/{version}/models/{model}:generateContent` (default version `v1`, as google-genai 3.6).
 //!
 //! Structured output: `responseMimeType: application/json` plus `responseJsonSchema`, reduced to
 //! the keywords Gemini documents for it. The key goes in `x-goog-api-key`.

@@ -141,10 +141,15 @@ impl<C: Codec> HttpBackend<C> {
 /// The client every backend shares: pooled, rustls, and never following a redirect. Provider
 /// requests carry keys in headers (`x-api-key`, `x-goog-api-key`) that an HTTP client does not
 /// strip on a redirect, and a 307 would resend the whole prompt: a redirect is an error instead.
+/// The `User-Agent` of every provider request.
+pub const USER_AGENT: &str = concat!("fabric-runtime/", env!("CARGO_PKG_VERSION"));
+
 pub fn shared_client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(90))
         .redirect(reqwest::redirect::Policy::none())
+        // Some gateways refuse requests without one; the SDKs of the reference send theirs.
+        .user_agent(USER_AGENT)
         .build()
         .map_err(|e| format!("cannot build the HTTP client of the model providers: {e}"))
 }
