@@ -15,9 +15,9 @@ import asyncio
 from typing import Any
 
 from . import _native
-from ._native import ConfigError, FabricError, StartError, ValidationError, parse_model, validate
+from ._native import CancelToken, ConfigError, FabricError, StartError, ValidationError, parse_model, validate
 
-__all__ = ["Runtime", "validate", "parse_model", "FabricError", "ConfigError", "StartError", "ValidationError", "__version__"]
+__all__ = ["Runtime", "CancelToken", "validate", "parse_model", "FabricError", "ConfigError", "StartError", "ValidationError", "__version__"]
 __version__: str = _native.__version__
 
 
@@ -25,5 +25,11 @@ class Runtime(_native.Runtime):
     """A catalogue of routes with its prompt packs and settings (see ``fabric_runtime._native``)."""
 
     async def run_async(self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None) -> dict[str, Any]:
-        """``run`` on a worker thread: the event loop goes on while the run executes."""
-        return await asyncio.to_thread(self.run, route_id, goal, prefetch=prefetch)
+        """``run`` on a worker thread: the event loop goes on while the run executes. Cancelling
+        the awaiting task (``wait_for``, ``TaskGroup``) interrupts the run itself."""
+        token = CancelToken()
+        try:
+            return await asyncio.to_thread(self.run, route_id, goal, prefetch=prefetch, cancel=token)
+        except asyncio.CancelledError:
+            token.cancel("cancelled")
+            raise

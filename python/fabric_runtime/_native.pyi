@@ -1,3 +1,4 @@
+import os
 from typing import Any, Callable
 
 __version__: str
@@ -19,10 +20,10 @@ class ValidationError(FabricError):
 class Runtime:
     def __init__(
         self,
-        catalogue: str = "routes",
-        prompt_packs: str = "prompt-packs",
+        catalogue: str | os.PathLike[str] = "routes",
+        prompt_packs: str | os.PathLike[str] = "prompt-packs",
         *,
-        stub_dir: str | None = None,
+        stub_dir: str | os.PathLike[str] | None = None,
         tools: dict[str, Callable[..., Any]] | None = None,
         **settings: Any,
     ) -> None:
@@ -30,13 +31,23 @@ class Runtime:
         prefix (``llm_stub=True``, ``llm_stub_latency_ms=50``) or any variable by its own name
         (``OLLAMA_MODEL="ollama:qwen"``); the process environment fills in the rest, as for
         ``fabric``. ``tools`` maps catalogue capabilities without ``invoke`` to Python callables
-        (sync or async), called with the arguments as keywords, returning a JSON value."""
-    def run(self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None) -> dict[str, Any]:
+        (sync or async), called with the arguments as keywords, returning a JSON value. A setting
+        that is not one raises ``ConfigError``."""
+    def run(
+        self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None, cancel: CancelToken | None = None
+    ) -> dict[str, Any]:
         """Runs a route to its end with the GIL released; the result object of ``fabric run``,
-        with its ``events``. Raises ``StartError`` when the run cannot start."""
-    async def run_async(self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None) -> dict[str, Any]: ...
+        with its ``events``. Ctrl-C (on the main thread) or ``cancel`` interrupts it. Raises
+        ``StartError`` when the run cannot start (``invalid_goal`` for a goal that is not a JSON
+        object)."""
     def routes(self) -> list[str]:
         """The routes that can run here."""
+
+class CancelToken:
+    """Interrupts the run it is given to: the run ends ``interrupted``, keeping what it did."""
+
+    def __init__(self) -> None: ...
+    def cancel(self, reason: str = "cancelled") -> None: ...
 
 def validate(schema: dict[str, Any], raw: str) -> str:
     """What a stage with ``schema`` makes of the reply ``raw``: the slot value, or

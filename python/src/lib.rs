@@ -7,6 +7,7 @@
 //! threads; Python tools are called back with the GIL held, each on a blocking thread.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -20,7 +21,7 @@ use fabric::runtime::{Runtime as Core, Validation};
 use fabric::tools::Tool;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{IntoPyDict, PyDict, PyString};
 use serde_json::{Map, Value};
 
 pyo3::create_exception!(_native, FabricError, PyException, "Every error of the runtime; `reason_class` says which.");
@@ -36,9 +37,35 @@ fn error<E: pyo3::PyTypeInfo>(py: Python<'_>, reason_class: &str, message: Strin
 }
 
 /// A Python value as JSON, through Python's `json` (what a caller passes is what a stage gets).
-fn to_json(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Value> {
-    let text: String = py.import("json")?.call_method1("dumps", (value,))?.extract()?;
-    serde_json::from_str(&text).map_err(|e| error::<FabricError>(py, "invalid_input", format!("not JSON: {e}")))
+/// A value that is not JSON (a set, NaN, a circular reference, a number past 64 bits) is
+/// `error` with `reason_class`, its cause chained.
+fn to_json<E: pyo3::PyTypeInfo>(py: Python<'_>, value: &Bound<'_, PyAny>, reason_class: &str) -> PyResult<Value> {
+    let dumped = py.import("json")?.call_method("dumps", (value,), Some(&[("allow_nan", false)].into_py_dict(py)?));
+    let not_json = |why: String, cause: Option<PyErr>| {
+        let e = error::<E>(py, reason_class, format!("not JSON: {why}"));
+        e.set_cause(py, cause);
+        e
+    };
+    let text: String = match dumped {
+        Ok(t) => t.extract()?,
+        Err(cause) => return Err(not_json(cause.value(py).to_string(), Some(cause))),
+    };
+    let value: Value = serde_json::from_str(&text).map_err(|e| not_json(e.to_string(), None))?;
+    if has_wide_integer(&value) {
+        return Err(not_json("an integer does not fit in 64 bits".into(), None));
+    }
+    Ok(value)
+}
+
+/// Whether an integer was read as a float because it does not fit in 64 bits (it would come
+/// back rounded: refused rather than changed).
+fn has_wide_integer(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.is_f64() && n.as_f64().is_some_and(|f| f.fract() == 0.0 && f.abs() >= 9.223_372_036_854_776e18),
+        Value::Array(items) => items.iter().any(has_wide_integer),
+        Value::Object(map) => map.values().any(has_wide_integer),
+        _ => false,
+    }
 }
 
 /// JSON as a Python value.
@@ -62,9 +89,16 @@ impl Tool for PyTool {
                     if py.import("inspect")?.call_method1("isawaitable", (&out,))?.is_truthy()? {
                         out = py.import("asyncio")?.call_method1("run", (out,))?;
                     }
-                    to_json(py, &out)
+                    to_json::<FabricError>(py, &out, "tool_failed")
                 })
-                .map_err(|e| Python::attach(|py| e.value(py).to_string()))
+                .map_err(|e| {
+                    // "ValueError: no adding today": what the model is told went wrong.
+                    Python::attach(|py| {
+                        let name = e.get_type(py).name().map(|n| n.to_string()).unwrap_or_else(|_| "Exception".into());
+                        let text = e.value(py).str().map(|t| t.to_string()).unwrap_or_default();
+                        if text.is_empty() { name } else { format!("{name}: {text}") }
+                    })
+                })
             })
             .await;
             called.map_err(|e| format!("the tool's thread failed: {e}"))?
@@ -79,7 +113,12 @@ fn settings_from(py: Python<'_>, given: Option<&Bound<'_, PyDict>>) -> PyResult<
     if let Some(given) = given {
         for (k, v) in given.iter() {
             let key: String = k.extract()?;
-            let name = if key.chars().any(|c| c.is_ascii_uppercase()) { key } else { format!("FABRIC_{}", key.to_ascii_uppercase()) };
+            let name = if key.chars().any(|c| c.is_ascii_uppercase()) { key.clone() } else { format!("FABRIC_{}", key.to_ascii_uppercase()) };
+            // A misspelt setting must not be ignored in silence (the runtime would go on with
+            // the default it was meant to change).
+            if !fabric::config::VARIABLES.contains(&name.as_str()) {
+                return Err(error::<ConfigError>(py, "config", format!("`{key}` is not a setting (it would be {name}); see docs/configuration.md")));
+            }
             let value = if let Ok(b) = v.extract::<bool>() { if b { "1".into() } else { "0".into() } } else { v.str()?.to_string() };
             vars.insert(name, value);
         }
@@ -91,18 +130,29 @@ fn settings_from(py: Python<'_>, given: Option<&Bound<'_, PyDict>>) -> PyResult<
 #[pyclass(subclass, module = "fabric_runtime._native")]
 struct Runtime {
     core: Arc<Core>,
-    tokio: Arc<tokio::runtime::Runtime>,
+    /// Taken at drop: see `Drop`.
+    tokio: Option<Arc<tokio::runtime::Runtime>>,
+}
+
+impl Drop for Runtime {
+    /// Without waiting: a Python tool still running (its run was interrupted) needs the GIL,
+    /// which the dropping thread holds; waiting for it would never end.
+    fn drop(&mut self) {
+        if let Some(tokio) = self.tokio.take().and_then(|t| Arc::try_unwrap(t).ok()) {
+            tokio.shutdown_background();
+        }
+    }
 }
 
 #[pymethods]
 impl Runtime {
     #[new]
-    #[pyo3(signature = (catalogue = "routes".to_owned(), prompt_packs = "prompt-packs".to_owned(), *, stub_dir = None, tools = None, **settings))]
+    #[pyo3(signature = (catalogue = PathBuf::from("routes"), prompt_packs = PathBuf::from("prompt-packs"), *, stub_dir = None, tools = None, **settings))]
     fn new(
         py: Python<'_>,
-        catalogue: String,
-        prompt_packs: String,
-        stub_dir: Option<String>,
+        catalogue: PathBuf,
+        prompt_packs: PathBuf,
+        stub_dir: Option<PathBuf>,
         tools: Option<&Bound<'_, PyDict>>,
         settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
@@ -126,25 +176,36 @@ impl Runtime {
         // The catalogue is read and the stacks built on the runtime's threads (some need one).
         let _guard = tokio.enter();
         let core = builder.build().map_err(|e| error::<ConfigError>(py, "config", e.to_string()))?;
-        Ok(Runtime { core: Arc::new(core), tokio: Arc::new(tokio) })
+        Ok(Runtime { core: Arc::new(core), tokio: Some(Arc::new(tokio)) })
     }
 
     /// Runs `route_id` with `goal` to its end; the result object of `fabric run`, with its
     /// `events`. A run that fails is a result (`status` `failed`); a run that cannot start
     /// raises `StartError`.
-    #[pyo3(signature = (route_id, goal, *, prefetch = None))]
-    fn run<'py>(&self, py: Python<'py>, route_id: String, goal: &Bound<'py, PyAny>, prefetch: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
-        let Value::Object(goal) = to_json(py, goal)? else {
+    #[pyo3(signature = (route_id, goal, *, prefetch = None, cancel = None))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        route_id: String,
+        goal: &Bound<'py, PyAny>,
+        prefetch: Option<Vec<String>>,
+        cancel: Option<PyRef<'py, CancelToken>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let Value::Object(goal) = to_json::<StartError>(py, goal, "invalid_goal")? else {
             return Err(error::<StartError>(py, "invalid_goal", "`goal` must be a dict".into()));
         };
-        let (core, tokio) = (self.core.clone(), self.tokio.clone());
+        let core = self.core.clone();
+        let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
         let sink = Arc::new(MemorySink::default());
         let events: Arc<dyn EventSink> = sink.clone();
         let req = RunRequest { route_id, goal, prefetch: prefetch.unwrap_or_default() };
         // The GIL is released while the run executes: Python tools and other threads go on.
         // Every 100 ms the run looks at Python's signals: Ctrl-C interrupts it (it ends
         // `interrupted`, as `fabric run` does on SIGINT) and raises `KeyboardInterrupt`.
-        let (handle, cancel) = CancelHandle::new();
+        let (handle, cancel) = match cancel {
+            Some(token) => (token.handle.clone(), token.handle.token()),
+            None => CancelHandle::new(),
+        };
         let (outcome, interrupted) = py.detach(move || {
             tokio.block_on(async move {
                 let run = core.run(req, events, cancel);
@@ -196,11 +257,31 @@ impl Runtime {
     }
 }
 
+/// Cancels the run it is given to (`run(..., cancel=token)`): the run ends `interrupted`,
+/// keeping what it did. Thread-safe; cancelling twice is harmless.
+#[pyclass(module = "fabric_runtime._native", frozen)]
+struct CancelToken {
+    handle: CancelHandle,
+}
+
+#[pymethods]
+impl CancelToken {
+    #[new]
+    fn new() -> Self {
+        CancelToken { handle: CancelHandle::new().0 }
+    }
+
+    #[pyo3(signature = (reason = "cancelled".to_owned()))]
+    fn cancel(&self, reason: String) {
+        self.handle.cancel(&reason);
+    }
+}
+
 /// What a stage does with a reply: the slot value (compact JSON, or the unwrapped text of a
 /// text envelope), or `ValidationError` with the stage's reason class.
 #[pyfunction]
 fn validate(py: Python<'_>, schema: &Bound<'_, PyAny>, raw: &Bound<'_, PyString>) -> PyResult<String> {
-    let schema = to_json(py, schema)?;
+    let schema = to_json::<ValidationError>(py, schema, "invalid_schema")?;
     match fabric::runtime::validate(&schema, raw.to_str()?) {
         Validation::Accepted(value) => Ok(value),
         Validation::PlainText { text, .. } => Ok(text),
@@ -219,6 +300,7 @@ fn parse_model(s: &str) -> Option<(String, String)> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Runtime>()?;
+    m.add_class::<CancelToken>()?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(parse_model, m)?)?;
     m.add("FabricError", py.get_type::<FabricError>())?;

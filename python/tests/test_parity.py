@@ -102,6 +102,7 @@ def schemas(draw):
 
 odd_floats = st.sampled_from([0.1, -0.0, 1e-7, 1.5e-7, 1e20, 1e308, 2.5, 7.0, 3.0000000000000004, 123456789.125])
 big_ints = st.sampled_from([10**18, -(2**63), 2**63, 2**64 + 1, 10**30, 123456789012345678])
+huge_ints = st.sampled_from([10**308, 10**309, -(10**400), 2**1024])
 unicode_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
 
 
@@ -111,7 +112,7 @@ def value_for(p):
     fits = {
         "string": st.sampled_from(p["enum"]) if "enum" in p else unicode_text,
         "integer": st.one_of(st.integers(-1000, 1000), big_ints),
-        "number": st.one_of(st.integers(-1000, 1000), st.floats(allow_nan=False, allow_infinity=False), odd_floats),
+        "number": st.one_of(st.integers(-1000, 1000), big_ints, huge_ints, st.floats(allow_nan=False, allow_infinity=False), odd_floats),
         "boolean": st.booleans(),
     }
     lax = {

@@ -91,6 +91,13 @@ def test_refusals_are_fabric_errors_with_a_reason_class():
     assert "FABRIC_LLM_STUB_LATENCY_MS" in str(e.value) and e.value.reason_class == "config"
     with pytest.raises(ConfigError):
         runtime(tools={"add": 42})
+    with pytest.raises(ConfigError) as e:
+        runtime(llm_stubb=True)
+    assert "llm_stubb" in str(e.value)
+    for goal in ({"s": {1, 2}}, {"x": float("nan")}, {"n": 2**64 + 1}):
+        with pytest.raises(StartError) as e:
+            runtime().run("support-triage", goal)
+        assert e.value.reason_class == "invalid_goal", goal
 
 
 def test_validate_is_what_a_stage_does_with_a_reply():
@@ -168,3 +175,41 @@ def test_ctrl_c_interrupts_a_run():
         rt.run("support-triage", {"ticket": "x"})
     # Interrupted at once, not after the run's 15 s of model calls.
     assert time.monotonic() - started < 10
+
+
+def test_cancelling_run_async_interrupts_the_run():
+    rt = runtime(llm_stub_latency_ms=5000)
+
+    async def main():
+        started = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(rt.run_async("support-triage", {"ticket": "x"}), 0.3)
+        return time.monotonic() - started
+
+    # asyncio.run waits for the worker thread: it ends with the run, interrupted, not after 15 s.
+    started = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - started < 10
+
+
+def test_a_runtime_dropped_while_its_tool_runs_does_not_hang(tmp_path):
+    import gc
+    import signal
+
+    def slow(a, b):
+        time.sleep(2)
+        return {"sum": a + b}
+
+    rt = runtime(tools={"add": slow})
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        rt.run("support-agent", {"question": "What is 2 + 3?"})
+    del rt
+    gc.collect()  # returns: the tool's thread is not waited for with the GIL held
+    time.sleep(2.5)  # the abandoned tool finishes in the background
+
+
+def test_paths_may_be_path_objects():
+    rt = Runtime(REPO / "routes", REPO / "prompt-packs", stub_dir=REPO / "stub", llm_stub=True)
+    assert "support-triage" in rt.routes()

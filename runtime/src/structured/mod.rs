@@ -165,7 +165,11 @@ fn scalar(ty: &Scalar, v: &PyJson) -> Result<Out, String> {
         },
         Scalar::Number => match v {
             PyJson::Float(f) => Ok(Out::Float(*f)),
-            PyJson::Int(n) => Ok(Out::Float(n.to_f64())),
+            // Python's `float(int)` overflows instead of giving infinity (a float literal such as
+            // `1e400` is infinity already, and is kept).
+            PyJson::Int(n) => {
+                Some(n.to_f64()).filter(|f| f.is_finite()).map(Out::Float).ok_or_else(|| "the integer is too large to convert to float".to_owned())
+            }
             PyJson::Bool(b) => Ok(Out::Float(if *b { 1.0 } else { 0.0 })),
             PyJson::Str(s) => number::parse_float_str(s).map(Out::Float).ok_or_else(|| format!("`{s}` is not a valid number")),
             _ => wrong("a valid number"),
