@@ -3,8 +3,9 @@
 //! its outputs into Python values, and decides nothing itself.
 //!
 //! Values cross as JSON (Python's own `json` module on this side), so a result is exactly the
-//! object `fabric run` prints. A run executes with the GIL released, on the runtime's own tokio
-//! threads; Python tools are called back with the GIL held, each on a blocking thread.
+//! object `fabric run` prints. A run executes with the GIL released: the calling thread drives it
+//! (`block_on`), its tasks run on the runtime's tokio threads, and Python tools are called back
+//! with the GIL held, each on a blocking thread.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
