@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use fabric::store::{RunStore, StoredStatus};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use crate::service::{Server, asking_stub, get, post, settled, sse};
@@ -163,8 +164,6 @@ async fn race(replicas: usize, kind: &str) {
     assert!(!logs.contains("lease lost") && !logs.contains("run record"), "{what}: no run lost its lease or its record: {logs}");
     assert_eq!(busy, replicas, "{what}: every replica took a share");
 }
-
-use futures_util::StreamExt;
 
 #[tokio::test]
 async fn a_replica_paused_past_its_lease_is_fenced_on_sqlite() {
