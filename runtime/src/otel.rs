@@ -93,7 +93,10 @@ impl Drop for OtelGuard {
 pub fn init_from_env() -> Result<OtelGuard, String> {
     let set = |k: &str| std::env::var(k).ok().is_some_and(|v| !v.trim().is_empty());
     let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    if disabled || !(set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
+    // `OTEL_TRACES_EXPORTER=none`: no exporter, whatever the endpoint says (the standard way to
+    // switch tracing off where the endpoint is set for other signals).
+    let no_exporter = std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.split(',').any(|e| e.trim().eq_ignore_ascii_case("none")));
+    if disabled || no_exporter || !(set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
         return Ok(OtelGuard(None));
     }
     use opentelemetry_otlp::WithHttpConfig;
@@ -105,8 +108,12 @@ pub fn init_from_env() -> Result<OtelGuard, String> {
         .map_err(|_| {
             "OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: not a valid http(s) endpoint URL; the OTLP exporter cannot start".to_owned()
         })?;
-    let service = std::env::var("OTEL_SERVICE_NAME").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "fabric-runtime".into());
-    let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(Resource::builder().with_service_name(service).build()).build();
+    // The SDK's resource reads `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` (which wins
+    // in that order); `fabric-runtime` only where neither names the service.
+    let named = set("OTEL_SERVICE_NAME")
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| a.split(',').any(|kv| kv.split_once('=').is_some_and(|(k, _)| k.trim() == "service.name")));
+    let resource = if named { Resource::builder().build() } else { Resource::builder().with_service_name("fabric-runtime").build() };
+    let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     global::set_tracer_provider(provider.clone());
     enable_spans();
     Ok(OtelGuard(Some(provider)))

@@ -103,21 +103,32 @@ async fn otlp_export_only_when_configured() {
         }
     });
     let url = serve(app).await;
-    let run = |otel: Option<String>| {
+    let run_with = |otel: Option<String>, extra: &[(&str, &str)]| {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
         cmd.current_dir(repo()).args(["run", "support-triage", "--goal", r#"{"ticket":"x"}"#]).env("FABRIC_LLM_STUB", "1");
-        for v in ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"] {
+        for v in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_SDK_DISABLED",
+            "OTEL_TRACES_EXPORTER",
+            "OTEL_SERVICE_NAME",
+            "OTEL_RESOURCE_ATTRIBUTES",
+        ] {
             cmd.env_remove(v);
         }
         if let Some(endpoint) = otel {
             cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
         }
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
         cmd.output()
     };
+    let run = |otel: Option<String>| run_with(otel, &[]);
     let out = run(None).await.unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(received.lock().unwrap().is_empty());
-    let out = run(Some(url)).await.unwrap();
+    let out = run(Some(url.clone())).await.unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let got = received.lock().unwrap().clone();
     assert!(!got.is_empty(), "spans were exported at exit");
@@ -127,6 +138,18 @@ async fn otlp_export_only_when_configured() {
     for needle in ["llm.complete", "gen_ai.request.model", "seeded-stub", "fabric-runtime"] {
         assert!(contains(needle), "exported spans mention {needle}");
     }
+    // `OTEL_TRACES_EXPORTER=none` switches the exporter off, endpoint or not.
+    received.lock().unwrap().clear();
+    let out = run_with(Some(url.clone()), &[("OTEL_TRACES_EXPORTER", "none")]).await.unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(received.lock().unwrap().is_empty(), "no export with OTEL_TRACES_EXPORTER=none");
+    // The service is named by `OTEL_RESOURCE_ATTRIBUTES` when it says so.
+    let out = run_with(Some(url), &[("OTEL_RESOURCE_ATTRIBUTES", "service.name=support-fleet-7,deployment.environment=test")]).await.unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let body: Vec<u8> = received.lock().unwrap().iter().flat_map(|(_, b)| b.clone()).collect();
+    let contains = |needle: &str| body.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(contains("support-fleet-7") && contains("deployment.environment"), "the resource of OTEL_RESOURCE_ATTRIBUTES");
+    assert!(!contains("unknown_service"), "its service name, not the SDK's default");
 }
 
 #[tokio::test]
