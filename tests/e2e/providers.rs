@@ -183,6 +183,36 @@ async fn every_provider_request_names_the_runtime_in_its_user_agent() {
     }
 }
 
+/// LangChain reads Ollama's and Gemini's structured replies as Markdown and accepts one in a code
+/// fence; OpenAI's it reads as JSON only. The runtime does the same, provider by provider.
+#[tokio::test]
+async fn a_fenced_reply_is_accepted_where_the_reference_accepts_it() {
+    for (kind, accepted) in [(ProviderKind::Ollama, true), (ProviderKind::Gemini, true), (ProviderKind::OpenAi, false)] {
+        let f = FakeProvider::new(move |body| {
+            let schema = match kind {
+                ProviderKind::Ollama => body.get("format").cloned(),
+                ProviderKind::Gemini => body.pointer("/generationConfig/responseJsonSchema").cloned(),
+                _ => body.pointer("/response_format/json_schema/schema").cloned(),
+            };
+            let fenced = format!("```json\n{}\n```", triage_reply_for(&props_of(schema.as_ref())));
+            Canned::json(
+                200,
+                match kind {
+                    ProviderKind::Ollama => json!({"message": {"role": "assistant", "content": fenced}, "done": true}),
+                    ProviderKind::Gemini => json!({"candidates": [{"content": {"role": "model", "parts": [{"text": fenced}]}, "finishReason": "STOP"}]}),
+                    _ => json!({"choices": [{"message": {"role": "assistant", "content": fenced}, "finish_reason": "stop"}]}),
+                },
+            )
+        });
+        let (result, _) = run_with(kind, &f.start().await, FAST_RETRY).await;
+        if accepted {
+            assert_eq!(result.status, fabric::exec::RunStatus::Completed, "{kind:?}: {result:?}");
+        } else {
+            assert_eq!(result.error.as_ref().map(|e| e.reason_class.as_str()), Some("invalid_json"), "{kind:?}: {result:?}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn plain_text_calls_on_every_provider() {
     // refund-review's `policy` stage has no output schema: a plain text call.

@@ -261,6 +261,16 @@ impl<C: Codec> Llm for HttpBackend<C> {
                 return Err(LlmError::new(ReasonClass::ProviderError, why));
             };
             let (text, usage) = self.codec.decode(&bytes, &call)?;
+            // LangChain reads Ollama's and Gemini's structured replies as Markdown: a reply in a
+            // code fence is accepted there, so it is here (on those two only, as there).
+            if matches!(req.output, super::OutputSpec::Bindable(_))
+                && matches!(self.codec.kind(), ProviderKind::Ollama | ProviderKind::Gemini)
+                && let Some(inner) = unfence(&text)
+            {
+                let mut reply = finish_reply(req.output, inner, usage)?;
+                reply.raw = Some(text);
+                return Ok(reply);
+            }
             finish_reply(req.output, text, usage)
         })
     }
@@ -268,6 +278,20 @@ impl<C: Codec> Llm for HttpBackend<C> {
     fn info(&self) -> ModelInfo {
         ModelInfo { provider: self.codec.kind().key().to_owned(), model: self.target.model.clone() }
     }
+}
+
+/// The JSON inside a Markdown code fence, read as LangChain's `parse_json_markdown` reads it:
+/// only when the reply (without surrounding whitespace and backticks) is not JSON itself; then
+/// what follows the first ```` ``` ```` (and an optional `json`) to the end, without surrounding
+/// whitespace and backticks. `None`: no fence, or JSON as it is.
+pub fn unfence(text: &str) -> Option<String> {
+    const STRIP: &[char] = &[' ', '\n', '\r', '\t', '`'];
+    if serde_json::from_str::<serde::de::IgnoredAny>(text.trim_matches(STRIP)).is_ok() {
+        return None;
+    }
+    let (_, after) = text.split_once("```")?;
+    let inner = after.strip_prefix("json").unwrap_or(after);
+    Some(inner.trim_matches(STRIP).to_owned())
 }
 
 /// Builds the backend for a target.
@@ -357,5 +381,19 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod unfence_tests {
+    use super::unfence;
+
+    #[test]
+    fn a_fenced_reply_is_read_as_langchain_reads_it() {
+        assert_eq!(unfence("```json\n{\"a\": 1}\n```").as_deref(), Some("{\"a\": 1}"));
+        assert_eq!(unfence("Here it is:\n```\n{\"a\": 1}\n```\nDone.").as_deref(), Some("{\"a\": 1}\n```\nDone."));
+        assert_eq!(unfence("{\"a\": 1}"), None, "plain JSON is left alone");
+        assert_eq!(unfence("`{\"a\": 1}`"), None, "JSON in backticks parses as it is");
+        assert_eq!(unfence("no fence at all"), None);
     }
 }
