@@ -11,6 +11,10 @@ use super::{CallSpec, Codec, WireRequest, nested_error_code, parse_reply};
 use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, Usage};
 
+/// The `anthropic-version` header the runtime sends, with `x-api-key`: the Messages API version
+/// the request and reply shapes here follow. The reference's SDK (langchain-anthropic 1.7.10)
+/// sends a bearer token and a newer version; both are accepted by the API, and this one is kept
+/// on purpose (docs/providers.md).
 pub const API_VERSION: &str = "2023-06-01";
 
 #[derive(Debug, Clone, Copy)]
