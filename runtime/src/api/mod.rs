@@ -124,11 +124,15 @@ impl AppState {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match runtime.renew(&self.inner.live.leases()).await {
+            let leases = self.inner.live.leases();
+            match runtime.renew(&leases).await {
                 Ok(lost) => {
                     for run_id in lost {
-                        // Stopped already: handed over at a shutdown.
-                        let Some(live) = self.inner.live.get(&run_id).filter(|l| !l.is_stopped()) else { continue };
+                        // The segment that held the lost lease, not a newer one of the same run
+                        // (this process may have claimed the run again meanwhile); stopped
+                        // already: handed over at a shutdown.
+                        let Some(token) = leases.iter().find(|l| l.run_id == run_id).map(|l| l.token) else { continue };
+                        let Some(live) = self.inner.live.get(&run_id).filter(|l| l.lease().token == token && !l.is_stopped()) else { continue };
                         tracing::warn!(
                             run_id,
                             "run lease lost (another process took the run over after this one went silent past its lease); this process stops the run"
@@ -169,6 +173,12 @@ impl AppState {
                     let _ = runtime.release(&lease).await;
                     continue;
                 };
+                // A segment of this very run still going here held the lease this claim took
+                // (its process was cut off from the database past the lease): it is stopped, and
+                // the run goes on from its journal in the new segment.
+                if let Some(old) = self.inner.live.get(&lease.run_id).filter(|l| l.lease().token != lease.token) {
+                    old.stop("taken over");
+                }
                 if run.is_takeover() {
                     self.inner.metrics.taken_over(run.route_id());
                     tracing::warn!(run_id = lease.run_id, claim = lease.token, "taking over a run whose process stopped; it goes on from its journal");

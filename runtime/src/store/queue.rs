@@ -270,14 +270,57 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
                 Err(_) => break,
             }
         }
+        // A batch of a run one of whose earlier batches failed is not written, even if it was
+        // queued before that failure was known (a run does not wait for its appends): a later
+        // stage after a hole, or an end, would record less than the run did.
+        {
+            let mut failed = failed.lock().unwrap_or_else(|p| p.into_inner());
+            let mut kept = Vec::with_capacity(jobs.len());
+            for (job, ack) in jobs.drain(..) {
+                let earlier = match &job {
+                    Write::Commit { lease, batch } => {
+                        let key = (lease.run_id.clone(), lease.token);
+                        if batch.end.is_some() { failed.remove(&key) } else { failed.get(&key).cloned() }
+                    }
+                    Write::Create { .. } => None,
+                };
+                match earlier {
+                    Some(e) => {
+                        if let Some(ack) = ack {
+                            let _ = ack.send(Err(StoreError::Database(e)));
+                        }
+                    }
+                    None => kept.push((job, ack)),
+                }
+            }
+            jobs = kept;
+        }
+        if jobs.is_empty() {
+            continue;
+        }
         let mut outcomes: Vec<Result<(), StoreError>> = match write_retrying(&db, &jobs).await {
             Ok(fenced) => jobs.iter().map(|(job, _)| outcome(job, &fenced)).collect(),
             // One job the database refuses must not fail the others sharing its transaction:
             // each is tried on its own (in order, so a run's batches stay in order).
             Err(StoreError::Database(_)) if jobs.len() > 1 => {
                 let mut each = Vec::with_capacity(jobs.len());
+                // A run whose batch failed here writes nothing after it (its later batches wait
+                // behind it in this same group).
+                let mut holes: HashMap<(String, i64), StoreError> = HashMap::new();
                 for job in jobs.chunks(1) {
-                    each.push(write_retrying(&db, job).await.and_then(|fenced| outcome(&job[0].0, &fenced)));
+                    let key = match &job[0].0 {
+                        Write::Commit { lease, .. } => Some((lease.run_id.clone(), lease.token)),
+                        Write::Create { .. } => None,
+                    };
+                    if let Some(e) = key.as_ref().and_then(|k| holes.get(k)) {
+                        each.push(Err(e.clone()));
+                        continue;
+                    }
+                    let done = write_retrying(&db, job).await.and_then(|fenced| outcome(&job[0].0, &fenced));
+                    if let (Err(e), Some(k)) = (&done, key) {
+                        holes.insert(k, e.clone());
+                    }
+                    each.push(done);
                 }
                 each
             }
@@ -508,7 +551,8 @@ pub(crate) fn rows_sql(head: &str, row: &str, n: usize, first: usize, numbered: 
 /// cut connection, a server shutting down, a busy SQLite file) is [`StoreError::Unavailable`].
 pub(crate) fn db(e: sqlx::Error) -> StoreError {
     let transient = match &e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        // A connection cut mid-message (a server restarting) reads as a protocol error too.
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(d) => d.code().is_some_and(|c| {
             // PostgreSQL: connection exceptions (08…), operator intervention (57P…), too many
             // connections (53300), a deadlock or serialization failure (40P01, 40001); SQLite:
@@ -657,6 +701,24 @@ mod tests {
     async fn store_release(store: &super::super::sqlite::SqliteStore, lease: &Lease) {
         use super::super::RunStore;
         store.release(lease).await.unwrap();
+    }
+
+    /// A run queues its batches without waiting; when one fails, those queued behind it (a later
+    /// stage, its end) are not written either.
+    #[tokio::test]
+    async fn batches_queued_behind_a_failed_one_are_not_written() {
+        let db = Arc::new(Flaky { poison: Some("bad"), ..Flaky::default() });
+        let queue = WriteQueue::start(db.clone(), 1);
+        let bad_lease = lease("bad");
+        // Queued together, before the writer has seen any of them.
+        let (a, b, c) = tokio::join!(queue.append(&bad_lease, batch("bad", 1)), queue.append(&bad_lease, batch("bad", 2)), async {
+            tokio::task::yield_now().await;
+            queue.commit(&bad_lease, batch("bad", 3)).await
+        });
+        a.unwrap();
+        b.unwrap();
+        assert!(c.is_err());
+        assert!(db.committed.lock().unwrap().is_empty(), "nothing after the hole: {:?}", db.committed.lock().unwrap());
     }
 
     #[tokio::test]
