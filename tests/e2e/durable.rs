@@ -75,11 +75,15 @@ async fn killed_mid_run(kind: &str) {
     let mut first = Server::start(&db, stub.path(), &env);
     let (_, run) = post(&first, "/v1/runs", triage(1)).await;
     let id = run["run_id"].as_str().unwrap().to_owned();
-    // The first stage (700 ms) is recorded; the second is in its model call.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Killed once the first stage (700 ms) is recorded: the second is then in its model call.
+    let store = fabric::store::open(&db).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !store.events_after(&id, 0).await.unwrap().iter().any(|e| e.kind == "run.stage.completed") {
+        assert!(Instant::now() < deadline, "{kind}: the first stage was never recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     first.child.kill().unwrap(); // SIGKILL
     first.child.wait().unwrap();
-    let store = fabric::store::open(&db).await.unwrap();
     let before = store.events_after(&id, 0).await.unwrap();
     assert!(before.iter().any(|e| e.kind == "run.stage.completed"), "{kind}: the first stage was recorded before the kill: {before:?}");
     assert!(before.iter().all(|e| e.kind != "run.completed"), "{kind}: killed mid-run");
@@ -279,7 +283,7 @@ async fn the_sqlite_file_locked_under_load_loses_nothing() {
 /// A PostgreSQL cluster of this test's own (`.ci/postgres start`), or `None` where there is no
 /// PostgreSQL (skipped, except in CI).
 fn private_postgres() -> Option<(String, String)> {
-    if std::env::var("FABRIC_TEST_POSTGRES_URL").is_err() {
+    if std::env::var("FABRIC_TEST_POSTGRES_URL").map_or(true, |u| u.trim().is_empty()) {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but FABRIC_TEST_POSTGRES_URL is unset");
         eprintln!("skipping the database restart test: no PostgreSQL (FABRIC_TEST_POSTGRES_URL is unset)");
         return None;

@@ -15,7 +15,7 @@ use crate::support::repo;
 
 /// A new, empty PostgreSQL database on the test server, or `None` (and why) when there is none.
 pub(crate) async fn fresh_postgres() -> Option<String> {
-    let Ok(base) = std::env::var("FABRIC_TEST_POSTGRES_URL") else {
+    let Some(base) = std::env::var("FABRIC_TEST_POSTGRES_URL").ok().filter(|u| !u.trim().is_empty()) else {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
             "CI=true but FABRIC_TEST_POSTGRES_URL is unset: .ci/run starts a PostgreSQL server for these tests"
