@@ -69,7 +69,7 @@ pub(crate) struct Prepared {
     end: Option<PreparedEnd>,
 }
 
-struct PreparedEnd {
+pub(crate) struct PreparedEnd {
     status: StoredStatus,
     result: String,
     reason_class: Option<&'static str>,
@@ -119,16 +119,11 @@ impl Write {
 /// A job, and who waits for it (appends are not waited for).
 type Job = (Write, Option<oneshot::Sender<Result<(), StoreError>>>);
 
-/// A run's end as its row takes it.
+/// A run's end as its row takes it: the prepared end, with the lease that writes it.
 pub(crate) struct End<'a> {
     pub run_id: &'a str,
     pub token: i64,
-    pub status: StoredStatus,
-    pub result: &'a str,
-    pub reason_class: Option<&'a str>,
-    pub question: Option<&'a str>,
-    /// One past the last event written, when the batch has events.
-    pub next_seq: Option<i64>,
+    pub end: &'a PreparedEnd,
 }
 
 /// A new run's row: (run_id, route_id, request, claimed by (owner, lease_ms)).
@@ -151,7 +146,7 @@ pub(crate) struct Rows<'a> {
 impl<'a> Rows<'a> {
     fn of(jobs: &'a [Job]) -> Rows<'a> {
         let mut rows = Rows { at: now(), creates: Vec::new(), leases: Vec::new(), events: Vec::new(), entries: Vec::new(), ends: Vec::new() };
-        let mut fenced = HashSet::new();
+        let mut seen = HashSet::new();
         for (job, _) in jobs {
             match job {
                 Write::Create { run_id, route_id, request, claim } => {
@@ -159,21 +154,13 @@ impl<'a> Rows<'a> {
                 }
                 Write::Commit { lease, batch } => {
                     let run_id = &lease.run_id;
-                    if fenced.insert((run_id.as_str(), lease.token)) {
+                    if seen.insert((run_id.as_str(), lease.token)) {
                         rows.leases.push((run_id.as_str(), lease.token));
                     }
                     rows.events.extend(batch.events.iter().map(|(seq, kind, body)| (run_id.as_str(), *seq, *kind, body.as_str())));
                     rows.entries.extend(batch.entries.iter().map(|e| (run_id.as_str(), e.as_str())));
                     if let Some(end) = &batch.end {
-                        rows.ends.push(End {
-                            run_id,
-                            token: lease.token,
-                            status: end.status,
-                            result: &end.result,
-                            reason_class: end.reason_class,
-                            question: end.question.as_deref(),
-                            next_seq: end.next_seq,
-                        });
+                        rows.ends.push(End { run_id, token: lease.token, end });
                     }
                 }
             }
@@ -204,6 +191,35 @@ pub(crate) struct WriteQueue {
 
 type Failed = Arc<Mutex<HashMap<(String, i64), String>>>;
 
+/// The failure recorded for an earlier batch of `lease`, if any. A run's end is its last write
+/// here, so asking for the end's (`last`) forgets the failure.
+fn earlier_failure(failed: &Failed, lease: &Lease, last: bool) -> Option<String> {
+    let mut failed = failed.lock().unwrap_or_else(|p| p.into_inner());
+    let key = (lease.run_id.clone(), lease.token);
+    if last { failed.remove(&key) } else { failed.get(&key).cloned() }
+}
+
+/// A job's outcome, told to whoever waits for it; a failed batch that is not the run's end is
+/// recorded, so that nothing of the run is written after it.
+fn settle(failed: &Failed, job: &Write, ack: Option<oneshot::Sender<Result<(), StoreError>>>, done: Result<(), StoreError>) {
+    if let (Err(e), Write::Commit { lease, batch }) = (&done, job)
+        && batch.end.is_none()
+    {
+        failed.lock().unwrap_or_else(|p| p.into_inner()).insert((lease.run_id.clone(), lease.token), e.to_string());
+    }
+    if let Some(ack) = ack {
+        let _ = ack.send(done);
+    }
+}
+
+/// The failure of an earlier batch of the run a job writes for (a create has none).
+fn failure_before(failed: &Failed, job: &Write) -> Option<String> {
+    match job {
+        Write::Commit { lease, batch } => earlier_failure(failed, lease, batch.end.is_some()),
+        Write::Create { .. } => None,
+    }
+}
+
 impl WriteQueue {
     /// Starts `writers` writer tasks (on the current tokio runtime), each with its own
     /// connection from the pool at a time.
@@ -233,16 +249,9 @@ impl WriteQueue {
         done.await.map_err(|_| stopped())?
     }
 
-    /// The failure of an earlier queued write of this lease; `forget` once the run is done here.
-    fn earlier_failure(&self, lease: &Lease, forget: bool) -> Option<String> {
-        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (lease.run_id.clone(), lease.token);
-        if forget { failed.remove(&key) } else { failed.get(&key).cloned() }
-    }
-
     /// [`crate::exec::RunJournal::append`]: queued, not waited for.
     pub async fn append(&self, lease: &Lease, batch: JournalBatch) -> Result<(), String> {
-        if let Some(e) = self.earlier_failure(lease, false) {
+        if let Some(e) = earlier_failure(&self.failed, lease, false) {
             return Err(e);
         }
         let job = Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) };
@@ -253,7 +262,7 @@ impl WriteQueue {
     /// is written (an end after a hole would record less than the run did): the error is
     /// returned, the run stays `running`, and whoever claims it next goes on from its journal.
     pub async fn commit(&self, lease: &Lease, batch: JournalBatch) -> Result<(), String> {
-        if let Some(e) = self.earlier_failure(lease, true) {
+        if let Some(e) = earlier_failure(&self.failed, lease, true) {
             return Err(e);
         }
         self.write(Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) }).await.map_err(|e| e.to_string())
@@ -273,68 +282,42 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
         // A batch of a run one of whose earlier batches failed is not written, even if it was
         // queued before that failure was known (a run does not wait for its appends): a later
         // stage after a hole, or an end, would record less than the run did.
-        {
-            let mut failed = failed.lock().unwrap_or_else(|p| p.into_inner());
-            let mut kept = Vec::with_capacity(jobs.len());
-            for (job, ack) in jobs.drain(..) {
-                let earlier = match &job {
-                    Write::Commit { lease, batch } => {
-                        let key = (lease.run_id.clone(), lease.token);
-                        if batch.end.is_some() { failed.remove(&key) } else { failed.get(&key).cloned() }
-                    }
-                    Write::Create { .. } => None,
-                };
-                match earlier {
-                    Some(e) => {
-                        if let Some(ack) = ack {
-                            let _ = ack.send(Err(StoreError::Database(e)));
-                        }
-                    }
-                    None => kept.push((job, ack)),
-                }
+        let mut kept = Vec::with_capacity(jobs.len());
+        for (job, ack) in jobs.drain(..) {
+            match failure_before(&failed, &job) {
+                Some(e) => settle(&failed, &job, ack, Err(StoreError::Database(e))),
+                None => kept.push((job, ack)),
             }
-            jobs = kept;
         }
+        jobs = kept;
         if jobs.is_empty() {
             continue;
         }
-        let mut outcomes: Vec<Result<(), StoreError>> = match write_retrying(&db, &jobs).await {
-            Ok(fenced) => jobs.iter().map(|(job, _)| outcome(job, &fenced)).collect(),
-            // One job the database refuses must not fail the others sharing its transaction:
-            // each is tried on its own (in order, so a run's batches stay in order).
-            Err(StoreError::Database(_)) if jobs.len() > 1 => {
-                let mut each = Vec::with_capacity(jobs.len());
-                // A run whose batch failed here writes nothing after it (its later batches wait
-                // behind it in this same group).
-                let mut holes: HashMap<(String, i64), StoreError> = HashMap::new();
-                for job in jobs.chunks(1) {
-                    let key = match &job[0].0 {
-                        Write::Commit { lease, .. } => Some((lease.run_id.clone(), lease.token)),
-                        Write::Create { .. } => None,
-                    };
-                    if let Some(e) = key.as_ref().and_then(|k| holes.get(k)) {
-                        each.push(Err(e.clone()));
-                        continue;
-                    }
-                    let done = write_retrying(&db, job).await.and_then(|fenced| outcome(&job[0].0, &fenced));
-                    if let (Err(e), Some(k)) = (&done, key) {
-                        holes.insert(k, e.clone());
-                    }
-                    each.push(done);
+        match write_retrying(&db, &jobs).await {
+            Ok(fenced) => {
+                for (job, ack) in jobs.drain(..) {
+                    let done = outcome(&job, &fenced);
+                    settle(&failed, &job, ack, done);
                 }
-                each
             }
-            Err(e) => jobs.iter().map(|_| Err(e.clone())).collect(),
-        };
-        for ((job, ack), done) in jobs.drain(..).zip(outcomes.drain(..)) {
-            // A failed commit of a claimed run fails its later writes (a create's caller hears).
-            if let (Err(e), Write::Commit { lease, batch }) = (&done, &job)
-                && batch.end.is_none()
-            {
-                failed.lock().unwrap_or_else(|p| p.into_inner()).insert((lease.run_id.clone(), lease.token), e.to_string());
+            // One job the database refuses must not fail the others sharing its transaction:
+            // each is tried on its own, in order, and a run whose batch failed here writes
+            // nothing after it (its later batches wait behind it in this same group).
+            Err(StoreError::Database(_)) if jobs.len() > 1 => {
+                for (job, ack) in jobs.drain(..) {
+                    let one = [(job, None)];
+                    let done = match failure_before(&failed, &one[0].0) {
+                        Some(e) => Err(StoreError::Database(e)),
+                        None => write_retrying(&db, &one).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
+                    };
+                    let [(job, _)] = one;
+                    settle(&failed, &job, ack, done);
+                }
             }
-            if let Some(ack) = ack {
-                let _ = ack.send(done);
+            Err(e) => {
+                for (job, ack) in jobs.drain(..) {
+                    settle(&failed, &job, ack, Err(e.clone()));
+                }
             }
         }
     }
@@ -473,11 +456,11 @@ where
                     q = q
                         .bind(*run_id)
                         .bind(*token)
-                        .bind(end.map(|e| e.status.as_str()))
-                        .bind(end.map(|e| e.result))
-                        .bind(end.and_then(|e| e.reason_class))
-                        .bind(end.and_then(|e| e.question))
-                        .bind(end.and_then(|e| e.next_seq));
+                        .bind(end.map(|e| e.end.status.as_str()))
+                        .bind(end.map(|e| e.end.result.as_str()))
+                        .bind(end.and_then(|e| e.end.reason_class))
+                        .bind(end.and_then(|e| e.end.question.as_deref()))
+                        .bind(end.and_then(|e| e.end.next_seq));
                 }
                 for row in q.fetch_all(&mut *tx).await.map_err(db)? {
                     let id: String = row.try_get(0).map_err(db)?;
