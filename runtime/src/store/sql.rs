@@ -10,7 +10,7 @@
 use serde_json::Value;
 use sqlx::Row;
 
-use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, run_of};
+use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, rows_sql, run_of};
 use super::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
 use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
@@ -51,11 +51,6 @@ where
         sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now()).bind(lease.run_id.as_str()).bind(lease.token).execute(&self.pool).await.map_err(db)?;
         Ok(())
     }
-}
-
-/// `n` comma-separated placeholders from `$first` on.
-fn marks(first: usize, n: usize) -> String {
-    (first..first + n).map(|k| format!("${k}")).collect::<Vec<_>>().join(", ")
 }
 
 impl<DB> RunStore for SqlStore<DB>
@@ -171,7 +166,7 @@ where
                 "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {now_ms} + $2, updated_at = $3 \
                  WHERE run_id IN (SELECT run_id FROM runs WHERE (status = 'queued' OR (status = 'running' AND lease_until < {now_ms})) \
                  AND route_id IN ({}) ORDER BY run_id LIMIT $4{}) RETURNING {RUN_COLUMNS}",
-                marks(5, routes.len()),
+                rows_sql("", "?", routes.len(), 5, true),
                 DB::SKIP_LOCKED
             );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(holder.owner.as_str()).bind(holder.lease_ms()).bind(now()).bind(limit.min(1000) as i64);
@@ -234,7 +229,7 @@ where
                     continue;
                 }
                 // Not renewed: ended meanwhile (its own last commit), or taken over (a newer token).
-                let sql = format!("SELECT run_id, lease_token FROM runs WHERE run_id IN ({})", marks(1, missing.len()));
+                let sql = format!("SELECT run_id, lease_token FROM runs WHERE run_id IN ({})", rows_sql("", "?", missing.len(), 1, true));
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for l in &missing {
                     q = q.bind(l.run_id.as_str());
