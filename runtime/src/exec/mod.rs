@@ -256,6 +256,13 @@ pub struct ReplayReport {
     pub result: RunResult,
 }
 
+/// The events of a top-level run, numbered from `first_seq` (a run started, or continued where
+/// its record stops), and kept for its journal when it has one.
+fn top_events(run_id: &str, route: &Route, sink: Arc<dyn EventSink>, first_seq: u64, journal: Option<&dyn RunJournal>) -> RunEvents {
+    let events = RunEvents::new(run_id, route.id(), None, sink);
+    if journal.is_some() { events.recording(first_seq) } else { events.numbered_from(first_seq) }
+}
+
 /// The result of a run that stopped without its process: what its journal holds (slots, notes,
 /// the last output), failed with `class` and `message`.
 pub fn result_from_journal(run_id: &str, route_id: &str, history: &[JournalEntry], class: ReasonClass, message: &str) -> RunResult {
@@ -484,10 +491,7 @@ impl Runner {
         journal: Option<&dyn RunJournal>,
     ) -> Result<RunResult, StartError> {
         let route = self.route(&req.route_id)?.clone();
-        let mut events = RunEvents::new(&run_id, route.id(), None, sink);
-        if journal.is_some() {
-            events = events.recording(1);
-        }
+        let events = top_events(&run_id, &route, sink, 1, journal);
         let run = Run::top(&route, &req, &events, &cancel, journal);
         Ok(self.run_route(run, &Context::current(), RunState::default(), None).await)
     }
@@ -507,8 +511,7 @@ impl Runner {
         if route.path() != RoutePath::Pattern1 {
             return Err(StartError::NotResumable { route: route.id().to_owned() });
         }
-        let events = RunEvents::new(&cont.run_id, route.id(), None, sink);
-        let events = if journal.is_some() { events.recording(cont.next_seq) } else { events.numbered_from(cont.next_seq) };
+        let events = top_events(&cont.run_id, &route, sink, cont.next_seq, journal);
         let mut state = RunState::from_history(route.entry_node().id(), &cont.history);
         let note = message::compress_note(&format!("user: {}", cont.reply));
         state.notes.push(note.clone());
@@ -532,8 +535,7 @@ impl Runner {
     ) -> Result<RunResult, StartError> {
         let Recovery { run_id, history, next_seq } = recovery;
         let route = self.route(&req.route_id)?.clone();
-        let events = RunEvents::new(&run_id, route.id(), None, sink);
-        let events = if journal.is_some() { events.recording(next_seq) } else { events.numbered_from(next_seq) };
+        let events = top_events(&run_id, &route, sink, next_seq, journal);
         let replaying = !history.is_empty();
         events.set_muted(replaying);
         let state = RunState { replay: replaying.then(|| Replay { entries: history.into(), strict: false, divergences: Vec::new() }), ..RunState::default() };
