@@ -375,6 +375,11 @@ impl Runtime {
         self.store.as_ref()
     }
 
+    /// The run store, for what needs one.
+    fn run_store(&self) -> Result<&Arc<dyn RunStore>, StoreError> {
+        self.store.as_ref().ok_or_else(|| StoreError::Database("this runtime has no run store".into()))
+    }
+
     /// This process as it holds runs in the store (a new name at every start).
     pub fn holder(&self) -> &Holder {
         &self.holder
@@ -421,7 +426,7 @@ impl Runtime {
     /// runs whose process stopped renewing its lease (died, or stalled past it), to
     /// [`Runtime::resume`] each.
     pub async fn claim_runs(&self, limit: usize) -> Result<Vec<ClaimedRun>, StoreError> {
-        let store = self.store.as_ref().ok_or_else(|| StoreError::Database("this runtime has no run store".into()))?;
+        let store = self.run_store()?;
         let routes = self.claimable_routes();
         Ok(store
             .claim_runs(&self.holder, &routes, limit)
@@ -471,7 +476,7 @@ impl Runtime {
     /// Extends the leases of the runs this process executes; returns the runs another process
     /// took over (this one must stop them).
     pub async fn renew(&self, leases: &[Lease]) -> Result<Vec<String>, StoreError> {
-        let store = self.store.as_ref().ok_or_else(|| StoreError::Database("this runtime has no run store".into()))?;
+        let store = self.run_store()?;
         if leases.is_empty() {
             return Ok(Vec::new());
         }

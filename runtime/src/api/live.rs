@@ -156,11 +156,6 @@ impl Live {
         }
     }
 
-    /// The ids of the runs in flight.
-    pub fn ids(&self) -> Vec<String> {
-        self.runs.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
-    }
-
     /// How many runs are in flight.
     pub fn len(&self) -> usize {
         self.runs.lock().unwrap_or_else(|p| p.into_inner()).len()

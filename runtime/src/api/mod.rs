@@ -102,11 +102,6 @@ impl AppState {
         AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, stopping }) }
     }
 
-    /// The ids of the runs this process executes now.
-    pub fn live_run_ids(&self) -> Vec<String> {
-        self.inner.live.ids()
-    }
-
     /// Keeps this process's share of the work, for ever, in two tasks: every third of the lease
     /// it renews the leases of the runs it executes (and stops those another process took
     /// over); every `claim_poll` it claims what it has room for: queued runs, and runs whose
