@@ -313,27 +313,11 @@ async fn replicated(exe: &Path, replicas: usize, runs: usize, latency_ms: u64, o
     };
     let dir = std::env::temp_dir().join(format!("fabric-bench-r-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let (catalogue, packs, stub_dir) = (dir.join("routes"), dir.join("packs"), dir.join("stub"));
-    for d in [&catalogue, &packs, &stub_dir] {
-        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
-    }
-    std::fs::write(catalogue.join("bench.yaml"), CATALOGUE)
-        .and_then(|_| std::fs::write(packs.join("bench.yaml"), PACK))
-        .and_then(|_| std::fs::write(stub_dir.join("staged.yaml"), STAGED_SCRIPT))
-        .map_err(|e| e.to_string())?;
     let store = fabric::store::open(&url).await.map_err(|e| e.to_string())?;
     let mut servers = Vec::new();
     for _ in 0..replicas {
-        let mut cmd = tokio::process::Command::new(exe);
-        cmd.args(["--catalogue", &catalogue.to_string_lossy(), "--prompt-packs", &packs.to_string_lossy(), "--stub-dir", &stub_dir.to_string_lossy()])
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env("FABRIC_LLM_STUB", "1")
-            .env("FABRIC_LLM_STUB_LATENCY_MS", latency_ms.to_string())
-            .env("FABRIC_API_TOKEN", "bench-token")
-            .env("FABRIC_DATABASE_URL", &url)
-            .env("FABRIC_MAX_RUNS_IN_FLIGHT", "64")
-            .env("FABRIC_CLAIM_POLL_MS", "20")
-            .env("FABRIC_LOG", "warn");
+        let mut cmd = serve_command(exe, &dir, latency_ms, &url)?;
+        cmd.env("FABRIC_MAX_RUNS_IN_FLIGHT", "64").env("FABRIC_CLAIM_POLL_MS", "20");
         servers.push(ToolServer::spawn(cmd, "a replica").await?);
     }
     let request = json!({"route_id": "staged", "goal": goal(), "model_profile": "bench"});
@@ -371,29 +355,40 @@ async fn replicated(exe: &Path, replicas: usize, runs: usize, latency_ms: u64, o
     }))
 }
 
-/// S: `fabric serve` (stub at 50 ms, SQLite journal) in its own process, loaded from this one:
-/// `clients` connections each posting `POST /v1/runs?wait=true` `requests` times.
-async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u64) -> Result<Value, String> {
-    let dir = std::env::temp_dir().join(format!("fabric-bench-s-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let catalogue = dir.join("routes");
-    let packs = dir.join("packs");
-    std::fs::create_dir_all(&catalogue).and_then(|_| std::fs::create_dir_all(&packs)).map_err(|e| e.to_string())?;
-    std::fs::write(catalogue.join("bench.yaml"), CATALOGUE).and_then(|_| std::fs::write(packs.join("bench.yaml"), PACK)).map_err(|e| e.to_string())?;
-    let stub_dir = dir.join("stub");
-    std::fs::create_dir_all(&stub_dir).map_err(|e| e.to_string())?;
-    std::fs::write(stub_dir.join("staged.yaml"), STAGED_SCRIPT).map_err(|e| e.to_string())?;
-    let token = "bench-token";
+/// The bearer token of the services the benchmarks start.
+const BENCH_TOKEN: &str = "bench-token";
+
+/// The bench route's catalogue, prompt pack and stub script written under `dir`, and
+/// the `fabric serve` command over them: the stub at `latency_ms`, [`BENCH_TOKEN`], quiet logs,
+/// the store at `database_url`, any free port on loopback (printed on its stdout).
+fn serve_command(exe: &Path, dir: &Path, latency_ms: u64, database_url: &str) -> Result<tokio::process::Command, String> {
+    let (catalogue, packs, stub_dir) = (dir.join("routes"), dir.join("packs"), dir.join("stub"));
+    for d in [&catalogue, &packs, &stub_dir] {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    std::fs::write(catalogue.join("bench.yaml"), CATALOGUE)
+        .and_then(|_| std::fs::write(packs.join("bench.yaml"), PACK))
+        .and_then(|_| std::fs::write(stub_dir.join("staged.yaml"), STAGED_SCRIPT))
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(["--catalogue", &catalogue.to_string_lossy(), "--prompt-packs", &packs.to_string_lossy(), "--stub-dir", &stub_dir.to_string_lossy()])
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env("FABRIC_LLM_STUB", "1")
         .env("FABRIC_LLM_STUB_LATENCY_MS", latency_ms.to_string())
-        .env("FABRIC_API_TOKEN", token)
-        .env("FABRIC_DATABASE_URL", format!("sqlite://{}/s.db", dir.display()))
-        .env("FABRIC_MAX_RUNS_IN_FLIGHT", (clients * 2).to_string())
+        .env("FABRIC_API_TOKEN", BENCH_TOKEN)
+        .env("FABRIC_DATABASE_URL", database_url)
         .env("FABRIC_LOG", "warn");
+    Ok(cmd)
+}
+
+/// S: `fabric serve` (stub at 50 ms, SQLite journal) in its own process, loaded from this one:
+/// `clients` connections each posting `POST /v1/runs?wait=true` `requests` times.
+async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u64) -> Result<Value, String> {
+    let dir = std::env::temp_dir().join(format!("fabric-bench-s-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let token = BENCH_TOKEN;
+    let mut cmd = serve_command(exe, &dir, latency_ms, &format!("sqlite://{}/s.db", dir.display()))?;
+    cmd.env("FABRIC_MAX_RUNS_IN_FLIGHT", (clients * 2).to_string());
     let server = ToolServer::spawn(cmd, "the service").await?;
     let pid = server.child.id().unwrap_or(0);
     let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build().map_err(|e| e.to_string())?;
