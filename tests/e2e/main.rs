@@ -15,3 +15,4 @@ mod service;
 mod store;
 mod support;
 mod telemetry;
+mod wire;

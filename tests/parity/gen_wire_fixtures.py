@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Golden wire fixtures: what LangChain itself sends to each provider, and what it makes of replies.
+
+For every provider (ollama, openai, anthropic, google_genai) and every kind of model call the
+runtime makes (structured, envelope, text, decision), this runs the reference's own code path,
+`init_chat_model(...)` and `.with_structured_output(Model)` / `.invoke(...)`, against a capture
+server on loopback. The server records each request (path, headers, JSON body) and answers with
+a canned reply in the provider's own wire format: a clean one, a fenced one, prose, truncated
+JSON, extra keys, a wrong enum value, one with reasoning ("thinking") parts, ... For each reply
+the result LangChain returns (or the exception it raises) is recorded next to the reply body.
+
+tests/e2e/wire.rs replays both halves against the Rust runtime: our request for the same call is
+compared with LangChain's field by field, and every reply body is served to our backend and our
+reading compared with LangChain's.
+
+usage: tests/parity/gen-wire-fixtures            (or: python3 tests/parity/gen_wire_fixtures.py)
+
+The first run creates a venv (WIRE_VENV, default target/wire-venv) and installs the exact pins
+below from PyPI; later runs reuse it. Output: tests/fixtures/wire/<provider>.json, pretty JSON in
+a fixed order; the same pins give byte-identical files. Nothing leaves loopback besides pip.
+
+Notes on the reference's behaviour the fixtures capture as they are:
+- ChatOllama streams even for `.invoke()`; the capture server answers a streamed request with
+  the reply body as the one (final) NDJSON line. The fixture keeps the body as a non-streamed
+  reply, which is what our runtime (`"stream": false`) receives.
+- ChatOllama takes no `api_key`; the ollama client reads OLLAMA_API_KEY from the environment, as
+  the runtime does, so the generator sets it to the test key.
+- The schema → Pydantic mapping is the reference's (`model_for`, as in gen_extra_vectors.py and
+  ../shared/parity/gen_vectors.py): the model is named `Out`, optional fields are
+  `Optional[T] = None`, unknown keys are ignored.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+PINS = [
+    "langchain==1.5.0",
+    "langchain-openai==1.7.4",
+    "langchain-anthropic==1.7.10",
+    "langchain-google-genai==4.4.3",
+    "google-genai==3.6.1",
+    "langchain-ollama==1.1.0",
+    "pydantic==2.14.4",
+]
+# Resolved versions recorded in every fixture (pip picks the ones not pinned above).
+RECORDED = ["langchain", "langchain-core", "langchain-openai", "langchain-anthropic", "langchain-google-genai",
+            "langchain-ollama", "google-genai", "openai", "anthropic", "ollama", "pydantic", "pydantic-core", "httpx"]
+
+REPO = Path(__file__).resolve().parents[2]
+GENERATOR = "tests/parity/gen_wire_fixtures.py"
+OUT_DIR = REPO / "tests/fixtures/wire"
+API_KEY = "test-key-123"
+KEY_PLACEHOLDER = "<api-key>"
+
+
+def venv_dir():
+    if os.environ.get("WIRE_VENV"):
+        return Path(os.environ["WIRE_VENV"]).resolve()
+    return (Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "wire-venv").resolve()
+
+
+def ensure_venv():
+    """Re-runs this script inside a venv holding exactly the pins (created on first use)."""
+    venv = venv_dir()
+    python = venv / "bin" / "python"
+    if Path(sys.prefix).resolve() == venv:
+        return
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    stamp = venv / "wire-pins.txt"
+    wanted = "\n".join(PINS) + "\n"
+    if not stamp.exists() or stamp.read_text() != wanted:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS], check=True)
+        stamp.write_text(wanted)
+    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+def isolate_environment():
+    """No proxy, no provider settings and no tracing from the caller's environment."""
+    prefixes = ("OPENAI", "ANTHROPIC", "GOOGLE", "GEMINI", "OLLAMA", "LANGCHAIN", "LANGSMITH", "LANGGRAPH")
+    for k in list(os.environ):
+        if k.upper().endswith("_PROXY") or k.upper().startswith(prefixes):
+            del os.environ[k]
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+    # The ollama client's only way to a key (ChatOllama has no api_key field).
+    os.environ["OLLAMA_API_KEY"] = API_KEY
+
+
+# ---- what is asked ----
+
+SYSTEM = ("You are the support desk assistant of Example Corp. Be accurate and brief.\n"
+          "Classify the customer's ticket. Reply with the category, the priority (1-3), tags and a summary.\n")
+USER = 'goal: {"ticket":"I was charged twice for my €20 plan — please refund one."}'
+
+MODELS = {"ollama": "qwen3:14b", "openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5", "google_genai": "gemini-2.5-flash"}
+
+STRUCTURED = {"type": "object", "properties": {
+    "category": {"type": "string", "enum": ["billing", "technical", "other"]},
+    "priority": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "summary": {"type": "string"}},
+    "required": ["category", "priority"]}
+ENVELOPE = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+TOOLS = ["kb_search", "create_ticket"]
+KINDS = ["structured", "envelope", "text", "decision"]
+
+
+def pyd_type(prop):
+    from typing import Literal
+    t = prop.get("type")
+    if "enum" in prop:
+        return Literal[tuple(prop["enum"])]
+    if t == "string": return str
+    if t == "integer": return int
+    if t == "number": return float
+    if t == "boolean": return bool
+    if t == "array":
+        return list[pyd_type(prop.get("items", {"type": "string"}))]
+    raise ValueError(f"not flat: {prop}")
+
+
+def model_for(schema):
+    """The reference's schema → Pydantic mapping (as in gen_extra_vectors.py)."""
+    from typing import Optional
+    from pydantic import ConfigDict, create_model
+    fields = {}
+    req = set(schema.get("required", []))
+    for name, prop in schema["properties"].items():
+        T = pyd_type(prop)
+        fields[name] = (T, ...) if name in req else (Optional[T], None)
+    return create_model("Out", __config__=ConfigDict(extra="ignore"), **fields)
+
+
+def agent_decision(tools):
+    """A Pydantic mirror of the runtime's decision schema (runtime/src/decision.rs, DecisionSpec::new),
+    with its descriptions."""
+    from typing import Literal, Optional
+    from pydantic import Field, create_model
+    model = create_model(
+        "AgentDecision",
+        action=(Literal["tool_call", "ask", "done"], ...),
+        tool_name=(Optional[Literal[tuple(tools)]], Field(None, description="The tool to call, for action tool_call.")),
+        arguments=(Optional[dict], Field(None, description="The tool's arguments, matching its input schema, for action tool_call.")),
+        message=(Optional[str], Field(None, description="The question for action ask, or the final answer for action done.")),
+    )
+    model.__doc__ = "The next step: call one tool, ask the user one question, or finish with the answer."
+    return model
+
+
+# ---- the replies ----
+
+ANSWERS = {
+    "structured": {"category": "billing", "priority": 2, "tags": ["refund", "duplicate-charge"],
+                   "summary": "Charged twice for the €20 plan."},
+    "envelope": {"text": "We refunded the duplicate €20 charge; it shows within 5 days."},
+    "decision": {"action": "tool_call", "tool_name": "kb_search", "arguments": {"query": "duplicate charge refund"}},
+}
+TEXT_ANSWER = "We refunded the duplicate €20 charge; it shows within 5 days."
+PROSE = "The customer was charged twice for the same plan, so this is a billing matter of medium priority."
+THOUGHT = "The customer mentions a duplicate charge, so this is about billing. I should answer in the requested shape."
+JSON_CASES = ["clean", "fenced", "prose", "truncated", "truncated_stop", "extra_keys", "wrong_enum", "thinking"]
+EXTRA_CASES = {
+    "structured": ["lax_number"],
+    "envelope": [],
+    "decision": ["done", "unknown_tool"],
+}
+TEXT_CASES = ["clean", "fenced", "truncated", "thinking"]
+
+
+def cases_for(kind):
+    if kind == "text":
+        return TEXT_CASES
+    return JSON_CASES + EXTRA_CASES[kind]
+
+
+def answer_for(kind, case):
+    """The model's answer: an object for the JSON kinds (None when it answers in prose), else text."""
+    if kind == "text":
+        return TEXT_ANSWER
+    a = dict(ANSWERS[kind])
+    if case == "extra_keys":
+        a.update({"confidence": 0.92, "language": "en"})
+    elif case == "wrong_enum":
+        if kind == "structured":
+            a["category"] = "sales"
+        elif kind == "decision":
+            a["action"] = "escalate"
+        else:  # the envelope has no enum: a wrong type instead
+            a["text"] = 42
+    elif case == "lax_number":
+        a["priority"] = "2"
+    elif case == "done":
+        a = {"action": "done", "message": "We refunded the duplicate charge."}
+    elif case == "unknown_tool":
+        a["tool_name"] = "delete_account"
+    return a
+
+
+def cut(text):
+    """The text cut a little past its middle, as an output limit leaves it."""
+    return text[: len(text) * 3 // 5]
+
+
+def content_for(kind, case):
+    """(the model's text, whether it was cut at the output limit)."""
+    a = answer_for(kind, case)
+    text = a if isinstance(a, str) else json.dumps(a, ensure_ascii=False)
+    if case == "fenced":
+        if kind == "text":
+            return f"```\n{a}\n```", False
+        return f"```json\n{json.dumps(a, ensure_ascii=False, indent=2)}\n```", False
+    if case == "prose":
+        return PROSE, False
+    if case in ("truncated", "truncated_stop"):
+        return cut(text), case == "truncated"
+    return text, False
+
+
+USAGE_IN, USAGE_OUT, USAGE_THOUGHT = 48, 21, 17
+
+
+def ollama_reply(kind, case, model):
+    text, limited = content_for(kind, case)
+    message = {"role": "assistant", "content": text}
+    if case == "thinking":
+        message["thinking"] = THOUGHT
+    return {"model": model, "created_at": "2026-11-29T10:00:00.000000Z", "message": message, "done": True,
+            "done_reason": "length" if limited else "stop", "total_duration": 1843256000, "load_duration": 21345000,
+            "prompt_eval_count": USAGE_IN, "prompt_eval_duration": 112000000, "eval_count": USAGE_OUT, "eval_duration": 1690000000}
+
+
+def openai_reply(kind, case, model):
+    text, limited = content_for(kind, case)
+    if case == "thinking":
+        # OpenAI's chat API has no reasoning parts; an OpenAI-compatible server may put them inline.
+        text = f"<think>\n{THOUGHT}\n</think>\n\n{text}"
+    return {"id": "chatcmpl-wire0001", "object": "chat.completion", "created": 1764410400, "model": f"{model}-2024-07-18",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None, "annotations": []},
+                         "logprobs": None, "finish_reason": "length" if limited else "stop"}],
+            "usage": {"prompt_tokens": USAGE_IN, "completion_tokens": USAGE_OUT, "total_tokens": USAGE_IN + USAGE_OUT,
+                      "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+                      "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0,
+                                                    "rejected_prediction_tokens": 0}},
+            "service_tier": "default", "system_fingerprint": "fp_wire0001"}
+
+
+def gemini_reply(kind, case, model):
+    text, limited = content_for(kind, case)
+    parts = [{"text": text}]
+    usage = {"promptTokenCount": USAGE_IN, "candidatesTokenCount": USAGE_OUT, "totalTokenCount": USAGE_IN + USAGE_OUT,
+             "promptTokensDetails": [{"modality": "TEXT", "tokenCount": USAGE_IN}]}
+    if case == "thinking":
+        parts.insert(0, {"text": f"**Classifying the ticket**\n\n{THOUGHT}", "thought": True})
+        usage["thoughtsTokenCount"] = USAGE_THOUGHT
+        usage["totalTokenCount"] += USAGE_THOUGHT
+    return {"candidates": [{"content": {"parts": parts, "role": "model"}, "finishReason": "MAX_TOKENS" if limited else "STOP", "index": 0}],
+            "usageMetadata": usage, "modelVersion": model, "responseId": "wire-response-0001"}
+
+
+def anthropic_reply(kind, case, model, tool):
+    """Structured kinds answer with the forced tool's `tool_use` block; prose and fenced answers come
+    as a text block instead (a model ignoring the tool), truncated ones with `stop_reason: max_tokens`."""
+    blocks, stop = [], "end_turn"
+    if case == "thinking":
+        blocks.append({"type": "thinking", "thinking": THOUGHT, "signature": "EqQBCkgIBhABGAIqQLwire0001signature"})
+    if kind == "text":
+        text, limited = content_for(kind, case)
+        blocks.append({"type": "text", "text": text})
+        stop = "max_tokens" if limited else "end_turn"
+    elif case in ("prose", "fenced"):
+        blocks.append({"type": "text", "text": content_for(kind, case)[0]})
+    else:
+        a = answer_for(kind, case)
+        if case in ("truncated", "truncated_stop"):
+            # A tool input is always an object: the same cut JSON as the other providers get,
+            # closed as a partial-JSON parser closes it.
+            from langchain_core.utils.json import parse_partial_json
+            a = parse_partial_json(content_for(kind, case)[0])
+        blocks.append({"type": "tool_use", "id": "toolu_wire0001", "name": tool, "input": a})
+        stop = "max_tokens" if case == "truncated" else "tool_use"
+    return {"id": "msg_wire0001", "type": "message", "role": "assistant", "model": f"{model}-20250929", "content": blocks,
+            "stop_reason": stop, "stop_sequence": None,
+            "usage": {"input_tokens": USAGE_IN, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                      "output_tokens": USAGE_OUT, "service_tier": "standard"}}
+
+
+def reply_for(provider, kind, case):
+    model = MODELS[provider]
+    if provider == "ollama":
+        return ollama_reply(kind, case, model)
+    if provider == "openai":
+        return openai_reply(kind, case, model)
+    if provider == "google_genai":
+        return gemini_reply(kind, case, model)
+    tool = {"structured": "Out", "envelope": "Out", "decision": "AgentDecision"}.get(kind)
+    return anthropic_reply(kind, case, model, tool)
+
+
+# ---- the capture server ----
+
+class Capture:
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        capture = self
+        self.requests = []
+        self.reply = None
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                n = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(n)
+                body = json.loads(raw) if raw else None
+                headers = {}
+                for k, v in self.headers.items():
+                    headers[k.lower()] = v
+                capture.requests.append({"method": self.command, "path": self.path, "headers": headers, "body": body})
+                out = json.dumps(capture.reply, ensure_ascii=False).encode()
+                streamed = isinstance(body, dict) and body.get("stream") is True
+                if streamed:
+                    out += b"\n"  # Ollama's stream: one NDJSON line, the final one
+                self.send_response(200)
+                self.send_header("content-type", "application/x-ndjson" if streamed else "application/json")
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+# Transport details that say nothing about the call (and the port changes on every run).
+DROPPED_HEADERS = {"host", "content-length"}
+
+
+def scrub_headers(headers):
+    out = {}
+    for k in sorted(headers):
+        if k in DROPPED_HEADERS:
+            continue
+        out[k] = headers[k].replace(API_KEY, KEY_PLACEHOLDER)
+    return out
+
+
+def chat_model(provider, url):
+    from langchain.chat_models import init_chat_model
+    # The kwargs the Python runtime passes; each provider class takes these names (or aliases of them).
+    return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
+                           base_url=url, api_key=API_KEY)
+
+
+def runnable_for(provider, kind, url):
+    m = chat_model(provider, url)
+    if kind == "structured":
+        return m.with_structured_output(model_for(STRUCTURED))
+    if kind == "envelope":
+        return m.with_structured_output(model_for(ENVELOPE))
+    if kind == "decision":
+        return m.with_structured_output(agent_decision(TOOLS))
+    return m
+
+
+def outcome(kind, run, url):
+    try:
+        r = run()
+    except Exception as e:  # noqa: BLE001 - every failure is part of the record
+        text = str(e).replace(url, "<capture>")
+        first = text.splitlines()[0] if text else ""
+        return {"error": type(e).__name__, "message": first[:300]}
+    if kind == "text":
+        return {"ok": str(r.text)}
+    if r is None:
+        return {"ok": None}
+    return {"ok": r.model_dump(mode="json")}
+
+
+def generate(provider, capture):
+    from importlib.metadata import version
+    from langchain_core.messages import HumanMessage, SystemMessage
+    messages = [SystemMessage(SYSTEM), HumanMessage(USER)]
+    requests, replies = [], []
+    for kind in KINDS:
+        seen = None
+        for case in cases_for(kind):
+            reply = reply_for(provider, kind, case)
+            capture.reply = reply
+            capture.requests.clear()
+            runnable = runnable_for(provider, kind, capture.url)
+            result = outcome(kind, lambda: runnable.invoke(messages), capture.url)
+            assert len(capture.requests) == 1, (provider, kind, case, len(capture.requests))
+            req = capture.requests[0]
+            if seen is None:
+                seen = req
+                requests.append({"kind": kind, "schema": {"structured": STRUCTURED, "envelope": ENVELOPE}.get(kind),
+                                 **({"tools": TOOLS} if kind == "decision" else {}),
+                                 "method": req["method"], "path": req["path"], "headers": scrub_headers(req["headers"]),
+                                 "body": req["body"]})
+            else:
+                assert req["body"] == seen["body"], f"{provider}/{kind}: the request changed between replies"
+            replies.append({"kind": kind, "case": case, "status": 200, "reply": reply, "langchain": result})
+    return {
+        "generator": GENERATOR,
+        "packages": {name: version(name) for name in RECORDED},
+        "provider": provider,
+        "model": MODELS[provider],
+        "system": SYSTEM,
+        "user": USER,
+        "requests": requests,
+        "replies": replies,
+    }
+
+
+def main():
+    ensure_venv()
+    isolate_environment()
+    import logging
+    import warnings
+    warnings.simplefilter("ignore")
+    logging.disable(logging.CRITICAL)  # parsers log the exceptions they raise; the fixtures hold them
+    capture = Capture()
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for provider in MODELS:
+        fixture = generate(provider, capture)
+        path = OUT_DIR / f"{provider}.json"
+        path.write_text(json.dumps(fixture, ensure_ascii=False, indent=2) + "\n")
+        failed = sum(1 for r in fixture["replies"] if "error" in r["langchain"])
+        print(f"{path.relative_to(REPO)}: {len(fixture['requests'])} requests, {len(fixture['replies'])} replies "
+              f"({failed} where LangChain raised)")
+    capture.server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
