@@ -276,7 +276,7 @@ pub enum Validation {
 /// same reading as a model call's ([`OutputSpec::from_schema`], [`crate::llm::finish_reply`]).
 pub fn validate(schema: &Value, raw: &str) -> Validation {
     let output = OutputSpec::from_schema(schema);
-    match crate::llm::finish_reply(&output, raw.to_owned(), None) {
+    match crate::llm::finish_reply(&output, raw.to_owned(), crate::llm::ReplyMeta::default()) {
         Ok(reply) => match (&output, reply.value) {
             (OutputSpec::Unbindable { why }, ReplyValue::Text(text)) => Validation::PlainText { why: why.clone(), text },
             (_, value) => Validation::Accepted(value.slot_value()),

@@ -17,7 +17,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("cancel", &[]),
     ("failure", &[]),
     ("events", &[]),
-    ("otel", &[]),
+    ("otel", &["redact"]),
     ("structured", &[]),
     ("decision", &[]),
     // The located vocabulary of source files.

@@ -12,9 +12,9 @@
 //!   LangChain fails too; a failure where LangChain returns something (stricter) and any other
 //!   disagreement must be in [`REPLY_ALLOWED`].
 //!
-//! Entries whose reason starts with `UNDECIDED:` are differences nobody has decided on yet: a bug
-//! to fix or a deliberate choice to document (docs/providers.md, "Checked against LangChain").
-//! An entry that no longer matches anything fails the test, so the lists stay exact.
+//! Every entry is a deliberate difference, documented in docs/providers.md ("Checked against
+//! LangChain"); a difference found here is fixed or decided and documented, never parked. An
+//! entry that no longer matches anything fails the test, so the lists stay exact.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,48 +51,46 @@ const REQUEST_ALLOWED: &[Allowed] = &[
     Allowed { provider: "openai", kind: "*", path: "response_format.json_schema.name", why: "the schema is named after the stage, not `Out`/`AgentDecision`" },
     Allowed { provider: "anthropic", kind: "*", path: "tools[0].name", why: "the tool is named after the stage, not `Out`/`AgentDecision`" },
     Allowed { provider: "anthropic", kind: "*", path: "tool_choice.name", why: "the forced tool is named after the stage" },
-    // Not decided yet: a bug to fix or a choice to document.
     Allowed {
         provider: "ollama",
         kind: "*",
         path: "stream",
-        why: "UNDECIDED: ChatOllama streams even for invoke() and joins the chunks; we ask for one reply (same content)",
+        why: "ChatOllama streams even for invoke() and joins the chunks; we ask for the one reply (same content, \
+              one body to cap and time)",
     },
-    Allowed { provider: "ollama", kind: "*", path: "tools", why: "UNDECIDED: ChatOllama always sends `tools: []`; we send no tools key" },
+    Allowed { provider: "ollama", kind: "*", path: "tools", why: "ChatOllama sends `tools: []`; we send no key: no tools either way" },
     Allowed {
         provider: "openai",
-        kind: "*",
+        kind: "decision",
         path: "response_format.json_schema.strict",
-        why: "UNDECIDED: LangChain passes a Pydantic class, so the SDK always asks for strict mode (optional fields \
-              required but nullable); we send strict: false unless every property is required",
+        why: "strict mode needs `additionalProperties: false` on every object, which the decision's free-form \
+              `arguments` cannot have (the reference asks for strict mode with `additionalProperties: true` inside)",
     },
     Allowed {
         provider: "openai",
-        kind: "*",
+        kind: "decision",
         path: "response_format.json_schema.schema~additionalProperties",
-        why: "UNDECIDED: strict mode's `additionalProperties: false`, sent by us only when we ask for strict mode",
+        why: "sent with strict mode only (above)",
     },
     Allowed {
         provider: "openai",
         kind: "decision",
         path: "response_format.json_schema.description",
-        why: "UNDECIDED: we copy the schema's description to json_schema.description too (LangChain's dict path does; \
-              its Pydantic path leaves it in the schema only)",
+        why: "the decision's description goes beside the schema as well as in it (the model sees it either way)",
     },
     Allowed {
         provider: "anthropic",
         kind: "*",
         path: "tools[0].description",
-        why: "UNDECIDED: a schema without a description gets `Reply with the result in this shape.` from us, an empty one from LangChain",
+        why: "a schema without a description gets `Reply with the result in this shape.` rather than an empty one",
     },
     Allowed {
         provider: "anthropic",
         kind: "decision",
         path: "tools[0].input_schema~description",
-        why: "UNDECIDED: we keep the schema's description in input_schema as well as in the tool's description; \
-              LangChain moves it to the tool's description only",
+        why: "the decision's description stays in input_schema as well as on the tool (the model sees it either way)",
     },
-    Allowed { provider: "google_genai", kind: "*", path: "safetySettings", why: "UNDECIDED: LangChain sends `safetySettings: []`; we send none" },
+    Allowed { provider: "google_genai", kind: "*", path: "safetySettings", why: "LangChain sends `safetySettings: []`, the same as none" },
 ];
 
 /// A reply on which we deliberately read differently. `ours` is our reason class when we fail,
@@ -143,22 +141,6 @@ const REPLY_ALLOWED: &[ReplyAllowed] = &[
         case: "fenced",
         ours: "provider_error",
         why: "JSON in a text block is not the forced tool's tool_use block: LangChain returns None silently",
-    },
-    ReplyAllowed {
-        provider: "ollama",
-        kind: "decision",
-        case: "fenced",
-        ours: "invalid_json",
-        why: "UNDECIDED: a fenced decision; LangChain reads it from inside the fence as it does structured replies, and \
-              so do we for structured stages, but not for the decision",
-    },
-    ReplyAllowed {
-        provider: "google_genai",
-        kind: "decision",
-        case: "fenced",
-        ours: "invalid_json",
-        why: "UNDECIDED: a fenced decision; LangChain reads it from inside the fence as it does structured replies, and \
-              so do we for structured stages, but not for the decision",
     },
 ];
 

@@ -92,7 +92,7 @@ impl Runner {
                             state.diverge(what.clone());
                             Err(StageFailure::new(ReasonClass::ToolFailed, format!("replay: {what}")))
                         }
-                        None => self.run_loop_tool(run, tool, &arguments).await,
+                        None => self.run_loop_tool(run, tool, &arguments, &open.cx).await,
                     };
                     match outcome {
                         Ok(text) => self.end_stage(run, open, Ok(text), state, true),
@@ -112,7 +112,7 @@ impl Runner {
         }
     }
 
-    async fn run_loop_tool(&self, run: &Run<'_>, tool: &StageNode, args: &Map<String, Value>) -> Result<String, StageFailure> {
+    async fn run_loop_tool(&self, run: &Run<'_>, tool: &StageNode, args: &Map<String, Value>, cx: &Context) -> Result<String, StageFailure> {
         let Some(cap) = &tool.capability() else { return Err(StageFailure::new(ReasonClass::UnknownTool, format!("tool `{}` has no capability", tool.id()))) };
         if let Some(validator) = &cap.def.input_validator {
             let instance = Value::Object(args.clone());
@@ -135,13 +135,13 @@ impl Runner {
         }
         if let Some(invoke) = &cap.def.invoke {
             return match self.tool_url(tool) {
-                Some((invoke, url)) => self.call_tool(tool, invoke, &url, args, run.events, run.cancel).await,
+                Some((invoke, url)) => self.call_tool(run, tool, invoke, &url, args, cx).await,
                 None => Err(StageFailure::new(
                     ReasonClass::ToolConnection,
                     format!("the tool's URL `{}` is not configured (a variable in it is unset)", invoke.url.raw),
                 )),
             };
         }
-        self.call_in_process_tool(tool, args, run.events, run.cancel).await
+        self.call_in_process_tool(run, tool, args, cx).await
     }
 }

@@ -7,6 +7,24 @@
 
 mod decision_loop;
 pub mod message;
+/// The `execute_tool {tool}` span of one tool call, under its stage's span. `tool_type` is the
+/// GenAI convention's: `function` for an in-process tool, `extension` for an HTTP one.
+fn tool_span(cx: &Context, run_id: &str, tool: &str, tool_type: &'static str) -> Context {
+    crate::otel::child(
+        cx,
+        || format!("execute_tool {tool}").into(),
+        SpanKind::Internal,
+        || {
+            vec![
+                KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+                KeyValue::new("gen_ai.tool.type", tool_type),
+                KeyValue::new("fabric.run_id", run_id.to_owned()),
+            ]
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -586,13 +604,25 @@ impl Runner {
     fn run_route<'a>(&'a self, run: Run<'a>, parent_cx: &'a Context, mut state: RunState, resumed: Option<&'a str>) -> BoxFuture<'a, RunResult> {
         Box::pin(async move {
             let Run { route, prefetch, events, .. } = run;
-            let run_cx = crate::otel::child(parent_cx, "run", SpanKind::Internal, || {
-                vec![
-                    KeyValue::new("fabric.run_id", events.run_id().to_owned()),
-                    KeyValue::new("fabric.route_id", route.id().to_owned()),
-                    KeyValue::new("fabric.model_profile", route.model_profile().to_owned()),
-                ]
-            });
+            // A decision-loop run is an agent in the GenAI conventions: `invoke_agent {route}`.
+            let agent = route.path() == RoutePath::Pattern1;
+            let run_cx = crate::otel::child(
+                parent_cx,
+                || crate::otel::run_span_name(route.id(), agent),
+                SpanKind::Internal,
+                || {
+                    let mut attributes = vec![
+                        KeyValue::new("fabric.run_id", events.run_id().to_owned()),
+                        KeyValue::new("fabric.route_id", route.id().to_owned()),
+                        KeyValue::new("fabric.model_profile", route.model_profile().to_owned()),
+                    ];
+                    if agent {
+                        attributes.push(KeyValue::new("gen_ai.operation.name", "invoke_agent"));
+                        attributes.push(KeyValue::new("gen_ai.agent.name", route.id().to_owned()));
+                    }
+                    attributes
+                },
+            );
             let started = Instant::now();
             if let Some(reply) = resumed {
                 events.emit(EventKind::RunResumed, None, || fields! {"reply" => reply});
@@ -681,13 +711,18 @@ impl Runner {
             Some(stage.id()),
             || fields! {"llm_role" => stage.role_name(), "stage_idx" => stage_idx, "kind" => kind_name(stage.kind())},
         );
-        let cx = crate::otel::child(run_cx, "stage", SpanKind::Internal, || {
-            vec![
-                KeyValue::new("fabric.run_id", run.events.run_id().to_owned()),
-                KeyValue::new("fabric.stage_id", stage.id().to_owned()),
-                KeyValue::new("fabric.llm_role", stage.role_name()),
-            ]
-        });
+        let cx = crate::otel::child(
+            run_cx,
+            || "stage".into(),
+            SpanKind::Internal,
+            || {
+                vec![
+                    KeyValue::new("fabric.run_id", run.events.run_id().to_owned()),
+                    KeyValue::new("fabric.stage_id", stage.id().to_owned()),
+                    KeyValue::new("fabric.llm_role", stage.role_name()),
+                ]
+            },
+        );
         OpenStage { stage, started: Instant::now(), cx }
     }
 
@@ -805,7 +840,7 @@ impl Runner {
     }
 
     async fn run_stage(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
-        let Run { goal, prefetch, events, .. } = *run;
+        let Run { goal, prefetch, .. } = *run;
         if stage.role() == LlmRole::None
             && let Some(value) = state.recorded_result(stage.id())
         {
@@ -815,7 +850,7 @@ impl Runner {
             (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(run, child_id, state, cx).await,
             (LlmRole::None, _) => {
                 if let Some((invoke, url)) = self.tool_url(stage) {
-                    return self.call_tool(stage, invoke, &url, goal, events, run.cancel).await;
+                    return self.call_tool(run, stage, invoke, &url, goal, cx).await;
                 }
                 // Prefetch passthrough: the pack goes into the slot; notes stay free of it since
                 // every user message already carries it as `packed chunks`.
@@ -854,7 +889,7 @@ impl Runner {
                     Some((invoke, url)) => {
                         let mut args = Map::new();
                         args.insert(invoke.query_param.clone(), Value::String(query));
-                        self.call_tool(stage, invoke, &url, &args, events, run.cancel).await
+                        self.call_tool(run, stage, invoke, &url, &args, cx).await
                     }
                     None => Ok(reply.slot_value()),
                 }
@@ -870,20 +905,27 @@ impl Runner {
 
     async fn call_tool(
         &self,
+        run: &Run<'_>,
         stage: &StageNode,
         invoke: &Invoke,
         url: &str,
         args: &Map<String, Value>,
-        events: &RunEvents,
-        cancel: &Cancel,
+        cx: &Context,
     ) -> Result<String, StageFailure> {
+        let (events, cancel) = (run.events, run.cancel);
         let tool = stage.capability().map_or("", |c| c.name.as_str());
         events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
+        // An HTTP tool runs here and calls out: an `extension` in the GenAI conventions.
+        let span = tool_span(cx, events.run_id(), tool, "extension");
         let outcome = tokio::select! {
             biased;
             why = cancel.cancelled() => Err(ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
             r = self.http.call(invoke, url, args) => r,
         };
+        if let Err(e) = &outcome {
+            crate::otel::fail_cx(&span, e.class.as_str(), &e.message);
+        }
+        crate::otel::end(&span);
         match outcome {
             Ok(out) => {
                 events.emit(
@@ -901,18 +943,24 @@ impl Runner {
     }
 
     /// Calls a registered in-process tool, with the same events as an HTTP tool.
-    async fn call_in_process_tool(&self, stage: &StageNode, args: &Map<String, Value>, events: &RunEvents, cancel: &Cancel) -> Result<String, StageFailure> {
+    async fn call_in_process_tool(&self, run: &Run<'_>, stage: &StageNode, args: &Map<String, Value>, cx: &Context) -> Result<String, StageFailure> {
+        let (events, cancel) = (run.events, run.cancel);
         let name = stage.capability().map_or(stage.id(), |c| c.name.as_str());
         let Some(tool) = self.tools.get(name) else {
             return Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}` has no in-process implementation registered")));
         };
         events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => name, "method" => "in_process"});
+        let span = tool_span(cx, events.run_id(), name, "function");
         let started = Instant::now();
         let outcome = tokio::select! {
             biased;
             why = cancel.cancelled() => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
             r = tool.call(args) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
         };
+        if let Err((class, message)) = &outcome {
+            crate::otel::fail_cx(&span, class.as_str(), message);
+        }
+        crate::otel::end(&span);
         match outcome {
             Ok(value) => {
                 let text = match value {

@@ -107,10 +107,23 @@ impl ReplyValue {
     }
 }
 
+/// What a provider's reply says about itself besides its content: for spans (the GenAI
+/// `gen_ai.response.*` and `gen_ai.usage.*` attributes) and events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplyMeta {
+    pub usage: Option<Usage>,
+    /// Why generation stopped, in the provider's own word (`stop`, `end_turn`, `STOP` ...).
+    pub finish_reason: Option<String>,
+    /// The model that answered, when the provider names it (it may differ from the one asked).
+    pub model: Option<String>,
+    /// The provider's id of the response.
+    pub id: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlmReply {
     pub value: ReplyValue,
-    pub usage: Option<Usage>,
+    pub meta: ReplyMeta,
     /// The reply text as received, when the value is not that text itself (structured replies
     /// and decisions): what a run journal records so the reply can be read again.
     pub raw: Option<String>,
@@ -133,11 +146,14 @@ pub struct LlmError {
     pub message: String,
     /// A provider's `Retry-After`, when it sent one.
     pub retry_after: Option<Duration>,
+    /// What the reply said about itself, when one came but could not be used (a validation
+    /// failure still used tokens).
+    pub reply: Option<Box<ReplyMeta>>,
 }
 
 impl LlmError {
     pub fn new(class: ReasonClass, message: impl Into<String>) -> LlmError {
-        LlmError { class, message: message.into(), retry_after: None }
+        LlmError { class, message: message.into(), retry_after: None, reply: None }
     }
 }
 
@@ -155,10 +171,15 @@ impl From<DecisionError> for LlmError {
 }
 
 /// What a backend says about itself (events, spans, `fabric doctor`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ModelInfo {
     pub provider: String,
     pub model: String,
+    /// The sampling settings sent, where the backend sends them (not the stub).
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    /// Host and port of the provider's endpoint (`server.address`, `server.port`).
+    pub server: Option<(String, u16)>,
 }
 
 /// The port. Object-safe so the stack can be `Arc<dyn Llm>`.
@@ -189,20 +210,29 @@ impl<L: Llm + ?Sized> Llm for std::sync::Arc<L> {
 
 /// Turns a backend's raw reply text into the stage value: validated structured output for a
 /// bindable schema, the text itself otherwise. Every backend ends with this call.
-pub fn finish_reply(output: &OutputSpec, raw: String, usage: Option<Usage>) -> Result<LlmReply, LlmError> {
+/// A failure keeps the reply's [`ReplyMeta`].
+pub fn finish_reply(output: &OutputSpec, raw: String, meta: ReplyMeta) -> Result<LlmReply, LlmError> {
     let value = match output {
         OutputSpec::Bindable(schema) => match structured::decode_reply(schema, &raw) {
-            Ok(decoded) => ReplyValue::Structured(decoded),
+            Ok(decoded) => Ok(ReplyValue::Structured(decoded)),
             Err(e) => {
                 let class = match e {
                     structured::DecodeError::InvalidJson(_) => ReasonClass::InvalidJson,
                     structured::DecodeError::SchemaValidation(_) => ReasonClass::SchemaValidation,
                 };
-                return Err(LlmError::new(class, e.detail().to_owned()));
+                Err(LlmError::new(class, e.detail().to_owned()))
             }
         },
-        OutputSpec::Decision(spec) => ReplyValue::Decision(spec.parse_json(&raw)?),
-        OutputSpec::Text | OutputSpec::Unbindable { .. } => return Ok(LlmReply { value: ReplyValue::Text(raw), usage, raw: None }),
+        OutputSpec::Decision(spec) => spec.parse_json(&raw).map(ReplyValue::Decision).map_err(LlmError::from),
+        OutputSpec::Text | OutputSpec::Unbindable { .. } => {
+            return Ok(LlmReply { value: ReplyValue::Text(raw), meta, raw: None });
+        }
     };
-    Ok(LlmReply { value, usage, raw: Some(raw) })
+    match value {
+        Ok(value) => Ok(LlmReply { value, meta, raw: Some(raw) }),
+        Err(mut e) => {
+            e.reply = Some(Box::new(meta));
+            Err(e)
+        }
+    }
 }

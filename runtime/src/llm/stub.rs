@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use indexmap::IndexMap;
 
-use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyValue, Usage, finish_reply};
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta, ReplyValue, Usage, finish_reply};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::llm::OutputSpec;
 use crate::structured::{FieldType, Scalar};
@@ -179,16 +179,17 @@ impl Llm for StubLlm {
             let raw = self.reply_for(req)?;
             // Token counts the way a real reply would report them, so telemetry has figures.
             let usage = Usage { input_tokens: approx_tokens(req.system) + approx_tokens(req.user), output_tokens: approx_tokens(&raw) };
+            let meta = ReplyMeta { usage: Some(usage), ..ReplyMeta::default() };
             match req.output {
                 // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
-                OutputSpec::Decision(spec) => Ok(LlmReply { value: ReplyValue::Decision(spec.parse_text(&raw)?), usage: Some(usage), raw: Some(raw) }),
-                _ => finish_reply(req.output, raw, Some(usage)),
+                OutputSpec::Decision(spec) => Ok(LlmReply { value: ReplyValue::Decision(spec.parse_text(&raw)?), meta, raw: Some(raw) }),
+                _ => finish_reply(req.output, raw, meta),
             }
         })
     }
 
     fn info(&self) -> ModelInfo {
-        ModelInfo { provider: "stub".into(), model: "seeded-stub".into() }
+        ModelInfo { provider: "stub".into(), model: "seeded-stub".into(), ..ModelInfo::default() }
     }
 }
 

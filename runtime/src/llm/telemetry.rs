@@ -1,13 +1,13 @@
 //! `TelemetryLlm`: the outermost decorator. One `run.llm.started` per logical call, then
 //! exactly one of `run.llm.completed` or `run.llm.failed` (with its `reason_class`), and one
-//! `llm.complete` span around all of its attempts.
+//! `chat {model}` span (`llm.complete` with legacy names) around all of its attempts.
 
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
 
-use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass};
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta};
 use crate::events::EventKind;
 use crate::fields;
 use crate::llm::OutputSpec;
@@ -33,17 +33,33 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                 Some(req.stage_id),
                 || fields! {"provider" => info.provider, "model" => info.model, "turn" => req.turn, "structured" => structured},
             );
-            let cx = crate::otel::child(req.cx, "llm.complete", SpanKind::Client, || {
-                vec![
-                    KeyValue::new("gen_ai.operation.name", "chat"),
-                    KeyValue::new("gen_ai.provider.name", crate::otel::provider_name(&info.provider).to_owned()),
-                    KeyValue::new("gen_ai.request.model", info.model.clone()),
-                    KeyValue::new("gen_ai.output.type", if structured { "json" } else { "text" }),
-                    KeyValue::new("fabric.run_id", req.events.run_id().to_owned()),
-                    KeyValue::new("fabric.route_id", req.route_id.to_owned()),
-                    KeyValue::new("fabric.stage_id", req.stage_id.to_owned()),
-                ]
-            });
+            let cx = crate::otel::child(
+                req.cx,
+                || crate::otel::chat_span_name(&info.model),
+                SpanKind::Client,
+                || {
+                    let mut attributes = vec![
+                        KeyValue::new("gen_ai.operation.name", "chat"),
+                        KeyValue::new("gen_ai.provider.name", crate::otel::provider_name(&info.provider).to_owned()),
+                        KeyValue::new("gen_ai.request.model", info.model.clone()),
+                        KeyValue::new("gen_ai.output.type", if structured { "json" } else { "text" }),
+                        KeyValue::new("fabric.run_id", req.events.run_id().to_owned()),
+                        KeyValue::new("fabric.route_id", req.route_id.to_owned()),
+                        KeyValue::new("fabric.stage_id", req.stage_id.to_owned()),
+                    ];
+                    if let Some(t) = info.temperature {
+                        attributes.push(KeyValue::new("gen_ai.request.temperature", t));
+                    }
+                    if let Some(n) = info.max_tokens {
+                        attributes.push(KeyValue::new("gen_ai.request.max_tokens", i64::from(n)));
+                    }
+                    if let Some((host, port)) = &info.server {
+                        attributes.push(KeyValue::new("server.address", host.clone()));
+                        attributes.push(KeyValue::new("server.port", i64::from(*port)));
+                    }
+                    attributes
+                },
+            );
             let started = Instant::now();
             // A cancelled run ends its call here, so the call still gets its one `failed` event.
             let result = tokio::select! {
@@ -55,15 +71,18 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
             match &result {
                 Ok(reply) => {
                     let mut data = fields! {"duration_ms" => round_ms(duration_ms)};
-                    if let Some(u) = reply.usage {
-                        crate::otel::set(&cx, KeyValue::new("gen_ai.usage.input_tokens", u.input_tokens as i64));
-                        crate::otel::set(&cx, KeyValue::new("gen_ai.usage.output_tokens", u.output_tokens as i64));
+                    set_response(&cx, &reply.meta);
+                    if let Some(u) = reply.meta.usage {
                         data.insert("input_tokens".into(), u.input_tokens.into());
                         data.insert("output_tokens".into(), u.output_tokens.into());
                     }
                     req.events.emit(EventKind::LlmCompleted, Some(req.stage_id), move || data);
                 }
                 Err(e) => {
+                    // A reply that came but failed validation still used tokens.
+                    if let Some(meta) = &e.reply {
+                        set_response(&cx, meta);
+                    }
                     crate::otel::fail_cx(&cx, e.class.as_str(), &e.message);
                     req.events.emit(
                         EventKind::LlmFailed,
@@ -79,6 +98,27 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
 
     fn info(&self) -> ModelInfo {
         self.inner.info()
+    }
+}
+
+/// The `gen_ai.response.*` and `gen_ai.usage.*` attributes of a reply.
+fn set_response(cx: &opentelemetry::Context, meta: &ReplyMeta) {
+    if !crate::otel::spans_enabled() {
+        return;
+    }
+    if let Some(u) = meta.usage {
+        crate::otel::set(cx, KeyValue::new("gen_ai.usage.input_tokens", u.input_tokens as i64));
+        crate::otel::set(cx, KeyValue::new("gen_ai.usage.output_tokens", u.output_tokens as i64));
+    }
+    if let Some(reason) = &meta.finish_reason {
+        let reasons = opentelemetry::Array::String(vec![reason.clone().into()]);
+        crate::otel::set(cx, KeyValue::new("gen_ai.response.finish_reasons", opentelemetry::Value::Array(reasons)));
+    }
+    if let Some(model) = &meta.model {
+        crate::otel::set(cx, KeyValue::new("gen_ai.response.model", model.clone()));
+    }
+    if let Some(id) = &meta.id {
+        crate::otel::set(cx, KeyValue::new("gen_ai.response.id", id.clone()));
     }
 }
 

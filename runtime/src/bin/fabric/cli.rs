@@ -224,8 +224,18 @@ pub fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return usage(format_args!("cannot start the async runtime: {e}")),
     };
-    // Export spans only when the standard OTLP variables ask for it; the guard flushes at exit.
-    let _otel = match fabric::otel::init_from_env() {
+    // Export spans only when the standard OTLP variables ask for it; the guard flushes at exit,
+    // within its deadline. The first export failure is told once: in the service's log, or on
+    // stderr for one-shot commands (whose exit code it never changes).
+    let serve = matches!(cli.command, Command::Serve { .. });
+    let report = fabric::otel::Reporter::new(move |message| {
+        if serve {
+            tracing::warn!(target: "fabric::otel", "{message}");
+        } else {
+            eprintln!("fabric: {message}");
+        }
+    });
+    let _otel = match fabric::otel::init_from_env(report) {
         Ok(guard) => guard,
         Err(e) => return usage(e),
     };

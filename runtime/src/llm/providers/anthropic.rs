@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{CallSpec, Codec, WireRequest, nested_error_code, parse_reply};
 use crate::llm::model::ProviderKind;
-use crate::llm::{LlmError, ReasonClass, Usage};
+use crate::llm::{LlmError, ReasonClass, ReplyMeta, Usage};
 
 /// The `anthropic-version` header the runtime sends, with `x-api-key`: the Messages API version
 /// the request and reply shapes here follow. The reference's SDK (langchain-anthropic 1.7.10)
@@ -55,6 +55,8 @@ struct ToolChoice<'a> {
 
 #[derive(Deserialize)]
 struct MessagesResponse {
+    id: Option<String>,
+    model: Option<String>,
     content: Vec<Block>,
     stop_reason: Option<String>,
     usage: Option<TokenUsage>,
@@ -106,20 +108,21 @@ impl Codec for Anthropic {
         WireRequest { url: format!("{}/v1/messages", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
+    fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
         let reply: MessagesResponse = parse_reply(self.kind(), body)?;
         let usage = reply.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens });
         // A reply cut at the token limit is incomplete, text and tool input alike.
         if reply.stop_reason.as_deref() == Some("max_tokens") {
             return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (stop_reason: max_tokens)"));
         }
+        let meta = ReplyMeta { usage, finish_reason: reply.stop_reason, model: reply.model, id: reply.id };
         if call.schema.is_some() {
             let input = reply.content.into_iter().find_map(|b| match b {
                 Block::ToolUse { name, input } if name == call.schema_name => Some(input),
                 _ => None,
             });
             return match input {
-                Some(input) => Ok((input.to_string(), usage)),
+                Some(input) => Ok((input.to_string(), meta)),
                 None => Err(LlmError::new(ReasonClass::ProviderError, format!("anthropic reply has no `{}` tool_use block", call.schema_name))),
             };
         }
@@ -131,7 +134,7 @@ impl Codec for Anthropic {
                 _ => None,
             })
             .collect();
-        Ok((text, usage))
+        Ok((text, meta))
     }
 
     fn error_code(&self, body: &[u8]) -> Option<String> {

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{CallSpec, Codec, WireRequest, nested_error_code, parse_reply, retain_keywords};
 use crate::llm::model::ProviderKind;
-use crate::llm::{LlmError, ReasonClass, Usage};
+use crate::llm::{LlmError, ReasonClass, ReplyMeta, Usage};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Gemini;
@@ -73,6 +73,8 @@ struct GenerateResponse {
     candidates: Vec<Candidate>,
     prompt_feedback: Option<PromptFeedback>,
     usage_metadata: Option<UsageMetadata>,
+    model_version: Option<String>,
+    response_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -135,7 +137,7 @@ impl Codec for Gemini {
         WireRequest { url, headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
+    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
         let reply: GenerateResponse = parse_reply(self.kind(), body)?;
         let Some(candidate) = reply.candidates.into_iter().next() else {
             let why = reply.prompt_feedback.and_then(|f| f.block_reason).unwrap_or_else(|| "no candidates".into());
@@ -155,7 +157,7 @@ impl Codec for Gemini {
             input_tokens: m.prompt_token_count + m.tool_use_prompt_token_count,
             output_tokens: m.candidates_token_count + m.thoughts_token_count,
         });
-        Ok((text, usage))
+        Ok((text, ReplyMeta { usage, finish_reason: candidate.finish_reason, model: reply.model_version, id: reply.response_id }))
     }
 
     fn error_code(&self, body: &[u8]) -> Option<String> {

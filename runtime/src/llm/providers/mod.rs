@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, Usage, finish_reply};
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta, finish_reply};
 use crate::llm::OutputSpec;
 use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
 
@@ -35,16 +35,17 @@ pub struct CallSpec<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct WireSchema<'a> {
     pub json: &'a Value,
-    /// Every property is required (OpenAI strict mode is possible).
-    pub all_required: bool,
+    /// A flat stage schema, which OpenAI's strict mode can take (its optional properties sent as
+    /// nullable); not the decision, whose `arguments` is a free-form object strict mode refuses.
+    pub strict: bool,
 }
 
 impl<'a> WireSchema<'a> {
     fn of(output: &'a OutputSpec) -> Option<WireSchema<'a>> {
         match output {
-            OutputSpec::Bindable(s) => Some(WireSchema { json: s.source(), all_required: s.fields().iter().all(|f| f.required) }),
+            OutputSpec::Bindable(s) => Some(WireSchema { json: s.source(), strict: true }),
             // The decision's `arguments` is a free-form object, which strict modes reject.
-            OutputSpec::Decision(d) => Some(WireSchema { json: d.schema(), all_required: false }),
+            OutputSpec::Decision(d) => Some(WireSchema { json: d.schema(), strict: false }),
             OutputSpec::Text | OutputSpec::Unbindable { .. } => None,
         }
     }
@@ -62,8 +63,9 @@ pub struct WireRequest {
 pub trait Codec: Send + Sync + 'static {
     fn kind(&self) -> ProviderKind;
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest;
-    /// Reads a 2xx body: the reply text (for structured calls, the JSON text) and usage.
-    fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError>;
+    /// Reads a 2xx body: the reply text (for structured calls, the JSON text) and what the reply
+    /// says about itself (usage, finish reason, model, id).
+    fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError>;
     /// The provider's machine-readable error code in an error body (`invalid_api_key`,
     /// `RESOURCE_EXHAUSTED`, `overloaded_error` ...), when it has one. Never its message: a
     /// provider's error text may quote a key or the prompt, and it goes nowhere.
@@ -108,6 +110,7 @@ pub struct HttpBackend<C> {
     codec: C,
     target: ProviderTarget,
     tuning: Tuning,
+    server: Option<(String, u16)>,
     timeout: Duration,
     max_reply_bytes: usize,
 }
@@ -122,7 +125,9 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
 
 impl<C: Codec> HttpBackend<C> {
     pub fn new(client: reqwest::Client, codec: C, target: ProviderTarget, tuning: Tuning) -> HttpBackend<C> {
-        HttpBackend { client, codec, target, tuning, timeout: super::CALL_TIMEOUT, max_reply_bytes: DEFAULT_MAX_REPLY_BYTES }
+        // Parsed once: every span carries it.
+        let server = reqwest::Url::parse(&target.base_url).ok().and_then(|u| Some((u.host_str()?.to_owned(), u.port_or_known_default()?)));
+        HttpBackend { client, codec, target, tuning, server, timeout: super::CALL_TIMEOUT, max_reply_bytes: DEFAULT_MAX_REPLY_BYTES }
     }
 
     /// Overrides the per-attempt timeout (tests).
@@ -260,23 +265,30 @@ impl<C: Codec> Llm for HttpBackend<C> {
                 let why = format!("the reply is larger than the {limit}-byte limit (FABRIC_LLM_MAX_REPLY_BYTES); nothing past the limit was read");
                 return Err(LlmError::new(ReasonClass::ProviderError, why));
             };
-            let (text, usage) = self.codec.decode(&bytes, &call)?;
-            // LangChain reads Ollama's and Gemini's structured replies as Markdown: a reply in a
-            // code fence is accepted there, so it is here (on those two only, as there).
-            if matches!(req.output, super::OutputSpec::Bindable(_))
+            let (text, meta) = self.codec.decode(&bytes, &call)?;
+            // LangChain reads Ollama's and Gemini's structured replies (stage models and the
+            // decision alike) as Markdown: a reply in a code fence is accepted there, so it is
+            // here (on those two only, as there).
+            if matches!(req.output, super::OutputSpec::Bindable(_) | super::OutputSpec::Decision(_))
                 && matches!(self.codec.kind(), ProviderKind::Ollama | ProviderKind::Gemini)
                 && let Some(inner) = unfence(&text)
             {
-                let mut reply = finish_reply(req.output, inner, usage)?;
+                let mut reply = finish_reply(req.output, inner, meta)?;
                 reply.raw = Some(text);
                 return Ok(reply);
             }
-            finish_reply(req.output, text, usage)
+            finish_reply(req.output, text, meta)
         })
     }
 
     fn info(&self) -> ModelInfo {
-        ModelInfo { provider: self.codec.kind().key().to_owned(), model: self.target.model.clone() }
+        ModelInfo {
+            provider: self.codec.kind().key().to_owned(),
+            model: self.target.model.clone(),
+            temperature: Some(self.tuning.temperature),
+            max_tokens: Some(self.tuning.max_tokens),
+            server: self.server.clone(),
+        }
     }
 }
 

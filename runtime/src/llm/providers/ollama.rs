@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{CallSpec, ChatMessage, Codec, WireRequest, bearer_headers, parse_reply, system_user_messages};
 use crate::llm::model::ProviderKind;
-use crate::llm::{LlmError, ReasonClass, Usage};
+use crate::llm::{LlmError, ReasonClass, ReplyMeta, Usage};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Ollama;
@@ -31,6 +31,7 @@ struct Options {
 
 #[derive(Deserialize)]
 struct ChatResponse {
+    model: Option<String>,
     message: Option<ReplyMessage>,
     error: Option<String>,
     done_reason: Option<String>,
@@ -60,7 +61,7 @@ impl Codec for Ollama {
         WireRequest { url: format!("{}/api/chat", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
+    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
         let reply: ChatResponse = parse_reply(self.kind(), body)?;
         if let Some(e) = reply.error {
             // Its text may quote the prompt: say only that it came.
@@ -72,7 +73,8 @@ impl Codec for Ollama {
         }
         let text = reply.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "ollama reply has no message"))?.content;
         let usage = reply.prompt_eval_count.zip(reply.eval_count).map(|(input_tokens, output_tokens)| Usage { input_tokens, output_tokens });
-        Ok((text, usage))
+        // Ollama has no response id.
+        Ok((text, ReplyMeta { usage, finish_reason: reply.done_reason, model: reply.model, id: None }))
     }
 
     fn error_code(&self, _body: &[u8]) -> Option<String> {

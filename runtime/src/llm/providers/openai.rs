@@ -1,15 +1,17 @@
 //! OpenAI Chat Completions (`POST {base}/chat/completions`), and any compatible server.
 //!
-//! Structured output goes as `response_format: json_schema`. Strict mode needs every property
-//! required and `additionalProperties: false`; we ask for it only when the schema already
-//! requires every property, and send `strict: false` otherwise (as LangChain's dict path does).
+//! Structured output goes as `response_format: json_schema` in strict mode, as LangChain asks
+//! for a stage's Pydantic model: every property required, an optional one as
+//! `anyOf: [its schema, {"type": "null"}]` (the model answers `null` where it has nothing, which
+//! validation reads as absent), and `additionalProperties: false`. The decision goes with
+//! `strict: false`: its free-form `arguments` object is what strict mode cannot take.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, bearer_headers, nested_error_code, parse_reply, retain_keywords, system_user_messages};
 use crate::llm::model::ProviderKind;
-use crate::llm::{LlmError, ReasonClass, Usage};
+use crate::llm::{LlmError, ReasonClass, ReplyMeta, Usage};
 
 #[derive(Debug, Clone, Copy)]
 pub struct OpenAi;
@@ -35,11 +37,31 @@ const KEYWORDS: &[&str] = &[
 pub fn wire_schema(schema: WireSchema<'_>) -> (Value, bool) {
     let mut s = retain_keywords(schema.json, KEYWORDS);
     s["type"] = json!("object");
-    let strict = schema.all_required;
-    if strict {
-        s["additionalProperties"] = json!(false);
+    if !schema.strict {
+        return (s, false);
     }
-    (s, strict)
+    let required: Vec<String> = s.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
+    let mut all = Vec::new();
+    if let Some(props) = s.get_mut("properties").and_then(Value::as_object_mut) {
+        for (name, prop) in props.iter_mut() {
+            all.push(Value::String(name.clone()));
+            if required.contains(name) {
+                continue;
+            }
+            // Nullable, the way Pydantic writes `Optional[T]`: the description stays outside.
+            let mut inner = std::mem::take(prop);
+            let description = inner.as_object_mut().and_then(|o| o.remove("description"));
+            let mut nullable = serde_json::Map::new();
+            nullable.insert("anyOf".into(), json!([inner, {"type": "null"}]));
+            if let Some(d) = description {
+                nullable.insert("description".into(), d);
+            }
+            *prop = Value::Object(nullable);
+        }
+    }
+    s["required"] = Value::Array(all);
+    s["additionalProperties"] = json!(false);
+    (s, true)
 }
 
 #[derive(Serialize)]
@@ -71,6 +93,8 @@ struct JsonSchemaFormat<'a> {
 
 #[derive(Deserialize)]
 struct ChatResponse {
+    id: Option<String>,
+    model: Option<String>,
     choices: Vec<Choice>,
     usage: Option<TokenUsage>,
 }
@@ -118,7 +142,7 @@ impl Codec for OpenAi {
         WireRequest { url: format!("{}/chat/completions", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, Option<Usage>), LlmError> {
+    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
         let reply: ChatResponse = parse_reply(self.kind(), body)?;
         let choice = reply.choices.into_iter().next().ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no choices"))?;
         let message = choice.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no message"))?;
@@ -131,7 +155,8 @@ impl Codec for OpenAi {
             _ => {}
         }
         let text = message.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no message content"))?;
-        Ok((text, reply.usage.map(|u| Usage { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens })))
+        let usage = reply.usage.map(|u| Usage { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens });
+        Ok((text, ReplyMeta { usage, finish_reason: choice.finish_reason, model: reply.model, id: reply.id }))
     }
 
     fn error_code(&self, body: &[u8]) -> Option<String> {
@@ -145,15 +170,27 @@ mod tests {
     use crate::structured::FlatSchema;
 
     #[test]
-    fn strict_only_when_every_property_is_required() {
+    fn strict_with_optional_properties_as_nullable() {
         let all = FlatSchema::from_json(&json!({"type": "object", "properties": {"a": {"type": "string", "$comment": "x"}}, "required": ["a"], "title": "T"}))
             .unwrap();
-        let (s, strict) = wire_schema(WireSchema { json: all.source(), all_required: true });
+        let (s, strict) = wire_schema(WireSchema { json: all.source(), strict: true });
         assert!(strict);
         assert_eq!(s, json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false}));
-        let some = FlatSchema::from_json(&json!({"properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"]})).unwrap();
-        let (s, strict) = wire_schema(WireSchema { json: some.source(), all_required: false });
+        let some = FlatSchema::from_json(&json!({"properties": {"a": {"type": "string"}, "b": {"type": "integer", "description": "n", "minimum": 1}, "c": {"type": "array", "items": {"type": "string"}}}, "required": ["a"]})).unwrap();
+        let (s, strict) = wire_schema(WireSchema { json: some.source(), strict: true });
+        assert!(strict);
+        assert_eq!(
+            s,
+            json!({"properties": {"a": {"type": "string"},
+                                  "b": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}], "description": "n"},
+                                  "c": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]}},
+                   "required": ["a", "b", "c"], "type": "object", "additionalProperties": false})
+        );
+        // The decision's free-form `arguments` keeps it out of strict mode.
+        let decision = crate::decision::DecisionSpec::new(vec!["kb".into()]);
+        let (s, strict) = wire_schema(WireSchema { json: decision.schema(), strict: false });
         assert!(!strict);
-        assert_eq!(s, json!({"properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"], "type": "object"}));
+        assert_eq!(s["required"], json!(["action"]));
+        assert!(s.get("additionalProperties").is_none());
     }
 }
