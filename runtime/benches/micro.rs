@@ -32,7 +32,7 @@ fn goal() -> Map<String, Value> {
 
 fn micro(c: &mut Criterion) {
     let notes = vec![r#"intake: {"category":"billing","urgency":"high"}"#.to_owned(), r#"lookup: {"query":"duplicate subscription charge refund"}"#.to_owned()];
-    let g = goal();
+    let g = fabric::exec::message::goal_json(&goal());
     c.bench_function("user_message", |b| b.iter(|| user_message(black_box(&g), &[], black_box(&notes))));
 
     let schema = classify_schema();

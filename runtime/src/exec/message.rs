@@ -7,6 +7,10 @@ pub const NOTE_MAX_CHARS: usize = 600;
 
 /// One line, whitespace runs collapsed, at most [`NOTE_MAX_CHARS`] characters.
 pub fn compress_note(text: &str) -> String {
+    // Most notes are already one line of ASCII words with single spaces: copied as they are.
+    if is_compact_ascii(text) {
+        return text.to_owned();
+    }
     let mut out = String::with_capacity(text.len().min(NOTE_MAX_CHARS * 4));
     let mut count = 0;
     for word in text.split_whitespace() {
@@ -29,13 +33,35 @@ pub fn compress_note(text: &str) -> String {
     out
 }
 
+/// ASCII without control characters, no space at either end or next to another, and short
+/// enough: what [`compress_note`] would return unchanged.
+fn is_compact_ascii(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    if bytes.len() > NOTE_MAX_CHARS || bytes.last() == Some(&b' ') {
+        return false;
+    }
+    // One pass; `prev` starts as a space so that a leading space fails like a double one.
+    let mut prev = b' ';
+    for &b in bytes {
+        if !(0x20..0x7f).contains(&b) || (b == b' ' && prev == b' ') {
+            return false;
+        }
+        prev = b;
+    }
+    true
+}
+
+/// The goal as the user message shows it (compact JSON): once per run, not once per call.
+pub fn goal_json(goal: &Map<String, Value>) -> String {
+    serde_json::to_string(goal).unwrap_or_else(|_| "{}".into())
+}
+
 /// `goal:` line, then `packed chunks:` (only with a prefetch pack), then `prior stage outputs:`
-/// (only with notes); one `- ` item per line.
-pub fn user_message(goal: &Map<String, Value>, chunks: &[String], notes: &[String]) -> String {
-    let goal_json = serde_json::to_string(goal).unwrap_or_else(|_| "{}".into());
+/// (only with notes); one `- ` item per line. `goal_json` is [`goal_json`] of the run's goal.
+pub fn user_message(goal_json: &str, chunks: &[String], notes: &[String]) -> String {
     let mut out = String::with_capacity(goal_json.len() + 64 + notes.iter().map(String::len).sum::<usize>());
     out.push_str("goal: ");
-    out.push_str(&goal_json);
+    out.push_str(goal_json);
     if !chunks.is_empty() {
         out.push_str("\npacked chunks:");
         for c in chunks {
@@ -60,6 +86,7 @@ mod tests {
     #[test]
     fn exact_shape() {
         let goal: Map<String, Value> = serde_json::from_str(r#"{"ticket":"charged twice","n":2}"#).unwrap();
+        let goal = goal_json(&goal);
         assert_eq!(user_message(&goal, &[], &[]), r#"goal: {"ticket":"charged twice","n":2}"#);
         assert_eq!(
             user_message(&goal, &["kb  article\n1".into()], &["intake: {\"a\":1}".into()]),
@@ -76,5 +103,12 @@ mod tests {
         assert!(n.ends_with('…'));
         let one = "x".repeat(2000);
         assert_eq!(compress_note(&one).chars().count(), NOTE_MAX_CHARS);
+        // The copy-through path and the word-by-word one agree on their borders.
+        for text in ["a b", " a b", "a b ", "a  b", "a\u{7f}b", "a\u{a0}b", "é b", "x"] {
+            let slow: Vec<&str> = text.split_whitespace().collect();
+            assert_eq!(compress_note(text), slow.join(" "), "{text:?}");
+        }
+        assert_eq!(compress_note(&"y".repeat(600)), "y".repeat(600));
+        assert_eq!(compress_note(&"y".repeat(601)).chars().count(), NOTE_MAX_CHARS);
     }
 }

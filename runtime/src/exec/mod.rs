@@ -218,8 +218,11 @@ struct Run<'a> {
 struct RunState {
     notes: Vec<String>,
     slots: IndexMap<String, String>,
-    /// Parsed structured outputs, for branch conditions on fields.
-    structured: Vec<(String, Value)>,
+    /// Structured outputs (compact JSON), for branch conditions on fields: read only when a
+    /// condition asks, most routes never do.
+    structured: Vec<(String, String)>,
+    /// The goal's compact JSON, made at the run's first model call, shown in every call's message.
+    goal_json: Option<String>,
     /// Visits per node, indexed by node index (a handful of nodes: no hashing).
     visits: Vec<u32>,
     /// Model turns of the decision loop.
@@ -733,7 +736,6 @@ impl Runner {
         let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
         match outcome {
             Ok(value) => {
-                let chars = value.chars().count();
                 let added = (note && !value.is_empty()).then(|| message::compress_note(&format!("{}: {value}", stage.id())));
                 if let Some(n) = &added {
                     state.notes.push(n.clone());
@@ -764,7 +766,7 @@ impl Runner {
                 run.events.emit(
                     EventKind::StageCompleted,
                     Some(stage.id()),
-                    || fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => chars},
+                    || fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => value.chars().count()},
                 );
                 state.last_output = Some(value);
                 if recorded_here {
@@ -859,12 +861,10 @@ impl Runner {
             (role, _) => {
                 let reply = self.call_model(run, stage, state, cx).await?;
                 if role != LlmRole::QueryFormulation {
-                    if let ReplyValue::Structured(d) = &reply
-                        && let Ok(v) = serde_json::from_str::<Value>(&d.compact)
-                    {
+                    if let ReplyValue::Structured(d) = &reply {
                         match state.structured.iter_mut().find(|(id, _)| *id == stage.id()) {
-                            Some(slot) => slot.1 = v,
-                            None => state.structured.push((stage.id().to_owned(), v)),
+                            Some(slot) => slot.1.clone_from(&d.compact),
+                            None => state.structured.push((stage.id().to_owned(), d.compact.clone())),
                         }
                     }
                     return Ok(reply.slot_value());
@@ -983,7 +983,8 @@ impl Runner {
 
     async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
         let Run { route, goal, prefetch, events, cancel, .. } = *run;
-        let user = message::user_message(goal, prefetch, &state.notes);
+        let goal_json = state.goal_json.get_or_insert_with(|| message::goal_json(goal));
+        let user = message::user_message(goal_json, prefetch, &state.notes);
         let idx = match state.llm_calls.iter().position(|(id, _)| *id == stage.id()) {
             Some(i) => i,
             None => {
@@ -1117,7 +1118,13 @@ pub fn new_run_id() -> String {
 /// Evaluates a branch condition against the run's slots.
 fn condition_holds(c: &Condition, state: &RunState) -> bool {
     let value: Option<Value> = match &c.field {
-        Some(field) => state.structured.iter().find(|(id, _)| *id == c.slot.name).and_then(|(_, v)| v.get(field)).cloned().filter(|v| !v.is_null()),
+        Some(field) => state
+            .structured
+            .iter()
+            .find(|(id, _)| *id == c.slot.name)
+            .and_then(|(_, compact)| serde_json::from_str::<Value>(compact).ok())
+            .and_then(|mut v| v.get_mut(field).map(Value::take))
+            .filter(|v| !v.is_null()),
         None => state.slots.get(&c.slot.name).map(|s| Value::String(s.clone())),
     };
     match &c.op {

@@ -15,18 +15,21 @@ use crate::llm::OutputSpec;
 #[derive(Debug)]
 pub struct TelemetryLlm<L> {
     inner: L,
+    /// The backend's description, asked once: every call's events and span name it.
+    info: ModelInfo,
 }
 
 impl<L: Llm> TelemetryLlm<L> {
     pub fn new(inner: L) -> TelemetryLlm<L> {
-        TelemetryLlm { inner }
+        let info = inner.info();
+        TelemetryLlm { inner, info }
     }
 }
 
 impl<L: Llm> Llm for TelemetryLlm<L> {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
         Box::pin(async move {
-            let info = self.inner.info();
+            let info = &self.info;
             let structured = matches!(req.output, OutputSpec::Bindable(_) | OutputSpec::Decision(_));
             req.events.emit(
                 EventKind::LlmStarted,
@@ -70,13 +73,16 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
             let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
             match &result {
                 Ok(reply) => {
-                    let mut data = fields! {"duration_ms" => round_ms(duration_ms)};
                     set_response(&cx, &reply.meta);
-                    if let Some(u) = reply.meta.usage {
-                        data.insert("input_tokens".into(), u.input_tokens.into());
-                        data.insert("output_tokens".into(), u.output_tokens.into());
-                    }
-                    req.events.emit(EventKind::LlmCompleted, Some(req.stage_id), move || data);
+                    // Built only when a consumer is attached, like every event.
+                    req.events.emit(EventKind::LlmCompleted, Some(req.stage_id), || {
+                        let mut data = fields! {"duration_ms" => round_ms(duration_ms)};
+                        if let Some(u) = reply.meta.usage {
+                            data.insert("input_tokens".into(), u.input_tokens.into());
+                            data.insert("output_tokens".into(), u.output_tokens.into());
+                        }
+                        data
+                    });
                 }
                 Err(e) => {
                     // A reply that came but failed validation still used tokens.
@@ -97,7 +103,7 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
     }
 
     fn info(&self) -> ModelInfo {
-        self.inner.info()
+        self.info.clone()
     }
 }
 

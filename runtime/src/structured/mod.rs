@@ -120,6 +120,7 @@ impl Out {
             Out::Str(s) => push_json_string(buf, s),
             Out::Json(v) => match v {
                 serde_json::Value::Number(n) if n.is_f64() => number::push_float(buf, n.as_f64().unwrap_or(f64::NAN)),
+                serde_json::Value::String(s) => push_json_string(buf, s),
                 other => buf.push_str(&other.to_string()),
             },
             Out::List(items) => {
@@ -137,8 +138,42 @@ impl Out {
 }
 
 fn push_json_string(buf: &mut String, s: &str) {
-    // serde_json escapes exactly as pydantic-core does: `"`, `\`, and controls below 0x20.
-    buf.push_str(&serde_json::to_string(s).unwrap_or_default());
+    // Escaped exactly as serde_json and pydantic-core do: `"`, `\`, and controls below 0x20
+    // (`\b \t \n \f \r` short, the others `\u00xx`); everything else as it is. Written in
+    // place: every structured reply goes through here, field by field.
+    buf.reserve(s.len() + 2);
+    buf.push('"');
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        buf.push_str(s);
+        buf.push('"');
+        return;
+    }
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let short = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        buf.push_str(&s[start..i]);
+        if short.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            buf.push_str("\\u00");
+            buf.push(char::from(HEX[usize::from(b >> 4)]));
+            buf.push(char::from(HEX[usize::from(b & 0xf)]));
+        } else {
+            buf.push_str(short);
+        }
+        start = i + 1;
+    }
+    buf.push_str(&s[start..]);
+    buf.push('"');
 }
 
 fn validate(field: &Field, value: Option<&PyJson>) -> Result<Out, String> {
@@ -221,5 +256,21 @@ fn enum_matches(member: &serde_json::Value, v: &PyJson) -> bool {
         (J::String(m), PyJson::Str(s)) => m == s,
         (J::Null, PyJson::Null) => true,
         _ => matches!((member_number, value_number), (Some(a), Some(b)) if a == b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_json_string;
+
+    #[test]
+    fn strings_are_escaped_as_serde_json_escapes_them() {
+        let mut samples: Vec<String> = (0u8..0x80).map(|b| format!("a{}b", char::from(b))).collect();
+        samples.extend(["", "plain", "é ü \u{2028} \u{7f} 😀", "\"\\\"", "\u{0}\u{1f}\n"].map(String::from));
+        for s in samples {
+            let mut ours = String::new();
+            push_json_string(&mut ours, &s);
+            assert_eq!(ours, serde_json::to_string(&s).unwrap(), "{s:?}");
+        }
     }
 }

@@ -86,7 +86,7 @@ impl std::fmt::Display for JsonError {
 const MAX_DEPTH: usize = 500;
 
 pub fn parse(text: &str) -> Result<PyJson, JsonError> {
-    let mut p = Parser { s: text.as_bytes(), i: 0, depth: 0 };
+    let mut p = Parser { text, s: text.as_bytes(), i: 0, depth: 0 };
     p.ws();
     let v = p.value()?;
     p.ws();
@@ -97,6 +97,8 @@ pub fn parse(text: &str) -> Result<PyJson, JsonError> {
 }
 
 struct Parser<'a> {
+    /// The text, for slicing runs of a string out without validating them again.
+    text: &'a str,
     s: &'a [u8],
     i: usize,
     depth: usize,
@@ -277,15 +279,21 @@ impl Parser<'_> {
                 }
                 self.i += 1;
             }
-            // The input is a &str, so any run between ASCII delimiters is valid UTF-8.
-            out.push_str(std::str::from_utf8(&self.s[start..self.i]).map_err(|_| self.err("invalid UTF-8"))?);
+            // The input is a &str and the run ends at an ASCII byte (or the end): a char boundary.
+            let run = self.text.get(start..self.i).ok_or_else(|| self.err("invalid UTF-8"))?;
             match self.s.get(self.i) {
                 None => return Err(self.err("unterminated string")),
                 Some(b'"') => {
                     self.i += 1;
+                    if out.is_empty() {
+                        // No escape before: the common case, one allocation of the right size.
+                        return Ok(run.to_owned());
+                    }
+                    out.push_str(run);
                     return Ok(out);
                 }
                 Some(b'\\') => {
+                    out.push_str(run);
                     self.i += 1;
                     let esc = *self.s.get(self.i).ok_or_else(|| self.err("unterminated string"))?;
                     self.i += 1;

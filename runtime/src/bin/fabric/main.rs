@@ -8,6 +8,12 @@ mod progress;
 mod serve;
 mod toolserver;
 
+/// mimalloc rather than the system allocator: a run allocates many small, short-lived strings
+/// and maps, and glibc's malloc/free was a third of the instructions of a staged run
+/// (`docs/performance.md`, issue 14). The library leaves the choice to the program embedding it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     cli::main()
 }
