@@ -68,7 +68,7 @@ impl SpanNames {
             None => Ok(SpanNames::GenAi),
             Some(v) if v.eq_ignore_ascii_case("genai") => Ok(SpanNames::GenAi),
             Some(v) if v.eq_ignore_ascii_case("legacy") => Ok(SpanNames::Legacy),
-            Some(v) => Err(format!("FABRIC_OTEL_SPAN_NAMES: `{v:.40}` is neither `genai` nor `legacy`")),
+            Some(v) => Err(format!("FABRIC_OTEL_SPAN_NAMES: `{}` is neither `genai` nor `legacy`", shown(v))),
         }
     }
 }
@@ -121,14 +121,17 @@ pub fn provider_name(key: &str) -> &str {
     }
 }
 
-/// Marks the span of a context made by [`child`] failed, with its reason class (`error.type`).
-pub fn fail_cx(cx: &Context, reason_class: &'static str, message: &str) {
+/// Marks the span of a context made by [`child`] failed, with its reason class as `error.type`
+/// and as the status description. Never the failure's message: it may quote a model's reply,
+/// a tool's arguments or its answer, and spans say what ran, not what was said (the message is
+/// in the run's events).
+pub fn fail_cx(cx: &Context, reason_class: &'static str) {
     if !spans_enabled() {
         return;
     }
     let span = cx.span();
     span.set_attribute(KeyValue::new("error.type", reason_class));
-    span.set_status(Status::error(message.to_owned()));
+    span.set_status(Status::error(reason_class));
 }
 
 /// Where export problems are told: once per process, so a collector that is down does not flood
@@ -217,6 +220,10 @@ impl Drop for OtelGuard {
     fn drop(&mut self) {
         let Some(provider) = self.provider.take() else { return };
         let flush = self.flush;
+        if flush.is_zero() {
+            // Told not to wait: what is queued is dropped, as asked, and nothing is said.
+            return;
+        }
         let (done, finished) = std::sync::mpsc::channel();
         // The flush blocks on the exporter's HTTP call (up to its own timeout, 10 s by default):
         // on a thread of its own, so that the deadline holds whatever the collector does.
@@ -238,6 +245,11 @@ impl Drop for OtelGuard {
     }
 }
 
+/// A value as an error message may show it: control characters escaped, at most 40 characters.
+fn shown(value: &str) -> String {
+    value.chars().take(40).flat_map(char::escape_debug).collect()
+}
+
 /// One variable, signal-specific first: `(name, value)` of the first that is set and not blank.
 fn first_set(names: &[&'static str]) -> Option<(&'static str, String)> {
     names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.trim().is_empty()).map(|v| (*n, v.trim().to_owned())))
@@ -255,7 +267,7 @@ fn protocol() -> Result<opentelemetry_otlp::Protocol, String> {
             "{var}=grpc: this build exports OTLP over HTTP only; use http/protobuf or http/json with the \
              collector's OTLP/HTTP endpoint (port 4318 by default)"
         )),
-        Some((var, v)) => Err(format!("{var}: `{v:.40}` is not one of http/protobuf, http/json")),
+        Some((var, v)) => Err(format!("{var}: `{}` is not one of http/protobuf, http/json", shown(&v))),
     }
 }
 
@@ -265,7 +277,7 @@ fn compression() -> Result<Option<opentelemetry_otlp::Compression>, String> {
         None => Ok(None),
         Some((_, v)) if v == "none" => Ok(None),
         Some((_, v)) if v == "gzip" => Ok(Some(opentelemetry_otlp::Compression::Gzip)),
-        Some((var, v)) => Err(format!("{var}: `{v:.40}` is not one of gzip, none")),
+        Some((var, v)) => Err(format!("{var}: `{}` is not one of gzip, none", shown(&v))),
     }
 }
 
@@ -275,7 +287,7 @@ fn flush_deadline() -> Result<Duration, String> {
         None => Ok(DEFAULT_FLUSH),
         Some((var, v)) => match v.parse::<u64>() {
             Ok(ms) if Duration::from_millis(ms) <= MAX_FLUSH => Ok(Duration::from_millis(ms)),
-            _ => Err(format!("{var}: `{v:.40}` must be a whole number of milliseconds from 0 to {}", MAX_FLUSH.as_millis())),
+            _ => Err(format!("{var}: `{}` must be a whole number of milliseconds from 0 to {}", shown(&v), MAX_FLUSH.as_millis())),
         },
     }
 }
@@ -287,19 +299,37 @@ fn flush_deadline() -> Result<Duration, String> {
 /// and a value this build cannot honour is an error, never a silent default. `report` hears of
 /// the first export failure (see [`Reporter`]).
 pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, String> {
+    // A value that is not UTF-8 would read as unset: refused instead, whatever it is.
+    for (key, value) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if (key.starts_with("OTEL_") || key.starts_with("FABRIC_OTEL_")) && value.to_str().is_none() {
+            return Err(format!("{key}: the value is not valid UTF-8"));
+        }
+    }
     let names = SpanNames::parse(std::env::var("FABRIC_OTEL_SPAN_NAMES").ok().as_deref())?;
     let flush = flush_deadline()?;
-    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    let disabled = match first_set(&["OTEL_SDK_DISABLED"]) {
+        None => false,
+        Some((_, v)) if v.eq_ignore_ascii_case("true") => true,
+        Some((_, v)) if v.eq_ignore_ascii_case("false") => false,
+        Some((var, v)) => return Err(format!("{var}: `{}` is neither true nor false", shown(&v))),
+    };
     // `OTEL_TRACES_EXPORTER=none`: no exporter, whatever the endpoint says (the standard way to
     // switch tracing off where the endpoint is set for other signals).
     let no_exporter = match first_set(&["OTEL_TRACES_EXPORTER"]) {
         None => false,
         Some((_, v)) if v.split(',').any(|e| e.trim().eq_ignore_ascii_case("none")) => true,
         Some((_, v)) if v.split(',').all(|e| e.trim().eq_ignore_ascii_case("otlp")) => false,
-        Some((var, v)) => return Err(format!("{var}: `{v:.40}` is not one of otlp, none (the only trace exporters here)")),
+        Some((var, v)) => {
+            return Err(format!("{var}: `{}` is not one of otlp, none (the only trace exporters here)", shown(&v)));
+        }
     };
     let endpoint = first_set(&["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]);
-    let Some((_, endpoint)) = endpoint.filter(|_| !disabled && !no_exporter) else { return Ok(OtelGuard::off()) };
+    let Some((endpoint_var, endpoint)) = endpoint.filter(|_| !disabled && !no_exporter) else {
+        return Ok(OtelGuard::off());
+    };
+    check_endpoint(endpoint_var, &endpoint)?;
+    check_exporter_env()?;
     let (protocol, compression) = (protocol()?, compression()?);
     use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
     let mut builder = opentelemetry_otlp::SpanExporter::builder().with_http().with_protocol(protocol).with_http_client(exporter_client()?);
@@ -315,16 +345,99 @@ pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, String> {
                 .to_owned()
         })?;
     let exporter = Reported { inner: exporter, origin: crate::redact::origin_and_path(&endpoint), report: report.clone() };
-    // The SDK's resource reads `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` (which wins
-    // in that order); `fabric-runtime` only where neither names the service.
-    let named = first_set(&["OTEL_SERVICE_NAME"]).is_some()
-        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| a.split(',').any(|kv| kv.split_once('=').is_some_and(|(k, _)| k.trim() == "service.name")));
-    let resource = if named { Resource::builder().build() } else { Resource::builder().with_service_name(TRACER_NAME).build() };
+    // The SDK reads both, but lets `OTEL_RESOURCE_ATTRIBUTES` win; the specification has
+    // `OTEL_SERVICE_NAME` win, so it is set explicitly. `fabric-runtime` where neither says.
+    let in_attributes =
+        std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| a.split(',').any(|kv| kv.split_once('=').is_some_and(|(k, _)| k.trim() == "service.name")));
+    let resource = match first_set(&["OTEL_SERVICE_NAME"]) {
+        Some((_, name)) => Resource::builder().with_service_name(name).build(),
+        None if in_attributes => Resource::builder().build(),
+        None => Resource::builder().with_service_name(TRACER_NAME).build(),
+    };
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     global::set_tracer_provider(provider.clone());
     use_span_names(names);
     enable_spans();
     Ok(OtelGuard { provider: Some(provider), flush, report: Some(report) })
+}
+
+/// The endpoint: an http(s) URL with a host. The base endpoint (to which `/v1/traces` is added)
+/// takes no query or fragment, which the path would land after. The value is never echoed: it
+/// may carry credentials.
+fn check_endpoint(var: &str, endpoint: &str) -> Result<(), String> {
+    let url = reqwest::Url::parse(endpoint).map_err(|_| format!("{var}: not a valid URL"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!("{var}: the OTLP/HTTP endpoint must be an http:// or https:// URL with a host"));
+    }
+    if var == "OTEL_EXPORTER_OTLP_ENDPOINT" && (url.query().is_some() || url.fragment().is_some()) {
+        return Err(format!(
+            "{var}: a base endpoint takes no query or fragment (`/v1/traces` is added to its path); \
+             use OTEL_EXPORTER_OTLP_TRACES_ENDPOINT for a full URL"
+        ));
+    }
+    Ok(())
+}
+
+/// The other variables the exporter and the SDK read, checked here because they would ignore a
+/// bad value without a word (or, for TLS files, this build cannot honour them at all).
+fn check_exporter_env() -> Result<(), String> {
+    for var in [
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_INSECURE",
+        "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+    ] {
+        if first_set(&[var]).is_some() {
+            return Err(format!(
+                "{var}: not supported by this build (the exporter trusts the system's CA roots and sends no \
+                 client certificate); unset it"
+            ));
+        }
+    }
+    for var in ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"] {
+        let Some((var, headers)) = first_set(&[var]) else { continue };
+        for (idx, entry) in headers.split(',').enumerate() {
+            let ok = entry.split_once('=').is_some_and(|(k, v)| {
+                let k = k.trim();
+                !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) && !v.chars().any(char::is_control)
+            });
+            if !ok {
+                // Never the entry itself: it is most likely a key.
+                return Err(format!("{var}: entry {} is not `name=value` with a header name and a value without control characters", idx + 1));
+            }
+        }
+    }
+    if let Some((var, attributes)) = first_set(&["OTEL_RESOURCE_ATTRIBUTES"])
+        && let Some(idx) = attributes.split(',').position(|kv| kv.split_once('=').is_none_or(|(k, _)| k.trim().is_empty()))
+    {
+        return Err(format!("{var}: entry {} is not `key=value`", idx + 1));
+    }
+    let whole = |var: &'static str, min: u64| -> Result<(), String> {
+        match first_set(&[var]) {
+            Some((var, v)) if v.parse::<u64>().map_or(true, |n| n < min) => Err(format!("{var}: `{}` is not a whole number of at least {min}", shown(&v))),
+            _ => Ok(()),
+        }
+    };
+    whole("OTEL_BSP_SCHEDULE_DELAY", 0)?;
+    whole("OTEL_BSP_EXPORT_TIMEOUT", 0)?;
+    whole("OTEL_BSP_MAX_QUEUE_SIZE", 1)?;
+    whole("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 1)?;
+    whole("OTEL_BSP_MAX_CONCURRENT_EXPORTS", 1)?;
+    whole("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", 0)?;
+    whole("OTEL_SPAN_EVENT_COUNT_LIMIT", 0)?;
+    whole("OTEL_SPAN_LINK_COUNT_LIMIT", 0)?;
+    const SAMPLERS: &[&str] = &["always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio"];
+    if let Some((var, v)) = first_set(&["OTEL_TRACES_SAMPLER"]).filter(|(_, v)| !SAMPLERS.contains(&v.as_str())) {
+        return Err(format!("{var}: `{}` is not one of {}", shown(&v), SAMPLERS.join(", ")));
+    }
+    if let Some((var, v)) = first_set(&["OTEL_TRACES_SAMPLER_ARG"]).filter(|(_, v)| !v.parse::<f64>().is_ok_and(|r| (0.0..=1.0).contains(&r))) {
+        return Err(format!("{var}: `{}` is not a ratio from 0 to 1", shown(&v)));
+    }
+    Ok(())
 }
 
 /// The exporter's HTTP client: the one the OTLP crate would build (its timeout from
@@ -334,7 +447,7 @@ pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, String> {
 fn exporter_client() -> Result<reqwest::blocking::Client, String> {
     let timeout = match first_set(&["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"]) {
         None => Duration::from_secs(10),
-        Some((var, ms)) => Duration::from_millis(ms.parse().map_err(|_| format!("{var}: `{ms:.40}` is not a whole number of milliseconds"))?),
+        Some((var, ms)) => Duration::from_millis(ms.parse().map_err(|_| format!("{var}: `{}` is not a whole number of milliseconds", shown(&ms)))?),
     };
     // A blocking client owns a runtime of its own: build it off any async context.
     std::thread::spawn(move || reqwest::blocking::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).build())

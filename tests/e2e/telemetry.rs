@@ -287,10 +287,11 @@ async fn exported_spans_decode_as_otlp_in_every_supported_encoding() {
     assert_eq!(out.status.code(), Some(0));
     assert!(inbox.lock().unwrap().is_empty(), "no export with OTEL_TRACES_EXPORTER=none");
     // The service is named by `OTEL_RESOURCE_ATTRIBUTES` when it says so; legacy span names on request.
+    let traces = format!("{url}/v1/traces");
     let out = fabric_run(
         goal,
         &[
-            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &format!("{url}/v1/traces")),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces),
             ("OTEL_RESOURCE_ATTRIBUTES", "service.name=support-fleet-7,deployment.environment=test"),
             ("FABRIC_OTEL_SPAN_NAMES", "legacy"),
         ],
@@ -301,6 +302,16 @@ async fn exported_spans_decode_as_otlp_in_every_supported_encoding() {
     assert!(!spans.is_empty());
     assert!(spans.iter().all(|s| s.resource["service.name"] == "support-fleet-7" && s.resource["deployment.environment"] == "test"));
     assert_eq!(spans.iter().filter(|s| s.name == "llm.complete").count(), 3, "the contract's names with FABRIC_OTEL_SPAN_NAMES=legacy");
+    // `OTEL_SERVICE_NAME` wins over a `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, as specified.
+    inbox.lock().unwrap().clear();
+    let both = [
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces.as_str()),
+        ("OTEL_SERVICE_NAME", "named-here"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "service.name=not-this,deployment.environment=prod"),
+    ];
+    assert_eq!(fabric_run(goal, &both).await.status.code(), Some(0));
+    let spans = flatten(&inbox);
+    assert!(!spans.is_empty() && spans.iter().all(|s| s.resource["service.name"] == "named-here" && s.resource["deployment.environment"] == "prod"));
 }
 
 #[tokio::test]
@@ -314,12 +325,37 @@ async fn otel_settings_this_build_cannot_honour_are_refused_at_start() {
         ("FABRIC_OTEL_SPAN_NAMES", "fancy"),
         ("FABRIC_OTEL_FLUSH_MS", "soon"),
         ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s"),
+        ("OTEL_SDK_DISABLED", "yes"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=fine,api-key-secret-123"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=line\nbreak"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/ssl/collector.pem"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "abc"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "-5"),
+        ("OTEL_TRACES_SAMPLER", "bogus"),
+        ("OTEL_TRACES_SAMPLER_ARG", "2"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "garbage"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://user:pw@host/x"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9/q?token=abc"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/\u{1b}[2J"),
     ] {
         let out = fabric_run(r#"{"ticket":"x"}"#, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &url), (var, value)]).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{var}={value}: {stderr}");
         assert!(stderr.contains(var), "{var}={value}: the message names the variable: {stderr}");
         assert!(out.stdout.is_empty(), "{var}={value}: nothing ran");
+        for secret in ["api-key-secret", "user:pw", "token=abc", "\u{1b}"] {
+            assert!(!stderr.contains(secret), "{var}={value}: the message repeats `{secret:?}`: {stderr}");
+        }
+    }
+    // A value that is not UTF-8 would read as unset: it is refused too.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
+        cmd.current_dir(repo()).args(["run", "support-triage", "--goal", r#"{"ticket":"x"}"#]).env("FABRIC_LLM_STUB", "1");
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &url).env("OTEL_TRACES_EXPORTER", std::ffi::OsStr::from_bytes(b"n\xffne"));
+        let out = cmd.output().await.unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("OTEL_TRACES_EXPORTER: the value is not valid UTF-8"));
     }
     assert!(inbox.lock().unwrap().is_empty());
 }
@@ -338,8 +374,8 @@ async fn export_failures_are_told_once_and_never_change_the_exit_code() {
     assert!(!inbox.lock().unwrap().is_empty());
     // Nothing listening, and a URL with credentials: one line, no secret in it.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let endpoint = format!("http://collector:hunter2@127.0.0.1:{closed}/?api_key=sekrit");
-    let out = fabric_run(r#"{"ticket":"x"}"#, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), ("FABRIC_OTEL_FLUSH_MS", "1500")]).await;
+    let endpoint = format!("http://collector:hunter2@127.0.0.1:{closed}/v1/traces?api_key=sekrit");
+    let out = fabric_run(r#"{"ticket":"x"}"#, &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &endpoint), ("FABRIC_OTEL_FLUSH_MS", "1500")]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_eq!(told(&out), 1, "{stderr}");
@@ -361,6 +397,10 @@ async fn export_failures_are_told_once_and_never_change_the_exit_code() {
     assert!(stderr.contains("flush deadline"), "{stderr}");
     // Far below the exporter's own 10 s timeout, whatever the machine's load.
     assert!(started.elapsed() < std::time::Duration::from_secs(8), "the deadline held: {:?}", started.elapsed());
+    // `FABRIC_OTEL_FLUSH_MS=0`: no wait at all, and nothing to say about it.
+    let out = fabric_run(r#"{"ticket":"x"}"#, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &format!("http://127.0.0.1:{port}")), ("FABRIC_OTEL_FLUSH_MS", "0")]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
     held.abort();
 }
 
@@ -460,7 +500,45 @@ async fn agent_runs_and_tool_calls_are_genai_spans() {
         assert!(stage_ids.contains(&span.parent_span_id), "a tool span is a child of its stage's span");
     }
     assert!(matches!(tools[0].status, opentelemetry::trace::Status::Unset));
-    assert!(matches!(tools[1].status, opentelemetry::trace::Status::Error { .. }), "the failed call is marked");
+    // The status names the class only: the tool's answer ("index offline") is not repeated.
+    assert_eq!(tools[1].status, opentelemetry::trace::Status::error("tool_http_status"), "the failed call is marked");
     assert_eq!(attr(tools[1], "error.type").unwrap().as_str(), "tool_http_status");
     assert_eq!(spans.iter().filter(|s| s.name == "chat seeded-stub").count(), 4, "one chat span per turn");
+}
+
+#[tokio::test]
+async fn a_second_signal_stops_the_service_even_while_it_flushes_spans() {
+    // A collector that accepts connections and never answers, and a long flush deadline.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("FABRIC_OTEL_FLUSH_MS", "60000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")];
+    let mut server = crate::service::Server::start(&db, &repo().join("stub"), &env);
+    let body = json!({"route_id": "support-triage", "goal": {"ticket": "t"}, "model_profile": "default"});
+    let (status, _) = crate::service::post(&server, "/v1/runs?wait=true", body).await;
+    assert!(matches!(status, 200 | 201));
+    server.signal("TERM");
+    // Past the drain (no run is left), the process waits on the flush; a second signal ends it.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(server.child.try_wait().unwrap().is_none(), "still flushing to the silent collector");
+    server.signal("TERM");
+    let mut exited = None;
+    for _ in 0..100 {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            exited = Some(status);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let status = exited.expect("the second SIGTERM stopped the process (not the 60 s flush deadline)");
+    assert_eq!(status.code(), Some(143), "{}", server.logs());
+    held.abort();
 }

@@ -142,6 +142,20 @@ const REPLY_ALLOWED: &[ReplyAllowed] = &[
         ours: "provider_error",
         why: "JSON in a text block is not the forced tool's tool_use block: LangChain returns None silently",
     },
+    ReplyAllowed {
+        provider: "anthropic",
+        kind: "*",
+        case: "fenced_plain",
+        ours: "provider_error",
+        why: "JSON in a text block is not the forced tool's tool_use block: LangChain returns None silently",
+    },
+    ReplyAllowed {
+        provider: "anthropic",
+        kind: "*",
+        case: "backticked",
+        ours: "provider_error",
+        why: "JSON in a text block is not the forced tool's tool_use block: LangChain returns None silently",
+    },
 ];
 
 /// The headers compared; the others (SDK telemetry such as `x-stainless-*`, `accept`,

@@ -71,9 +71,13 @@ def ensure_venv():
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     stamp = venv / "wire-pins.txt"
-    wanted = "\n".join(PINS) + "\n"
+    # Every package of the venv, the dependencies too, at the version the committed fixtures were
+    # made with: the same files come out however PyPI moves.
+    constraints = Path(__file__).resolve().parent / "wire-constraints.txt"
+    wanted = "\n".join(PINS) + "\n" + constraints.read_text()
     if not stamp.exists() or stamp.read_text() != wanted:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(constraints), *PINS],
+                       check=True)
         stamp.write_text(wanted)
     os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
 
@@ -161,7 +165,8 @@ ANSWERS = {
 TEXT_ANSWER = "We refunded the duplicate €20 charge; it shows within 5 days."
 PROSE = "The customer was charged twice for the same plan, so this is a billing matter of medium priority."
 THOUGHT = "The customer mentions a duplicate charge, so this is about billing. I should answer in the requested shape."
-JSON_CASES = ["clean", "fenced", "prose", "truncated", "truncated_stop", "extra_keys", "wrong_enum", "thinking"]
+JSON_CASES = ["clean", "fenced", "fenced_plain", "backticked", "prose", "truncated", "truncated_stop", "extra_keys", "wrong_enum",
+              "thinking"]
 EXTRA_CASES = {
     "structured": ["lax_number"],
     "envelope": [],
@@ -212,6 +217,10 @@ def content_for(kind, case):
         if kind == "text":
             return f"```\n{a}\n```", False
         return f"```json\n{json.dumps(a, ensure_ascii=False, indent=2)}\n```", False
+    if case == "fenced_plain":
+        return f"```\n{json.dumps(a, ensure_ascii=False)}\n```", False
+    if case == "backticked":
+        return f"`{json.dumps(a, ensure_ascii=False)}`", False
     if case == "prose":
         return PROSE, False
     if case in ("truncated", "truncated_stop"):
@@ -270,7 +279,7 @@ def anthropic_reply(kind, case, model, tool):
         text, limited = content_for(kind, case)
         blocks.append({"type": "text", "text": text})
         stop = "max_tokens" if limited else "end_turn"
-    elif case in ("prose", "fenced"):
+    elif case in ("prose", "fenced", "fenced_plain", "backticked"):
         blocks.append({"type": "text", "text": content_for(kind, case)[0]})
     else:
         a = answer_for(kind, case)

@@ -72,8 +72,11 @@ impl EventSink for Metrics {
                 let s = seconds();
                 c.llm_seconds.entry(route.clone()).or_default().observe(s);
                 let n = |k: &str| e.data.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-                *c.tokens_in.entry(route.clone()).or_default() += n("input_tokens");
-                *c.tokens_out.entry(route).or_default() += n("output_tokens");
+                // Saturating: a provider reporting absurd counts must not overflow the total.
+                let total = c.tokens_in.entry(route.clone()).or_default();
+                *total = total.saturating_add(n("input_tokens"));
+                let total = c.tokens_out.entry(route).or_default();
+                *total = total.saturating_add(n("output_tokens"));
             }
             EventKind::LlmRetrying => *c.retries.entry(route).or_default() += 1,
             _ => {}

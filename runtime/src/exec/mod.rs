@@ -681,7 +681,7 @@ impl Runner {
                     result.question = Some(question);
                 }
                 Err((stage_id, f)) => {
-                    crate::otel::fail_cx(&run_cx, f.class.as_str(), &f.message);
+                    crate::otel::fail_cx(&run_cx, f.class.as_str());
                     result.status = RunStatus::Failed;
                     let mut data = fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms};
                     if let Some(detail) = f.detail {
@@ -774,7 +774,7 @@ impl Runner {
                 }
             }
             Err(f) => {
-                crate::otel::fail_cx(cx, f.class.as_str(), &f.message);
+                crate::otel::fail_cx(cx, f.class.as_str());
                 run.events.emit(
                     EventKind::StageFailed,
                     Some(stage.id()),
@@ -923,7 +923,7 @@ impl Runner {
             r = self.http.call(invoke, url, args) => r,
         };
         if let Err(e) = &outcome {
-            crate::otel::fail_cx(&span, e.class.as_str(), &e.message);
+            crate::otel::fail_cx(&span, e.class.as_str());
         }
         crate::otel::end(&span);
         match outcome {
@@ -957,8 +957,8 @@ impl Runner {
             why = cancel.cancelled() => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
             r = tool.call(args) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
         };
-        if let Err((class, message)) = &outcome {
-            crate::otel::fail_cx(&span, class.as_str(), message);
+        if let Err((class, _)) = &outcome {
+            crate::otel::fail_cx(&span, class.as_str());
         }
         crate::otel::end(&span);
         match outcome {

@@ -89,7 +89,7 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                     if let Some(meta) = &e.reply {
                         set_response(&cx, meta);
                     }
-                    crate::otel::fail_cx(&cx, e.class.as_str(), &e.message);
+                    crate::otel::fail_cx(&cx, e.class.as_str());
                     req.events.emit(
                         EventKind::LlmFailed,
                         Some(req.stage_id),
@@ -113,8 +113,10 @@ fn set_response(cx: &opentelemetry::Context, meta: &ReplyMeta) {
         return;
     }
     if let Some(u) = meta.usage {
-        crate::otel::set(cx, KeyValue::new("gen_ai.usage.input_tokens", u.input_tokens as i64));
-        crate::otel::set(cx, KeyValue::new("gen_ai.usage.output_tokens", u.output_tokens as i64));
+        // A provider's count past i64 (a hostile reply) is shown as the largest, not wrapped.
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        crate::otel::set(cx, KeyValue::new("gen_ai.usage.input_tokens", count(u.input_tokens)));
+        crate::otel::set(cx, KeyValue::new("gen_ai.usage.output_tokens", count(u.output_tokens)));
     }
     if let Some(reason) = &meta.finish_reason {
         let reasons = opentelemetry::Array::String(vec![reason.clone().into()]);

@@ -100,6 +100,13 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         let signal = wait_for_signal().await;
         let _ = stopping_tx.send(());
         tracing::info!(signal, "shutting down: no new requests; running runs get up to the grace period");
+        // A second signal stops the process at once, at any point of the shutdown (the drain,
+        // the last commits, the spans' flush): this task lives as long as the runtime does.
+        tokio::spawn(async {
+            let again = wait_for_signal().await;
+            tracing::warn!(signal = again, "second signal: stopping at once");
+            std::process::exit(if again == "SIGINT" { 130 } else { 143 });
+        });
         tokio::spawn(async move {
             let handed = drain_state.drain(grace).await;
             if handed > 0 {

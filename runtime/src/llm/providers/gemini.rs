@@ -154,8 +154,8 @@ impl Codec for Gemini {
         // Thought parts are the model's reasoning, not its answer.
         let text: String = parts.into_iter().filter(|p| !p.thought).filter_map(|p| p.text).collect();
         let usage = reply.usage_metadata.map(|m| Usage {
-            input_tokens: m.prompt_token_count + m.tool_use_prompt_token_count,
-            output_tokens: m.candidates_token_count + m.thoughts_token_count,
+            input_tokens: m.prompt_token_count.saturating_add(m.tool_use_prompt_token_count),
+            output_tokens: m.candidates_token_count.saturating_add(m.thoughts_token_count),
         });
         Ok((text, ReplyMeta { usage, finish_reason: candidate.finish_reason, model: reply.model_version, id: reply.response_id }))
     }

@@ -295,11 +295,14 @@ impl<C: Codec> Llm for HttpBackend<C> {
 /// The JSON inside a Markdown code fence, read as LangChain's `parse_json_markdown` reads it:
 /// only when the reply (without surrounding whitespace and backticks) is not JSON itself; then
 /// what follows the first ```` ``` ```` (and an optional `json`) to the end, without surrounding
-/// whitespace and backticks. `None`: no fence, or JSON as it is.
+/// whitespace and backticks. `None`: no fence, or JSON with nothing around it.
 pub fn unfence(text: &str) -> Option<String> {
     const STRIP: &[char] = &[' ', '\n', '\r', '\t', '`'];
-    if serde_json::from_str::<serde::de::IgnoredAny>(text.trim_matches(STRIP)).is_ok() {
-        return None;
+    let stripped = text.trim_matches(STRIP);
+    if crate::structured::pyjson::parse(stripped).is_ok() {
+        // JSON once the backticks and blanks around it are gone (```` ``` ```` with no `json`
+        // tag, or `` `{…}` ``): that JSON, as LangChain reads it.
+        return (stripped.len() != text.len()).then(|| stripped.to_owned());
     }
     let (_, after) = text.split_once("```")?;
     let inner = after.strip_prefix("json").unwrap_or(after);
@@ -405,7 +408,9 @@ mod unfence_tests {
         assert_eq!(unfence("```json\n{\"a\": 1}\n```").as_deref(), Some("{\"a\": 1}"));
         assert_eq!(unfence("Here it is:\n```\n{\"a\": 1}\n```\nDone.").as_deref(), Some("{\"a\": 1}\n```\nDone."));
         assert_eq!(unfence("{\"a\": 1}"), None, "plain JSON is left alone");
-        assert_eq!(unfence("`{\"a\": 1}`"), None, "JSON in backticks parses as it is");
+        assert_eq!(unfence("`{\"a\": 1}`").as_deref(), Some("{\"a\": 1}"), "JSON in backticks");
+        assert_eq!(unfence("```\n{\"a\": 1}\n```").as_deref(), Some("{\"a\": 1}"), "a fence without the json tag");
+        assert_eq!(unfence(" {\"a\": NaN}\n").as_deref(), Some("{\"a\": NaN}"), "Python's JSON, blanks around");
         assert_eq!(unfence("no fence at all"), None);
     }
 }

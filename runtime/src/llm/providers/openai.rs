@@ -43,8 +43,11 @@ pub fn wire_schema(schema: WireSchema<'_>) -> (Value, bool) {
     let required: Vec<String> = s.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
     let mut all = Vec::new();
     if let Some(props) = s.get_mut("properties").and_then(Value::as_object_mut) {
+        // Properties the stage ignores (`_private`, as Pydantic does) are not asked for.
+        props.retain(|name, _| !name.starts_with('_'));
         for (name, prop) in props.iter_mut() {
             all.push(Value::String(name.clone()));
+            strict_keywords(prop);
             if required.contains(name) {
                 continue;
             }
@@ -62,6 +65,25 @@ pub fn wire_schema(schema: WireSchema<'_>) -> (Value, bool) {
     s["required"] = Value::Array(all);
     s["additionalProperties"] = json!(false);
     (s, true)
+}
+
+/// The string formats strict mode accepts; another `format` would have the request refused.
+const STRICT_FORMATS: &[&str] = &["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"];
+
+/// One property made fit for strict mode: a format it does not know is dropped (the stage's own
+/// validation ignores formats, as the reference does), and an array without `items` gets the
+/// strings the reference reads it as (strict mode needs `items`).
+fn strict_keywords(prop: &mut Value) {
+    let Some(p) = prop.as_object_mut() else { return };
+    if p.get("format").and_then(Value::as_str).is_some_and(|f| !STRICT_FORMATS.contains(&f)) {
+        p.remove("format");
+    }
+    if p.get("type").and_then(Value::as_str) == Some("array") {
+        let items = p.entry("items").or_insert_with(|| json!({"type": "string"}));
+        if items.get("format").and_then(Value::as_str).is_some_and(|f| !STRICT_FORMATS.contains(&f)) {
+            items.as_object_mut().map(|o| o.remove("format"));
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -186,6 +208,16 @@ mod tests {
                                   "c": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]}},
                    "required": ["a", "b", "c"], "type": "object", "additionalProperties": false})
         );
+        // Formats strict mode refuses go, arrays get their items, `_private` properties go.
+        let odd = FlatSchema::from_json(&json!({"properties": {"u": {"type": "string", "format": "uri"}, "d": {"type": "string", "format": "date"},
+            "l": {"type": "array"}, "_x": {"type": "string"}}, "required": ["u", "d", "l"]}))
+        .unwrap();
+        let (s, _) = wire_schema(WireSchema { json: odd.source(), strict: true });
+        assert_eq!(
+            s["properties"],
+            json!({"u": {"type": "string"}, "d": {"type": "string", "format": "date"}, "l": {"type": "array", "items": {"type": "string"}}})
+        );
+        assert_eq!(s["required"], json!(["u", "d", "l"]));
         // The decision's free-form `arguments` keeps it out of strict mode.
         let decision = crate::decision::DecisionSpec::new(vec!["kb".into()]);
         let (s, strict) = wire_schema(WireSchema { json: decision.schema(), strict: false });
