@@ -65,7 +65,24 @@ pub struct HttpTools {
     /// Bounds the requests in flight to one origin, so bursts reuse pooled connections
     /// instead of opening one connection per request.
     per_origin: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Semaphore>>>>,
+    /// Tool URLs as resolved from the catalogue, parsed once: parsing a URL (its host above all)
+    /// cost more than the rest of a loopback call.
+    targets: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Target>>>>,
 }
+
+/// A parsed tool URL and its origin's gate.
+#[derive(Debug)]
+struct Target {
+    url: reqwest::Url,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+/// Parsed tool URLs kept at most; past it the cache starts again (URLs come from the catalogue
+/// and its variables, so there are few, but a variable may change).
+const MAX_TARGETS: usize = 1024;
+
+/// Same-origin redirects a tool call follows at most.
+pub const MAX_REDIRECTS: usize = 5;
 
 /// Requests in flight to one tool origin at most; more wait for a free connection.
 pub const MAX_IN_FLIGHT_PER_ORIGIN: usize = 64;
@@ -94,40 +111,47 @@ impl HttpTools {
     /// Fails only when the HTTP client cannot be built (a start-up error, never a fallback to a
     /// client without the redirect policy).
     pub fn new() -> Result<HttpTools, String> {
-        let policy = reqwest::redirect::Policy::custom(|attempt| {
-            let same_origin = attempt.previous().first().is_some_and(|first| {
-                let next = attempt.url();
-                first.scheme() == next.scheme() && first.host_str() == next.host_str() && first.port_or_known_default() == next.port_or_known_default()
-            });
-            if attempt.previous().len() > 5 {
-                attempt.error("too many redirects")
-            } else if same_origin {
-                attempt.follow()
-            } else {
-                attempt.error("redirect to another origin refused")
-            }
-        });
         let client = reqwest::Client::builder()
-            .redirect(policy)
+            // Followed by `send` itself, within the origin (see there).
+            .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(MAX_IN_FLIGHT_PER_ORIGIN)
             .build()
             .map_err(|e| format!("cannot build the HTTP client of the tools: {e}"))?;
-        Ok(HttpTools { client, per_origin: Default::default() })
+        Ok(HttpTools { client, per_origin: Default::default(), targets: Default::default() })
+    }
+
+    /// The parsed target of a resolved tool URL, from the cache or parsed now.
+    fn target(&self, url: &str) -> Result<std::sync::Arc<Target>, ToolError> {
+        if let Some(t) = self.targets.lock().unwrap_or_else(|p| p.into_inner()).get(url) {
+            return Ok(t.clone());
+        }
+        // The URL may hold a key (`?api_key=${KB_KEY}`): messages show its origin and path only.
+        let shown = display_url(url);
+        let parsed =
+            reqwest::Url::parse(url).map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("invalid tool URL `{shown}`: {e}") })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("tool URL `{shown}` is not http(s)") });
+        }
+        let origin = format!("{}://{}:{}", parsed.scheme(), parsed.host_str().unwrap_or_default(), parsed.port_or_known_default().unwrap_or(0));
+        let gate = {
+            let mut map = self.per_origin.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(origin).or_insert_with(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_ORIGIN))).clone()
+        };
+        let target = std::sync::Arc::new(Target { url: parsed, gate });
+        let mut targets = self.targets.lock().unwrap_or_else(|p| p.into_inner());
+        if targets.len() >= MAX_TARGETS {
+            targets.clear();
+        }
+        targets.insert(url.to_owned(), target.clone());
+        Ok(target)
     }
 
     /// Calls `url` (already resolved from the catalogue) with `args`.
     pub async fn send(&self, invoke: &Invoke, url: &str, args: &Map<String, Value>) -> Result<ToolOutput, ToolError> {
         let started = Instant::now();
-        // The URL may hold a key (`?api_key=${KB_KEY}`): messages show its origin and path only.
-        let shown = display_url(url);
-        let mut parsed =
-            reqwest::Url::parse(url).map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("invalid tool URL `{shown}`: {e}") })?;
-        let (parsed_scheme, parsed_host, parsed_port) =
-            (parsed.scheme().to_owned(), parsed.host_str().unwrap_or_default().to_owned(), parsed.port_or_known_default().unwrap_or(0));
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("tool URL `{shown}` is not http(s)") });
-        }
-        let request = match invoke.method {
+        let target = self.target(url)?;
+        let mut parsed = target.url.clone();
+        match invoke.method {
             HttpMethod::Get => {
                 if !args.is_empty() {
                     let mut pairs = parsed.query_pairs_mut();
@@ -153,17 +177,45 @@ impl HttpTools {
                         ),
                     });
                 }
-                self.client.get(parsed)
             }
-            HttpMethod::Post => self.client.post(parsed).json(args),
+            HttpMethod::Post => {}
+        }
+        let _permit =
+            target.gate.clone().acquire_owned().await.map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() })?;
+        // Redirects are followed here rather than by the client: its redirect layer parses every
+        // request's URL again, which was a fifth of a loopback call. The rules are the same:
+        // within the first URL's origin only, at most MAX_REDIRECTS, and the timeout covers all.
+        let deadline = started + invoke.timeout;
+        let mut post = invoke.method == HttpMethod::Post;
+        let mut hops = 0;
+        let mut response = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let request = if post { self.client.post(parsed.clone()).json(args) } else { self.client.get(parsed.clone()) };
+            let response = request.timeout(left).send().await.map_err(|e| classify(e, invoke.timeout))?;
+            let status = response.status().as_u16();
+            let location = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok());
+            let Some(location) = location.filter(|_| matches!(status, 301 | 302 | 303 | 307 | 308)) else { break response };
+            let next = parsed
+                .join(location)
+                .map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: format!("HTTP {status}: a redirect to an invalid URL") })?;
+            let same_origin = next.scheme() == target.url.scheme()
+                && next.host_str() == target.url.host_str()
+                && next.port_or_known_default() == target.url.port_or_known_default();
+            if !same_origin {
+                // Where it pointed, by origin only: the query may hold a key.
+                let to = display_url(next.as_str());
+                return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("HTTP {status}: redirect to another origin refused ({to})") });
+            }
+            hops += 1;
+            if hops > MAX_REDIRECTS {
+                return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("too many redirects (more than {MAX_REDIRECTS})") });
+            }
+            // As browsers and HTTP clients do: 301/302/303 go on as a GET without the body.
+            if matches!(status, 301..=303) {
+                post = false;
+            }
+            parsed = next;
         };
-        let origin = format!("{}://{}:{}", parsed_scheme, parsed_host, parsed_port);
-        let gate = {
-            let mut map = self.per_origin.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(origin).or_insert_with(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_ORIGIN))).clone()
-        };
-        let _permit = gate.acquire_owned().await.map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() })?;
-        let mut response = request.timeout(invoke.timeout).send().await.map_err(|e| classify(e, invoke.timeout))?;
         let status = response.status().as_u16();
         if response.content_length().is_some_and(|n| n as usize > invoke.max_response_bytes) {
             return Err(too_large(invoke.max_response_bytes));

@@ -623,3 +623,40 @@ fn config_keys_differing_in_case_are_refused() {
     .unwrap();
     assert!(s.stub);
 }
+
+/// Tool redirects: followed within the first URL's origin (query kept out of messages), at most
+/// five, never to another origin; the whole chain within the tool's timeout.
+#[tokio::test]
+async fn tool_redirects_stay_within_their_origin() {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/hop/search", get(|| async { axum::response::Redirect::temporary("/hop2/search?q=moved") }))
+        .route("/hop2/search", get(|| async { axum::response::Redirect::permanent("/search") }))
+        .route("/search", get(|| async { axum::Json(serde_json::json!({"hits": [{"id": 1}]})) }))
+        .route("/loop/search", get(|| async { axum::response::Redirect::temporary("/loop/search") }))
+        .route("/away/search", get(|| async { axum::response::Redirect::temporary("http://localhost:9/search?api_key=kb-secret-4711") }));
+    let base = serve(app).await;
+    for (suffix, outcome) in [("/hop", Ok(r#"{"hits":[{"id":1}]}"#)), ("/loop", Err("too many redirects")), ("/away", Err("another origin"))] {
+        let stub = StubLlm::default().script("support-agent", "decide", &[r#"CALL kb_search {"q":"refund"}"#, "DONE ok"]);
+        let url = format!("{base}{suffix}");
+        let runner = Runner::new(
+            Arc::new(catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"))),
+            fabric::llm::stack::build(stub, FAST_RETRY),
+            Arc::new(move |k: &str| (k == "KB_SEARCH_URL").then(|| url.clone())),
+        )
+        .unwrap()
+        .with_tool("add", fabric::tools::builtin_add());
+        let sink = Arc::new(MemorySink::default());
+        let result = runner.run(RunRequest { route_id: "support-agent".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
+        match outcome {
+            Ok(body) => assert_eq!(result.notes[0], format!("kb_search: {body}"), "{suffix}"),
+            Err(why) => {
+                let events = sink.events();
+                let failed = events.iter().find(|e| e.kind == "run.tool.failed").unwrap();
+                assert_eq!(failed.data["reason_class"], "tool_connection", "{suffix}");
+                assert!(failed.data["message"].as_str().unwrap().contains(why), "{suffix}: {:?}", failed.data);
+                assert!(!record(&result, &events).contains("kb-secret-4711"), "{suffix}: the key leaked");
+            }
+        }
+    }
+}

@@ -456,23 +456,30 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
     let runner = runner(Duration::from_millis(opts.latency_ms.unwrap_or(0)), tool_url)?;
     let sink = sink(opts);
     let req = RunRequest { route_id: route.into(), goal: goal(), prefetch: vec![] };
-    for _ in 0..opts.warmup {
-        let _ = runner.run(req.clone(), sink.clone(), Cancel::never()).await;
-    }
-    let mut samples = Vec::with_capacity(opts.runs);
-    let mut failed = 0;
-    let cpu0 = cpu_ns();
-    let wall0 = Instant::now();
-    for _ in 0..opts.runs {
-        let t = Instant::now();
-        let r = runner.run(req.clone(), sink.clone(), Cancel::never()).await;
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if !matches!(r, Ok(ref r) if r.result.status == RunStatus::Completed) {
-            failed += 1;
+    let (runs, warmup) = (opts.runs, opts.warmup);
+    // The runs execute in a task on the runtime's workers, as the service executes them (and as
+    // `fabric run` does): not on the thread blocked in `block_on`, from which every wake-up of
+    // the HTTP client's connection task would cross threads.
+    let measured = tokio::spawn(async move {
+        for _ in 0..warmup {
+            let _ = runner.run(req.clone(), sink.clone(), Cancel::never()).await;
         }
-    }
-    let wall = wall0.elapsed().as_secs_f64();
-    let cpu_us = (cpu_ns() - cpu0) as f64 / 1e3 / opts.runs.max(1) as f64;
+        let mut samples = Vec::with_capacity(runs);
+        let mut failed = 0;
+        let cpu0 = cpu_ns();
+        let wall0 = Instant::now();
+        for _ in 0..runs {
+            let t = Instant::now();
+            let r = runner.run(req.clone(), sink.clone(), Cancel::never()).await;
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+            if !matches!(r, Ok(ref r) if r.result.status == RunStatus::Completed) {
+                failed += 1;
+            }
+        }
+        (samples, failed, wall0.elapsed().as_secs_f64(), cpu_ns() - cpu0)
+    });
+    let (samples, failed, wall, cpu_ns_total) = measured.await.map_err(|e| format!("the measured runs stopped: {e}"))?;
+    let cpu_us = cpu_ns_total as f64 / 1e3 / opts.runs.max(1) as f64;
     let per_stage: Vec<f64> = samples.iter().map(|s| s / stages).collect();
     Ok(json!({
         "scenario": name, "route": route, "runs": opts.runs, "failed_runs": failed, "stub_latency_ms": opts.latency_ms.unwrap_or(0), "events": if opts.events { "json" } else { "none" },
@@ -630,6 +637,83 @@ fn table_line(v: &Value) -> String {
 }
 
 /// Runs the chosen scenarios; each result is printed as it completes.
+/// The scenarios `--instructions` counts by default.
+pub const INSTRUCTION_SCENARIOS: &[&str] = &["A", "B", "B-http"];
+
+/// `fabric bench --instructions`: each scenario under `valgrind --tool=callgrind` at `runs / 2`
+/// and `runs` runs (same warm-up); the difference in instructions divided by the difference in
+/// runs is the marginal cost of one run, start-up and warm-up excluded. Instruction counts do
+/// not depend on the machine's speed or load, so these figures compare across machines. Only
+/// the runtime's process is counted (the tool server of B-http is a process of its own). With
+/// both B and B-http, one HTTP tool call is (B-http − B) / 2: the loop route makes two.
+pub async fn instructions(opts: BenchOptions, exe: &Path) -> Result<(), String> {
+    if opts.runs < 2 {
+        return Err("--instructions needs --runs of at least 2".into());
+    }
+    let (low, high) = (opts.runs / 2, opts.runs);
+    let mut per_run: Vec<(String, f64)> = Vec::new();
+    for scenario in &opts.scenarios {
+        if !matches!(scenario.as_str(), "A" | "A2" | "B" | "B-http") {
+            return Err(format!("--instructions counts the sequential scenarios A, A2, B and B-http, not `{scenario}`"));
+        }
+        let mut counts = Vec::new();
+        for runs in [low, high] {
+            counts.push(callgrind(exe, scenario, runs, &opts).await?);
+        }
+        let marginal = (counts[1] as f64 - counts[0] as f64) / (high - low) as f64;
+        per_run.push((scenario.clone(), marginal));
+        let r = json!({
+            "scenario": scenario, "measure": "instructions", "tool": "valgrind --tool=callgrind",
+            "runs": [low, high], "instructions": counts, "instructions_per_run": marginal.round(),
+            "events": if opts.events { "json" } else { "none" }, "meta": meta(),
+        });
+        writeln!(std::io::stdout(), "{r}").map_err(|e| format!("cannot write the results: {e}"))?;
+        let _ = writeln!(std::io::stderr(), "{scenario:<8} {:>10.0} instructions per run ({low} → {high} runs)", marginal);
+    }
+    let find = |name: &str| per_run.iter().find(|(s, _)| s == name).map(|(_, v)| *v);
+    if let (Some(b), Some(http)) = (find("B"), find("B-http")) {
+        let call = (http - b) / 2.0;
+        let r = json!({"scenario": "B-http-call", "measure": "instructions", "instructions_per_call": call.round(), "meta": meta()});
+        writeln!(std::io::stdout(), "{r}").map_err(|e| format!("cannot write the results: {e}"))?;
+        let _ = writeln!(std::io::stderr(), "{:<8} {call:>10.0} instructions per HTTP tool call ((B-http − B) / 2)", "call");
+    }
+    Ok(())
+}
+
+/// The instructions `fabric bench --scenario S --runs N` executes under callgrind.
+async fn callgrind(exe: &Path, scenario: &str, runs: usize, opts: &BenchOptions) -> Result<u64, String> {
+    let out_file = std::env::temp_dir().join(format!("fabric-callgrind-{}-{scenario}-{runs}.out", std::process::id()));
+    let mut cmd = tokio::process::Command::new("valgrind");
+    cmd.arg("--tool=callgrind").arg(format!("--callgrind-out-file={}", out_file.display())).arg(exe);
+    cmd.args(["bench", "--scenario", scenario, "--runs", &runs.to_string(), "--warmup", &opts.warmup.min(100).to_string()]);
+    if opts.events {
+        cmd.arg("--events");
+    }
+    if let Some(j) = &opts.journal {
+        cmd.args(["--journal", j]);
+    }
+    cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).kill_on_drop(true);
+    let output = match cmd.output().await {
+        Ok(o) => o,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err("valgrind is not installed (Debian: apt-get install valgrind)".into());
+        }
+        Err(e) => return Err(format!("cannot start valgrind: {e}")),
+    };
+    let _ = std::fs::remove_file(&out_file);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        return Err(format!("scenario {scenario} under callgrind failed: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+    }
+    // `==PID== Collected : 123,456,789`
+    stderr
+        .lines()
+        .find_map(|l| l.split_once("Collected :").map(|(_, n)| n.trim().replace(',', "")))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("callgrind printed no instruction count for scenario {scenario}"))
+}
+
 pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
     if cfg!(debug_assertions) {
         let _ = writeln!(std::io::stderr(), "fabric bench: this is a debug build; figures are only meaningful with --release");

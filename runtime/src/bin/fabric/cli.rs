@@ -104,9 +104,9 @@ enum Command {
         /// Scenarios: A, A2, B, B-http, C, C2, H, R, S (repeat or comma-separate); all when absent.
         #[arg(long, value_delimiter = ',')]
         scenario: Vec<String>,
-        /// Runs of the sequential scenarios (A, B, B-http).
-        #[arg(long, default_value_t = 20_000)]
-        runs: usize,
+        /// Runs of the sequential scenarios (A, B, B-http); default 20000, 2000 with --instructions.
+        #[arg(long)]
+        runs: Option<usize>,
         /// Warm-up runs before measuring.
         #[arg(long, default_value_t = 1_000)]
         warmup: usize,
@@ -138,6 +138,10 @@ enum Command {
         /// Scenario R: how many replicas share the database (runs: --runs).
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         replicas: Vec<usize>,
+        /// Instructions per run of A, A2, B and B-http, counted by valgrind's callgrind (machine
+        /// independent): each scenario at --runs/2 and --runs runs, the difference per run.
+        #[arg(long)]
+        instructions: bool,
     },
     /// Serve the demo HTTP tools (`/search`, `/add`) on ADDR; prints its URL.
     ToolServer {
@@ -253,11 +257,12 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
-        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events, clients, requests, journal, replicas } => {
-            let scenarios = if scenario.is_empty() { crate::bench::SCENARIOS.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
+        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events, clients, requests, journal, replicas, instructions } => {
+            let all: &[&str] = if *instructions { crate::bench::INSTRUCTION_SCENARIOS } else { crate::bench::SCENARIOS };
+            let scenarios = if scenario.is_empty() { all.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
             let opts = crate::bench::BenchOptions {
                 scenarios,
-                runs: *runs,
+                runs: runs.unwrap_or(if *instructions { 2_000 } else { 20_000 }),
                 warmup: *warmup,
                 concurrency: concurrency.clone(),
                 latency_ms: *latency_ms,
@@ -270,7 +275,8 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 replicas: replicas.clone(),
             };
             let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
-            match crate::bench::run(opts, &exe).await {
+            let outcome = if *instructions { crate::bench::instructions(opts, &exe).await } else { crate::bench::run(opts, &exe).await };
+            match outcome {
                 Ok(()) => Ok(ExitCode::SUCCESS),
                 Err(e) => Ok(usage(format_args!("bench: {e}"))),
             }
