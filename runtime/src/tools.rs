@@ -68,6 +68,18 @@ pub struct HttpTools {
     /// Tool URLs as resolved from the catalogue, parsed once: parsing a URL (its host above all)
     /// cost more than the rest of a loopback call.
     targets: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Target>>>>,
+    /// Plain-HTTP calls go over kept-alive HTTP/1.1 connections of our own (see [`Lean`]),
+    /// unless a proxy is configured; HTTPS and proxied calls go through `client`.
+    lean: Option<std::sync::Arc<Lean>>,
+}
+
+/// One request and its response as `send` needs them: the status, a redirect's `Location`, the
+/// body (read up to the cap).
+#[derive(Debug)]
+struct Exchanged {
+    status: u16,
+    location: Option<String>,
+    body: Vec<u8>,
 }
 
 /// A parsed tool URL and its origin's gate.
@@ -117,7 +129,38 @@ impl HttpTools {
             .pool_max_idle_per_host(MAX_IN_FLIGHT_PER_ORIGIN)
             .build()
             .map_err(|e| format!("cannot build the HTTP client of the tools: {e}"))?;
-        Ok(HttpTools { client, per_origin: Default::default(), targets: Default::default() })
+        // reqwest honours the proxy variables; the lean path has no proxy support, so it stands
+        // aside whenever one of them is set.
+        let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"].iter().any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
+        let lean = (!proxied).then(|| std::sync::Arc::new(Lean::default()));
+        Ok(HttpTools { client, per_origin: Default::default(), targets: Default::default(), lean })
+    }
+
+    /// One request, its response read whole (up to `max` bytes), within `left`.
+    async fn exchange(&self, post: bool, url: &reqwest::Url, args: &Map<String, Value>, left: Duration, invoke: &Invoke) -> Result<Exchanged, ToolError> {
+        let max = invoke.max_response_bytes;
+        if let Some(lean) = self.lean.as_ref().filter(|_| url.scheme() == "http") {
+            let body = post.then(|| bytes::Bytes::from(serde_json::to_vec(args).unwrap_or_default()));
+            return match tokio::time::timeout(left, lean.exchange(url, body, max)).await {
+                Ok(r) => r,
+                Err(_) => Err(ToolError { class: ReasonClass::ToolTimeout, message: format!("no response within {} ms", invoke.timeout.as_millis()) }),
+            };
+        }
+        let request = if post { self.client.post(url.clone()).json(args) } else { self.client.get(url.clone()) };
+        let mut response = request.timeout(left).send().await.map_err(|e| classify(e, invoke.timeout))?;
+        let status = response.status().as_u16();
+        let location = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok()).map(str::to_owned);
+        if response.content_length().is_some_and(|n| n as usize > max) {
+            return Err(too_large(max));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| classify(e, invoke.timeout))? {
+            if body.len() + chunk.len() > max {
+                return Err(too_large(max));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Exchanged { status, location, body })
     }
 
     /// The parsed target of a resolved tool URL, from the cache or parsed now.
@@ -188,13 +231,11 @@ impl HttpTools {
         let deadline = started + invoke.timeout;
         let mut post = invoke.method == HttpMethod::Post;
         let mut hops = 0;
-        let mut response = loop {
+        let exchanged = loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let request = if post { self.client.post(parsed.clone()).json(args) } else { self.client.get(parsed.clone()) };
-            let response = request.timeout(left).send().await.map_err(|e| classify(e, invoke.timeout))?;
-            let status = response.status().as_u16();
-            let location = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok());
-            let Some(location) = location.filter(|_| matches!(status, 301 | 302 | 303 | 307 | 308)) else { break response };
+            let exchanged = self.exchange(post, &parsed, args, left, invoke).await?;
+            let status = exchanged.status;
+            let Some(location) = exchanged.location.as_deref().filter(|_| matches!(status, 301 | 302 | 303 | 307 | 308)) else { break exchanged };
             let next = parsed
                 .join(location)
                 .map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: format!("HTTP {status}: a redirect to an invalid URL") })?;
@@ -216,17 +257,7 @@ impl HttpTools {
             }
             parsed = next;
         };
-        let status = response.status().as_u16();
-        if response.content_length().is_some_and(|n| n as usize > invoke.max_response_bytes) {
-            return Err(too_large(invoke.max_response_bytes));
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| classify(e, invoke.timeout))? {
-            if body.len() + chunk.len() > invoke.max_response_bytes {
-                return Err(too_large(invoke.max_response_bytes));
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let Exchanged { status, body, .. } = exchanged;
         let raw = String::from_utf8_lossy(&body);
         if !(200..300).contains(&status) {
             let excerpt: String = raw.chars().take(200).collect();
@@ -256,6 +287,124 @@ fn scalar_text(v: &Value) -> String {
 
 fn too_large(limit: usize) -> ToolError {
     ToolError { class: ReasonClass::ToolResponseTooLarge, message: format!("response is larger than the {limit}-byte limit") }
+}
+
+/// Plain HTTP/1.1 to tool origins over connections kept alive and reused, straight on hyper's
+/// connection API: the general client's layers (its redirect and retry services, a URL parsed
+/// again per request and per response) were most of the instructions of a loopback call.
+/// Behaviour is the general client's: the same headers (`accept: */*`, `content-type` for JSON),
+/// the timeout around the whole exchange (in `exchange`), the body cap, no redirect of its own.
+#[derive(Debug, Default)]
+struct Lean {
+    /// Idle connections per `host:port`, most recently used last.
+    idle: std::sync::Mutex<std::collections::HashMap<(String, u16), Vec<hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>>>>,
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+impl Lean {
+    async fn connect(url: &reqwest::Url, port: u16) -> Result<Sender, ToolError> {
+        let failed = |e: &dyn std::fmt::Display| ToolError { class: ReasonClass::ToolConnection, message: format!("cannot connect: {e}") };
+        let stream = match url.host() {
+            Some(url::Host::Ipv4(ip)) => tokio::net::TcpStream::connect((ip, port)).await,
+            Some(url::Host::Ipv6(ip)) => tokio::net::TcpStream::connect((ip, port)).await,
+            Some(url::Host::Domain(name)) => tokio::net::TcpStream::connect((name, port)).await,
+            None => return Err(failed(&"the URL has no host")),
+        }
+        .map_err(|e| failed(&e))?;
+        // Requests are small and answered at once: no Nagle delay.
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| failed(&e))?;
+        tokio::spawn(async move {
+            // Ends when the server closes it or the last sender is dropped.
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    fn take(&self, key: &(String, u16)) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.get_mut(key)?;
+        while let Some(sender) = list.pop() {
+            if sender.is_ready() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    fn give_back(&self, key: (String, u16), sender: Sender) {
+        if !sender.is_ready() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.entry(key).or_default();
+        if list.len() < MAX_IN_FLIGHT_PER_ORIGIN {
+            list.push(sender);
+        }
+    }
+
+    fn request(url: &reqwest::Url, body: &Option<bytes::Bytes>) -> Result<hyper::Request<http_body_util::Full<bytes::Bytes>>, ToolError> {
+        let mut target = String::with_capacity(url.path().len() + url.query().map_or(0, |q| q.len() + 1));
+        target.push_str(url.path());
+        if let Some(q) = url.query() {
+            target.push('?');
+            target.push_str(q);
+        }
+        let host = match url.port() {
+            Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
+            None => url.host_str().unwrap_or_default().to_owned(),
+        };
+        let builder = hyper::Request::builder()
+            .method(if body.is_some() { hyper::Method::POST } else { hyper::Method::GET })
+            .uri(target)
+            .header(hyper::header::HOST, host)
+            .header(hyper::header::ACCEPT, "*/*");
+        let builder = if body.is_some() { builder.header(hyper::header::CONTENT_TYPE, "application/json") } else { builder };
+        builder
+            .body(http_body_util::Full::new(body.clone().unwrap_or_default()))
+            .map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("cannot build the request: {e}") })
+    }
+
+    async fn exchange(&self, url: &reqwest::Url, body: Option<bytes::Bytes>, max: usize) -> Result<Exchanged, ToolError> {
+        use http_body_util::BodyExt;
+        let port = url.port_or_known_default().unwrap_or(80);
+        let key = (url.host_str().unwrap_or_default().to_owned(), port);
+        let broken = |e: hyper::Error| ToolError { class: ReasonClass::ToolConnection, message: format!("the request failed: {e}") };
+        let (mut sender, reused) = match self.take(&key) {
+            Some(s) => (s, true),
+            None => (Self::connect(url, port).await?, false),
+        };
+        let response = match sender.send_request(Self::request(url, &body)?).await {
+            Ok(r) => r,
+            // A kept-alive connection the server closed meanwhile: once more on a fresh one
+            // (nothing of the request was answered, so nothing runs twice).
+            Err(e) if reused && (e.is_canceled() || e.is_closed() || e.is_incomplete_message()) => {
+                sender = Self::connect(url, port).await?;
+                sender.send_request(Self::request(url, &body)?).await.map_err(broken)?
+            }
+            Err(e) => return Err(broken(e)),
+        };
+        let status = response.status().as_u16();
+        let location = response.headers().get(hyper::header::LOCATION).and_then(|l| l.to_str().ok()).map(str::to_owned);
+        let length = response.headers().get(hyper::header::CONTENT_LENGTH).and_then(|l| l.to_str().ok()).and_then(|l| l.parse::<u64>().ok());
+        if length.is_some_and(|n| n > max as u64) {
+            return Err(too_large(max));
+        }
+        let mut body = Vec::with_capacity(length.map_or(0, |n| n as usize));
+        let mut incoming = response.into_body();
+        while let Some(frame) = incoming.frame().await {
+            let frame = frame.map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("the response broke off: {e}") })?;
+            if let Some(chunk) = frame.data_ref() {
+                if body.len() + chunk.len() > max {
+                    return Err(too_large(max));
+                }
+                body.extend_from_slice(chunk);
+            }
+        }
+        self.give_back(key, sender);
+        Ok(Exchanged { status, location, body })
+    }
 }
 
 fn classify(e: reqwest::Error, timeout: Duration) -> ToolError {
