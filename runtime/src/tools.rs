@@ -294,16 +294,30 @@ fn too_large(limit: usize) -> ToolError {
 /// again per request and per response) were most of the instructions of a loopback call.
 /// Behaviour is the general client's: the same headers (`accept: */*`, `content-type` for JSON),
 /// the timeout around the whole exchange (in `exchange`), the body cap, no redirect of its own.
+///
+/// A connection is driven by the task that uses it (no task of its own): the socket's readiness
+/// wakes the run waiting on it directly, with no hop through another task and thread.
 #[derive(Debug, Default)]
 struct Lean {
     /// Idle connections per `host:port`, most recently used last.
-    idle: std::sync::Mutex<std::collections::HashMap<(String, u16), Vec<hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>>>>,
+    idle: std::sync::Mutex<std::collections::HashMap<(String, u16), Vec<Conn>>>,
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+type Driver = std::pin::Pin<Box<hyper::client::conn::http1::Connection<hyper_util::rt::TokioIo<tokio::net::TcpStream>, http_body_util::Full<bytes::Bytes>>>>;
+
+/// One kept-alive connection: the handle requests go through and the state machine that moves
+/// its bytes, polled only while a request is on it.
+#[derive(Debug)]
+struct Conn {
+    sender: Sender,
+    driver: Driver,
+    /// The driver finished: the connection is closed (by either side) and is not reused.
+    done: bool,
+}
 
 impl Lean {
-    async fn connect(url: &reqwest::Url, port: u16) -> Result<Sender, ToolError> {
+    async fn connect(url: &reqwest::Url, port: u16) -> Result<Conn, ToolError> {
         let failed = |e: &dyn std::fmt::Display| ToolError { class: ReasonClass::ToolConnection, message: format!("cannot connect: {e}") };
         let stream = match url.host() {
             Some(url::Host::Ipv4(ip)) => tokio::net::TcpStream::connect((ip, port)).await,
@@ -314,33 +328,90 @@ impl Lean {
         .map_err(|e| failed(&e))?;
         // Requests are small and answered at once: no Nagle delay.
         let _ = stream.set_nodelay(true);
-        let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| failed(&e))?;
-        tokio::spawn(async move {
-            // Ends when the server closes it or the last sender is dropped.
-            let _ = connection.await;
-        });
-        Ok(sender)
+        let (sender, driver) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| failed(&e))?;
+        Ok(Conn { sender, driver: Box::pin(driver), done: false })
     }
 
-    fn take(&self, key: &(String, u16)) -> Option<Sender> {
+    fn take(&self, key: &(String, u16)) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.get_mut(key)?;
-        while let Some(sender) = list.pop() {
-            if sender.is_ready() {
-                return Some(sender);
+        while let Some(conn) = list.pop() {
+            if !conn.done && !conn.sender.is_closed() {
+                return Some(conn);
             }
         }
         None
     }
 
-    fn give_back(&self, key: (String, u16), sender: Sender) {
-        if !sender.is_ready() {
+    fn give_back(&self, key: (String, u16), conn: Conn) {
+        if conn.done || conn.sender.is_closed() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.entry(key).or_default();
         if list.len() < MAX_IN_FLIGHT_PER_ORIGIN {
-            list.push(sender);
+            list.push(conn);
+        }
+    }
+
+    /// One request on `conn`, the connection driven alongside: `Ok(None)` when a reused
+    /// connection turned out closed before anything was answered (the caller tries a new one).
+    async fn on(
+        conn: &mut Conn,
+        request: hyper::Request<http_body_util::Full<bytes::Bytes>>,
+        max: usize,
+        reused: bool,
+    ) -> Result<Option<Exchanged>, ToolError> {
+        use futures_util::FutureExt;
+        use http_body_util::BodyExt;
+        let Conn { sender, driver, done } = conn;
+        let answered = std::sync::atomic::AtomicBool::new(false);
+        let work = async {
+            sender.ready().await?;
+            let response = sender.send_request(request).await?;
+            answered.store(true, std::sync::atomic::Ordering::Relaxed);
+            let status = response.status().as_u16();
+            let location = response.headers().get(hyper::header::LOCATION).and_then(|l| l.to_str().ok()).map(str::to_owned);
+            let length = response.headers().get(hyper::header::CONTENT_LENGTH).and_then(|l| l.to_str().ok()).and_then(|l| l.parse::<u64>().ok());
+            if length.is_some_and(|n| n > max as u64) {
+                return Ok(Err(too_large(max)));
+            }
+            let mut body = Vec::with_capacity(length.map_or(0, |n| n as usize));
+            let mut incoming = response.into_body();
+            while let Some(frame) = incoming.frame().await {
+                if let Some(chunk) = frame?.data_ref() {
+                    if body.len() + chunk.len() > max {
+                        return Ok(Err(too_large(max)));
+                    }
+                    body.extend_from_slice(chunk);
+                }
+            }
+            Ok::<_, hyper::Error>(Ok(Exchanged { status, location, body }))
+        };
+        let mut work = std::pin::pin!(work);
+        let outcome = tokio::select! {
+            biased;
+            r = &mut work => r,
+            // The connection ended (closed by the server, or broken). What the request got by
+            // then is all it gets: a request still waiting would wait forever.
+            _ = driver.as_mut() => {
+                *done = true;
+                match (&mut work).now_or_never() {
+                    Some(r) => r,
+                    None if reused && !answered.load(std::sync::atomic::Ordering::Relaxed) => return Ok(None),
+                    None => {
+                        let e = ToolError { class: ReasonClass::ToolConnection, message: "the connection closed before the response ended".into() };
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        match outcome {
+            Ok(r) => r.map(Some),
+            // A kept-alive connection the server closed meanwhile: nothing was answered, so
+            // nothing runs twice on a new one.
+            Err(e) if reused && (e.is_canceled() || e.is_closed() || e.is_incomplete_message()) => Ok(None),
+            Err(e) => Err(ToolError { class: ReasonClass::ToolConnection, message: format!("the request failed: {e}") }),
         }
     }
 
@@ -367,43 +438,20 @@ impl Lean {
     }
 
     async fn exchange(&self, url: &reqwest::Url, body: Option<bytes::Bytes>, max: usize) -> Result<Exchanged, ToolError> {
-        use http_body_util::BodyExt;
         let port = url.port_or_known_default().unwrap_or(80);
         let key = (url.host_str().unwrap_or_default().to_owned(), port);
-        let broken = |e: hyper::Error| ToolError { class: ReasonClass::ToolConnection, message: format!("the request failed: {e}") };
-        let (mut sender, reused) = match self.take(&key) {
-            Some(s) => (s, true),
-            None => (Self::connect(url, port).await?, false),
-        };
-        let response = match sender.send_request(Self::request(url, &body)?).await {
-            Ok(r) => r,
-            // A kept-alive connection the server closed meanwhile: once more on a fresh one
-            // (nothing of the request was answered, so nothing runs twice).
-            Err(e) if reused && (e.is_canceled() || e.is_closed() || e.is_incomplete_message()) => {
-                sender = Self::connect(url, port).await?;
-                sender.send_request(Self::request(url, &body)?).await.map_err(broken)?
-            }
-            Err(e) => return Err(broken(e)),
-        };
-        let status = response.status().as_u16();
-        let location = response.headers().get(hyper::header::LOCATION).and_then(|l| l.to_str().ok()).map(str::to_owned);
-        let length = response.headers().get(hyper::header::CONTENT_LENGTH).and_then(|l| l.to_str().ok()).and_then(|l| l.parse::<u64>().ok());
-        if length.is_some_and(|n| n > max as u64) {
-            return Err(too_large(max));
+        if let Some(mut conn) = self.take(&key)
+            && let Some(exchanged) = Self::on(&mut conn, Self::request(url, &body)?, max, true).await?
+        {
+            self.give_back(key, conn);
+            return Ok(exchanged);
         }
-        let mut body = Vec::with_capacity(length.map_or(0, |n| n as usize));
-        let mut incoming = response.into_body();
-        while let Some(frame) = incoming.frame().await {
-            let frame = frame.map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("the response broke off: {e}") })?;
-            if let Some(chunk) = frame.data_ref() {
-                if body.len() + chunk.len() > max {
-                    return Err(too_large(max));
-                }
-                body.extend_from_slice(chunk);
-            }
-        }
-        self.give_back(key, sender);
-        Ok(Exchanged { status, location, body })
+        let mut conn = Self::connect(url, port).await?;
+        let exchanged = Self::on(&mut conn, Self::request(url, &body)?, max, false)
+            .await?
+            .ok_or_else(|| ToolError { class: ReasonClass::ToolConnection, message: "the connection closed before a response".into() })?;
+        self.give_back(key, conn);
+        Ok(exchanged)
     }
 }
 
@@ -451,6 +499,79 @@ mod tests {
         let e = tools.send(&invoke(HttpMethod::Get), "ftp://127.0.0.1/t?api_key=SECRET", &Map::new()).await.unwrap_err();
         assert_eq!(e.class, ReasonClass::ToolConnection);
         assert!(!e.message.contains("SECRET"), "{}", e.message);
+    }
+
+    /// A loopback server speaking just enough HTTP/1.1: it answers `answers` requests on each
+    /// connection (keep-alive, or `Connection: close` with `close`), then closes it; it counts
+    /// connections and returns each request's head.
+    async fn raw_server(
+        answers: usize,
+        close: bool,
+    ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let heads: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (seen, count) = (heads.clone(), connections.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    for _ in 0..answers {
+                        let mut head = Vec::new();
+                        let mut byte = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            if socket.read(&mut byte).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            head.push(byte[0]);
+                        }
+                        seen.lock().unwrap().push(String::from_utf8_lossy(&head).into_owned());
+                        let body = r#"{"ok":true}"#;
+                        let connection = if close { "Connection: close\r\n" } else { "" };
+                        let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{connection}\r\n{body}", body.len());
+                        let _ = socket.write_all(reply.as_bytes()).await;
+                    }
+                    // Gone, as an idle timeout would close it.
+                });
+            }
+        });
+        (url, heads, connections)
+    }
+
+    #[tokio::test]
+    async fn plain_http_calls_reuse_connections_and_survive_their_closing() {
+        let tools = HttpTools::new().unwrap();
+        let args: Map<String, Value> = serde_json::json!({"q": "a b&c"}).as_object().unwrap().clone();
+        // Kept alive: three calls, one connection; the request as a general client sends it.
+        let (url, heads, connections) = raw_server(usize::MAX, false).await;
+        for _ in 0..3 {
+            let out = tools.send(&invoke(HttpMethod::Get), &format!("{url}/search"), &args).await.unwrap();
+            assert_eq!((out.status, out.text.as_str()), (200, r#"{"ok":true}"#));
+        }
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1, "one kept-alive connection");
+        let head = heads.lock().unwrap()[0].to_lowercase();
+        assert!(head.starts_with("get /search?q=a+b%26c http/1.1\r\n"), "{head}");
+        assert!(head.contains(&format!("host: {}\r\n", url.trim_start_matches("http://"))), "{head}");
+        // The server closes each connection after one answer, without saying so: the next call
+        // finds its kept-alive connection dead and goes on over a new one.
+        let (url, _, connections) = raw_server(1, false).await;
+        for _ in 0..3 {
+            let out = tools.send(&invoke(HttpMethod::Post), &format!("{url}/add"), &args).await.unwrap();
+            assert_eq!(out.status, 200);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 3);
+        // `Connection: close`: never reused.
+        let (url, heads, connections) = raw_server(1, true).await;
+        for _ in 0..2 {
+            tools.send(&invoke(HttpMethod::Post), &format!("{url}/add"), &args).await.unwrap();
+        }
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let head = heads.lock().unwrap()[0].to_lowercase();
+        assert!(head.starts_with("post /add http/1.1\r\n") && head.contains("content-type: application/json\r\n"), "{head}");
     }
 
     #[tokio::test]
