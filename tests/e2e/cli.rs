@@ -329,3 +329,28 @@ fn replay_reproduces_every_example_route_and_reports_a_changed_prompt() {
     let out = fabric(&["replay", "nope", "--store", &store], &[]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `fabric bench --instructions`: the scenario under callgrind at half the runs and all of them,
+/// and the marginal instructions per run. Needs valgrind (installed by `.ci/run`).
+#[test]
+fn bench_counts_instructions_with_callgrind() {
+    let present = std::process::Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !present {
+        assert!(std::env::var("CI").is_err(), "valgrind is missing in CI (.ci/run installs it)");
+        eprintln!("skipped: valgrind is not installed");
+        return;
+    }
+    let out = fabric(&["bench", "--instructions", "--scenario", "A", "--runs", "40", "--warmup", "2"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let line: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert_eq!((line["scenario"].as_str(), line["measure"].as_str()), (Some("A"), Some("instructions")), "{line}");
+    assert_eq!(line["runs"], serde_json::json!([20, 40]));
+    let counts: Vec<u64> = line["instructions"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert!(counts[1] > counts[0], "more runs, more instructions: {line}");
+    let per_run = line["instructions_per_run"].as_f64().unwrap();
+    assert_eq!(per_run, ((counts[1] - counts[0]) as f64 / 20.0).round(), "{line}");
+    // Only the sequential scenarios can be counted this way.
+    let out = fabric(&["bench", "--instructions", "--scenario", "C"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("A, A2, B and B-http"), "{}", stderr(&out));
+}
