@@ -143,7 +143,7 @@ fn push_json_string(buf: &mut String, s: &str) {
     // place: every structured reply goes through here, field by field.
     buf.reserve(s.len() + 2);
     buf.push('"');
-    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+    if memchr::memchr2(b'"', b'\\', s.as_bytes()).is_none() && s.bytes().fold(true, |ok, b| ok & (b >= 0x20)) {
         buf.push_str(s);
         buf.push('"');
         return;

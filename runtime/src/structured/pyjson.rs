@@ -273,12 +273,14 @@ impl Parser<'_> {
         let mut out = String::new();
         loop {
             let start = self.i;
-            while let Some(&b) = self.s.get(self.i) {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                self.i += 1;
-            }
+            // The next quote or backslash (memchr, many bytes at a time), then no control
+            // character before it; a control character ends the run where it is.
+            let rest = &self.s[self.i..];
+            let end = memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
+            self.i += match rest[..end].iter().position(|&b| b < 0x20) {
+                Some(control) => control,
+                None => end,
+            };
             // The input is a &str and the run ends at an ASCII byte (or the end): a char boundary.
             let run = self.text.get(start..self.i).ok_or_else(|| self.err("invalid UTF-8"))?;
             match self.s.get(self.i) {
