@@ -107,6 +107,19 @@ async fn failed_calls_mark_their_spans() {
     assert_eq!(attr(run, "error.type").unwrap().as_str(), "invalid_json");
 }
 
+/// A collector that accepts connections and never answers: its port, and the task holding them.
+async fn silent_collector() -> (u16, tokio::task::JoinHandle<()>) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    (port, held)
+}
+
 /// One request a collector received.
 #[derive(Debug, Clone)]
 struct Received {
@@ -381,14 +394,7 @@ async fn export_failures_are_told_once_and_never_change_the_exit_code() {
     assert_eq!(told(&out), 1, "{stderr}");
     assert!(!stderr.contains("hunter2") && !stderr.contains("sekrit"), "{stderr}");
     // A collector that accepts connections and never answers: the flush deadline ends the wait.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = silent.local_addr().unwrap().port();
-    let held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            open.push(socket);
-        }
-    });
+    let (port, held) = silent_collector().await;
     let started = std::time::Instant::now();
     let out = fabric_run(r#"{"ticket":"x"}"#, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &format!("http://127.0.0.1:{port}")), ("FABRIC_OTEL_FLUSH_MS", "300")]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -509,14 +515,7 @@ async fn agent_runs_and_tool_calls_are_genai_spans() {
 #[tokio::test]
 async fn a_second_signal_stops_the_service_even_while_it_flushes_spans() {
     // A collector that accepts connections and never answers, and a long flush deadline.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = silent.local_addr().unwrap().port();
-    let held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            open.push(socket);
-        }
-    });
+    let (port, held) = silent_collector().await;
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
     let endpoint = format!("http://127.0.0.1:{port}");

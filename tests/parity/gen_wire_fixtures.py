@@ -112,30 +112,12 @@ TOOLS = ["kb_search", "create_ticket"]
 KINDS = ["structured", "envelope", "text", "decision"]
 
 
-def pyd_type(prop):
-    from typing import Literal
-    t = prop.get("type")
-    if "enum" in prop:
-        return Literal[tuple(prop["enum"])]
-    if t == "string": return str
-    if t == "integer": return int
-    if t == "number": return float
-    if t == "boolean": return bool
-    if t == "array":
-        return list[pyd_type(prop.get("items", {"type": "string"}))]
-    raise ValueError(f"not flat: {prop}")
-
-
 def model_for(schema):
-    """The reference's schema → Pydantic mapping (as in gen_extra_vectors.py)."""
-    from typing import Optional
-    from pydantic import ConfigDict, create_model
-    fields = {}
-    req = set(schema.get("required", []))
-    for name, prop in schema["properties"].items():
-        T = pyd_type(prop)
-        fields[name] = (T, ...) if name in req else (Optional[T], None)
-    return create_model("Out", __config__=ConfigDict(extra="ignore"), **fields)
+    """The reference's schema → Pydantic mapping, the one of gen_extra_vectors.py (imported once the
+    venv with pydantic runs this script)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gen_extra_vectors import model_for as reference_model_for
+    return reference_model_for(schema)
 
 
 def agent_decision(tools):
