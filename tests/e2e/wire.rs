@@ -416,7 +416,7 @@ async fn we_read_every_reply_as_langchain_does_or_stricter_on_purpose() {
     let mut unexplained = Vec::new();
     let mut table = BTreeMap::new();
     for fixture in load() {
-        let Setup { provider, kind, system, user, fake, backend } = setup(&fixture).await;
+        let Setup { provider, system, user, fake, backend, .. } = setup(&fixture).await;
         let requests = fixture["requests"].as_array().unwrap();
         for reply in fixture["replies"].as_array().unwrap() {
             let (k, case) = (reply["kind"].as_str().unwrap(), reply["case"].as_str().unwrap());
