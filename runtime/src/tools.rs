@@ -139,7 +139,7 @@ impl HttpTools {
     /// One request, its response read whole (up to `max` bytes), within `left`.
     async fn exchange(&self, post: bool, url: &reqwest::Url, args: &Map<String, Value>, left: Duration, invoke: &Invoke) -> Result<Exchanged, ToolError> {
         let max = invoke.max_response_bytes;
-        if let Some(lean) = self.lean.as_ref().filter(|_| url.scheme() == "http") {
+        if let Some(lean) = self.lean.as_ref().filter(|_| Lean::takes(url)) {
             let body = post.then(|| bytes::Bytes::from(serde_json::to_vec(args).unwrap_or_default()));
             return match tokio::time::timeout(left, lean.exchange(url, body, max)).await {
                 Ok(r) => r,
@@ -228,7 +228,9 @@ impl HttpTools {
         // Redirects are followed here rather than by the client: its redirect layer parses every
         // request's URL again, which was a fifth of a loopback call. The rules are the same:
         // within the first URL's origin only, at most MAX_REDIRECTS, and the timeout covers all.
-        let deadline = started + invoke.timeout;
+        // The timeout starts once the origin has room for the request, as it always did: a
+        // burst queued behind the per-origin limit waits for its turn, not against its timeout.
+        let deadline = Instant::now() + invoke.timeout;
         let mut post = invoke.method == HttpMethod::Post;
         let mut hops = 0;
         let exchanged = loop {
@@ -236,15 +238,16 @@ impl HttpTools {
             let exchanged = self.exchange(post, &parsed, args, left, invoke).await?;
             let status = exchanged.status;
             let Some(location) = exchanged.location.as_deref().filter(|_| matches!(status, 301 | 302 | 303 | 307 | 308)) else { break exchanged };
-            let next = parsed
-                .join(location)
-                .map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: format!("HTTP {status}: a redirect to an invalid URL") })?;
+            // A `Location` that is no URL: the redirect response itself is the answer (a 3xx,
+            // so `tool_http_status`), as an HTTP client reports it.
+            let Ok(next) = parsed.join(location) else { break exchanged };
             let same_origin = next.scheme() == target.url.scheme()
                 && next.host_str() == target.url.host_str()
                 && next.port_or_known_default() == target.url.port_or_known_default();
             if !same_origin {
-                // Where it pointed, by origin only: the query may hold a key.
-                let to = display_url(next.as_str());
+                // Where it pointed, by origin only (the path and query may hold what no note
+                // and no prompt should).
+                let to = format!("{}://{}", next.scheme(), next.host_str().unwrap_or_default());
                 return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("HTTP {status}: redirect to another origin refused ({to})") });
             }
             hops += 1;
@@ -293,7 +296,10 @@ fn too_large(limit: usize) -> ToolError {
 /// connection API: the general client's layers (its redirect and retry services, a URL parsed
 /// again per request and per response) were most of the instructions of a loopback call.
 /// Behaviour is the general client's: the same headers (`accept: */*`, `content-type` for JSON),
-/// the timeout around the whole exchange (in `exchange`), the body cap, no redirect of its own.
+/// the timeout around the whole exchange (in `exchange`), the body cap, no redirect of its own,
+/// idle connections let go after [`IDLE_MAX`], a request re-sent on a new connection only when
+/// the kept-alive one was found closed before the request was written (so nothing runs twice).
+/// URLs with credentials go through the general client, which sends them as Basic auth.
 ///
 /// A connection is driven by the task that uses it (no task of its own): the socket's readiness
 /// wakes the run waiting on it directly, with no hop through another task and thread.
@@ -302,6 +308,10 @@ struct Lean {
     /// Idle connections per `host:port`, most recently used last.
     idle: std::sync::Mutex<std::collections::HashMap<(String, u16), Vec<Conn>>>,
 }
+
+/// How long an idle connection is kept: past it, it is closed at the next use of its origin
+/// (a server, NAT or load balancer may have dropped it silently; most keep idle ones 60 s).
+const IDLE_MAX: Duration = Duration::from_secs(30);
 
 type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
 type Driver = std::pin::Pin<Box<hyper::client::conn::http1::Connection<hyper_util::rt::TokioIo<tokio::net::TcpStream>, http_body_util::Full<bytes::Bytes>>>>;
@@ -314,82 +324,138 @@ struct Conn {
     driver: Driver,
     /// The driver finished: the connection is closed (by either side) and is not reused.
     done: bool,
+    /// When it last went idle.
+    idle_since: Instant,
+}
+
+impl Conn {
+    fn reusable(&self) -> bool {
+        !self.done && !self.sender.is_closed() && self.idle_since.elapsed() < IDLE_MAX
+    }
+}
+
+/// How one request on a connection ended, when it did not end with a response.
+enum Failed {
+    /// The connection was found closed before the request was written: safe to send again.
+    NotSent,
+    /// After the request was (or may have been) written: never sent again.
+    Error(ToolError),
 }
 
 impl Lean {
+    /// Whether a URL can take this path: plain HTTP without credentials in it.
+    fn takes(url: &reqwest::Url) -> bool {
+        url.scheme() == "http" && url.username().is_empty() && url.password().is_none()
+    }
+
     async fn connect(url: &reqwest::Url, port: u16) -> Result<Conn, ToolError> {
         let failed = |e: &dyn std::fmt::Display| ToolError { class: ReasonClass::ToolConnection, message: format!("cannot connect: {e}") };
-        let stream = match url.host() {
-            Some(url::Host::Ipv4(ip)) => tokio::net::TcpStream::connect((ip, port)).await,
-            Some(url::Host::Ipv6(ip)) => tokio::net::TcpStream::connect((ip, port)).await,
-            Some(url::Host::Domain(name)) => tokio::net::TcpStream::connect((name, port)).await,
+        let addresses: Vec<std::net::SocketAddr> = match url.host() {
+            Some(url::Host::Ipv4(ip)) => vec![(ip, port).into()],
+            Some(url::Host::Ipv6(ip)) => vec![(ip, port).into()],
+            Some(url::Host::Domain(name)) => tokio::net::lookup_host((name, port)).await.map_err(|e| failed(&e))?.collect(),
             None => return Err(failed(&"the URL has no host")),
+        };
+        // One address after the other; all but the last get a short while, so that an address
+        // that swallows connections (a blackholed IPv6 route) does not take the whole timeout.
+        let mut last = None;
+        let mut stream = None;
+        for (i, address) in addresses.iter().enumerate() {
+            let attempt = tokio::net::TcpStream::connect(address);
+            let outcome = if i + 1 < addresses.len() {
+                tokio::time::timeout(Duration::from_millis(300), attempt).await.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            } else {
+                attempt.await
+            };
+            match outcome {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
         }
-        .map_err(|e| failed(&e))?;
+        let stream = match (stream, last) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(failed(&e)),
+            (None, None) => return Err(failed(&"the host name resolves to no address")),
+        };
         // Requests are small and answered at once: no Nagle delay.
         let _ = stream.set_nodelay(true);
         let (sender, driver) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| failed(&e))?;
-        Ok(Conn { sender, driver: Box::pin(driver), done: false })
+        Ok(Conn { sender, driver: Box::pin(driver), done: false, idle_since: Instant::now() })
     }
 
     fn take(&self, key: &(String, u16)) -> Option<Conn> {
+        use futures_util::FutureExt;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.get_mut(key)?;
-        while let Some(conn) = list.pop() {
-            if !conn.done && !conn.sender.is_closed() {
+        // Those past their idle time (the oldest, at the front) are closed now.
+        list.retain(Conn::reusable);
+        while let Some(mut conn) = list.pop() {
+            // Nobody polled it while it was idle: one poll now reads what the server sent
+            // meanwhile, a close above all, before a request is written to a dead connection.
+            if conn.driver.as_mut().now_or_never().is_none() && !conn.sender.is_closed() {
                 return Some(conn);
             }
         }
         None
     }
 
-    fn give_back(&self, key: (String, u16), conn: Conn) {
+    fn give_back(&self, key: (String, u16), mut conn: Conn) {
         if conn.done || conn.sender.is_closed() {
             return;
         }
+        conn.idle_since = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.entry(key).or_default();
+        list.retain(Conn::reusable);
         if list.len() < MAX_IN_FLIGHT_PER_ORIGIN {
             list.push(conn);
         }
     }
 
-    /// One request on `conn`, the connection driven alongside: `Ok(None)` when a reused
-    /// connection turned out closed before anything was answered (the caller tries a new one).
-    async fn on(
-        conn: &mut Conn,
-        request: hyper::Request<http_body_util::Full<bytes::Bytes>>,
-        max: usize,
-        reused: bool,
-    ) -> Result<Option<Exchanged>, ToolError> {
+    /// One request on `conn`, the connection driven alongside.
+    async fn on(conn: &mut Conn, request: hyper::Request<http_body_util::Full<bytes::Bytes>>, max: usize) -> Result<Exchanged, Failed> {
         use futures_util::FutureExt;
         use http_body_util::BodyExt;
-        let Conn { sender, driver, done } = conn;
-        let answered = std::sync::atomic::AtomicBool::new(false);
+        let broken = |what: &str, e: &dyn std::fmt::Display| Failed::Error(ToolError { class: ReasonClass::ToolConnection, message: format!("{what}: {e}") });
+        let Conn { sender, driver, done, .. } = conn;
+        // Set once the request is handed to the connection: from then on it may have been written.
+        let handed = std::sync::atomic::AtomicBool::new(false);
         let work = async {
-            sender.ready().await?;
-            let response = sender.send_request(request).await?;
-            answered.store(true, std::sync::atomic::Ordering::Relaxed);
+            if sender.ready().await.is_err() {
+                return Err(Failed::NotSent);
+            }
+            handed.store(true, std::sync::atomic::Ordering::Relaxed);
+            let response = match sender.try_send_request(request).await {
+                Ok(r) => r,
+                // The request came back unwritten: the connection was already closing.
+                Err(e) if e.message().is_some() => return Err(Failed::NotSent),
+                Err(e) => return Err(broken("the request failed", &e.into_error())),
+            };
             let status = response.status().as_u16();
             let location = response.headers().get(hyper::header::LOCATION).and_then(|l| l.to_str().ok()).map(str::to_owned);
             let length = response.headers().get(hyper::header::CONTENT_LENGTH).and_then(|l| l.to_str().ok()).and_then(|l| l.parse::<u64>().ok());
             if length.is_some_and(|n| n > max as u64) {
-                return Ok(Err(too_large(max)));
+                return Err(Failed::Error(too_large(max)));
             }
-            let mut body = Vec::with_capacity(length.map_or(0, |n| n as usize));
+            // Reserved as announced, within reason: the bytes have not come yet.
+            let mut body = Vec::with_capacity(length.map_or(0, |n| (n as usize).min(64 * 1024)));
             let mut incoming = response.into_body();
             while let Some(frame) = incoming.frame().await {
-                if let Some(chunk) = frame?.data_ref() {
+                let frame = frame.map_err(|e| broken("the response broke off", &e))?;
+                if let Some(chunk) = frame.data_ref() {
                     if body.len() + chunk.len() > max {
-                        return Ok(Err(too_large(max)));
+                        return Err(Failed::Error(too_large(max)));
                     }
                     body.extend_from_slice(chunk);
                 }
             }
-            Ok::<_, hyper::Error>(Ok(Exchanged { status, location, body }))
+            Ok(Exchanged { status, location, body })
         };
         let mut work = std::pin::pin!(work);
-        let outcome = tokio::select! {
+        tokio::select! {
             biased;
             r = &mut work => r,
             // The connection ended (closed by the server, or broken). What the request got by
@@ -398,20 +464,10 @@ impl Lean {
                 *done = true;
                 match (&mut work).now_or_never() {
                     Some(r) => r,
-                    None if reused && !answered.load(std::sync::atomic::Ordering::Relaxed) => return Ok(None),
-                    None => {
-                        let e = ToolError { class: ReasonClass::ToolConnection, message: "the connection closed before the response ended".into() };
-                        return Err(e);
-                    }
+                    None if !handed.load(std::sync::atomic::Ordering::Relaxed) => Err(Failed::NotSent),
+                    None => Err(broken("the request failed", &"the connection closed before the response ended")),
                 }
             }
-        };
-        match outcome {
-            Ok(r) => r.map(Some),
-            // A kept-alive connection the server closed meanwhile: nothing was answered, so
-            // nothing runs twice on a new one.
-            Err(e) if reused && (e.is_canceled() || e.is_closed() || e.is_incomplete_message()) => Ok(None),
-            Err(e) => Err(ToolError { class: ReasonClass::ToolConnection, message: format!("the request failed: {e}") }),
         }
     }
 
@@ -440,18 +496,26 @@ impl Lean {
     async fn exchange(&self, url: &reqwest::Url, body: Option<bytes::Bytes>, max: usize) -> Result<Exchanged, ToolError> {
         let port = url.port_or_known_default().unwrap_or(80);
         let key = (url.host_str().unwrap_or_default().to_owned(), port);
-        if let Some(mut conn) = self.take(&key)
-            && let Some(exchanged) = Self::on(&mut conn, Self::request(url, &body)?, max, true).await?
-        {
-            self.give_back(key, conn);
-            return Ok(exchanged);
+        if let Some(mut conn) = self.take(&key) {
+            match Self::on(&mut conn, Self::request(url, &body)?, max).await {
+                Ok(exchanged) => {
+                    self.give_back(key, conn);
+                    return Ok(exchanged);
+                }
+                // Found closed before the request was written: a new connection below.
+                Err(Failed::NotSent) => {}
+                Err(Failed::Error(e)) => return Err(e),
+            }
         }
         let mut conn = Self::connect(url, port).await?;
-        let exchanged = Self::on(&mut conn, Self::request(url, &body)?, max, false)
-            .await?
-            .ok_or_else(|| ToolError { class: ReasonClass::ToolConnection, message: "the connection closed before a response".into() })?;
-        self.give_back(key, conn);
-        Ok(exchanged)
+        match Self::on(&mut conn, Self::request(url, &body)?, max).await {
+            Ok(exchanged) => {
+                self.give_back(key, conn);
+                Ok(exchanged)
+            }
+            Err(Failed::NotSent) => Err(ToolError { class: ReasonClass::ToolConnection, message: "the connection closed before the request was sent".into() }),
+            Err(Failed::Error(e)) => Err(e),
+        }
     }
 }
 
@@ -572,6 +636,67 @@ mod tests {
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
         let head = heads.lock().unwrap()[0].to_lowercase();
         assert!(head.starts_with("post /add http/1.1\r\n") && head.contains("content-type: application/json\r\n"), "{head}");
+    }
+
+    /// Reads one request head (and a body of its `content-length`) from a raw socket.
+    async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<String> {
+        use tokio::io::AsyncReadExt;
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if socket.read(&mut byte).await.ok()? == 0 {
+                return None;
+            }
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_lowercase();
+        let length = head.lines().find_map(|l| l.strip_prefix("content-length: ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0);
+        let mut body = vec![0u8; length];
+        socket.read_exact(&mut body).await.ok()?;
+        Some(format!("{head}{}", String::from_utf8_lossy(&body)))
+    }
+
+    #[tokio::test]
+    async fn a_request_the_server_read_is_never_sent_twice() {
+        use tokio::io::AsyncWriteExt;
+        // The server answers the first request of a connection, reads the second, and closes the
+        // connection without answering it.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/add", listener.local_addr().unwrap());
+        let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let Some(first) = read_request(&mut socket).await else { return };
+                    log.lock().unwrap().push(first);
+                    let _ = socket.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}").await;
+                    if let Some(second) = read_request(&mut socket).await {
+                        log.lock().unwrap().push(second);
+                    }
+                });
+            }
+        });
+        let tools = HttpTools::new().unwrap();
+        let first: Map<String, Value> = serde_json::json!({"q": "first"}).as_object().unwrap().clone();
+        let second: Map<String, Value> = serde_json::json!({"q": "second"}).as_object().unwrap().clone();
+        tools.send(&invoke(HttpMethod::Post), &url, &first).await.unwrap();
+        let e = tools.send(&invoke(HttpMethod::Post), &url, &second).await.unwrap_err();
+        assert_eq!(e.class, ReasonClass::ToolConnection, "{e:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.iter().filter(|r| r.ends_with(r#"{"q":"second"}"#)).count(), 1, "sent once: {seen:?}");
+    }
+
+    #[tokio::test]
+    async fn credentials_in_a_tool_url_go_as_basic_auth() {
+        let (url, heads, _) = raw_server(usize::MAX, false).await;
+        let with_credentials = url.replace("http://", "http://us%20er:p%40ss@");
+        let tools = HttpTools::new().unwrap();
+        tools.send(&invoke(HttpMethod::Get), &format!("{with_credentials}/x"), &Map::new()).await.unwrap();
+        let head = heads.lock().unwrap()[0].to_lowercase();
+        assert!(head.contains("authorization: basic dxmgzxi6cebzcw==\r\n"), "{head}");
     }
 
     #[tokio::test]

@@ -634,9 +634,16 @@ async fn tool_redirects_stay_within_their_origin() {
         .route("/hop2/search", get(|| async { axum::response::Redirect::permanent("/search") }))
         .route("/search", get(|| async { axum::Json(serde_json::json!({"hits": [{"id": 1}]})) }))
         .route("/loop/search", get(|| async { axum::response::Redirect::temporary("/loop/search") }))
-        .route("/away/search", get(|| async { axum::response::Redirect::temporary("http://localhost:9/search?api_key=kb-secret-4711") }));
+        .route("/away/search", get(|| async { axum::response::Redirect::temporary("http://localhost:9/search?api_key=kb-secret-4711") }))
+        .route("/bad/search", get(|| async { (axum::http::StatusCode::FOUND, [("location", "http://[not-an-address")], "moved") }));
     let base = serve(app).await;
-    for (suffix, outcome) in [("/hop", Ok(r#"{"hits":[{"id":1}]}"#)), ("/loop", Err("too many redirects")), ("/away", Err("another origin"))] {
+    for (suffix, outcome) in [
+        ("/hop", Ok(r#"{"hits":[{"id":1}]}"#)),
+        ("/loop", Err(("tool_connection", "too many redirects"))),
+        ("/away", Err(("tool_connection", "another origin"))),
+        // A `Location` that is no URL: the 302 itself is the answer.
+        ("/bad", Err(("tool_http_status", "HTTP 302"))),
+    ] {
         let stub = StubLlm::default().script("support-agent", "decide", &[r#"CALL kb_search {"q":"refund"}"#, "DONE ok"]);
         let url = format!("{base}{suffix}");
         let runner = Runner::new(
@@ -650,10 +657,10 @@ async fn tool_redirects_stay_within_their_origin() {
         let result = runner.run(RunRequest { route_id: "support-agent".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
         match outcome {
             Ok(body) => assert_eq!(result.notes[0], format!("kb_search: {body}"), "{suffix}"),
-            Err(why) => {
+            Err((class, why)) => {
                 let events = sink.events();
                 let failed = events.iter().find(|e| e.kind == "run.tool.failed").unwrap();
-                assert_eq!(failed.data["reason_class"], "tool_connection", "{suffix}");
+                assert_eq!(failed.data["reason_class"], class, "{suffix}");
                 assert!(failed.data["message"].as_str().unwrap().contains(why), "{suffix}: {:?}", failed.data);
                 assert!(!record(&result, &events).contains("kb-secret-4711"), "{suffix}: the key leaked");
             }

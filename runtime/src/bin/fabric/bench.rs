@@ -692,6 +692,9 @@ async fn callgrind(exe: &Path, scenario: &str, runs: usize, opts: &BenchOptions)
     if let Some(j) = &opts.journal {
         cmd.args(["--journal", j]);
     }
+    if let Some(ms) = opts.latency_ms {
+        cmd.args(["--latency-ms", &ms.to_string()]);
+    }
     cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).kill_on_drop(true);
     let output = match cmd.output().await {
         Ok(o) => o,

@@ -139,7 +139,8 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         replicas: Vec<usize>,
         /// Instructions per run of A, A2, B and B-http, counted by valgrind's callgrind (machine
-        /// independent): each scenario at --runs/2 and --runs runs, the difference per run.
+        /// independent): each scenario at --runs/2 and --runs runs, the difference per run
+        /// (warm-up at most 100 runs; --events, --journal and --latency-ms apply).
         #[arg(long)]
         instructions: bool,
     },
