@@ -10,14 +10,15 @@ use tokio::sync::watch;
 #[derive(Debug, Clone)]
 pub struct CancelHandle(watch::Sender<Option<String>>);
 
-/// The receiving side, cheap to clone; one per run.
+/// The receiving side, cheap to clone; one per run. `None`: a token that never fires, which
+/// costs nothing to make or to wait on (every model and tool call races against its token).
 #[derive(Debug, Clone)]
-pub struct Cancel(watch::Receiver<Option<String>>);
+pub struct Cancel(Option<watch::Receiver<Option<String>>>);
 
 impl CancelHandle {
     pub fn new() -> (CancelHandle, Cancel) {
         let (tx, rx) = watch::channel(None);
-        (CancelHandle(tx), Cancel(rx))
+        (CancelHandle(tx), Cancel(Some(rx)))
     }
 
     /// Cancels every run holding a [`Cancel`] of this handle, giving `reason`.
@@ -32,27 +33,25 @@ impl CancelHandle {
     }
 
     pub fn token(&self) -> Cancel {
-        Cancel(self.0.subscribe())
+        Cancel(Some(self.0.subscribe()))
     }
 }
 
 impl Cancel {
     /// A token that never fires.
     pub fn never() -> Cancel {
-        let (handle, cancel) = CancelHandle::new();
-        // Dropping the sender leaves the value at `None` for ever: `cancelled` then pends.
-        drop(handle);
-        cancel
+        Cancel(None)
     }
 
     /// The reason, once cancelled.
     pub fn reason(&self) -> Option<String> {
-        self.0.borrow().clone()
+        self.0.as_ref().and_then(|rx| rx.borrow().clone())
     }
 
     /// Resolves with the reason once cancelled; never resolves otherwise.
     pub async fn cancelled(&self) -> String {
-        let mut rx = self.0.clone();
+        let Some(rx) = &self.0 else { return std::future::pending().await };
+        let mut rx = rx.clone();
         let reason = rx.wait_for(Option::is_some).await.ok().and_then(|r| r.clone());
         match reason {
             Some(reason) => reason,

@@ -5,6 +5,16 @@ use serde_json::{Map, Value};
 /// Longest note kept, in characters; longer ones are cut and end with `…`.
 pub const NOTE_MAX_CHARS: usize = 600;
 
+/// A stage's note: `{stage_id}: {value}`, compressed.
+pub fn stage_note(stage_id: &str, value: &str) -> String {
+    let mut text = String::with_capacity(stage_id.len() + 2 + value.len());
+    text.push_str(stage_id);
+    text.push_str(": ");
+    text.push_str(value);
+    // Most notes are already one line of ASCII words with single spaces: kept as they are.
+    if is_compact_ascii(&text) { text } else { compress_note(&text) }
+}
+
 /// One line, whitespace runs collapsed, at most [`NOTE_MAX_CHARS`] characters.
 pub fn compress_note(text: &str) -> String {
     // Most notes are already one line of ASCII words with single spaces: copied as they are.

@@ -736,7 +736,7 @@ impl Runner {
         let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
         match outcome {
             Ok(value) => {
-                let added = (note && !value.is_empty()).then(|| message::compress_note(&format!("{}: {value}", stage.id())));
+                let added = (note && !value.is_empty()).then(|| message::stage_note(stage.id(), &value));
                 if let Some(n) = &added {
                     state.notes.push(n.clone());
                 }
@@ -869,13 +869,6 @@ impl Runner {
                     }
                     return Ok(reply.slot_value());
                 }
-                let query = match &reply {
-                    ReplyValue::Structured(d) => serde_json::from_str::<Value>(&d.compact)
-                        .ok()
-                        .and_then(|v| v.get("query").and_then(Value::as_str).map(str::to_owned))
-                        .unwrap_or_default(),
-                    other => other.slot_value().trim().to_owned(),
-                };
                 if let Some(value) = state.recorded_result(stage.id()) {
                     return Ok(value);
                 }
@@ -887,6 +880,14 @@ impl Runner {
                         Err(StageFailure::new(ReasonClass::ToolConnection, format!("replay: {what}")))
                     }
                     Some((invoke, url)) => {
+                        // The query, read out of the reply only when a tool is there to take it.
+                        let query = match &reply {
+                            ReplyValue::Structured(d) => serde_json::from_str::<Value>(&d.compact)
+                                .ok()
+                                .and_then(|v| v.get("query").and_then(Value::as_str).map(str::to_owned))
+                                .unwrap_or_default(),
+                            other => other.slot_value().trim().to_owned(),
+                        };
                         let mut args = Map::new();
                         args.insert(invoke.query_param.clone(), Value::String(query));
                         self.call_tool(run, stage, invoke, &url, &args, cx).await
@@ -1112,7 +1113,9 @@ fn kind_name(kind: &NodeKind) -> &'static str {
 
 /// Time-ordered run ids (UUIDv7), so ids sort by start time.
 pub fn new_run_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+    // Encoded straight into a buffer (the `Display` path goes through the formatter).
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf).to_owned()
 }
 
 /// Evaluates a branch condition against the run's slots.

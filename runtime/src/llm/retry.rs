@@ -28,12 +28,8 @@ impl<L: Llm> RetryLlm<L> {
 impl<L: Llm> Llm for RetryLlm<L> {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
         Box::pin(async move {
-            let mut delays = ExponentialBuilder::default()
-                .with_min_delay(self.policy.base)
-                .with_max_delay(self.policy.max_backoff)
-                .with_max_times(self.policy.max_attempts.saturating_sub(1) as usize)
-                .with_jitter()
-                .build();
+            // The schedule is made at the first failure: most calls never need it.
+            let mut delays = None;
             let mut attempt: u32 = 1;
             loop {
                 let result = self.inner.complete(req).await;
@@ -44,6 +40,14 @@ impl<L: Llm> Llm for RetryLlm<L> {
                 if !error.class.is_retryable() || attempt >= self.policy.max_attempts {
                     return Err(error);
                 }
+                let delays = delays.get_or_insert_with(|| {
+                    ExponentialBuilder::default()
+                        .with_min_delay(self.policy.base)
+                        .with_max_delay(self.policy.max_backoff)
+                        .with_max_times(self.policy.max_attempts.saturating_sub(1) as usize)
+                        .with_jitter()
+                        .build()
+                });
                 let Some(computed) = delays.next() else { return Err(error) };
                 let delay = error.retry_after.unwrap_or(computed).min(self.policy.max_backoff);
                 req.events.emit(

@@ -80,8 +80,8 @@ pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeErr
             Ok(out) => {
                 if let Out::Str(s) = &out {
                     match field.name.as_str() {
-                        "text" => text = Some(s.clone()),
-                        "message" => message = Some(s.clone()),
+                        "text" => text = Some((*s).to_owned()),
+                        "message" => message = Some((*s).to_owned()),
                         _ => {}
                     }
                 }
@@ -98,19 +98,20 @@ pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeErr
     Ok(Decoded { compact, unwrapped })
 }
 
-/// A validated field value, ready to serialise.
-enum Out {
+/// A validated field value, ready to serialise; strings and enum members borrowed from the
+/// parsed reply and the schema (nothing is copied before it is written out).
+enum Out<'a> {
     Null,
     Bool(bool),
     Int(BigInt),
     Float(f64),
-    Str(String),
+    Str(&'a str),
     /// An enum member, serialised as written in the schema.
-    Json(serde_json::Value),
-    List(Vec<Out>),
+    Json(&'a serde_json::Value),
+    List(Vec<Out<'a>>),
 }
 
-impl Out {
+impl Out<'_> {
     fn write(&self, buf: &mut String) {
         match self {
             Out::Null => buf.push_str("null"),
@@ -176,7 +177,7 @@ fn push_json_string(buf: &mut String, s: &str) {
     buf.push('"');
 }
 
-fn validate(field: &Field, value: Option<&PyJson>) -> Result<Out, String> {
+fn validate<'a>(field: &'a Field, value: Option<&'a PyJson>) -> Result<Out<'a>, String> {
     match value {
         None | Some(PyJson::Null) if !field.required => Ok(Out::Null),
         None => Err("field required".into()),
@@ -191,11 +192,11 @@ fn validate(field: &Field, value: Option<&PyJson>) -> Result<Out, String> {
     }
 }
 
-fn scalar(ty: &Scalar, v: &PyJson) -> Result<Out, String> {
+fn scalar<'a>(ty: &'a Scalar, v: &'a PyJson) -> Result<Out<'a>, String> {
     let wrong = |what: &str| Err(format!("input should be {what}, got {}", v.kind()));
     match ty {
         Scalar::String => match v {
-            PyJson::Str(s) => Ok(Out::Str(s.clone())),
+            PyJson::Str(s) => Ok(Out::Str(s)),
             _ => wrong("a valid string"),
         },
         Scalar::Number => match v {
@@ -232,7 +233,7 @@ fn scalar(ty: &Scalar, v: &PyJson) -> Result<Out, String> {
         Scalar::Enum(members) => members
             .iter()
             .find(|m| enum_matches(m, v))
-            .map(|m| Out::Json(m.clone()))
+            .map(Out::Json)
             .ok_or_else(|| format!("input should be one of {}", serde_json::Value::Array(members.clone()))),
     }
 }
