@@ -438,7 +438,8 @@ pub fn tools_text(tools: &[BoundCapability]) -> String {
 
 // ---- rendering for `fabric hydrate` ----
 
-fn edge_label(e: &Edge) -> String {
+/// An edge's condition as the views show it (`intake.urgency == high`); empty when it has none.
+pub fn edge_label(e: &Edge) -> String {
     match &e.when {
         None => String::new(),
         Some(c) => {

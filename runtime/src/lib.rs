@@ -8,8 +8,8 @@
 //!   [`decision`] (the decision loop's replies);
 //! - [`llm`]: the model port, its decorators, the stub and the providers, and [`llm::model`]
 //!   (provider kinds, model strings, targets); [`config`]: settings from the environment;
-//! - [`defs`] → [`prompt`] → [`loader`] → [`hydrate`] → [`catalogue`]: files become definitions,
-//!   prompts resolve, routes become graphs;
+//! - [`defs`] → [`prompt`] → [`loader`] → [`hydrate`] → [`svg`] → [`catalogue`]: files become
+//!   definitions, prompts resolve, routes become graphs (and their SVG pictures);
 //! - [`tools`]: the tool port (HTTP and in-process tools); [`exec`]: the walker and the decision
 //!   loop;
 //! - [`runtime`]: the facade every front end (`fabric`, `fabric serve`, Python) is a shell over.
@@ -34,6 +34,7 @@ pub mod runtime;
 pub mod source;
 pub mod store;
 pub mod structured;
+pub mod svg;
 pub mod textfile;
 pub mod tools;
 pub mod yaml;

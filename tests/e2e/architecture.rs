@@ -31,6 +31,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("prompt", &["diag", "yaml", "source", "defs"]),
     ("loader", &["diag", "structured", "yaml", "source", "llm", "defs", "prompt"]),
     ("hydrate", &["diag", "decision", "llm", "defs", "prompt", "loader"]),
+    ("svg", &["defs", "prompt", "hydrate"]),
     ("catalogue", &["diag", "source", "defs", "loader", "hydrate"]),
     // Running them.
     ("tools", &["redact", "failure", "defs"]),
@@ -38,7 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["redact", "failure", "events", "llm", "exec"]),
     ("runtime", &["cancel", "diag", "failure", "events", "llm", "config", "defs", "hydrate", "catalogue", "tools", "exec", "store"]),
     // The service: HTTP over the facade.
-    ("api", &["cancel", "failure", "events", "catalogue", "exec", "store", "runtime"]),
+    ("api", &["cancel", "failure", "events", "svg", "catalogue", "exec", "store", "runtime"]),
 ];
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {

@@ -141,6 +141,16 @@ fn hydrate_formats() {
 }
 
 #[test]
+fn hydrate_svg_is_the_library_picture() {
+    let out = fabric(&["hydrate", "support-agent", "--format", "svg"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let cat = fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"));
+    assert_eq!(stdout(&out), fabric::svg::render_svg(cat.route("support-agent").unwrap()));
+    let out = fabric(&["hydrate", "nope", "--format", "svg"], &[]);
+    assert_eq!((out.status.code(), stdout(&out).as_str()), (Some(2), ""));
+}
+
+#[test]
 fn validate_reports_non_bindable_schemas() {
     let dir = tempfile::tempdir().unwrap();
     let schema = dir.path().join("nested.json");

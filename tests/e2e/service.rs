@@ -153,6 +153,36 @@ async fn a_broken_route_is_422_with_its_problems() {
     let (status, _, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "bad", "goal": {}, "model_profile": "default"})), false).await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("broken_route")));
     assert!(body["error"]["problems"][0].as_str().unwrap().contains("r.yaml:2:"), "{body}");
+    // Its picture is refused the same way.
+    let (status, headers, graph) = call(&app, "GET", "/v1/routes/bad/graph.svg", None, false).await;
+    assert_eq!((status, graph["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("broken_route")));
+    assert_eq!(graph["error"]["problems"], body["error"]["problems"]);
+    assert_eq!(headers["content-type"], "application/json");
+}
+
+#[tokio::test]
+async fn a_route_graph_is_served_as_a_locked_down_svg() {
+    let (app, _stub) = app(None, authed(ApiConfig::default())).await;
+    let (status, headers, body) = call(&app, "GET", "/v1/routes/ticket-router/graph.svg", None, true).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "image/svg+xml");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(headers["content-security-policy"], "default-src 'none'; style-src 'unsafe-inline'");
+    let cat = fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"));
+    let svg = body.as_str().unwrap();
+    assert_eq!(svg, fabric::svg::render_svg(cat.route("ticket-router").unwrap()));
+    crate::hydrate::check_svg(svg).unwrap();
+    // The same bearer token as every `/v1` endpoint; an unknown route is the usual 404.
+    let (status, headers, body) = call(&app, "GET", "/v1/routes/ticket-router/graph.svg", None, false).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    assert_eq!(headers["www-authenticate"], "Bearer");
+    let (status, _, body) = call(&app, "GET", "/v1/routes/nope/graph.svg", None, true).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str(), body["error"]["message"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"), Some("unknown route `nope`"))
+    );
+    let (status, _, _) = call(&app, "POST", "/v1/routes/ticket-router/graph.svg", None, true).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
 }
 
 #[tokio::test]
@@ -161,7 +191,17 @@ async fn the_openapi_document_is_generated_kept_in_docs_and_describes_the_respon
     let (status, _, doc) = call(&app, "GET", "/openapi.json", None, true).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(doc["openapi"].as_str().map(|v| &v[..3]), Some("3.1"));
-    for path in ["/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/reply", "/v1/routes", "/healthz", "/readyz", "/metrics"] {
+    for path in [
+        "/v1/runs",
+        "/v1/runs/{run_id}",
+        "/v1/runs/{run_id}/events",
+        "/v1/runs/{run_id}/reply",
+        "/v1/routes",
+        "/v1/routes/{route_id}/graph.svg",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ] {
         assert!(doc["paths"].get(path).is_some(), "{path} is documented");
     }
     let copy = repo().join("docs/openapi.json");

@@ -32,7 +32,7 @@ pub use live::{Live, LiveEvent, LiveRun};
 pub use metrics::Metrics;
 
 use crate::cancel::Cancel;
-use crate::catalogue::RouteEntry;
+use crate::catalogue::{RouteEntry, RouteLookupError};
 use crate::events::EventSink;
 use crate::exec::StartError;
 use crate::runtime::{AcceptError, ReplyError, Runtime, StartRequest};
@@ -415,6 +415,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runs/{run_id}", get(get_run))
         .route("/v1/runs/{run_id}/reply", post(reply))
         .route("/v1/routes", get(list_routes))
+        .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
         .layer(axum::middleware::from_fn_with_state(state.clone(), time_limit));
@@ -844,6 +845,31 @@ async fn list_routes(State(state): State<AppState>) -> Json<Vec<RouteInfo>> {
         })
         .collect();
     Json(routes)
+}
+
+/// A route's graph as a self-contained SVG 1.1 document: stages, roles, prompt references, edges and their conditions.
+// Served with `nosniff` and a CSP that allows nothing but inline styling, so the picture stays a
+// picture even when opened on its own; everything from the catalogue in it is escaped.
+#[utoipa::path(get, path = "/v1/routes/{route_id}/graph.svg", params(("route_id" = String, Path, description = "The route id")),
+    responses((status = 200, description = "The graph, SVG 1.1", content_type = "image/svg+xml", body = String,
+        headers(("x-content-type-options" = String, description = "`nosniff`"), ("content-security-policy" = String, description = "`default-src 'none'; style-src 'unsafe-inline'`"))), (status = 404, description = "Unknown route", body = ErrorBody),
+        (status = 422, description = "A broken route", body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+async fn route_graph_svg(State(state): State<AppState>, Path(route_id): Path<String>) -> Result<Response, ApiError> {
+    let route = state.inner.runtime.catalogue().route(&route_id).map_err(|e| match e {
+        RouteLookupError::Unknown { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{route_id}`")),
+        RouteLookupError::Broken(b) => {
+            let mut e =
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "broken_route", format!("route `{route_id}` cannot run: the catalogue has errors in it"));
+            e.problems = b.problems.iter().flat_map(|d| d.to_string().lines().map(|l| l.trim().to_owned()).collect::<Vec<_>>()).collect();
+            e
+        }
+    })?;
+    let headers = [
+        (header::CONTENT_TYPE, "image/svg+xml"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::CONTENT_SECURITY_POLICY, "default-src 'none'; style-src 'unsafe-inline'"),
+    ];
+    Ok((headers, crate::svg::render_svg(route)).into_response())
 }
 
 /// Whether the process is up (no authentication).

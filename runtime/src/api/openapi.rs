@@ -10,7 +10,7 @@ use super::*;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Fabric Runtime", description = "Runs staged LLM routes: the start contract, run records, live events, replies.", license(name = "Apache-2.0")),
-    paths(start_run, list_runs, get_run, run_events, reply, list_routes, healthz, readyz, metrics, openapi_json),
+    paths(start_run, list_runs, get_run, run_events, reply, list_routes, route_graph_svg, healthz, readyz, metrics, openapi_json),
     components(schemas(StartBody, Accepted, RunView, RunPage, ReplyBody, RouteInfo, ErrorBody, ErrorDetail)),
     modifiers(&Bearer)
 )]

@@ -190,6 +190,7 @@ enum Format {
     Text,
     Dot,
     Mermaid,
+    Svg,
 }
 
 /// Results or events could not be written (closed pipe, full disk): the record is incomplete.
@@ -333,6 +334,7 @@ fn hydrate_cmd(cat: &Catalogue, route_id: &str, format: Format) -> std::io::Resu
                 Format::Text => hydrate::render_text(r),
                 Format::Dot => hydrate::render_dot(r),
                 Format::Mermaid => hydrate::render_mermaid(r),
+                Format::Svg => fabric::svg::render_svg(r),
             };
             print_out(&text)?;
             Ok(ExitCode::SUCCESS)
