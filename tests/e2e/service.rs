@@ -196,6 +196,8 @@ async fn the_openapi_document_is_generated_kept_in_docs_and_describes_the_respon
         "/v1/runs/{run_id}",
         "/v1/runs/{run_id}/events",
         "/v1/runs/{run_id}/reply",
+        "/v1/runs/{run_id}/record",
+        "/v1/runs/updates",
         "/v1/routes",
         "/v1/routes/{route_id}/graph.svg",
         "/healthz",
@@ -227,6 +229,8 @@ async fn the_openapi_document_is_generated_kept_in_docs_and_describes_the_respon
     assert!(routes.as_array().unwrap().iter().all(|r| schema("RouteInfo").is_valid(r)));
     let (_, _, page) = call(&app, "GET", "/v1/runs", None, true).await;
     assert!(schema("RunPage").is_valid(&page), "{page}");
+    let (_, _, record) = call(&app, "GET", &format!("/v1/runs/{}/record", run["run_id"].as_str().unwrap()), None, true).await;
+    assert!(schema("RunRecord").is_valid(&record), "{record}");
 }
 
 // ---- over a real socket ----
@@ -523,4 +527,164 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     assert!(read.is_ok(), "the connection is still open after a minute");
     // Others are served meanwhile and after.
     assert_eq!(get(&server, "/v1/routes").await.as_array().map(Vec::len), Some(4));
+}
+
+// ---- the run inspector (/ui/) and what it reads ----
+
+#[tokio::test]
+async fn the_inspector_is_served_without_a_token_under_a_strict_policy() {
+    let (app, _stub) = app(None, authed(ApiConfig::default())).await;
+    for (path, kind) in [("/ui/", "text/html"), ("/ui/app.js", "text/javascript"), ("/ui/app.css", "text/css")] {
+        let (status, headers, body) = call(&app, "GET", path, None, false).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(headers["content-type"].to_str().unwrap().starts_with(kind), "{path}: {:?}", headers["content-type"]);
+        assert_eq!(
+            headers["content-security-policy"],
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        );
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        assert_eq!(headers["referrer-policy"], "no-referrer");
+        assert_eq!(headers["cache-control"], "no-cache");
+        assert!(!body.as_str().unwrap().is_empty());
+    }
+    let (status, headers, _) = call(&app, "GET", "/ui", None, false).await;
+    assert!(status.is_redirection());
+    assert_eq!(headers["location"], "/ui/");
+    // The page itself: no inline script, style or handler (the policy would refuse them anyway).
+    let (_, _, html) = call(&app, "GET", "/ui/", None, false).await;
+    let html = html.as_str().unwrap().to_ascii_lowercase();
+    assert_eq!(html.matches("<script").count(), 1, "one script element");
+    assert!(html.contains(r#"<script src="app.js" defer></script>"#));
+    assert!(!html.contains("<style"), "no inline style element");
+    assert!(!html.contains(" style="), "no style attribute");
+    assert!(!html.contains("javascript:"));
+    for (i, _) in html.match_indices(" on") {
+        let rest = &html[i + 3..];
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphabetic()).collect();
+        assert!(name.is_empty() || !rest[name.len()..].trim_start().starts_with('='), "an inline handler `on{name}=`");
+    }
+    for id in ["token-form", "token", "token-save", "token-clear", "nav-runs", "nav-routes"] {
+        assert!(html.contains(&format!(r#"id="{id}""#)), "#{id} in index.html");
+    }
+    // Data reaches the page as text, never as markup.
+    let (_, _, js) = call(&app, "GET", "/ui/app.js", None, false).await;
+    let js = js.as_str().unwrap();
+    for banned in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function", "createContextualFragment"] {
+        assert!(!js.contains(banned), "app.js uses {banned}");
+    }
+    assert!(js.contains("sessionStorage") && js.contains("'fabric-token'"), "the token is kept in sessionStorage");
+    assert!(!js.contains("localStorage"), "never beyond the session");
+    // Everything else still needs the token.
+    let (status, _, _) = call(&app, "GET", "/ui/../v1/runs", None, false).await;
+    assert_ne!(status, StatusCode::OK);
+    let (status, _, _) = call(&app, "GET", "/ui/secret", None, false).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// Reads Server-Sent Events from an in-process response until `done` says so (or 20 s pass).
+async fn read_sse(body: axum::body::Body, mut done: impl FnMut(&[(String, Value)]) -> bool) -> Vec<(String, Value)> {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut buf = String::new();
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done(&events) {
+        let chunk = tokio::time::timeout_at(deadline, stream.next()).await.expect("the stream answers in time");
+        let Some(Ok(chunk)) = chunk else { break };
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let kind = block.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or("message").to_owned();
+            if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) {
+                events.push((kind, serde_json::from_str(data).unwrap()));
+            }
+        }
+    }
+    events
+}
+
+#[tokio::test]
+async fn the_run_list_streams_new_runs_and_their_status_changes() {
+    let (app, _stub) = app(None, authed(ApiConfig::default())).await;
+    // An older run is sent first; then the new one and its changes, live.
+    let (_, _, old) =
+        call(&app, "POST", "/v1/runs?wait=true", Some(json!({"route_id": "support-triage", "goal": {"ticket": "a"}, "model_profile": "default"})), true).await;
+    let (status, _, _) = call(&app, "GET", "/v1/runs/updates", None, false).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, body) = call(&app, "GET", "/v1/runs/updates?status=nope", None, true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request")));
+    let req = Request::builder().uri("/v1/runs/updates").header("authorization", format!("Bearer {TOKEN}")).body(Body::empty()).unwrap();
+    let response = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let starter = app.clone();
+    let started = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let (_, _, accepted) =
+            call(&starter, "POST", "/v1/runs", Some(json!({"route_id": "support-agent", "goal": {"q": 1}, "model_profile": "default"})), true).await;
+        let id = accepted["run_id"].as_str().unwrap().to_owned();
+        settled_in(&starter, &id).await;
+        // Long enough for the stream's reads (every 500 ms) to see it asking.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Answered: its status changes again.
+        let (status, _, _) = call(&starter, "POST", &format!("/v1/runs/{id}/reply"), Some(json!({"message": "order 42"})), true).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        id
+    });
+    let events = read_sse(response.into_body(), |events| events.iter().any(|(_, r)| r["status"] == "completed" && r["route_id"] == "support-agent")).await;
+    let id = started.await.unwrap();
+    assert!(events.iter().all(|(kind, _)| kind == "run"));
+    assert_eq!(events[0].1["run_id"], old["run_id"], "the runs there already come first");
+    let new: Vec<&str> = events.iter().filter(|(_, r)| r["run_id"] == id.as_str()).map(|(_, r)| r["status"].as_str().unwrap()).collect();
+    assert!(new.contains(&"awaiting_input") && new.last() == Some(&"completed"), "{new:?}");
+    let run = &events.iter().rev().find(|(_, r)| r["run_id"] == id.as_str()).unwrap().1;
+    assert_eq!(run["route_id"], "support-agent");
+    assert!(run["created_at"].is_string() && run["updated_at"].is_string());
+}
+
+/// Waits until a run ended or asked (in-process).
+async fn settled_in(app: &axum::Router, id: &str) -> Value {
+    for _ in 0..200 {
+        let (_, _, run) = call(app, "GET", &format!("/v1/runs/{id}"), None, true).await;
+        if !matches!(run["status"].as_str(), Some("queued" | "running")) {
+            return run;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("run {id} did not settle");
+}
+
+#[tokio::test]
+async fn a_run_record_holds_its_prompts_user_messages_and_replies_as_received() {
+    let (app, _stub) = app(None, authed(ApiConfig::default())).await;
+    let (_, _, run) = call(
+        &app,
+        "POST",
+        "/v1/runs?wait=true",
+        Some(json!({"route_id": "support-triage", "goal": {"ticket": "<script>alert(1)</script>"}, "model_profile": "default"})),
+        true,
+    )
+    .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let id = run["run_id"].as_str().unwrap();
+    let (status, _, record) = call(&app, "GET", &format!("/v1/runs/{id}/record"), None, false).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{record}");
+    let (status, _, record) = call(&app, "GET", &format!("/v1/runs/{id}/record"), None, true).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((record["run_id"].as_str(), record["route_id"].as_str(), record["status"].as_str()), (Some(id), Some("support-triage"), Some("completed")));
+    assert_eq!(record["request"]["goal"]["ticket"], "<script>alert(1)</script>");
+    let entries = record["entries"].as_array().unwrap();
+    let replies: Vec<&Value> = entries.iter().filter(|e| e["entry"] == "model_reply").collect();
+    assert_eq!(replies.iter().map(|e| e["stage_id"].as_str().unwrap()).collect::<Vec<_>>(), ["intake", "lookup", "answer"]);
+    for r in &replies {
+        for field in ["system", "user", "raw", "value"] {
+            assert!(r[field].is_string(), "{field} in {r}");
+        }
+        assert!(!r["system"].as_str().unwrap().is_empty());
+    }
+    assert!(replies[0]["user"].as_str().unwrap().contains("<script>alert(1)</script>"), "the user message as sent");
+    let completed = entries.iter().filter(|e| e["entry"] == "stage_completed").count();
+    assert_eq!(completed, 3);
+    let (status, _, body) = call(&app, "GET", "/v1/runs/nope/record", None, true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
 }

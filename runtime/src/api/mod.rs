@@ -6,9 +6,11 @@
 //! place ([`ApiError`]). The service decides nothing about runs: it parses requests, asks the
 //! runtime, and answers.
 
+mod inspect;
 mod live;
 pub mod metrics;
 pub mod openapi;
+mod ui;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+pub use inspect::{RunRecord, UpdatesParams};
 pub use live::{Live, LiveEvent, LiveRun};
 pub use metrics::Metrics;
 
@@ -86,6 +89,8 @@ struct Shared {
     in_flight: Arc<Semaphore>,
     /// Set when a shutdown begins: no more claims.
     stopping: std::sync::atomic::AtomicBool,
+    /// Run-list streams (`/v1/runs/updates`) open at once.
+    update_streams: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -99,7 +104,8 @@ impl AppState {
     pub fn new(runtime: Arc<Runtime>, config: ApiConfig) -> AppState {
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
         let stopping = std::sync::atomic::AtomicBool::new(false);
-        AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, stopping }) }
+        let update_streams = Arc::new(Semaphore::new(inspect::MAX_UPDATE_STREAMS));
+        AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, stopping, update_streams }) }
     }
 
     /// Keeps this process's share of the work, for ever, in two tasks: every third of the lease
@@ -239,7 +245,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `store_error`, `timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_error`, `timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -413,6 +419,7 @@ pub fn router(state: AppState) -> Router {
     let bounded = Router::new()
         .route("/v1/runs", post(start_run).get(list_runs))
         .route("/v1/runs/{run_id}", get(get_run))
+        .route("/v1/runs/{run_id}/record", get(inspect::run_record))
         .route("/v1/runs/{run_id}/reply", post(reply))
         .route("/v1/routes", get(list_routes))
         .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
@@ -421,11 +428,13 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), time_limit));
     let api = Router::new()
         .route("/v1/runs/{run_id}/events", get(run_events))
+        .route("/v1/runs/updates", get(inspect::run_updates))
         .merge(bounded)
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .merge(ui::router())
         .merge(api)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint; see /openapi.json") })
         .method_not_allowed_fallback(|| async {
@@ -688,16 +697,7 @@ async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>) -> R
 #[utoipa::path(get, path = "/v1/runs", params(ListParams), responses((status = 200, body = RunPage), (status = 400, description = "A query string that does not parse", body = ErrorBody), (status = 422, description = "An unknown status", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
 async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, QueryRejection>) -> Result<Json<RunPage>, ApiError> {
     let p = query(p)?;
-    let status = match p.status.as_deref() {
-        None => None,
-        Some(s) => Some(StoredStatus::parse(s).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_request",
-                format!("`status` `{s}` is not one of queued, running, completed, failed, awaiting_input"),
-            )
-        })?),
-    };
+    let status = parse_status(p.status.as_deref())?;
     let limit = p.limit.unwrap_or(50).clamp(1, 200);
     let filter = RunFilter { route_id: p.route_id, status, before: p.before, limit: limit + 1 };
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
@@ -707,6 +707,21 @@ async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, Q
         runs.last().map(|r| r.run_id.clone())
     });
     Ok(Json(RunPage { runs, next: next.flatten() }))
+}
+
+/// A `status` query parameter: one of the stored statuses.
+fn parse_status(status: Option<&str>) -> Result<Option<StoredStatus>, ApiError> {
+    status
+        .map(|s| {
+            StoredStatus::parse(s).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_request",
+                    format!("`status` `{s}` is not one of queued, running, completed, failed, awaiting_input"),
+                )
+            })
+        })
+        .transpose()
 }
 
 /// A run's events as Server-Sent Events: from the start, or after `Last-Event-ID`; live until

@@ -1,0 +1,133 @@
+//! What the run inspector (`/ui/`) reads besides the run endpoints: the run list's changes as
+//! Server-Sent Events, and a run's stored journal (prompts, user messages, replies as received).
+
+use super::*;
+
+/// How often the run-list stream reads the store.
+const UPDATES_POLL: Duration = Duration::from_millis(500);
+/// How long one run-list stream lasts; the client reconnects (a bound, like every request).
+const UPDATES_MAX_AGE: Duration = Duration::from_secs(30 * 60);
+/// Run-list streams open at once; past it, 429.
+pub(super) const MAX_UPDATE_STREAMS: usize = 64;
+/// How many of the newest runs a stream watches.
+const UPDATES_WINDOW: u32 = 200;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UpdatesParams {
+    pub route_id: Option<String>,
+    /// `queued`, `running`, `completed`, `failed` or `awaiting_input`.
+    pub status: Option<String>,
+    /// How many of the newest runs the stream sends first (0 to 200, default 50).
+    pub limit: Option<u32>,
+}
+
+/// The run list's changes as Server-Sent Events: first the newest runs (oldest of them first),
+/// then every run that is new or whose status or `updated_at` changed, each as a `run` event whose
+/// `data` is the run (as `GET /v1/runs/{id}`). The store is read every 500 ms; the newest 200 runs
+/// (of the filter) are watched. A comment every 15 s keeps the connection open; the stream ends
+/// after 30 minutes (reconnect) and when the server shuts down.
+#[utoipa::path(get, path = "/v1/runs/updates", params(UpdatesParams),
+    responses((status = 200, description = "`text/event-stream`; `event: run`, `data` a run", content_type = "text/event-stream"),
+        (status = 400, description = "A query string that does not parse", body = ErrorBody), (status = 422, description = "An unknown status", body = ErrorBody),
+        (status = 429, description = "Too many run-list streams open", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub(super) async fn run_updates(
+    State(state): State<AppState>,
+    p: Result<Query<UpdatesParams>, QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let p = query(p)?;
+    let status = parse_status(p.status.as_deref())?;
+    let first = p.limit.unwrap_or(50).min(UPDATES_WINDOW) as usize;
+    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
+    let permit = state.inner.update_streams.clone().try_acquire_owned().map_err(|_| {
+        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many run-list streams are open; retry shortly");
+        e.retry_after = Some(5);
+        e
+    })?;
+    let filter = RunFilter { route_id: p.route_id, status, before: None, limit: UPDATES_WINDOW };
+    // The first read answers errors as errors; later ones end the stream.
+    let initial = store.list_runs(&filter).await.map_err(store_error)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
+    let follower = state.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let until = Instant::now() + UPDATES_MAX_AGE;
+        let mut seen: std::collections::HashMap<String, (StoredStatus, String)> = std::collections::HashMap::new();
+        let mut id = 0u64;
+        let mut runs = initial;
+        let mut started = false;
+        loop {
+            let mut changed = Vec::new();
+            for run in runs {
+                let key = (run.status, run.updated_at.clone());
+                match seen.insert(run.run_id.clone(), key.clone()) {
+                    Some(old) if old == key => {}
+                    _ => changed.push(run),
+                }
+            }
+            if !started {
+                // Only the newest `first` of the window at the start.
+                changed.truncate(first);
+                started = true;
+            }
+            // Oldest first, so a client that prepends keeps the newest on top.
+            for run in changed.into_iter().rev() {
+                id += 1;
+                let Ok(data) = serde_json::to_string(&RunView::of(run)) else { continue };
+                if tx.send(SseEvent::default().id(id.to_string()).event("run").data(data)).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(UPDATES_POLL) => {}
+                _ = tx.closed() => return,
+            }
+            if follower.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) || Instant::now() >= until {
+                return;
+            }
+            runs = match store.list_runs(&filter).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "run store: the run-list stream ends");
+                    return;
+                }
+            };
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+/// A run's record: the start contract as accepted and its journal, in order.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub route_id: String,
+    pub status: String,
+    /// The start contract: `{route_id, goal, model_profile, prefetch, session_id}`.
+    #[schema(value_type = Object)]
+    pub request: Value,
+    /// The journal: `{"entry": "model_reply", stage_id, turn, system, user, raw, value}` (a model
+    /// call: the resolved prompt, the user message, the reply as received, the value taken from
+    /// it), `{"entry": "stage_completed", stage_id, value, note}`, `{"entry": "note", note}`,
+    /// `{"entry": "user_reply", message, note}`. Written with each committed stage: a stage that
+    /// failed, or one in flight, has no entry yet.
+    #[schema(value_type = Vec<Object>)]
+    pub entries: Vec<Value>,
+}
+
+/// A run's record: its start contract and its stored journal (what each model call was asked
+/// and answered, each completed stage's value, the notes and replies).
+#[utoipa::path(get, path = "/v1/runs/{run_id}/record", params(("run_id" = String, Path, description = "The run id")),
+    responses((status = 200, body = RunRecord), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
+pub(super) async fn run_record(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Json<RunRecord>, ApiError> {
+    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+    let Some(run) = store.get_run(&run_id).await.map_err(store_error)? else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`")));
+    };
+    let entries = store.journal(&run_id).await.map_err(store_error)?;
+    let entries = entries.iter().filter_map(|e| serde_json::to_value(e).ok()).collect();
+    let status = RunView::of(run.clone()).status;
+    Ok(Json(RunRecord { run_id: run.run_id, route_id: run.route_id, status, request: run.request, entries }))
+}

@@ -1,0 +1,1052 @@
+// Fabric run inspector. Plain JavaScript, no framework, no build step.
+//
+// Rules of this file: every value that comes from the service (goals, prompts, model output,
+// tool results, ids) reaches the page through textContent or an attribute set with
+// setAttribute, never as markup; the route graph is shown as an <img> of a blob: URL. The API
+// token lives in sessionStorage only and travels in the Authorization header, never in a URL.
+'use strict';
+
+(function () {
+  const TOKEN_KEY = 'fabric-token';
+  const STATUSES = ['queued', 'running', 'completed', 'failed', 'awaiting_input'];
+  const ENDED = ['completed', 'failed', 'awaiting_input'];
+
+  // The current page's resources: aborted when the page changes.
+  let page = null;
+
+  // ---- DOM helpers -------------------------------------------------------------------------
+
+  function $(id) {
+    return document.getElementById(id);
+  }
+
+  // el('td', {class: 'route', 'data-run-id': id}, 'text' or node, ...)
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    if (attrs) {
+      for (const [k, v] of Object.entries(attrs)) {
+        if (v === undefined || v === null || v === false) continue;
+        if (k === 'class') node.className = v;
+        else if (k === 'text') node.textContent = v;
+        else node.setAttribute(k, v === true ? '' : String(v));
+      }
+    }
+    for (const c of children) append(node, c);
+    return node;
+  }
+
+  function append(node, child) {
+    if (child === undefined || child === null || child === false) return;
+    if (Array.isArray(child)) {
+      for (const c of child) append(node, c);
+    } else if (child instanceof Node) {
+      node.appendChild(child);
+    } else {
+      node.appendChild(document.createTextNode(String(child)));
+    }
+  }
+
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+  }
+
+  function setText(node, text) {
+    if (node && node.textContent !== text) node.textContent = text;
+  }
+
+  // ---- Token ---------------------------------------------------------------------------------
+
+  function token() {
+    try {
+      return sessionStorage.getItem(TOKEN_KEY);
+    } catch (_) {
+      return null;
+    }
+  }
+
+  function askToken(message) {
+    leavePage();
+    try {
+      sessionStorage.removeItem(TOKEN_KEY);
+    } catch (_) {
+      /* storage unavailable */
+    }
+    clear($('view'));
+    $('view').hidden = true;
+    $('token-form').hidden = false;
+    $('token-clear').hidden = true;
+    setText($('token-error'), message || '');
+    $('token').value = '';
+    $('token').focus();
+  }
+
+  function setupToken() {
+    $('token-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      const value = $('token').value.trim();
+      if (!value) {
+        setText($('token-error'), 'Enter the token.');
+        return;
+      }
+      sessionStorage.setItem(TOKEN_KEY, value);
+      $('token').value = '';
+      setText($('token-error'), '');
+      route();
+    });
+    $('token-clear').addEventListener('click', () => askToken(''));
+  }
+
+  // ---- API -----------------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, body) {
+      const e = body && body.error;
+      super(e && e.message ? e.message : 'HTTP ' + status);
+      this.status = status;
+      this.code = e && e.code;
+      this.problems = (e && e.problems) || [];
+    }
+  }
+
+  function headers(extra) {
+    const h = new Headers(extra || {});
+    h.set('Authorization', 'Bearer ' + token());
+    return h;
+  }
+
+  async function request(path, opts) {
+    opts = opts || {};
+    const init = { method: opts.method || 'GET', headers: headers(opts.headers), signal: opts.signal, cache: 'no-store' };
+    if (opts.json !== undefined) {
+      init.headers.set('Content-Type', 'application/json');
+      init.body = JSON.stringify(opts.json);
+    }
+    const res = await fetch(path, init);
+    if (res.status === 401) {
+      askToken('The service refused the token; enter it again.');
+      throw new ApiError(401, null);
+    }
+    return res;
+  }
+
+  async function api(path, opts) {
+    const res = await request(path, opts);
+    let body = null;
+    const type = res.headers.get('content-type') || '';
+    if (type.includes('json')) body = await res.json();
+    if (!res.ok) throw new ApiError(res.status, body);
+    return body;
+  }
+
+  // Server-Sent Events over fetch (EventSource cannot send the Authorization header).
+  // onEvent({id, event, data}); resolves when the stream ends, rejects on an error.
+  async function sse(path, opts) {
+    const h = { Accept: 'text/event-stream' };
+    if (opts.lastEventId) h['Last-Event-ID'] = String(opts.lastEventId);
+    const res = await request(path, { headers: h, signal: opts.signal });
+    if (!res.ok) {
+      let body = null;
+      try {
+        body = await res.json();
+      } catch (_) {
+        /* not JSON */
+      }
+      throw new ApiError(res.status, body);
+    }
+    if (opts.onOpen) opts.onOpen();
+    const reader = res.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = '';
+    let ev = { id: null, event: 'message', data: [] };
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let nl;
+      while ((nl = buf.search(/\r\n|\r|\n/)) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + (buf[nl] === '\r' && buf[nl + 1] === '\n' ? 2 : 1));
+        if (line === '') {
+          if (ev.data.length) opts.onEvent({ id: ev.id, event: ev.event, data: ev.data.join('\n') });
+          ev = { id: ev.id, event: 'message', data: [] };
+          continue;
+        }
+        if (line[0] === ':') continue; // a comment: the heartbeat
+        const colon = line.indexOf(':');
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let val = colon < 0 ? '' : line.slice(colon + 1);
+        if (val[0] === ' ') val = val.slice(1);
+        if (field === 'data') ev.data.push(val);
+        else if (field === 'event') ev.event = val;
+        else if (field === 'id') ev.id = val;
+      }
+    }
+  }
+
+  // ---- Formatting ----------------------------------------------------------------------------
+
+  function ms(t) {
+    const v = Date.parse(t);
+    return Number.isNaN(v) ? null : v;
+  }
+
+  function fmtDuration(d) {
+    if (d === null || d === undefined || Number.isNaN(d)) return '';
+    if (d < 1000) return Math.round(d) + ' ms';
+    if (d < 60000) return (d / 1000).toFixed(d < 10000 ? 2 : 1) + ' s';
+    const m = Math.floor(d / 60000);
+    return m + ' min ' + Math.round((d % 60000) / 1000) + ' s';
+  }
+
+  function fmtTime(t) {
+    const v = ms(t);
+    if (v === null) return t || '';
+    const d = new Date(v);
+    return d.toLocaleString();
+  }
+
+  function runDuration(run) {
+    const a = ms(run.created_at);
+    if (a === null) return null;
+    const b = ENDED.includes(run.status) ? ms(run.updated_at) : Date.now();
+    return b === null ? null : Math.max(0, b - a);
+  }
+
+  function reasonOf(run) {
+    return run.error && run.error.reason_class ? String(run.error.reason_class) : '';
+  }
+
+  function pretty(text) {
+    if (typeof text !== 'string') return JSON.stringify(text, null, 2);
+    const t = text.trim();
+    if (t.startsWith('{') || t.startsWith('[')) {
+      try {
+        return JSON.stringify(JSON.parse(t), null, 2);
+      } catch (_) {
+        /* as it is */
+      }
+    }
+    return text;
+  }
+
+  function errorBox(err) {
+    const box = el('div', { class: 'error' }, err.message || String(err));
+    if (err.problems && err.problems.length) box.appendChild(el('pre', null, err.problems.join('\n')));
+    return box;
+  }
+
+  function setConn(text) {
+    setText($('conn'), text);
+  }
+
+  // ---- Pages ---------------------------------------------------------------------------------
+
+  function leavePage() {
+    if (page) {
+      page.abort.abort();
+      for (const f of page.cleanup) {
+        try {
+          f();
+        } catch (_) {
+          /* ignore */
+        }
+      }
+    }
+    page = null;
+    setConn('');
+  }
+
+  function newPage() {
+    leavePage();
+    page = { abort: new AbortController(), cleanup: [] };
+    const view = $('view');
+    clear(view);
+    return page;
+  }
+
+  function every(p, f, interval) {
+    const t = setInterval(f, interval);
+    p.cleanup.push(() => clearInterval(t));
+  }
+
+  function sleep(p, t) {
+    return new Promise((resolve) => {
+      const h = setTimeout(resolve, t);
+      p.abort.signal.addEventListener('abort', () => {
+        clearTimeout(h);
+        resolve();
+      });
+    });
+  }
+
+  function route() {
+    if (!token()) {
+      askToken('');
+      return;
+    }
+    $('token-form').hidden = true;
+    $('view').hidden = false;
+    $('token-clear').hidden = false;
+    const hash = location.hash || '#/runs';
+    const parts = hash.replace(/^#\/?/, '').split('/').map((s) => {
+      try {
+        return decodeURIComponent(s);
+      } catch (_) {
+        return s;
+      }
+    });
+    for (const a of document.querySelectorAll('nav a')) a.classList.remove('current');
+    if (parts[0] === 'routes') {
+      $('nav-routes').classList.add('current');
+      if (parts[1]) routePage(parts[1]);
+      else routesPage();
+    } else if (parts[0] === 'runs' && parts[1]) {
+      $('nav-runs').classList.add('current');
+      runPage(parts[1]);
+    } else {
+      $('nav-runs').classList.add('current');
+      if (hash !== '#/runs') history.replaceState(null, '', '#/runs');
+      runsPage();
+    }
+  }
+
+  // ---- Runs ----------------------------------------------------------------------------------
+
+  function runsPage() {
+    const p = newPage();
+    const view = $('view');
+    const routeSel = el('select', { id: 'filter-route' }, el('option', { value: '' }, 'all routes'));
+    const statusSel = el('select', { id: 'filter-status' }, el('option', { value: '' }, 'all statuses'), STATUSES.map((s) => el('option', { value: s }, s)));
+    const tbody = el('tbody');
+    const table = el(
+      'table',
+      { id: 'runs' },
+      el('thead', null, el('tr', null, ['run', 'route', 'status', 'started', 'duration', 'reason'].map((h) => el('th', null, h)))),
+      tbody,
+    );
+    const note = el('p', { id: 'runs-empty', class: 'muted' }, 'Loading…');
+    view.appendChild(
+      el(
+        'section',
+        { id: 'runs-page' },
+        el('h2', null, 'Runs'),
+        el('div', { class: 'filters' }, el('label', null, 'Route ', routeSel), el('label', null, 'Status ', statusSel)),
+        table,
+        note,
+      ),
+    );
+
+    // The runs seen, by id; rows are shown for those that match the filters.
+    const runs = new Map();
+    const rows = new Map();
+
+    function matches(run) {
+      return (!routeSel.value || run.route_id === routeSel.value) && (!statusSel.value || run.status === statusSel.value);
+    }
+
+    function fill(tr, run) {
+      tr.setAttribute('data-status', run.status);
+      setText(tr.querySelector('td.route'), run.route_id);
+      const st = tr.querySelector('td.status');
+      setText(st, run.status);
+      st.className = 'status s-' + run.status;
+      setText(tr.querySelector('td.started'), fmtTime(run.created_at));
+      setText(tr.querySelector('td.duration'), fmtDuration(runDuration(run)));
+      setText(tr.querySelector('td.reason'), reasonOf(run));
+    }
+
+    function upsert(run) {
+      runs.set(run.run_id, run);
+      let tr = rows.get(run.run_id);
+      if (!matches(run)) {
+        if (tr) {
+          tr.remove();
+          rows.delete(run.run_id);
+        }
+        updateNote();
+        return;
+      }
+      if (!tr) {
+        tr = el(
+          'tr',
+          { class: 'run', 'data-run-id': run.run_id },
+          el('td', { class: 'id' }, el('a', { class: 'open', href: '#/runs/' + encodeURIComponent(run.run_id) }, run.run_id)),
+          el('td', { class: 'route' }),
+          el('td', { class: 'status' }),
+          el('td', { class: 'started' }),
+          el('td', { class: 'duration' }),
+          el('td', { class: 'reason' }),
+        );
+        tr.addEventListener('click', (ev) => {
+          if (ev.target.closest('a')) return;
+          location.hash = '#/runs/' + encodeURIComponent(run.run_id);
+        });
+        // Newest first: run ids sort by start time.
+        let before = null;
+        for (const other of tbody.children) {
+          if (other.getAttribute('data-run-id') < run.run_id) {
+            before = other;
+            break;
+          }
+        }
+        tbody.insertBefore(tr, before);
+        rows.set(run.run_id, tr);
+      }
+      fill(tr, run);
+      updateNote();
+    }
+
+    function updateNote() {
+      setText(note, rows.size ? '' : 'No runs' + (routeSel.value || statusSel.value ? ' match the filters.' : ' yet.'));
+    }
+
+    function refilter() {
+      clear(tbody);
+      rows.clear();
+      const all = [...runs.values()].sort((a, b) => (a.run_id < b.run_id ? -1 : 1));
+      for (const r of all) upsert(r);
+      updateNote();
+      const q = new URLSearchParams();
+      if (routeSel.value) q.set('route', routeSel.value);
+      if (statusSel.value) q.set('status', statusSel.value);
+      sessionStorage.setItem('fabric-runs-filter', q.toString());
+    }
+
+    routeSel.addEventListener('change', () => {
+      refilter();
+      follow();
+    });
+    statusSel.addEventListener('change', refilter);
+
+    // Durations of running runs grow.
+    every(
+      p,
+      () => {
+        for (const [id, tr] of rows) {
+          const run = runs.get(id);
+          if (run && !ENDED.includes(run.status)) setText(tr.querySelector('td.duration'), fmtDuration(runDuration(run)));
+        }
+      },
+      1000,
+    );
+
+    // The list, then its changes, live: one stream per route filter.
+    let stream = null;
+    function follow() {
+      if (stream) stream.abort();
+      stream = new AbortController();
+      const signal = stream.signal;
+      p.abort.signal.addEventListener('abort', () => stream && stream.abort());
+      const q = new URLSearchParams({ limit: '200' });
+      if (routeSel.value) q.set('route_id', routeSel.value);
+      (async () => {
+        while (!signal.aborted) {
+          try {
+            await sse('/v1/runs/updates?' + q.toString(), {
+              signal,
+              onOpen: () => setConn('live'),
+              onEvent: (e) => {
+                if (e.event !== 'run') return;
+                try {
+                  upsert(JSON.parse(e.data));
+                } catch (_) {
+                  /* a malformed event */
+                }
+              },
+            });
+          } catch (err) {
+            if (signal.aborted || err.status === 401) return;
+            setText(note, 'The live list stopped: ' + err.message + '. Retrying…');
+          }
+          if (signal.aborted) return;
+          setConn('reconnecting');
+          await sleep(p, 2000);
+        }
+      })();
+    }
+
+    // Filters kept for the session.
+    const saved = new URLSearchParams(sessionStorage.getItem('fabric-runs-filter') || '');
+    if (STATUSES.includes(saved.get('status'))) statusSel.value = saved.get('status');
+    api('/v1/routes', { signal: p.abort.signal })
+      .then((routes) => {
+        for (const r of routes) routeSel.appendChild(el('option', { value: r.id }, r.id));
+        const r = saved.get('route');
+        if (r && routes.some((x) => x.id === r)) routeSel.value = r;
+      })
+      .catch(() => {})
+      .finally(() => {
+        if (!p.abort.signal.aborted) follow();
+      });
+  }
+
+  // ---- Run -----------------------------------------------------------------------------------
+
+  const SPAN_KIND = { task: 'stage', appended_synthesis: 'stage', child_run: 'child', decision: 'turn', tool: 'stage' };
+
+  function runPage(runId) {
+    const p = newPage();
+    const view = $('view');
+    const section = el('section', { id: 'run', 'data-run-id': runId, 'data-status': '' });
+    const status = el('span', { id: 'run-status', class: 'status' }, '…');
+    const meta = el('dl', { class: 'meta' });
+    const goal = el('pre', { id: 'run-goal', class: 'value' });
+    const output = el('pre', { id: 'run-output', class: 'value' });
+    const failure = el('div', { id: 'failure', hidden: true });
+    const asking = el('div', { id: 'asking', hidden: true });
+    const timeline = el('ol', { id: 'timeline' });
+    const stagesDiv = el('div', { id: 'stages' });
+    const recordNote = el('p', { id: 'record-note', class: 'muted' });
+    const problem = el('div', { id: 'run-problem' });
+    section.append(
+      el('h2', null, 'Run ', el('code', null, runId), ' ', status),
+      problem,
+      meta,
+      failure,
+      asking,
+      el('h3', null, 'Goal'),
+      goal,
+      el('h3', null, 'Timeline'),
+      timeline,
+      el('h3', null, 'Stages'),
+      recordNote,
+      stagesDiv,
+      el('h3', null, 'Output'),
+      output,
+    );
+    view.appendChild(section);
+
+    let view_ = null; // the run as GET /v1/runs/{id} answers
+    let record = null; // GET /v1/runs/{id}/record
+    let lastSeq = 0;
+    const spans = []; // {kind, label, start, end, depth, li, ...}
+    const openStage = new Map(); // stage_id -> span in progress
+    const openLlm = new Map(); // stage_id -> span in progress
+    const openTool = new Map();
+    const stageInfo = new Map(); // stage_id -> {role, kind, outputs: [], failed}
+    const stageOrder = [];
+    let runStart = null;
+    let runEnd = null;
+
+    function setStatus(s) {
+      if (!s) return;
+      section.setAttribute('data-status', s);
+      setText(status, s);
+      status.className = 'status s-' + s;
+    }
+
+    function stage(id) {
+      let s = stageInfo.get(id);
+      if (!s) {
+        s = { role: null, kind: null, outputs: [], failed: null };
+        stageInfo.set(id, s);
+        stageOrder.push(id);
+      }
+      return s;
+    }
+
+    function addSpan(kind, label, start, depth, extra) {
+      const li = el('li', { class: 'span k-' + kind, 'data-kind': kind });
+      const name = el('span', { class: 'label' }, label);
+      const track = el('span', { class: 'track' });
+      const bar = el('span', { class: 'bar' });
+      track.appendChild(bar);
+      const dur = el('span', { class: 'duration' });
+      li.append(name, track, dur);
+      li.classList.add('d' + depth);
+      timeline.appendChild(li);
+      const span = Object.assign({ kind, label, start, end: null, depth, li, bar, dur, failed: false }, extra || {});
+      spans.push(span);
+      return span;
+    }
+
+    function endSpan(span, end, durationMs, failed) {
+      if (!span) return;
+      span.end = durationMs !== undefined && durationMs !== null && span.start !== null ? span.start + durationMs : end;
+      if (failed) {
+        span.failed = true;
+        span.li.classList.add('failed');
+        if (typeof failed === 'string') span.li.setAttribute('data-reason-class', failed);
+      }
+    }
+
+    function layout() {
+      if (runStart === null) return;
+      const now = Date.now();
+      const last = runEnd !== null ? runEnd : Math.max(now, ...spans.map((s) => s.end || 0));
+      const total = Math.max(1, last - runStart);
+      for (const s of spans) {
+        const start = s.start === null ? runStart : s.start;
+        const end = s.end !== null ? s.end : s.kind === 'retry' ? start : runEnd !== null ? runEnd : now;
+        const left = ((start - runStart) / total) * 100;
+        const width = Math.max(0.3, ((end - start) / total) * 100);
+        s.bar.style.marginLeft = Math.min(99.7, Math.max(0, left)).toFixed(2) + '%';
+        s.bar.style.width = Math.min(100 - Math.max(0, left), width).toFixed(2) + '%';
+        let text = fmtDuration(end - start);
+        if (s.end === null && s.kind !== 'retry') text += ' …';
+        if (s.kind === 'retry' && s.delay) text = 'wait ' + fmtDuration(s.delay);
+        setText(s.dur, text);
+        s.li.setAttribute('data-duration-ms', String(Math.round(end - start)));
+      }
+    }
+
+    function onEvent(e) {
+      let ev;
+      try {
+        ev = JSON.parse(e.data);
+      } catch (_) {
+        return;
+      }
+      const seq = Number(e.id || ev.seq || 0);
+      if (seq && seq <= lastSeq) return; // seen (a reconnect)
+      if (seq) lastSeq = seq;
+      const t = ms(ev.ts);
+      if (runStart === null && t !== null) runStart = t;
+      const sid = ev.stage_id;
+      switch (ev.type || e.event) {
+        case 'run.started':
+        case 'run.resumed':
+          setStatus('running');
+          runEnd = null;
+          if (ev.type === 'run.resumed') {
+            // A marker, not a span: the run went on with the user's reply.
+            timeline.appendChild(el('li', { class: 'marker resumed', 'data-kind': 'resumed' }, 'resumed with the reply: ', el('q', null, ev.reply || '')));
+          }
+          break;
+        case 'run.stage.started': {
+          const s = stage(sid);
+          s.role = ev.llm_role || s.role;
+          s.kind = ev.kind || s.kind;
+          const kind = SPAN_KIND[ev.kind] || 'stage';
+          const label = sid + (ev.llm_role && ev.llm_role !== 'none' ? ' (' + ev.llm_role + ')' : '') + (ev.kind === 'decision' ? ' — turn' : '');
+          openStage.set(sid, addSpan(kind, label, t, 0, { stageId: sid }));
+          break;
+        }
+        case 'run.stage.completed':
+          endSpan(openStage.get(sid), t, ev.duration_ms);
+          openStage.delete(sid);
+          stage(sid).outputs.push(ev.output);
+          scheduleRecord();
+          break;
+        case 'run.stage.failed':
+          endSpan(openStage.get(sid), t, ev.duration_ms, ev.reason_class || true);
+          openStage.delete(sid);
+          stage(sid).failed = { reason_class: ev.reason_class, message: ev.message };
+          break;
+        case 'run.llm.started':
+          openLlm.set(sid, addSpan('llm', 'model ' + (ev.provider || '') + '/' + (ev.model || '') + (ev.turn ? ' turn ' + ev.turn : ''), t, 1));
+          break;
+        case 'run.llm.retrying': {
+          const s = addSpan('retry', 'retry: attempt ' + ev.attempt + ' after ' + (ev.reason_class || ''), t, 2, { delay: ev.delay_ms });
+          s.end = t !== null && ev.delay_ms ? t + ev.delay_ms : t;
+          s.li.setAttribute('data-reason-class', ev.reason_class || '');
+          s.li.title = ev.message || '';
+          break;
+        }
+        case 'run.llm.completed': {
+          const s = openLlm.get(sid);
+          endSpan(s, t, ev.duration_ms);
+          if (s && ev.input_tokens !== undefined) setText(s.li.querySelector('.label'), s.label + ' · ' + ev.input_tokens + '→' + ev.output_tokens + ' tokens');
+          openLlm.delete(sid);
+          break;
+        }
+        case 'run.llm.failed':
+          endSpan(openLlm.get(sid), t, ev.duration_ms, ev.reason_class || true);
+          openLlm.delete(sid);
+          break;
+        case 'run.tool.started':
+          openTool.set(sid, addSpan('tool', 'tool ' + (ev.tool || '') + ' ' + (ev.method || '') + (ev.url ? ' ' + ev.url : ''), t, 1));
+          break;
+        case 'run.tool.completed': {
+          const s = openTool.get(sid);
+          endSpan(s, t, ev.duration_ms);
+          if (s) setText(s.li.querySelector('.label'), s.label + ' → ' + ev.status + ', ' + ev.bytes + ' bytes');
+          openTool.delete(sid);
+          break;
+        }
+        case 'run.tool.failed':
+          endSpan(openTool.get(sid), t, ev.duration_ms, ev.reason_class || true);
+          openTool.delete(sid);
+          break;
+        case 'run.completed':
+        case 'run.failed':
+        case 'run.awaiting_input':
+          runEnd = t;
+          for (const m of [openStage, openLlm, openTool]) {
+            for (const s of m.values()) endSpan(s, t);
+            m.clear();
+          }
+          setStatus(ev.type === 'run.completed' ? 'completed' : ev.type === 'run.failed' ? 'failed' : 'awaiting_input');
+          break;
+        default:
+          break;
+      }
+      layout();
+      renderStages();
+    }
+
+    let recordTimer = null;
+    function scheduleRecord() {
+      if (recordTimer) return;
+      recordTimer = setTimeout(() => {
+        recordTimer = null;
+        loadRecord();
+      }, 300);
+    }
+    p.cleanup.push(() => recordTimer && clearTimeout(recordTimer));
+
+    async function loadRecord() {
+      try {
+        record = await api('/v1/runs/' + encodeURIComponent(runId) + '/record', { signal: p.abort.signal });
+      } catch (err) {
+        if (!p.abort.signal.aborted) setText(recordNote, 'The run record could not be read: ' + err.message);
+        return;
+      }
+      setText(goal, pretty(record.request && record.request.goal !== undefined ? JSON.stringify(record.request.goal) : ''));
+      renderStages();
+    }
+
+    function field(cls, title, value, missing) {
+      const has = value !== undefined && value !== null;
+      return el('div', { class: 'field' }, el('h5', null, title), el('pre', { class: cls + (has ? '' : ' missing') }, has ? pretty(value) : missing));
+    }
+
+    function renderStages() {
+      const entries = (record && record.entries) || [];
+      const calls = new Map(); // stage_id -> [model_reply]
+      const results = new Map(); // stage_id -> [value]
+      const notes = [];
+      for (const en of entries) {
+        if (en.entry === 'model_reply') {
+          if (!calls.has(en.stage_id)) calls.set(en.stage_id, []);
+          calls.get(en.stage_id).push(en);
+          stage(en.stage_id);
+        } else if (en.entry === 'stage_completed') {
+          if (!results.has(en.stage_id)) results.set(en.stage_id, []);
+          results.get(en.stage_id).push(en.value);
+          stage(en.stage_id);
+        } else if (en.entry === 'user_reply') {
+          notes.push('reply: ' + en.message);
+        }
+      }
+      clear(stagesDiv);
+      for (const id of stageOrder) {
+        const s = stageInfo.get(id);
+        const div = el('div', { class: 'stage', 'data-stage-id': id });
+        if (s.failed) div.classList.add('failed');
+        div.appendChild(el('h4', null, id));
+        div.appendChild(el('div', { class: 'field' }, el('h5', null, 'role'), el('span', { class: 'role' }, s.role || '(not in the events read)')));
+        const cs = calls.get(id) || [];
+        const pending = s.kind === 'tool' || s.kind === 'child_run' ? 'no model call in this stage' : 'not recorded: written when the stage completes' + (s.failed ? ' (this stage failed; a failed stage keeps no record)' : '');
+        if (cs.length === 0) {
+          div.append(field('prompt', 'resolved prompt', null, pending), field('user', 'user message', null, pending), field('reply', 'reply as received', null, pending));
+        }
+        cs.forEach((c, i) => {
+          const box = el('div', { class: 'call', 'data-turn': c.turn });
+          if (cs.length > 1) box.appendChild(el('h5', { class: 'turn' }, 'turn ' + (c.turn !== undefined ? c.turn : i)));
+          box.append(field('prompt', 'resolved prompt', c.system), field('user', 'user message', c.user), field('reply', 'reply as received', c.raw));
+          if (c.value !== c.raw) box.appendChild(field('value', 'value taken', c.value));
+          div.appendChild(box);
+        });
+        const rs = results.get(id) || s.outputs;
+        const result = rs.length ? rs[rs.length - 1] : null;
+        div.appendChild(field('result', 'result', result, s.failed ? 'failed: ' + (s.failed.reason_class || '') + ' ' + (s.failed.message || '') : 'no result yet'));
+        if (rs.length > 1) div.appendChild(field('results', 'every result (turns)', rs.map((r, i) => i + ': ' + r).join('\n')));
+        stagesDiv.appendChild(div);
+      }
+      if (notes.length) stagesDiv.appendChild(el('div', { class: 'stage replies' }, el('h4', null, 'replies'), el('pre', null, notes.join('\n'))));
+      setText(
+        recordNote,
+        record
+          ? 'Prompts, user messages and replies come from the run journal, written as each stage completes; role and timings from the events.'
+          : 'Loading the run record…',
+      );
+    }
+
+    function renderView(v) {
+      view_ = v;
+      setStatus(v.status);
+      clear(meta);
+      const add = (k, val, id) => meta.append(el('dt', null, k), el('dd', id ? { id } : null, val));
+      add('route', el('a', { href: '#/routes/' + encodeURIComponent(v.route_id) }, v.route_id), 'run-route');
+      add('started', fmtTime(v.created_at));
+      add('updated', fmtTime(v.updated_at));
+      add('duration', fmtDuration(runDuration(v)));
+      setText(output, v.output === undefined || v.output === null ? '' : pretty(v.output));
+      // The failure.
+      clear(failure);
+      if (v.status === 'failed' && v.error) {
+        failure.hidden = false;
+        failure.append(
+          el('h3', null, 'Failed'),
+          el('div', null, 'reason class: ', el('span', { class: 'reason-class' }, String(v.error.reason_class || ''))),
+          v.error.stage_id ? el('div', null, 'stage: ', el('span', { class: 'stage-id' }, String(v.error.stage_id))) : null,
+          el('pre', { class: 'message' }, String(v.error.message || '')),
+        );
+      } else {
+        failure.hidden = true;
+      }
+      renderAsking(v);
+    }
+
+    function renderAsking(v) {
+      if (v.status !== 'awaiting_input') {
+        asking.hidden = true;
+        clear(asking);
+        return;
+      }
+      if (!asking.hidden && $('reply-form')) {
+        setText($('question'), v.question || '');
+        return;
+      }
+      clear(asking);
+      asking.hidden = false;
+      const text = el('textarea', { id: 'reply-text', rows: 3, required: true });
+      const send = el('button', { id: 'reply-send', type: 'submit' }, 'Send reply');
+      const err = el('p', { id: 'reply-error', class: 'error' });
+      const form = el('form', { id: 'reply-form' }, el('label', { for: 'reply-text' }, 'Your reply'), text, send, err);
+      asking.append(el('h3', null, 'The run asks'), el('p', { id: 'question', class: 'question' }, v.question || ''), form);
+      form.addEventListener('submit', async (ev) => {
+        ev.preventDefault();
+        const message = text.value;
+        if (!message.trim()) {
+          setText(err, 'Write a reply first.');
+          return;
+        }
+        send.disabled = true;
+        setText(err, '');
+        try {
+          await api('/v1/runs/' + encodeURIComponent(runId) + '/reply', { method: 'POST', json: { message } });
+        } catch (e) {
+          send.disabled = false;
+          setText(err, e.message);
+          return;
+        }
+        asking.hidden = true;
+        clear(asking);
+        setStatus('running');
+        runEnd = null;
+        follow();
+      });
+    }
+
+    async function refresh() {
+      const v = await api('/v1/runs/' + encodeURIComponent(runId), { signal: p.abort.signal });
+      renderView(v);
+      return v;
+    }
+
+    let following = false;
+    async function follow() {
+      if (following) return;
+      following = true;
+      try {
+        while (!p.abort.signal.aborted) {
+          try {
+            await sse('/v1/runs/' + encodeURIComponent(runId) + '/events', {
+              signal: p.abort.signal,
+              lastEventId: lastSeq || undefined,
+              onOpen: () => setConn('live'),
+              onEvent,
+            });
+          } catch (err) {
+            if (p.abort.signal.aborted || err.status === 401) return;
+            setText(problem, 'The event stream stopped: ' + err.message);
+          }
+          if (p.abort.signal.aborted) return;
+          setConn('');
+          let v;
+          try {
+            v = await refresh();
+          } catch (err) {
+            if (p.abort.signal.aborted) return;
+            setText(problem, err.message);
+            await sleep(p, 2000);
+            continue;
+          }
+          await loadRecord();
+          if (ENDED.includes(v.status)) return;
+          // Still going (handed over to another replica, or queued): follow on.
+          await sleep(p, 1000);
+        }
+      } finally {
+        following = false;
+      }
+    }
+
+    every(
+      p,
+      () => {
+        if (runEnd === null && section.getAttribute('data-status') === 'running') layout();
+        if (view_ && !ENDED.includes(view_.status)) {
+          const dd = meta.querySelectorAll('dd')[3];
+          if (dd) setText(dd, fmtDuration(runDuration(view_)));
+        }
+      },
+      500,
+    );
+
+    (async () => {
+      try {
+        await refresh();
+      } catch (err) {
+        if (p.abort.signal.aborted) return;
+        clear(problem);
+        problem.appendChild(errorBox(err));
+        return;
+      }
+      loadRecord();
+      follow();
+    })();
+  }
+
+  // ---- Routes --------------------------------------------------------------------------------
+
+  function checksOf(r) {
+    if (r.kind === 'broken') return 'broken: the catalogue has errors in it';
+    return r.runs_here ? 'ok: runs here' : 'not started here (another fleet)';
+  }
+
+  function routesPage() {
+    const p = newPage();
+    const view = $('view');
+    const tbody = el('tbody');
+    const table = el(
+      'table',
+      { id: 'routes' },
+      el('thead', null, el('tr', null, ['route', 'fleet', 'kind', 'checks', 'description'].map((h) => el('th', null, h)))),
+      tbody,
+    );
+    const problem = el('div');
+    view.appendChild(el('section', { id: 'routes-page' }, el('h2', null, 'Routes'), problem, table));
+    api('/v1/routes', { signal: p.abort.signal })
+      .then((routes) => {
+        for (const r of routes) {
+          const tr = el(
+            'tr',
+            { class: 'route', 'data-route-id': r.id, 'data-kind': r.kind },
+            el('td', { class: 'id' }, el('a', { class: 'open', href: '#/routes/' + encodeURIComponent(r.id) }, r.id)),
+            el('td', { class: 'fleet' }, r.fleet || '—'),
+            el('td', { class: 'kind' }, r.kind),
+            el('td', { class: 'checks' + (r.kind === 'broken' ? ' bad' : '') }, checksOf(r)),
+            el('td', { class: 'description' }, r.description || ''),
+          );
+          tbody.appendChild(tr);
+        }
+      })
+      .catch((err) => {
+        if (!p.abort.signal.aborted) problem.appendChild(errorBox(err));
+      });
+  }
+
+  function routePage(routeId) {
+    const p = newPage();
+    const view = $('view');
+    const info = el('dl', { class: 'meta' });
+    const img = el('img', { id: 'graph', alt: 'the graph of route ' + routeId });
+    const graphProblem = el('div', { id: 'graph-error' });
+    const goal = el('textarea', { id: 'goal', rows: 6, spellcheck: 'false' });
+    goal.value = '{\n  \n}';
+    const profile = el('input', { id: 'model-profile', value: 'default', spellcheck: 'false' });
+    const startBtn = el('button', { id: 'start', type: 'submit' }, 'Start run');
+    const goalError = el('p', { id: 'goal-error', class: 'error' });
+    const form = el(
+      'form',
+      { id: 'start-form' },
+      el('label', { for: 'goal' }, 'Goal (a JSON object)'),
+      goal,
+      el('label', { for: 'model-profile' }, 'Model profile'),
+      profile,
+      startBtn,
+      goalError,
+    );
+    view.appendChild(
+      el(
+        'section',
+        { id: 'route', 'data-route-id': routeId },
+        el('h2', null, 'Route ', el('code', null, routeId)),
+        info,
+        el('h3', null, 'Graph'),
+        graphProblem,
+        el('div', { class: 'graph' }, img),
+        el('h3', null, 'Start a run'),
+        form,
+      ),
+    );
+
+    api('/v1/routes', { signal: p.abort.signal })
+      .then((routes) => {
+        const r = routes.find((x) => x.id === routeId);
+        if (!r) {
+          info.appendChild(el('dd', { class: 'error' }, 'No such route in the catalogue.'));
+          return;
+        }
+        info.append(
+          el('dt', null, 'fleet'),
+          el('dd', { class: 'fleet' }, r.fleet || '—'),
+          el('dt', null, 'kind'),
+          el('dd', { class: 'kind' }, r.kind),
+          el('dt', null, 'checks'),
+          el('dd', { class: 'checks' }, checksOf(r)),
+          el('dt', null, 'description'),
+          el('dd', { class: 'description' }, r.description || ''),
+        );
+      })
+      .catch(() => {});
+
+    // The graph: fetched with the token, shown as an image of a blob: URL (never inline SVG).
+    (async () => {
+      try {
+        const res = await request('/v1/routes/' + encodeURIComponent(routeId) + '/graph.svg', { signal: p.abort.signal });
+        if (!res.ok) {
+          let body = null;
+          try {
+            body = await res.json();
+          } catch (_) {
+            /* not JSON */
+          }
+          throw new ApiError(res.status, body);
+        }
+        const blob = await res.blob();
+        const url = URL.createObjectURL(new Blob([blob], { type: 'image/svg+xml' }));
+        p.cleanup.push(() => URL.revokeObjectURL(url));
+        img.src = url;
+      } catch (err) {
+        if (!p.abort.signal.aborted && err.status !== 401) graphProblem.appendChild(errorBox(err));
+      }
+    })();
+
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      setText(goalError, '');
+      let parsed;
+      try {
+        parsed = JSON.parse(goal.value);
+      } catch (e) {
+        setText(goalError, 'The goal is not valid JSON: ' + e.message);
+        return;
+      }
+      if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+        setText(goalError, 'The goal must be a JSON object ({...}).');
+        return;
+      }
+      startBtn.disabled = true;
+      try {
+        const body = { route_id: routeId, goal: parsed, model_profile: profile.value.trim() || 'default' };
+        const accepted = await api('/v1/runs', { method: 'POST', json: body });
+        location.hash = '#/runs/' + encodeURIComponent(accepted.run_id);
+      } catch (e) {
+        startBtn.disabled = false;
+        setText(goalError, e.message + (e.problems && e.problems.length ? ': ' + e.problems.join('; ') : ''));
+      }
+    });
+  }
+
+  // ---- Start ---------------------------------------------------------------------------------
+
+  document.addEventListener('DOMContentLoaded', () => {
+    setupToken();
+    window.addEventListener('hashchange', route);
+    route();
+  });
+})();
