@@ -1,6 +1,7 @@
 //! End-to-end tests: the catalogue, hydration, runs and the `fabric` CLI, on fixture files.
 
 mod architecture;
+mod browser;
 mod catalogue;
 mod cli;
 mod decision_loop;
@@ -15,4 +16,5 @@ mod service;
 mod store;
 mod support;
 mod telemetry;
+mod webdriver;
 mod wire;

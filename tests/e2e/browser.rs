@@ -1,0 +1,495 @@
+//! The run inspector (`/ui/` of `fabric serve`) in a real browser: headless Chromium through
+//! chromedriver, against a real `fabric serve` with the seeded stub. Token, routes and their
+//! graphs, starting runs, following them live, answering a question, hostile replies as text,
+//! the live runs list and its filters. A screenshot of each page lands in
+//! `target/ui-screenshots/` for review.
+//!
+//! Without chromium and chromedriver the tests say `skipped: ...` and pass, except under CI.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::service::{Server, TOKEN, asking_stub, get, post, settled};
+use crate::webdriver::{Browser, Element};
+
+/// One browser at a time: several Chromiums beside the other tests would starve a small machine.
+static ONE_BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A stub LLM latency that keeps a run visibly running for a few seconds.
+const SLOW: (&str, &str) = ("FABRIC_LLM_STUB_LATENCY_MS", "700");
+
+struct Setup {
+    browser: Browser,
+    server: Server,
+    _db: tempfile::TempDir,
+    _guard: tokio::sync::MutexGuard<'static, ()>,
+}
+
+/// A fresh SQLite store, `fabric serve` on `stub`, and a browser; `None` when skipped.
+async fn setup(stub: &Path, env: &[(&str, &str)]) -> Option<Setup> {
+    let guard = ONE_BROWSER.lock().await;
+    let browser = Browser::launch().await?;
+    let db = tempfile::tempdir().unwrap();
+    let server = Server::start(&format!("sqlite://{}", db.path().join("fabric.db").display()), stub, env);
+    Some(Setup { browser, server, _db: db, _guard: guard })
+}
+
+impl Setup {
+    fn ui(&self, hash: &str) -> String {
+        format!("{}/ui/{hash}", self.server.url)
+    }
+
+    /// Opens the page and enters the token; the runs page is up afterwards.
+    async fn sign_in(&self) {
+        let b = &self.browser;
+        b.goto(&self.ui("")).await;
+        b.wait_displayed("form#token-form").await;
+        let input = b.wait_displayed("input#token").await;
+        input.send_keys(TOKEN).await.unwrap();
+        b.find("button#token-save").await.unwrap().click().await.unwrap();
+        b.wait_find("table#runs").await;
+    }
+
+    /// Routes → the route's page (through the list, as a reader would).
+    async fn open_route(&self, route: &str) {
+        let b = &self.browser;
+        b.wait_displayed("a#nav-routes").await.click().await.unwrap();
+        let open = format!("table#routes tr.route[data-route-id=\"{route}\"] a.open");
+        b.wait_for(&format!("the link to {route}"), async || {
+            let link = b.find(&open).await.ok()?;
+            link.click().await.ok()
+        })
+        .await;
+        b.wait_find(&format!("section#route[data-route-id=\"{route}\"]")).await;
+    }
+
+    /// Types `goal` into the route page's form and presses start.
+    async fn submit_goal(&self, goal: &str) {
+        let b = &self.browser;
+        let area = b.wait_displayed("textarea#goal").await;
+        area.clear().await.unwrap();
+        area.send_keys(goal).await.unwrap();
+        b.find("button#start").await.unwrap().click().await.unwrap();
+    }
+
+    /// Starts `route` from its page with `goal`; returns the new run's id once its page is up.
+    async fn start_from_route_page(&self, route: &str, goal: &str) -> String {
+        self.open_route(route).await;
+        self.submit_goal(goal).await;
+        let b = &self.browser;
+        let id = b
+            .wait_for(&format!("the page of the new {route} run"), async || {
+                let url = b.current_url().await;
+                let id = url.split_once("#/runs/")?.1.to_owned();
+                let section = b.find("section#run").await.ok()?;
+                (section.attr("data-run-id").await.ok()?? == id).then_some(id)
+            })
+            .await;
+        assert!(!id.is_empty());
+        id
+    }
+
+    /// Waits until the run page shows `status` (live: the page is not reloaded for it).
+    async fn run_reaches(&self, id: &str, status: &str) {
+        let css = format!("section#run[data-run-id=\"{id}\"][data-status=\"{status}\"]");
+        self.browser.wait_for_within(&format!("run {id} to show {status}"), Duration::from_secs(40), async || self.browser.find(&css).await.ok()).await;
+    }
+
+    /// Marks the document, so a later check tells whether it was reloaded meanwhile.
+    async fn mark_document(&self) {
+        self.browser.script("window.__sameDocument = 'yes';", json!([])).await;
+    }
+
+    async fn assert_same_document(&self, what: &str) {
+        let v = self.browser.script("return window.__sameDocument || null;", json!([])).await;
+        assert_eq!(v, "yes", "{what} without reloading the page");
+    }
+
+    /// The token is in sessionStorage, in no address the page shows or requested.
+    async fn assert_token_kept_private(&self) {
+        let b = &self.browser;
+        let stored = b.script("return window.sessionStorage.getItem('fabric-token');", json!([])).await;
+        assert_eq!(stored, TOKEN, "the token is kept in sessionStorage");
+        let url = b.current_url().await;
+        assert!(!url.contains(TOKEN), "the token is in the address: {url}");
+        let urls = b.script("return performance.getEntriesByType('resource').map(e => e.name).concat([location.href]);", json!([])).await;
+        for u in urls.as_array().unwrap() {
+            assert!(!u.as_str().unwrap().contains(TOKEN), "the token is in a requested address: {u}");
+        }
+        let local = b.script("return JSON.stringify(window.localStorage);", json!([])).await;
+        assert!(!local.as_str().unwrap_or_default().contains(TOKEN), "the token is not kept in localStorage: {local}");
+    }
+}
+
+/// The text an element holds, hidden parts included (`textContent`).
+async fn content(e: &Element<'_>) -> String {
+    e.prop("textContent").await.ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// Whether nothing matching `css` is displayed (absent or hidden).
+async fn gone(b: &Browser, css: &str) -> bool {
+    match b.find(css).await {
+        Ok(e) => !e.displayed().await,
+        Err(_) => true,
+    }
+}
+
+/// Each stage the run page shows: its id and the text (`textContent`) of its role, prompt, reply
+/// and result, read in one script (the page redraws the stages as the run's record comes in, so
+/// element references would go stale between reads).
+async fn stage_parts(b: &Browser) -> Vec<(String, [String; 4])> {
+    let v = b
+        .script(
+            "return Array.from(document.querySelectorAll('div#stages > div.stage[data-stage-id]')).map(s => \
+             [s.getAttribute('data-stage-id')].concat(['.role', '.prompt', '.reply', '.result'].map(c => \
+             { const e = s.querySelector(c); return e ? e.textContent : ''; })));",
+            json!([]),
+        )
+        .await;
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| {
+            let s = s.as_array()?;
+            Some((text(&s[0]), [text(&s[1]), text(&s[2]), text(&s[3]), text(&s[4])]))
+        })
+        .collect()
+}
+
+/// The text of the cell `cell` in the runs page's row of run `id`, once the row is there.
+async fn run_cell(b: &Browser, id: &str, cell: &str) -> String {
+    let css = format!("table#runs tr.run[data-run-id=\"{id}\"] {cell}");
+    b.wait_for(&format!("the cell {cell} of run {id}"), async || b.find(&css).await.ok()?.text().await.ok()).await
+}
+
+#[tokio::test]
+async fn the_token_is_asked_for_kept_in_session_storage_and_never_put_in_an_address() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    b.goto(&s.ui("")).await;
+    b.wait_displayed("form#token-form").await;
+    b.screenshot("token").await;
+    let stored = b.script("return window.sessionStorage.getItem('fabric-token');", json!([])).await;
+    assert_eq!(stored, Value::Null);
+    b.find("input#token").await.unwrap().send_keys(TOKEN).await.unwrap();
+    b.find("button#token-save").await.unwrap().click().await.unwrap();
+    // The runs page is the default, and it loads (the API answered with the token).
+    b.wait_find("table#runs").await;
+    b.wait_for("the token form to go away", async || gone(b, "form#token-form").await.then_some(())).await;
+    b.wait_find("select#filter-route option[value=\"support-triage\"]").await;
+    b.screenshot("runs-empty").await;
+    s.assert_token_kept_private().await;
+    // A reload keeps it (sessionStorage lives as long as the tab).
+    b.refresh().await;
+    b.wait_find("table#runs").await;
+    b.wait_find("select#filter-route option[value=\"support-triage\"]").await;
+    assert!(gone(b, "form#token-form").await, "no token form once the token is known");
+    s.assert_token_kept_private().await;
+    // The other pages too.
+    s.open_route("support-triage").await;
+    s.assert_token_kept_private().await;
+    // Forgetting it asks again.
+    b.wait_displayed("button#token-clear").await.click().await.unwrap();
+    b.wait_displayed("form#token-form").await;
+    let stored = b.script("return window.sessionStorage.getItem('fabric-token');", json!([])).await;
+    assert_eq!(stored, Value::Null, "the token is forgotten");
+}
+
+#[tokio::test]
+async fn support_triage_started_from_its_route_page_completes_live_with_its_timeline() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[SLOW]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    s.open_route("support-triage").await;
+    b.screenshot("route-support-triage").await;
+    // Goals that are not a JSON object are refused on the page; nothing is sent.
+    for bad in ["[1, 2]", "{not json", "\"a string\""] {
+        s.submit_goal(bad).await;
+        b.wait_displayed("#goal-error").await;
+        assert!(b.current_url().await.contains("#/routes/support-triage"), "still on the route page after {bad}");
+    }
+    b.screenshot("route-goal-error").await;
+    let runs = get(&s.server, "/v1/runs").await;
+    assert_eq!(runs["runs"].as_array().map(Vec::len), Some(0), "an invalid goal starts nothing: {runs}");
+    // A valid one starts a run and shows it, live: the document is the same one throughout.
+    s.mark_document().await;
+    s.submit_goal(r#"{"ticket": "charged twice"}"#).await;
+    let id = b
+        .wait_for("the page of the new run", async || {
+            let url = b.current_url().await;
+            let id = url.split_once("#/runs/")?.1.to_owned();
+            (b.find("section#run").await.ok()?.attr("data-run-id").await.ok()?? == id).then_some(id)
+        })
+        .await;
+    b.screenshot("run-running").await;
+    s.run_reaches(&id, "completed").await;
+    s.assert_same_document("the run completed on the page").await;
+    assert_eq!(settled(&s.server, &id).await["status"], "completed");
+    b.wait_for("#run-status to read completed", async || {
+        b.find("#run-status").await.ok()?.text().await.ok().filter(|t| t.to_lowercase().contains("completed"))
+    })
+    .await;
+    // The timeline: a span per stage and per model call.
+    b.wait_for("stage and llm spans in the timeline", async || {
+        (b.count("ol#timeline > li.span[data-kind=\"stage\"]").await >= 3 && b.count("ol#timeline > li.span[data-kind=\"llm\"]").await >= 3).then_some(())
+    })
+    .await;
+    // Each stage with its role, prompt, reply and result. The page redraws the stages when the
+    // run's record arrives, so they are read in one script, until the record is in.
+    let stages = b
+        .wait_for("the three stages with role, prompt, reply and result", async || {
+            let stages = stage_parts(b).await;
+            let complete = stages.iter().all(|(_, parts)| parts.iter().all(|p| !p.trim().is_empty() && !p.starts_with("not recorded")));
+            let ids: Vec<&str> = stages.iter().map(|(id, _)| id.as_str()).collect();
+            (complete && ["intake", "lookup", "answer"].iter().all(|w| ids.contains(w))).then_some(stages)
+        })
+        .await;
+    let answer = &stages.iter().find(|(id, _)| id == "answer").unwrap().1;
+    assert!(answer[2].contains("You were charged twice; the duplicate charge has been refunded."), "{answer:?}");
+    b.screenshot("run-completed").await;
+    // Back on the runs page it is listed as completed.
+    b.find("a#nav-runs").await.unwrap().click().await.unwrap();
+    b.wait_find(&format!("table#runs tr.run[data-run-id=\"{id}\"][data-status=\"completed\"]")).await;
+    assert_eq!(run_cell(b, &id, "td.route").await.trim(), "support-triage");
+    b.screenshot("runs").await;
+    s.assert_token_kept_private().await;
+}
+
+#[tokio::test]
+async fn support_agent_asks_the_reader_and_completes_live_after_the_reply() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[SLOW]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    s.mark_document().await;
+    let id = s.start_from_route_page("support-agent", r#"{"question": "refund?"}"#).await;
+    s.run_reaches(&id, "awaiting_input").await;
+    b.wait_for("the question", async || b.find("#question").await.ok()?.text().await.ok().filter(|t| t.contains("Which order number?"))).await;
+    b.wait_displayed("form#reply-form").await;
+    b.screenshot("run-awaiting-input").await;
+    let text = b.find("textarea#reply-text").await.unwrap();
+    text.send_keys("order 42").await.unwrap();
+    b.find("button#reply-send").await.unwrap().click().await.unwrap();
+    s.run_reaches(&id, "completed").await;
+    s.assert_same_document("the run was started, asked and completed on the page").await;
+    let done = settled(&s.server, &id).await;
+    assert_eq!((done["status"].as_str(), done["output"].as_str()), (Some("completed"), Some("Order 42 is refunded.")), "{done}");
+    assert_eq!(done["notes"][0], "user: order 42", "the reply typed on the page reached the run");
+    b.wait_for("the answer on the page", async || {
+        let run = b.find("section#run").await.ok()?;
+        content(&run).await.contains("Order 42 is refunded.").then_some(())
+    })
+    .await;
+    b.wait_for("the reply form to go away", async || gone(b, "form#reply-form").await.then_some(())).await;
+    // The decision loop's turns and its tool call are on the timeline.
+    b.wait_for("turn and tool spans", async || {
+        (b.count("ol#timeline > li.span[data-kind=\"turn\"]").await >= 1 && b.count("ol#timeline > li.span[data-kind=\"tool\"]").await >= 1).then_some(())
+    })
+    .await;
+    b.screenshot("run-answered").await;
+}
+
+/// Hostile text in model replies, a question and a reader's reply is shown as text.
+#[tokio::test]
+async fn markup_in_replies_and_questions_is_shown_as_text_and_never_runs() {
+    const IMG: &str = r#"<img src=x onerror="window.__pwned=1">"#;
+    const SCRIPT: &str = "<script>window.__pwned=2</script>";
+    let stub = asking_stub();
+    let triage = serde_json::to_string(&json!({ "text": format!("{IMG} {SCRIPT}") })).unwrap();
+    std::fs::write(
+        stub.path().join("support-triage.yaml"),
+        format!(
+            "stages:\n  intake:\n    - {}\n  lookup:\n    - {}\n  answer:\n    - {}\n",
+            yaml_str(r#"{"category":"billing","urgency":"high"}"#),
+            yaml_str(r#"{"query":"<img src=x onerror=\"window.__pwned=3\">"}"#),
+            yaml_str(&triage)
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        stub.path().join("support-agent.yaml"),
+        format!(
+            "stages:\n  decide:\n    - {}\n    - {}\n",
+            yaml_str(r#"ASK Which order? <img src=x onerror="window.__pwned=4">"#),
+            yaml_str(r#"DONE <b>Refunded</b> <img src=x onerror="window.__pwned=5"> <script>window.__pwned=6</script>"#)
+        ),
+    )
+    .unwrap();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    let (status, run) = post(&s.server, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": IMG}, "model_profile": "default"})).await;
+    assert_eq!((status, run["status"].as_str()), (200, Some("completed")), "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    b.goto(&s.ui(&format!("#/runs/{id}"))).await;
+    s.run_reaches(&id, "completed").await;
+    // Reply and result both hold the markup, as text (read once the record is in).
+    b.wait_for("the answer stage's reply and result, markup as text", async || {
+        let stages = stage_parts(b).await;
+        let answer = &stages.iter().find(|(id, _)| id == "answer")?.1;
+        answer[2..].iter().all(|t| t.contains("<img src=x onerror=") && t.contains(SCRIPT)).then_some(())
+    })
+    .await;
+    // Visible, not only in the DOM.
+    let shown = b.find("div#stages").await.unwrap().text().await.unwrap();
+    assert!(shown.contains("<img src=x onerror=") && shown.contains(SCRIPT), "the markup is visible as text: {shown}");
+    b.screenshot("run-hostile").await;
+    b.find("div#stages > div.stage[data-stage-id=\"answer\"]").await.unwrap().screenshot("run-hostile-answer-stage").await;
+    assert_not_pwned(b).await;
+    // The runs list shows the same run without running anything either.
+    b.find("a#nav-runs").await.unwrap().click().await.unwrap();
+    b.wait_find(&format!("tr.run[data-run-id=\"{id}\"]")).await;
+    assert_not_pwned(b).await;
+    // A question and the reader's reply with markup in them.
+    let (_, run) = post(&s.server, "/v1/runs?wait=true", json!({"route_id": "support-agent", "goal": {"q": SCRIPT}, "model_profile": "default"})).await;
+    assert_eq!(run["status"], "awaiting_input", "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    b.goto(&s.ui(&format!("#/runs/{id}"))).await;
+    s.run_reaches(&id, "awaiting_input").await;
+    b.wait_for("the question shown as text", async || {
+        b.find("#question").await.ok()?.text().await.ok().filter(|t| t.contains(r#"<img src=x onerror="window.__pwned=4">"#))
+    })
+    .await;
+    assert_not_pwned(b).await;
+    let reply = r#"order <img src=x onerror="window.__pwned=7"> <script>window.__pwned=8</script>"#;
+    b.find("textarea#reply-text").await.unwrap().send_keys(reply).await.unwrap();
+    b.find("button#reply-send").await.unwrap().click().await.unwrap();
+    s.run_reaches(&id, "completed").await;
+    let done = settled(&s.server, &id).await;
+    assert_eq!(done["notes"][0], format!("user: {reply}"), "{done}");
+    b.wait_for("the answer shown as text", async || {
+        let run = b.find("section#run").await.ok()?;
+        let text = run.text().await.ok()?;
+        (text.contains("<b>Refunded</b>") && text.contains("<script>window.__pwned=6</script>")).then_some(())
+    })
+    .await;
+    assert_eq!(b.count("section#run b").await, 0, "no <b> from a reply");
+    b.screenshot("run-hostile-answered").await;
+    assert_not_pwned(b).await;
+}
+
+/// A YAML double-quoted scalar holding `s`.
+fn yaml_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+async fn assert_not_pwned(b: &Browser) {
+    // Give an injected onerror handler its chance to fire before looking.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pwned = b.script("return typeof window.__pwned;", json!([])).await;
+    assert_eq!(pwned, "undefined", "markup from a run ran in the page");
+    assert_eq!(b.count("img[src=\"x\"]").await, 0, "an <img> from a run's text is in the page");
+    assert_eq!(b.count("#stages script, #run script, #runs script, #question script").await, 0, "a <script> from a run's text is in the page");
+}
+
+#[tokio::test]
+async fn every_route_page_shows_its_graph() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    b.find("a#nav-routes").await.unwrap().click().await.unwrap();
+    b.wait_for("the four routes", async || (b.count("table#routes tr.route").await == 4).then_some(())).await;
+    b.screenshot("routes").await;
+    for route in ["support-triage", "support-agent", "ticket-router", "refund-review"] {
+        s.open_route(route).await;
+        b.wait_for(&format!("the graph of {route} to load"), async || {
+            let img = b.find("section#route img#graph").await.ok()?;
+            let complete = img.prop("complete").await.ok()?.as_bool()?;
+            let width = img.prop("naturalWidth").await.ok()?.as_u64()?;
+            (complete && width > 0).then_some(())
+        })
+        .await;
+        b.screenshot(&format!("route-graph-{route}")).await;
+    }
+    s.assert_token_kept_private().await;
+}
+
+#[tokio::test]
+async fn the_runs_page_shows_new_runs_live_and_filters_them() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    s.mark_document().await;
+    // Runs started through the API while the page is open appear on it.
+    let start = |route: &str| json!({"route_id": route, "goal": {"ticket": "charged twice"}, "model_profile": "default"});
+    let (_, triage) = post(&s.server, "/v1/runs?wait=true", start("support-triage")).await;
+    let (_, agent) = post(&s.server, "/v1/runs?wait=true", start("support-agent")).await;
+    let (triage, agent) = (triage["run_id"].as_str().unwrap().to_owned(), agent["run_id"].as_str().unwrap().to_owned());
+    let row = |id: &str, status: &str| format!("table#runs tr.run[data-run-id=\"{id}\"][data-status=\"{status}\"]");
+    b.wait_find(&row(&triage, "completed")).await;
+    b.wait_find(&row(&agent, "awaiting_input")).await;
+    s.assert_same_document("new runs appeared").await;
+    assert_eq!(run_cell(b, &triage, "td.route").await.trim(), "support-triage");
+    assert_eq!(run_cell(b, &triage, "td.status").await.trim(), "completed");
+    assert_eq!(run_cell(b, &triage, "a.open").await.trim(), triage);
+    for cell in ["td.started", "td.duration", "td.reason"] {
+        run_cell(b, &triage, cell).await;
+    }
+    b.screenshot("runs-live").await;
+    // A status change shows live too.
+    let (status, _) = post(&s.server, &format!("/v1/runs/{agent}/reply"), json!({"message": "order 42"})).await;
+    assert_eq!(status, 202);
+    b.wait_find(&row(&agent, "completed")).await;
+    // One more waiting run, for the status filter.
+    let (_, waiting) = post(&s.server, "/v1/runs?wait=true", start("support-agent")).await;
+    let waiting = waiting["run_id"].as_str().unwrap().to_owned();
+    b.wait_find(&row(&waiting, "awaiting_input")).await;
+    s.assert_same_document("runs changed status").await;
+    // Filters: by status, then by route.
+    choose(b, "select#filter-status", "awaiting_input").await;
+    b.wait_for("only the waiting run", async || (visible_runs(b).await == vec![waiting.clone()]).then_some(())).await;
+    b.screenshot("runs-filter-status").await;
+    choose_first(b, "select#filter-status").await;
+    choose(b, "select#filter-route", "support-agent").await;
+    b.wait_for("only support-agent's runs", async || {
+        let mut shown = visible_runs(b).await;
+        shown.sort();
+        let mut want = vec![agent.clone(), waiting.clone()];
+        want.sort();
+        (shown == want).then_some(())
+    })
+    .await;
+    b.screenshot("runs-filter-route").await;
+    choose(b, "select#filter-status", "completed").await;
+    b.wait_for("only support-agent's completed run", async || (visible_runs(b).await == vec![agent.clone()]).then_some(())).await;
+    // Both off: all three.
+    choose_first(b, "select#filter-status").await;
+    choose_first(b, "select#filter-route").await;
+    b.wait_for("all three runs", async || (visible_runs(b).await.len() == 3).then_some(())).await;
+    // A row opens its run.
+    b.find(&format!("tr.run[data-run-id=\"{triage}\"] a.open")).await.unwrap().click().await.unwrap();
+    s.run_reaches(&triage, "completed").await;
+    s.assert_token_kept_private().await;
+}
+
+/// Picks the option with `value` in the select `css`.
+async fn choose(b: &Browser, css: &str, value: &str) {
+    let option = format!("{css} option[value=\"{value}\"]");
+    b.wait_for(&format!("to choose {value} in {css}"), async || b.find(&option).await.ok()?.click().await.ok()).await;
+}
+
+/// Picks the first option (no filter) of the select `css`.
+async fn choose_first(b: &Browser, css: &str) {
+    let option = format!("{css} option");
+    b.wait_for(&format!("to reset {css}"), async || b.find(&option).await.ok()?.click().await.ok()).await;
+}
+
+/// The ids of the run rows a reader sees.
+async fn visible_runs(b: &Browser) -> Vec<String> {
+    let mut ids = Vec::new();
+    for row in b.find_all("table#runs tr.run").await.unwrap_or_default() {
+        if row.displayed().await
+            && let Ok(Some(id)) = row.attr("data-run-id").await
+        {
+            ids.push(id);
+        }
+    }
+    ids
+}
