@@ -192,6 +192,28 @@ def test_cancelling_run_async_interrupts_the_run():
     assert time.monotonic() - started < 10
 
 
+def test_a_python_tool_that_takes_too_long_times_out_and_the_loop_goes_on():
+    done = threading.Event()
+
+    def slow(a, b):
+        done.wait(30)  # released at the end of the test: the abandoned call then returns
+        return {"sum": a + b}
+
+    try:
+        result = runtime(tools={"add": slow}, tool_timeout_ms=100).run("support-agent", {"question": "What is 2 + 3?"})
+    finally:
+        done.set()
+    assert result["status"] == "completed", result
+    timeouts = [n for n in result["notes"] if n.startswith("add: error: tool_timeout: tool `add`: no result within 100 ms")]
+    assert timeouts, result["notes"]
+    assert [e["reason_class"] for e in result["events"] if e["type"] == "run.tool.failed"] == ["tool_timeout"] * len(timeouts)
+
+
+def test_a_bad_tool_timeout_is_refused():
+    with pytest.raises(ConfigError, match="FABRIC_TOOL_TIMEOUT_MS"):
+        runtime(tool_timeout_ms=0)
+
+
 def test_a_runtime_dropped_while_its_tool_runs_does_not_hang(tmp_path):
     import gc
     import signal

@@ -45,6 +45,7 @@ pub const VARIABLES: &[&str] = &[
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_BASE_URL",
     "FABRIC_LLM_MAX_REPLY_BYTES",
+    "FABRIC_TOOL_TIMEOUT_MS",
     "FABRIC_DATABASE_URL",
     "FABRIC_API_TOKEN",
     "FABRIC_MAX_RUNS_IN_FLIGHT",
@@ -59,6 +60,11 @@ pub const VARIABLES: &[&str] = &[
 
 /// The largest `FABRIC_CONFIG` file read; a bigger one (or a special file) is refused.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
+/// How long an in-process tool may take by default: the default of an HTTP tool's
+/// `invoke.timeout_ms`, since the decision loop treats both kinds of tool alike.
+pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
+/// The longest in-process tool timeout accepted (that of `invoke.timeout_ms` too).
+pub const MAX_TOOL_TIMEOUT_MS: u64 = 600_000;
 /// The longest stub latency accepted: ten minutes per call is far past any real provider.
 pub const MAX_STUB_LATENCY_MS: u64 = 600_000;
 
@@ -91,6 +97,9 @@ pub struct Settings {
     pub target: Option<ProviderTarget>,
     /// The cap on one provider reply body (`FABRIC_LLM_MAX_REPLY_BYTES`).
     pub max_reply_bytes: usize,
+    /// How long an in-process tool may take before the call fails with `tool_timeout`
+    /// (`FABRIC_TOOL_TIMEOUT_MS`, default 10000).
+    pub tool_timeout: Duration,
     /// Problems that do not stop start-up (shown by the CLI on stderr, logged by the service).
     pub warnings: Vec<String>,
     /// The run store and the service (`fabric serve`).
@@ -290,6 +299,15 @@ impl Settings {
                 _ => return Err(err("FABRIC_LLM_MAX_REPLY_BYTES", format!("`{v}` must be a whole number of bytes from 1024 to 1073741824"))),
             },
         };
+        let tool_timeout = match get("FABRIC_TOOL_TIMEOUT_MS").map(str::trim) {
+            None => Duration::from_millis(DEFAULT_TOOL_TIMEOUT_MS),
+            Some(v) => match v.parse::<u64>() {
+                Ok(ms) if (1..=MAX_TOOL_TIMEOUT_MS).contains(&ms) => Duration::from_millis(ms),
+                _ => {
+                    return Err(err("FABRIC_TOOL_TIMEOUT_MS", format!("`{v}` must be a whole number of milliseconds from 1 to {MAX_TOOL_TIMEOUT_MS}")));
+                }
+            },
+        };
         let fleet = match get("FABRIC_FLEET").map(str::trim) {
             None => None,
             Some(f) if crate::yaml::is_ident(f) => Some(f.to_owned()),
@@ -358,6 +376,7 @@ impl Settings {
             model_string,
             target: None,
             max_reply_bytes,
+            tool_timeout,
             warnings: Vec::new(),
             service,
             raw: RawVars(raw.clone()),
@@ -491,9 +510,18 @@ mod tests {
             ("FABRIC_LLM_RETRY_BASE_S", "-1"),
             ("FABRIC_LLM_RETRY_MAX_BACKOFF_S", "0"),
             ("FABRIC_LLM_RETRY_BASE_S", "NaN"),
+            ("FABRIC_TOOL_TIMEOUT_MS", "0"),
+            ("FABRIC_TOOL_TIMEOUT_MS", "600001"),
+            ("FABRIC_TOOL_TIMEOUT_MS", "1s"),
         ] {
             assert_eq!(load(&[("FABRIC_LLM_STUB", "1"), (var, value)]).unwrap_err().var, var, "{var}={value}");
         }
+    }
+
+    #[test]
+    fn the_in_process_tool_timeout_defaults_to_that_of_http_tools() {
+        assert_eq!(load(&[("FABRIC_LLM_STUB", "1")]).unwrap().tool_timeout, Duration::from_millis(DEFAULT_TOOL_TIMEOUT_MS));
+        assert_eq!(load(&[("FABRIC_LLM_STUB", "1"), ("FABRIC_TOOL_TIMEOUT_MS", " 250 ")]).unwrap().tool_timeout, Duration::from_millis(250));
     }
 
     #[test]

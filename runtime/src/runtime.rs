@@ -186,7 +186,11 @@ impl RuntimeBuilder {
             provider_stack(&settings, &client)?
         };
         let vars = self.vars.unwrap_or_else(|| Arc::new(|k: &str| std::env::var(k).ok()));
-        let mut runner = Runner::new(catalogue, llm, vars).map_err(BuildError::Client)?.with_fleet(settings.fleet.clone()).with_profile_llms(profile_llms);
+        let mut runner = Runner::new(catalogue, llm, vars)
+            .map_err(BuildError::Client)?
+            .with_fleet(settings.fleet.clone())
+            .with_profile_llms(profile_llms)
+            .with_tool_timeout(settings.tool_timeout);
         if let Some(http) = self.http {
             runner = runner.with_http(http);
         }
@@ -729,5 +733,12 @@ mod tests {
         assert!(matches!(refused, Validation::Refused { class: crate::failure::ReasonClass::InvalidJson, .. }), "{refused:?}");
         let nested = serde_json::json!({"type": "object", "properties": {"a": {"type": "object"}}});
         assert!(matches!(validate(&nested, "anything"), Validation::PlainText { ref text, .. } if text == "anything"));
+    }
+
+    #[test]
+    fn in_process_and_http_tools_have_the_same_default_timeout() {
+        // `config` sits above the catalogue's decoder and cannot import its constant.
+        assert_eq!(crate::config::DEFAULT_TOOL_TIMEOUT_MS, crate::catalogue::DEFAULT_TOOL_TIMEOUT_MS);
+        assert_eq!(crate::config::MAX_TOOL_TIMEOUT_MS, 600_000);
     }
 }

@@ -167,6 +167,33 @@ async fn in_process_tools_come_from_the_library_api() {
     assert!(matches!(err, StartError::ToolNotRegistered { ref tool, .. } if tool == "add"), "{err}");
 }
 
+/// An in-process tool that never answers.
+struct Hangs;
+
+impl fabric::tools::Tool for Hangs {
+    fn call<'a>(&'a self, _: &'a Map<String, Value>) -> fabric::failure::BoxFuture<'a, Result<Value, String>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test]
+async fn an_in_process_tool_that_never_answers_times_out_and_the_loop_goes_on() {
+    let stub = StubLlm::default().strict(true).script("support-agent", "decide", &[r#"CALL add {"a":1,"b":2}"#, "DONE without the sum"]);
+    let runner = Runner::new(shipped(), fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None))
+        .unwrap()
+        .with_tool("add", Arc::new(Hangs))
+        .with_tool_timeout(std::time::Duration::from_millis(50));
+    let sink = Arc::new(MemorySink::default());
+    let goal = json!({}).as_object().unwrap().clone();
+    let result = runner.run(RunRequest { route_id: "support-agent".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();
+    assert_eq!(result.status, RunStatus::Completed, "{result:?}");
+    assert_eq!(result.output.as_deref(), Some("without the sum"));
+    assert_eq!(result.notes, ["add: error: tool_timeout: tool `add`: no result within 50 ms"]);
+    let failed: Vec<_> = sink.events().into_iter().filter(|e| e.kind.as_str() == "run.tool.failed").collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].data["reason_class"], "tool_timeout", "{:?}", failed[0]);
+}
+
 #[tokio::test]
 async fn live_providers_decide_with_native_structured_output() {
     let f = FakeProvider::new(|_| {

@@ -30,7 +30,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use indexmap::IndexMap;
 use opentelemetry::trace::SpanKind;
@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::cancel::Cancel;
-use crate::catalogue::{Catalogue, RouteLookupError};
+use crate::catalogue::{Catalogue, DEFAULT_TOOL_TIMEOUT_MS, RouteLookupError};
 use crate::defs::{CondOp, Condition, Invoke, LlmRole};
 use crate::events::{Event, EventKind, EventSink, RunEvents};
 use crate::failure::{BoxFuture, ReasonClass};
@@ -397,6 +397,9 @@ pub type VarLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 /// A model stack, or why a model profile cannot be used in this process.
 pub type ProfileStack = Result<Arc<dyn Llm>, String>;
 
+/// The default bound of an in-process tool call: that of an HTTP tool's `invoke.timeout_ms`.
+const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_millis(DEFAULT_TOOL_TIMEOUT_MS);
+
 /// Runs routes of one catalogue with one LLM stack.
 pub struct Runner {
     catalogue: Arc<Catalogue>,
@@ -409,6 +412,8 @@ pub struct Runner {
     profile_llms: HashMap<String, ProfileStack>,
     /// In-process tools, by capability name.
     tools: HashMap<String, Arc<dyn Tool>>,
+    /// How long an in-process tool call may take (an HTTP tool has its `invoke.timeout_ms`).
+    tool_timeout: Duration,
 }
 
 impl std::fmt::Debug for Runner {
@@ -422,7 +427,7 @@ impl Runner {
     /// when the HTTP client of the tools cannot be built.
     pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Result<Runner, String> {
         let http = Arc::new(HttpTools::new()?);
-        Ok(Runner { catalogue, llm, http, vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new() })
+        Ok(Runner { catalogue, llm, http, vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new(), tool_timeout: DEFAULT_TOOL_TIMEOUT })
     }
 
     /// Sends HTTP tool calls through `http` instead of the real client (tests, embedders).
@@ -450,6 +455,15 @@ impl Runner {
     /// Makes this runtime fleet `fleet`: routes targeted at another fleet are refused.
     pub fn with_fleet(mut self, fleet: Option<String>) -> Runner {
         self.fleet = fleet;
+        self
+    }
+
+    /// Bounds every in-process tool call by `timeout` (default 10 s, as an HTTP tool's
+    /// `invoke.timeout_ms`): past it the call fails with `tool_timeout` and the run goes on
+    /// without waiting for the tool (a tool that cannot be cancelled, such as a Python function
+    /// on its thread, finishes on its own and its result is dropped).
+    pub fn with_tool_timeout(mut self, timeout: Duration) -> Runner {
+        self.tool_timeout = timeout;
         self
     }
 
@@ -956,7 +970,10 @@ impl Runner {
         let outcome = tokio::select! {
             biased;
             why = cancel.cancelled() => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
-            r = tool.call(args) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
+            r = tokio::time::timeout(self.tool_timeout, tool.call(args)) => match r {
+                Ok(r) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
+                Err(_) => Err((ReasonClass::ToolTimeout, format!("no result within {} ms", self.tool_timeout.as_millis()))),
+            },
         };
         if let Err((class, _)) = &outcome {
             crate::otel::fail_cx(&span, class.as_str());
