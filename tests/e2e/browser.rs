@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::service::{Server, TOKEN, asking_stub, get, post, settled};
+use crate::support::repo;
 use crate::webdriver::{Browser, Element};
 
 /// One browser at a time: several Chromiums beside the other tests would starve a small machine.
@@ -492,4 +493,187 @@ async fn visible_runs(b: &Browser) -> Vec<String> {
         }
     }
     ids
+}
+
+/// Whether the page is wider than the window (something long and unbroken pushed it out).
+async fn page_overflows(b: &Browser) -> Value {
+    b.script("const d = document.documentElement; return d.scrollWidth > d.clientWidth + 1 ? [d.scrollWidth, d.clientWidth] : null;", json!([])).await
+}
+
+/// The text of the first element matching `css`, once it holds `part`.
+async fn text_with(b: &Browser, css: &str, part: &str) -> String {
+    b.wait_for(&format!("{css} to say {part:?}"), async || b.find(css).await.ok()?.text().await.ok().filter(|t| t.contains(part))).await
+}
+
+/// A pasted token with a character no HTTP header can carry (here a typographic dash) is
+/// refused where it is typed, instead of every call failing with a browser error.
+#[tokio::test]
+async fn a_token_no_header_can_carry_is_refused_where_it_is_typed() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    b.goto(&s.ui("")).await;
+    let input = b.wait_displayed("input#token").await;
+    input.send_keys(&format!("{TOKEN}\u{2011}x")).await.unwrap();
+    b.find("button#token-save").await.unwrap().click().await.unwrap();
+    text_with(b, "#token-error", "visible ASCII").await;
+    assert!(!gone(b, "form#token-form").await, "the token form is still there");
+    let stored = b.script("return window.sessionStorage.getItem('fabric-token');", json!([])).await;
+    assert_eq!(stored, Value::Null, "the unusable token is not kept");
+    b.screenshot("token-refused").await;
+    // A stored one from before is asked again too.
+    b.script("window.sessionStorage.setItem('fabric-token', 'caf\u{e9}');", json!([])).await;
+    b.refresh().await;
+    text_with(b, "#token-error", "visible ASCII").await;
+    let input = b.wait_displayed("input#token").await;
+    input.send_keys(TOKEN).await.unwrap();
+    b.find("button#token-save").await.unwrap().click().await.unwrap();
+    b.wait_find("select#filter-route option[value=\"support-triage\"]").await;
+    s.assert_token_kept_private().await;
+}
+
+/// While the service cannot be reached each page says so in plain words and tries again; once it
+/// answers the page fills in and the message goes, without a reload. (The page's `fetch` is made
+/// to fail the way it does when nothing listens, then given back.)
+#[tokio::test]
+async fn the_pages_say_when_the_service_cannot_be_reached_and_recover_when_it_answers() {
+    const CUT: &str = "window.__fetch = window.__fetch || window.fetch; window.fetch = () => Promise.reject(new TypeError('Failed to fetch'));";
+    const MEND: &str = "if (window.__fetch) window.fetch = window.__fetch;";
+    const SAID: &str = "cannot be reached";
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    let (_, run) =
+        post(&s.server, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    s.mark_document().await;
+    let go = |hash: String| async move {
+        b.script("location.hash = arguments[0];", json!([hash])).await;
+    };
+    // Routes.
+    b.script(CUT, json!([])).await;
+    go("#/routes".into()).await;
+    text_with(b, "section#routes-page .error", SAID).await;
+    b.screenshot("routes-unreachable").await;
+    b.script(MEND, json!([])).await;
+    b.wait_for("the routes once the service answers", async || (b.count("table#routes tr.route").await == 4).then_some(())).await;
+    assert!(gone(b, "section#routes-page .error").await, "the message goes once the service answers");
+    // A run.
+    b.script(CUT, json!([])).await;
+    go(format!("#/runs/{id}")).await;
+    text_with(b, "#run-problem", SAID).await;
+    b.script(MEND, json!([])).await;
+    s.run_reaches(&id, "completed").await;
+    b.wait_for("the run's message to go", async || b.find("#run-problem").await.ok()?.text().await.ok().filter(|t| t.trim().is_empty())).await;
+    b.wait_find("ol#timeline > li.span[data-kind=\"stage\"]").await;
+    // The runs list: its message, then its runs and its route filter's choices.
+    b.script(CUT, json!([])).await;
+    go("#/runs".into()).await;
+    text_with(b, "#runs-empty", SAID).await;
+    b.screenshot("runs-unreachable").await;
+    b.script(MEND, json!([])).await;
+    b.wait_find(&format!("table#runs tr.run[data-run-id=\"{id}\"]")).await;
+    b.wait_find("select#filter-route option[value=\"support-triage\"]").await;
+    b.wait_for("the list's message to go", async || b.find("#runs-empty").await.ok()?.text().await.ok().filter(|t| !t.contains(SAID))).await;
+    s.assert_same_document("the pages recovered").await;
+}
+
+/// A run id that names no run says so, with no empty timeline, stages or output under it.
+#[tokio::test]
+async fn a_run_id_that_names_no_run_is_said_so() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    b.goto(&s.ui("#/runs/no-such-run")).await;
+    text_with(b, "#run-problem", "no run").await;
+    text_with(b, "#run-status", "not found").await;
+    assert!(gone(b, "ol#timeline").await && gone(b, "div#stages").await && gone(b, "pre#run-output").await, "nothing empty under the message");
+    b.screenshot("run-not-found").await;
+}
+
+/// A long unbroken question, reply and reader's reply wrap (or are cut) instead of making the
+/// page wider than the window.
+#[tokio::test]
+async fn long_unbroken_questions_and_replies_do_not_widen_the_page() {
+    let stub = asking_stub();
+    let question = format!("ASK {} which order?", "Q".repeat(3000));
+    std::fs::write(stub.path().join("support-agent.yaml"), format!("stages:\n  decide:\n    - {}\n    - 'DONE ok'\n", yaml_str(&question))).unwrap();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    let (_, run) =
+        post(&s.server, "/v1/runs?wait=true", json!({"route_id": "support-agent", "goal": {"q": "W".repeat(3000)}, "model_profile": "default"})).await;
+    assert_eq!(run["status"], "awaiting_input", "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    b.goto(&s.ui(&format!("#/runs/{id}"))).await;
+    s.run_reaches(&id, "awaiting_input").await;
+    text_with(b, "#question", "which order?").await;
+    assert_eq!(page_overflows(b).await, Value::Null, "a long question widens the page");
+    b.find("textarea#reply-text").await.unwrap().send_keys(&"R".repeat(2000)).await.unwrap();
+    b.find("button#reply-send").await.unwrap().click().await.unwrap();
+    s.run_reaches(&id, "completed").await;
+    b.wait_find("ol#timeline > li.marker[data-kind=\"resumed\"]").await;
+    b.wait_for("the second turn's record", async || (b.count("div#stages div.call").await >= 2).then_some(())).await;
+    assert_eq!(page_overflows(b).await, Value::Null, "a long reply widens the page");
+    b.screenshot("run-long-texts").await;
+    b.find("a#nav-runs").await.unwrap().click().await.unwrap();
+    b.wait_find(&format!("table#runs tr.run[data-run-id=\"{id}\"]")).await;
+    assert_eq!(page_overflows(b).await, Value::Null, "the runs list is wider than the window");
+}
+
+/// A failed run shows its reason class on its page, on its timeline and in the runs list; a
+/// child run shows as its parent's `child_run` stage.
+#[tokio::test]
+async fn a_failed_run_shows_its_reason_class_and_a_child_run_its_stage() {
+    let stub = asking_stub();
+    std::fs::write(stub.path().join("refund-review.yaml"), "stages:\n  facts:\n    - '{\"amount\":\"lots\",\"duplicate\":\"maybe\"}'\n").unwrap();
+    let catalogue = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(repo().join("routes")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, catalogue.path().join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        catalogue.path().join("parent-flow.yaml"),
+        "workflows:\n  parent-flow:\n    stages:\n      - {id: delegate, llm_role: none, kind: child_run, route: ticket-router}\n      \
+         - {id: wrap, llm_role: synthesis, capability: answer_text}\nroutes:\n  parent-flow:\n    description: Hand the ticket to ticket-router.\n    \
+         model_profile: default\n    prompt_pack: support\n    workflow: parent-flow\n    activation_target: agent-runtime-shared\n",
+    )
+    .unwrap();
+    let dir = catalogue.path().to_str().unwrap();
+    let Some(s) = setup(stub.path(), &[("FABRIC_CATALOGUE_DIR", dir)]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    let start = |route: &str| json!({"route_id": route, "goal": {"ticket": "charged twice"}, "model_profile": "default"});
+    let (_, failed) = post(&s.server, "/v1/runs?wait=true", start("refund-review")).await;
+    assert_eq!((failed["status"].as_str(), failed["error"]["reason_class"].as_str()), (Some("failed"), Some("schema_validation")), "{failed}");
+    let failed = failed["run_id"].as_str().unwrap().to_owned();
+    let (_, parent) = post(&s.server, "/v1/runs?wait=true", start("parent-flow")).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let parent = parent["run_id"].as_str().unwrap().to_owned();
+    // The runs list.
+    b.wait_find(&format!("table#runs tr.run[data-run-id=\"{failed}\"][data-status=\"failed\"]")).await;
+    assert_eq!(run_cell(b, &failed, "td.reason").await.trim(), "schema_validation");
+    // The run page: the failure, its stage, and the failed spans.
+    b.find(&format!("tr.run[data-run-id=\"{failed}\"] a.open")).await.unwrap().click().await.unwrap();
+    s.run_reaches(&failed, "failed").await;
+    assert_eq!(text_with(b, "#failure .reason-class", "schema_validation").await.trim(), "schema_validation");
+    assert_eq!(b.find("#failure .stage-id").await.unwrap().text().await.unwrap().trim(), "facts");
+    b.wait_find("ol#timeline > li.span.failed[data-kind=\"stage\"][data-reason-class=\"schema_validation\"]").await;
+    b.wait_find("ol#timeline > li.span.failed[data-kind=\"llm\"][data-reason-class=\"schema_validation\"]").await;
+    b.wait_for("the failed stage with its reason", async || {
+        let stages = stage_parts(b).await;
+        let facts = &stages.iter().find(|(id, _)| id == "facts")?.1;
+        facts[3].contains("schema_validation").then_some(())
+    })
+    .await;
+    b.screenshot("run-failed").await;
+    // The child run's stage.
+    b.goto(&s.ui(&format!("#/runs/{parent}"))).await;
+    s.run_reaches(&parent, "completed").await;
+    let child = b.wait_find("ol#timeline > li.span[data-kind=\"child\"]").await;
+    let label = child.text().await.unwrap();
+    assert!(label.contains("delegate") && label.contains("child run"), "{label}");
+    b.screenshot("run-child").await;
 }

@@ -64,6 +64,13 @@
     }
   }
 
+  // A bearer token travels in an HTTP header: visible ASCII only. A pasted token with a space, an
+  // accent or a typographic dash in it could never be sent (the browser refuses the header).
+  function tokenOk(t) {
+    return typeof t === 'string' && /^[\x21-\x7e]+$/.test(t);
+  }
+  const TOKEN_CHARS = 'A token is made of visible ASCII characters only (no spaces, accents or typographic dashes): check what was pasted.';
+
   function askToken(message) {
     leavePage();
     try {
@@ -88,6 +95,10 @@
         setText($('token-error'), 'Enter the token.');
         return;
       }
+      if (!tokenOk(value)) {
+        setText($('token-error'), TOKEN_CHARS);
+        return;
+      }
       sessionStorage.setItem(TOKEN_KEY, value);
       $('token').value = '';
       setText($('token-error'), '');
@@ -108,6 +119,27 @@
     }
   }
 
+  // The service could not be reached at all (stopped, restarting, network down).
+  const UNREACHABLE = 'The service cannot be reached: it may be stopped or restarting, or the network is down';
+
+  class NetworkError extends Error {
+    constructor() {
+      super(UNREACHABLE);
+      this.status = 0;
+      this.network = true;
+      this.problems = [];
+    }
+  }
+
+  function unreachable(err) {
+    return !!(err && err.network);
+  }
+
+  // An error's message as the end of a sentence of ours (no doubled full stop).
+  function said(err) {
+    return String((err && err.message) || err).replace(/[.\s]+$/, '');
+  }
+
   function headers(extra) {
     const h = new Headers(extra || {});
     h.set('Authorization', 'Bearer ' + token());
@@ -121,7 +153,13 @@
       init.headers.set('Content-Type', 'application/json');
       init.body = JSON.stringify(opts.json);
     }
-    const res = await fetch(path, init);
+    let res;
+    try {
+      res = await fetch(path, init);
+    } catch (err) {
+      if (err && err.name === 'AbortError') throw err;
+      throw new NetworkError();
+    }
     if (res.status === 401) {
       askToken('The service refused the token; enter it again.');
       throw new ApiError(401, null);
@@ -159,7 +197,14 @@
     let buf = '';
     let ev = { id: null, event: 'message', data: [] };
     for (;;) {
-      const { value, done } = await reader.read();
+      let chunk;
+      try {
+        chunk = await reader.read();
+      } catch (err) {
+        if (err && err.name === 'AbortError') throw err;
+        throw new NetworkError();
+      }
+      const { value, done } = chunk;
       if (done) break;
       buf += decoder.decode(value, { stream: true });
       let nl;
@@ -280,8 +325,13 @@
   }
 
   function route() {
-    if (!token()) {
+    const t = token();
+    if (!t) {
       askToken('');
+      return;
+    }
+    if (!tokenOk(t)) {
+      askToken(TOKEN_CHARS);
       return;
     }
     $('token-form').hidden = true;
@@ -396,7 +446,9 @@
       updateNote();
     }
 
+    let streamTrouble = false; // the note says that the live list stopped
     function updateNote() {
+      if (streamTrouble) return;
       setText(note, rows.size ? '' : 'No runs' + (routeSel.value || statusSel.value ? ' match the filters.' : ' yet.'));
     }
 
@@ -444,7 +496,11 @@
           try {
             await sse('/v1/runs/updates?' + q.toString(), {
               signal,
-              onOpen: () => setConn('live'),
+              onOpen: () => {
+                setConn('live');
+                streamTrouble = false;
+                updateNote();
+              },
               onEvent: (e) => {
                 if (e.event !== 'run') return;
                 try {
@@ -456,7 +512,8 @@
             });
           } catch (err) {
             if (signal.aborted || err.status === 401) return;
-            setText(note, 'The live list stopped: ' + err.message + '. Retrying…');
+            streamTrouble = true;
+            setText(note, 'The live list stopped: ' + said(err) + '. Retrying…');
           }
           if (signal.aborted) return;
           setConn('reconnecting');
@@ -468,16 +525,28 @@
     // Filters kept for the session.
     const saved = new URLSearchParams(sessionStorage.getItem('fabric-runs-filter') || '');
     if (STATUSES.includes(saved.get('status'))) statusSel.value = saved.get('status');
-    api('/v1/routes', { signal: p.abort.signal })
-      .then((routes) => {
-        for (const r of routes) routeSel.appendChild(el('option', { value: r.id }, r.id));
-        const r = saved.get('route');
-        if (r && routes.some((x) => x.id === r)) routeSel.value = r;
-      })
-      .catch(() => {})
-      .finally(() => {
-        if (!p.abort.signal.aborted) follow();
-      });
+    // The route filter's choices; asked again until the service answers (it may be restarting).
+    (async () => {
+      let first = true;
+      while (!p.abort.signal.aborted) {
+        let routes = null;
+        try {
+          routes = await api('/v1/routes', { signal: p.abort.signal });
+        } catch (err) {
+          if (p.abort.signal.aborted || err.status === 401) return;
+        }
+        if (routes) {
+          const chosen = routeSel.value;
+          for (const r of routes) routeSel.appendChild(el('option', { value: r.id }, r.id));
+          const r = first ? saved.get('route') : chosen;
+          if (r && routes.some((x) => x.id === r)) routeSel.value = r;
+        }
+        if (first) follow();
+        first = false;
+        if (routes) return;
+        await sleep(p, 2000);
+      }
+    })();
   }
 
   // ---- Run -----------------------------------------------------------------------------------
@@ -498,12 +567,7 @@
     const stagesDiv = el('div', { id: 'stages' });
     const recordNote = el('p', { id: 'record-note', class: 'muted' });
     const problem = el('div', { id: 'run-problem' });
-    section.append(
-      el('h2', null, 'Run ', el('code', null, runId), ' ', status),
-      problem,
-      meta,
-      failure,
-      asking,
+    const body = [
       el('h3', null, 'Goal'),
       goal,
       el('h3', null, 'Timeline'),
@@ -513,7 +577,8 @@
       stagesDiv,
       el('h3', null, 'Output'),
       output,
-    );
+    ];
+    section.append(el('h2', null, 'Run ', el('code', null, runId), ' ', status), problem, meta, failure, asking, ...body);
     view.appendChild(section);
 
     let view_ = null; // the run as GET /v1/runs/{id} answers
@@ -610,7 +675,7 @@
           runEnd = null;
           if (ev.type === 'run.resumed') {
             // A marker, not a span: the run went on with the user's reply.
-            timeline.appendChild(el('li', { class: 'marker resumed', 'data-kind': 'resumed' }, 'resumed with the reply: ', el('q', null, ev.reply || '')));
+            timeline.appendChild(el('li', { class: 'marker resumed', 'data-kind': 'resumed', title: ev.reply || '' }, 'resumed with the reply: ', el('q', null, ev.reply || '')));
           }
           break;
         case 'run.stage.started': {
@@ -618,7 +683,11 @@
           s.role = ev.llm_role || s.role;
           s.kind = ev.kind || s.kind;
           const kind = SPAN_KIND[ev.kind] || 'stage';
-          const label = sid + (ev.llm_role && ev.llm_role !== 'none' ? ' (' + ev.llm_role + ')' : '') + (ev.kind === 'decision' ? ' — turn' : '');
+          const label =
+            sid +
+            (ev.llm_role && ev.llm_role !== 'none' ? ' (' + ev.llm_role + ')' : '') +
+            (ev.kind === 'decision' ? ' — turn' : '') +
+            (ev.kind === 'child_run' ? ' — child run' : '');
           openStage.set(sid, addSpan(kind, label, t, 0, { stageId: sid }));
           break;
         }
@@ -745,7 +814,7 @@
           const box = el('div', { class: 'call', 'data-turn': c.turn });
           if (cs.length > 1) box.appendChild(el('h5', { class: 'turn' }, 'turn ' + (c.turn !== undefined ? c.turn : i)));
           box.append(field('prompt', 'resolved prompt', c.system), field('user', 'user message', c.user), field('reply', 'reply as received', c.raw));
-          if (c.value !== c.raw) box.appendChild(field('value', 'value taken', c.value));
+          if (c.value !== c.raw && pretty(c.value) !== pretty(c.raw)) box.appendChild(field('value', 'value taken', c.value));
           div.appendChild(box);
         });
         const rs = results.get(id) || s.outputs;
@@ -846,12 +915,15 @@
             await sse('/v1/runs/' + encodeURIComponent(runId) + '/events', {
               signal: p.abort.signal,
               lastEventId: lastSeq || undefined,
-              onOpen: () => setConn('live'),
+              onOpen: () => {
+                setConn('live');
+                clear(problem);
+              },
               onEvent,
             });
           } catch (err) {
             if (p.abort.signal.aborted || err.status === 401) return;
-            setText(problem, 'The event stream stopped: ' + err.message);
+            setText(problem, 'The event stream stopped: ' + said(err) + '. Retrying…');
           }
           if (p.abort.signal.aborted) return;
           setConn('');
@@ -859,11 +931,12 @@
           try {
             v = await refresh();
           } catch (err) {
-            if (p.abort.signal.aborted) return;
-            setText(problem, err.message);
+            if (p.abort.signal.aborted || err.status === 401) return;
+            setText(problem, said(err) + '. Retrying…');
             await sleep(p, 2000);
             continue;
           }
+          clear(problem);
           await loadRecord();
           if (ENDED.includes(v.status)) return;
           // Still going (handed over to another replica, or queued): follow on.
@@ -887,14 +960,31 @@
     );
 
     (async () => {
-      try {
-        await refresh();
-      } catch (err) {
-        if (p.abort.signal.aborted) return;
-        clear(problem);
-        problem.appendChild(errorBox(err));
-        return;
+      // The run; asked again while the service cannot be reached (it may be restarting).
+      for (;;) {
+        try {
+          await refresh();
+          break;
+        } catch (err) {
+          if (p.abort.signal.aborted || err.status === 401) return;
+          clear(problem);
+          if (unreachable(err)) {
+            problem.appendChild(el('div', { class: 'error' }, said(err) + '. Retrying…'));
+            await sleep(p, 2000);
+            if (p.abort.signal.aborted) return;
+            continue;
+          }
+          problem.appendChild(errorBox(err));
+          if (err.status === 404) {
+            // Nothing to show: no empty timeline, stages or output under the message.
+            section.setAttribute('data-missing', '');
+            setText(status, 'not found');
+            for (const n of body) n.hidden = true;
+          }
+          return;
+        }
       }
+      clear(problem);
       loadRecord();
       follow();
     })();
@@ -919,24 +1009,38 @@
     );
     const problem = el('div');
     view.appendChild(el('section', { id: 'routes-page' }, el('h2', null, 'Routes'), problem, table));
-    api('/v1/routes', { signal: p.abort.signal })
-      .then((routes) => {
-        for (const r of routes) {
-          const tr = el(
-            'tr',
-            { class: 'route', 'data-route-id': r.id, 'data-kind': r.kind },
-            el('td', { class: 'id' }, el('a', { class: 'open', href: '#/routes/' + encodeURIComponent(r.id) }, r.id)),
-            el('td', { class: 'fleet' }, r.fleet || '—'),
-            el('td', { class: 'kind' }, r.kind),
-            el('td', { class: 'checks' + (r.kind === 'broken' ? ' bad' : '') }, checksOf(r)),
-            el('td', { class: 'description' }, r.description || ''),
-          );
-          tbody.appendChild(tr);
+    (async () => {
+      // Asked again while the service cannot be reached (it may be restarting).
+      for (;;) {
+        try {
+          return show(await api('/v1/routes', { signal: p.abort.signal }));
+        } catch (err) {
+          if (p.abort.signal.aborted || err.status === 401) return;
+          clear(problem);
+          if (!unreachable(err)) return problem.appendChild(errorBox(err));
+          problem.appendChild(el('div', { class: 'error' }, said(err) + '. Retrying…'));
+          await sleep(p, 2000);
+          if (p.abort.signal.aborted) return;
         }
-      })
-      .catch((err) => {
-        if (!p.abort.signal.aborted) problem.appendChild(errorBox(err));
-      });
+      }
+    })();
+
+    function show(routes) {
+      clear(problem);
+      clear(tbody);
+      for (const r of routes) {
+        const tr = el(
+          'tr',
+          { class: 'route', 'data-route-id': r.id, 'data-kind': r.kind },
+          el('td', { class: 'id' }, el('a', { class: 'open', href: '#/routes/' + encodeURIComponent(r.id) }, r.id)),
+          el('td', { class: 'fleet' }, r.fleet || '—'),
+          el('td', { class: 'kind' }, r.kind),
+          el('td', { class: 'checks' + (r.kind === 'broken' ? ' bad' : '') }, checksOf(r)),
+          el('td', { class: 'description' }, r.description || ''),
+        );
+        tbody.appendChild(tr);
+      }
+    }
   }
 
   function routePage(routeId) {
@@ -992,7 +1096,9 @@
           el('dd', { class: 'description' }, r.description || ''),
         );
       })
-      .catch(() => {});
+      .catch((err) => {
+        if (!p.abort.signal.aborted && err.status !== 401) info.appendChild(el('dd', { class: 'error' }, 'The routes could not be read: ' + said(err) + '.'));
+      });
 
     // The graph: fetched with the token, shown as an image of a blob: URL (never inline SVG).
     (async () => {
@@ -1012,7 +1118,9 @@
         p.cleanup.push(() => URL.revokeObjectURL(url));
         img.src = url;
       } catch (err) {
-        if (!p.abort.signal.aborted && err.status !== 401) graphProblem.appendChild(errorBox(err));
+        if (p.abort.signal.aborted || err.status === 401) return;
+        img.hidden = true;
+        graphProblem.appendChild(errorBox(err));
       }
     })();
 
