@@ -233,8 +233,17 @@ fn delete_session(port: u16, id: &str) -> std::io::Result<()> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
     write!(s, "DELETE /session/{id} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    // chromedriver answers once the browser has quit; the head of that answer is all we wait
+    // for (it may keep the connection open despite `Connection: close`).
     let mut answer = Vec::new();
-    s.read_to_end(&mut answer)?;
+    let mut chunk = [0u8; 1024];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&chunk[..n]);
+    }
     Ok(())
 }
 

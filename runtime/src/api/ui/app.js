@@ -167,6 +167,17 @@
     return res;
   }
 
+  // The ApiError of a response that is not ok, with the service's error body when it sent one.
+  async function failure(res) {
+    let body = null;
+    try {
+      body = await res.json();
+    } catch (_) {
+      /* not JSON */
+    }
+    return new ApiError(res.status, body);
+  }
+
   async function api(path, opts) {
     const res = await request(path, opts);
     let body = null;
@@ -182,15 +193,7 @@
     const h = { Accept: 'text/event-stream' };
     if (opts.lastEventId) h['Last-Event-ID'] = String(opts.lastEventId);
     const res = await request(path, { headers: h, signal: opts.signal });
-    if (!res.ok) {
-      let body = null;
-      try {
-        body = await res.json();
-      } catch (_) {
-        /* not JSON */
-      }
-      throw new ApiError(res.status, body);
-    }
+    if (!res.ok) throw await failure(res);
     if (opts.onOpen) opts.onOpen();
     const reader = res.body.getReader();
     const decoder = new TextDecoder();
@@ -1104,15 +1107,7 @@
     (async () => {
       try {
         const res = await request('/v1/routes/' + encodeURIComponent(routeId) + '/graph.svg', { signal: p.abort.signal });
-        if (!res.ok) {
-          let body = null;
-          try {
-            body = await res.json();
-          } catch (_) {
-            /* not JSON */
-          }
-          throw new ApiError(res.status, body);
-        }
+        if (!res.ok) throw await failure(res);
         const blob = await res.blob();
         const url = URL.createObjectURL(new Blob([blob], { type: 'image/svg+xml' }));
         p.cleanup.push(() => URL.revokeObjectURL(url));
