@@ -662,10 +662,13 @@ async fn a_failed_run_shows_its_reason_class_and_a_child_run_its_stage() {
     assert_eq!(b.find("#failure .stage-id").await.unwrap().text().await.unwrap().trim(), "facts");
     b.wait_find("ol#timeline > li.span.failed[data-kind=\"stage\"][data-reason-class=\"schema_validation\"]").await;
     b.wait_find("ol#timeline > li.span.failed[data-kind=\"llm\"][data-reason-class=\"schema_validation\"]").await;
-    b.wait_for("the failed stage with its reason", async || {
+    // With the reply the model sent, as received (from `run.llm.failed`: the journal keeps only
+    // replies a stage used).
+    b.wait_for("the failed stage with its reason and the reply that failed", async || {
         let stages = stage_parts(b).await;
         let facts = &stages.iter().find(|(id, _)| id == "facts")?.1;
-        facts[3].contains("schema_validation").then_some(())
+        let reply = &facts[2];
+        (facts[3].contains("schema_validation") && reply.contains(r#""amount": "lots""#) && reply.contains(r#""duplicate": "maybe""#)).then_some(())
     })
     .await;
     b.screenshot("run-failed").await;

@@ -167,6 +167,14 @@ async fn in_process_tools_come_from_the_library_api() {
     assert!(matches!(err, StartError::ToolNotRegistered { ref tool, .. } if tool == "add"), "{err}");
 }
 
+#[tokio::test]
+async fn a_decision_the_stub_cannot_read_is_shown_in_its_failed_event() {
+    let (result, events) = run_agent(&["MAYBE later"], None).await;
+    assert_eq!(result.status, RunStatus::Failed);
+    let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
+    assert_eq!(failed.data["reply"], "MAYBE later", "{:?}", failed.data);
+}
+
 /// An in-process tool that never answers.
 struct Hangs;
 

@@ -171,6 +171,8 @@ async fn a_schema_violation_fails_the_run_without_retry() {
         ["run.started", "run.stage.started:intake", "run.llm.started:intake", "run.llm.failed:intake", "run.stage.failed:intake", "run.failed:intake"]
     );
     assert_eq!(events[3].data["reason_class"], "schema_validation");
+    // The reply that failed, as received: what an operator reads to see why.
+    assert_eq!(events[3].data["reply"], r#"{"category":"sales","urgency":"high"}"#);
     assert_eq!(h.seen.lock().unwrap().len(), 1, "validation failures are never retried");
 }
 
@@ -178,8 +180,22 @@ async fn a_schema_violation_fails_the_run_without_retry() {
 async fn invalid_json_is_its_own_reason() {
     let stub = StubLlm::default().script("support-triage", "intake", &["Sure! The category is billing."]);
     let h = harness(shipped(), stub, vec![]);
-    let (result, _) = run(&h, "support-triage", vec![]).await;
+    let (result, events) = run(&h, "support-triage", vec![]).await;
     assert_eq!(result.error.unwrap().reason_class, "invalid_json");
+    let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
+    assert_eq!(failed.data["reply"], "Sure! The category is billing.");
+}
+
+#[tokio::test]
+async fn a_failed_reply_in_an_event_is_capped() {
+    let long = format!("é{}", "x".repeat(fabric::llm::telemetry::MAX_EVENT_REPLY_BYTES));
+    let stub = StubLlm::default().script("support-triage", "intake", &[long.as_str()]);
+    let h = harness(shipped(), stub, vec![]);
+    let (_, events) = run(&h, "support-triage", vec![]).await;
+    let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
+    let reply = failed.data["reply"].as_str().unwrap();
+    assert!(reply.len() <= fabric::llm::telemetry::MAX_EVENT_REPLY_BYTES + '…'.len_utf8(), "{}", reply.len());
+    assert!(reply.starts_with("éxxx") && reply.ends_with("x…"), "cut at a character boundary, marked");
 }
 
 #[tokio::test]

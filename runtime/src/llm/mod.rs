@@ -149,11 +149,14 @@ pub struct LlmError {
     /// What the reply said about itself, when one came but could not be used (a validation
     /// failure still used tokens).
     pub reply: Option<Box<ReplyMeta>>,
+    /// The reply text as received, when one came but could not be used (invalid JSON, a schema
+    /// or decision it does not meet): `run.llm.failed` shows it, so a failed stage can be read.
+    pub raw_reply: Option<String>,
 }
 
 impl LlmError {
     pub fn new(class: ReasonClass, message: impl Into<String>) -> LlmError {
-        LlmError { class, message: message.into(), retry_after: None, reply: None }
+        LlmError { class, message: message.into(), retry_after: None, reply: None, raw_reply: None }
     }
 }
 
@@ -232,6 +235,7 @@ pub fn finish_reply(output: &OutputSpec, raw: String, meta: ReplyMeta) -> Result
         Ok(value) => Ok(LlmReply { value, meta, raw: Some(raw) }),
         Err(mut e) => {
             e.reply = Some(Box::new(meta));
+            e.raw_reply = Some(raw);
             Err(e)
         }
     }

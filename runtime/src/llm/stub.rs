@@ -182,7 +182,15 @@ impl Llm for StubLlm {
             let meta = ReplyMeta { usage: Some(usage), ..ReplyMeta::default() };
             match req.output {
                 // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
-                OutputSpec::Decision(spec) => Ok(LlmReply { value: ReplyValue::Decision(spec.parse_text(&raw)?), meta, raw: Some(raw) }),
+                OutputSpec::Decision(spec) => match spec.parse_text(&raw) {
+                    Ok(decision) => Ok(LlmReply { value: ReplyValue::Decision(decision), meta, raw: Some(raw) }),
+                    Err(e) => {
+                        let mut e = LlmError::from(e);
+                        e.reply = Some(Box::new(meta));
+                        e.raw_reply = Some(raw);
+                        Err(e)
+                    }
+                },
                 _ => finish_reply(req.output, raw, meta),
             }
         })

@@ -90,11 +90,13 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                         set_response(&cx, meta);
                     }
                     crate::otel::fail_cx(&cx, e.class.as_str());
-                    req.events.emit(
-                        EventKind::LlmFailed,
-                        Some(req.stage_id),
-                        || fields! {"reason_class" => e.class.as_str(), "message" => e.message, "duration_ms" => round_ms(duration_ms)},
-                    );
+                    req.events.emit(EventKind::LlmFailed, Some(req.stage_id), || {
+                        let mut data = fields! {"reason_class" => e.class.as_str(), "message" => e.message, "duration_ms" => round_ms(duration_ms)};
+                        if let Some(raw) = &e.raw_reply {
+                            data.insert("reply".into(), capped_reply(raw).into());
+                        }
+                        data
+                    });
                 }
             }
             crate::otel::end(&cx);
@@ -105,6 +107,21 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
     fn info(&self) -> ModelInfo {
         self.info.clone()
     }
+}
+
+/// The most of a failed reply's text an event carries (a provider reply may be megabytes).
+pub const MAX_EVENT_REPLY_BYTES: usize = 64 * 1024;
+
+/// `raw`, or its first [`MAX_EVENT_REPLY_BYTES`] (cut at a character boundary) followed by `…`.
+fn capped_reply(raw: &str) -> String {
+    if raw.len() <= MAX_EVENT_REPLY_BYTES {
+        return raw.to_owned();
+    }
+    let mut end = MAX_EVENT_REPLY_BYTES;
+    while !raw.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &raw[..end])
 }
 
 /// The `gen_ai.response.*` and `gen_ai.usage.*` attributes of a reply.

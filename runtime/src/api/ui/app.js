@@ -725,6 +725,9 @@
         case 'run.llm.failed':
           endSpan(openLlm.get(sid), t, ev.duration_ms, ev.reason_class || true);
           openLlm.delete(sid);
+          // The reply that could not be used, as received (the journal keeps only used ones).
+          if (typeof ev.reply === 'string') stage(sid).failedReply = ev.reply;
+          scheduleRecord();
           break;
         case 'run.tool.started':
           openTool.set(sid, addSpan('tool', 'tool ' + (ev.tool || '') + ' ' + (ev.method || '') + (ev.url ? ' ' + ev.url : ''), t, 1));
@@ -810,8 +813,15 @@
         div.appendChild(el('div', { class: 'field' }, el('h5', null, 'role'), el('span', { class: 'role' }, s.role || '(not in the events read)')));
         const cs = calls.get(id) || [];
         const pending = s.kind === 'tool' || s.kind === 'child_run' ? 'no model call in this stage' : 'not recorded: written when the stage completes' + (s.failed ? ' (this stage failed; a failed stage keeps no record)' : '');
+        const failedReply = s.failedReply !== undefined ? s.failedReply : null;
         if (cs.length === 0) {
-          div.append(field('prompt', 'resolved prompt', null, pending), field('user', 'user message', null, pending), field('reply', 'reply as received', null, pending));
+          div.append(
+            field('prompt', 'resolved prompt', null, pending),
+            field('user', 'user message', null, pending),
+            failedReply !== null
+              ? field('reply failed-reply', 'reply as received (not usable: ' + ((s.failed && s.failed.reason_class) || 'failed') + ')', failedReply)
+              : field('reply', 'reply as received', null, pending),
+          );
         }
         cs.forEach((c, i) => {
           const box = el('div', { class: 'call', 'data-turn': c.turn });
@@ -820,6 +830,10 @@
           if (c.value !== c.raw && pretty(c.value) !== pretty(c.raw)) box.appendChild(field('value', 'value taken', c.value));
           div.appendChild(box);
         });
+        if (cs.length > 0 && failedReply !== null) {
+          // A decision loop's last turn failed after turns that were used.
+          div.appendChild(field('failed-reply', 'last reply as received (not usable: ' + ((s.failed && s.failed.reason_class) || 'failed') + ')', failedReply));
+        }
         const rs = results.get(id) || s.outputs;
         const result = rs.length ? rs[rs.length - 1] : null;
         div.appendChild(field('result', 'result', result, s.failed ? 'failed: ' + (s.failed.reason_class || '') + ' ' + (s.failed.message || '') : 'no result yet'));
