@@ -233,6 +233,9 @@ fn bench_prints_every_scenario() {
                 for k in ["runs_per_s", "cpu_us_per_run"] {
                     assert!(l[k].as_f64().unwrap() > 0.0, "{k} in {l}");
                 }
+                // A CPU clock that went backwards (threads of the previous scenario ending) showed
+                // as ~1e12 µs per run; no run of this test costs a CPU-second.
+                assert!(l["cpu_us_per_run"].as_f64().unwrap() < 1e6, "{l}");
                 assert!(l["run_us"]["p99"].as_f64().unwrap() >= l["run_us"]["p50"].as_f64().unwrap());
             }
             "C" => {
@@ -342,6 +345,14 @@ fn replay_reproduces_every_example_route_and_reports_a_changed_prompt() {
 
 /// `fabric bench --instructions`: the scenario under callgrind at half the runs and all of them,
 /// and the marginal instructions per run. Needs valgrind (installed by `.ci/run`).
+#[test]
+fn a_skipped_bench_scenario_says_why_in_the_table() {
+    let out = fabric(&["bench", "--scenario", "R"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).lines().any(|l| l.starts_with("R ") && l.contains("needs --journal")), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("replicas 0"), "{}", stderr(&out));
+}
+
 #[test]
 fn bench_counts_instructions_with_callgrind() {
     let present = std::process::Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success());

@@ -127,16 +127,11 @@ fn sink(opts: &BenchOptions) -> Arc<dyn fabric::events::EventSink> {
 pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "C2", "H", "R", "S"];
 
 /// Total CPU time of this process so far, from the scheduler's per-thread accounting (ns).
+/// The CPU time the process has used, in ns: every thread's, those that ended included (a sum over
+/// the live threads went backwards when a previous scenario's store threads ended mid-measurement).
 fn cpu_ns() -> u64 {
-    let mut total = 0;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for t in tasks.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-                total += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            }
-        }
-    }
-    total
+    let Ok(t) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID) else { return 0 };
+    u64::try_from(t.tv_sec()).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::try_from(t.tv_nsec()).unwrap_or(0))
 }
 
 fn status_kib(field: &str) -> Option<u64> {
@@ -241,7 +236,7 @@ async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
         }
     }
     let wall = wall0.elapsed().as_secs_f64();
-    let cpu_us = (cpu_ns() - cpu0) as f64 / 1e3 / opts.runs.max(1) as f64;
+    let cpu_us = cpu_ns().saturating_sub(cpu0) as f64 / 1e3 / opts.runs.max(1) as f64;
     let per_stage: Vec<f64> = samples.iter().map(|s| s / 3.0).collect();
     let _ = std::fs::remove_dir_all(&dir);
     Ok(json!({
@@ -300,7 +295,7 @@ async fn concurrent_journalled(c: usize, latency_ms: u64, opts: &BenchOptions) -
         "scenario": "C2", "route": "staged", "runs": c, "concurrency": c, "failed_runs": failed, "stub_latency_ms": latency_ms, "journal": kind,
         "events": if opts.events { "json" } else { "none" },
         "wall_ms": round2(wall * 1e3), "ideal_ms": ideal_ms, "wall_over_ideal": round2(wall * 1e3 / ideal_ms.max(1.0)),
-        "runs_per_s": round2(c as f64 / wall), "cpu_us_per_run": round2((cpu_ns() - cpu0) as f64 / 1e3 / c as f64), "meta": meta(),
+        "runs_per_s": round2(c as f64 / wall), "cpu_us_per_run": round2(cpu_ns().saturating_sub(cpu0) as f64 / 1e3 / c as f64), "meta": meta(),
     }))
 }
 
@@ -476,7 +471,7 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
                 failed += 1;
             }
         }
-        (samples, failed, wall0.elapsed().as_secs_f64(), cpu_ns() - cpu0)
+        (samples, failed, wall0.elapsed().as_secs_f64(), cpu_ns().saturating_sub(cpu0))
     });
     let (samples, failed, wall, cpu_ns_total) = measured.await.map_err(|e| format!("the measured runs stopped: {e}"))?;
     let cpu_us = cpu_ns_total as f64 / 1e3 / opts.runs.max(1) as f64;
@@ -523,7 +518,7 @@ async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &
         "wall_ms": round2(wall * 1e3), "ideal_ms": ideal_ms, "wall_over_ideal": round2(wall * 1e3 / ideal_ms.max(1.0)),
         "runs_per_s": round2(c as f64 / wall), "peak_rss_mib": round2(peak as f64 / 1024.0),
         "rss_kib_per_inflight_run": round2(peak.saturating_sub(rss0) as f64 / c as f64),
-        "cpu_us_per_run": round2((cpu_ns() - cpu0) as f64 / 1e3 / c as f64), "meta": meta(),
+        "cpu_us_per_run": round2(cpu_ns().saturating_sub(cpu0) as f64 / 1e3 / c as f64), "meta": meta(),
     }))
 }
 
@@ -572,6 +567,10 @@ fn catalogue_load(n: usize) -> Value {
 
 fn table_line(v: &Value) -> String {
     let s = v["scenario"].as_str().unwrap_or("?");
+    // A skipped or failed scenario says why, whatever its kind (not a row of zeros).
+    if let Some(why) = v.get("skipped").or(v.get("error")).and_then(Value::as_str) {
+        return format!("{s:<7} {why}");
+    }
     match s {
         "A" | "A2" | "B" | "B-http" => format!(
             "{s:<7} runs {:>6}  {:>9.0} runs/s  run mean {:>8.1} µs  p50 {:>8.1}  p99 {:>8.1}  stage mean {:>7.1} µs  cpu {:>8.1} µs/run{}",
