@@ -488,6 +488,18 @@ fn sorted_edges(route: &Route, n: NodeIndex) -> Vec<(u16, NodeIndex, String)> {
     v
 }
 
+/// The edges of `n` as the pictures label them: the unconditioned arm of a node that branches is
+/// its `otherwise` (as in the SVG); the text view keeps the bare edge.
+fn picture_edges(route: &Route, n: NodeIndex) -> Vec<(u16, NodeIndex, String)> {
+    let mut v = sorted_edges(route, n);
+    if v.iter().any(|(_, _, l)| !l.is_empty()) {
+        for (_, _, l) in v.iter_mut().filter(|(_, _, l)| l.is_empty()) {
+            *l = "otherwise".into();
+        }
+    }
+    v
+}
+
 /// Plain-text view: every node with its role, resolved prompt and outgoing edges.
 pub fn render_text(route: &Route) -> String {
     let mut out = String::new();
@@ -532,7 +544,7 @@ pub fn render_dot(route: &Route) -> String {
         let _ = writeln!(out, "  n{} [label=\"{label}\"{shape}];", idx.index());
     }
     for (idx, _) in route.nodes() {
-        for (_, target, label) in sorted_edges(route, idx) {
+        for (_, target, label) in picture_edges(route, idx) {
             let _ = writeln!(out, "  n{} -> n{} [label=\"{}\"];", idx.index(), target.index(), quote(&label));
         }
     }
@@ -551,7 +563,7 @@ pub fn render_mermaid(route: &Route) -> String {
         }
     }
     for (idx, _) in route.nodes() {
-        for (_, target, label) in sorted_edges(route, idx) {
+        for (_, target, label) in picture_edges(route, idx) {
             if label.is_empty() {
                 let _ = writeln!(out, "  n{} --> n{}", idx.index(), target.index());
             } else {

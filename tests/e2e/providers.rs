@@ -315,7 +315,15 @@ async fn connection_refused_and_timeouts_are_retried() {
     let closed = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
     let (result, events) = run_with(ProviderKind::Ollama, &closed, FAST_RETRY).await;
-    assert_eq!(result.error.unwrap().reason_class, "connection");
+    let error = result.error.unwrap();
+    assert_eq!(error.reason_class, "connection");
+    // It says where it tried (the origin only).
+    assert!(error.message.starts_with(&format!("cannot connect to {closed}: ")), "{}", error.message);
+    let with_secrets = closed.replace("http://", "http://user:s3cret@") + "/base?key=k3y";
+    let (result, _) = run_with(ProviderKind::Ollama, &with_secrets, FAST_RETRY).await;
+    let message = result.error.unwrap().message;
+    assert!(message.starts_with(&format!("cannot connect to {closed}: ")), "{message}");
+    assert!(!message.contains("s3cret") && !message.contains("k3y") && !message.contains("user"), "{message}");
     assert_eq!(events.iter().filter(|e| e.kind == "run.llm.retrying").count(), 2);
 
     let f = fake(ProviderKind::Ollama);

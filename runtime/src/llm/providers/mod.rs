@@ -215,9 +215,12 @@ fn transport_error(e: reqwest::Error, timeout: Duration) -> LlmError {
         return LlmError::new(ReasonClass::Timeout, format!("no reply within {} s", timeout.as_secs_f64()));
     }
     let (is_connect, is_request, is_body) = (e.is_connect(), e.is_request(), e.is_body());
-    // The URL may carry a key in some deployments; keep it out of messages.
+    // Which endpoint could not be reached: its origin only (scheme, host, port), as the URL's
+    // path, query or credentials may carry a key in some deployments.
+    let origin = e.url().filter(|_| is_connect).map(|u| u.origin().ascii_serialization()).filter(|o| o != "null");
     let e = e.without_url();
-    let mut message = e.to_string();
+    let mut message = origin.map(|o| format!("cannot connect to {o}: ")).unwrap_or_default();
+    message.push_str(&e.to_string());
     let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
         message.push_str(": ");
