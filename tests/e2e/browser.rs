@@ -680,3 +680,28 @@ async fn a_failed_run_shows_its_reason_class_and_a_child_run_its_stage() {
     assert!(label.contains("delegate") && label.contains("child run"), "{label}");
     b.screenshot("run-child").await;
 }
+
+/// The service watches the newest 200 runs of a filter: a failed run with 200 newer ones after it
+/// is still found by the status filter (a second stream, filtered by status, brings it).
+#[tokio::test]
+async fn the_status_filter_finds_runs_older_than_the_newest_200() {
+    let stub = asking_stub();
+    std::fs::write(stub.path().join("refund-review.yaml"), "stages:\n  facts:\n    - '{\"amount\":\"lots\",\"duplicate\":\"maybe\"}'\n").unwrap();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    let start = |route: &str| json!({"route_id": route, "goal": {"ticket": "charged twice"}, "model_profile": "default"});
+    let (_, failed) = post(&s.server, "/v1/runs?wait=true", start("refund-review")).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let failed = failed["run_id"].as_str().unwrap().to_owned();
+    for _ in 0..200 {
+        let (status, run) = post(&s.server, "/v1/runs?wait=true", start("support-triage")).await;
+        assert_eq!((status, run["status"].as_str()), (200, Some("completed")), "{run}");
+    }
+    s.sign_in().await;
+    b.wait_for("the newest 200 runs", async || (visible_runs(b).await.len() == 200).then_some(())).await;
+    assert!(!visible_runs(b).await.contains(&failed), "the failed run is older than the newest 200");
+    choose(b, "select#filter-status", "failed").await;
+    b.wait_for("the old failed run", async || (visible_runs(b).await == vec![failed.clone()]).then_some(())).await;
+    assert_eq!(run_cell(b, &failed, "td.reason").await.trim(), "schema_validation");
+    b.screenshot("runs-filter-old-failed").await;
+}

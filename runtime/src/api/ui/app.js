@@ -471,7 +471,10 @@
       refilter();
       follow();
     });
-    statusSel.addEventListener('change', refilter);
+    statusSel.addEventListener('change', () => {
+      refilter();
+      follow();
+    });
 
     // Durations of running runs grow.
     every(
@@ -485,15 +488,27 @@
       1000,
     );
 
-    // The list, then its changes, live: one stream per route filter.
-    let stream = null;
+    // The list, then its changes, live. The service watches the newest 200 runs of a stream's
+    // filter: one stream for the route filter keeps every recent run current (a run that leaves
+    // the chosen status is seen leaving), and with a status filter a second one brings that
+    // status's runs from further back (an old failed run among many newer ones).
+    let streams = null;
     function follow() {
-      if (stream) stream.abort();
-      stream = new AbortController();
-      const signal = stream.signal;
-      p.abort.signal.addEventListener('abort', () => stream && stream.abort());
-      const q = new URLSearchParams({ limit: '200' });
-      if (routeSel.value) q.set('route_id', routeSel.value);
+      if (streams) streams.abort();
+      streams = new AbortController();
+      const signal = streams.signal;
+      p.abort.signal.addEventListener('abort', () => streams && streams.abort());
+      const base = new URLSearchParams({ limit: '200' });
+      if (routeSel.value) base.set('route_id', routeSel.value);
+      watch(base, signal);
+      if (statusSel.value) {
+        const byStatus = new URLSearchParams(base);
+        byStatus.set('status', statusSel.value);
+        watch(byStatus, signal);
+      }
+    }
+
+    function watch(q, signal) {
       (async () => {
         while (!signal.aborted) {
           try {
