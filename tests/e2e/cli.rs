@@ -343,8 +343,6 @@ fn replay_reproduces_every_example_route_and_reports_a_changed_prompt() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// `fabric bench --instructions`: the scenario under callgrind at half the runs and all of them,
-/// and the marginal instructions per run. Needs valgrind (installed by `.ci/run`).
 #[test]
 fn a_skipped_bench_scenario_says_why_in_the_table() {
     let out = fabric(&["bench", "--scenario", "R"], &[]);
@@ -353,6 +351,8 @@ fn a_skipped_bench_scenario_says_why_in_the_table() {
     assert!(!stderr(&out).contains("replicas 0"), "{}", stderr(&out));
 }
 
+/// `fabric bench --instructions`: the scenario under callgrind at half the runs and all of them,
+/// and the marginal instructions per run. Needs valgrind (installed by `.ci/run`).
 #[test]
 fn bench_counts_instructions_with_callgrind() {
     let present = std::process::Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success());

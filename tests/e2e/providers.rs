@@ -213,6 +213,17 @@ async fn a_fenced_reply_is_accepted_where_the_reference_accepts_it() {
     }
 }
 
+/// A fenced reply that fails its schema is shown in `run.llm.failed` as received: fence and all.
+#[tokio::test]
+async fn a_fenced_reply_that_fails_is_reported_as_received() {
+    let fenced = "```json\n{\"category\": \"sales\", \"urgency\": \"high\"}\n```";
+    let f = FakeProvider::new(move |_| Canned::json(200, json!({"message": {"role": "assistant", "content": fenced}, "done": true})));
+    let (result, events) = run_with(ProviderKind::Ollama, &f.start().await, FAST_RETRY).await;
+    assert_eq!(result.error.as_ref().map(|e| e.reason_class.as_str()), Some("schema_validation"), "{result:?}");
+    let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
+    assert_eq!(failed.data["reply"], fenced);
+}
+
 #[tokio::test]
 async fn plain_text_calls_on_every_provider() {
     // refund-review's `policy` stage has no output schema: a plain text call.

@@ -460,8 +460,9 @@ impl Runner {
 
     /// Bounds every in-process tool call by `timeout` (default 10 s, as an HTTP tool's
     /// `invoke.timeout_ms`): past it the call fails with `tool_timeout` and the run goes on
-    /// without waiting for the tool (a tool that cannot be cancelled, such as a Python function
-    /// on its thread, finishes on its own and its result is dropped).
+    /// without waiting for the tool: its future is dropped. A tool that cannot be cancelled that
+    /// way (a Python function on a thread) keeps its thread until it returns; its result is
+    /// dropped.
     pub fn with_tool_timeout(mut self, timeout: Duration) -> Runner {
         self.tool_timeout = timeout;
         self

@@ -409,6 +409,9 @@
     }
 
     function upsert(run) {
+      // The two streams read the store apart: an older picture of a run never replaces a newer.
+      const known = runs.get(run.run_id);
+      if (known && String(known.updated_at || '') > String(run.updated_at || '')) return;
       runs.set(run.run_id, run);
       let tr = rows.get(run.run_id);
       if (!matches(run)) {
@@ -495,6 +498,11 @@
     let streams = null;
     function follow() {
       if (streams) streams.abort();
+      // Start from what the new streams send: runs only an earlier status stream brought are not
+      // kept (nothing would update them any more).
+      runs.clear();
+      rows.clear();
+      clear(tbody);
       streams = new AbortController();
       const signal = streams.signal;
       p.abort.signal.addEventListener('abort', () => streams && streams.abort());

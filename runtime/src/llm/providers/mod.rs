@@ -276,9 +276,17 @@ impl<C: Codec> Llm for HttpBackend<C> {
                 && matches!(self.codec.kind(), ProviderKind::Ollama | ProviderKind::Gemini)
                 && let Some(inner) = unfence(&text)
             {
-                let mut reply = finish_reply(req.output, inner, meta)?;
-                reply.raw = Some(text);
-                return Ok(reply);
+                return match finish_reply(req.output, inner, meta) {
+                    Ok(mut reply) => {
+                        reply.raw = Some(text);
+                        Ok(reply)
+                    }
+                    Err(mut e) => {
+                        // As received: the fence included.
+                        e.raw_reply = Some(text);
+                        Err(e)
+                    }
+                };
             }
             finish_reply(req.output, text, meta)
         })
