@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
-use crate::cancel::Cancel;
+use crate::cancel::{Cancel, CancelHandle};
 use crate::catalogue::{self, Catalogue, SourceFile};
 use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning, choose_model};
 use crate::defs::ProfileDef;
@@ -415,6 +415,35 @@ impl Runtime {
         Ok(RunOutcome { result, unused_script_lines: Vec::new() })
     }
 
+    /// Accepts `req` and runs it here at once, recorded in the store as the service records a
+    /// run, holding its lease until it ends: the lease is renewed every third of its length, so
+    /// a service on the same store does not take the run over; if another process took it
+    /// anyway, `handle` (the one of `cancel`) stops the run with the reason "lease lost". What
+    /// `fabric run --store` does.
+    pub async fn run_recorded(&self, req: &StartRequest, sink: Arc<dyn EventSink>, handle: &CancelHandle, cancel: Cancel) -> Result<RunOutcome, AcceptError> {
+        let store = self.store.clone().ok_or(AcceptError::NoStore)?;
+        let lease = self.accept(req, true).await?.lease.ok_or(AcceptError::NotClaimed)?;
+        let leases = [lease.clone()];
+        // In the same task as the run (no task of its own to outlive it): it never ends, and
+        // is dropped with the run.
+        let keep = async {
+            let mut tick = tokio::time::interval(self.holder.lease / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if store.renew(&self.holder, &leases).await.is_ok_and(|lost| !lost.is_empty()) {
+                    handle.cancel("lease lost");
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            outcome = self.execute(&lease, req, sink, cancel) => Ok(outcome?),
+            never = keep => never,
+        }
+    }
+
     /// The routes whose runs this process may claim: those [`Runtime::check_route`] accepts.
     pub fn claimable_routes(&self) -> Vec<String> {
         self.catalogue()
@@ -647,6 +676,8 @@ pub enum AcceptError {
     Store(#[from] StoreError),
     #[error("this runtime has no run store")]
     NoStore,
+    #[error("the store did not let this process claim the run it accepted")]
+    NotClaimed,
 }
 
 /// Why a reply was refused.

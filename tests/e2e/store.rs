@@ -341,3 +341,56 @@ async fn an_unreachable_postgres_is_named_without_its_password() {
     // The cause, not the pool's "timed out" after retrying it.
     assert!(err.to_lowercase().contains("refused") && !err.contains("timed out"), "{err}");
 }
+
+/// `Runtime::run_recorded` (what `fabric run --store` does) holds its run's lease while it runs:
+/// a run longer than the lease still completes, and one whose lease another process took stops,
+/// told so at the next renewal (not only at its next write).
+#[tokio::test]
+async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let vars = [("FABRIC_LLM_STUB", "1"), ("FABRIC_LLM_STUB_LATENCY_MS", "1500"), ("FABRIC_RUN_LEASE_S", "1")];
+    let settings = fabric::config::Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())).unwrap();
+    let rt = Runtime::builder()
+        .settings(settings)
+        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .stub_dir(repo().join("stub"))
+        .store(fabric::store::open(&url).await.unwrap())
+        .build()
+        .unwrap();
+    let req = start("support-triage", json!({"ticket": "charged twice"}));
+    // Three calls of 1.5 s: longer than the 1 s lease, kept by renewals (every third of it).
+    let (handle, cancel) = fabric::cancel::CancelHandle::new();
+    let done = rt.run_recorded(&req, Arc::new(NullSink), &handle, cancel).await.unwrap();
+    assert_eq!(done.result.status, fabric::exec::RunStatus::Completed, "{:?}", done.result);
+    // Another process takes the run over while it runs: the fencing token moves on.
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let thief = async {
+        loop {
+            let taken = sqlx::query("UPDATE runs SET lease_owner = 'another-process', lease_token = lease_token + 1 WHERE status = 'running'")
+                .execute(&pool)
+                .await
+                .unwrap();
+            if taken.rows_affected() > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (handle, cancel) = fabric::cancel::CancelHandle::new();
+    let (stopped, ()) = tokio::join!(rt.run_recorded(&req, Arc::new(NullSink), &handle, cancel), thief);
+    let stopped = stopped.unwrap().result;
+    let error = stopped.error.as_ref().unwrap_or_else(|| panic!("{stopped:?}"));
+    assert_eq!(stopped.status, fabric::exec::RunStatus::Failed, "{stopped:?}");
+    assert!(error.message.contains("lease lost") || error.message.contains("lease was lost"), "{}", error.message);
+    // Stopped by a renewal during the first model call, not at the first stage's write 1.5 s in.
+    assert!(stopped.slots.is_empty(), "{stopped:?}");
+    // Without a store there is nothing to hold.
+    let bare = Runtime::builder()
+        .settings(fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
+        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .build()
+        .unwrap();
+    let (handle, cancel) = fabric::cancel::CancelHandle::new();
+    assert!(matches!(bare.run_recorded(&req, Arc::new(NullSink), &handle, cancel).await, Err(fabric::runtime::AcceptError::NoStore)));
+}

@@ -607,6 +607,7 @@ async fn start_run(
         AcceptError::UnknownProfile(p) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("model profile `{p}` is not defined")),
         AcceptError::Store(s) => store_error(s),
         AcceptError::NoStore => store_error("no store"),
+        AcceptError::NotClaimed => store_error("the run could not be claimed"),
     })?;
     let run_id = accepted.run_id.clone();
     let status = match (permit, accepted.lease) {

@@ -595,30 +595,11 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     let outcome = if store.is_some() {
         // Recorded as the service records a run: accepted (a row), then journalled as it goes.
         let req = StartRequest { route_id: route_id.to_owned(), goal, model_profile: None, prefetch, session_id: None };
-        let lease = match runtime.accept(&req, true).await {
-            Ok(accepted) => accepted.lease,
+        match runtime.run_recorded(&req, sink, &lost_handle, cancel).await {
+            Ok(outcome) => Ok(outcome),
+            Err(fabric::runtime::AcceptError::Start(e)) => Err(e),
             Err(e) => return Ok(usage(e)),
-        };
-        let Some(lease) = lease else { return Ok(usage("the store did not let this process claim the run it accepted")) };
-        // Renew the claim every third of the lease, so a service on the same store does not take
-        // the run over; a claim another process took stops the run.
-        let beat = {
-            let (store, holder, leases) = (runtime.store().cloned(), runtime.holder().clone(), vec![lease.clone()]);
-            let every = holder.lease / 3;
-            tokio::spawn(async move {
-                let Some(store) = store else { return };
-                let mut tick = tokio::time::interval(every);
-                loop {
-                    tick.tick().await;
-                    if store.renew(&holder, &leases).await.is_ok_and(|lost| !lost.is_empty()) {
-                        lost_handle.cancel("lease lost");
-                    }
-                }
-            })
-        };
-        let outcome = runtime.execute(&lease, &req, sink, cancel).await;
-        beat.abort();
-        outcome
+        }
     } else {
         runtime.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await
     };
