@@ -36,7 +36,8 @@ pub enum RouteEntry {
 /// The loaded catalogue: every route, runnable or not, and every diagnostic.
 #[derive(Debug, Default)]
 pub struct Catalogue {
-    routes: IndexMap<String, RouteEntry>,
+    /// Looked up by every run: a fast hasher (route ids are configuration).
+    routes: IndexMap<String, RouteEntry, foldhash::fast::RandomState>,
     profiles: IndexMap<String, ProfileDef>,
     diagnostics: Vec<Diagnostic>,
     /// Catalogue files (and directories) that could not be read or parsed at all: the routes
@@ -102,7 +103,7 @@ impl Catalogue {
     /// problem that stands in its way.
     fn from_loaded(loaded: Loaded) -> Catalogue {
         let Loaded { defs, mut diags, unloaded } = loaded;
-        let mut routes = IndexMap::new();
+        let mut routes = IndexMap::with_hasher(foldhash::fast::RandomState::default());
         let route_ids: Vec<String> = defs.routes.keys().cloned().collect();
         for id in route_ids {
             let entry = match &defs.routes[&id] {

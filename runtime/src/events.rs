@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
@@ -260,6 +260,18 @@ impl EventSink for FanOut {
     }
 }
 
+/// A duration for an event: it reads the clock only when the run's events go somewhere (a run
+/// without a consumer asks the clock for nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(Option<Instant>);
+
+impl Stopwatch {
+    /// The time since it started; zero when events are not emitted.
+    pub fn elapsed(&self) -> Duration {
+        self.0.map(|t| t.elapsed()).unwrap_or_default()
+    }
+}
+
 /// The emitter of one run: stamps ids, sequence numbers and timestamps.
 pub struct RunEvents {
     run_id: Arc<str>,
@@ -294,6 +306,11 @@ impl RunEvents {
             recorded: None,
             muted: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Starts timing something whose duration an event will carry.
+    pub fn stopwatch(&self) -> Stopwatch {
+        Stopwatch(self.enabled.then(Instant::now))
     }
 
     /// Stops (or resumes) emitting: see the `muted` field.

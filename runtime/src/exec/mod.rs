@@ -30,7 +30,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use indexmap::IndexMap;
 use opentelemetry::trace::SpanKind;
@@ -241,7 +241,7 @@ struct RunState {
 /// A stage between `begin_stage` and `end_stage`: its node, start time and span context.
 struct OpenStage<'s> {
     stage: &'s StageNode,
-    started: Instant,
+    started: crate::events::Stopwatch,
     /// The stage's trace context: the parent of its model call's span.
     cx: Context,
 }
@@ -641,7 +641,7 @@ impl Runner {
                     attributes
                 },
             );
-            let started = Instant::now();
+            let started = events.stopwatch();
             if let Some(reply) = resumed {
                 events.emit(EventKind::RunResumed, None, || fields! {"reply" => reply});
             } else {
@@ -741,7 +741,7 @@ impl Runner {
                 ]
             },
         );
-        OpenStage { stage, started: Instant::now(), cx }
+        OpenStage { stage, started: run.events.stopwatch(), cx }
     }
 
     /// Closes a stage: the slot (and, if `note`, a note) on success, the event, the span.
@@ -967,7 +967,7 @@ impl Runner {
         };
         events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => name, "method" => "in_process"});
         let span = tool_span(cx, events.run_id(), name, "function");
-        let started = Instant::now();
+        let started = events.stopwatch();
         let outcome = tokio::select! {
             biased;
             why = cancel.cancelled() => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),

@@ -27,10 +27,14 @@ use crate::llm::OutputSpec;
 use crate::structured::{FieldType, Scalar};
 use crate::yaml::{self, Ctx, Value};
 
+/// A route's script: stage id → replies in call order.
+type Script = IndexMap<String, Vec<String>, foldhash::fast::RandomState>;
+
 #[derive(Debug, Default, Clone)]
 pub struct StubLlm {
-    /// route id → stage id → replies in call order.
-    scripts: HashMap<String, IndexMap<String, Vec<String>>>,
+    /// route id → stage id → replies in call order. Looked up by every model call: a fast
+    /// hasher (the names come from the catalogue and the script files).
+    scripts: HashMap<String, Script, foldhash::fast::RandomState>,
     /// Routes whose script file has errors, with them: only these routes' runs are refused.
     broken: HashMap<String, Vec<Diagnostic>>,
     latency: Duration,
@@ -46,7 +50,7 @@ impl StubLlm {
             diags.error(dir, crate::diag::Pos::FILE, "the stub script directory does not exist (or is not a directory)");
             return Err(diags.into_vec());
         }
-        let mut scripts = HashMap::new();
+        let mut scripts = HashMap::default();
         let mut broken: HashMap<String, Vec<Diagnostic>> = HashMap::new();
         let mut first_path: HashMap<String, std::path::PathBuf> = HashMap::new();
         for path in crate::source::yaml_files(dir, &mut diags) {
@@ -75,14 +79,14 @@ impl StubLlm {
         self.broken.get(route_id).map(Vec::as_slice)
     }
 
-    fn load_file(path: &Path, route_id: &str, diags: &mut Diagnostics) -> Option<IndexMap<String, Vec<String>>> {
+    fn load_file(path: &Path, route_id: &str, diags: &mut Diagnostics) -> Option<Script> {
         {
             {
                 let text = crate::source::read_text(path, diags)?;
                 let root = yaml::parse(path, &text, diags)?;
                 let mut ctx = Ctx { path, diags };
                 let mut f = ctx.map(&root, &format!("stub script `{route_id}`"))?;
-                let mut stages = IndexMap::new();
+                let mut stages = Script::default();
                 if let Some(node) = f.get("stages") {
                     for (key, replies) in yaml::entries(&mut ctx, node, "stages") {
                         let Some(items) = ctx.seq(replies, &format!("replies of stage `{}`", key.name)) else { continue };

@@ -2,7 +2,6 @@
 //! exactly one of `run.llm.completed` or `run.llm.failed` (with its `reason_class`), and one
 //! `chat {model}` span (`llm.complete` with legacy names) around all of its attempts.
 
-use std::time::Instant;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
@@ -63,7 +62,7 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                     attributes
                 },
             );
-            let started = Instant::now();
+            let started = req.events.stopwatch();
             // A cancelled run ends its call here, so the call still gets its one `failed` event.
             let result = tokio::select! {
                 biased;
