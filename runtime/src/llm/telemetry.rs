@@ -2,7 +2,6 @@
 //! exactly one of `run.llm.completed` or `run.llm.failed` (with its `reason_class`), and one
 //! `chat {model}` span (`llm.complete` with legacy names) around all of its attempts.
 
-
 use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
 
