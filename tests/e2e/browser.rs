@@ -567,8 +567,12 @@ async fn the_pages_say_when_the_service_cannot_be_reached_and_recover_when_it_an
     s.run_reaches(&id, "completed").await;
     b.wait_for("the run's message to go", async || b.find("#run-problem").await.ok()?.text().await.ok().filter(|t| t.trim().is_empty())).await;
     b.wait_find("ol#timeline > li.span[data-kind=\"stage\"]").await;
-    // The runs list: its message, then its runs and its route filter's choices.
+    // The runs list: its message, then its runs and its route filter's choices, the route filter
+    // chosen before kept.
+    go("#/runs".into()).await;
+    choose(b, "select#filter-route", "support-triage").await;
     b.script(CUT, json!([])).await;
+    go("#/routes".into()).await;
     go("#/runs".into()).await;
     text_with(b, "#runs-empty", SAID).await;
     b.screenshot("runs-unreachable").await;
@@ -576,6 +580,8 @@ async fn the_pages_say_when_the_service_cannot_be_reached_and_recover_when_it_an
     b.wait_find(&format!("table#runs tr.run[data-run-id=\"{id}\"]")).await;
     b.wait_find("select#filter-route option[value=\"support-triage\"]").await;
     b.wait_for("the list's message to go", async || b.find("#runs-empty").await.ok()?.text().await.ok().filter(|t| !t.contains(SAID))).await;
+    let kept = b.script("return document.querySelector('select#filter-route').value;", json!([])).await;
+    assert_eq!(kept, "support-triage", "the route filter chosen before the service went away");
     s.assert_same_document("the pages recovered").await;
 }
 

@@ -561,13 +561,22 @@
         } catch (err) {
           if (p.abort.signal.aborted || err.status === 401) return;
         }
+        let filtered = false;
         if (routes) {
-          const chosen = routeSel.value;
-          for (const r of routes) routeSel.appendChild(el('option', { value: r.id }, r.id));
-          const r = first ? saved.get('route') : chosen;
-          if (r && routes.some((x) => x.id === r)) routeSel.value = r;
+          // The filter kept for the session, even when the first answers failed (the select had
+          // no choices then, so nothing else can have been chosen).
+          const r = routeSel.value || saved.get('route');
+          for (const x of routes) routeSel.appendChild(el('option', { value: x.id }, x.id));
+          if (r && routes.some((x) => x.id === r)) {
+            routeSel.value = r;
+            filtered = true;
+          }
         }
-        if (first) follow();
+        // The first time, or again once a route filter applies (the streams filter by route).
+        if (first || filtered) {
+          if (filtered && !first) refilter();
+          follow();
+        }
         first = false;
         if (routes) return;
         await sleep(p, 2000);
