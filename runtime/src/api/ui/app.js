@@ -327,6 +327,25 @@
     });
   }
 
+  // Asks `ask` until the service answers (it may be restarting), saying so in `problem` in the
+  // meantime and clearing it once answered. Resolves to the answer; rejects with any other error,
+  // and with the last one once the page is left.
+  async function whenReachable(p, problem, ask) {
+    for (;;) {
+      try {
+        const answer = await ask();
+        clear(problem);
+        return answer;
+      } catch (err) {
+        if (p.abort.signal.aborted || !unreachable(err)) throw err;
+        clear(problem);
+        problem.appendChild(el('div', { class: 'error' }, said(err) + '. Retrying…'));
+        await sleep(p, 2000);
+        if (p.abort.signal.aborted) throw err;
+      }
+    }
+  }
+
   function route() {
     const t = token();
     if (!t) {
@@ -1009,31 +1028,20 @@
     );
 
     (async () => {
-      // The run; asked again while the service cannot be reached (it may be restarting).
-      for (;;) {
-        try {
-          await refresh();
-          break;
-        } catch (err) {
-          if (p.abort.signal.aborted || err.status === 401) return;
-          clear(problem);
-          if (unreachable(err)) {
-            problem.appendChild(el('div', { class: 'error' }, said(err) + '. Retrying…'));
-            await sleep(p, 2000);
-            if (p.abort.signal.aborted) return;
-            continue;
-          }
-          problem.appendChild(errorBox(err));
-          if (err.status === 404) {
-            // Nothing to show: no empty timeline, stages or output under the message.
-            section.setAttribute('data-missing', '');
-            setText(status, 'not found');
-            for (const n of body) n.hidden = true;
-          }
-          return;
+      try {
+        await whenReachable(p, problem, refresh);
+      } catch (err) {
+        if (p.abort.signal.aborted || err.status === 401) return;
+        clear(problem);
+        problem.appendChild(errorBox(err));
+        if (err.status === 404) {
+          // Nothing to show: no empty timeline, stages or output under the message.
+          section.setAttribute('data-missing', '');
+          setText(status, 'not found');
+          for (const n of body) n.hidden = true;
         }
+        return;
       }
-      clear(problem);
       loadRecord();
       follow();
     })();
@@ -1059,19 +1067,16 @@
     const problem = el('div');
     view.appendChild(el('section', { id: 'routes-page' }, el('h2', null, 'Routes'), problem, table));
     (async () => {
-      // Asked again while the service cannot be reached (it may be restarting).
-      for (;;) {
-        try {
-          return show(await api('/v1/routes', { signal: p.abort.signal }));
-        } catch (err) {
-          if (p.abort.signal.aborted || err.status === 401) return;
-          clear(problem);
-          if (!unreachable(err)) return problem.appendChild(errorBox(err));
-          problem.appendChild(el('div', { class: 'error' }, said(err) + '. Retrying…'));
-          await sleep(p, 2000);
-          if (p.abort.signal.aborted) return;
-        }
+      let routes;
+      try {
+        routes = await whenReachable(p, problem, () => api('/v1/routes', { signal: p.abort.signal }));
+      } catch (err) {
+        if (p.abort.signal.aborted || err.status === 401) return;
+        clear(problem);
+        problem.appendChild(errorBox(err));
+        return;
       }
+      show(routes);
     })();
 
     function show(routes) {
