@@ -488,9 +488,9 @@ fn sorted_edges(route: &Route, n: NodeIndex) -> Vec<(u16, NodeIndex, String)> {
     v
 }
 
-/// The edges of `n` as the pictures label them: the unconditioned arm of a node that branches is
-/// its `otherwise` (as in the SVG); the text view keeps the bare edge.
-fn picture_edges(route: &Route, n: NodeIndex) -> Vec<(u16, NodeIndex, String)> {
+/// The edges of `n` in run order, as the pictures (DOT, Mermaid, SVG) label them: the
+/// unconditioned arm of a node that branches is its `otherwise`; the text view keeps the bare edge.
+pub fn picture_edges(route: &Route, n: NodeIndex) -> Vec<(u16, NodeIndex, String)> {
     let mut v = sorted_edges(route, n);
     if v.iter().any(|(_, _, l)| !l.is_empty()) {
         for (_, _, l) in v.iter_mut().filter(|(_, _, l)| l.is_empty()) {

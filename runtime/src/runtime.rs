@@ -421,7 +421,6 @@ impl Runtime {
     /// anyway, `handle` (the one of `cancel`) stops the run with the reason "lease lost". What
     /// `fabric run --store` does.
     pub async fn run_recorded(&self, req: &StartRequest, sink: Arc<dyn EventSink>, handle: &CancelHandle, cancel: Cancel) -> Result<RunOutcome, AcceptError> {
-        let store = self.store.clone().ok_or(AcceptError::NoStore)?;
         let lease = self.accept(req, true).await?.lease.ok_or(AcceptError::NotClaimed)?;
         let leases = [lease.clone()];
         // In the same task as the run (no task of its own to outlive it): it never ends, and
@@ -432,7 +431,7 @@ impl Runtime {
             tick.tick().await;
             loop {
                 tick.tick().await;
-                if store.renew(&self.holder, &leases).await.is_ok_and(|lost| !lost.is_empty()) {
+                if self.renew(&leases).await.is_ok_and(|lost| !lost.is_empty()) {
                     handle.cancel("lease lost");
                 }
             }

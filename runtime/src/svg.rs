@@ -14,10 +14,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use petgraph::graph::NodeIndex;
-use petgraph::visit::EdgeRef;
 
 use crate::defs::LlmRole;
-use crate::hydrate::{NodeKind, Route, RoutePath, StageNode, edge_label};
+use crate::hydrate::{NodeKind, Route, RoutePath, StageNode, picture_edges};
 use crate::prompt::PromptSource;
 
 const MARGIN: f64 = 20.0;
@@ -161,9 +160,7 @@ fn edges_and_layers(route: &Route) -> (Vec<E>, Vec<usize>) {
     let n = g.node_count();
     let mut out: Vec<Vec<(usize, String)>> = vec![Vec::new(); n];
     for idx in g.node_indices() {
-        let mut v: Vec<_> = g.edges(idx).map(|e| (e.weight().order, e.target().index(), edge_label(e.weight()))).collect();
-        v.sort_by_key(|(o, t, _)| (*o, *t));
-        out[idx.index()] = v.into_iter().map(|(_, t, l)| (t, l)).collect();
+        out[idx.index()] = picture_edges(route, idx).into_iter().map(|(_, t, l)| (t.index(), l)).collect();
     }
     // Depth-first from the entry (then any node not reached), edges in run order.
     let mut state = vec![0u8; n];
@@ -208,14 +205,6 @@ fn edges_and_layers(route: &Route) -> (Vec<E>, Vec<usize>) {
     let deepest = (0..n).filter(|i| !ends.contains(i)).map(|i| layer[i]).max().unwrap_or(0);
     for e in ends {
         layer[e] = layer[e].max(deepest + 1);
-    }
-    // The unconditioned arm of a node that branches is its `otherwise`.
-    for v in &mut out {
-        if v.iter().any(|(_, l)| !l.is_empty()) {
-            for (_, l) in v.iter_mut().filter(|(_, l)| l.is_empty()) {
-                *l = "otherwise".into();
-            }
-        }
     }
     let edges = out
         .into_iter()

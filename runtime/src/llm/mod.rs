@@ -158,6 +158,14 @@ impl LlmError {
     pub fn new(class: ReasonClass, message: impl Into<String>) -> LlmError {
         LlmError { class, message: message.into(), retry_after: None, reply: None, raw_reply: None }
     }
+
+    /// The same error, of a reply that came but could not be used: what it said about itself and
+    /// its text as received.
+    pub fn with_reply(mut self, meta: ReplyMeta, raw: String) -> LlmError {
+        self.reply = Some(Box::new(meta));
+        self.raw_reply = Some(raw);
+        self
+    }
 }
 
 /// A reply that is not a usable decision fails the model call with the matching class.
@@ -233,10 +241,6 @@ pub fn finish_reply(output: &OutputSpec, raw: String, meta: ReplyMeta) -> Result
     };
     match value {
         Ok(value) => Ok(LlmReply { value, meta, raw: Some(raw) }),
-        Err(mut e) => {
-            e.reply = Some(Box::new(meta));
-            e.raw_reply = Some(raw);
-            Err(e)
-        }
+        Err(e) => Err(e.with_reply(meta, raw)),
     }
 }

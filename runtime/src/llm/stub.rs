@@ -188,12 +188,7 @@ impl Llm for StubLlm {
                 // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
                 OutputSpec::Decision(spec) => match spec.parse_text(&raw) {
                     Ok(decision) => Ok(LlmReply { value: ReplyValue::Decision(decision), meta, raw: Some(raw) }),
-                    Err(e) => {
-                        let mut e = LlmError::from(e);
-                        e.reply = Some(Box::new(meta));
-                        e.raw_reply = Some(raw);
-                        Err(e)
-                    }
+                    Err(e) => Err(LlmError::from(e).with_reply(meta, raw)),
                 },
                 _ => finish_reply(req.output, raw, meta),
             }

@@ -126,7 +126,6 @@ fn sink(opts: &BenchOptions) -> Arc<dyn fabric::events::EventSink> {
 
 pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "C2", "H", "R", "S"];
 
-/// Total CPU time of this process so far, from the scheduler's per-thread accounting (ns).
 /// The CPU time the process has used, in ns: every thread's, those that ended included (a sum over
 /// the live threads went backwards when a previous scenario's store threads ended mid-measurement).
 fn cpu_ns() -> u64 {
