@@ -18,6 +18,9 @@ use crate::webdriver::{Browser, Element};
 /// One browser at a time: several Chromiums beside the other tests would starve a small machine.
 static ONE_BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A stub script whose refund-review fails its first stage (`schema_validation`).
+const REFUND_REVIEW_FAILS: &str = "stages:\n  facts:\n    - '{\"amount\":\"lots\",\"duplicate\":\"maybe\"}'\n";
+
 /// A stub LLM latency that keeps a run visibly running for a few seconds.
 const SLOW: (&str, &str) = ("FABRIC_LLM_STUB_LATENCY_MS", "700");
 
@@ -634,7 +637,7 @@ async fn long_unbroken_questions_and_replies_do_not_widen_the_page() {
 #[tokio::test]
 async fn a_failed_run_shows_its_reason_class_and_a_child_run_its_stage() {
     let stub = asking_stub();
-    std::fs::write(stub.path().join("refund-review.yaml"), "stages:\n  facts:\n    - '{\"amount\":\"lots\",\"duplicate\":\"maybe\"}'\n").unwrap();
+    std::fs::write(stub.path().join("refund-review.yaml"), REFUND_REVIEW_FAILS).unwrap();
     let catalogue = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(repo().join("routes")).unwrap() {
         let f = f.unwrap().path();
@@ -692,7 +695,7 @@ async fn a_failed_run_shows_its_reason_class_and_a_child_run_its_stage() {
 #[tokio::test]
 async fn the_status_filter_finds_runs_older_than_the_newest_200() {
     let stub = asking_stub();
-    std::fs::write(stub.path().join("refund-review.yaml"), "stages:\n  facts:\n    - '{\"amount\":\"lots\",\"duplicate\":\"maybe\"}'\n").unwrap();
+    std::fs::write(stub.path().join("refund-review.yaml"), REFUND_REVIEW_FAILS).unwrap();
     let Some(s) = setup(stub.path(), &[]).await else { return };
     let b = &s.browser;
     let start = |route: &str| json!({"route_id": route, "goal": {"ticket": "charged twice"}, "model_profile": "default"});

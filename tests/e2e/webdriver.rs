@@ -205,10 +205,15 @@ impl Browser {
 
     /// A PNG of the viewport at `target/ui-screenshots/<name>.png`; returns its path.
     pub(crate) async fn screenshot(&self, name: &str) -> PathBuf {
+        self.save_screenshot("/screenshot", name).await
+    }
+
+    /// The PNG that `GET <session>/<endpoint>` answers, at `target/ui-screenshots/<name>.png`.
+    async fn save_screenshot(&self, endpoint: &str, name: &str) -> PathBuf {
         let dir = screenshot_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{name}.png"));
-        match self.get("/screenshot").await {
+        match self.get(endpoint).await {
             Ok(v) => std::fs::write(&path, base64_decode(v.as_str().unwrap_or_default())).unwrap(),
             Err(e) => eprintln!("no screenshot {name}: {e}"),
         }
@@ -291,14 +296,7 @@ impl Element<'_> {
 
     /// A PNG of just this element (scrolled into view) at `target/ui-screenshots/<name>.png`.
     pub(crate) async fn screenshot(&self, name: &str) -> PathBuf {
-        let dir = screenshot_dir();
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("{name}.png"));
-        match self.browser.get(&self.path("/screenshot")).await {
-            Ok(v) => std::fs::write(&path, base64_decode(v.as_str().unwrap_or_default())).unwrap(),
-            Err(e) => eprintln!("no screenshot {name}: {e}"),
-        }
-        path
+        self.browser.save_screenshot(&self.path("/screenshot"), name).await
     }
 
     pub(crate) async fn displayed(&self) -> bool {
