@@ -7,6 +7,10 @@
 //! followed only within the same origin, every call has a timeout, and the body is read up to a
 //! size cap.
 
+mod http1;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -62,15 +66,15 @@ pub fn builtin_add() -> std::sync::Arc<dyn Tool> {
 #[derive(Debug, Clone)]
 pub struct HttpTools {
     client: reqwest::Client,
-    /// Bounds the requests in flight to one origin, so bursts reuse pooled connections
-    /// instead of opening one connection per request.
-    per_origin: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Semaphore>>>>,
+    /// Each tool origin's limit of requests in flight (so bursts reuse kept-alive connections
+    /// instead of opening one connection per request) and its idle connections.
+    origins: Arc<Mutex<HashMap<String, Arc<Origin>, foldhash::fast::RandomState>>>,
     /// Tool URLs as resolved from the catalogue, parsed once: parsing a URL (its host above all)
-    /// cost more than the rest of a loopback call.
-    targets: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Target>>>>,
-    /// Plain-HTTP calls go over kept-alive HTTP/1.1 connections of our own (see [`Lean`]),
-    /// unless a proxy is configured; HTTPS and proxied calls go through `client`.
-    lean: Option<std::sync::Arc<Lean>>,
+    /// cost more than the rest of a loopback call. Keyed by catalogue text (no flooding to fear).
+    targets: Arc<Mutex<HashMap<String, Arc<Target>, foldhash::fast::RandomState>>>,
+    /// Plain-HTTP calls go over kept-alive HTTP/1.1 connections of our own ([`http1`]), unless
+    /// a proxy is configured; HTTPS and proxied calls go through `client`.
+    lean: bool,
 }
 
 /// One request and its response as `send` needs them: the status, a redirect's `Location`, the
@@ -82,11 +86,20 @@ struct Exchanged {
     body: Vec<u8>,
 }
 
-/// A parsed tool URL and its origin's gate.
+/// A parsed tool URL and its origin.
 #[derive(Debug)]
 struct Target {
     url: reqwest::Url,
-    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    origin: Arc<Origin>,
+}
+
+/// One tool origin (scheme, host, port): at most [`MAX_IN_FLIGHT_PER_ORIGIN`] requests in
+/// flight, and the plain-HTTP connections kept alive to it.
+#[derive(Debug)]
+struct Origin {
+    gate: Arc<tokio::sync::Semaphore>,
+    /// Idle connections, the most recently used last.
+    idle: Mutex<Vec<http1::Conn>>,
 }
 
 /// Parsed tool URLs kept at most; past it the cache starts again (URLs come from the catalogue
@@ -132,16 +145,23 @@ impl HttpTools {
         // reqwest honours the proxy variables; the lean path has no proxy support, so it stands
         // aside whenever one of them is set.
         let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"].iter().any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
-        let lean = (!proxied).then(|| std::sync::Arc::new(Lean::default()));
-        Ok(HttpTools { client, per_origin: Default::default(), targets: Default::default(), lean })
+        Ok(HttpTools { client, origins: Default::default(), targets: Default::default(), lean: !proxied })
     }
 
     /// One request, its response read whole (up to `max` bytes), within `left`.
-    async fn exchange(&self, post: bool, url: &reqwest::Url, args: &Map<String, Value>, left: Duration, invoke: &Invoke) -> Result<Exchanged, ToolError> {
+    async fn exchange(
+        &self,
+        origin: &Origin,
+        post: bool,
+        url: &reqwest::Url,
+        args: &Map<String, Value>,
+        left: Duration,
+        invoke: &Invoke,
+    ) -> Result<Exchanged, ToolError> {
         let max = invoke.max_response_bytes;
-        if let Some(lean) = self.lean.as_ref().filter(|_| Lean::takes(url)) {
-            let body = post.then(|| bytes::Bytes::from(serde_json::to_vec(args).unwrap_or_default()));
-            return match tokio::time::timeout(left, lean.exchange(url, body, max)).await {
+        if self.lean && lean_takes(url) {
+            let body = if post { serde_json::to_vec(args).unwrap_or_default() } else { Vec::new() };
+            return match tokio::time::timeout(left, origin.exchange(url, post, &body, max)).await {
                 Ok(r) => r,
                 Err(_) => Err(ToolError { class: ReasonClass::ToolTimeout, message: format!("no response within {} ms", invoke.timeout.as_millis()) }),
             };
@@ -164,7 +184,7 @@ impl HttpTools {
     }
 
     /// The parsed target of a resolved tool URL, from the cache or parsed now.
-    fn target(&self, url: &str) -> Result<std::sync::Arc<Target>, ToolError> {
+    fn target(&self, url: &str) -> Result<Arc<Target>, ToolError> {
         if let Some(t) = self.targets.lock().unwrap_or_else(|p| p.into_inner()).get(url) {
             return Ok(t.clone());
         }
@@ -176,11 +196,12 @@ impl HttpTools {
             return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("tool URL `{shown}` is not http(s)") });
         }
         let origin = format!("{}://{}:{}", parsed.scheme(), parsed.host_str().unwrap_or_default(), parsed.port_or_known_default().unwrap_or(0));
-        let gate = {
-            let mut map = self.per_origin.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(origin).or_insert_with(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_ORIGIN))).clone()
+        let origin = {
+            let mut map = self.origins.lock().unwrap_or_else(|p| p.into_inner());
+            let new = || Arc::new(Origin { gate: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_ORIGIN)), idle: Mutex::new(Vec::new()) });
+            map.entry(origin).or_insert_with(new).clone()
         };
-        let target = std::sync::Arc::new(Target { url: parsed, gate });
+        let target = Arc::new(Target { url: parsed, origin });
         let mut targets = self.targets.lock().unwrap_or_else(|p| p.into_inner());
         if targets.len() >= MAX_TARGETS {
             targets.clear();
@@ -223,8 +244,7 @@ impl HttpTools {
             }
             HttpMethod::Post => {}
         }
-        let _permit =
-            target.gate.clone().acquire_owned().await.map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() })?;
+        let _permit = target.origin.gate.acquire().await.map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() })?;
         // Redirects are followed here rather than by the client: its redirect layer parses every
         // request's URL again, which was a fifth of a loopback call. The rules are the same:
         // within the first URL's origin only, at most MAX_REDIRECTS, and the timeout covers all.
@@ -235,7 +255,7 @@ impl HttpTools {
         let mut hops = 0;
         let exchanged = loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let exchanged = self.exchange(post, &parsed, args, left, invoke).await?;
+            let exchanged = self.exchange(&target.origin, post, &parsed, args, left, invoke).await?;
             let status = exchanged.status;
             let Some(location) = exchanged.location.as_deref().filter(|_| matches!(status, 301 | 302 | 303 | 307 | 308)) else { break exchanged };
             // A `Location` that is no URL: the redirect response itself is the answer (a 3xx,
@@ -292,63 +312,49 @@ fn too_large(limit: usize) -> ToolError {
     ToolError { class: ReasonClass::ToolResponseTooLarge, message: format!("response is larger than the {limit}-byte limit") }
 }
 
-/// Plain HTTP/1.1 to tool origins over connections kept alive and reused, straight on hyper's
-/// connection API: the general client's layers (its redirect and retry services, a URL parsed
-/// again per request and per response) were most of the instructions of a loopback call.
-/// Behaviour is the general client's: the same headers (`accept: */*`, `content-type` for JSON),
-/// the timeout around the whole exchange (in `exchange`), the body cap, no redirect of its own,
-/// idle connections let go after [`IDLE_MAX`], a request re-sent on a new connection only when
-/// the kept-alive one was found closed before the request was written (so nothing runs twice).
-/// URLs with credentials go through the general client, which sends them as Basic auth.
-///
-/// A connection is driven by the task that uses it (no task of its own): the socket's readiness
-/// wakes the run waiting on it directly, with no hop through another task and thread.
-#[derive(Debug, Default)]
-struct Lean {
-    /// Idle connections per `host:port`, most recently used last.
-    idle: std::sync::Mutex<std::collections::HashMap<(String, u16), Vec<Conn>>>,
+/// Whether a URL can go over the tool client's own HTTP/1.1 connections: plain HTTP without
+/// credentials in it (those go through reqwest, which sends them as Basic auth).
+fn lean_takes(url: &reqwest::Url) -> bool {
+    url.scheme() == "http" && url.username().is_empty() && url.password().is_none()
 }
 
 /// How long an idle connection is kept: past it, it is closed at the next use of its origin
 /// (a server, NAT or load balancer may have dropped it silently; most keep idle ones 60 s).
 const IDLE_MAX: Duration = Duration::from_secs(30);
 
-type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
-type Driver = std::pin::Pin<Box<hyper::client::conn::http1::Connection<hyper_util::rt::TokioIo<tokio::net::TcpStream>, http_body_util::Full<bytes::Bytes>>>>;
-
-/// One kept-alive connection: the handle requests go through and the state machine that moves
-/// its bytes, polled only while a request is on it.
-#[derive(Debug)]
-struct Conn {
-    sender: Sender,
-    driver: Driver,
-    /// The driver finished: the connection is closed (by either side) and is not reused.
-    done: bool,
-    /// When it last went idle.
-    idle_since: Instant,
-}
-
-impl Conn {
-    fn reusable(&self) -> bool {
-        !self.done && !self.sender.is_closed() && self.idle_since.elapsed() < IDLE_MAX
-    }
-}
-
-/// How one request on a connection ended, when it did not end with a response.
-enum Failed {
-    /// The connection was found closed before the request was written: safe to send again.
-    NotSent,
-    /// After the request was (or may have been) written: never sent again.
-    Error(ToolError),
-}
-
-impl Lean {
-    /// Whether a URL can take this path: plain HTTP without credentials in it.
-    fn takes(url: &reqwest::Url) -> bool {
-        url.scheme() == "http" && url.username().is_empty() && url.password().is_none()
+/// Plain HTTP/1.1 to a tool origin over connections kept alive and reused ([`http1`]), driven
+/// by the task that makes the call (no connection task: the socket's readiness wakes the run
+/// waiting on it). Behaviour is the general client's: the same headers (`accept: */*`,
+/// `content-type` for JSON), the timeout around the whole exchange (in `exchange`), the body
+/// cap, no redirect of its own, idle connections let go after [`IDLE_MAX`], and a request sent
+/// again on a new connection only when not a byte of it was written on the kept-alive one
+/// (found closed when taken, or refusing the first write), so nothing runs twice.
+impl Origin {
+    /// The most recently used idle connection that is still open; those idle too long go.
+    fn take(&self) -> Option<http1::Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        Self::expire(&mut idle);
+        // Nobody read from it while it was idle: what the server sent meanwhile, a close above
+        // all, is seen now, before a request is written to a dead connection.
+        std::iter::from_fn(|| idle.pop()).find(http1::Conn::alive)
     }
 
-    async fn connect(url: &reqwest::Url, port: u16) -> Result<Conn, ToolError> {
+    fn give_back(&self, mut conn: http1::Conn) {
+        conn.idle_since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        Self::expire(&mut idle);
+        if idle.len() < MAX_IN_FLIGHT_PER_ORIGIN {
+            idle.push(conn);
+        }
+    }
+
+    /// Closes the connections idle for longer than [`IDLE_MAX`] (the oldest are first).
+    fn expire(idle: &mut Vec<http1::Conn>) {
+        let stale = idle.iter().take_while(|c| c.idle_since.elapsed() >= IDLE_MAX).count();
+        idle.drain(..stale);
+    }
+
+    async fn connect(url: &reqwest::Url, port: u16) -> Result<http1::Conn, ToolError> {
         let failed = |e: &dyn std::fmt::Display| ToolError { class: ReasonClass::ToolConnection, message: format!("cannot connect: {e}") };
         let addresses: Vec<std::net::SocketAddr> = match url.host() {
             Some(url::Host::Ipv4(ip)) => vec![(ip, port).into()],
@@ -359,7 +365,6 @@ impl Lean {
         // One address after the other; all but the last get a short while, so that an address
         // that swallows connections (a blackholed IPv6 route) does not take the whole timeout.
         let mut last = None;
-        let mut stream = None;
         for (i, address) in addresses.iter().enumerate() {
             let attempt = tokio::net::TcpStream::connect(address);
             let outcome = if i + 1 < addresses.len() {
@@ -368,153 +373,44 @@ impl Lean {
                 attempt.await
             };
             match outcome {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
+                Ok(stream) => {
+                    // Requests are small and answered at once: no Nagle delay.
+                    let _ = stream.set_nodelay(true);
+                    return Ok(http1::Conn::new(stream));
                 }
                 Err(e) => last = Some(e),
             }
         }
-        let stream = match (stream, last) {
-            (Some(s), _) => s,
-            (None, Some(e)) => return Err(failed(&e)),
-            (None, None) => return Err(failed(&"the host name resolves to no address")),
-        };
-        // Requests are small and answered at once: no Nagle delay.
-        let _ = stream.set_nodelay(true);
-        let (sender, driver) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| failed(&e))?;
-        Ok(Conn { sender, driver: Box::pin(driver), done: false, idle_since: Instant::now() })
+        Err(match last {
+            Some(e) => failed(&e),
+            None => failed(&"the host name resolves to no address"),
+        })
     }
 
-    fn take(&self, key: &(String, u16)) -> Option<Conn> {
-        use futures_util::FutureExt;
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle.get_mut(key)?;
-        // Those past their idle time (the oldest, at the front) are closed now.
-        list.retain(Conn::reusable);
-        while let Some(mut conn) = list.pop() {
-            // Nobody polled it while it was idle: one poll now reads what the server sent
-            // meanwhile, a close above all, before a request is written to a dead connection.
-            if conn.driver.as_mut().now_or_never().is_none() && !conn.sender.is_closed() {
-                return Some(conn);
-            }
-        }
-        None
-    }
-
-    fn give_back(&self, key: (String, u16), mut conn: Conn) {
-        if conn.done || conn.sender.is_closed() {
-            return;
-        }
-        conn.idle_since = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle.entry(key).or_default();
-        list.retain(Conn::reusable);
-        if list.len() < MAX_IN_FLIGHT_PER_ORIGIN {
-            list.push(conn);
-        }
-    }
-
-    /// One request on `conn`, the connection driven alongside.
-    async fn on(conn: &mut Conn, request: hyper::Request<http_body_util::Full<bytes::Bytes>>, max: usize) -> Result<Exchanged, Failed> {
-        use futures_util::FutureExt;
-        use http_body_util::BodyExt;
-        let broken = |what: &str, e: &dyn std::fmt::Display| Failed::Error(ToolError { class: ReasonClass::ToolConnection, message: format!("{what}: {e}") });
-        let Conn { sender, driver, done, .. } = conn;
-        // Set once the request is handed to the connection: from then on it may have been written.
-        let handed = std::sync::atomic::AtomicBool::new(false);
-        let work = async {
-            if sender.ready().await.is_err() {
-                return Err(Failed::NotSent);
-            }
-            handed.store(true, std::sync::atomic::Ordering::Relaxed);
-            let response = match sender.try_send_request(request).await {
-                Ok(r) => r,
-                // The request came back unwritten: the connection was already closing.
-                Err(e) if e.message().is_some() => return Err(Failed::NotSent),
-                Err(e) => return Err(broken("the request failed", &e.into_error())),
-            };
-            let status = response.status().as_u16();
-            let location = response.headers().get(hyper::header::LOCATION).and_then(|l| l.to_str().ok()).map(str::to_owned);
-            let length = response.headers().get(hyper::header::CONTENT_LENGTH).and_then(|l| l.to_str().ok()).and_then(|l| l.parse::<u64>().ok());
-            if length.is_some_and(|n| n > max as u64) {
-                return Err(Failed::Error(too_large(max)));
-            }
-            // Reserved as announced, within reason: the bytes have not come yet.
-            let mut body = Vec::with_capacity(length.map_or(0, |n| (n as usize).min(64 * 1024)));
-            let mut incoming = response.into_body();
-            while let Some(frame) = incoming.frame().await {
-                let frame = frame.map_err(|e| broken("the response broke off", &e))?;
-                if let Some(chunk) = frame.data_ref() {
-                    if body.len() + chunk.len() > max {
-                        return Err(Failed::Error(too_large(max)));
-                    }
-                    body.extend_from_slice(chunk);
-                }
-            }
-            Ok(Exchanged { status, location, body })
-        };
-        let mut work = std::pin::pin!(work);
-        tokio::select! {
-            biased;
-            r = &mut work => r,
-            // The connection ended (closed by the server, or broken). What the request got by
-            // then is all it gets: a request still waiting would wait forever.
-            _ = driver.as_mut() => {
-                *done = true;
-                match (&mut work).now_or_never() {
-                    Some(r) => r,
-                    None if !handed.load(std::sync::atomic::Ordering::Relaxed) => Err(Failed::NotSent),
-                    None => Err(broken("the request failed", &"the connection closed before the response ended")),
-                }
-            }
-        }
-    }
-
-    fn request(url: &reqwest::Url, body: &Option<bytes::Bytes>) -> Result<hyper::Request<http_body_util::Full<bytes::Bytes>>, ToolError> {
-        let mut target = String::with_capacity(url.path().len() + url.query().map_or(0, |q| q.len() + 1));
-        target.push_str(url.path());
-        if let Some(q) = url.query() {
-            target.push('?');
-            target.push_str(q);
-        }
-        let host = match url.port() {
-            Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
-            None => url.host_str().unwrap_or_default().to_owned(),
-        };
-        let builder = hyper::Request::builder()
-            .method(if body.is_some() { hyper::Method::POST } else { hyper::Method::GET })
-            .uri(target)
-            .header(hyper::header::HOST, host)
-            .header(hyper::header::ACCEPT, "*/*");
-        let builder = if body.is_some() { builder.header(hyper::header::CONTENT_TYPE, "application/json") } else { builder };
-        builder
-            .body(http_body_util::Full::new(body.clone().unwrap_or_default()))
-            .map_err(|e| ToolError { class: ReasonClass::ToolConnection, message: format!("cannot build the request: {e}") })
-    }
-
-    async fn exchange(&self, url: &reqwest::Url, body: Option<bytes::Bytes>, max: usize) -> Result<Exchanged, ToolError> {
+    async fn exchange(&self, url: &reqwest::Url, post: bool, body: &[u8], max: usize) -> Result<Exchanged, ToolError> {
         let port = url.port_or_known_default().unwrap_or(80);
-        let key = (url.host_str().unwrap_or_default().to_owned(), port);
-        if let Some(mut conn) = self.take(&key) {
-            match Self::on(&mut conn, Self::request(url, &body)?, max).await {
-                Ok(exchanged) => {
-                    self.give_back(key, conn);
-                    return Ok(exchanged);
-                }
-                // Found closed before the request was written: a new connection below.
-                Err(Failed::NotSent) => {}
-                Err(Failed::Error(e)) => return Err(e),
+        let request = http1::request(post, url.path(), url.query(), url.host_str().unwrap_or_default(), url.port(), body);
+        let done = |conn: http1::Conn, r: http1::Response| {
+            if r.reusable {
+                self.give_back(conn);
+            }
+            Exchanged { status: r.status, location: r.location, body: r.body }
+        };
+        if let Some(mut conn) = self.take() {
+            match conn.exchange(&request, max).await {
+                Ok(r) => return Ok(done(conn, r)),
+                // Closed before a byte of the request was written: a new connection below.
+                Err(http1::Failed::NotSent) => {}
+                Err(http1::Failed::Error(e)) => return Err(e),
             }
         }
         let mut conn = Self::connect(url, port).await?;
-        match Self::on(&mut conn, Self::request(url, &body)?, max).await {
-            Ok(exchanged) => {
-                self.give_back(key, conn);
-                Ok(exchanged)
+        match conn.exchange(&request, max).await {
+            Ok(r) => Ok(done(conn, r)),
+            Err(http1::Failed::NotSent) => {
+                Err(ToolError { class: ReasonClass::ToolConnection, message: "the connection closed before the request was sent".into() })
             }
-            Err(Failed::NotSent) => Err(ToolError { class: ReasonClass::ToolConnection, message: "the connection closed before the request was sent".into() }),
-            Err(Failed::Error(e)) => Err(e),
+            Err(http1::Failed::Error(e)) => Err(e),
         }
     }
 }
