@@ -294,7 +294,8 @@ impl std::fmt::Debug for RunEvents {
 }
 
 impl RunEvents {
-    pub fn new(run_id: &str, route_id: &str, parent_run_id: Option<&str>, sink: Arc<dyn EventSink>) -> RunEvents {
+    /// `route_id` as a `&str`, or the route's own `Arc<str>` (shared, not copied).
+    pub fn new(run_id: &str, route_id: impl Into<Arc<str>>, parent_run_id: Option<&str>, sink: Arc<dyn EventSink>) -> RunEvents {
         let enabled = sink.enabled();
         RunEvents {
             run_id: run_id.into(),

@@ -66,23 +66,37 @@ pub struct BoundCapability {
 /// contract are always the ones the catalogue resolved.
 #[derive(Debug, Clone)]
 pub struct StageNode {
-    id: String,
+    /// Shared, not copied, by every run that names the stage (its slot, its model calls).
+    id: Arc<str>,
     role: LlmRole,
     kind: NodeKind,
     capability: Option<BoundCapability>,
     prompt: ResolvedPrompt,
     /// What a model call of this node must return.
     output: OutputSpec,
+    /// A branch condition reads a field of this stage's structured output (`slot: id.field`):
+    /// only then does a run keep that output beside the slot.
+    fields_read: bool,
 }
 
 impl StageNode {
     fn new(id: String, role: LlmRole, kind: NodeKind, capability: Option<BoundCapability>, prompt: ResolvedPrompt) -> StageNode {
         let output = capability.as_ref().map_or(OutputSpec::Text, |c| c.def.output.clone());
-        StageNode { id, role, kind, capability, prompt, output }
+        StageNode { id: id.into(), role, kind, capability, prompt, output, fields_read: false }
     }
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The id as a run keeps it (a reference count, not a copy).
+    pub fn shared_id(&self) -> &Arc<str> {
+        &self.id
+    }
+
+    /// Whether a branch condition reads a field of this stage's structured output.
+    pub fn fields_read(&self) -> bool {
+        self.fields_read
     }
 
     pub fn role(&self) -> LlmRole {
@@ -123,7 +137,7 @@ pub struct Edge {
 /// so nothing downstream can make a route that hydration did not check.
 #[derive(Debug)]
 pub struct Route {
-    id: String,
+    id: Arc<str>,
     description: String,
     model_profile: String,
     activation_target: Option<String>,
@@ -139,6 +153,11 @@ pub struct Route {
 
 impl Route {
     pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The id as a run keeps it (a reference count, not a copy).
+    pub fn shared_id(&self) -> &Arc<str> {
         &self.id
     }
 
@@ -200,7 +219,7 @@ impl Route {
 
     /// The tool node called `name`, if the route has one.
     pub fn tool_node(&self, name: &str) -> Option<&StageNode> {
-        self.graph.node_weights().find(|n| n.kind == NodeKind::Tool && n.id == name)
+        self.graph.node_weights().find(|n| n.kind == NodeKind::Tool && &*n.id == name)
     }
 
     /// Where to go after `node`: the first edge (by `order`) whose condition holds.
@@ -374,8 +393,13 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
         return Err(inherited);
     }
     let Some(pack) = pack else { return Err(inherited) };
+    // Which stages' structured outputs a condition reads a field of (most routes: none).
+    let read: Vec<String> = graph.edge_weights().filter_map(|e| e.when.as_ref()).filter(|c| c.field.is_some()).map(|c| c.slot.name.clone()).collect();
+    for node in graph.node_weights_mut() {
+        node.fields_read = read.iter().any(|r| **r == *node.id);
+    }
     Ok(Route {
-        id: id.to_owned(),
+        id: id.into(),
         description: def.description.clone(),
         model_profile: def.model_profile.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
         activation_target: def.activation_target.clone(),

@@ -56,7 +56,7 @@ impl Runner {
             }
             match decision {
                 AgentDecision::Done { answer } => {
-                    state.last_output = Some(answer);
+                    state.last_output = Some(super::Last::Answer(answer));
                     return Ok(Finish::Completed);
                 }
                 AgentDecision::Ask { question } => {

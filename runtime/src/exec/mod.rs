@@ -86,8 +86,9 @@ pub struct RunResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<RunFailure>,
     /// Model calls made, per (route, stage), children included; used by the strict stub check.
+    /// The ids are the route's own (shared, not copied).
     #[serde(skip)]
-    pub llm_calls: Vec<(String, String, u32)>,
+    pub llm_calls: Vec<(Arc<str>, Arc<str>, u32)>,
     /// A replay's divergences from the journal (see [`Runner::replay`]).
     #[serde(skip)]
     pub divergences: Vec<String>,
@@ -218,9 +219,9 @@ struct Run<'a> {
 struct RunState {
     notes: Vec<String>,
     slots: IndexMap<String, String>,
-    /// Structured outputs (compact JSON), for branch conditions on fields: read only when a
-    /// condition asks, most routes never do.
-    structured: Vec<(String, String)>,
+    /// Structured outputs (compact JSON) of the stages whose fields a branch condition reads
+    /// (most routes have none), read only when a condition asks.
+    structured: Vec<(Arc<str>, String)>,
     /// The goal's compact JSON, made at the run's first model call, shown in every call's message.
     goal_json: Option<String>,
     /// Visits per node, indexed by node index (a handful of nodes: no hashing).
@@ -233,9 +234,17 @@ struct RunState {
     pending: Vec<JournalEntry>,
     /// A recovered or replayed run: what its journal says happened, not yet caught up with.
     replay: Option<Replay>,
-    llm_calls: Vec<(String, u32)>,
-    child_calls: Vec<(String, String, u32)>,
-    last_output: Option<String>,
+    llm_calls: Vec<(Arc<str>, u32)>,
+    child_calls: Vec<(Arc<str>, Arc<str>, u32)>,
+    last_output: Option<Last>,
+}
+
+/// What a completed run returns as its output: the slot of the stage that completed last (kept
+/// as its place among the slots, not a copy of each stage's value), or a decision's answer.
+#[derive(Debug)]
+enum Last {
+    Slot(usize),
+    Answer(String),
 }
 
 /// A stage between `begin_stage` and `end_stage`: its node, start time and span context.
@@ -280,7 +289,7 @@ pub struct ReplayReport {
 /// The events of a top-level run, numbered from `first_seq` (a run started, or continued where
 /// its record stops), and kept for its journal when it has one.
 fn top_events(run_id: &str, route: &Route, sink: Arc<dyn EventSink>, first_seq: u64, journal: Option<&dyn RunJournal>) -> RunEvents {
-    let events = RunEvents::new(run_id, route.id(), None, sink);
+    let events = RunEvents::new(run_id, route.shared_id().clone(), None, sink);
     if journal.is_some() { events.recording(first_seq) } else { events.numbered_from(first_seq) }
 }
 
@@ -358,15 +367,15 @@ impl RunState {
         let mut state = RunState::default();
         for entry in history {
             match entry {
-                JournalEntry::ModelReply { stage_id, .. } => match state.llm_calls.iter_mut().find(|(id, _)| id == stage_id) {
+                JournalEntry::ModelReply { stage_id, .. } => match state.llm_calls.iter_mut().find(|(id, _)| **id == **stage_id) {
                     Some(c) => c.1 += 1,
-                    None => state.llm_calls.push((stage_id.clone(), 1)),
+                    None => state.llm_calls.push((stage_id.as_str().into(), 1)),
                 },
                 JournalEntry::StageCompleted { stage_id, value, note } => {
                     state.stages_started += 1;
                     state.notes.extend(note.iter().cloned());
-                    state.slots.insert(stage_id.clone(), value.clone());
-                    state.last_output = Some(value.clone());
+                    let (at, _) = state.slots.insert_full(stage_id.clone(), value.clone());
+                    state.last_output = Some(Last::Slot(at));
                 }
                 JournalEntry::Note { note } => {
                     state.stages_started += 1;
@@ -375,7 +384,7 @@ impl RunState {
                 JournalEntry::UserReply { note, .. } => state.notes.push(note.clone()),
             }
         }
-        state.turns = state.llm_calls.iter().find(|(id, _)| id == decide_id).map_or(0, |c| c.1);
+        state.turns = state.llm_calls.iter().find(|(id, _)| **id == *decide_id).map_or(0, |c| c.1);
         state
     }
 }
@@ -671,7 +680,7 @@ impl Runner {
                     divergences.push(format!("the run ended before the journal did; it still has {}", rest.join(", ")));
                 }
             }
-            let mut llm_calls: Vec<(String, String, u32)> = state.llm_calls.iter().map(|(s, n)| (route.id().to_owned(), s.clone(), *n)).collect();
+            let mut llm_calls: Vec<(Arc<str>, Arc<str>, u32)> = state.llm_calls.iter().map(|(s, n)| (route.shared_id().clone(), s.clone(), *n)).collect();
             llm_calls.append(&mut state.child_calls);
             let mut result = RunResult {
                 run_id: events.run_id().to_owned(),
@@ -687,7 +696,11 @@ impl Runner {
             };
             match outcome {
                 Ok(Finish::Completed) => {
-                    result.output = state.last_output;
+                    result.output = match state.last_output {
+                        Some(Last::Slot(at)) => result.slots.get_index(at).map(|(_, v)| v.clone()),
+                        Some(Last::Answer(answer)) => Some(answer),
+                        None => None,
+                    };
                     events.emit(EventKind::RunCompleted, None, || fields! {"output" => result.output, "duration_ms" => duration_ms});
                 }
                 Ok(Finish::AwaitingInput(question)) => {
@@ -752,9 +765,6 @@ impl Runner {
         match outcome {
             Ok(value) => {
                 let added = (note && !value.is_empty()).then(|| message::stage_note(stage.id(), &value));
-                if let Some(n) = &added {
-                    state.notes.push(n.clone());
-                }
                 // A recovery goes on live after the stage that completes its journal: its own
                 // event was written before, so it is popped after the (muted) event below.
                 let mut recorded_here = false;
@@ -773,17 +783,19 @@ impl Runner {
                     _ => {
                         state.replay_abandon(run.events);
                         if run.journal.is_some() {
-                            state.pending.push(JournalEntry::StageCompleted { stage_id: stage.id().to_owned(), value: value.clone(), note: added });
+                            let (stage_id, value, note) = (stage.id().to_owned(), value.clone(), added.clone());
+                            state.pending.push(JournalEntry::StageCompleted { stage_id, value, note });
                         }
                     }
                 }
-                state.slots.insert(stage.id().to_owned(), value.clone());
+                state.notes.extend(added);
                 run.events.emit(
                     EventKind::StageCompleted,
                     Some(stage.id()),
                     || fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => value.chars().count()},
                 );
-                state.last_output = Some(value);
+                let (at, _) = state.slots.insert_full(stage.id().to_owned(), value);
+                state.last_output = Some(Last::Slot(at));
                 if recorded_here {
                     state.replay_pop(run.events);
                 }
@@ -876,13 +888,15 @@ impl Runner {
             (role, _) => {
                 let reply = self.call_model(run, stage, state, cx).await?;
                 if role != LlmRole::QueryFormulation {
-                    if let ReplyValue::Structured(d) = &reply {
-                        match state.structured.iter_mut().find(|(id, _)| *id == stage.id()) {
+                    if let ReplyValue::Structured(d) = &reply
+                        && stage.fields_read()
+                    {
+                        match state.structured.iter_mut().find(|(id, _)| **id == *stage.id()) {
                             Some(slot) => slot.1.clone_from(&d.compact),
-                            None => state.structured.push((stage.id().to_owned(), d.compact.clone())),
+                            None => state.structured.push((stage.shared_id().clone(), d.compact.clone())),
                         }
                     }
-                    return Ok(reply.slot_value());
+                    return Ok(reply.into_slot_value());
                 }
                 if let Some(value) = state.recorded_result(stage.id()) {
                     return Ok(value);
@@ -1004,10 +1018,10 @@ impl Runner {
         let Run { route, goal, prefetch, events, cancel, .. } = *run;
         let goal_json = state.goal_json.get_or_insert_with(|| message::goal_json(goal));
         let user = message::user_message(goal_json, prefetch, &state.notes);
-        let idx = match state.llm_calls.iter().position(|(id, _)| *id == stage.id()) {
+        let idx = match state.llm_calls.iter().position(|(id, _)| **id == *stage.id()) {
             Some(i) => i,
             None => {
-                state.llm_calls.push((stage.id().to_owned(), 0));
+                state.llm_calls.push((stage.shared_id().clone(), 0));
                 state.llm_calls.len() - 1
             }
         };
@@ -1073,7 +1087,7 @@ impl Runner {
             return Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child runs nest deeper than {MAX_CHILD_DEPTH}")));
         }
         let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
-        let child_events = RunEvents::new(&new_run_id(), route.id(), Some(events.run_id()), events.sink().clone());
+        let child_events = RunEvents::new(&new_run_id(), route.shared_id().clone(), Some(events.run_id()), events.sink().clone());
         // The step budget is carried into the child: it never gets more than its parent has.
         // A child run is recorded in its parent's journal through the stage's result.
         let child =
@@ -1142,7 +1156,7 @@ fn condition_holds(c: &Condition, state: &RunState) -> bool {
         Some(field) => state
             .structured
             .iter()
-            .find(|(id, _)| *id == c.slot.name)
+            .find(|(id, _)| **id == *c.slot.name)
             .and_then(|(_, compact)| serde_json::from_str::<Value>(compact).ok())
             .and_then(|mut v| v.get_mut(field).map(Value::take))
             .filter(|v| !v.is_null()),

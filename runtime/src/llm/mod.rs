@@ -97,6 +97,15 @@ impl ReplyValue {
         }
     }
 
+    /// [`ReplyValue::slot_value`], without a copy.
+    pub fn into_slot_value(self) -> String {
+        match self {
+            ReplyValue::Text(t) => t,
+            ReplyValue::Structured(d) => d.unwrapped.unwrap_or(d.compact),
+            ReplyValue::Decision(d) => d.to_json().to_string(),
+        }
+    }
+
     /// The slot value: unwrapped text or compact JSON for structured replies, the text otherwise.
     pub fn slot_value(&self) -> String {
         match self {

@@ -126,14 +126,14 @@ impl StubLlm {
     }
 
     /// Script lines a run left unused, given how often it called each (route, stage).
-    pub fn unconsumed(&self, calls: &[(String, String, u32)]) -> Vec<String> {
+    pub fn unconsumed(&self, calls: &[(std::sync::Arc<str>, std::sync::Arc<str>, u32)]) -> Vec<String> {
         let mut out = Vec::new();
-        let mut routes: Vec<&String> = calls.iter().map(|(r, _, _)| r).collect();
+        let mut routes: Vec<&str> = calls.iter().map(|(r, _, _)| &**r).collect();
         routes.dedup();
         for route in routes {
             let Some(stages) = self.scripts.get(route) else { continue };
             for (stage, replies) in stages {
-                let made = calls.iter().filter(|(r, s, _)| r == route && s == stage).map(|c| c.2).sum::<u32>() as usize;
+                let made = calls.iter().filter(|(r, s, _)| &**r == route && **s == **stage).map(|c| c.2).sum::<u32>() as usize;
                 if made < replies.len() {
                     out.push(format!("route `{route}` stage `{stage}`: {} of {} scripted replies unused", replies.len() - made, replies.len()));
                 }

@@ -118,6 +118,9 @@ pub struct BenchOptions {
     pub journal: Option<String>,
     /// Scenario R: replica counts, and the runs they share.
     pub replicas: Vec<usize>,
+    /// The sequential scenarios skip their per-run timings (`--instructions` counts the runs,
+    /// not the bench's clock reads and percentile sort).
+    pub untimed: bool,
 }
 
 fn sink(opts: &BenchOptions) -> Arc<dyn fabric::events::EventSink> {
@@ -227,9 +230,11 @@ async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
     let cpu0 = cpu_ns();
     let wall0 = Instant::now();
     for _ in 0..opts.runs {
-        let t = Instant::now();
+        let t = (!opts.untimed).then(Instant::now);
         let r = once().await?;
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        if let Some(t) = t {
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
         if r.result.status != RunStatus::Completed {
             failed += 1;
         }
@@ -450,7 +455,7 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
     let runner = runner(Duration::from_millis(opts.latency_ms.unwrap_or(0)), tool_url)?;
     let sink = sink(opts);
     let req = RunRequest { route_id: route.into(), goal: goal(), prefetch: vec![] };
-    let (runs, warmup) = (opts.runs, opts.warmup);
+    let (runs, warmup, timed) = (opts.runs, opts.warmup, !opts.untimed);
     // The runs execute in a task on the runtime's workers, as the service executes them (and as
     // `fabric run` does): not on the thread blocked in `block_on`, from which every wake-up of
     // the HTTP client's connection task would cross threads.
@@ -463,9 +468,11 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
         let cpu0 = cpu_ns();
         let wall0 = Instant::now();
         for _ in 0..runs {
-            let t = Instant::now();
+            let t = timed.then(Instant::now);
             let r = runner.run(req.clone(), sink.clone(), Cancel::never()).await;
-            samples.push(t.elapsed().as_secs_f64() * 1e6);
+            if let Some(t) = t {
+                samples.push(t.elapsed().as_secs_f64() * 1e6);
+            }
             if !matches!(r, Ok(ref r) if r.result.status == RunStatus::Completed) {
                 failed += 1;
             }
@@ -683,7 +690,7 @@ async fn callgrind(exe: &Path, scenario: &str, runs: usize, opts: &BenchOptions)
     let out_file = std::env::temp_dir().join(format!("fabric-callgrind-{}-{scenario}-{runs}.out", std::process::id()));
     let mut cmd = tokio::process::Command::new("valgrind");
     cmd.arg("--tool=callgrind").arg(format!("--callgrind-out-file={}", out_file.display())).arg(exe);
-    cmd.args(["bench", "--scenario", scenario, "--runs", &runs.to_string(), "--warmup", &opts.warmup.min(100).to_string()]);
+    cmd.args(["bench", "--untimed", "--scenario", scenario, "--runs", &runs.to_string(), "--warmup", &opts.warmup.min(100).to_string()]);
     if opts.events {
         cmd.arg("--events");
     }

@@ -143,6 +143,10 @@ enum Command {
         /// (warm-up at most 100 runs; --events, --journal and --latency-ms apply).
         #[arg(long)]
         instructions: bool,
+        /// The sequential scenarios without their per-run clock reads and percentiles (what
+        /// --instructions runs under callgrind: it counts the runs, not the bench's own timing).
+        #[arg(long, hide = true)]
+        untimed: bool,
     },
     /// Serve the demo HTTP tools (`/search`, `/add`) on ADDR; prints its URL.
     ToolServer {
@@ -259,7 +263,22 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
-        Command::Bench { scenario, runs, warmup, concurrency, latency_ms, routes, no_tool, events, clients, requests, journal, replicas, instructions } => {
+        Command::Bench {
+            scenario,
+            runs,
+            warmup,
+            concurrency,
+            latency_ms,
+            routes,
+            no_tool,
+            events,
+            clients,
+            requests,
+            journal,
+            replicas,
+            instructions,
+            untimed,
+        } => {
             let all: &[&str] = if *instructions { crate::bench::INSTRUCTION_SCENARIOS } else { crate::bench::SCENARIOS };
             let scenarios = if scenario.is_empty() { all.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
             let opts = crate::bench::BenchOptions {
@@ -275,6 +294,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 requests: *requests,
                 journal: journal.clone(),
                 replicas: replicas.clone(),
+                untimed: *untimed,
             };
             let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
             let outcome = if *instructions { crate::bench::instructions(opts, &exe).await } else { crate::bench::run(opts, &exe).await };
