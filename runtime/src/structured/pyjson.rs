@@ -273,14 +273,8 @@ impl Parser<'_> {
         let mut out = String::new();
         loop {
             let start = self.i;
-            // The next quote or backslash (memchr, many bytes at a time), then no control
-            // character before it; a control character ends the run where it is.
-            let rest = &self.s[self.i..];
-            let end = memchr::memchr2(b'"', b'\\', rest).unwrap_or(rest.len());
-            self.i += match rest[..end].iter().position(|&b| b < 0x20) {
-                Some(control) => control,
-                None => end,
-            };
+            // The next quote, backslash or control character: where the run of plain text ends.
+            self.i += run_end(&self.s[self.i..]);
             // The input is a &str and the run ends at an ASCII byte (or the end): a char boundary.
             let run = self.text.get(start..self.i).ok_or_else(|| self.err("invalid UTF-8"))?;
             match self.s.get(self.i) {
@@ -336,9 +330,41 @@ impl Parser<'_> {
     }
 }
 
+/// The index of the first `"`, `\\` or control character of `rest` (its length if none). Most
+/// strings of a reply are short: their first bytes are looked at one by one; past them memchr
+/// finds the next quote or backslash many bytes at a time (its setup costs more than a short
+/// string's whole scan), then the run before it is checked for a control character.
+fn run_end(rest: &[u8]) -> usize {
+    const SHORT: usize = 32;
+    let head = &rest[..rest.len().min(SHORT)];
+    if let Some(i) = head.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20) {
+        return i;
+    }
+    let Some(tail) = rest.get(SHORT..) else { return rest.len() };
+    let end = memchr::memchr2(b'"', b'\\', tail).unwrap_or(tail.len());
+    SHORT + tail[..end].iter().position(|&b| b < 0x20).unwrap_or(end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_runs_end_where_a_quote_backslash_or_control_is() {
+        for len in [0, 1, 31, 32, 33, 64, 200] {
+            let plain = "a".repeat(len);
+            assert_eq!(run_end(plain.as_bytes()), len);
+            for stop in ["\"", "\\", "\n", "\u{1}"] {
+                for at in [0, len / 2, len] {
+                    let text = format!("{}{stop}{}", &plain[..at], &plain[at..]);
+                    assert_eq!(run_end(text.as_bytes()), at, "{len} {stop:?} at {at}");
+                }
+            }
+        }
+        // A control character before a later quote ends the run first, past the short head too.
+        let text = format!("{}\u{1f}{}\"", "b".repeat(40), "c".repeat(10));
+        assert_eq!(run_end(text.as_bytes()), 40);
+    }
 
     #[test]
     fn python_extensions_and_edges() {
