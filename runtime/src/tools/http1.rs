@@ -15,7 +15,7 @@
 use std::mem::MaybeUninit;
 use std::time::Instant;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::{ToolError, too_large};
@@ -33,6 +33,14 @@ const MAX_TRAILER_BYTES: usize = 16 * 1024;
 const READ_CHUNK: usize = 8 * 1024;
 /// Informational responses skipped before the final one at most.
 const MAX_INTERIM: usize = 16;
+/// Bytes of chunk extensions a body may carry in all (hyper's limit too).
+const MAX_CHUNK_EXTENSION_BYTES: usize = 16 * 1024;
+/// A read buffer larger than this is not kept with an idle connection, and a body is read in
+/// steps of at most this much room.
+const KEEP_BUFFER_BYTES: usize = 64 * 1024;
+/// An idle connection is asked of the kernel whether it was closed (a real peek, one system call)
+/// once it has been idle this long; sooner, what the runtime's reactor saw of the socket says it.
+const PEEK_AFTER: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// One connection to a tool origin.
 #[derive(Debug)]
@@ -100,48 +108,27 @@ impl Conn {
     /// idle (the server's close, above all, when it dropped the kept-alive connection).
     pub(super) fn alive(&self) -> bool {
         let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        // What the runtime's reactor saw (no system call unless it saw the socket readable).
+        if !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+            return false;
+        }
+        if self.idle_since.elapsed() < PEEK_AFTER {
+            return true;
+        }
+        // Idle a while: the kernel itself is asked, as the reactor may not have looked at the
+        // socket since a close came (a busy runtime turns it only between tasks).
+        let mut peek = [MaybeUninit::<u8>::uninit(); 1];
+        matches!(socket2::SockRef::from(&self.stream).peek(&mut peek), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
     /// Writes `request` (head and body) and reads its response, the body up to `max` bytes.
     pub(super) async fn exchange(&mut self, request: &[u8], max: usize) -> Result<Response, Failed> {
         self.buf.clear();
-        let mut written = 0;
-        while written < request.len() {
-            match self.stream.write(&request[written..]).await {
-                Ok(n) if n > 0 => written += n,
-                // Refused before a byte went out: the connection was already gone.
-                Ok(_) | Err(_) if written == 0 => return Err(Failed::NotSent),
-                Ok(_) => return Err(broken("the connection closed while the request was sent")),
-                Err(e) => return Err(broken(format!("the request could not be sent: {e}"))),
-            }
-        }
-        let mut interim = 0;
-        let head = loop {
-            match parse_head(&self.buf)? {
-                Some(head) if (100..200).contains(&head.status) => {
-                    // 101 would switch protocols, which a tool call never asks for.
-                    if head.status == 101 || interim == MAX_INTERIM {
-                        return Err(broken(format!("unexpected HTTP {} response", head.status)));
-                    }
-                    interim += 1;
-                    self.buf.drain(..head.len);
-                }
-                Some(head) => break head,
-                None if self.buf.len() >= MAX_HEAD_BYTES => {
-                    return Err(broken(format!("the response head is larger than {} KiB", MAX_HEAD_BYTES / 1024)));
-                }
-                None => {
-                    if self.fill().await? == 0 {
-                        let why = if self.buf.is_empty() && interim == 0 {
-                            "the connection closed before the response came"
-                        } else {
-                            "the connection closed in the response head"
-                        };
-                        return Err(broken(why));
-                    }
-                }
-            }
+        let sent = self.send(request).await?;
+        let head = match self.read_head().await {
+            Ok(head) => head,
+            // No answer after a failed write: the write's error says more.
+            Err(e) => return Err(sent.err().map_or(e, broken)),
         };
         let mut pos = head.len;
         let body = match head.framing {
@@ -151,14 +138,21 @@ impl Conn {
                     return Err(Failed::Error(too_large(max)));
                 }
                 let n = n as usize;
-                while self.buf.len() - pos < n {
-                    pos = self.compact(pos);
-                    if self.fill_upto(n - self.buf.len()).await? == 0 {
+                // Read into the body itself: a large one is not copied, nor kept in the buffer.
+                let have = (self.buf.len() - pos).min(n);
+                let mut body = Vec::with_capacity(n.min(KEEP_BUFFER_BYTES).max(have));
+                body.extend_from_slice(&self.buf[pos..pos + have]);
+                pos += have;
+                while body.len() < n {
+                    body.reserve((n - body.len()).min(KEEP_BUFFER_BYTES));
+                    let room = (body.capacity() - body.len()).min(n - body.len());
+                    // Never past the body: what follows stays in the socket, where the next use
+                    // of the connection sees it.
+                    let read = (&mut self.stream).take(room as u64).read_buf(&mut body).await.map_err(|e| broken(format!("the response broke off: {e}")))?;
+                    if read == 0 {
                         return Err(broken("the response broke off: the connection closed before the body ended"));
                     }
                 }
-                let body = self.buf[pos..pos + n].to_vec();
-                pos += n;
                 body
             }
             Framing::Chunked => {
@@ -167,30 +161,127 @@ impl Conn {
                 body
             }
             Framing::UntilClose => {
-                self.compact(pos);
-                while self.fill().await? > 0 {
-                    if self.buf.len() > max {
+                let mut body = self.buf[pos..].to_vec();
+                pos = self.buf.len();
+                loop {
+                    if body.len() > max {
                         return Err(Failed::Error(too_large(max)));
                     }
+                    body.reserve(READ_CHUNK);
+                    if self.stream.read_buf(&mut body).await.map_err(|e| broken(format!("the response broke off: {e}")))? == 0 {
+                        break;
+                    }
                 }
-                let body = std::mem::take(&mut self.buf);
-                pos = body.len();
                 body
             }
         };
-        // Bytes after the response were never asked for: the connection is not trusted again.
-        let reusable = head.keep_alive && head.framing != Framing::UntilClose && pos == self.buf.len();
-        self.buf.clear();
+        // Bytes after the response were never asked for, and a request not all sent leaves the
+        // server mid-request: the connection is not trusted again.
+        let reusable = sent.is_ok() && head.keep_alive && head.framing != Framing::UntilClose && pos == self.buf.len();
+        if self.buf.capacity() > KEEP_BUFFER_BYTES {
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
+        }
         Ok(Response { status: head.status, location: head.location, body, reusable })
+    }
+
+    /// Writes the request. `Err(why)` inside `Ok`: the request was not all written (the server
+    /// answered before it was, or the write failed after its first bytes), and what the server
+    /// said, if anything, is read next; `Failed::NotSent`: not a byte of it went out.
+    async fn send(&mut self, request: &[u8]) -> Result<Result<(), String>, Failed> {
+        let mut written = 0;
+        while written < request.len() {
+            match self.stream.try_write(&request[written..]) {
+                Ok(n) if n > 0 => written += n,
+                // Refused before a byte went out: the connection was already gone.
+                Ok(_) if written == 0 => return Err(Failed::NotSent),
+                Ok(_) => return Ok(Err("the connection closed while the request was sent".into())),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // The socket is full: wait for room, or for an answer that comes before the
+                    // request is all sent (a server refusing a large body answers at once).
+                    tokio::select! {
+                        biased;
+                        ready = self.stream.readable() => {
+                            ready.map_err(|e| broken(format!("the request could not be sent: {e}")))?;
+                            self.buf.reserve(READ_CHUNK);
+                            match self.stream.try_read_buf(&mut self.buf) {
+                                Ok(0) => return Ok(Err("the connection closed while the request was sent".into())),
+                                Ok(_) if matches!(parse_head(&self.buf), Ok(Some(h)) if h.status >= 200) || self.buf.len() >= MAX_HEAD_BYTES => {
+                                    return Ok(Err("the server answered before the request was all sent".into()));
+                                }
+                                Ok(_) => {}
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                                Err(e) => return Ok(Err(format!("the request could not be sent: {e}"))),
+                            }
+                        }
+                        ready = self.stream.writable() => {
+                            ready.map_err(|e| broken(format!("the request could not be sent: {e}")))?;
+                        }
+                    }
+                }
+                Err(_) if written == 0 => return Err(Failed::NotSent),
+                // The server may have answered and closed: what it said is read next.
+                Err(e) => return Ok(Err(format!("the request could not be sent: {e}"))),
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Reads up to the head of the final response (informational ones skipped).
+    async fn read_head(&mut self) -> Result<Head, Failed> {
+        let mut interim = 0;
+        // Where the buffer was last parsed to: a head is parsed again only once a line ended
+        // after it (a head trickled in byte by byte is not parsed once per byte).
+        let mut parsed_to = 0;
+        loop {
+            if memchr::memchr(b'\n', &self.buf[parsed_to..]).is_some() {
+                match parse_head(&self.buf)? {
+                    Some(head) if head.status < 200 => {
+                        // 101 would switch protocols, which a tool call never asks for.
+                        if head.status == 101 || interim == MAX_INTERIM {
+                            return Err(broken(format!("unexpected HTTP {} response", head.status)));
+                        }
+                        interim += 1;
+                        self.buf.drain(..head.len);
+                        parsed_to = 0;
+                        continue;
+                    }
+                    Some(head) => return Ok(head),
+                    None => parsed_to = self.buf.len(),
+                }
+            }
+            if self.buf.len() >= MAX_HEAD_BYTES {
+                return Err(broken(format!("the response head is larger than {} KiB", MAX_HEAD_BYTES / 1024)));
+            }
+            if self.fill().await? == 0 {
+                let why = if self.buf.is_empty() && interim == 0 {
+                    "the connection closed before the response came"
+                } else {
+                    "the connection closed in the response head"
+                };
+                return Err(broken(why));
+            }
+        }
     }
 
     /// Decodes a chunked body starting at `pos` of the buffer: the body and where it ended.
     async fn chunked(&mut self, mut pos: usize, max: usize) -> Result<(Vec<u8>, usize), Failed> {
         let mut body = Vec::new();
+        let mut extensions = 0;
         loop {
             let size = loop {
+                // At least one hex digit: an empty line is no size (httparse would read it as 0).
+                if self.buf.get(pos).is_some_and(|b| !b.is_ascii_hexdigit()) {
+                    return Err(broken("the response has an invalid chunk size"));
+                }
                 match httparse::parse_chunk_size(&self.buf[pos..]) {
                     Ok(httparse::Status::Complete((used, size))) => {
+                        let digits = self.buf[pos..].iter().take_while(|b| b.is_ascii_hexdigit()).count();
+                        extensions += used - digits - 2;
+                        if extensions > MAX_CHUNK_EXTENSION_BYTES {
+                            return Err(broken(format!("the response's chunk extensions are larger than {} KiB", MAX_CHUNK_EXTENSION_BYTES / 1024)));
+                        }
                         pos += used;
                         break size;
                     }
@@ -222,24 +313,33 @@ impl Conn {
             }
             pos += size + 2;
         }
-        // Trailers (ignored), up to the empty line.
+        // Trailer lines (ignored), each ending in CRLF, up to an empty one.
+        let mut trailers = 0;
         loop {
             let rest = &self.buf[pos..];
-            if rest.starts_with(b"\r\n") {
-                return Ok((body, pos + 2));
+            match memchr::memchr(b'\n', rest) {
+                Some(i) if i == 0 || rest[i - 1] != b'\r' => return Err(broken("the response has a trailer line without its CRLF")),
+                Some(1) => return Ok((body, pos + 2)),
+                Some(i) => {
+                    pos += i + 1;
+                    trailers += i + 1;
+                }
+                None => {
+                    // The line so far counts too: an endless one is refused as it comes.
+                    if trailers + rest.len() > MAX_TRAILER_BYTES {
+                        return Err(broken(format!("the response's trailers are larger than {} KiB", MAX_TRAILER_BYTES / 1024)));
+                    }
+                    pos = self.compact(pos);
+                    self.more("in the trailers").await?;
+                }
             }
-            if let Some(end) = memchr::memmem::find(rest, b"\r\n\r\n") {
-                return Ok((body, pos + end + 4));
-            }
-            if rest.len() > MAX_TRAILER_BYTES {
+            if trailers > MAX_TRAILER_BYTES {
                 return Err(broken(format!("the response's trailers are larger than {} KiB", MAX_TRAILER_BYTES / 1024)));
             }
-            pos = self.compact(pos);
-            self.more("in the trailers").await?;
         }
     }
 
-    /// Drops the bytes before `pos` once they are many: the new start of what is left.
+    /// Drops the bytes before `pos`: the new start of what is left.
     fn compact(&mut self, pos: usize) -> usize {
         if pos > 0 {
             self.buf.drain(..pos);
@@ -251,15 +351,6 @@ impl Conn {
     async fn fill(&mut self) -> Result<usize, Failed> {
         self.buf.reserve(READ_CHUNK);
         self.stream.read_buf(&mut self.buf).await.map_err(|e| broken(format!("the response broke off: {e}")))
-    }
-
-    /// As [`Conn::fill`], but never more than `want` bytes: what follows a framed body stays in
-    /// the socket, where the next use of the connection sees it.
-    async fn fill_upto(&mut self, want: usize) -> Result<usize, Failed> {
-        self.buf.reserve(want.min(64 * 1024));
-        let room = (self.buf.capacity() - self.buf.len()).min(want);
-        let mut limited = (&mut self.stream).take(room as u64);
-        limited.read_buf(&mut self.buf).await.map_err(|e| broken(format!("the response broke off: {e}")))
     }
 
     /// Reads more of a chunked body; its end there is an error.
@@ -285,8 +376,16 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failed> {
         Err(e) => return Err(broken(format!("the response is not valid HTTP/1.1: {e}"))),
     };
     let status = response.code.unwrap_or(0);
+    if status < 100 {
+        return Err(broken(format!("the response has an invalid status ({status:03})")));
+    }
+    // An informational response's headers say nothing of the final one's framing.
+    if status < 200 {
+        return Ok(Some(Head { status, len, framing: Framing::Empty, keep_alive: true, location: None }));
+    }
     let http10 = response.version == Some(0);
     let mut length: Option<u64> = None;
+    // Some(last coding is `chunked`) once a Transfer-Encoding is there (even an empty one).
     let mut chunked_last = None;
     let (mut close, mut keep_alive) = (false, false);
     let mut location = None;
@@ -304,21 +403,24 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, Failed> {
             }
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             // Only the last coding decides whether the body is chunked.
-            if let Some(last) = h.value.split(|&b| b == b',').map(trim).rfind(|t| !t.is_empty()) {
-                chunked_last = Some(last.eq_ignore_ascii_case(b"chunked"));
-            }
+            let last = h.value.split(|&b| b == b',').map(trim).rfind(|t| !t.is_empty());
+            chunked_last = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
         } else if name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|&b| b == b',').map(trim) {
                 close |= token.eq_ignore_ascii_case(b"close");
                 keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
-        } else if name.eq_ignore_ascii_case("location") {
-            // As a header value's text: visible ASCII (and tabs) only.
+        } else if name.eq_ignore_ascii_case("location") && location.is_none() {
+            // The first, as a header value's text: visible ASCII (and tabs) only.
             location = h.value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)).then(|| String::from_utf8_lossy(h.value).into_owned());
         }
     }
+    // HTTP/1.0 has no transfer codings: such a message's framing is faulty (RFC 9112 §6.1).
+    if http10 && chunked_last.is_some() {
+        return Err(broken("the response is HTTP/1.0 with a Transfer-Encoding"));
+    }
     let framing = match (status, chunked_last, length) {
-        (100..=199 | 204 | 304, _, _) => Framing::Empty,
+        (204 | 304, _, _) => Framing::Empty,
         // A Transfer-Encoding overrides any Content-Length (and such a message is not reused).
         (_, Some(true), _) => Framing::Chunked,
         (_, Some(false), _) => Framing::UntilClose,
@@ -389,6 +491,7 @@ fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
     /// A loopback server that reads one request head and answers it with `parts`, written one
     /// after the other (so a response arrives split where the test says), then keeps the
@@ -511,6 +614,113 @@ mod tests {
             assert_eq!(e.class, ReasonClass::ToolConnection, "{why}");
             assert!(e.message.contains(why), "{why}: {}", e.message);
         }
+    }
+
+    /// Review findings (an adversary's tool server), each its own case.
+    #[tokio::test]
+    async fn hostile_framing_found_in_review() {
+        // A body until the close that came with its head in one piece is still capped.
+        let mut answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
+        answer.extend([b'x'; 5000]);
+        let mut conn = answering(vec![answer], false).await;
+        assert_eq!(error(conn.exchange(&request(false, "/", None, "h", None, b""), 100).await).class, ReasonClass::ToolResponseTooLarge);
+        // An empty chunk-size line is no last chunk.
+        let e = error(get(&[b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n\r\n\r\n"], 100).await);
+        assert!(e.message.contains("invalid chunk size"), "{e:?}");
+        // Chunk extensions are bounded over the whole body, not only per line.
+        let line = format!("1;{}\r\nx\r\n", "e".repeat(4000));
+        let mut answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        answer.extend(line.repeat(6).into_bytes());
+        assert!(error(get(&[&answer], 1 << 20).await).message.contains("chunk extensions are larger than 16 KiB"));
+        // A trailer line must end in CRLF (a bare LF would leave the call waiting).
+        let e = error(get(&[b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\n"], 100).await);
+        assert!(e.message.contains("trailer line without its CRLF"), "{e:?}");
+        // HTTP/1.0 has no transfer codings; a status below 100 is none.
+        let e = error(get(&[b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"], 100).await);
+        assert!(e.message.contains("HTTP/1.0 with a Transfer-Encoding"), "{e:?}");
+        assert!(error(get(&[b"HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n"], 100).await).message.contains("invalid status (099)"));
+        // An empty Transfer-Encoding still overrides the length: read until the close, not reused.
+        let mut conn = answering(vec![b"HTTP/1.1 200 OK\r\nTransfer-Encoding: \r\nContent-Length: 2\r\n\r\nok".to_vec()], false).await;
+        let r = conn.exchange(&request(false, "/", None, "h", None, b""), 100).await.unwrap();
+        assert_eq!((r.body.as_slice(), r.reusable), (&b"ok"[..], false));
+        // An informational response's framing headers are not the final one's; the first
+        // Location is the one (as a general client reads it).
+        let r = get(&[b"HTTP/1.1 103 Early\r\nContent-Length: x\r\n\r\nHTTP/1.1 302 Found\r\nLocation: /a\r\nLocation: /b\r\nContent-Length: 0\r\n\r\n"], 100)
+            .await
+            .unwrap();
+        assert_eq!((r.status, r.location.as_deref()), (302, Some("/a")));
+    }
+
+    #[tokio::test]
+    async fn a_large_body_is_read_into_itself_and_the_buffer_kept_small() {
+        let n = 4 * 1024 * 1024;
+        let mut answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n").into_bytes();
+        answer.extend(std::iter::repeat_n(b'x', n));
+        let mut conn = answering(vec![answer], true).await;
+        let r = conn.exchange(&request(false, "/", None, "h", None, b""), 64 << 20).await.unwrap();
+        assert_eq!((r.body.len(), r.reusable), (n, true));
+        assert!(conn.buf.capacity() <= KEEP_BUFFER_BYTES, "an idle connection keeps {} bytes", conn.buf.capacity());
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_request_is_all_sent_is_the_answer() {
+        // The server refuses a large body at once and reads no more of it.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                socket.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            socket.write_all(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbig!").await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        });
+        let mut conn = Conn::new(TcpStream::connect(address).await.unwrap());
+        let body = vec![b'a'; 64 << 20];
+        let post = request(true, "/", None, "h", None, &body);
+        let exchange = conn.exchange(&post, 100);
+        // Bounded only so that a regression fails instead of hanging; it answers at once.
+        let r = tokio::time::timeout(std::time::Duration::from_secs(20), exchange).await.expect("the early answer was not seen").unwrap();
+        assert_eq!((r.status, r.body.as_slice(), r.reusable), (413, &b"big!"[..], false));
+    }
+
+    #[test]
+    fn a_close_the_reactor_has_not_seen_is_found_before_reuse() {
+        // One thread that does not turn the reactor while it works: a close that came meanwhile
+        // is only in the kernel.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_addr().unwrap();
+            let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+            let server = std::thread::spawn(move || {
+                let listener = listener.into_std().unwrap();
+                listener.set_nonblocking(false).unwrap();
+                let (mut socket, _) = listener.accept().unwrap();
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    std::io::Read::read_exact(&mut socket, &mut byte).unwrap();
+                    head.push(byte[0]);
+                }
+                std::io::Write::write_all(&mut socket, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                drop(socket);
+                closed_tx.send(()).unwrap();
+            });
+            let mut conn = Conn::new(TcpStream::connect(address).await.unwrap());
+            let r = conn.exchange(&request(false, "/", None, "h", None, b""), 100).await.unwrap();
+            assert!(r.reusable);
+            conn.idle_since = Instant::now();
+            // The close happens while this thread is busy (no await: the reactor stands still).
+            closed_rx.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!conn.alive(), "a closed connection was taken for alive");
+            server.join().unwrap();
+        });
     }
 
     #[test]
