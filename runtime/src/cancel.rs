@@ -48,6 +48,21 @@ impl Cancel {
         self.0.as_ref().and_then(|rx| rx.borrow().clone())
     }
 
+    /// `work`'s outcome, or the reason when the run is cancelled first (checked first at every
+    /// wake-up). A token that never fires just awaits `work`: nothing to race.
+    pub async fn race<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, String> {
+        if self.0.is_none() {
+            return Ok(work.await);
+        }
+        // Boxed: the caller's future stays the size of `work` (its own is often boxed itself).
+        let cancelled = Box::pin(self.cancelled());
+        tokio::select! {
+            biased;
+            why = cancelled => Err(why),
+            r = work => Ok(r),
+        }
+    }
+
     /// Resolves with the reason once cancelled; never resolves otherwise.
     pub async fn cancelled(&self) -> String {
         let Some(rx) = &self.0 else { return std::future::pending().await };

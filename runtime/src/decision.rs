@@ -13,7 +13,8 @@ use serde_json::{Map, Value, json};
 #[derive(Debug, Clone, PartialEq)]
 pub enum AgentDecision {
     /// Call `tool` (one of the route's tools) with `arguments`.
-    ToolCall { tool: String, arguments: Map<String, Value> },
+    /// The arguments are boxed: a decision moves through every layer of the model stack.
+    ToolCall { tool: String, arguments: Box<Map<String, Value>> },
     /// Stop and ask the user (the run then awaits input).
     Ask { question: String },
     /// Finish with the answer.
@@ -32,7 +33,7 @@ impl AgentDecision {
     /// The decision as events and slots show it: the `AgentDecision` JSON shape.
     pub fn to_json(&self) -> Value {
         let (tool, arguments, message) = match self {
-            AgentDecision::ToolCall { tool, arguments } => (Some(tool.as_str()), arguments.clone(), None),
+            AgentDecision::ToolCall { tool, arguments } => (Some(tool.as_str()), (**arguments).clone(), None),
             AgentDecision::Ask { question } => (None, Map::new(), Some(question.as_str())),
             AgentDecision::Done { answer } => (None, Map::new(), Some(answer.as_str())),
         };
@@ -132,7 +133,7 @@ impl DecisionSpec {
                     },
                     Some(_) => return Err(bad("`arguments` must be an object".into())),
                 };
-                AgentDecision::ToolCall { tool, arguments }
+                AgentDecision::ToolCall { tool, arguments: Box::new(arguments) }
             }
             Some("ask") => {
                 let question = text("message")?.filter(|m| !m.trim().is_empty()).ok_or_else(|| bad("an ask needs a `message` (the question)".into()))?;
@@ -180,7 +181,7 @@ pub fn parse_text_protocol(raw: &str) -> Result<AgentDecision, String> {
                 Ok(_) => return Err(format!("malformed CALL {shown}: the arguments must be a JSON object")),
                 Err(e) => return Err(format!("malformed CALL {shown}: the arguments are not valid JSON ({e})")),
             };
-            Ok(AgentDecision::ToolCall { tool: tool.to_owned(), arguments })
+            Ok(AgentDecision::ToolCall { tool: tool.to_owned(), arguments: Box::new(arguments) })
         }
         "ASK" if !rest.is_empty() => Ok(AgentDecision::Ask { question: rest.to_owned() }),
         "ASK" => Err("malformed ASK: no question".into()),

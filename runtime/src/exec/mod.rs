@@ -72,6 +72,9 @@ pub struct RunFailure {
     pub stage_id: Option<String>,
 }
 
+/// A run's slots: stage id → value, in the order the stages completed.
+pub type Slots = IndexMap<String, String, foldhash::fast::RandomState>;
+
 /// The result printed by `fabric run` and returned to library callers.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
@@ -79,7 +82,9 @@ pub struct RunResult {
     pub route_id: String,
     pub status: RunStatus,
     pub output: Option<String>,
-    pub slots: IndexMap<String, String>,
+    /// Each completed stage's value by stage id, in completion order (keys are catalogue names:
+    /// a fast hasher, nothing a caller controls to flood it with).
+    pub slots: Slots,
     pub notes: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub question: Option<String>,
@@ -218,7 +223,7 @@ struct Run<'a> {
 #[derive(Debug, Default)]
 struct RunState {
     notes: Vec<String>,
-    slots: IndexMap<String, String>,
+    slots: Slots,
     /// Structured outputs (compact JSON) of the stages whose fields a branch condition reads
     /// (most routes have none), read only when a condition asks.
     structured: Vec<(Arc<str>, String)>,
@@ -921,7 +926,7 @@ impl Runner {
                         args.insert(invoke.query_param.clone(), Value::String(query));
                         self.call_tool(run, stage, invoke, &url, &args, cx).await
                     }
-                    None => Ok(reply.slot_value()),
+                    None => Ok(reply.into_slot_value()),
                 }
             }
         }
@@ -947,10 +952,9 @@ impl Runner {
         events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
         // An HTTP tool runs here and calls out: an `extension` in the GenAI conventions.
         let span = tool_span(cx, events.run_id(), tool, "extension");
-        let outcome = tokio::select! {
-            biased;
-            why = cancel.cancelled() => Err(ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
-            r = self.http.call(invoke, url, args) => r,
+        let outcome = match cancel.race(self.http.call(invoke, url, args)).await {
+            Ok(r) => r,
+            Err(why) => Err(ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
         };
         if let Err(e) = &outcome {
             crate::otel::fail_cx(&span, e.class.as_str());
@@ -982,13 +986,10 @@ impl Runner {
         events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => name, "method" => "in_process"});
         let span = tool_span(cx, events.run_id(), name, "function");
         let started = events.stopwatch();
-        let outcome = tokio::select! {
-            biased;
-            why = cancel.cancelled() => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
-            r = tokio::time::timeout(self.tool_timeout, tool.call(args)) => match r {
-                Ok(r) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
-                Err(_) => Err((ReasonClass::ToolTimeout, format!("no result within {} ms", self.tool_timeout.as_millis()))),
-            },
+        let outcome = match cancel.race(tokio::time::timeout(self.tool_timeout, tool.call(args))).await {
+            Ok(Ok(r)) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
+            Ok(Err(_)) => Err((ReasonClass::ToolTimeout, format!("no result within {} ms", self.tool_timeout.as_millis()))),
+            Err(why) => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
         };
         if let Err((class, _)) = &outcome {
             crate::otel::fail_cx(&span, class.as_str());

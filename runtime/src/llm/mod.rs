@@ -121,12 +121,28 @@ impl ReplyValue {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplyMeta {
     pub usage: Option<Usage>,
+    /// What else the reply named, boxed: a reply moves through every layer of the stack, and
+    /// kept small it moves without a call to `memcpy` (the stub names none of it).
+    pub about: Option<Box<ReplyAbout>>,
+}
+
+/// What a provider's reply names of itself besides its token counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplyAbout {
     /// Why generation stopped, in the provider's own word (`stop`, `end_turn`, `STOP` ...).
     pub finish_reason: Option<String>,
     /// The model that answered, when the provider names it (it may differ from the one asked).
     pub model: Option<String>,
     /// The provider's id of the response.
     pub id: Option<String>,
+}
+
+impl ReplyMeta {
+    /// The meta of a provider's reply; `about` is boxed only when the reply names something.
+    pub fn new(usage: Option<Usage>, finish_reason: Option<String>, model: Option<String>, id: Option<String>) -> ReplyMeta {
+        let named = finish_reason.is_some() || model.is_some() || id.is_some();
+        ReplyMeta { usage, about: named.then(|| Box::new(ReplyAbout { finish_reason, model, id })) }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -206,6 +222,16 @@ pub struct ModelInfo {
 pub trait Llm: Send + Sync {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>>;
     fn info(&self) -> ModelInfo;
+
+    /// The same call without its box, for a decorator that wraps a known backend (the stack is
+    /// composed statically: only its outermost layer is boxed, once per call). By default the
+    /// boxed call; the stub, the provider backends and the retry layer implement it unboxed.
+    fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> impl Future<Output = Result<LlmReply, LlmError>> + Send + 'a
+    where
+        Self: Sized,
+    {
+        self.complete(req)
+    }
 }
 
 impl<L: Llm + ?Sized> Llm for Box<L> {

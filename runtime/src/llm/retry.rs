@@ -23,42 +23,52 @@ impl<L: Llm> RetryLlm<L> {
     pub fn new(inner: L, policy: RetryPolicy) -> RetryLlm<L> {
         RetryLlm { inner, policy }
     }
+
+    /// The attempts after a first one failed with the retryable `error`.
+    async fn retry(&self, req: &LlmRequest<'_>, mut error: LlmError) -> Result<LlmReply, LlmError> {
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(self.policy.base)
+            .with_max_delay(self.policy.max_backoff)
+            .with_max_times(self.policy.max_attempts.saturating_sub(1) as usize)
+            .with_jitter()
+            .build();
+        let mut attempt: u32 = 1;
+        loop {
+            let Some(computed) = delays.next() else { return Err(error) };
+            let delay = error.retry_after.unwrap_or(computed).min(self.policy.max_backoff);
+            req.events.emit(
+                EventKind::LlmRetrying,
+                Some(req.stage_id),
+                || fields! {"attempt" => attempt + 1, "delay_ms" => delay.as_millis() as u64, "reason_class" => error.class.as_str(), "message" => error.message},
+            );
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+            error = match self.inner.call(req).await {
+                Ok(reply) => return Ok(reply),
+                Err(e) => e,
+            };
+            if !error.class.is_retryable() || attempt >= self.policy.max_attempts {
+                return Err(error);
+            }
+        }
+    }
 }
 
 impl<L: Llm> Llm for RetryLlm<L> {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
-        Box::pin(async move {
-            // The schedule is made at the first failure: most calls never need it.
-            let mut delays = None;
-            let mut attempt: u32 = 1;
-            loop {
-                let result = self.inner.complete(req).await;
-                let error = match result {
-                    Ok(reply) => return Ok(reply),
-                    Err(e) => e,
-                };
-                if !error.class.is_retryable() || attempt >= self.policy.max_attempts {
-                    return Err(error);
-                }
-                let delays = delays.get_or_insert_with(|| {
-                    ExponentialBuilder::default()
-                        .with_min_delay(self.policy.base)
-                        .with_max_delay(self.policy.max_backoff)
-                        .with_max_times(self.policy.max_attempts.saturating_sub(1) as usize)
-                        .with_jitter()
-                        .build()
-                });
-                let Some(computed) = delays.next() else { return Err(error) };
-                let delay = error.retry_after.unwrap_or(computed).min(self.policy.max_backoff);
-                req.events.emit(
-                    EventKind::LlmRetrying,
-                    Some(req.stage_id),
-                    || fields! {"attempt" => attempt + 1, "delay_ms" => delay.as_millis() as u64, "reason_class" => error.class.as_str(), "message" => error.message},
-                );
-                tokio::time::sleep(delay).await;
-                attempt += 1;
+        Box::pin(self.call(req))
+    }
+
+    fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> impl Future<Output = Result<LlmReply, LlmError>> + Send + 'a {
+        async move {
+            // Most calls succeed at once: the retries (their schedule, timer and state) live in a
+            // future of their own, made at the first failure, so the first attempt's is small.
+            match self.inner.call(req).await {
+                Ok(reply) => Ok(reply),
+                Err(error) if !error.class.is_retryable() || self.policy.max_attempts <= 1 => Err(error),
+                Err(error) => Box::pin(self.retry(req, error)).await,
             }
-        })
+        }
     }
 
     fn info(&self) -> ModelInfo {

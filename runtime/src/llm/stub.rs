@@ -176,23 +176,25 @@ impl StubLlm {
 
 impl Llm for StubLlm {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
-        Box::pin(async move {
-            if !self.latency.is_zero() {
-                tokio::time::sleep(self.latency).await;
-            }
-            let raw = self.reply_for(req)?;
-            // Token counts the way a real reply would report them, so telemetry has figures.
-            let usage = Usage { input_tokens: approx_tokens(req.system) + approx_tokens(req.user), output_tokens: approx_tokens(&raw) };
-            let meta = ReplyMeta { usage: Some(usage), ..ReplyMeta::default() };
-            match req.output {
-                // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
-                OutputSpec::Decision(spec) => match spec.parse_text(&raw) {
-                    Ok(decision) => Ok(LlmReply { value: ReplyValue::Decision(decision), meta, raw: Some(raw) }),
-                    Err(e) => Err(LlmError::from(e).with_reply(meta, raw)),
-                },
-                _ => finish_reply(req.output, raw, meta),
-            }
-        })
+        Box::pin(self.call(req))
+    }
+
+    async fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> Result<LlmReply, LlmError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        let raw = self.reply_for(req)?;
+        // Token counts the way a real reply would report them, so telemetry has figures.
+        let usage = Usage { input_tokens: approx_tokens(req.system) + approx_tokens(req.user), output_tokens: approx_tokens(&raw) };
+        let meta = ReplyMeta { usage: Some(usage), ..ReplyMeta::default() };
+        match req.output {
+            // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
+            OutputSpec::Decision(spec) => match spec.parse_text(&raw) {
+                Ok(decision) => Ok(LlmReply { value: ReplyValue::Decision(decision), meta, raw: Some(raw) }),
+                Err(e) => Err(LlmError::from(e).with_reply(meta, raw)),
+            },
+            _ => finish_reply(req.output, raw, meta),
+        }
     }
 
     fn info(&self) -> ModelInfo {

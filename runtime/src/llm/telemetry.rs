@@ -63,10 +63,9 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
             );
             let started = req.events.stopwatch();
             // A cancelled run ends its call here, so the call still gets its one `failed` event.
-            let result = tokio::select! {
-                biased;
-                why = req.cancel.cancelled() => Err(LlmError::new(ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
-                r = self.inner.complete(req) => r,
+            let result = match req.cancel.race(self.inner.call(req)).await {
+                Ok(r) => r,
+                Err(why) => Err(LlmError::new(ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
             };
             let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
             match &result {
@@ -133,14 +132,15 @@ fn set_response(cx: &opentelemetry::Context, meta: &ReplyMeta) {
         crate::otel::set(cx, KeyValue::new("gen_ai.usage.input_tokens", count(u.input_tokens)));
         crate::otel::set(cx, KeyValue::new("gen_ai.usage.output_tokens", count(u.output_tokens)));
     }
-    if let Some(reason) = &meta.finish_reason {
+    let Some(about) = &meta.about else { return };
+    if let Some(reason) = &about.finish_reason {
         let reasons = opentelemetry::Array::String(vec![reason.clone().into()]);
         crate::otel::set(cx, KeyValue::new("gen_ai.response.finish_reasons", opentelemetry::Value::Array(reasons)));
     }
-    if let Some(model) = &meta.model {
+    if let Some(model) = &about.model {
         crate::otel::set(cx, KeyValue::new("gen_ai.response.model", model.clone()));
     }
-    if let Some(id) = &meta.id {
+    if let Some(id) = &about.id {
         crate::otel::set(cx, KeyValue::new("gen_ai.response.id", id.clone()));
     }
 }

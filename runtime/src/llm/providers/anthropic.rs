@@ -115,7 +115,7 @@ impl Codec for Anthropic {
         if reply.stop_reason.as_deref() == Some("max_tokens") {
             return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (stop_reason: max_tokens)"));
         }
-        let meta = ReplyMeta { usage, finish_reason: reply.stop_reason, model: reply.model, id: reply.id };
+        let meta = ReplyMeta::new(usage, reply.stop_reason, reply.model, reply.id);
         if call.schema.is_some() {
             let input = reply.content.into_iter().find_map(|b| match b {
                 Block::ToolUse { name, input } if name == call.schema_name => Some(input),

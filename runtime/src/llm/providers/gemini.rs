@@ -157,7 +157,7 @@ impl Codec for Gemini {
             input_tokens: m.prompt_token_count.saturating_add(m.tool_use_prompt_token_count),
             output_tokens: m.candidates_token_count.saturating_add(m.thoughts_token_count),
         });
-        Ok((text, ReplyMeta { usage, finish_reason: candidate.finish_reason, model: reply.model_version, id: reply.response_id }))
+        Ok((text, ReplyMeta::new(usage, candidate.finish_reason, reply.model_version, reply.response_id)))
     }
 
     fn error_code(&self, body: &[u8]) -> Option<String> {

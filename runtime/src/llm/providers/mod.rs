@@ -232,7 +232,11 @@ fn transport_error(e: reqwest::Error, timeout: Duration) -> LlmError {
 
 impl<C: Codec> Llm for HttpBackend<C> {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
-        Box::pin(async move {
+        Box::pin(self.call(req))
+    }
+
+    fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> impl Future<Output = Result<LlmReply, LlmError>> + Send + 'a {
+        async move {
             let schema = WireSchema::of(req.output);
             let call =
                 CallSpec { target: &self.target, tuning: self.tuning, system: req.system, user: req.user, schema, schema_name: schema_name(req.stage_id) };
@@ -289,7 +293,7 @@ impl<C: Codec> Llm for HttpBackend<C> {
                 };
             }
             finish_reply(req.output, text, meta)
-        })
+        }
     }
 
     fn info(&self) -> ModelInfo {

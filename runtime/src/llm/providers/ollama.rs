@@ -74,7 +74,7 @@ impl Codec for Ollama {
         let text = reply.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "ollama reply has no message"))?.content;
         let usage = reply.prompt_eval_count.zip(reply.eval_count).map(|(input_tokens, output_tokens)| Usage { input_tokens, output_tokens });
         // Ollama has no response id.
-        Ok((text, ReplyMeta { usage, finish_reason: reply.done_reason, model: reply.model, id: None }))
+        Ok((text, ReplyMeta::new(usage, reply.done_reason, reply.model, None)))
     }
 
     fn error_code(&self, _body: &[u8]) -> Option<String> {

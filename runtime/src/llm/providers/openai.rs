@@ -178,7 +178,7 @@ impl Codec for OpenAi {
         }
         let text = message.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no message content"))?;
         let usage = reply.usage.map(|u| Usage { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens });
-        Ok((text, ReplyMeta { usage, finish_reason: choice.finish_reason, model: reply.model, id: reply.id }))
+        Ok((text, ReplyMeta::new(usage, choice.finish_reason, reply.model, reply.id)))
     }
 
     fn error_code(&self, body: &[u8]) -> Option<String> {
