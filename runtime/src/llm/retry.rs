@@ -59,15 +59,13 @@ impl<L: Llm> Llm for RetryLlm<L> {
         Box::pin(self.call(req))
     }
 
-    fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> impl Future<Output = Result<LlmReply, LlmError>> + Send + 'a {
-        async move {
-            // Most calls succeed at once: the retries (their schedule, timer and state) live in a
-            // future of their own, made at the first failure, so the first attempt's is small.
-            match self.inner.call(req).await {
-                Ok(reply) => Ok(reply),
-                Err(error) if !error.class.is_retryable() || self.policy.max_attempts <= 1 => Err(error),
-                Err(error) => Box::pin(self.retry(req, error)).await,
-            }
+    async fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> Result<LlmReply, LlmError> {
+        // Most calls succeed at once: the retries (their schedule, timer and state) live in a
+        // future of their own, made at the first failure, so the first attempt's is small.
+        match self.inner.call(req).await {
+            Ok(reply) => Ok(reply),
+            Err(error) if !error.class.is_retryable() || self.policy.max_attempts <= 1 => Err(error),
+            Err(error) => Box::pin(self.retry(req, error)).await,
         }
     }
 

@@ -235,65 +235,62 @@ impl<C: Codec> Llm for HttpBackend<C> {
         Box::pin(self.call(req))
     }
 
-    fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> impl Future<Output = Result<LlmReply, LlmError>> + Send + 'a {
-        async move {
-            let schema = WireSchema::of(req.output);
-            let call =
-                CallSpec { target: &self.target, tuning: self.tuning, system: req.system, user: req.user, schema, schema_name: schema_name(req.stage_id) };
-            let wire = self.codec.encode(&call);
-            let mut builder = self.client.post(&wire.url).timeout(self.timeout).json(&wire.body);
-            for (k, v) in &wire.headers {
-                builder = builder.header(*k, v);
-            }
-            let mut response = builder.send().await.map_err(|e| transport_error(e, self.timeout))?;
-            let status = response.status().as_u16();
-            let provider = self.codec.kind().key();
-            if (300..400).contains(&status) {
-                // Never followed (see `shared_client`); say where it pointed, by origin only.
-                let to = response.headers().get("location").and_then(|v| v.to_str().ok()).map(crate::redact::origin_and_path);
-                let to = to.map_or(String::new(), |t| format!(" to {t}"));
-                return Err(LlmError::new(
-                    ReasonClass::ProviderError,
-                    format!("HTTP {status} from {provider}: a redirect{to}; provider calls never follow redirects (set the base URL to the final address)"),
-                ));
-            }
-            let wait = retry_after(response.headers());
-            let limit = self.max_reply_bytes;
-            let body = read_body(&mut response, limit, self.timeout).await?;
-            if !(200..300).contains(&status) {
-                // The status decides the class (and so the retry); of the body only the provider's
-                // error code is kept (its text may quote a key or the prompt).
-                let code = body.as_deref().and_then(|b| self.codec.error_code(b)).map_or(String::new(), |c| format!(" ({c})"));
-                let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}{code}"));
-                e.retry_after = wait;
-                return Err(e);
-            }
-            let Some(bytes) = body else {
-                let why = format!("the reply is larger than the {limit}-byte limit (FABRIC_LLM_MAX_REPLY_BYTES); nothing past the limit was read");
-                return Err(LlmError::new(ReasonClass::ProviderError, why));
-            };
-            let (text, meta) = self.codec.decode(&bytes, &call)?;
-            // LangChain reads Ollama's and Gemini's structured replies (stage models and the
-            // decision alike) as Markdown: a reply in a code fence is accepted there, so it is
-            // here (on those two only, as there).
-            if matches!(req.output, super::OutputSpec::Bindable(_) | super::OutputSpec::Decision(_))
-                && matches!(self.codec.kind(), ProviderKind::Ollama | ProviderKind::Gemini)
-                && let Some(inner) = unfence(&text)
-            {
-                return match finish_reply(req.output, inner, meta) {
-                    Ok(mut reply) => {
-                        reply.raw = Some(text);
-                        Ok(reply)
-                    }
-                    Err(mut e) => {
-                        // As received: the fence included.
-                        e.raw_reply = Some(text);
-                        Err(e)
-                    }
-                };
-            }
-            finish_reply(req.output, text, meta)
+    async fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> Result<LlmReply, LlmError> {
+        let schema = WireSchema::of(req.output);
+        let call = CallSpec { target: &self.target, tuning: self.tuning, system: req.system, user: req.user, schema, schema_name: schema_name(req.stage_id) };
+        let wire = self.codec.encode(&call);
+        let mut builder = self.client.post(&wire.url).timeout(self.timeout).json(&wire.body);
+        for (k, v) in &wire.headers {
+            builder = builder.header(*k, v);
         }
+        let mut response = builder.send().await.map_err(|e| transport_error(e, self.timeout))?;
+        let status = response.status().as_u16();
+        let provider = self.codec.kind().key();
+        if (300..400).contains(&status) {
+            // Never followed (see `shared_client`); say where it pointed, by origin only.
+            let to = response.headers().get("location").and_then(|v| v.to_str().ok()).map(crate::redact::origin_and_path);
+            let to = to.map_or(String::new(), |t| format!(" to {t}"));
+            return Err(LlmError::new(
+                ReasonClass::ProviderError,
+                format!("HTTP {status} from {provider}: a redirect{to}; provider calls never follow redirects (set the base URL to the final address)"),
+            ));
+        }
+        let wait = retry_after(response.headers());
+        let limit = self.max_reply_bytes;
+        let body = read_body(&mut response, limit, self.timeout).await?;
+        if !(200..300).contains(&status) {
+            // The status decides the class (and so the retry); of the body only the provider's
+            // error code is kept (its text may quote a key or the prompt).
+            let code = body.as_deref().and_then(|b| self.codec.error_code(b)).map_or(String::new(), |c| format!(" ({c})"));
+            let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}{code}"));
+            e.retry_after = wait;
+            return Err(e);
+        }
+        let Some(bytes) = body else {
+            let why = format!("the reply is larger than the {limit}-byte limit (FABRIC_LLM_MAX_REPLY_BYTES); nothing past the limit was read");
+            return Err(LlmError::new(ReasonClass::ProviderError, why));
+        };
+        let (text, meta) = self.codec.decode(&bytes, &call)?;
+        // LangChain reads Ollama's and Gemini's structured replies (stage models and the
+        // decision alike) as Markdown: a reply in a code fence is accepted there, so it is
+        // here (on those two only, as there).
+        if matches!(req.output, super::OutputSpec::Bindable(_) | super::OutputSpec::Decision(_))
+            && matches!(self.codec.kind(), ProviderKind::Ollama | ProviderKind::Gemini)
+            && let Some(inner) = unfence(&text)
+        {
+            return match finish_reply(req.output, inner, meta) {
+                Ok(mut reply) => {
+                    reply.raw = Some(text);
+                    Ok(reply)
+                }
+                Err(mut e) => {
+                    // As received: the fence included.
+                    e.raw_reply = Some(text);
+                    Err(e)
+                }
+            };
+        }
+        finish_reply(req.output, text, meta)
     }
 
     fn info(&self) -> ModelInfo {
