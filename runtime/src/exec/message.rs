@@ -50,12 +50,7 @@ fn is_compact_ascii(text: &str) -> bool {
     if bytes.len() > NOTE_MAX_CHARS || bytes.first() == Some(&b' ') || bytes.last() == Some(&b' ') {
         return false;
     }
-    // No branch in either loop, so the compiler runs them many bytes at a time (a note is tens
-    // of bytes: a search that stops early would cost more to set up than it saves).
-    let outside = bytes.iter().fold(0u8, |acc, &b| acc | u8::from(b < 0x20) | u8::from(b > 0x7e));
-    let next = bytes.get(1..).unwrap_or_default();
-    let doubled = bytes.iter().zip(next).fold(0u8, |acc, (&a, &b)| acc | (u8::from(a == b' ') & u8::from(b == b' ')));
-    outside | doubled == 0
+    crate::structured::scan::is_compact_ascii(bytes)
 }
 
 /// The goal as the user message shows it (compact JSON): once per run, not once per call.

@@ -8,6 +8,7 @@
 
 mod number;
 pub mod pyjson;
+pub mod scan;
 mod schema;
 
 pub use schema::{Field, FieldType, FlatSchema, Scalar};
@@ -73,12 +74,13 @@ pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeErr
         if idx > 0 {
             compact.push(',');
         }
-        push_json_string(&mut compact, &field.name);
+        // Written once, when the schema was read.
+        compact.push_str(field.name_json());
         compact.push(':');
         let value = entries.iter().find(|(k, _)| *k == field.name).map(|(_, v)| v);
         match validate(field, value) {
             Ok(out) => {
-                if let Out::Str(s) = &out {
+                if let Out::Str(s, _) = &out {
                     match field.name.as_str() {
                         "text" => text = Some((*s).to_owned()),
                         "message" => message = Some((*s).to_owned()),
@@ -105,7 +107,9 @@ enum Out<'a> {
     Bool(bool),
     Int(BigInt),
     Float(f64),
-    Str(&'a str),
+    /// A string, and whether it is plain: borrowed from the reply as it was written, so with
+    /// nothing to escape (no scan needed).
+    Str(&'a str, bool),
     /// An enum member, serialised as written in the schema.
     Json(&'a serde_json::Value),
     List(Vec<Out<'a>>),
@@ -118,7 +122,13 @@ impl Out<'_> {
             Out::Bool(b) => buf.push_str(if *b { "true" } else { "false" }),
             Out::Int(n) => buf.push_str(&n.to_json_text()),
             Out::Float(f) => number::push_float(buf, *f),
-            Out::Str(s) => push_json_string(buf, s),
+            Out::Str(s, true) => {
+                buf.reserve(s.len() + 2);
+                buf.push('"');
+                buf.push_str(s);
+                buf.push('"');
+            }
+            Out::Str(s, false) => push_json_string(buf, s),
             Out::Json(v) => match v {
                 serde_json::Value::Number(n) if n.is_f64() => number::push_float(buf, n.as_f64().unwrap_or(f64::NAN)),
                 serde_json::Value::String(s) => push_json_string(buf, s),
@@ -138,14 +148,14 @@ impl Out<'_> {
     }
 }
 
-fn push_json_string(buf: &mut String, s: &str) {
+pub(crate) fn push_json_string(buf: &mut String, s: &str) {
     // Escaped exactly as serde_json and pydantic-core do: `"`, `\`, and controls below 0x20
     // (`\b \t \n \f \r` short, the others `\u00xx`); everything else as it is. Written in
     // place: every structured reply goes through here, field by field.
     buf.reserve(s.len() + 2);
     buf.push('"');
-    // One pass without a branch (vectorised): most strings have nothing to escape.
-    if s.bytes().fold(0u8, |acc, b| acc | u8::from(b == b'"') | u8::from(b == b'\\') | u8::from(b < 0x20)) == 0 {
+    // Most strings have nothing to escape.
+    if !scan::needs_json_escape(s.as_bytes()) {
         buf.push_str(s);
         buf.push('"');
         return;
@@ -197,7 +207,7 @@ fn scalar<'a>(ty: &'a Scalar, v: &'a PyJson) -> Result<Out<'a>, String> {
     let wrong = |what: &str| Err(format!("input should be {what}, got {}", v.kind()));
     match ty {
         Scalar::String => match v {
-            PyJson::Str(s) => Ok(Out::Str(s)),
+            PyJson::Str(s) => Ok(Out::Str(s, matches!(s, std::borrow::Cow::Borrowed(_)))),
             _ => wrong("a valid string"),
         },
         Scalar::Number => match v {

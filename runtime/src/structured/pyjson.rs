@@ -5,16 +5,20 @@
 //! arbitrary precision, duplicate keys keep the last value, raw control characters inside strings
 //! are rejected, and nothing may follow the value but whitespace.
 
-/// A parsed value. Integers keep their exact decimal digits.
+use std::borrow::Cow;
+
+/// A parsed value. Integers keep their exact decimal digits. Strings borrow from the text
+/// unless an escape made them differ from it: a borrowed one holds no character that JSON
+/// writes escaped (a quote, a backslash or a control character would have ended or broken it).
 #[derive(Debug, Clone, PartialEq)]
-pub enum PyJson {
+pub enum PyJson<'a> {
     Null,
     Bool(bool),
     Int(BigInt),
     Float(f64),
-    Str(String),
-    List(Vec<PyJson>),
-    Object(Vec<(String, PyJson)>),
+    Str(Cow<'a, str>),
+    List(Vec<PyJson<'a>>),
+    Object(Vec<(Cow<'a, str>, PyJson<'a>)>),
 }
 
 /// An arbitrary-precision integer as sign and canonical decimal digits (no leading zeros; zero is
@@ -55,7 +59,7 @@ impl BigInt {
     }
 }
 
-impl PyJson {
+impl PyJson<'_> {
     pub fn kind(&self) -> &'static str {
         match self {
             PyJson::Null => "null",
@@ -85,7 +89,7 @@ impl std::fmt::Display for JsonError {
 // Python's recursion limit makes deeply nested input fail; bound it the same way (as invalid JSON).
 const MAX_DEPTH: usize = 500;
 
-pub fn parse(text: &str) -> Result<PyJson, JsonError> {
+pub fn parse(text: &str) -> Result<PyJson<'_>, JsonError> {
     let mut p = Parser { text, s: text.as_bytes(), i: 0, depth: 0 };
     p.ws();
     let v = p.value()?;
@@ -104,7 +108,7 @@ struct Parser<'a> {
     depth: usize,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn err(&self, message: &'static str) -> JsonError {
         JsonError { offset: self.i, message }
     }
@@ -124,7 +128,7 @@ impl Parser<'_> {
         }
     }
 
-    fn value(&mut self) -> Result<PyJson, JsonError> {
+    fn value(&mut self) -> Result<PyJson<'a>, JsonError> {
         match self.s.get(self.i) {
             None => Err(self.err("expecting a value")),
             Some(b'{') => self.nested(Self::object),
@@ -144,7 +148,7 @@ impl Parser<'_> {
         }
     }
 
-    fn nested(&mut self, f: fn(&mut Self) -> Result<PyJson, JsonError>) -> Result<PyJson, JsonError> {
+    fn nested(&mut self, f: fn(&mut Self) -> Result<PyJson<'a>, JsonError>) -> Result<PyJson<'a>, JsonError> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
             return Err(self.err("nesting too deep"));
@@ -154,9 +158,9 @@ impl Parser<'_> {
         v
     }
 
-    fn object(&mut self) -> Result<PyJson, JsonError> {
+    fn object(&mut self) -> Result<PyJson<'a>, JsonError> {
         self.i += 1;
-        let mut entries: Vec<(String, PyJson)> = Vec::new();
+        let mut entries: Vec<(Cow<'a, str>, PyJson<'a>)> = Vec::new();
         self.ws();
         if self.eat("}") {
             return Ok(PyJson::Object(entries));
@@ -189,7 +193,7 @@ impl Parser<'_> {
         }
     }
 
-    fn list(&mut self) -> Result<PyJson, JsonError> {
+    fn list(&mut self) -> Result<PyJson<'a>, JsonError> {
         self.i += 1;
         let mut items = Vec::new();
         self.ws();
@@ -218,7 +222,7 @@ impl Parser<'_> {
         self.i - start
     }
 
-    fn number(&mut self) -> Result<PyJson, JsonError> {
+    fn number(&mut self) -> Result<PyJson<'a>, JsonError> {
         let start = self.i;
         let negative = self.eat("-");
         let int_start = self.i;
@@ -268,13 +272,13 @@ impl Parser<'_> {
         u32::from_str_radix(text, 16).map_err(|_| self.err("invalid \\uXXXX escape"))
     }
 
-    fn string(&mut self) -> Result<String, JsonError> {
+    fn string(&mut self) -> Result<Cow<'a, str>, JsonError> {
         self.i += 1;
         let mut out = String::new();
         loop {
             let start = self.i;
             // The next quote, backslash or control character: where the run of plain text ends.
-            self.i += run_end(&self.s[self.i..]);
+            self.i += super::scan::plain_run(&self.s[self.i..]);
             // The input is a &str and the run ends at an ASCII byte (or the end): a char boundary.
             let run = self.text.get(start..self.i).ok_or_else(|| self.err("invalid UTF-8"))?;
             match self.s.get(self.i) {
@@ -282,11 +286,11 @@ impl Parser<'_> {
                 Some(b'"') => {
                     self.i += 1;
                     if out.is_empty() {
-                        // No escape before: the common case, one allocation of the right size.
-                        return Ok(run.to_owned());
+                        // No escape before: the common case, the text itself.
+                        return Ok(Cow::Borrowed(run));
                     }
                     out.push_str(run);
-                    return Ok(out);
+                    return Ok(Cow::Owned(out));
                 }
                 Some(b'\\') => {
                     out.push_str(run);
@@ -330,41 +334,9 @@ impl Parser<'_> {
     }
 }
 
-/// The index of the first `"`, `\\` or control character of `rest` (its length if none). Most
-/// strings of a reply are short: their first bytes are looked at one by one; past them memchr
-/// finds the next quote or backslash many bytes at a time (its setup costs more than a short
-/// string's whole scan), then the run before it is checked for a control character.
-fn run_end(rest: &[u8]) -> usize {
-    const SHORT: usize = 32;
-    let head = &rest[..rest.len().min(SHORT)];
-    if let Some(i) = head.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20) {
-        return i;
-    }
-    let Some(tail) = rest.get(SHORT..) else { return rest.len() };
-    let end = memchr::memchr2(b'"', b'\\', tail).unwrap_or(tail.len());
-    SHORT + tail[..end].iter().position(|&b| b < 0x20).unwrap_or(end)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn plain_runs_end_where_a_quote_backslash_or_control_is() {
-        for len in [0, 1, 31, 32, 33, 64, 200] {
-            let plain = "a".repeat(len);
-            assert_eq!(run_end(plain.as_bytes()), len);
-            for stop in ["\"", "\\", "\n", "\u{1}"] {
-                for at in [0, len / 2, len] {
-                    let text = format!("{}{stop}{}", &plain[..at], &plain[at..]);
-                    assert_eq!(run_end(text.as_bytes()), at, "{len} {stop:?} at {at}");
-                }
-            }
-        }
-        // A control character before a later quote ends the run first, past the short head too.
-        let text = format!("{}\u{1f}{}\"", "b".repeat(40), "c".repeat(10));
-        assert_eq!(run_end(text.as_bytes()), 40);
-    }
 
     #[test]
     fn python_extensions_and_edges() {

@@ -24,6 +24,21 @@ pub struct Field {
     pub name: String,
     pub ty: FieldType,
     pub required: bool,
+    /// The name as a JSON string (`"name"`), written into every reply's serialisation.
+    name_json: String,
+}
+
+impl Field {
+    pub fn new(name: String, ty: FieldType, required: bool) -> Field {
+        let mut name_json = String::with_capacity(name.len() + 2);
+        super::push_json_string(&mut name_json, &name);
+        Field { name, ty, required, name_json }
+    }
+
+    /// The name as a JSON string, quotes and escapes included.
+    pub fn name_json(&self) -> &str {
+        &self.name_json
+    }
 }
 
 /// A validated flat object schema. Field order is the order of `properties`, which is also the
@@ -63,7 +78,7 @@ impl FlatSchema {
             if name.starts_with('_') {
                 continue;
             }
-            fields.push(Field { name: name.clone(), ty, required: required.contains(&name.as_str()) });
+            fields.push(Field::new(name.clone(), ty, required.contains(&name.as_str())));
         }
         let text_envelope = props.keys().all(|name| name == "text" || name == "message");
         Ok(FlatSchema { fields, source: schema.clone(), text_envelope })
