@@ -53,15 +53,61 @@ fn is_compact_ascii(text: &str) -> bool {
     crate::structured::scan::is_compact_ascii(bytes)
 }
 
-/// The goal as the user message shows it (compact JSON): once per run, not once per call.
+/// The goal as the user message shows it: compact JSON, as `serde_json::to_string` writes it
+/// (strings escaped by the same rules, without its serializer's per-byte table walk); once per
+/// run, not once per call.
 pub fn goal_json(goal: &Map<String, Value>) -> String {
-    serde_json::to_string(goal).unwrap_or_else(|_| "{}".into())
+    let mut out = String::with_capacity(64);
+    write_object(&mut out, goal);
+    out
+}
+
+fn write_object(out: &mut String, map: &Map<String, Value>) {
+    out.push('{');
+    for (i, (k, v)) in map.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        crate::structured::push_json_string(out, k);
+        out.push(':');
+        write_value(out, v);
+    }
+    out.push('}');
+}
+
+fn write_value(out: &mut String, v: &Value) {
+    match v {
+        Value::String(s) => crate::structured::push_json_string(out, s),
+        Value::Object(map) => write_object(out, map),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(out, item);
+            }
+            out.push(']');
+        }
+        // null, booleans and numbers: serde_json's own text.
+        scalar => out.push_str(&scalar.to_string()),
+    }
 }
 
 /// `goal:` line, then `packed chunks:` (only with a prefetch pack), then `prior stage outputs:`
 /// (only with notes); one `- ` item per line. `goal_json` is [`goal_json`] of the run's goal.
 pub fn user_message(goal_json: &str, chunks: &[String], notes: &[String]) -> String {
-    let mut out = String::with_capacity(goal_json.len() + 64 + notes.iter().map(String::len).sum::<usize>());
+    let mut out = String::new();
+    write_user_message(&mut out, goal_json, chunks, notes);
+    out
+}
+
+/// [`user_message`] into `out` (cleared first), so that a run reuses one buffer for its calls.
+pub fn write_user_message(out: &mut String, goal_json: &str, chunks: &[String], notes: &[String]) {
+    out.clear();
+    // Room to spare: the messages of a run grow by a note per stage, and one buffer serves them.
+    let want = goal_json.len() + 64 + chunks.iter().map(|c| c.len() + 3).sum::<usize>() + notes.iter().map(|n| n.len() + 3).sum::<usize>();
+    out.reserve(want.next_power_of_two().max(512));
     out.push_str("goal: ");
     out.push_str(goal_json);
     if !chunks.is_empty() {
@@ -78,7 +124,6 @@ pub fn user_message(goal_json: &str, chunks: &[String], notes: &[String]) -> Str
             out.push_str(n);
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -94,6 +139,20 @@ mod tests {
             user_message(&goal, &["kb  article\n1".into()], &["intake: {\"a\":1}".into()]),
             "goal: {\"ticket\":\"charged twice\",\"n\":2}\npacked chunks:\n- kb article 1\nprior stage outputs:\n- intake: {\"a\":1}"
         );
+    }
+
+    #[test]
+    fn the_goal_is_written_as_serde_json_writes_it() {
+        let goals = [
+            r#"{}"#,
+            r#"{"ticket":"I was charged twice","n":2,"x":1.5,"big":12345678901234567890,"neg":-0.0}"#,
+            r#"{"q":"quote \" backslash \\ tab \t nl \n ctl \u0001 del \u007f é 😀 \u2028"}"#,
+            r#"{"nested":{"a":[1,"two",null,true,false,{"b":[]}],"e":{}},"k\"ey":"v"}"#,
+        ];
+        for text in goals {
+            let goal: Map<String, Value> = serde_json::from_str(text).unwrap();
+            assert_eq!(goal_json(&goal), serde_json::to_string(&goal).unwrap(), "{text}");
+        }
     }
 
     #[test]

@@ -229,6 +229,8 @@ struct RunState {
     structured: Vec<(Arc<str>, String)>,
     /// The goal's compact JSON, made at the run's first model call, shown in every call's message.
     goal_json: Option<String>,
+    /// The last model call's user message, its buffer reused by the next.
+    user_buf: String,
     /// Visits per node, indexed by node index (a handful of nodes: no hashing).
     visits: Vec<u32>,
     /// Model turns of the decision loop.
@@ -861,7 +863,9 @@ impl Runner {
                     return Err((Some(stage.id().to_owned()), f));
                 }
             }
-            self.checkpoint(run, state).await.map_err(|f| (Some(stage.id().to_owned()), f))?;
+            if run.journal.is_some() {
+                self.checkpoint(run, state).await.map_err(|f| (Some(stage.id().to_owned()), f))?;
+            }
             match route.next_step(node, |c| condition_holds(c, state)) {
                 NextStep::Go(next) => node = next,
                 NextStep::End => return Ok(Finish::Completed),
@@ -1018,7 +1022,9 @@ impl Runner {
     async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
         let Run { route, goal, prefetch, events, cancel, .. } = *run;
         let goal_json = state.goal_json.get_or_insert_with(|| message::goal_json(goal));
-        let user = message::user_message(goal_json, prefetch, &state.notes);
+        // One buffer for the run's user messages (a journalled run keeps each in its entry).
+        let mut user = std::mem::take(&mut state.user_buf);
+        message::write_user_message(&mut user, goal_json, prefetch, &state.notes);
         let idx = match state.llm_calls.iter().position(|(id, _)| **id == *stage.id()) {
             Some(i) => i,
             None => {
@@ -1078,6 +1084,8 @@ impl Runner {
             state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value });
             // Recorded at once: a run recovered after a crash does not ask the model again.
             self.checkpoint(run, state).await?;
+        } else {
+            state.user_buf = user;
         }
         Ok(reply.value)
     }

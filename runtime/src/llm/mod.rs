@@ -150,15 +150,16 @@ pub struct LlmReply {
     pub value: ReplyValue,
     pub meta: ReplyMeta,
     /// The reply text as received, when the value is not that text itself (structured replies
-    /// and decisions): what a run journal records so the reply can be read again.
-    pub raw: Option<String>,
+    /// and decisions): what a run journal records so the reply can be read again. Shared, not
+    /// copied, when the backend keeps the text (the stub's scripts).
+    pub raw: Option<Arc<str>>,
 }
 
 impl LlmReply {
     /// The reply as the backend received it.
     pub fn raw_text(&self) -> String {
         match (&self.raw, &self.value) {
-            (Some(raw), _) => raw.clone(),
+            (Some(raw), _) => raw.to_string(),
             (None, value) => value.slot_value(),
         }
     }
@@ -258,8 +259,27 @@ impl<L: Llm + ?Sized> Llm for std::sync::Arc<L> {
 /// bindable schema, the text itself otherwise. Every backend ends with this call.
 /// A failure keeps the reply's [`ReplyMeta`].
 pub fn finish_reply(output: &OutputSpec, raw: String, meta: ReplyMeta) -> Result<LlmReply, LlmError> {
-    let value = match output {
-        OutputSpec::Bindable(schema) => match structured::decode_reply(schema, &raw) {
+    match read_reply(output, &raw) {
+        None => Ok(LlmReply { value: ReplyValue::Text(raw), meta, raw: None }),
+        Some(Ok(value)) => Ok(LlmReply { value, meta, raw: Some(raw.into()) }),
+        Some(Err(e)) => Err(e.with_reply(meta, raw)),
+    }
+}
+
+/// [`finish_reply`] of a text the backend keeps (the stub's scripted replies): shared with the
+/// reply, not copied into it.
+pub fn finish_shared_reply(output: &OutputSpec, raw: &Arc<str>, meta: ReplyMeta) -> Result<LlmReply, LlmError> {
+    match read_reply(output, raw) {
+        None => Ok(LlmReply { value: ReplyValue::Text(raw.to_string()), meta, raw: None }),
+        Some(Ok(value)) => Ok(LlmReply { value, meta, raw: Some(raw.clone()) }),
+        Some(Err(e)) => Err(e.with_reply(meta, raw.to_string())),
+    }
+}
+
+/// The value `output` makes of a reply's text; `None` for a plain text call (the text itself).
+fn read_reply(output: &OutputSpec, raw: &str) -> Option<Result<ReplyValue, LlmError>> {
+    Some(match output {
+        OutputSpec::Bindable(schema) => match structured::decode_reply(schema, raw) {
             Ok(decoded) => Ok(ReplyValue::Structured(decoded)),
             Err(e) => {
                 let class = match e {
@@ -269,13 +289,7 @@ pub fn finish_reply(output: &OutputSpec, raw: String, meta: ReplyMeta) -> Result
                 Err(LlmError::new(class, e.detail().to_owned()))
             }
         },
-        OutputSpec::Decision(spec) => spec.parse_json(&raw).map(ReplyValue::Decision).map_err(LlmError::from),
-        OutputSpec::Text | OutputSpec::Unbindable { .. } => {
-            return Ok(LlmReply { value: ReplyValue::Text(raw), meta, raw: None });
-        }
-    };
-    match value {
-        Ok(value) => Ok(LlmReply { value, meta, raw: Some(raw) }),
-        Err(e) => Err(e.with_reply(meta, raw)),
-    }
+        OutputSpec::Decision(spec) => spec.parse_json(raw).map(ReplyValue::Decision).map_err(LlmError::from),
+        OutputSpec::Text | OutputSpec::Unbindable { .. } => return None,
+    })
 }

@@ -17,18 +17,19 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use indexmap::IndexMap;
 
-use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta, ReplyValue, Usage, finish_reply};
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta, ReplyValue, Usage, finish_shared_reply};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::llm::OutputSpec;
 use crate::structured::{FieldType, Scalar};
 use crate::yaml::{self, Ctx, Value};
 
 /// A route's script: stage id → replies in call order.
-type Script = IndexMap<String, Vec<String>, foldhash::fast::RandomState>;
+type Script = IndexMap<String, Vec<Arc<str>>, foldhash::fast::RandomState>;
 
 #[derive(Debug, Default, Clone)]
 pub struct StubLlm {
@@ -92,8 +93,8 @@ impl StubLlm {
                         let Some(items) = ctx.seq(replies, &format!("replies of stage `{}`", key.name)) else { continue };
                         let lines = items.iter().filter_map(|i| match &i.value {
                             // A mapping is accepted and sent as its compact JSON, for readability.
-                            Value::Map(_) => Some(yaml::to_json(i).to_string()),
-                            _ => ctx.string(i, "a scripted reply"),
+                            Value::Map(_) => Some(yaml::to_json(i).to_string().into()),
+                            _ => ctx.string(i, "a scripted reply").map(Arc::from),
                         });
                         stages.insert(key.name.clone(), lines.collect());
                     }
@@ -121,7 +122,7 @@ impl StubLlm {
 
     /// Adds or replaces a route's script (library users and tests).
     pub fn script(mut self, route_id: &str, stage_id: &str, replies: &[&str]) -> StubLlm {
-        self.scripts.entry(route_id.to_owned()).or_default().insert(stage_id.to_owned(), replies.iter().map(|s| s.to_string()).collect());
+        self.scripts.entry(route_id.to_owned()).or_default().insert(stage_id.to_owned(), replies.iter().map(|s| Arc::from(*s)).collect());
         self
     }
 
@@ -142,7 +143,7 @@ impl StubLlm {
         out
     }
 
-    fn reply_for(&self, req: &LlmRequest<'_>) -> Result<String, LlmError> {
+    fn reply_for(&self, req: &LlmRequest<'_>) -> Result<Arc<str>, LlmError> {
         if let Some(problems) = self.problems(req.route_id) {
             // Runs are refused at start; a child run of such a route ends here.
             let first = problems.first().map(ToString::to_string).unwrap_or_default();
@@ -170,7 +171,7 @@ impl StubLlm {
                 format!("unexpected call to stage `{}` of route `{}`: it has no script", req.stage_id, req.route_id),
             ));
         }
-        Ok(generated_reply(req))
+        Ok(generated_reply(req).into())
     }
 }
 
@@ -191,9 +192,9 @@ impl Llm for StubLlm {
             // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
             OutputSpec::Decision(spec) => match spec.parse_text(&raw) {
                 Ok(decision) => Ok(LlmReply { value: ReplyValue::Decision(decision), meta, raw: Some(raw) }),
-                Err(e) => Err(LlmError::from(e).with_reply(meta, raw)),
+                Err(e) => Err(LlmError::from(e).with_reply(meta, raw.to_string())),
             },
-            _ => finish_reply(req.output, raw, meta),
+            _ => finish_shared_reply(req.output, &raw, meta),
         }
     }
 

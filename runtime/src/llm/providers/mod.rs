@@ -280,7 +280,7 @@ impl<C: Codec> Llm for HttpBackend<C> {
         {
             return match finish_reply(req.output, inner, meta) {
                 Ok(mut reply) => {
-                    reply.raw = Some(text);
+                    reply.raw = Some(text.into());
                     Ok(reply)
                 }
                 Err(mut e) => {
