@@ -352,12 +352,17 @@ impl RunEvents {
     }
 
     /// Emits one event. `data` builds its type-specific fields; it is not called when the sink
-    /// drops events, so a run without an event consumer pays nothing for them.
+    /// drops events, so a run without an event consumer pays nothing for them (the check is
+    /// inlined at every call site).
+    #[inline]
     pub fn emit(&self, kind: EventKind, stage_id: Option<&str>, data: impl FnOnce() -> Map<String, Value>) {
         if !self.enabled || self.muted.load(Ordering::Relaxed) {
             return;
         }
-        let data = data();
+        self.send(kind, stage_id, data());
+    }
+
+    fn send(&self, kind: EventKind, stage_id: Option<&str>, data: Map<String, Value>) {
         let event = Event {
             kind,
             run_id: self.run_id.clone(),

@@ -241,7 +241,8 @@ struct RunState {
     pending: Vec<JournalEntry>,
     /// A recovered or replayed run: what its journal says happened, not yet caught up with.
     replay: Option<Replay>,
-    llm_calls: Vec<(Arc<str>, u32)>,
+    /// Model calls per stage of this route: (route, stage, calls), as the result reports them.
+    llm_calls: Vec<(Arc<str>, Arc<str>, u32)>,
     child_calls: Vec<(Arc<str>, Arc<str>, u32)>,
     last_output: Option<Last>,
 }
@@ -303,7 +304,7 @@ fn top_events(run_id: &str, route: &Route, sink: Arc<dyn EventSink>, first_seq: 
 /// The result of a run that stopped without its process: what its journal holds (slots, notes,
 /// the last output), failed with `class` and `message`.
 pub fn result_from_journal(run_id: &str, route_id: &str, history: &[JournalEntry], class: ReasonClass, message: &str) -> RunResult {
-    let state = RunState::from_history("", history);
+    let state = RunState::from_history(&Arc::from(route_id), "", history);
     RunResult {
         run_id: run_id.to_owned(),
         route_id: route_id.to_owned(),
@@ -326,6 +327,13 @@ impl<'a> Run<'a> {
 }
 
 impl RunState {
+    /// A new run's state, with room for each of the route's stages (its slots and their
+    /// counters are then made once, not grown stage by stage).
+    fn for_route(route: &Route) -> RunState {
+        let stages = route.graph().node_count();
+        RunState { slots: Slots::with_capacity_and_hasher(stages, Default::default()), visits: vec![0; stages], ..RunState::default() }
+    }
+
     /// The next journal entry a replay expects, if replaying.
     fn replay_front(&self) -> Option<&JournalEntry> {
         self.replay.as_ref().and_then(|r| r.entries.front())
@@ -370,13 +378,13 @@ impl RunState {
     }
     /// The state a journal describes: notes, slots and the last output in order, model calls per
     /// stage, the decision loop's turns (the calls of its `decide` node).
-    fn from_history(decide_id: &str, history: &[JournalEntry]) -> RunState {
+    fn from_history(route_id: &Arc<str>, decide_id: &str, history: &[JournalEntry]) -> RunState {
         let mut state = RunState::default();
         for entry in history {
             match entry {
-                JournalEntry::ModelReply { stage_id, .. } => match state.llm_calls.iter_mut().find(|(id, _)| **id == **stage_id) {
-                    Some(c) => c.1 += 1,
-                    None => state.llm_calls.push((stage_id.as_str().into(), 1)),
+                JournalEntry::ModelReply { stage_id, .. } => match state.llm_calls.iter_mut().find(|(_, id, _)| **id == **stage_id) {
+                    Some(c) => c.2 += 1,
+                    None => state.llm_calls.push((route_id.clone(), stage_id.as_str().into(), 1)),
                 },
                 JournalEntry::StageCompleted { stage_id, value, note } => {
                     state.stages_started += 1;
@@ -391,7 +399,7 @@ impl RunState {
                 JournalEntry::UserReply { note, .. } => state.notes.push(note.clone()),
             }
         }
-        state.turns = state.llm_calls.iter().find(|(id, _)| **id == *decide_id).map_or(0, |c| c.1);
+        state.turns = state.llm_calls.iter().find(|(_, id, _)| **id == *decide_id).map_or(0, |c| c.2);
         state
     }
 }
@@ -545,7 +553,7 @@ impl Runner {
         let route = self.route(&req.route_id)?.clone();
         let events = top_events(&run_id, &route, sink, 1, journal);
         let run = Run::top(&route, &req, &events, &cancel, journal);
-        Ok(self.run_route(run, &Context::current(), RunState::default(), None).await)
+        Ok(self.run_route(run, &Context::current(), RunState::for_route(&route), None).await)
     }
 
     /// Continues a decision-loop run that asked the user: its state is rebuilt from `history`,
@@ -564,7 +572,7 @@ impl Runner {
             return Err(StartError::NotResumable { route: route.id().to_owned() });
         }
         let events = top_events(&cont.run_id, &route, sink, cont.next_seq, journal);
-        let mut state = RunState::from_history(route.entry_node().id(), &cont.history);
+        let mut state = RunState::from_history(route.shared_id(), route.entry_node().id(), &cont.history);
         let note = message::compress_note(&format!("user: {}", cont.reply));
         state.notes.push(note.clone());
         if journal.is_some() {
@@ -687,7 +695,7 @@ impl Runner {
                     divergences.push(format!("the run ended before the journal did; it still has {}", rest.join(", ")));
                 }
             }
-            let mut llm_calls: Vec<(Arc<str>, Arc<str>, u32)> = state.llm_calls.iter().map(|(s, n)| (route.shared_id().clone(), s.clone(), *n)).collect();
+            let mut llm_calls = std::mem::take(&mut state.llm_calls);
             llm_calls.append(&mut state.child_calls);
             let mut result = RunResult {
                 run_id: events.run_id().to_owned(),
@@ -1025,14 +1033,14 @@ impl Runner {
         // One buffer for the run's user messages (a journalled run keeps each in its entry).
         let mut user = std::mem::take(&mut state.user_buf);
         message::write_user_message(&mut user, goal_json, prefetch, &state.notes);
-        let idx = match state.llm_calls.iter().position(|(id, _)| **id == *stage.id()) {
+        let idx = match state.llm_calls.iter().position(|(_, id, _)| **id == *stage.id()) {
             Some(i) => i,
             None => {
-                state.llm_calls.push((stage.shared_id().clone(), 0));
+                state.llm_calls.push((route.shared_id().clone(), stage.shared_id().clone(), 0));
                 state.llm_calls.len() - 1
             }
         };
-        let turn = &mut state.llm_calls[idx].1;
+        let turn = &mut state.llm_calls[idx].2;
         let req = LlmRequest {
             events,
             route_id: route.id(),
@@ -1101,7 +1109,7 @@ impl Runner {
         // A child run is recorded in its parent's journal through the stage's result.
         let child =
             Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps()), cancel, journal: None };
-        let result = self.run_route(child, cx, RunState::default(), None).await;
+        let result = self.run_route(child, cx, RunState::for_route(&route), None).await;
         state.child_calls.extend(result.llm_calls.iter().cloned());
         match result.status {
             RunStatus::Completed => Ok(result.output.unwrap_or_default()),

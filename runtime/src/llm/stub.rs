@@ -182,7 +182,9 @@ impl Llm for StubLlm {
 
     async fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> Result<LlmReply, LlmError> {
         if !self.latency.is_zero() {
-            tokio::time::sleep(self.latency).await;
+            // Boxed: most calls have no latency, and the timer would make every call's future
+            // (boxed once per call, copied into its box) larger.
+            Box::pin(tokio::time::sleep(self.latency)).await;
         }
         let raw = self.reply_for(req)?;
         // Token counts the way a real reply would report them, so telemetry has figures.

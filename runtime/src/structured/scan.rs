@@ -39,6 +39,14 @@ fn word(chunk: &[u8]) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// The last 0..8 bytes as a word, the rest of it `fill` (a text's tail gets one word's test
+/// instead of a loop over its bytes).
+fn tail_word(rest: &[u8], fill: u8) -> u64 {
+    let mut b = [fill; 8];
+    b[..rest.len()].copy_from_slice(rest);
+    u64::from_le_bytes(b)
+}
+
 /// Where the first stretch scanned eight bytes at a time ends: past it `memchr` is faster.
 const SHORT: usize = 64;
 
@@ -54,8 +62,12 @@ pub fn plain_run(bytes: &[u8]) -> usize {
         }
         at += 8;
     }
-    if let Some(i) = chunks.remainder().iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20) {
-        return at + i;
+    let rest = chunks.remainder();
+    if !rest.is_empty() || bytes.len() < SHORT {
+        // Filled with zeros, which end a run: the first ender is a real one, or the first fill
+        // byte, which is where the text ends.
+        let m = run_enders(tail_word(rest, 0));
+        return at + ((m.trailing_zeros() / 8) as usize).min(rest.len());
     }
     let Some(tail) = bytes.get(SHORT..) else { return bytes.len() };
     let end = memchr::memchr2(b'"', b'\\', tail).unwrap_or(tail.len());
@@ -85,13 +97,14 @@ pub fn is_compact_ascii(bytes: &[u8]) -> bool {
         }
         space_before = spaces >> 56 != 0;
     }
-    for &b in chunks.remainder() {
-        if !(0x20..=0x7e).contains(&b) || (space_before && b == b' ') {
-            return false;
-        }
-        space_before = b == b' ';
+    let rest = chunks.remainder();
+    if rest.is_empty() {
+        return true;
     }
-    true
+    // Filled with `x`, which is printable and no space: only the real bytes can fail.
+    let x = tail_word(rest, b'x');
+    let spaces = bytes_equal(x, b' ');
+    bytes_below(x, 0x20) | bytes_above_tilde(x) == 0 && spaces & (spaces >> 8) == 0 && !(space_before && spaces & 0x80 != 0)
 }
 
 #[cfg(test)]
