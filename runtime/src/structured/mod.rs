@@ -61,10 +61,22 @@ impl Decoded {
 
 /// Reads, validates and serialises one raw reply against a bindable schema.
 pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeError> {
-    let parsed = pyjson::parse(raw).map_err(|e| DecodeError::InvalidJson(e.to_string()))?;
-    let PyJson::Object(entries) = parsed else {
-        return Err(DecodeError::SchemaValidation(format!("expected an object, got {}", parsed.kind())));
+    let fields = schema.fields();
+    // The reply's value of each field (most schemas have a few: no list is allocated for them).
+    let mut few: [Option<PyJson<'_>>; 8] = Default::default();
+    let mut many = Vec::new();
+    let found: &mut [Option<PyJson<'_>>] = if fields.len() <= few.len() {
+        &mut few[..fields.len()]
+    } else {
+        many.resize(fields.len(), None);
+        &mut many
     };
+    let index = |key: &str| fields.iter().position(|f| f.name == key);
+    match pyjson::parse_object_fields(raw, index, found) {
+        Err(e) => return Err(DecodeError::InvalidJson(e.to_string())),
+        Ok(Err(kind)) => return Err(DecodeError::SchemaValidation(format!("expected an object, got {kind}"))),
+        Ok(Ok(())) => {}
+    }
     let mut compact = String::with_capacity(raw.len() + 16);
     compact.push('{');
     let mut text: Option<String> = None;
@@ -77,8 +89,7 @@ pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeErr
         // Written once, when the schema was read.
         compact.push_str(field.name_json());
         compact.push(':');
-        let value = entries.iter().find(|(k, _)| *k == field.name).map(|(_, v)| v);
-        match validate(field, value) {
+        match validate(field, found[idx].as_ref()) {
             Ok(out) => {
                 if let Out::Str(s, _) = &out {
                     match field.name.as_str() {

@@ -100,6 +100,35 @@ pub fn parse(text: &str) -> Result<PyJson<'_>, JsonError> {
     Ok(v)
 }
 
+/// Reads `text` as [`parse`] does, when the value is an object keeping only the members that
+/// `index` places (`out[i]`, the last of a repeated key, as a dict keeps it; the others are read
+/// and dropped): a structured reply is looked up field by field, without a list of its members.
+/// `Ok(Err(kind))`: valid JSON, but not an object.
+pub fn parse_object_fields<'a>(
+    text: &'a str,
+    index: impl Fn(&str) -> Option<usize>,
+    out: &mut [Option<PyJson<'a>>],
+) -> Result<Result<(), &'static str>, JsonError> {
+    let mut p = Parser { text, s: text.as_bytes(), i: 0, depth: 0 };
+    p.ws();
+    let kind = if p.s.get(p.i) == Some(&b'{') {
+        p.depth = 1;
+        p.members(|key, value| {
+            if let Some(i) = index(&key) {
+                out[i] = Some(value);
+            }
+        })?;
+        None
+    } else {
+        Some(p.value()?.kind())
+    };
+    p.ws();
+    if p.i != p.s.len() {
+        return Err(p.err("extra data after the value"));
+    }
+    Ok(kind.map_or(Ok(()), Err))
+}
+
 struct Parser<'a> {
     /// The text, for slicing runs of a string out without validating them again.
     text: &'a str,
@@ -159,11 +188,23 @@ impl<'a> Parser<'a> {
     }
 
     fn object(&mut self) -> Result<PyJson<'a>, JsonError> {
-        self.i += 1;
         let mut entries: Vec<(Cow<'a, str>, PyJson<'a>)> = Vec::new();
+        self.members(|key, value| {
+            // dict semantics: a repeated key keeps its first position and takes the last value.
+            match entries.iter_mut().find(|(k, _)| *k == key) {
+                Some(slot) => slot.1 = value,
+                None => entries.push((key, value)),
+            }
+        })?;
+        Ok(PyJson::Object(entries))
+    }
+
+    /// Reads an object's members (the reader is at its `{`), handing each to `each` in order.
+    fn members(&mut self, mut each: impl FnMut(Cow<'a, str>, PyJson<'a>)) -> Result<(), JsonError> {
+        self.i += 1;
         self.ws();
         if self.eat("}") {
-            return Ok(PyJson::Object(entries));
+            return Ok(());
         }
         loop {
             self.ws();
@@ -177,17 +218,13 @@ impl<'a> Parser<'a> {
             }
             self.ws();
             let value = self.value()?;
-            // dict semantics: a repeated key keeps its first position and takes the last value.
-            match entries.iter_mut().find(|(k, _)| *k == key) {
-                Some(slot) => slot.1 = value,
-                None => entries.push((key, value)),
-            }
+            each(key, value);
             self.ws();
             if self.eat(",") {
                 continue;
             }
             if self.eat("}") {
-                return Ok(PyJson::Object(entries));
+                return Ok(());
             }
             return Err(self.err("expecting ',' delimiter"));
         }
@@ -337,6 +374,22 @@ impl<'a> Parser<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn object_fields_are_read_as_a_dict_keeps_them() {
+        let names = ["a", "b"];
+        let index = |k: &str| names.iter().position(|n| *n == k);
+        let mut out = [None, None];
+        let text = r#" {"a": 1, "x": {"deep": [1, 2]}, "a": "last", "b": null} "#;
+        assert_eq!(parse_object_fields(text, index, &mut out), Ok(Ok(())));
+        assert_eq!(out, [Some(PyJson::Str("last".into())), Some(PyJson::Null)]);
+        // Not an object, but JSON: its kind; not JSON: the same error as `parse`.
+        let mut out = [None, None];
+        assert_eq!(parse_object_fields("[1]", index, &mut out), Ok(Err("array")));
+        for bad in [r#"{"a": 1,}"#, r#"{"a": 1} x"#, "{", &format!("{}1{}", "{\"a\":[".repeat(600), "]}".repeat(600))] {
+            assert_eq!(parse_object_fields(bad, index, &mut [None, None]).err(), parse(bad).err(), "{bad}");
+        }
+    }
 
     #[test]
     fn python_extensions_and_edges() {
