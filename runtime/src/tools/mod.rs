@@ -148,25 +148,26 @@ impl HttpTools {
         Ok(HttpTools { client, origins: Default::default(), targets: Default::default(), lean: !proxied })
     }
 
-    /// One request, its response read whole (up to `max` bytes), within `left`.
+    /// One request, its response read whole (up to `max` bytes), by `deadline`.
     async fn exchange(
         &self,
         origin: &Origin,
         post: bool,
         url: &reqwest::Url,
         args: &Map<String, Value>,
-        left: Duration,
+        deadline: tokio::time::Instant,
         invoke: &Invoke,
     ) -> Result<Exchanged, ToolError> {
         let max = invoke.max_response_bytes;
         if self.lean && lean_takes(url) {
             let body = if post { serde_json::to_vec(args).unwrap_or_default() } else { Vec::new() };
-            return match tokio::time::timeout(left, origin.exchange(url, post, &body, max)).await {
+            return match tokio::time::timeout_at(deadline, origin.exchange(url, post, &body, max)).await {
                 Ok(r) => r,
                 Err(_) => Err(ToolError { class: ReasonClass::ToolTimeout, message: format!("no response within {} ms", invoke.timeout.as_millis()) }),
             };
         }
         let request = if post { self.client.post(url.clone()).json(args) } else { self.client.get(url.clone()) };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let mut response = request.timeout(left).send().await.map_err(|e| classify(e, invoke.timeout))?;
         let status = response.status().as_u16();
         let location = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok()).map(str::to_owned);
@@ -244,18 +245,24 @@ impl HttpTools {
             }
             HttpMethod::Post => {}
         }
-        let _permit = target.origin.gate.acquire().await.map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() })?;
+        // Most calls find room at once: their timeout then starts with the call (no clock read).
+        let (_permit, room_at) = match target.origin.gate.try_acquire() {
+            Ok(permit) => (permit, started),
+            Err(_) => {
+                let closed = |_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() };
+                (target.origin.gate.acquire().await.map_err(closed)?, Instant::now())
+            }
+        };
         // Redirects are followed here rather than by the client: its redirect layer parses every
         // request's URL again, which was a fifth of a loopback call. The rules are the same:
         // within the first URL's origin only, at most MAX_REDIRECTS, and the timeout covers all.
         // The timeout starts once the origin has room for the request, as it always did: a
         // burst queued behind the per-origin limit waits for its turn, not against its timeout.
-        let deadline = Instant::now() + invoke.timeout;
+        let deadline = tokio::time::Instant::from_std(room_at + invoke.timeout);
         let mut post = invoke.method == HttpMethod::Post;
         let mut hops = 0;
         let exchanged = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let exchanged = self.exchange(&target.origin, post, &parsed, args, left, invoke).await?;
+            let exchanged = self.exchange(&target.origin, post, &parsed, args, deadline, invoke).await?;
             let status = exchanged.status;
             let Some(location) = exchanged.location.as_deref().filter(|_| matches!(status, 301 | 302 | 303 | 307 | 308)) else { break exchanged };
             // A `Location` that is no URL: the redirect response itself is the answer (a 3xx,
@@ -332,25 +339,27 @@ const IDLE_MAX: Duration = Duration::from_secs(30);
 impl Origin {
     /// The most recently used idle connection that is still open; those idle too long go.
     fn take(&self) -> Option<http1::Conn> {
+        let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        Self::expire(&mut idle);
+        Self::expire(&mut idle, now);
         // Nobody read from it while it was idle: what the server sent meanwhile, a close above
         // all, is seen now, before a request is written to a dead connection.
-        std::iter::from_fn(|| idle.pop()).find(http1::Conn::alive)
+        std::iter::from_fn(|| idle.pop()).find(|c| c.alive(now))
     }
 
     fn give_back(&self, mut conn: http1::Conn) {
-        conn.idle_since = Instant::now();
+        let now = Instant::now();
+        conn.idle_since = now;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        Self::expire(&mut idle);
+        Self::expire(&mut idle, now);
         if idle.len() < MAX_IN_FLIGHT_PER_ORIGIN {
             idle.push(conn);
         }
     }
 
     /// Closes the connections idle for longer than [`IDLE_MAX`] (the oldest are first).
-    fn expire(idle: &mut Vec<http1::Conn>) {
-        let stale = idle.iter().take_while(|c| c.idle_since.elapsed() >= IDLE_MAX).count();
+    fn expire(idle: &mut Vec<http1::Conn>, now: Instant) {
+        let stale = idle.iter().take_while(|c| now.saturating_duration_since(c.idle_since) >= IDLE_MAX).count();
         idle.drain(..stale);
     }
 
