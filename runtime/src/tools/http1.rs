@@ -489,9 +489,22 @@ fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+
+    /// Reads one request head from a raw socket, byte by byte; `None` once the peer closed.
+    pub(in crate::tools) async fn read_head(socket: &mut TcpStream) -> Option<Vec<u8>> {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if socket.read(&mut byte).await.ok()? == 0 {
+                return None;
+            }
+            head.push(byte[0]);
+        }
+        Some(head)
+    }
 
     /// A loopback server that reads one request head and answers it with `parts`, written one
     /// after the other (so a response arrives split where the test says), then keeps the
@@ -501,13 +514,8 @@ mod tests {
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                if socket.read(&mut byte).await.unwrap_or(0) == 0 {
-                    return;
-                }
-                head.push(byte[0]);
+            if read_head(&mut socket).await.is_none() {
+                return;
             }
             for part in parts {
                 socket.write_all(&part).await.unwrap();
@@ -669,12 +677,7 @@ mod tests {
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                socket.read_exact(&mut byte).await.unwrap();
-                head.push(byte[0]);
-            }
+            read_head(&mut socket).await.unwrap();
             socket.write_all(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbig!").await.unwrap();
             tokio::time::sleep(std::time::Duration::from_secs(30)).await;
         });

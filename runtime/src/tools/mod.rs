@@ -477,7 +477,7 @@ mod tests {
         answers: usize,
         close: bool,
     ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let heads: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
@@ -489,14 +489,7 @@ mod tests {
                 let seen = seen.clone();
                 tokio::spawn(async move {
                     for _ in 0..answers {
-                        let mut head = Vec::new();
-                        let mut byte = [0u8; 1];
-                        while !head.ends_with(b"\r\n\r\n") {
-                            if socket.read(&mut byte).await.unwrap_or(0) == 0 {
-                                return;
-                            }
-                            head.push(byte[0]);
-                        }
+                        let Some(head) = http1::tests::read_head(&mut socket).await else { return };
                         seen.lock().unwrap().push(String::from_utf8_lossy(&head).into_owned());
                         let body = r#"{"ok":true}"#;
                         let connection = if close { "Connection: close\r\n" } else { "" };
@@ -546,14 +539,7 @@ mod tests {
     /// Reads one request head (and a body of its `content-length`) from a raw socket.
     async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<String> {
         use tokio::io::AsyncReadExt;
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            if socket.read(&mut byte).await.ok()? == 0 {
-                return None;
-            }
-            head.push(byte[0]);
-        }
+        let head = http1::tests::read_head(socket).await?;
         let head = String::from_utf8_lossy(&head).to_lowercase();
         let length = head.lines().find_map(|l| l.strip_prefix("content-length: ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0);
         let mut body = vec![0u8; length];
