@@ -105,9 +105,12 @@ pub fn user_message(goal_json: &str, chunks: &[String], notes: &[String]) -> Str
 /// [`user_message`] into `out` (cleared first), so that a run reuses one buffer for its calls.
 pub fn write_user_message(out: &mut String, goal_json: &str, chunks: &[String], notes: &[String]) {
     out.clear();
-    // Room to spare: the messages of a run grow by a note per stage, and one buffer serves them.
-    let want = goal_json.len() + 64 + chunks.iter().map(|c| c.len() + 3).sum::<usize>() + notes.iter().map(|n| n.len() + 3).sum::<usize>();
-    out.reserve(want.next_power_of_two().max(512));
+    // What this message takes (a chunk is written compressed: at most NOTE_MAX_CHARS characters
+    // of up to four bytes), and at least 512: the messages of a run grow by a note per stage, and
+    // one buffer serves them all.
+    let chunk_bytes: usize = chunks.iter().map(|c| c.len().min(NOTE_MAX_CHARS * 4) + 3).sum();
+    let want = goal_json.len() + 64 + chunk_bytes + notes.iter().map(|n| n.len() + 3).sum::<usize>();
+    out.reserve(want.max(512));
     out.push_str("goal: ");
     out.push_str(goal_json);
     if !chunks.is_empty() {
@@ -139,6 +142,15 @@ mod tests {
             user_message(&goal, &["kb  article\n1".into()], &["intake: {\"a\":1}".into()]),
             "goal: {\"ticket\":\"charged twice\",\"n\":2}\npacked chunks:\n- kb article 1\nprior stage outputs:\n- intake: {\"a\":1}"
         );
+    }
+
+    #[test]
+    fn a_large_prefetch_chunk_does_not_size_the_buffer() {
+        let chunk = "word ".repeat(400_000);
+        let mut out = String::new();
+        write_user_message(&mut out, "{}", &[chunk], &[]);
+        assert!(out.len() < 2 * NOTE_MAX_CHARS, "{}", out.len());
+        assert!(out.capacity() < 64 * 1024, "a 2 MB chunk made a {}-byte buffer", out.capacity());
     }
 
     #[test]

@@ -226,7 +226,8 @@ pub trait Llm: Send + Sync {
 
     /// The same call without its box, for a decorator that wraps a known backend (the stack is
     /// composed statically: only its outermost layer is boxed, once per call). By default the
-    /// boxed call; the stub, the provider backends and the retry layer implement it unboxed.
+    /// boxed call; the stub, the provider backends and the retry layer implement it unboxed (a
+    /// backend behind a `Box<dyn Llm>`, as providers chosen at run time are, takes the default).
     fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> impl Future<Output = Result<LlmReply, LlmError>> + Send + 'a
     where
         Self: Sized,

@@ -213,7 +213,8 @@ impl HttpTools {
 
     /// Calls `url` (already resolved from the catalogue) with `args`.
     pub async fn send(&self, invoke: &Invoke, url: &str, args: &Map<String, Value>) -> Result<ToolOutput, ToolError> {
-        let started = Instant::now();
+        // The runtime's clock (tokio's), as its timers use it: a paused test clock stays one clock.
+        let started = tokio::time::Instant::now();
         let target = self.target(url)?;
         let mut parsed = target.url.clone();
         match invoke.method {
@@ -245,12 +246,11 @@ impl HttpTools {
             }
             HttpMethod::Post => {}
         }
-        // Most calls find room at once: their timeout then starts with the call (no clock read).
-        let (_permit, room_at) = match target.origin.gate.try_acquire() {
-            Ok(permit) => (permit, started),
+        let _permit = match target.origin.gate.try_acquire() {
+            Ok(permit) => permit,
             Err(_) => {
                 let closed = |_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() };
-                (target.origin.gate.acquire().await.map_err(closed)?, Instant::now())
+                target.origin.gate.acquire().await.map_err(closed)?
             }
         };
         // Redirects are followed here rather than by the client: its redirect layer parses every
@@ -258,7 +258,7 @@ impl HttpTools {
         // within the first URL's origin only, at most MAX_REDIRECTS, and the timeout covers all.
         // The timeout starts once the origin has room for the request, as it always did: a
         // burst queued behind the per-origin limit waits for its turn, not against its timeout.
-        let deadline = tokio::time::Instant::from_std(room_at + invoke.timeout);
+        let deadline = tokio::time::Instant::now() + invoke.timeout;
         let mut post = invoke.method == HttpMethod::Post;
         let mut hops = 0;
         let exchanged = loop {
