@@ -598,7 +598,8 @@ impl Runner {
         let events = top_events(&run_id, &route, sink, next_seq, journal);
         let replaying = !history.is_empty();
         events.set_muted(replaying);
-        let state = RunState { replay: replaying.then(|| Replay { entries: history.into(), strict: false, divergences: Vec::new() }), ..RunState::default() };
+        let state =
+            RunState { replay: replaying.then(|| Replay { entries: history.into(), strict: false, divergences: Vec::new() }), ..RunState::for_route(&route) };
         let run = Run::top(&route, &req, &events, &cancel, journal);
         Ok(self.run_route(run, &Context::current(), state, None).await)
     }
@@ -636,7 +637,7 @@ impl Runner {
     pub async fn replay(&self, req: RunRequest, history: Vec<JournalEntry>) -> Result<ReplayReport, StartError> {
         let route = self.route(&req.route_id)?.clone();
         let events = RunEvents::new(&new_run_id(), route.id(), None, Arc::new(crate::events::NullSink));
-        let state = RunState { replay: Some(Replay { entries: history.into(), strict: true, divergences: Vec::new() }), ..RunState::default() };
+        let state = RunState { replay: Some(Replay { entries: history.into(), strict: true, divergences: Vec::new() }), ..RunState::for_route(&route) };
         let cancel = Cancel::never();
         let run = Run::top(&route, &req, &events, &cancel, None);
         let mut result = self.run_route(run, &Context::current(), state, None).await;

@@ -133,12 +133,7 @@ impl Out<'_> {
             Out::Bool(b) => buf.push_str(if *b { "true" } else { "false" }),
             Out::Int(n) => buf.push_str(&n.to_json_text()),
             Out::Float(f) => number::push_float(buf, *f),
-            Out::Str(s, true) => {
-                buf.reserve(s.len() + 2);
-                buf.push('"');
-                buf.push_str(s);
-                buf.push('"');
-            }
+            Out::Str(s, true) => push_quoted(buf, s),
             Out::Str(s, false) => push_json_string(buf, s),
             Out::Json(v) => match v {
                 serde_json::Value::Number(n) if n.is_f64() => number::push_float(buf, n.as_f64().unwrap_or(f64::NAN)),
@@ -159,18 +154,25 @@ impl Out<'_> {
     }
 }
 
+/// `s` in quotes, as it is: a string known to need no escape.
+fn push_quoted(buf: &mut String, s: &str) {
+    buf.reserve(s.len() + 2);
+    buf.push('"');
+    buf.push_str(s);
+    buf.push('"');
+}
+
 pub(crate) fn push_json_string(buf: &mut String, s: &str) {
     // Escaped exactly as serde_json and pydantic-core do: `"`, `\`, and controls below 0x20
     // (`\b \t \n \f \r` short, the others `\u00xx`); everything else as it is. Written in
     // place: every structured reply goes through here, field by field.
-    buf.reserve(s.len() + 2);
-    buf.push('"');
     // Most strings have nothing to escape.
     if !scan::needs_json_escape(s.as_bytes()) {
-        buf.push_str(s);
-        buf.push('"');
+        push_quoted(buf, s);
         return;
     }
+    buf.reserve(s.len() + 2);
+    buf.push('"');
     let mut start = 0;
     for (i, b) in s.bytes().enumerate() {
         let short = match b {

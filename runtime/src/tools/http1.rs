@@ -99,6 +99,11 @@ fn broken(message: impl Into<String>) -> Failed {
     Failed::Error(ToolError { class: ReasonClass::ToolConnection, message: message.into() })
 }
 
+/// A read of the response that failed.
+fn broke_off(e: std::io::Error) -> Failed {
+    broken(format!("the response broke off: {e}"))
+}
+
 impl Conn {
     pub(super) fn new(stream: TcpStream) -> Conn {
         Conn { stream, buf: Vec::new(), idle_since: Instant::now() }
@@ -148,7 +153,7 @@ impl Conn {
                     let room = (body.capacity() - body.len()).min(n - body.len());
                     // Never past the body: what follows stays in the socket, where the next use
                     // of the connection sees it.
-                    let read = (&mut self.stream).take(room as u64).read_buf(&mut body).await.map_err(|e| broken(format!("the response broke off: {e}")))?;
+                    let read = (&mut self.stream).take(room as u64).read_buf(&mut body).await.map_err(broke_off)?;
                     if read == 0 {
                         return Err(broken("the response broke off: the connection closed before the body ended"));
                     }
@@ -168,7 +173,7 @@ impl Conn {
                         return Err(Failed::Error(too_large(max)));
                     }
                     body.reserve(READ_CHUNK);
-                    if self.stream.read_buf(&mut body).await.map_err(|e| broken(format!("the response broke off: {e}")))? == 0 {
+                    if self.stream.read_buf(&mut body).await.map_err(broke_off)? == 0 {
                         break;
                     }
                 }
@@ -350,7 +355,7 @@ impl Conn {
     /// Reads what the socket has (at least [`READ_CHUNK`] of room): the bytes read, 0 at its end.
     async fn fill(&mut self) -> Result<usize, Failed> {
         self.buf.reserve(READ_CHUNK);
-        self.stream.read_buf(&mut self.buf).await.map_err(|e| broken(format!("the response broke off: {e}")))
+        self.stream.read_buf(&mut self.buf).await.map_err(broke_off)
     }
 
     /// Reads more of a chunked body; its end there is an error.

@@ -97,7 +97,7 @@ struct Target {
 /// flight, and the plain-HTTP connections kept alive to it.
 #[derive(Debug)]
 struct Origin {
-    gate: Arc<tokio::sync::Semaphore>,
+    gate: tokio::sync::Semaphore,
     /// Idle connections, the most recently used last.
     idle: Mutex<Vec<http1::Conn>>,
 }
@@ -199,7 +199,7 @@ impl HttpTools {
         let origin = format!("{}://{}:{}", parsed.scheme(), parsed.host_str().unwrap_or_default(), parsed.port_or_known_default().unwrap_or(0));
         let origin = {
             let mut map = self.origins.lock().unwrap_or_else(|p| p.into_inner());
-            let new = || Arc::new(Origin { gate: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_ORIGIN)), idle: Mutex::new(Vec::new()) });
+            let new = || Arc::new(Origin { gate: tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_ORIGIN), idle: Mutex::new(Vec::new()) });
             map.entry(origin).or_insert_with(new).clone()
         };
         let target = Arc::new(Target { url: parsed, origin });
@@ -246,13 +246,7 @@ impl HttpTools {
             }
             HttpMethod::Post => {}
         }
-        let _permit = match target.origin.gate.try_acquire() {
-            Ok(permit) => permit,
-            Err(_) => {
-                let closed = |_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() };
-                target.origin.gate.acquire().await.map_err(closed)?
-            }
-        };
+        let _permit = target.origin.gate.acquire().await.map_err(|_| ToolError { class: ReasonClass::ToolConnection, message: "tool client closed".into() })?;
         // Redirects are followed here rather than by the client: its redirect layer parses every
         // request's URL again, which was a fifth of a loopback call. The rules are the same:
         // within the first URL's origin only, at most MAX_REDIRECTS, and the timeout covers all.
