@@ -7,6 +7,7 @@
 //! followed only within the same origin, every call has a timeout, and the body is read up to a
 //! size cap.
 
+mod compact;
 mod http1;
 
 use std::collections::HashMap;
@@ -287,10 +288,7 @@ impl HttpTools {
             let excerpt: String = raw.chars().take(200).collect();
             return Err(ToolError { class: ReasonClass::ToolHttpStatus, message: format!("HTTP {status}: {}", excerpt.trim()) });
         }
-        let text = match serde_json::from_str::<Value>(&raw) {
-            Ok(v) => v.to_string(),
-            Err(_) => raw.trim().to_owned(),
-        };
+        let text = compact::compact_json(&raw).unwrap_or_else(|| raw.trim().to_owned());
         Ok(ToolOutput { status, text, bytes: body.len(), duration: started.elapsed() })
     }
 }
