@@ -351,6 +351,36 @@ fn a_skipped_bench_scenario_says_why_in_the_table() {
     assert!(!stderr(&out).contains("replicas 0"), "{}", stderr(&out));
 }
 
+/// `--ceiling` measures the tool server alone with wrk before a level of C and reports the level
+/// against the floor that capacity sets. Needs wrk (installed by `.ci/run`).
+#[test]
+fn bench_reports_c_against_the_tool_servers_capacity() {
+    let present = std::process::Command::new("wrk").arg("--version").output().is_ok();
+    if !present {
+        assert!(std::env::var("CI").is_err(), "wrk is missing in CI (.ci/run installs it)");
+        eprintln!("skipped: wrk is not installed");
+        return;
+    }
+    let out = fabric(&["bench", "--scenario", "C", "--concurrency", "20", "--latency-ms", "1", "--ceiling", "1"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let line: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let server = &line["tool_server"];
+    assert_eq!(server["load_generator"], "wrk -t1 -c64 -d1s", "{line}");
+    let rps = server["requests_per_s"].as_f64().unwrap();
+    assert!(rps > 0.0, "{line}");
+    // The floor: the ideal (3 × 1 ms) and 20 calls at the measured rate.
+    let floor = server["floor_ms"].as_f64().unwrap();
+    assert!((floor - (3.0 + 20.0 / rps * 1e3)).abs() < 0.01, "{line}");
+    let over = line["wall_over_floor"].as_f64().unwrap();
+    assert!((over - line["wall_ms"].as_f64().unwrap() / floor).abs() < 0.01, "{line}");
+    assert!(stderr(&out).contains("tool server alone"), "{}", stderr(&out));
+    // Without the tool there is no tool server to measure: no floor, no error.
+    let out = fabric(&["bench", "--scenario", "C", "--concurrency", "5", "--latency-ms", "1", "--ceiling", "1", "--no-tool"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let line: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert!(line.get("tool_server").is_none(), "{line}");
+}
+
 /// `fabric bench --instructions`: the scenario under callgrind at half the runs and all of them,
 /// and the marginal instructions per run. Needs valgrind (installed by `.ci/run`).
 #[test]

@@ -108,6 +108,9 @@ pub struct BenchOptions {
     pub routes: usize,
     /// Scenario C without the tool call (diagnostic: the runtime's own cost under concurrency).
     pub no_tool: bool,
+    /// Scenario C: seconds of `wrk` against the tool server alone before each level (the
+    /// tool server's capacity, and the floor it sets).
+    pub ceiling_secs: Option<u64>,
     /// Serialise every event as a JSON line (to a discarding writer) instead of having no consumer.
     pub events: bool,
     /// Scenario S: concurrent clients, and requests each makes.
@@ -528,6 +531,48 @@ async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &
     }))
 }
 
+/// The tool server's capacity, measured alone: `wrk` (a separate load generator, one thread)
+/// sends the `lookup` stage's request over as many connections as the runtime opens to one
+/// origin, for `secs` seconds; requests per second.
+async fn tool_server_capacity(url: &str, secs: u64) -> Result<Value, String> {
+    let connections = fabric::tools::MAX_IN_FLIGHT_PER_ORIGIN;
+    let target = format!("{url}/search?q=duplicate+subscription+charge+refund");
+    let args = ["-t1".to_owned(), format!("-c{connections}"), format!("-d{}s", secs.max(1)), target];
+    let out = tokio::process::Command::new("wrk")
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("--ceiling needs wrk (the load generator) on PATH: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| text.lines().find_map(|l| l.trim().strip_prefix(name)).map(str::trim);
+    let rps = field("Requests/sec:").and_then(|v| v.parse::<f64>().ok());
+    let errors = field("Non-2xx or 3xx responses:").or_else(|| text.lines().find(|l| l.contains("Socket errors:")).map(str::trim));
+    match rps {
+        Some(rps) if out.status.success() && rps > 0.0 && errors.is_none() => Ok(json!({
+            "load_generator": format!("wrk {}", args[..3].join(" ")), "requests_per_s": round2(rps),
+        })),
+        _ => Err(format!(
+            "wrk against the tool server gave no clean figure (exit {:?}{}); its output: {}",
+            out.status.code(),
+            errors.map(|e| format!(", {e}")).unwrap_or_default(),
+            text.trim()
+        )),
+    }
+}
+
+/// Adds the floor the tool server's capacity sets to a level of scenario C: the ideal plus the
+/// time the server alone needs for the level's tool calls (one per run, all between the second
+/// and the third model call), and the wall time against it.
+fn with_floor(result: &mut Value, c: usize, mut capacity: Value) {
+    let rps = capacity["requests_per_s"].as_f64().unwrap_or(0.0);
+    let ideal = result["ideal_ms"].as_f64().unwrap_or(0.0);
+    let floor = ideal + c as f64 / rps.max(1.0) * 1e3;
+    capacity["floor_ms"] = json!(round2(floor));
+    result["wall_over_floor"] = json!(round2(result["wall_ms"].as_f64().unwrap_or(0.0) / floor.max(1.0)));
+    result["tool_server"] = capacity;
+}
+
 /// Writes `n` generated routes (one file each, with their own workflow) plus shared capabilities.
 fn generate_catalogue(dir: &Path, n: usize) -> std::io::Result<()> {
     std::fs::create_dir_all(dir.join("routes"))?;
@@ -609,17 +654,28 @@ fn table_line(v: &Value) -> String {
             v["wall_ms"].as_f64().unwrap_or(0.0),
             v["journal"].as_str().unwrap_or("?")
         ),
-        "C" => format!(
-            "C       runs {:>6}  wall {:>8.1} ms (ideal {:.0}, x{:.2})  {:>8.0} runs/s  peak RSS {:.1} MiB  {:.1} KiB/run  cpu {:.1} µs/run",
-            v["runs"].as_u64().unwrap_or(0),
-            v["wall_ms"].as_f64().unwrap_or(0.0),
-            v["ideal_ms"].as_f64().unwrap_or(0.0),
-            v["wall_over_ideal"].as_f64().unwrap_or(0.0),
-            v["runs_per_s"].as_f64().unwrap_or(0.0),
-            v["peak_rss_mib"].as_f64().unwrap_or(0.0),
-            v["rss_kib_per_inflight_run"].as_f64().unwrap_or(0.0),
-            v["cpu_us_per_run"].as_f64().unwrap_or(0.0)
-        ),
+        "C" => {
+            format!(
+                "C       runs {:>6}  wall {:>8.1} ms (ideal {:.0}, x{:.2})  {:>8.0} runs/s  peak RSS {:.1} MiB  {:.1} KiB/run  cpu {:.1} µs/run",
+                v["runs"].as_u64().unwrap_or(0),
+                v["wall_ms"].as_f64().unwrap_or(0.0),
+                v["ideal_ms"].as_f64().unwrap_or(0.0),
+                v["wall_over_ideal"].as_f64().unwrap_or(0.0),
+                v["runs_per_s"].as_f64().unwrap_or(0.0),
+                v["peak_rss_mib"].as_f64().unwrap_or(0.0),
+                v["rss_kib_per_inflight_run"].as_f64().unwrap_or(0.0),
+                v["cpu_us_per_run"].as_f64().unwrap_or(0.0)
+            ) + &v["tool_server"]["floor_ms"]
+                .as_f64()
+                .map(|floor| {
+                    format!(
+                        "  tool server alone {:.0} req/s: floor {floor:.1} ms, x{:.2} of it",
+                        v["tool_server"]["requests_per_s"].as_f64().unwrap_or(0.0),
+                        v["wall_over_floor"].as_f64().unwrap_or(0.0)
+                    )
+                })
+                .unwrap_or_default()
+        }
         "S" => format!(
             "S       runs {:>6}  ({} clients)  {:>8.0} runs/s  latency p50 {:.1} ms  p99 {:.1} ms  errors {}  server peak RSS {:.1} MiB  {:.1} KiB/in-flight run",
             v["runs"].as_u64().unwrap_or(0),
@@ -737,7 +793,16 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
             "C" => {
                 let mut out = Vec::new();
                 for &c in &opts.concurrency {
-                    out.push(concurrent(c, opts.latency_ms.unwrap_or(50), if opts.no_tool { None } else { url.clone() }, &opts).await?);
+                    let tool = if opts.no_tool { None } else { url.clone() };
+                    let capacity = match (opts.ceiling_secs, &tool) {
+                        (Some(secs), Some(url)) => Some(tool_server_capacity(url, secs).await?),
+                        _ => None,
+                    };
+                    let mut result = concurrent(c, opts.latency_ms.unwrap_or(50), tool, &opts).await?;
+                    if let Some(capacity) = capacity {
+                        with_floor(&mut result, c, capacity);
+                    }
+                    out.push(result);
                 }
                 out
             }

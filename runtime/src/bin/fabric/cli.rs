@@ -122,6 +122,11 @@ enum Command {
         /// Scenario C without its tool call (diagnostic).
         #[arg(long)]
         no_tool: bool,
+        /// Scenario C: before each level, load the same tool server alone with `wrk` (64
+        /// connections, as the runtime opens at most) for SECS seconds, and report the level
+        /// against the floor that capacity sets (needs `wrk` on PATH).
+        #[arg(long, value_name = "SECS")]
+        ceiling: Option<u64>,
         /// Serialise every event as JSON (to a discarding writer); default: no event consumer.
         #[arg(long)]
         events: bool,
@@ -271,6 +276,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
             latency_ms,
             routes,
             no_tool,
+            ceiling,
             events,
             clients,
             requests,
@@ -289,6 +295,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
                 latency_ms: *latency_ms,
                 routes: *routes,
                 no_tool: *no_tool,
+                ceiling_secs: *ceiling,
                 events: *events,
                 clients: *clients,
                 requests: *requests,
