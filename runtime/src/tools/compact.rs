@@ -7,8 +7,10 @@
 //! deserializer drives `serde_json`'s own serializer directly, so every scalar is written by the
 //! same code as `Value::to_string` writes it (the same escapes, the same float digits), and the
 //! input is accepted or refused by the same parser (the same nesting limit, trailing text an
-//! error). The one difference a `Value` makes, a key repeated in an object (the map keeps the
-//! first place and the last value), is detected: then the caller takes the `Value` path.
+//! error). The differences a `Value` makes are detected, and then the `Value` path is taken: a
+//! key repeated in an object (the map keeps the first place and the last value), and an object
+//! whose first key is one of serde_json's private tokens (with its `raw_value` feature, which
+//! other crates of the build turn on, `{"$serde_json::private::RawValue":"[1, 2]"}` is `[1,2]`).
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -19,7 +21,8 @@ use serde::Serializer as _;
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 
 /// `serde_json::from_str::<Value>(raw)` then `to_string()`, exactly: `None` when `raw` is not
-/// JSON.
+/// JSON. (An object repeating a key, or opening with one of serde_json's private tokens, is
+/// handed to that very expression.)
 pub(super) fn compact_json(raw: &str) -> Option<String> {
     let mut out = Vec::with_capacity(raw.len());
     let repeated = Cell::new(false);
@@ -31,6 +34,9 @@ pub(super) fn compact_json(raw: &str) -> Option<String> {
         Err(_) => None,
     }
 }
+
+/// First keys with which serde_json's `Value` reads an object as something other than a map.
+const PRIVATE_TOKENS: [&str; 2] = ["$serde_json::private::RawValue", "$serde_json::private::Number"];
 
 /// Keys of one object compared one by one up to this many (kept on the stack); past it, hashed.
 const LINEAR_KEYS: usize = 8;
@@ -126,9 +132,12 @@ impl<'de> Visitor<'de> for Writer<'_> {
                 }
                 !many.insert(key.clone())
             };
-            if repeated {
+            // serde_json's `Value` reads an object whose first key is one of its private tokens
+            // as something else (with the `raw_value` feature, which crates beside this one turn
+            // on: the member's string parsed as JSON): that object goes the `Value` way too.
+            if repeated || (count == 0 && PRIVATE_TOKENS.contains(&&*key)) {
                 self.repeated.set(true);
-                return Err(A::Error::custom("an object repeats a key"));
+                return Err(A::Error::custom("an object repeats a key, or is one of serde_json's tokens"));
             }
             if count > 0 {
                 self.out.push(b',');
@@ -207,6 +216,14 @@ mod tests {
             "NaN",
             "\"a\u{1}\"",
             "[1,2",
+            // serde_json's private tokens as a first key (`raw_value` is on in this build).
+            r#"{"$serde_json::private::RawValue":"[1, 2]"}"#,
+            r#"[{"$serde_json::private::RawValue":"{\"a\":1}"}]"#,
+            r#"{"$serde_json::private::Raw\u0056alue":"true"}"#,
+            r#"{"$serde_json::private::RawValue":1}"#,
+            r#"{"$serde_json::private::RawValue":"1","b":2}"#,
+            r#"{"a":1,"$serde_json::private::RawValue":"1"}"#,
+            r#"{"$serde_json::private::Number":"1"}"#,
         ];
         for raw in cases {
             assert_eq!(compact_json(raw), reference(raw), "{raw:?}");
