@@ -731,6 +731,109 @@ pub(super) mod tests {
         });
     }
 
+    /// A seeded mutation fuzz of what a tool server may answer: whatever the bytes, split
+    /// however, an exchange ends (the server closes after writing), never panics, keeps a body
+    /// within its cap and fails with a connection or size error whose message carries none of
+    /// the server's bytes.
+    #[tokio::test]
+    async fn any_answer_ends_in_a_bounded_response_or_a_plain_error() {
+        const SEEDS: &[&[u8]] = &[
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nX-T: 1\r\n\r\n",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\n\r\nuntil the close",
+            b"HTTP/1.1 302 Found\r\nLocation: /next\r\nContent-Length: 0\r\n\r\n",
+        ];
+        const TOKENS: &[&[u8]] = &[
+            b"\r\n",
+            b"\n",
+            b"\r",
+            b"0",
+            b";",
+            b":",
+            b" ",
+            b"\t",
+            b",",
+            b"ffffffffffffffff",
+            b"99999999999999999999",
+            b"Content-Length: 3\r\n",
+            b"Transfer-Encoding: chunked\r\n",
+            b"Connection: close\r\n",
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+        ];
+        // xorshift64*: the same cases on every run, so a failure can be replayed.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move |n: usize| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (cases_tx, mut cases_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Vec<u8>>>();
+        tokio::spawn(async move {
+            while let Some(parts) = cases_rx.recv().await {
+                let Ok((mut socket, _)) = listener.accept().await else { return };
+                let _ = socket.set_nodelay(true);
+                if read_head(&mut socket).await.is_none() {
+                    continue;
+                }
+                // The client may stop reading early: a failed write ends the case, not the server.
+                for part in parts {
+                    if socket.write_all(&part).await.is_err() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        for case in 0..3000 {
+            let mut bytes = SEEDS[next(SEEDS.len())].to_vec();
+            for _ in 0..1 + next(4) {
+                let at = next(bytes.len() + 1);
+                match next(6) {
+                    0 if at < bytes.len() => bytes[at] = next(256) as u8,
+                    1 => bytes.splice(at..at, TOKENS[next(TOKENS.len())].iter().copied()).for_each(drop),
+                    2 => drop(bytes.drain(at..(at + next(8)).min(bytes.len()))),
+                    3 => {
+                        let copy = bytes[at..(at + next(16)).min(bytes.len())].to_vec();
+                        bytes.splice(at..at, copy).for_each(drop);
+                    }
+                    4 => bytes.truncate(at),
+                    _ => bytes.splice(at..at, SEEDS[next(SEEDS.len())].iter().copied()).for_each(drop),
+                }
+            }
+            let mut parts = Vec::new();
+            let mut rest = bytes.as_slice();
+            while !rest.is_empty() {
+                let (part, tail) = rest.split_at(1 + next(rest.len()));
+                parts.push(part.to_vec());
+                rest = tail;
+            }
+            let max = [0, 1, 10, 100, 4096][next(5)];
+            cases_tx.send(parts).unwrap();
+            let mut conn = Conn::new(TcpStream::connect(address).await.unwrap());
+            let get = request(false, "/", None, "h", None, b"");
+            let exchange = conn.exchange(&get, max);
+            let shown = String::from_utf8_lossy(&bytes).into_owned();
+            // Bounded only so that a regression fails instead of hanging.
+            match tokio::time::timeout(std::time::Duration::from_secs(30), exchange).await {
+                Err(_) => panic!("case {case}: no end to the exchange for {shown:?}"),
+                Ok(Ok(r)) => {
+                    assert!(r.body.len() <= max, "case {case}: a body of {} bytes over a cap of {max} for {shown:?}", r.body.len());
+                    assert!((200..=999).contains(&r.status), "case {case}: final status {} for {shown:?}", r.status);
+                }
+                Ok(Err(Failed::NotSent)) => panic!("case {case}: the request was taken for unsent for {shown:?}"),
+                Ok(Err(Failed::Error(e))) => {
+                    assert!(matches!(e.class, ReasonClass::ToolConnection | ReasonClass::ToolResponseTooLarge), "case {case}: {e:?}");
+                    assert!(!e.message.is_empty() && e.message.len() < 200, "case {case}: {:?}", e.message);
+                }
+            }
+        }
+    }
+
     #[test]
     fn requests_as_a_general_client_sends_them() {
         let get = request(false, "/search", Some("q=a+b"), "127.0.0.1", Some(8080), b"");
