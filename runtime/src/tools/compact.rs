@@ -25,12 +25,12 @@ use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 /// handed to that very expression.)
 pub(super) fn compact_json(raw: &str) -> Option<String> {
     let mut out = Vec::with_capacity(raw.len());
-    let repeated = Cell::new(false);
+    let to_value = Cell::new(false);
     let mut de = serde_json::Deserializer::from_str(raw);
-    match (Writer { out: &mut out, repeated: &repeated }).deserialize(&mut de).and_then(|()| de.end()) {
+    match (Writer { out: &mut out, to_value: &to_value }).deserialize(&mut de).and_then(|()| de.end()) {
         // Only serde_json's serializer and the punctuation here wrote `out`: UTF-8.
         Ok(()) => String::from_utf8(out).ok(),
-        Err(_) if repeated.get() => serde_json::from_str::<serde_json::Value>(raw).ok().map(|v| v.to_string()),
+        Err(_) if to_value.get() => serde_json::from_str::<serde_json::Value>(raw).ok().map(|v| v.to_string()),
         Err(_) => None,
     }
 }
@@ -41,11 +41,12 @@ const PRIVATE_TOKENS: [&str; 2] = ["$serde_json::private::RawValue", "$serde_jso
 /// Keys of one object compared one by one up to this many (kept on the stack); past it, hashed.
 const LINEAR_KEYS: usize = 8;
 
-/// Writes one JSON value compactly into `out` as it is read; `repeated` is set when an object
-/// repeats a key (the value is then refused, for the caller to take the `Value` path).
+/// Writes one JSON value compactly into `out` as it is read; `to_value` is set when an object
+/// repeats a key or opens with a private token (the value is then refused, for the caller to
+/// take the `Value` path).
 struct Writer<'o> {
     out: &'o mut Vec<u8>,
-    repeated: &'o Cell<bool>,
+    to_value: &'o Cell<bool>,
 }
 
 impl Writer<'_> {
@@ -54,7 +55,7 @@ impl Writer<'_> {
     }
 
     fn inner(&mut self) -> Writer<'_> {
-        Writer { out: &mut *self.out, repeated: self.repeated }
+        Writer { out: &mut *self.out, to_value: self.to_value }
     }
 }
 
@@ -136,7 +137,7 @@ impl<'de> Visitor<'de> for Writer<'_> {
             // as something else (with the `raw_value` feature, which crates beside this one turn
             // on: the member's string parsed as JSON): that object goes the `Value` way too.
             if repeated || (count == 0 && PRIVATE_TOKENS.contains(&&*key)) {
-                self.repeated.set(true);
+                self.to_value.set(true);
                 return Err(A::Error::custom("an object repeats a key, or is one of serde_json's tokens"));
             }
             if count > 0 {
@@ -333,12 +334,13 @@ mod tests {
         assert!(repeats > 500, "{repeats} with a repeated key");
     }
 
-    /// Whether the one-pass writer found a repeated key (it then gave the text to `Value`).
+    /// Whether the one-pass writer gave the text to `Value` (for the generated texts, which hold
+    /// no private token: a repeated key).
     fn has_repeat(raw: &str) -> bool {
-        let repeated = std::cell::Cell::new(false);
+        let to_value = std::cell::Cell::new(false);
         let mut out = Vec::new();
         let mut de = serde_json::Deserializer::from_str(raw);
-        let _ = serde::de::DeserializeSeed::deserialize(super::Writer { out: &mut out, repeated: &repeated }, &mut de);
-        repeated.get()
+        let _ = serde::de::DeserializeSeed::deserialize(super::Writer { out: &mut out, to_value: &to_value }, &mut de);
+        to_value.get()
     }
 }
