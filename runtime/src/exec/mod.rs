@@ -872,6 +872,8 @@ impl Runner {
                     return Err((Some(stage.id().to_owned()), f));
                 }
             }
+            // `checkpoint` checks this too; checked here, a run without a journal makes no
+            // checkpoint future per stage (its state and poll showed in scenario A's count).
             if run.journal.is_some() {
                 self.checkpoint(run, state).await.map_err(|f| (Some(stage.id().to_owned()), f))?;
             }
