@@ -494,7 +494,7 @@ fn node_detail(n: &StageNode) -> String {
     if let Some(c) = &n.capability {
         let out = match &c.def.output {
             OutputSpec::Text => "text".to_owned(),
-            OutputSpec::Bindable(s) => format!("structured: {}", s.fields().iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ")),
+            OutputSpec::Bindable(s) => format!("structured: {}", s.fields().iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")),
             OutputSpec::Unbindable { .. } => "text (schema not bindable)".to_owned(),
             OutputSpec::Decision(_) => "decision".to_owned(),
         };

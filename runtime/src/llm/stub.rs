@@ -231,10 +231,10 @@ pub fn generated_reply(req: &LlmRequest<'_>) -> String {
             for (idx, field) in schema.fields().iter().enumerate() {
                 let pick = seed.rotate_left(idx as u32 * 7);
                 let value = match &field.ty {
-                    FieldType::Scalar(s) => scalar_value(s, &field.name, req.stage_id, pick),
-                    FieldType::Array(s) => serde_json::Value::Array(vec![scalar_value(s, &field.name, req.stage_id, pick)]),
+                    FieldType::Scalar(s) => scalar_value(s, field.name(), req.stage_id, pick),
+                    FieldType::Array(s) => serde_json::Value::Array(vec![scalar_value(s, field.name(), req.stage_id, pick)]),
                 };
-                obj.insert(field.name.clone(), value);
+                obj.insert(field.name().to_owned(), value);
             }
             serde_json::Value::Object(obj).to_string()
         }

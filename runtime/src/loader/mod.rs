@@ -169,7 +169,7 @@ fn schema_fields(defs: &Defs, capability: &str) -> Option<Vec<(String, bool)>> {
     match defs.capabilities.get(capability)? {
         Ok(cap) => match &cap.output {
             OutputSpec::Bindable(s) => {
-                Some(s.fields().iter().map(|f| (f.name.clone(), matches!(f.ty, FieldType::Scalar(crate::structured::Scalar::String)))).collect())
+                Some(s.fields().iter().map(|f| (f.name().to_owned(), matches!(f.ty, FieldType::Scalar(crate::structured::Scalar::String)))).collect())
             }
             _ => None,
         },

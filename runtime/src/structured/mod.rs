@@ -71,7 +71,7 @@ pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeErr
         many.resize(fields.len(), None);
         &mut many
     };
-    let index = |key: &str| fields.iter().position(|f| f.name == key);
+    let index = |key: &str| fields.iter().position(|f| f.name() == key);
     match pyjson::parse_object_fields(raw, index, found) {
         Err(e) => return Err(DecodeError::InvalidJson(e.to_string())),
         Ok(Err(kind)) => return Err(DecodeError::SchemaValidation(format!("expected an object, got {kind}"))),
@@ -92,7 +92,7 @@ pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeErr
         match validate(field, found[idx].as_ref()) {
             Ok(out) => {
                 if let Out::Str(s, _) = &out {
-                    match field.name.as_str() {
+                    match field.name() {
                         "text" => text = Some((*s).to_owned()),
                         "message" => message = Some((*s).to_owned()),
                         _ => {}
@@ -100,7 +100,7 @@ pub fn decode_reply(schema: &FlatSchema, raw: &str) -> Result<Decoded, DecodeErr
                 }
                 out.write(&mut compact);
             }
-            Err(why) => problems.push(format!("`{}`: {why}", field.name)),
+            Err(why) => problems.push(format!("`{}`: {why}", field.name())),
         }
     }
     compact.push('}');

@@ -21,7 +21,8 @@ pub enum FieldType {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Field {
-    pub name: String,
+    /// Private, with `name_json` made from it: the two cannot differ.
+    name: String,
     pub ty: FieldType,
     pub required: bool,
     /// The name as a JSON string (`"name"`), written into every reply's serialisation.
@@ -33,6 +34,10 @@ impl Field {
         let mut name_json = String::with_capacity(name.len() + 2);
         super::push_json_string(&mut name_json, &name);
         Field { name, ty, required, name_json }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The name as a JSON string, quotes and escapes included.
