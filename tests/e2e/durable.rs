@@ -38,7 +38,7 @@ async fn model_calls(server: &Server) -> u64 {
 
 /// Every event of a stored run: numbered 1.. without a gap or a duplicate, started once, ended
 /// once, and each of the route's stages started, called and completed exactly once.
-async fn assert_executed_once(store: &dyn RunStore, run_id: &str, what: &str) {
+pub(crate) async fn assert_executed_once(store: &dyn RunStore, run_id: &str, what: &str) {
     let events = store.events_after(run_id, 0).await.unwrap();
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "{what}: run {run_id}: no gap, no duplicate");

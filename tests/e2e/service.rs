@@ -258,8 +258,19 @@ pub(crate) async fn settled(server: &Server, id: &str) -> Value {
 
 impl Server {
     pub(crate) fn start(store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
+        Server::spawn(Command::new(env!("CARGO_BIN_EXE_fabric")), store, stub, extra)
+    }
+
+    /// As `start`, as another user (`setpriv` execs the binary in its place: the pid is the
+    /// server's).
+    pub(crate) fn start_as(user: &str, store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([&format!("--reuid={user}"), "--regid=nogroup", "--clear-groups", env!("CARGO_BIN_EXE_fabric")]);
+        Server::spawn(cmd, store, stub, extra)
+    }
+
+    fn spawn(mut cmd: Command, store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
         let log = tempfile::NamedTempFile::new().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
         cmd.current_dir(repo())
             .args(["--stub-dir", stub.to_str().unwrap(), "serve", "--listen", "127.0.0.1:0"])
             .env("FABRIC_LLM_STUB", "1")

@@ -245,7 +245,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_error`, `timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -281,7 +281,33 @@ fn start_error(e: StartError) -> ApiError {
     }
 }
 
-fn store_error(e: impl std::fmt::Display) -> ApiError {
+/// What went wrong with the store, as the API tells it: the store cannot take writes now
+/// (`503 store_unavailable` with `Retry-After`: full, read-only, away; the client retries), or
+/// another failure (`503 store_error`). The details go to the log only.
+trait StoreProblem: std::fmt::Display {
+    fn unavailable(&self) -> bool {
+        false
+    }
+}
+
+impl StoreProblem for &str {}
+
+impl StoreProblem for crate::store::StoreError {
+    fn unavailable(&self) -> bool {
+        matches!(self, crate::store::StoreError::Unavailable(_))
+    }
+}
+
+/// How long a client waits before trying again while the store cannot write.
+const STORE_RETRY_AFTER_S: u64 = 2;
+
+fn store_error(e: impl StoreProblem) -> ApiError {
+    if e.unavailable() {
+        tracing::warn!(error = %e, "run store unavailable: request refused");
+        let mut refused = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the run store cannot take writes now; retry shortly");
+        refused.retry_after = Some(STORE_RETRY_AFTER_S);
+        return refused;
+    }
     tracing::error!(error = %e, "run store");
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_error", "the run store is not available")
 }
@@ -894,15 +920,27 @@ async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// How long `/readyz` waits for the database: under a probe's usual one-second timeout.
+const READY_WITHIN: Duration = Duration::from_millis(900);
+
 /// Whether the service can take runs: catalogue loaded, store reachable (no authentication).
-#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, body = ErrorBody)))]
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, description = "`store_unavailable`: the run store cannot take writes now, or did not answer within a second", body = ErrorBody)))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let runtime = &state.inner.runtime;
     let store = runtime.store().ok_or_else(|| store_error("no store"))?;
-    store.ping().await.map_err(store_error)?;
+    // Not ready while writes fail (known without I/O), nor when the database does not answer
+    // within the second a probe waits.
+    store.health().map_err(store_error)?;
     // The fleet's backlog: runs no replica has claimed yet (a route no replica serves, or every
     // replica busy).
-    let queued = store.queued().await.map_err(store_error)?;
+    let asked = async {
+        store.ping().await?;
+        store.queued().await
+    };
+    let queued = tokio::time::timeout(READY_WITHIN, asked)
+        .await
+        .map_err(|_| store_error(crate::store::StoreError::Unavailable(format!("no answer within {} ms", READY_WITHIN.as_millis()))))?
+        .map_err(store_error)?;
     let ready = runtime.catalogue().routes().filter(|r| matches!(r, RouteEntry::Ready(_))).count();
     Ok(Json(json!({"status": "ready", "routes_ready": ready, "runs_in_flight": state.runs_in_flight(), "runs_queued": queued})))
 }

@@ -10,6 +10,7 @@
 //! stage and once at its end. SQL and its row types stay inside the implementations. Schema
 //! versions are numbered; a store refuses a database whose schema is newer than it knows.
 
+mod health;
 pub mod postgres;
 mod queue;
 pub mod sql;
@@ -192,6 +193,11 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// Whether the database answers (`/readyz`).
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// Whether the store takes writes now, as its last writes found it (no I/O): while they
+    /// fail, [`StoreError::Unavailable`] with the reason, and starts and replies are refused
+    /// with it at once; a background probe finds out when writes work again. Also `Unavailable`
+    /// for good once a SQLite file was removed or replaced under the store.
+    fn health(&self) -> Result<(), StoreError>;
 }
 
 /// A claimed run's journal: every write carries its lease's fencing token.

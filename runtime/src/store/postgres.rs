@@ -1,19 +1,24 @@
 //! The PostgreSQL run store, for several processes on one database: opening and migrating (the
 //! same tables and numbering as SQLite); what a store does is [`super::sql::SqlStore`].
 
-use std::time::Duration;
-
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 
+use super::health::Health;
 use super::queue::{PoolWriter, WriteQueue, db, describe};
 use super::sql::SqlStore;
 use super::{StoreError, now};
 
 /// The schema versions this binary knows, in order: (version, SQL). Numbered as SQLite's are.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/postgres/0001_runs.sql")), (2, include_str!("migrations/postgres/0002_leases.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/postgres/0001_runs.sql")),
+    (2, include_str!("migrations/postgres/0002_leases.sql")),
+    (3, include_str!("migrations/postgres/0003_health.sql")),
+];
 
 /// How long connecting, or waiting for a connection of the pool, may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,8 +58,11 @@ impl PgStore {
             .await
             .map_err(|e| StoreError::Unavailable(format!("cannot connect to {here}: {}", describe(&e))))?;
         migrate(&pool).await?;
-        let queue = WriteQueue::start(PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT }, WRITERS);
-        Ok(SqlStore::new(pool, queue))
+        let health = Arc::new(Health::new(true));
+        let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone() };
+        tokio::spawn(writer.clone().heal(None));
+        let queue = WriteQueue::start(writer, WRITERS, health.clone());
+        Ok(SqlStore::new(pool, queue, health))
     }
 }
 

@@ -5,12 +5,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 use tokio::sync::{mpsc, oneshot};
 
+use super::health::Health;
 use super::{Lease, StoreError, StoredRun, StoredStatus, now};
 use crate::exec::{JournalBatch, RunStatus};
 use crate::failure::BoxFuture;
@@ -21,10 +22,8 @@ const WRITE_QUEUE: usize = 4096;
 /// Jobs written in one transaction at the most.
 const JOBS_PER_TRANSACTION: usize = 256;
 
-/// How long the writer keeps trying a transaction while the database is unreachable (a
-/// restart): the runs wait, then go on; past it their writes fail (and, still `running` in the
-/// store, they are claimed again once their lease expires).
-const UNAVAILABLE_RETRY: Duration = Duration::from_secs(120);
+/// The longest pause between two tries of a transaction while the database cannot write.
+const RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// What differs between the SQL of the databases a store runs on.
 pub(crate) trait Dialect {
@@ -100,7 +99,9 @@ impl Prepared {
             },
             result: serde_json::to_string(result).unwrap_or_default(),
             reason_class: result.error.as_ref().map(|e| e.reason_class.as_str()),
-            question: result.question.clone(),
+            // A copy for people reading the table (the result holds the question exactly, JSON
+            // escaped): PostgreSQL's text cannot hold NUL, so it is shown as U+FFFD there.
+            question: result.question.as_ref().map(|q| q.replace('\0', "\u{FFFD}")),
             next_seq: batch.events.last().map(|e| e.seq as i64 + 1),
         });
         Prepared { events, entries, end }
@@ -172,11 +173,25 @@ impl<'a> Rows<'a> {
 /// How one database writes a transaction's rows (all of them, or none): the rows of runs that
 /// hold their lease; the ids of those that do not (fenced) are returned.
 pub(crate) trait WriteRows: Send + Sync + 'static {
-    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>>;
+    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>>;
     /// Whether the transaction of `rows` committed after all (its connection broke before it
     /// heard), and then which of its runs are fenced now: the rows of a run still holding its
     /// lease were written by this writer alone, so the first of them says.
     fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>>;
+}
+
+/// A transaction that failed, and whether it may have committed all the same (its connection
+/// broke while the COMMIT was on its way: only the database knows now).
+#[derive(Debug)]
+pub(crate) struct WriteFailure {
+    pub error: StoreError,
+    pub in_doubt: bool,
+}
+
+impl WriteFailure {
+    fn before_commit(error: StoreError) -> WriteFailure {
+        WriteFailure { error, in_doubt: false }
+    }
 }
 
 /// The handle the store keeps: where jobs go, and which runs had a queued write fail.
@@ -223,12 +238,12 @@ fn failure_before(failed: &Failed, job: &Write) -> Option<String> {
 impl WriteQueue {
     /// Starts `writers` writer tasks (on the current tokio runtime), each with its own
     /// connection from the pool at a time.
-    pub fn start<W: WriteRows + Clone>(db: W, writers: usize) -> WriteQueue {
+    pub fn start<W: WriteRows + Clone>(db: W, writers: usize, health: Arc<Health>) -> WriteQueue {
         let failed = Arc::new(Mutex::new(HashMap::new()));
         let writes = (0..writers.max(1))
             .map(|_| {
                 let (writes, queue) = mpsc::channel(WRITE_QUEUE);
-                tokio::spawn(writer(db.clone(), queue, failed.clone()));
+                tokio::spawn(writer(db.clone(), queue, failed.clone(), health.clone()));
                 writes
             })
             .collect();
@@ -269,7 +284,7 @@ impl WriteQueue {
     }
 }
 
-async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Failed) {
+async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Failed, health: Arc<Health>) {
     let mut jobs: Vec<Job> = Vec::new();
     while let Some(first) = queue.recv().await {
         jobs.push(first);
@@ -293,7 +308,7 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
         if jobs.is_empty() {
             continue;
         }
-        match write_retrying(&db, &jobs).await {
+        match write_retrying(&db, &health, &failed, &mut jobs).await {
             Ok(fenced) => {
                 for (job, ack) in jobs.drain(..) {
                     let done = outcome(&job, &fenced);
@@ -304,14 +319,16 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
             // each is tried on its own, in order, and a run whose batch failed here writes
             // nothing after it (its later batches wait behind it in this same group).
             Err(StoreError::Database(_)) if jobs.len() > 1 => {
-                for (job, ack) in jobs.drain(..) {
-                    let one = [(job, None)];
+                for job in std::mem::take(&mut jobs) {
+                    let mut one = vec![job];
                     let done = match failure_before(&failed, &one[0].0) {
                         Some(e) => Err(StoreError::Database(e)),
-                        None => write_retrying(&db, &one).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
+                        None => write_retrying(&db, &health, &failed, &mut one).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
                     };
-                    let [(job, _)] = one;
-                    settle(&failed, &job, ack, done);
+                    // Gone when it was a start refused while the store could not write.
+                    if let Some((job, ack)) = one.pop() {
+                        settle(&failed, &job, ack, done);
+                    }
                 }
             }
             Err(e) => {
@@ -327,33 +344,54 @@ fn outcome(job: &Write, fenced: &HashSet<String>) -> Result<(), StoreError> {
     if fenced.contains(job.run_id()) { Err(StoreError::LeaseLost(job.run_id().to_owned())) } else { Ok(()) }
 }
 
-/// Writes the jobs' rows, trying again while the database is unreachable (at most
-/// [`UNAVAILABLE_RETRY`]): a database restart delays the runs, it does not fail them. A
-/// transaction whose connection broke while it committed may have committed: that is looked up
-/// before it is written again, so nothing is written twice.
-async fn write_retrying(db: &impl WriteRows, jobs: &[Job]) -> Result<HashSet<String>, StoreError> {
-    let started = Instant::now();
+/// Writes the jobs' rows, trying again for as long as the database cannot write for a reason
+/// that may pass (full, read-only, locked, away): the runs wait, they do not fail, and the
+/// store's health says so meanwhile. New runs (creates) are not kept waiting: once a try is
+/// known not to have committed, they are refused (`Unavailable`: the client is told 503 and
+/// retries) and taken out of `jobs`. A transaction whose connection broke while it committed may
+/// have committed: that is looked up before it is written again, so nothing is written twice.
+async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, jobs: &mut Vec<Job>) -> Result<HashSet<String>, StoreError> {
     let mut pause = Duration::from_millis(50);
-    let rows = Rows::of(jobs);
-    let mut attempted = false;
+    let mut in_doubt = false;
     loop {
-        let tried = if attempted {
+        if jobs.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let rows = Rows::of(jobs);
+        let tried = if in_doubt {
             match db.committed(&rows).await {
-                Ok(Some(fenced)) => return Ok(fenced),
+                Ok(Some(fenced)) => Ok(fenced),
                 Ok(None) => db.write_rows(&rows).await,
-                Err(e) => Err(e),
+                Err(error) => Err(WriteFailure { error, in_doubt: true }),
             }
         } else {
             db.write_rows(&rows).await
         };
-        attempted = true;
+        drop(rows);
         match tried {
-            Err(StoreError::Unavailable(e)) if started.elapsed() < UNAVAILABLE_RETRY => {
+            Ok(fenced) => {
+                health.write_succeeded();
+                return Ok(fenced);
+            }
+            Err(WriteFailure { error: StoreError::Unavailable(e), in_doubt: doubt }) => {
+                health.write_failed(&e);
+                in_doubt = doubt;
+                if !in_doubt {
+                    for (job, ack) in std::mem::take(jobs) {
+                        match job {
+                            Write::Create { .. } => {
+                                let refused = StoreError::Unavailable(format!("the new run could not be recorded: {e}"));
+                                settle(failed, &job, ack, Err(refused));
+                            }
+                            commit => jobs.push((commit, ack)),
+                        }
+                    }
+                }
                 tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "run store unavailable; the writes wait");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
+                pause = (pause * 2).min(RETRY_PAUSE_MAX);
             }
-            other => return other,
+            Err(WriteFailure { error, .. }) => return Err(error),
         }
     }
 }
@@ -363,12 +401,194 @@ async fn write_retrying(db: &impl WriteRows, jobs: &[Job]) -> Result<HashSet<Str
 pub(crate) struct PoolWriter<DB: sqlx::Database> {
     pub pool: sqlx::Pool<DB>,
     pub per_insert: usize,
+    pub health: Arc<Health>,
 }
 
 // By hand: a derive would ask `DB: Clone`, which the databases' marker types are not.
 impl<DB: sqlx::Database> Clone for PoolWriter<DB> {
     fn clone(&self) -> Self {
-        PoolWriter { pool: self.pool.clone(), per_insert: self.per_insert }
+        PoolWriter { pool: self.pool.clone(), per_insert: self.per_insert, health: self.health.clone() }
+    }
+}
+
+impl<DB: sqlx::Database> PoolWriter<DB> {
+    /// A connection that failed is not handed out again: its state is not known (a transaction
+    /// that may still be open, a file SQLite opened read-only).
+    fn forget(&self, conn: &mut sqlx::pool::PoolConnection<DB>, f: &ConnFailure) {
+        if self.health.discards() {
+            conn.close_on_drop();
+            if f.poison {
+                self.health.poison();
+            }
+        }
+    }
+}
+
+impl<DB> PoolWriter<DB>
+where
+    DB: sqlx::Database + Dialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'t> &'t str: sqlx::Encode<'t, DB> + Type<DB>,
+    for<'t> Option<&'t str>: sqlx::Encode<'t, DB>,
+    for<'t> String: Decode<'t, DB> + Type<DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: sqlx::Encode<'t, DB>,
+    for<'r> usize: ColumnIndex<DB::Row>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    /// [`WriteRows::committed`] on one connection.
+    async fn committed_on(&self, conn: &mut sqlx::pool::PoolConnection<DB>, rows: &Rows<'_>) -> Result<Option<HashSet<String>>, ConnFailure> {
+        let conn = &mut **conn;
+        let mut fenced = HashSet::new();
+        for (run_id, token) in &rows.leases {
+            let row = sqlx::query("SELECT lease_token FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await.map_err(failed)?;
+            let now: Option<i64> = row.map(|r| r.try_get(0)).transpose().map_err(failed)?;
+            if now != Some(*token) {
+                fenced.insert((*run_id).to_owned());
+            }
+        }
+        let witness = if let Some((run_id, seq, ..)) = rows.events.iter().find(|e| !fenced.contains(e.0)) {
+            sqlx::query("SELECT run_id FROM run_events WHERE run_id = $1 AND seq = $2").bind(*run_id).bind(*seq).fetch_optional(&mut *conn).await
+        } else if let Some((run_id, ..)) = rows.creates.first() {
+            sqlx::query("SELECT run_id FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await
+        } else {
+            // Every run it wrote for is fenced now: whether it committed changes nothing.
+            return Ok(Some(fenced));
+        };
+        Ok(witness.map_err(failed)?.map(|_| fenced))
+    }
+
+    /// Heals what no write would: while writes fail, a probe every [`HEAL_EVERY`] finds out
+    /// when they work again (with no run writing, nothing else would); a SQLite file removed or
+    /// replaced under the store is found and said. For as long as the store lives.
+    pub(crate) async fn heal(self, watch: Option<super::health::FileWatch>) {
+        let mut tick = tokio::time::interval(super::health::HEAL_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Some(problem) = watch.as_ref().and_then(super::health::FileWatch::problem) {
+                self.health.file_lost(problem);
+            }
+            if self.health.failing() {
+                let _ = self.probe().await;
+            }
+        }
+    }
+
+    /// One small write, committed, on a connection of its own: whether the database takes
+    /// writes now (the healer's probe while writes fail). A connection it fails on goes.
+    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let done = sqlx::query("UPDATE fabric_health SET beat = beat + 1 WHERE id = 1").execute(&mut *conn).await.map_err(failed);
+        match done {
+            Ok(_) => {
+                self.health.write_succeeded();
+                Ok(())
+            }
+            Err(f) => {
+                self.forget(&mut conn, &f);
+                if let StoreError::Unavailable(e) = &f.error {
+                    self.health.write_failed(e);
+                }
+                Err(f.error)
+            }
+        }
+    }
+
+    /// The new runs' rows; the fence with the ends (it locks the rows of the runs committed for,
+    /// so no claim can come between the check and the writes); then one multi-row INSERT per
+    /// table (per `per_insert` rows) for the runs that hold their lease, each row's token checked
+    /// again in the statement.
+    async fn write_on(&self, conn: &mut sqlx::pool::PoolConnection<DB>, rows: &Rows<'_>) -> Result<HashSet<String>, ConnFailure> {
+        let per_insert = self.per_insert;
+        let at = rows.at.as_str();
+        let mut tx = sqlx::Connection::begin(&mut **conn).await.map_err(failed)?;
+        for chunk in rows.creates.chunks(per_insert) {
+            let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, lease_until) VALUES ";
+            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)));
+            for (run_id, route_id, request, claim) in chunk {
+                let status = if claim.is_some() { "running" } else { "queued" };
+                let (owner, token, ms) = claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
+                q = q.bind(status).bind(*run_id).bind(*route_id).bind(*request).bind(at).bind(at).bind(owner).bind(token).bind(ms);
+            }
+            q.execute(&mut *tx).await.map_err(failed)?;
+        }
+        // The fence and the ends, in one statement: the runs still `running` under the
+        // token their writer holds get their row updated (an end: status, result, the lease let
+        // go; a reply claims the run anew) and are returned. The UPDATE locks their rows until
+        // the commit, so no claim can come between the check and the writes below, which are
+        // made for those runs only.
+        let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
+        let ends: HashMap<&str, &End> = rows.ends.iter().map(|e| (e.run_id, e)).collect();
+        for chunk in rows.leases.chunks(per_insert / 4) {
+            let values = rows_sql("", "(?, ?, ?, ?, ?, ?, ?)", chunk.len(), 2, DB::NUMBERED);
+            let at_mark = if DB::NUMBERED { "$1" } else { "?" };
+            let ended = "v.column3 IS NULL";
+            let sql = format!(
+                "UPDATE runs SET updated_at = {at_mark}, status = COALESCE(v.column3, runs.status), \
+                 result = CASE WHEN {ended} THEN runs.result ELSE v.column4 END, \
+                 reason_class = CASE WHEN {ended} THEN runs.reason_class ELSE v.column5 END, \
+                 question = CASE WHEN {ended} THEN runs.question ELSE v.column6 END, \
+                 next_seq = COALESCE(v.column7, runs.next_seq), \
+                 lease_owner = CASE WHEN {ended} THEN runs.lease_owner ELSE NULL END, \
+                 lease_until = CASE WHEN {ended} THEN runs.lease_until ELSE 0 END \
+                 FROM (VALUES {values}) AS v WHERE runs.run_id = v.column1 AND runs.lease_token = v.column2 AND runs.status = 'running' \
+                 RETURNING run_id"
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(at);
+            for (run_id, token) in chunk {
+                let end = ends.get(run_id).filter(|e| e.token == *token);
+                q = q
+                    .bind(*run_id)
+                    .bind(*token)
+                    .bind(end.map(|e| e.end.status.as_str()))
+                    .bind(end.map(|e| e.end.result.as_str()))
+                    .bind(end.and_then(|e| e.end.reason_class))
+                    .bind(end.and_then(|e| e.end.question.as_deref()))
+                    .bind(end.and_then(|e| e.end.next_seq));
+            }
+            for row in q.fetch_all(&mut *tx).await.map_err(failed)? {
+                let id: String = row.try_get(0).map_err(failed)?;
+                if let Some((run_id, _)) = chunk.iter().find(|(r, _)| *r == id) {
+                    holding.insert(run_id);
+                }
+            }
+        }
+        let fenced: HashSet<String> = rows.leases.iter().filter(|(r, _)| !holding.contains(r)).map(|(r, _)| (*r).to_owned()).collect();
+        // Each row carries its writer's token, checked again by the statement that writes it
+        // (under the lock the fence took, so it cannot have moved on since).
+        let tokens: HashMap<&str, i64> = rows.leases.iter().copied().collect();
+        // A scalar subquery, not EXISTS: PostgreSQL may plan a semi-join as a scan of `runs`; this
+        // is one primary-key lookup per row on both databases.
+        let holds = "v.column2 = (SELECT r.lease_token FROM runs r WHERE r.run_id = v.column1)";
+        let events: Vec<_> = rows.events.iter().filter(|e| holding.contains(e.0)).collect();
+        for chunk in events.chunks(per_insert) {
+            let values = rows_sql("", "(?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
+            let sql = format!(
+                "INSERT INTO run_events (run_id, seq, kind, body) SELECT v.column1, v.column3, v.column4, v.column5 FROM (VALUES {values}) AS v WHERE {holds}"
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (run_id, seq, kind, body) in chunk {
+                q = q.bind(*run_id).bind(tokens[run_id]).bind(*seq).bind(*kind).bind(*body);
+            }
+            q.execute(&mut *tx).await.map_err(failed)?;
+        }
+        let entries: Vec<_> = rows.entries.iter().filter(|e| holding.contains(e.0)).collect();
+        for chunk in entries.chunks(per_insert) {
+            // In the order given (the journal's order is its ids'), whatever the plan.
+            let values = rows_sql("", "(?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
+            let sql =
+                format!("INSERT INTO run_journal (run_id, entry) SELECT v.column1, v.column3 FROM (VALUES {values}) AS v WHERE {holds} ORDER BY v.column4");
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (k, (run_id, entry)) in chunk.iter().enumerate() {
+                q = q.bind(*run_id).bind(tokens[run_id]).bind(*entry).bind(k as i64);
+            }
+            q.execute(&mut *tx).await.map_err(failed)?;
+        }
+        tx.commit().await.map_err(|e| ConnFailure { in_doubt: in_doubt(&e), ..failed(e) })?;
+        Ok(fenced)
     }
 }
 
@@ -388,122 +608,43 @@ where
     fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await.map_err(db)?;
-            let mut fenced = HashSet::new();
-            for (run_id, token) in &rows.leases {
-                let row = sqlx::query("SELECT lease_token FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await.map_err(db)?;
-                let now: Option<i64> = row.map(|r| r.try_get(0)).transpose().map_err(db)?;
-                if now != Some(*token) {
-                    fenced.insert((*run_id).to_owned());
-                }
-            }
-            let witness = if let Some((run_id, seq, ..)) = rows.events.iter().find(|e| !fenced.contains(e.0)) {
-                sqlx::query("SELECT run_id FROM run_events WHERE run_id = $1 AND seq = $2").bind(*run_id).bind(*seq).fetch_optional(&mut *conn).await
-            } else if let Some((run_id, ..)) = rows.creates.first() {
-                sqlx::query("SELECT run_id FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await
-            } else {
-                // Every run it wrote for is fenced now: whether it committed changes nothing.
-                return Ok(Some(fenced));
-            };
-            Ok(witness.map_err(db)?.map(|_| fenced))
+            self.committed_on(&mut conn, rows).await.map_err(|f| {
+                self.forget(&mut conn, &f);
+                f.error
+            })
         })
     }
 
-    /// The new runs' rows; the fence with the ends (it locks the rows of the runs committed for,
-    /// so no claim can come between the check and the writes); then one multi-row INSERT per
-    /// table (per `per_insert` rows) for the runs that hold their lease, each row's token checked
-    /// again in the statement.
-    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
-        let (pool, per_insert) = (&self.pool, self.per_insert);
+    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>> {
         Box::pin(async move {
-            let at = rows.at.as_str();
-            let mut tx = pool.begin().await.map_err(db)?;
-            for chunk in rows.creates.chunks(per_insert) {
-                let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, lease_until) VALUES ";
-                let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)));
-                for (run_id, route_id, request, claim) in chunk {
-                    let status = if claim.is_some() { "running" } else { "queued" };
-                    let (owner, token, ms) = claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
-                    q = q.bind(status).bind(*run_id).bind(*route_id).bind(*request).bind(at).bind(at).bind(owner).bind(token).bind(ms);
-                }
-                q.execute(&mut *tx).await.map_err(db)?;
-            }
-            // The fence and the ends, in one statement: the runs still `running` under the
-            // token their writer holds get their row updated (an end: status, result, the lease let
-            // go; a reply claims the run anew) and are returned. The UPDATE locks their rows until
-            // the commit, so no claim can come between the check and the writes below, which are
-            // made for those runs only.
-            let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
-            let ends: HashMap<&str, &End> = rows.ends.iter().map(|e| (e.run_id, e)).collect();
-            for chunk in rows.leases.chunks(per_insert / 4) {
-                let values = rows_sql("", "(?, ?, ?, ?, ?, ?, ?)", chunk.len(), 2, DB::NUMBERED);
-                let at_mark = if DB::NUMBERED { "$1" } else { "?" };
-                let ended = "v.column3 IS NULL";
-                let sql = format!(
-                    "UPDATE runs SET updated_at = {at_mark}, status = COALESCE(v.column3, runs.status), \
-                     result = CASE WHEN {ended} THEN runs.result ELSE v.column4 END, \
-                     reason_class = CASE WHEN {ended} THEN runs.reason_class ELSE v.column5 END, \
-                     question = CASE WHEN {ended} THEN runs.question ELSE v.column6 END, \
-                     next_seq = COALESCE(v.column7, runs.next_seq), \
-                     lease_owner = CASE WHEN {ended} THEN runs.lease_owner ELSE NULL END, \
-                     lease_until = CASE WHEN {ended} THEN runs.lease_until ELSE 0 END \
-                     FROM (VALUES {values}) AS v WHERE runs.run_id = v.column1 AND runs.lease_token = v.column2 AND runs.status = 'running' \
-                     RETURNING run_id"
-                );
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(at);
-                for (run_id, token) in chunk {
-                    let end = ends.get(run_id).filter(|e| e.token == *token);
-                    q = q
-                        .bind(*run_id)
-                        .bind(*token)
-                        .bind(end.map(|e| e.end.status.as_str()))
-                        .bind(end.map(|e| e.end.result.as_str()))
-                        .bind(end.and_then(|e| e.end.reason_class))
-                        .bind(end.and_then(|e| e.end.question.as_deref()))
-                        .bind(end.and_then(|e| e.end.next_seq));
-                }
-                for row in q.fetch_all(&mut *tx).await.map_err(db)? {
-                    let id: String = row.try_get(0).map_err(db)?;
-                    if let Some((run_id, _)) = chunk.iter().find(|(r, _)| *r == id) {
-                        holding.insert(run_id);
-                    }
-                }
-            }
-            let fenced: HashSet<String> = rows.leases.iter().filter(|(r, _)| !holding.contains(r)).map(|(r, _)| (*r).to_owned()).collect();
-            // Each row carries its writer's token, checked again by the statement that writes it
-            // (under the lock the fence took, so it cannot have moved on since).
-            let tokens: HashMap<&str, i64> = rows.leases.iter().copied().collect();
-            // A scalar subquery, not EXISTS: PostgreSQL may plan a semi-join as a scan of `runs`; this
-            // is one primary-key lookup per row on both databases.
-            let holds = "v.column2 = (SELECT r.lease_token FROM runs r WHERE r.run_id = v.column1)";
-            let events: Vec<_> = rows.events.iter().filter(|e| holding.contains(e.0)).collect();
-            for chunk in events.chunks(per_insert) {
-                let values = rows_sql("", "(?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
-                let sql = format!(
-                    "INSERT INTO run_events (run_id, seq, kind, body) SELECT v.column1, v.column3, v.column4, v.column5 FROM (VALUES {values}) AS v WHERE {holds}"
-                );
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-                for (run_id, seq, kind, body) in chunk {
-                    q = q.bind(*run_id).bind(tokens[run_id]).bind(*seq).bind(*kind).bind(*body);
-                }
-                q.execute(&mut *tx).await.map_err(db)?;
-            }
-            let entries: Vec<_> = rows.entries.iter().filter(|e| holding.contains(e.0)).collect();
-            for chunk in entries.chunks(per_insert) {
-                // In the order given (the journal's order is its ids'), whatever the plan.
-                let values = rows_sql("", "(?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
-                let sql =
-                    format!("INSERT INTO run_journal (run_id, entry) SELECT v.column1, v.column3 FROM (VALUES {values}) AS v WHERE {holds} ORDER BY v.column4");
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-                for (k, (run_id, entry)) in chunk.iter().enumerate() {
-                    q = q.bind(*run_id).bind(tokens[run_id]).bind(*entry).bind(k as i64);
-                }
-                q.execute(&mut *tx).await.map_err(db)?;
-            }
-            tx.commit().await.map_err(db)?;
-            Ok(fenced)
+            let mut conn = self.pool.acquire().await.map_err(|e| WriteFailure::before_commit(db(e)))?;
+            // The transaction is rolled back when it drops; the connection goes too.
+            self.write_on(&mut conn, rows).await.map_err(|f| {
+                self.forget(&mut conn, &f);
+                WriteFailure { error: f.error, in_doubt: f.in_doubt }
+            })
         })
     }
+}
+
+/// A transaction's failure on a connection: the error, whether it failed at a COMMIT whose
+/// outcome only the database knows, and whether every connection open now is suspect
+/// ([`poisons`]).
+struct ConnFailure {
+    error: StoreError,
+    in_doubt: bool,
+    poison: bool,
+}
+
+/// A statement's failure on the writer's connection.
+fn failed(e: sqlx::Error) -> ConnFailure {
+    ConnFailure { poison: poisons(&e), error: db(e), in_doubt: false }
+}
+
+/// Whether a failed COMMIT may have committed: its connection broke on the way (an answer of
+/// the database, such as SQLite's full disk, says for certain that it did not).
+fn in_doubt(e: &sqlx::Error) -> bool {
+    !matches!(e, sqlx::Error::Database(_))
 }
 
 /// `head` followed by `n` copies of `row`, comma-separated, each `?` of which becomes the next
@@ -530,25 +671,56 @@ pub(crate) fn rows_sql(head: &str, row: &str, n: usize, first: usize, numbered: 
     sql
 }
 
-/// A database error as the store reports it: one the database's absence explains (a refused or
-/// cut connection, a server shutting down, a busy SQLite file) is [`StoreError::Unavailable`].
+/// A database error as the store reports it: one that trying again may cure is
+/// [`StoreError::Unavailable`]: a refused or cut connection, a server shutting down or out of
+/// space, a busy, locked, full or read-only SQLite file.
 pub(crate) fn db(e: sqlx::Error) -> StoreError {
-    let transient = match &e {
+    let text = describe(&e);
+    if transient(&e) { StoreError::Unavailable(text) } else { StoreError::Database(text) }
+}
+
+fn transient(e: &sqlx::Error) -> bool {
+    match e {
         // A connection cut mid-message (a server restarting) reads as a protocol error too.
         sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(d) => d.code().is_some_and(|c| {
-            // PostgreSQL: connection exceptions (08…), operator intervention (57P…), too many
-            // connections (53300), a deadlock or serialization failure (40P01, 40001); SQLite:
-            // busy and locked, with their extended codes.
-            c.starts_with("08")
-                || c.starts_with("57P")
-                || ["53300", "40P01", "40001"].contains(&c.as_ref())
-                || ["5", "6", "261", "262", "517", "773"].contains(&c.as_ref())
-        }),
+        sqlx::Error::Database(d) => {
+            if let Some(pg) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                let c = pg.code();
+                // Connection exceptions (08…), operator intervention (57P…), insufficient
+                // resources (53…: disk full, out of memory, too many connections), system
+                // errors (58…: I/O), a deadlock or serialization failure, a read-only
+                // transaction (a standby, or a primary told to refuse writes).
+                return ["08", "57P", "53", "58"].iter().any(|p| c.starts_with(p)) || ["40P01", "40001", "25006"].contains(&c);
+            }
+            sqlite_primary(d.as_ref())
+                .is_some_and(|code| [SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN].contains(&code))
+        }
         _ => false,
-    };
-    let text = describe(&e);
-    if transient { StoreError::Unavailable(text) } else { StoreError::Database(text) }
+    }
+}
+
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+const SQLITE_READONLY: i32 = 8;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_FULL: i32 = 13;
+const SQLITE_CANTOPEN: i32 = 14;
+
+/// A SQLite error's primary result code (the low byte of its extended code, which sqlx gives).
+fn sqlite_primary(d: &dyn sqlx::error::DatabaseError) -> Option<i32> {
+    d.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
+    d.code()?.parse::<i32>().ok().map(|c| c & 0xff)
+}
+
+/// Whether an error says something about every connection open now, not just the one that
+/// failed: a SQLite connection opened while the file was read-only stays read-only, and one
+/// whose file went wrong under it (I/O, cannot open, full) is not to be trusted either. Busy
+/// and locked say only that another writer holds the file.
+fn poisons(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => sqlite_primary(d.as_ref()).is_some_and(|c| [SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN].contains(&c)),
+        _ => false,
+    }
 }
 
 /// What went wrong, in the database's words: its message and code, without sqlx's wrapping or
@@ -578,14 +750,16 @@ where
     let text = |k: &str| -> Result<String, StoreError> { row.try_get::<String, _>(k).map_err(db) };
     let opt = |k: &str| -> Result<Option<String>, StoreError> { row.try_get::<Option<String>, _>(k).map_err(db) };
     let status = text("status")?;
+    let result: Option<Value> = opt("result")?.and_then(|r| serde_json::from_str(&r).ok());
     Ok(StoredRun {
         run_id: text("run_id")?,
         route_id: text("route_id")?,
         status: StoredStatus::parse(&status).ok_or_else(|| StoreError::Database(format!("unknown run status `{status}` in the store")))?,
         request: serde_json::from_str(&text("request")?).unwrap_or(Value::Null),
-        result: opt("result")?.and_then(|r| serde_json::from_str(&r).ok()),
         reason_class: opt("reason_class")?,
-        question: opt("question")?,
+        // The result holds the question exactly (the column, a copy, cannot hold a NUL).
+        question: result.as_ref().and_then(|r| r.get("question")).and_then(Value::as_str).map(str::to_owned).or(opt("question")?),
+        result,
         next_seq: row.try_get::<i64, _>("next_seq").map_err(db)?.max(1) as u64,
         created_at: text("created_at")?,
         updated_at: text("updated_at")?,
@@ -608,17 +782,17 @@ mod tests {
     }
 
     impl WriteRows for Arc<Flaky> {
-        fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, StoreError>> {
+        fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>> {
             Box::pin(async move {
                 // Only the poisoned run's first batch: a later one would be written.
                 if let Some(p) = self.poison
                     && rows.events.iter().any(|e| e.0 == p && e.1 == 1)
                 {
-                    return Err(StoreError::Database("refused".into()));
+                    return Err(WriteFailure::before_commit(StoreError::Database("refused".into())));
                 }
                 self.committed.lock().unwrap().extend(rows.events.iter().map(|e| (e.0.to_owned(), e.1)));
                 if self.lose_first_ack.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                    return Err(StoreError::Unavailable("connection reset while committing".into()));
+                    return Err(WriteFailure { error: StoreError::Unavailable("connection reset while committing".into()), in_doubt: true });
                 }
                 Ok(HashSet::new())
             })
@@ -662,7 +836,7 @@ mod tests {
     #[tokio::test]
     async fn a_real_database_says_whether_a_transaction_committed() {
         let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
-        let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100 };
+        let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)) };
         let holder = super::super::Holder::new(Duration::from_secs(30));
         let create = |run: &str| Write::Create { run_id: run.into(), route_id: "r".into(), request: "{}".into(), claim: Some((holder.owner.clone(), 30_000)) };
         let commit = |run: &str, seq| Write::Commit { lease: lease(run), batch: Box::new(Prepared::of(batch(run, seq))) };
@@ -691,7 +865,7 @@ mod tests {
     #[tokio::test]
     async fn batches_queued_behind_a_failed_one_are_not_written() {
         let db = Arc::new(Flaky { poison: Some("bad"), ..Flaky::default() });
-        let queue = WriteQueue::start(db.clone(), 1);
+        let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
         let bad_lease = lease("bad");
         // Queued together, before the writer has seen any of them.
         let (a, b, c) = tokio::join!(queue.append(&bad_lease, batch("bad", 1)), queue.append(&bad_lease, batch("bad", 2)), async {
@@ -707,7 +881,7 @@ mod tests {
     #[tokio::test]
     async fn a_transaction_whose_commit_was_not_acknowledged_is_not_written_twice() {
         let db = Arc::new(Flaky { lose_first_ack: true.into(), ..Flaky::default() });
-        let queue = WriteQueue::start(db.clone(), 1);
+        let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
         queue.commit(&lease("a"), batch("a", 1)).await.unwrap();
         queue.commit(&lease("a"), batch("a", 2)).await.unwrap();
         assert_eq!(*db.committed.lock().unwrap(), [("a".to_owned(), 1), ("a".to_owned(), 2)]);
@@ -716,7 +890,7 @@ mod tests {
     #[tokio::test]
     async fn a_job_the_database_refuses_fails_alone_and_its_run_writes_no_more() {
         let db = Arc::new(Flaky { poison: Some("bad"), ..Flaky::default() });
-        let queue = WriteQueue::start(db.clone(), 1);
+        let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
         // Queued together: they share a transaction, which the bad run's rows make fail.
         queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
         let (good_lease, bad_lease) = (lease("good"), lease("bad"));

@@ -10,6 +10,9 @@
 use serde_json::Value;
 use sqlx::Row;
 
+use std::sync::Arc;
+
+use super::health::Health;
 use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, rows_sql, run_of};
 use super::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
 use crate::exec::{JournalBatch, JournalEntry};
@@ -20,12 +23,26 @@ use crate::failure::BoxFuture;
 pub struct SqlStore<DB: sqlx::Database> {
     pool: sqlx::Pool<DB>,
     queue: WriteQueue,
+    health: Arc<Health>,
+}
+
+/// Text PostgreSQL cannot hold (NUL) cannot be a key any row has: such a lookup finds nothing
+/// without asking the database (which would refuse the statement).
+fn impossible(key: &str) -> bool {
+    key.contains('\0')
 }
 
 impl<DB: sqlx::Database> SqlStore<DB> {
-    /// A store on `pool` (migrated), whose writes go through `queue`.
-    pub(crate) fn new(pool: sqlx::Pool<DB>, queue: WriteQueue) -> SqlStore<DB> {
-        SqlStore { pool, queue }
+    /// A store on `pool` (migrated), whose writes go through `queue` and report to `health`.
+    pub(crate) fn new(pool: sqlx::Pool<DB>, queue: WriteQueue, health: Arc<Health>) -> SqlStore<DB> {
+        SqlStore { pool, queue, health }
+    }
+
+    /// Whether a claim may take runs over (running, lease expired) now: not while writes fail,
+    /// and not until a renewal period after they came back, so that a holder whose renewals
+    /// failed with everyone else's renews first, and a store error never moves a run.
+    fn takeovers_allowed(&self, holder: &Holder) -> bool {
+        self.health.recovered_ago().is_none_or(|ago| ago > holder.lease / 3 + std::time::Duration::from_secs(2))
     }
 
     #[cfg(test)]
@@ -75,6 +92,9 @@ where
         holder: Option<&'a Holder>,
     ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         Box::pin(async move {
+            // While writes fail, a start is refused at once (the healer finds out when they
+            // work again); it is never acknowledged without its row committed.
+            self.health.check()?;
             let claim = holder.map(|h| (h.owner.clone(), h.lease_ms()));
             self.queue.write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string(), claim }).await?;
             Ok(holder.map(|_| Lease { run_id: run_id.to_owned(), token: 1 }))
@@ -83,6 +103,9 @@ where
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
         Box::pin(async move {
+            if impossible(run_id) {
+                return Ok(None);
+            }
             let sql = sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1"));
             let row = sqlx::query(sql).bind(run_id).fetch_optional(&self.pool).await.map_err(db)?;
             row.as_ref().map(run_of).transpose()
@@ -91,6 +114,9 @@ where
 
     fn list_runs<'a>(&'a self, filter: &'a RunFilter) -> BoxFuture<'a, Result<Vec<StoredRun>, StoreError>> {
         Box::pin(async move {
+            if filter.route_id.as_deref().is_some_and(impossible) || filter.before.as_deref().is_some_and(impossible) {
+                return Ok(Vec::new());
+            }
             // Run ids are UUIDv7: ordering by id is ordering by start time.
             let sql = sqlx::AssertSqlSafe(format!(
                 "SELECT {RUN_COLUMNS} FROM runs WHERE (CAST($1 AS TEXT) IS NULL OR route_id = $1) \
@@ -111,6 +137,9 @@ where
 
     fn events_after<'a>(&'a self, run_id: &'a str, after_seq: u64) -> BoxFuture<'a, Result<Vec<StoredEvent>, StoreError>> {
         Box::pin(async move {
+            if impossible(run_id) {
+                return Ok(Vec::new());
+            }
             let rows = sqlx::query("SELECT seq, kind, body FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq")
                 .bind(run_id)
                 .bind(after_seq.min(i64::MAX as u64) as i64)
@@ -131,6 +160,9 @@ where
 
     fn journal<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<JournalEntry>, StoreError>> {
         Box::pin(async move {
+            if impossible(run_id) {
+                return Ok(Vec::new());
+            }
             let rows = sqlx::query("SELECT entry FROM run_journal WHERE run_id = $1 ORDER BY id").bind(run_id).fetch_all(&self.pool).await.map_err(db)?;
             rows.iter()
                 .map(|r| {
@@ -143,6 +175,9 @@ where
 
     fn next_seq<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
+            if impossible(run_id) {
+                return Ok(1);
+            }
             let last: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) AS last FROM run_events WHERE run_id = $1")
                 .bind(run_id)
                 .fetch_one(&self.pool)
@@ -156,15 +191,17 @@ where
 
     fn claim_runs<'a>(&'a self, holder: &'a Holder, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
         Box::pin(async move {
-            if routes.is_empty() || limit == 0 {
+            // Nothing to claim while writes fail (the claim is a write too).
+            if routes.is_empty() || limit == 0 || self.health.failing() {
                 return Ok(Vec::new());
             }
             let now_ms = DB::NOW_MS;
+            let expired = if self.takeovers_allowed(holder) { format!("status = 'running' AND lease_until < {now_ms}") } else { "1 = 0".to_owned() };
             // Oldest first (ids are UUIDv7): queued runs, and running ones whose holder stopped
             // renewing its lease.
             let sql = format!(
                 "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {now_ms} + $2, updated_at = $3 \
-                 WHERE run_id IN (SELECT run_id FROM runs WHERE (status = 'queued' OR (status = 'running' AND lease_until < {now_ms})) \
+                 WHERE run_id IN (SELECT run_id FROM runs WHERE (status = 'queued' OR ({expired})) \
                  AND route_id IN ({}) ORDER BY run_id LIMIT $4{}) RETURNING {RUN_COLUMNS}",
                 rows_sql("", "?", routes.len(), 5, true),
                 DB::SKIP_LOCKED
@@ -182,6 +219,11 @@ where
 
     fn claim_reply<'a>(&'a self, run_id: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         Box::pin(async move {
+            // A reply is refused at once while writes fail, like a start.
+            self.health.check()?;
+            if impossible(run_id) {
+                return Ok(None);
+            }
             let sql = format!(
                 "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {} + $2, updated_at = $3 \
                  WHERE run_id = $4 AND status = 'awaiting_input' RETURNING lease_token",
@@ -259,6 +301,10 @@ where
                 sqlx::query("SELECT COUNT(*) AS n FROM runs WHERE status = 'queued'").fetch_one(&self.pool).await.map_err(db)?.try_get("n").map_err(db)?;
             Ok(n.max(0) as u64)
         })
+    }
+
+    fn health(&self) -> Result<(), StoreError> {
+        self.health.check()
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -5,16 +5,22 @@
 //! but not of the machine's power; `docs/operations.md` says so.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
+use super::health::{FileWatch, Health};
 use super::queue::{PoolWriter, WriteQueue, db, describe};
 use super::sql::SqlStore;
 use super::{StoreError, now};
 
 /// The schema versions this binary knows, in order: (version, SQL).
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/sqlite/0001_runs.sql")), (2, include_str!("migrations/sqlite/0002_leases.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/sqlite/0001_runs.sql")),
+    (2, include_str!("migrations/sqlite/0002_leases.sql")),
+    (3, include_str!("migrations/sqlite/0003_health.sql")),
+];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).
 const ROWS_PER_INSERT: usize = 500;
@@ -31,16 +37,28 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
-        // One in-memory database is one connection: a pool of several would see several.
-        let max = if url.contains(":memory:") { 1 } else { 4 };
+        // One in-memory database is one connection: a pool of several would see several, and
+        // closing it would lose the database.
+        let memory = url.contains(":memory:");
+        let health = Arc::new(Health::new(!memory));
+        let fresh = health.clone();
         let pool = SqlitePoolOptions::new()
-            .max_connections(max)
-            .connect_with(options)
+            .max_connections(if memory { 1 } else { 4 })
+            // A connection open when an error poisoned the pool (a read-only file: SQLite keeps
+            // such a connection read-only for good) is closed, not handed out.
+            .before_acquire(move |_, meta| {
+                let fresh = fresh.fresh(meta.age);
+                Box::pin(async move { Ok(fresh) })
+            })
+            .connect_with(options.clone())
             .await
             .map_err(|e| StoreError::Database(format!("cannot open {}: {}", crate::redact::redact_url(url), describe(&e))))?;
         migrate(&pool).await?;
-        let queue = WriteQueue::start(PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT }, 1);
-        Ok(SqlStore::new(pool, queue))
+        let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone() };
+        let watch = if memory { None } else { FileWatch::open(options.get_filename()).ok() };
+        tokio::spawn(writer.clone().heal(watch));
+        let queue = WriteQueue::start(writer, 1, health.clone());
+        Ok(SqlStore::new(pool, queue, health))
     }
 }
 
