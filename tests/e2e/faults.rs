@@ -283,3 +283,122 @@ fn chmod(path: &Path, mode: &str) {
 fn chown_nobody(path: &Path) {
     assert!(Command::new("chown").arg("nobody").arg(path).status().unwrap().success());
 }
+
+/// A NUL where PostgreSQL's text cannot hold one: in a model's question (the stub's `ASK`), in a
+/// user's reply, and in every identifier a client sends. The run asks once, with its question
+/// exactly, and completes after the reply; no lookup is a store error; on both stores alike.
+#[tokio::test]
+async fn nul_in_a_question_a_reply_and_every_identifier_is_safe_on_every_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = vec![("sqlite", format!("sqlite://{}", dir.path().join("fabric.db").display()))];
+    if let Some(pg) = crate::store::fresh_postgres().await {
+        stores.push(("postgres", pg));
+    }
+    let stub = asking_stub();
+    std::fs::write(
+        stub.path().join("support-agent.yaml"),
+        "stages:\n  decide:\n    - \"ASK Which\\0 order?\"\n    - 'CALL add {\"a\":2,\"b\":3}'\n    - \"DONE Order\\0 42 is refunded.\"\n",
+    )
+    .unwrap();
+    for (kind, db) in stores {
+        let server = Server::start(&db, stub.path(), &[]);
+        let body = json!({"route_id": "support-agent", "goal": {"question": "refund?\u{0}"}, "model_profile": "default"});
+        let r = client().post(format!("{}/v1/runs?wait=true", server.url)).bearer_auth(TOKEN).json(&body).send().await.unwrap();
+        let view: Value = r.json().await.unwrap();
+        assert_eq!((view["status"].as_str(), view["question"].as_str()), (Some("awaiting_input"), Some("Which\0 order?")), "{kind}: {view}");
+        let id = view["run_id"].as_str().unwrap().to_owned();
+        let got = crate::service::get(&server, &format!("/v1/runs/{id}")).await;
+        assert_eq!(got["question"], "Which\0 order?", "{kind}: the question read back exactly");
+        let url = format!("{}/v1/runs/{id}/reply?wait=true", server.url);
+        let r = client().post(url).bearer_auth(TOKEN).json(&json!({"message": "order\u{0}42"})).send().await.unwrap();
+        let done: Value = r.json().await.unwrap();
+        assert_eq!((done["status"].as_str(), done["output"].as_str()), (Some("completed"), Some("Order\0 42 is refunded.")), "{kind}: {done}");
+        assert!(done["notes"].as_array().unwrap().iter().any(|n| n == "user: order\u{0}42"), "{kind}: {done}");
+        for path in [
+            "/v1/runs/%00",
+            "/v1/runs/%00/events",
+            "/v1/runs/%00/record",
+            "/v1/runs?route_id=%00",
+            "/v1/runs?before=%00",
+            "/v1/runs?route_id=a%00b&status=completed",
+        ] {
+            let r = client().get(format!("{}{path}", server.url)).bearer_auth(TOKEN).send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            assert!(status < 500, "{kind}: {path}: {status} {body}");
+        }
+        let r = client().post(format!("{}/v1/runs/%00/reply", server.url)).bearer_auth(TOKEN).json(&json!({"message": "x"})).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{kind}: a reply to a NUL id");
+        let r = client().get(format!("{}/v1/runs/updates?route_id=%00", server.url)).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{kind}: the updates stream of a route no run has");
+        drop(r);
+        let metrics = crate::service::client().get(format!("{}/metrics", server.url)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
+        assert!(metrics.contains("fabric_runs_finished_total{route=\"support-agent\",status=\"awaiting_input\"} 1"), "{kind}: asked once: {metrics}");
+        let logs = server.logs();
+        assert!(!logs.contains("\"ERROR\"") && !logs.contains("invalid byte sequence"), "{kind}: no store error: {logs}");
+    }
+}
+
+/// PostgreSQL stopped for 20 s while runs execute, then started: starts are refused with 503
+/// meanwhile (never acknowledged and lost), readiness says so, and every acknowledged run
+/// completes with each stage once. A cluster of this test's own.
+#[tokio::test]
+async fn postgres_stopped_for_20_s_under_load_refuses_starts_and_loses_nothing() {
+    let Some((url, data)) = crate::durable::private_postgres() else { return };
+    let stub = asking_stub();
+    let env = [("FABRIC_LLM_STUB_LATENCY_MS", "300"), ("FABRIC_RUN_LEASE_S", "3"), ("FABRIC_CLAIM_POLL_MS", "100"), ("FABRIC_LOG", "warn")];
+    let server = Server::start(&url, stub.path(), &env);
+    let mut acked = Vec::new();
+    for k in 0..30 {
+        let (status, _, body) = start(&server, &triage(k, 10)).await;
+        assert_eq!(status, 201, "{body}");
+        acked.push(body["run_id"].as_str().unwrap().to_owned());
+    }
+    let pg = |args: &[&str]| Command::new(crate::support::repo().join(".ci/postgres")).args(args).status().unwrap();
+    let bin = |tool: &str| -> String {
+        let out = Command::new("sh").arg("-c").arg(format!("ls -d /usr/lib/postgresql/*/bin/{tool} | sort -V | tail -1")).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let as_owner = |args: &[&str]| {
+        let ok = Command::new("runuser").args(["-u", "postgres", "--"]).args(args).current_dir("/tmp").status().unwrap();
+        assert!(ok.success(), "{args:?}");
+    };
+    let opts = std::fs::read_to_string(Path::new(&data).join("fabric-opts")).unwrap();
+    let log = format!("{data}/log");
+    as_owner(&[&bin("pg_ctl"), "-D", &data, "-m", "fast", "stop"]);
+    let down_until = Instant::now() + Duration::from_secs(20);
+    let (mut refused, mut not_ready) = (0, 0);
+    let mut k = 100;
+    while Instant::now() < down_until {
+        k += 1;
+        let (status, retry, body) = start(&server, &triage(k, 10)).await;
+        if status == 201 {
+            panic!("a start acknowledged while the database is down: {body}");
+        }
+        assert_unavailable(status, &retry, &body, "a start while PostgreSQL is down");
+        refused += 1;
+        let asked = Instant::now();
+        let (status, _) = ready(&server).await;
+        assert!(asked.elapsed() < Duration::from_secs(3), "readiness answers within a second or so: {:?}", asked.elapsed());
+        not_ready += usize::from(status == 503);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    as_owner(&[&bin("pg_ctl"), "-D", &data, "-l", &log, "-w", "-o", opts.trim(), "start"]);
+    assert!(refused > 0 && not_ready > 0, "refused {refused}, not ready {not_ready}");
+    let (status, body) = readiness_becomes(&server, 200, Duration::from_secs(30)).await;
+    assert_eq!(status, 200, "ready again by itself: {body}\n{}", server.logs());
+    let (status, _, body) = start(&server, &triage(0, 10)).await;
+    assert_eq!(status, 201, "{body}");
+    acked.push(body["run_id"].as_str().unwrap().to_owned());
+    for id in &acked {
+        let view = settled(&server, id).await;
+        assert_eq!(view["status"], "completed", "run {id}: {view}\n{}", server.logs());
+    }
+    let store = fabric::store::open(&url).await.unwrap();
+    for id in &acked {
+        crate::durable::assert_executed_once(store.as_ref(), id, "postgres stopped").await;
+        assert_eq!(store.get_run(id).await.unwrap().unwrap().lease_token, 1, "run {id}: a store outage takes no run over");
+    }
+    drop(server);
+    let _ = pg(&["stop", &data]);
+}
