@@ -586,7 +586,7 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
         (status = 400, description = "A query string that does not parse", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 503, description = "The run store is unavailable, or the request took too long", body = ErrorBody)),
+        (status = 503, description = "`store_unavailable` (with `Retry-After`): the run store cannot take writes now, nothing was recorded; `store_error`; or `timeout`", body = ErrorBody)),
     security(("bearer" = [])))]
 async fn start_run(
     State(state): State<AppState>,
