@@ -1,17 +1,24 @@
 //! Hostile input and faults: what a peer, a file or the environment may send must never crash the
-//! runtime, leak a secret or silently lose work (issue 8, one test per finding).
+//! runtime, leak a secret or silently lose work (issues 8 and 22, one test per finding).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use fabric::api::ApiConfig;
 use fabric::catalogue::{self, Catalogue, RouteEntry};
 use fabric::config::{ProviderKind, RetryPolicy, Settings, Tuning};
 use fabric::events::{Event, MemorySink};
-use fabric::exec::{RunRequest, RunResult, RunStatus, Runner, StartError};
+use fabric::exec::{JournalBatch, JournalEntry, RunRequest, RunResult, RunStatus, Runner, StartError};
+use fabric::failure::BoxFuture;
 use fabric::llm::providers::{DEFAULT_MAX_REPLY_BYTES, HttpBackend, backend_for, shared_client};
 use fabric::llm::stub::StubLlm;
+use fabric::store::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
 use serde_json::{Value, json};
+use tower::ServiceExt;
 
+use crate::service::{self, TOKEN, authed, call, send};
 use crate::support::{Canned, FakeProvider, fabric_cli, reply_json, repo, serve, target};
 
 const KINDS: [ProviderKind; 4] = [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic];
@@ -665,5 +672,329 @@ async fn tool_redirects_stay_within_their_origin() {
                 assert!(!record(&result, &events).contains("kb-secret-4711"), "{suffix}: the key leaked");
             }
         }
+    }
+}
+
+// ---- issue 22: what the HTTP API reads ----
+
+/// A run store that notes every run id and route filter it is asked about, so a test can tell
+/// that an identifier was refused before any query.
+#[derive(Debug)]
+struct Watched {
+    inner: Arc<dyn RunStore>,
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl Watched {
+    async fn new() -> Arc<Watched> {
+        Arc::new(Watched { inner: fabric::store::open("sqlite::memory:").await.unwrap(), asked: Default::default() })
+    }
+
+    fn note(&self, what: &str) {
+        self.asked.lock().unwrap().push(what.to_owned());
+    }
+
+    fn asked(&self) -> Vec<String> {
+        self.asked.lock().unwrap().clone()
+    }
+}
+
+impl RunStore for Watched {
+    fn create_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        route_id: &'a str,
+        request: &'a Value,
+        holder: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+        self.inner.create_run(run_id, route_id, request, holder)
+    }
+    fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
+        self.note(run_id);
+        self.inner.get_run(run_id)
+    }
+    fn list_runs<'a>(&'a self, filter: &'a RunFilter) -> BoxFuture<'a, Result<Vec<StoredRun>, StoreError>> {
+        self.note(&format!("list {:?} before {:?}", filter.route_id, filter.before));
+        self.inner.list_runs(filter)
+    }
+    fn events_after<'a>(&'a self, run_id: &'a str, after_seq: u64) -> BoxFuture<'a, Result<Vec<StoredEvent>, StoreError>> {
+        self.note(run_id);
+        self.inner.events_after(run_id, after_seq)
+    }
+    fn next_seq<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.note(run_id);
+        self.inner.next_seq(run_id)
+    }
+    fn journal<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<JournalEntry>, StoreError>> {
+        self.note(run_id);
+        self.inner.journal(run_id)
+    }
+    fn claim_runs<'a>(&'a self, holder: &'a Holder, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
+        self.inner.claim_runs(holder, routes, limit)
+    }
+    fn claim_reply<'a>(&'a self, run_id: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+        self.note(run_id);
+        self.inner.claim_reply(run_id, holder)
+    }
+    fn reopen_reply<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.reopen_reply(lease)
+    }
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.release(lease)
+    }
+    fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.renew(holder, leases)
+    }
+    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        self.inner.append(lease, batch)
+    }
+    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+        self.inner.commit(lease, batch)
+    }
+    fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.inner.queued()
+    }
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.ping()
+    }
+
+    fn health(&self) -> Result<(), StoreError> {
+        self.inner.health()
+    }
+}
+
+/// A request with a raw body and the token.
+fn raw(method: &str, uri: &str, headers: &[(&str, &str)], body: &str) -> Request<Body> {
+    let mut req = Request::builder().method(method).uri(uri).header("authorization", format!("Bearer {TOKEN}"));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.body(Body::from(body.to_owned())).unwrap()
+}
+
+const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
+
+fn start(route: &str, goal: Value) -> Value {
+    json!({"route_id": route, "goal": goal, "model_profile": "default"})
+}
+
+/// A support-agent run that asked (the asking stub asks first): its reply endpoint.
+async fn asking_run(app: &axum::Router) -> String {
+    let (_, _, run) = call(app, "POST", "/v1/runs?wait=true", Some(start("support-agent", json!({"q": 1}))), true).await;
+    assert_eq!(run["status"], "awaiting_input", "{run}");
+    run["run_id"].as_str().unwrap().to_owned()
+}
+
+fn code(body: &Value) -> Option<&str> {
+    body["error"]["code"].as_str()
+}
+
+fn message(body: &Value) -> &str {
+    body["error"]["message"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn request_bodies_must_be_declared_json_and_not_encoded() {
+    let (app, _stub) = service::app(None, authed(ApiConfig::default())).await;
+    let reply = format!("/v1/runs/{}/reply", asking_run(&app).await);
+    let bodies =
+        [("/v1/runs", r#"{"route_id":"support-triage","goal":{"ticket":"x"},"model_profile":"default"}"#), (reply.as_str(), r#"{"message":"order 42"}"#)];
+    for (uri, body) in bodies {
+        for headers in [
+            &[][..],
+            &[("content-type", "text/plain")],
+            &[("content-type", "application/x-www-form-urlencoded")],
+            &[("content-type", "application/xml")],
+            &[("content-type", "application/jsonx")],
+            &[("content-type", "application/json"), ("content-type", "application/json")],
+            &[("content-type", "application/json"), ("content-encoding", "gzip")],
+            &[("content-type", "application/json"), ("content-encoding", "identity, br")],
+        ] {
+            let (status, _, answer) = send(&app, raw("POST", uri, headers, body)).await;
+            assert_eq!((status, code(&answer)), (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type")), "{uri} {headers:?}: {answer}");
+            assert!(message(&answer).contains("application/json") || message(&answer).contains("Content-Encoding"), "{answer}");
+        }
+    }
+    // Parameters and any case are fine, and so is `identity`.
+    for ct in ["application/json; charset=utf-8", "Application/JSON"] {
+        let (status, _, answer) = send(&app, raw("POST", "/v1/runs", &[("content-type", ct), ("content-encoding", "identity")], bodies[0].1)).await;
+        assert_eq!(status, StatusCode::CREATED, "{ct}: {answer}");
+    }
+    let (status, _, answer) = send(&app, raw("POST", &reply, &[("content-type", "APPLICATION/json;charset=UTF-8")], bodies[1].1)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+}
+
+#[tokio::test]
+async fn a_start_body_must_be_a_json_object() {
+    let (app, _stub) = service::app(None, authed(ApiConfig::default())).await;
+    let reply = format!("/v1/runs/{}/reply", asking_run(&app).await);
+    // serde's derived structs take an array of their fields in order: this one was a run.
+    for (uri, body) in [
+        ("/v1/runs", r#"["support-triage", {"ticket": "x"}, "default"]"#),
+        ("/v1/runs", "42"),
+        ("/v1/runs", r#""support-triage""#),
+        ("/v1/runs", " null"),
+        (reply.as_str(), r#"["order 42"]"#),
+    ] {
+        let (status, _, answer) = send(&app, raw("POST", uri, JSON, body)).await;
+        assert_eq!(
+            (status, code(&answer), message(&answer)),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request"), "the body must be a JSON object"),
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn integers_beyond_64_bits_are_refused_not_rounded() {
+    let (app, _stub) = service::app(None, authed(ApiConfig::default())).await;
+    for (goal, path) in [
+        (r#"{"n": 123456789012345678901234567890}"#, "`goal.n`"),
+        (r#"{"a": [1, {"b": -9223372036854775809}]}"#, "`goal.a[1].b`"),
+        (r#"{"odd key": 18446744073709551616}"#, r#"`goal["odd key"]`"#),
+    ] {
+        let body = format!(r#"{{"route_id": "support-triage", "goal": {goal}, "model_profile": "default"}}"#);
+        let (status, _, answer) = send(&app, raw("POST", "/v1/runs", JSON, &body)).await;
+        assert_eq!((status, code(&answer)), (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request")), "{goal}: {answer}");
+        assert!(message(&answer).contains(path) && message(&answer).contains("beyond 64 bits"), "{answer}");
+    }
+    // The edges of 64 bits are kept exactly, in the record.
+    let body = r#"{"route_id": "support-triage", "goal": {"ticket": "x", "max": 18446744073709551615, "min": -9223372036854775808, "f": 1.5}, "model_profile": "default"}"#;
+    let (status, _, run) = send(&app, raw("POST", "/v1/runs?wait=true", JSON, body)).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    let (_, _, record) = call(&app, "GET", &format!("/v1/runs/{}/record", run["run_id"].as_str().unwrap()), None, true).await;
+    let goal = &record["request"]["goal"];
+    assert_eq!((goal["max"].as_u64(), goal["min"].as_i64(), goal["f"].as_f64()), (Some(u64::MAX), Some(i64::MIN), Some(1.5)), "{record}");
+}
+
+#[tokio::test]
+async fn run_list_parameters_are_checked_not_clamped() {
+    let store = Watched::new().await;
+    let (app, _stub) = service::app_on(store.clone(), None, authed(ApiConfig::default()));
+    let (_, _, run) = call(&app, "POST", "/v1/runs?wait=true", Some(start("support-triage", json!({"ticket": "x"}))), true).await;
+    let id = run["run_id"].as_str().unwrap();
+    for query in ["before=garbage", "before=%00", &format!("before={}", id.to_uppercase()), "limit=0", "limit=201", "limit=100000"] {
+        let (status, _, answer) = call(&app, "GET", &format!("/v1/runs?{query}"), None, true).await;
+        assert_eq!((status, code(&answer)), (StatusCode::BAD_REQUEST, Some("invalid_request")), "{query}: {answer}");
+    }
+    for (query, runs) in [("limit=1", 1), ("limit=200", 1), (&format!("before={id}"), 0)] {
+        let (status, _, page) = call(&app, "GET", &format!("/v1/runs?{query}"), None, true).await;
+        assert_eq!((status, page["runs"].as_array().map(Vec::len)), (StatusCode::OK, Some(runs)), "{query}: {page}");
+    }
+    // A route filter with a control character names no route: an empty page, no query.
+    for route in ["%00", "a%07b", "support-triage%0A"] {
+        let (status, _, page) = call(&app, "GET", &format!("/v1/runs?route_id={route}"), None, true).await;
+        assert_eq!((status, page), (StatusCode::OK, json!({"runs": []})), "{route}");
+        let req = raw("GET", &format!("/v1/runs/updates?route_id={route}"), &[], "");
+        let stream = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(stream.status(), StatusCode::OK);
+        // Past the stream's first poll (500 ms).
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        drop(stream);
+    }
+    let asked = store.asked();
+    assert!(asked.iter().all(|a| !a.starts_with("list ") || a.contains("None before")), "{asked:?}");
+    assert!(asked.iter().any(|a| a.starts_with("list None before Some(")), "the good `before` was asked: {asked:?}");
+}
+
+#[tokio::test]
+async fn every_path_rejection_is_in_the_json_error_shape() {
+    let (app, _stub) = service::app(None, authed(ApiConfig::default())).await;
+    for (method, uri) in [
+        ("GET", "/v1/runs/%ff%fe"),
+        ("GET", "/v1/runs/%ff%fe/events"),
+        ("GET", "/v1/runs/%ff%fe/record"),
+        ("POST", "/v1/runs/%ff%fe/reply"),
+        ("GET", "/v1/routes/%ff/graph.svg"),
+    ] {
+        let (status, headers, answer) = send(&app, raw(method, uri, JSON, r#"{"message": "hi"}"#)).await;
+        assert_eq!((status, code(&answer)), (StatusCode::BAD_REQUEST, Some("invalid_request")), "{uri}: {answer}");
+        assert_eq!(headers["content-type"], "application/json", "{uri}");
+        assert!(!message(&answer).contains("%ff") && !message(&answer).contains('\u{fffd}'), "the segment is not repeated: {answer}");
+    }
+}
+
+#[tokio::test]
+async fn identifiers_that_cannot_be_run_ids_are_404_before_any_store_query() {
+    let store = Watched::new().await;
+    let (app, _stub) = service::app_on(store.clone(), None, authed(ApiConfig::default()));
+    let id = asking_run(&app).await;
+    let ids = ["nope".to_owned(), "%00".into(), "a%0Ab".into(), id.to_uppercase(), format!("%7B{id}%7D"), id.replace('-', ""), format!("urn:uuid:{id}")];
+    for bad in &ids {
+        for (method, uri) in [
+            ("GET", format!("/v1/runs/{bad}")),
+            ("GET", format!("/v1/runs/{bad}/events")),
+            ("GET", format!("/v1/runs/{bad}/record")),
+            ("POST", format!("/v1/runs/{bad}/reply")),
+        ] {
+            let (status, _, answer) = send(&app, raw(method, &uri, JSON, r#"{"message": "order 42"}"#)).await;
+            assert_eq!((status, code(&answer)), (StatusCode::NOT_FOUND, Some("not_found")), "{method} {uri}: {answer}");
+        }
+    }
+    let asked = store.asked();
+    assert!(asked.iter().all(|a| *a == id), "only the real run was looked up: {asked:?}");
+    // The run that asked is still waiting: no reply reached it.
+    assert_eq!(call(&app, "GET", &format!("/v1/runs/{id}"), None, true).await.2["status"], "awaiting_input");
+    // The CLI says the same without opening the store (this one cannot be reached).
+    let unreachable = "postgres://u:p@127.0.0.1:1/none";
+    for args in [&["runs", "--store", unreachable, "show", "nope"][..], &["replay", "NOPE", "--store", unreachable][..]] {
+        let o = fabric_cli(args, &[]).await;
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(err(&o).contains("no run `nope`") || err(&o).contains("no run `NOPE`"), "{args:?}: {}", err(&o));
+        assert!(!err(&o).contains("run store"), "{args:?}: {}", err(&o));
+    }
+}
+
+#[tokio::test]
+async fn empty_replies_are_refused() {
+    let (app, _stub) = service::app(None, authed(ApiConfig::default())).await;
+    let id = asking_run(&app).await;
+    for empty in ["", " ", "\n\t  "] {
+        let (status, _, answer) = call(&app, "POST", &format!("/v1/runs/{id}/reply"), Some(json!({"message": empty})), true).await;
+        assert_eq!((status, code(&answer)), (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request")), "{empty:?}: {answer}");
+        assert!(message(&answer).contains("empty"), "{answer}");
+    }
+    assert_eq!(call(&app, "GET", &format!("/v1/runs/{id}"), None, true).await.2["status"], "awaiting_input");
+    let (status, _, _) = call(&app, "POST", &format!("/v1/runs/{id}/reply"), Some(json!({"message": "order 42"})), true).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn ids_echoed_in_errors_are_truncated() {
+    let (app, _stub) = service::app(None, authed(ApiConfig::default())).await;
+    let long = "r".repeat(5000);
+    let cut = format!("`{}…`", "r".repeat(64));
+    let mut answers = Vec::new();
+    for (method, uri) in [
+        ("GET", format!("/v1/runs/{long}")),
+        ("GET", format!("/v1/runs/{long}/events")),
+        ("GET", format!("/v1/runs/{long}/record")),
+        ("POST", format!("/v1/runs/{long}/reply")),
+        ("GET", format!("/v1/routes/{long}/graph.svg")),
+        ("GET", format!("/v1/runs?status={long}")),
+    ] {
+        answers.push((uri.clone(), send(&app, raw(method, &uri, JSON, r#"{"message": "hi"}"#)).await.2));
+    }
+    for body in [start(&long, json!({})), json!({"route_id": "support-triage", "goal": {}, "model_profile": long})] {
+        answers.push(("/v1/runs".into(), call(&app, "POST", "/v1/runs", Some(body), true).await.2));
+    }
+    for (uri, answer) in answers {
+        let m = message(&answer);
+        assert!(m.contains(&cut) && m.chars().count() < 160, "{}: {m}", &uri[..40.min(uri.len())]);
+    }
+}
+
+#[tokio::test]
+async fn prefetch_has_a_limit_of_its_own() {
+    let (app, _stub) = service::app(None, authed(ApiConfig::default())).await;
+    let with = |prefetch: Vec<String>| json!({"route_id": "support-triage", "goal": {"ticket": "x"}, "model_profile": "default", "prefetch": prefetch});
+    for prefetch in [vec!["p".to_owned(); 257], vec!["p".repeat(200 * 1024); 2]] {
+        let (status, _, answer) = call(&app, "POST", "/v1/runs", Some(with(prefetch)), true).await;
+        assert_eq!((status, code(&answer)), (StatusCode::PAYLOAD_TOO_LARGE, Some("too_large")), "{}", message(&answer));
+        assert!(message(&answer).contains("prefetch"), "{answer}");
+    }
+    for prefetch in [vec!["p".to_owned(); 256], vec!["p".repeat(256 * 1024)]] {
+        let (status, _, answer) = call(&app, "POST", "/v1/runs", Some(with(prefetch)), true).await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
     }
 }

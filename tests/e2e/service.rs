@@ -29,14 +29,18 @@ pub(crate) fn asking_stub() -> tempfile::TempDir {
     dir
 }
 
-async fn app(fleet: Option<&str>, config: ApiConfig) -> (axum::Router, tempfile::TempDir) {
+pub(crate) async fn app(fleet: Option<&str>, config: ApiConfig) -> (axum::Router, tempfile::TempDir) {
+    app_on(fabric::store::open("sqlite::memory:").await.unwrap(), fleet, config)
+}
+
+/// The app over a store of the caller's (a wrapper that watches what is asked, say).
+pub(crate) fn app_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str>, config: ApiConfig) -> (axum::Router, tempfile::TempDir) {
     let mut vars = vec![("FABRIC_LLM_STUB", "1".to_owned())];
     if let Some(f) = fleet {
         vars.push(("FABRIC_FLEET", f.to_owned()));
     }
     let settings = Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
     let stub = asking_stub();
-    let store = fabric::store::open("sqlite::memory:").await.unwrap();
     let runtime = Runtime::builder()
         .settings(settings)
         .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
@@ -48,16 +52,24 @@ async fn app(fleet: Option<&str>, config: ApiConfig) -> (axum::Router, tempfile:
     (router(AppState::new(Arc::new(runtime), config)), stub)
 }
 
-fn authed(config: ApiConfig) -> ApiConfig {
+pub(crate) fn authed(config: ApiConfig) -> ApiConfig {
     ApiConfig { token: Some(TOKEN.into()), ..config }
 }
 
-async fn call(app: &axum::Router, method: &str, uri: &str, body: Option<Value>, token: bool) -> (StatusCode, axum::http::HeaderMap, Value) {
+/// A request with a JSON body (declared `application/json`, as the API requires) or none.
+pub(crate) async fn call(app: &axum::Router, method: &str, uri: &str, body: Option<Value>, token: bool) -> (StatusCode, axum::http::HeaderMap, Value) {
     let mut req = Request::builder().method(method).uri(uri);
     if token {
         req = req.header("authorization", format!("Bearer {TOKEN}"));
     }
-    let req = req.body(body.map_or_else(Body::empty, |b| Body::from(b.to_string()))).unwrap();
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
+    send(app, req.body(body.map_or_else(Body::empty, |b| Body::from(b.to_string()))).unwrap()).await
+}
+
+/// Any request; the answer's body as JSON, else as a JSON string.
+pub(crate) async fn send(app: &axum::Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Value) {
     let response = app.clone().oneshot(req).await.unwrap();
     let (parts, body) = response.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();

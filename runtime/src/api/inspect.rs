@@ -15,6 +15,7 @@ const UPDATES_WINDOW: u32 = 200;
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct UpdatesParams {
+    /// Runs of this route only (one with a control character names none: a stream of nothing).
     pub route_id: Option<String>,
     /// `queued`, `running`, `completed`, `failed` or `awaiting_input`.
     pub status: Option<String>,
@@ -45,9 +46,11 @@ pub(super) async fn run_updates(
         e.retry_after = Some(5);
         e
     })?;
+    // A filter that can name no route is a stream of nothing, which never asks the store.
+    let reads_store = !p.route_id.as_deref().is_some_and(names_no_route);
     let filter = RunFilter { route_id: p.route_id, status, before: None, limit: UPDATES_WINDOW };
     // The first read answers errors as errors; later ones end the stream.
-    let initial = store.list_runs(&filter).await.map_err(store_error)?;
+    let initial = if reads_store { store.list_runs(&filter).await.map_err(store_error)? } else { Vec::new() };
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     let follower = state.clone();
     tokio::spawn(async move {
@@ -86,7 +89,7 @@ pub(super) async fn run_updates(
             if follower.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) || Instant::now() >= until {
                 return;
             }
-            runs = match store.list_runs(&filter).await {
+            runs = match if reads_store { store.list_runs(&filter).await } else { Ok(Vec::new()) } {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(error = %e, "run store: the run-list stream ends");
@@ -119,14 +122,14 @@ pub struct RunRecord {
 
 /// A run's record: its start contract and its stored journal (what each model call was asked
 /// and answered, each completed stage's value, the notes and replies).
-#[utoipa::path(get, path = "/v1/runs/{run_id}/record", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 200, body = RunRecord), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
-pub(super) async fn run_record(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Json<RunRecord>, ApiError> {
+#[utoipa::path(get, path = "/v1/runs/{run_id}/record", params(("run_id" = String, Path, description = RUN_ID_PARAM)),
+    responses((status = 200, body = RunRecord), (status = 404, body = ErrorBody), (status = 400, description = PATH_400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
+pub(super) async fn run_record(State(state): State<AppState>, RunIdPath(run_id): RunIdPath) -> Result<Json<RunRecord>, ApiError> {
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
-    let Some(run) = store.get_run(&run_id).await.map_err(store_error)? else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`")));
+    let Some(run) = store.get_run(run_id.as_str()).await.map_err(store_error)? else {
+        return Err(no_run(run_id.as_str()));
     };
-    let entries = store.journal(&run_id).await.map_err(store_error)?;
+    let entries = store.journal(run_id.as_str()).await.map_err(store_error)?;
     let entries = entries.iter().filter_map(|e| serde_json::to_value(e).ok()).collect();
     let status = RunView::of(run.clone()).status;
     Ok(Json(RunRecord { run_id: run.run_id, route_id: run.route_id, status, request: run.request, entries }))

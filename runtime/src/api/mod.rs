@@ -6,6 +6,7 @@
 //! place ([`ApiError`]). The service decides nothing about runs: it parses requests, asks the
 //! runtime, and answers.
 
+mod body;
 mod inspect;
 mod live;
 pub mod metrics;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -30,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use body::{JsonBody, PathText, RunIdPath, echo_id, no_run};
 pub use inspect::{RunRecord, UpdatesParams};
 pub use live::{Live, LiveEvent, LiveRun};
 pub use metrics::Metrics;
@@ -39,7 +41,7 @@ use crate::catalogue::{RouteEntry, RouteLookupError};
 use crate::events::EventSink;
 use crate::exec::StartError;
 use crate::runtime::{AcceptError, ReplyError, Runtime, StartRequest};
-use crate::store::{RunFilter, StoredRun, StoredStatus};
+use crate::store::{RunFilter, RunId, StoredRun, StoredStatus};
 
 /// The service's limits and access.
 #[derive(Debug, Clone)]
@@ -52,6 +54,10 @@ pub struct ApiConfig {
     pub max_body_bytes: usize,
     /// The largest goal (as compact JSON).
     pub max_goal_bytes: usize,
+    /// The most prefetched chunks a run may be given.
+    pub max_prefetch_chunks: usize,
+    /// The largest prefetch, all its chunks together (their UTF-8 bytes).
+    pub max_prefetch_bytes: usize,
     /// How long `?wait=true` waits before answering with the run as it stands.
     pub wait_max: Duration,
     /// Runs the store may hold `queued` (accepted while every replica was busy); past it, 429.
@@ -68,6 +74,10 @@ impl Default for ApiConfig {
             max_in_flight: 1024,
             max_body_bytes: 1024 * 1024,
             max_goal_bytes: 256 * 1024,
+            // Every model call of the run sees the prefetch: bounded like the goal, not only by
+            // the body.
+            max_prefetch_chunks: 256,
+            max_prefetch_bytes: 256 * 1024,
             wait_max: Duration::from_secs(60),
             max_queued: 10_000,
             claim_poll: Duration::from_secs(1),
@@ -245,7 +255,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -266,7 +276,7 @@ impl IntoResponse for ApiError {
 
 fn start_error(e: StartError) -> ApiError {
     match e {
-        StartError::UnknownRoute { route, .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{route}`")),
+        StartError::UnknownRoute { route, .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{}`", echo_id(&route))),
         StartError::WrongFleet { route, target, fleet } => ApiError::new(
             StatusCode::CONFLICT,
             "wrong_fleet",
@@ -430,12 +440,13 @@ pub struct WaitParam {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
+    /// Runs of this route only (one with a control character names none: an empty page).
     pub route_id: Option<String>,
     /// `queued`, `running`, `completed`, `failed` or `awaiting_input`.
     pub status: Option<String>,
-    /// A run id: list runs older than it (the `next` of the previous page).
+    /// A run id: list runs older than it (the `next` of the previous page); anything else is 400.
     pub before: Option<String>,
-    /// Page size, 1 to 200 (default 50).
+    /// Page size, 1 to 200 (default 50); anything else is 400.
     pub limit: Option<u32>,
 }
 
@@ -526,21 +537,12 @@ async fn request_log(request: Request, next: Next) -> Response {
     response
 }
 
-fn parse_body<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<T, ApiError> {
-    let bytes = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("the request body is larger than {limit} bytes")),
-        _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "the request body could not be read"),
-    })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("the body is not what this endpoint takes: {e}")))
-}
-
 /// The service's view of a run's end, as stored.
 async fn view(state: &AppState, run_id: &str) -> Result<RunView, ApiError> {
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
     match store.get_run(run_id).await.map_err(store_error)? {
         Some(run) => Ok(RunView::of(run)),
-        None => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`"))),
+        None => Err(no_run(run_id)),
     }
 }
 
@@ -581,8 +583,9 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         (status = 200, description = "With `wait=true`: the run once it ended or asked", body = RunView),
         (status = 404, description = "Unknown route", body = ErrorBody),
         (status = 409, description = "The route is served by another fleet", body = ErrorBody),
-        (status = 413, description = "Body or goal too large", body = ErrorBody),
-        (status = 422, description = "Invalid body, a goal that is not an object, or a broken route", body = ErrorBody),
+        (status = 413, description = "Body, goal or prefetch too large", body = ErrorBody),
+        (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody),
+        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; an unknown profile; a route that cannot start (`broken_route`, `cannot_start`)", body = ErrorBody),
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
         (status = 400, description = "A query string that does not parse", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
@@ -591,11 +594,11 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
 async fn start_run(
     State(state): State<AppState>,
     wait: Result<Query<WaitParam>, QueryRejection>,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<JsonBody<StartBody>, ApiError>,
 ) -> Result<Response, ApiError> {
     let wait = query(wait)?;
     let config = &state.inner.config;
-    let body: StartBody = parse_body(body, config.max_body_bytes)?;
+    let JsonBody(body) = body?;
     let Value::Object(goal) = body.goal else {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "`goal` must be a JSON object"));
     };
@@ -607,13 +610,21 @@ async fn start_run(
             format!("the goal is {goal_bytes} bytes; the limit is {}", config.max_goal_bytes),
         ));
     }
-    let req = StartRequest {
-        route_id: body.route_id,
-        goal,
-        model_profile: Some(body.model_profile),
-        prefetch: body.prefetch.unwrap_or_default(),
-        session_id: body.session_id,
-    };
+    let prefetch = body.prefetch.unwrap_or_default();
+    let prefetch_bytes: usize = prefetch.iter().map(String::len).sum();
+    if prefetch.len() > config.max_prefetch_chunks || prefetch_bytes > config.max_prefetch_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "the prefetch is {} chunks, {prefetch_bytes} bytes; the limit is {} chunks, {} bytes",
+                prefetch.len(),
+                config.max_prefetch_chunks,
+                config.max_prefetch_bytes
+            ),
+        ));
+    }
+    let req = StartRequest { route_id: body.route_id, goal, model_profile: Some(body.model_profile), prefetch, session_id: body.session_id };
     // Room here: the run is claimed by this process as it is accepted. None: it is queued in
     // the store for any replica with room, up to the queue's bound.
     let permit = state.inner.in_flight.clone().try_acquire_owned().ok();
@@ -630,7 +641,9 @@ async fn start_run(
     }
     let accepted = state.inner.runtime.accept(&req, permit.is_some()).await.map_err(|e| match e {
         AcceptError::Start(s) => start_error(s),
-        AcceptError::UnknownProfile(p) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("model profile `{p}` is not defined")),
+        AcceptError::UnknownProfile(p) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("model profile `{}` is not defined", echo_id(&p)))
+        }
         AcceptError::Store(s) => store_error(s),
         AcceptError::NoStore => store_error("no store"),
         AcceptError::NotClaimed => store_error("the run could not be claimed"),
@@ -714,19 +727,36 @@ async fn waited(state: &AppState, run_id: &str) -> Result<Json<RunView>, ApiErro
 }
 
 /// A run: the result object once it ended or asked.
-#[utoipa::path(get, path = "/v1/runs/{run_id}", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 200, body = RunView), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
-async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>) -> Result<Json<RunView>, ApiError> {
-    view(&state, &run_id).await.map(Json)
+#[utoipa::path(get, path = "/v1/runs/{run_id}", params(("run_id" = String, Path, description = RUN_ID_PARAM)),
+    responses((status = 200, body = RunView), (status = 404, body = ErrorBody), (status = 400, description = PATH_400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
+async fn get_run(State(state): State<AppState>, RunIdPath(run_id): RunIdPath) -> Result<Json<RunView>, ApiError> {
+    view(&state, run_id.as_str()).await.map(Json)
 }
 
+/// The OpenAPI description of every `{run_id}`.
+const RUN_ID_PARAM: &str = "The run id: a lowercase hyphenated UUID; anything else names no run (404)";
+/// The OpenAPI description of a path's 400.
+const PATH_400: &str = "A path that does not parse (not UTF-8 once percent-decoded)";
+
 /// Runs, newest first, paged.
-#[utoipa::path(get, path = "/v1/runs", params(ListParams), responses((status = 200, body = RunPage), (status = 400, description = "A query string that does not parse", body = ErrorBody), (status = 422, description = "An unknown status", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/runs", params(ListParams), responses((status = 200, body = RunPage), (status = 400, description = "A query string that does not parse, a `before` that is no run id, a `limit` outside 1 to 200", body = ErrorBody), (status = 422, description = "An unknown status", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
 async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, QueryRejection>) -> Result<Json<RunPage>, ApiError> {
     let p = query(p)?;
     let status = parse_status(p.status.as_deref())?;
-    let limit = p.limit.unwrap_or(50).clamp(1, 200);
-    let filter = RunFilter { route_id: p.route_id, status, before: p.before, limit: limit + 1 };
+    let limit = match p.limit {
+        None => 50,
+        Some(l @ 1..=200) => l,
+        Some(_) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "`limit` must be 1 to 200")),
+    };
+    let before = match p.before.as_deref().map(RunId::parse) {
+        None => None,
+        Some(Some(id)) => Some(id),
+        Some(None) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "`before` must be a run id (the `next` of a page)")),
+    };
+    if p.route_id.as_deref().is_some_and(names_no_route) {
+        return Ok(Json(RunPage { runs: Vec::new(), next: None }));
+    }
+    let filter = RunFilter { route_id: p.route_id, status, before: before.map(|b| b.as_str().to_owned()), limit: limit + 1 };
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
     let mut runs: Vec<RunView> = store.list_runs(&filter).await.map_err(store_error)?.into_iter().map(RunView::of).collect();
     let next = (runs.len() > limit as usize).then(|| {
@@ -734,6 +764,12 @@ async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, Q
         runs.last().map(|r| r.run_id.clone())
     });
     Ok(Json(RunPage { runs, next: next.flatten() }))
+}
+
+/// A `route_id` filter that can name no route (a NUL or another control character: no catalogue
+/// id has one), answered as empty without asking the store (PostgreSQL refuses a NUL outright).
+fn names_no_route(route_id: &str) -> bool {
+    route_id.chars().any(char::is_control)
 }
 
 /// A `status` query parameter: one of the stored statuses.
@@ -744,7 +780,7 @@ fn parse_status(status: Option<&str>) -> Result<Option<StoredStatus>, ApiError> 
                 ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "invalid_request",
-                    format!("`status` `{s}` is not one of queued, running, completed, failed, awaiting_input"),
+                    format!("`status` `{}` is not one of queued, running, completed, failed, awaiting_input", echo_id(s)),
                 )
             })
         })
@@ -753,14 +789,15 @@ fn parse_status(status: Option<&str>) -> Result<Option<StoredStatus>, ApiError> 
 
 /// A run's events as Server-Sent Events: from the start, or after `Last-Event-ID`; live until
 /// the run ends or asks. Each event's id is its `seq`.
-#[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = "The run id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
-    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 400, description = "A `Last-Event-ID` that is not a seq", body = ErrorBody), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = RUN_ID_PARAM), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
+    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 400, description = "A `Last-Event-ID` that is not a seq, or a path that does not parse", body = ErrorBody), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn run_events(
     State(state): State<AppState>,
-    Path(run_id): Path<String>,
+    RunIdPath(run_id): RunIdPath,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let run_id = run_id.as_str().to_owned();
     let after: u64 = match headers.get("last-event-id") {
         None => 0,
         Some(v) => v
@@ -771,7 +808,7 @@ async fn run_events(
     };
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
     if store.get_run(&run_id).await.map_err(store_error)?.is_none() {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`")));
+        return Err(no_run(&run_id));
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     let follower = state.clone();
@@ -837,24 +874,29 @@ async fn run_events(
 }
 
 /// Continues a run that asked: the reply becomes a note the next decision sees.
-#[utoipa::path(post, path = "/v1/runs/{run_id}/reply", request_body = ReplyBody, params(("run_id" = String, Path, description = "The run id"), WaitParam),
+#[utoipa::path(post, path = "/v1/runs/{run_id}/reply", request_body = ReplyBody, params(("run_id" = String, Path, description = RUN_ID_PARAM), WaitParam),
     responses((status = 202, body = Accepted), (status = 200, description = "With `wait=true`", body = RunView), (status = 404, body = ErrorBody),
-        (status = 409, description = "The run is not awaiting the user, or its route is now served by another fleet", body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, description = "An invalid body, or the run's route cannot run now", body = ErrorBody), (status = 429, body = ErrorBody), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 409, description = "The run is not awaiting the user, or its route is now served by another fleet", body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody), (status = 422, description = "An invalid body (not an object, an empty message), or the run's route cannot run now", body = ErrorBody), (status = 429, body = ErrorBody), (status = 400, description = "A query string or a path that does not parse", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn reply(
     State(state): State<AppState>,
-    Path(run_id): Path<String>,
+    RunIdPath(run_id): RunIdPath,
     wait: Result<Query<WaitParam>, QueryRejection>,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<JsonBody<ReplyBody>, ApiError>,
 ) -> Result<Response, ApiError> {
     let wait = query(wait)?;
-    let body: ReplyBody = parse_body(body, state.inner.config.max_body_bytes)?;
+    let JsonBody(body) = body?;
     if body.message.len() > state.inner.config.max_goal_bytes {
         return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the reply is too large"));
     }
+    // An empty reply answers nothing: the run would go on with a note that says nothing.
+    if body.message.trim().is_empty() {
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "the reply's `message` is empty"));
+    }
+    let run_id = run_id.as_str().to_owned();
     let permit = state.inner.in_flight.clone().try_acquire_owned().map_err(|_| too_many())?;
     let claimed = state.inner.runtime.claim_reply(&run_id, body.message).await.map_err(|e| match e {
-        ReplyError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{run_id}`")),
+        ReplyError::NotFound(_) => no_run(&run_id),
         ReplyError::NotWaiting { .. } => ApiError::new(StatusCode::CONFLICT, "not_waiting", e.to_string()),
         ReplyError::Store(s) => store_error(s),
         ReplyError::NoStore => store_error("no store"),
@@ -895,13 +937,16 @@ async fn list_routes(State(state): State<AppState>) -> Json<Vec<RouteInfo>> {
 #[utoipa::path(get, path = "/v1/routes/{route_id}/graph.svg", params(("route_id" = String, Path, description = "The route id")),
     responses((status = 200, description = "The graph, SVG 1.1", content_type = "image/svg+xml", body = String,
         headers(("x-content-type-options" = String, description = "`nosniff`"), ("content-security-policy" = String, description = "`default-src 'none'; style-src 'unsafe-inline'`"))), (status = 404, description = "Unknown route", body = ErrorBody),
-        (status = 422, description = "A broken route", body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
-async fn route_graph_svg(State(state): State<AppState>, Path(route_id): Path<String>) -> Result<Response, ApiError> {
+        (status = 422, description = "A broken route", body = ErrorBody), (status = 400, description = PATH_400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+async fn route_graph_svg(State(state): State<AppState>, PathText(route_id): PathText) -> Result<Response, ApiError> {
     let route = state.inner.runtime.catalogue().route(&route_id).map_err(|e| match e {
-        RouteLookupError::Unknown { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{route_id}`")),
+        RouteLookupError::Unknown { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{}`", echo_id(&route_id))),
         RouteLookupError::Broken(b) => {
-            let mut e =
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "broken_route", format!("route `{route_id}` cannot run: the catalogue has errors in it"));
+            let mut e = ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "broken_route",
+                format!("route `{}` cannot run: the catalogue has errors in it", echo_id(&route_id)),
+            );
             e.problems = b.problems.iter().flat_map(|d| d.to_string().lines().map(|l| l.trim().to_owned()).collect::<Vec<_>>()).collect();
             e
         }

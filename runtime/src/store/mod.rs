@@ -77,6 +77,33 @@ impl StoredStatus {
     }
 }
 
+/// An identifier that can be a run id: a UUID in the canonical lowercase hyphenated form that
+/// `exec::new_run_id` makes. The front ends (the service, the CLI) parse what a client gives them
+/// into one, so an identifier that can name no run is answered "no run" before any query (text
+/// such as a NUL never reaches a database). The store itself takes any text: its tests make runs
+/// with ids like `a`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RunId(String);
+
+impl RunId {
+    /// `None` unless `s` is exactly `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase hex.
+    pub fn parse(s: &str) -> Option<RunId> {
+        let canonical = s.len() == uuid::fmt::Hyphenated::LENGTH
+            && s.bytes().enumerate().all(|(i, b)| if matches!(i, 8 | 13 | 18 | 23) { b == b'-' } else { matches!(b, b'0'..=b'9' | b'a'..=b'f') });
+        canonical.then(|| RunId(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A run as the store keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredRun {
@@ -235,4 +262,22 @@ pub async fn open(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
 /// The time now, as stored (`YYYY-MM-DDTHH:MM:SS.mmmZ`, sortable as text).
 pub(crate) fn now() -> String {
     crate::events::rfc3339_now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunId;
+
+    #[test]
+    fn only_canonical_lowercase_uuids_are_run_ids() {
+        let made = crate::exec::new_run_id();
+        assert_eq!(RunId::parse(&made).map(|id| id.to_string()), Some(made.clone()));
+        for not in
+            ["", "nope", "a", "\0", &made.to_uppercase(), &made.replace('-', ""), &format!("{{{made}}}"), &format!("urn:uuid:{made}"), &format!("{made} ")]
+        {
+            assert_eq!(RunId::parse(not), None, "{not:?}");
+        }
+        // Multi-byte text of the right length in bytes is no run id either.
+        assert_eq!(RunId::parse(&"é".repeat(18)), None);
+    }
 }

@@ -17,7 +17,7 @@ use fabric::exec::{self, RunRequest, RunStatus};
 use fabric::failure::ReasonClass;
 use fabric::hydrate;
 use fabric::runtime::{Runtime, StartRequest, Validation};
-use fabric::store::{RunFilter, RunStore, StoredStatus};
+use fabric::store::{RunFilter, RunId, RunStore, StoredStatus};
 
 use crate::progress::Progress;
 
@@ -452,6 +452,8 @@ async fn settings_and_store(store: Option<&str>) -> Result<(Settings, Arc<dyn Ru
 /// `fabric replay`: the run's journal through the current catalogue. The backend is never asked:
 /// a strict replay takes every reply from the journal, or reports that it has none.
 async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Result<ExitCode> {
+    let Some(run_id) = RunId::parse(run_id) else { return Ok(no_run(run_id)) };
+    let run_id = run_id.as_str();
     let (settings, store) = match settings_and_store(store).await {
         Ok(both) => both,
         Err(code) => return Ok(code),
@@ -481,47 +483,65 @@ async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Re
     Ok(if report.divergences.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_FAILED) })
 }
 
+/// An id that cannot be a run id names no run: said before the store is opened or asked.
+fn no_run(run_id: &str) -> ExitCode {
+    usage(format_args!("no run `{run_id}`"))
+}
+
 async fn runs_cmd(store: Option<&str>, action: &RunsAction) -> std::io::Result<ExitCode> {
+    match action {
+        RunsAction::List { route, status, limit } => runs_list(store, route.clone(), status.as_deref(), *limit).await,
+        RunsAction::Show { run_id, events } => match RunId::parse(run_id) {
+            Some(run_id) => runs_show(store, &run_id, *events).await,
+            // Before the store is opened: an id that cannot be a run id needs no database.
+            None => Ok(no_run(run_id)),
+        },
+    }
+}
+
+async fn runs_list(store: Option<&str>, route: Option<String>, status: Option<&str>, limit: u32) -> std::io::Result<ExitCode> {
     let (_, store) = match settings_and_store(store).await {
         Ok(both) => both,
         Err(code) => return Ok(code),
     };
-    match action {
-        RunsAction::List { route, status, limit } => {
-            let status = match status.as_deref().map(|s| (s, StoredStatus::parse(s))) {
-                None => None,
-                Some((_, Some(s))) => Some(s),
-                Some((s, None)) => return Ok(usage(format_args!("--status `{s}` is not one of running, completed, failed, awaiting_input"))),
-            };
-            let filter = RunFilter { route_id: route.clone(), status, before: None, limit: *limit };
-            let runs = match store.list_runs(&filter).await {
-                Ok(r) => r,
-                Err(e) => return Ok(usage(e)),
-            };
-            let text: String = runs
-                .iter()
-                .map(|r| format!("{}\t{}\t{}\t{}\t{}\n", r.run_id, r.route_id, r.status.as_str(), r.created_at, r.reason_class.as_deref().unwrap_or("-")))
-                .collect();
-            print_out(&text)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        RunsAction::Show { run_id, events } => {
-            let run = match store.get_run(run_id).await {
-                Ok(Some(r)) => r,
-                Ok(None) => return Ok(usage(format_args!("no run `{run_id}` in the store"))),
-                Err(e) => return Ok(usage(e)),
-            };
-            let mut text = format!("{}\n", serde_json::to_string(&fabric::api::RunView::of(run)).unwrap_or_default());
-            if *events {
-                match store.events_after(run_id, 0).await {
-                    Ok(list) => list.iter().for_each(|e| text.push_str(&format!("{}\n", e.body))),
-                    Err(e) => return Ok(usage(e)),
-                }
-            }
-            print_out(&text)?;
-            Ok(ExitCode::SUCCESS)
+    let status = match status.map(|s| (s, StoredStatus::parse(s))) {
+        None => None,
+        Some((_, Some(s))) => Some(s),
+        Some((s, None)) => return Ok(usage(format_args!("--status `{s}` is not one of running, completed, failed, awaiting_input"))),
+    };
+    let filter = RunFilter { route_id: route, status, before: None, limit };
+    let runs = match store.list_runs(&filter).await {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    let text: String = runs
+        .iter()
+        .map(|r| format!("{}\t{}\t{}\t{}\t{}\n", r.run_id, r.route_id, r.status.as_str(), r.created_at, r.reason_class.as_deref().unwrap_or("-")))
+        .collect();
+    print_out(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn runs_show(store: Option<&str>, run_id: &RunId, events: bool) -> std::io::Result<ExitCode> {
+    let (_, store) = match settings_and_store(store).await {
+        Ok(both) => both,
+        Err(code) => return Ok(code),
+    };
+    let run_id = run_id.as_str();
+    let run = match store.get_run(run_id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(usage(format_args!("no run `{run_id}` in the store"))),
+        Err(e) => return Ok(usage(e)),
+    };
+    let mut text = format!("{}\n", serde_json::to_string(&fabric::api::RunView::of(run)).unwrap_or_default());
+    if events {
+        match store.events_after(run_id, 0).await {
+            Ok(list) => list.iter().for_each(|e| text.push_str(&format!("{}\n", e.body))),
+            Err(e) => return Ok(usage(e)),
         }
     }
+    print_out(&text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Signals that end a run cleanly: the run fails with `interrupted`, its result is printed, and
