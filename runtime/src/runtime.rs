@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use crate::cancel::{Cancel, CancelHandle};
-use crate::catalogue::{self, Catalogue, SourceFile};
+use crate::catalogue::{self, Catalogue, RouteEntry, SourceFile};
 use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning, choose_model};
 use crate::defs::ProfileDef;
-use crate::diag::Diagnostic;
+use crate::diag::{Diagnostic, Pos, Severity};
 use crate::events::{EventSink, NullSink, RunEvents};
 use crate::exec::{Continuation, ProfileStack, Recovery, RunRequest, RunResult, Runner, StartError, VarLookup};
 use crate::failure::ReasonClass;
@@ -173,7 +173,9 @@ impl RuntimeBuilder {
                             StubLlm::default()
                         }
                     };
-                    scripts.with_latency(settings.stub_latency).strict(settings.stub_strict)
+                    let mut scripts = scripts.with_latency(settings.stub_latency).strict(settings.stub_strict);
+                    check_scripts(&mut scripts, &catalogue, &mut warnings)?;
+                    scripts
                 }
             };
             stub = Some(s.clone());
@@ -200,6 +202,59 @@ impl RuntimeBuilder {
         let holder = Holder::new(settings.service.run_lease);
         Ok(Runtime { runner, settings, stub, warnings, store: self.store, holder })
     }
+}
+
+/// Script keys that name nothing the catalogue has: a file named after no route, a stage key
+/// that is no stage of its route. The stub would answer such calls with generated replies, so
+/// the mistake would pass unseen: warnings, or, with `FABRIC_LLM_STUB_STRICT`, errors (a file
+/// of no route stops the build; a stray stage key breaks its route's script). The diagnostics
+/// are errors in form either way: a front end says "warning" before a warning's line.
+fn check_scripts(stub: &mut StubLlm, catalogue: &Catalogue, warnings: &mut Vec<String>) -> Result<(), BuildError> {
+    let strict = stub.is_strict();
+    let mut stray_files = Vec::new();
+    let mut broken: Vec<(String, Vec<Diagnostic>)> = Vec::new();
+    for file in stub.files() {
+        let Ok(route) = catalogue.route(&file.route_id) else {
+            if catalogue.get(&file.route_id).is_some() {
+                continue; // a broken route: its own problems say enough
+            }
+            let id = |r: &RouteEntry| match r {
+                RouteEntry::Ready(r) => r.id().to_owned(),
+                RouteEntry::Broken(b) => b.id.clone(),
+            };
+            let known: Vec<String> = catalogue.routes().map(id).collect();
+            let message = format!("stub script `{}` is named after no route of the catalogue (routes: {})", file.route_id, known.join(", "));
+            stray_files.push(Diagnostic { path: file.path.clone(), pos: Pos::FILE, severity: Severity::Error, message });
+            continue;
+        };
+        let stages: Vec<&str> = route.nodes().map(|(_, n)| n.id()).collect();
+        let stray: Vec<Diagnostic> = file
+            .stages
+            .iter()
+            .filter(|(key, _)| !stages.contains(&key.as_str()))
+            .map(|(key, pos)| Diagnostic {
+                path: file.path.clone(),
+                pos: *pos,
+                severity: Severity::Error,
+                message: format!("stage `{key}` is no stage of route `{}` (stages: {}); its replies are never used", file.route_id, stages.join(", ")),
+            })
+            .collect();
+        if !stray.is_empty() {
+            broken.push((file.route_id.clone(), stray));
+        }
+    }
+    if strict && !stray_files.is_empty() {
+        return Err(BuildError::Stub(stray_files.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")));
+    }
+    warnings.extend(stray_files.iter().map(ToString::to_string));
+    for (route, problems) in broken {
+        if strict {
+            stub.break_script(&route, problems);
+        } else {
+            warnings.extend(problems.iter().map(ToString::to_string));
+        }
+    }
+    Ok(())
 }
 
 fn load_stub(dir: &Path) -> Result<StubLlm, BuildError> {

@@ -40,6 +40,17 @@ pub struct StubLlm {
     broken: HashMap<String, Vec<Diagnostic>>,
     latency: Duration,
     strict: bool,
+    /// Where each script came from and the stage keys it named (with their places), for the
+    /// check against the catalogue ([`StubLlm::keys`]).
+    files: Vec<ScriptFile>,
+}
+
+/// A script file as read: its route (the file's name), path and stage keys.
+#[derive(Debug, Clone)]
+pub struct ScriptFile {
+    pub route_id: String,
+    pub path: std::path::PathBuf,
+    pub stages: Vec<(String, crate::diag::Pos)>,
 }
 
 impl StubLlm {
@@ -54,6 +65,7 @@ impl StubLlm {
         let mut scripts = HashMap::default();
         let mut broken: HashMap<String, Vec<Diagnostic>> = HashMap::new();
         let mut first_path: HashMap<String, std::path::PathBuf> = HashMap::new();
+        let mut files = Vec::new();
         for path in crate::source::yaml_files(dir, &mut diags) {
             let Some(route_id) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
             let mark = diags.len();
@@ -61,15 +73,17 @@ impl StubLlm {
                 diags.error(&path, crate::diag::Pos::FILE, format!("route `{route_id}` already has a stub script, {}", first.display()));
             } else {
                 first_path.insert(route_id.clone(), path.clone());
-                if let Some(stages) = Self::load_file(&path, &route_id, &mut diags) {
+                let mut keys = Vec::new();
+                if let Some(stages) = Self::load_file(&path, &route_id, &mut diags, &mut keys) {
                     scripts.insert(route_id.clone(), stages);
                 }
+                files.push(ScriptFile { route_id: route_id.clone(), path: path.clone(), stages: keys });
             }
             if diags.error_count_since(mark) > 0 {
                 broken.entry(route_id).or_default().extend(diags.since(mark).iter().filter(|d| d.is_error()).cloned());
             }
         }
-        Ok(StubLlm { scripts, broken, latency: Duration::ZERO, strict: false })
+        Ok(StubLlm { scripts, broken, latency: Duration::ZERO, strict: false, files })
     }
 
     /// The problems of `route_id`'s script file, when it has any: its runs are refused.
@@ -80,7 +94,19 @@ impl StubLlm {
         self.broken.get(route_id).map(Vec::as_slice)
     }
 
-    fn load_file(path: &Path, route_id: &str, diags: &mut Diagnostics) -> Option<Script> {
+    /// The script files read, with the stage keys each named: what the runtime checks against
+    /// the catalogue (a file named after no route, a key naming no stage is a mistake the stub
+    /// would otherwise hide behind generated replies).
+    pub fn files(&self) -> &[ScriptFile] {
+        &self.files
+    }
+
+    /// Breaks `route_id`'s script with these problems (strict mode: its runs are refused).
+    pub fn break_script(&mut self, route_id: &str, problems: Vec<Diagnostic>) {
+        self.broken.entry(route_id.to_owned()).or_default().extend(problems);
+    }
+
+    fn load_file(path: &Path, route_id: &str, diags: &mut Diagnostics, keys: &mut Vec<(String, crate::diag::Pos)>) -> Option<Script> {
         {
             {
                 let text = crate::source::read_text(path, diags)?;
@@ -90,6 +116,7 @@ impl StubLlm {
                 let mut stages = Script::default();
                 if let Some(node) = f.get("stages") {
                     for (key, replies) in yaml::entries(&mut ctx, node, "stages") {
+                        keys.push((key.name.clone(), key.pos));
                         let Some(items) = ctx.seq(replies, &format!("replies of stage `{}`", key.name)) else { continue };
                         let lines = items.iter().filter_map(|i| match &i.value {
                             // A mapping is accepted and sent as its compact JSON, for readability.
