@@ -667,3 +667,31 @@ async fn tool_redirects_stay_within_their_origin() {
         }
     }
 }
+
+// ---- issue 22: hostile input, second pass ----
+
+/// A PostgreSQL connection string in libpq's key=value form: its password (and any other secret
+/// value) is shown by no command, and the store's error says which form to use instead.
+#[tokio::test]
+async fn a_key_value_postgres_string_never_shows_its_password() {
+    const SECRET: &str = "Pw8-SECRET-kv";
+    let kv = format!("host=127.0.0.1 port=1 password={SECRET} user=u sslpassword='{SECRET} 2' dbname=runs");
+    let env = [("FABRIC_DATABASE_URL", kv.clone()), ("FABRIC_LLM_STUB", "1".to_owned()), ("FABRIC_API_TOKEN", "t".repeat(40))];
+    for args in [
+        &["doctor"][..],
+        &["runs", "list"][..],
+        &["runs", "--store", &kv, "list"][..],
+        &["runs", "--store", &kv, "show", "x"][..],
+        &["serve", "--listen", "127.0.0.1:0"][..],
+    ] {
+        let o = fabric_cli(args, &env).await;
+        let all = format!("{}{}", out(&o), err(&o));
+        assert!(!all.contains(SECRET), "{args:?}: {all}");
+        // Where the database is stays visible.
+        assert!(all.contains("host=127.0.0.1 port=1"), "{args:?}: {all}");
+        if args[0] != "doctor" {
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {all}");
+            assert!(all.contains("postgres://USER:PASSWORD@HOST:PORT/DB"), "{args:?}: {all}");
+        }
+    }
+}
