@@ -695,3 +695,27 @@ async fn a_key_value_postgres_string_never_shows_its_password() {
         }
     }
 }
+
+/// SIGHUP drains like SIGTERM: logged, exit 0, and the run in flight handed over (its lease let
+/// go, so another process claims it at once), not killed with its lease held.
+#[tokio::test]
+async fn sighup_drains_like_sigterm() {
+    use crate::service::{Server, asking_stub, post};
+    let dir = tempfile::tempdir().unwrap();
+    let db = &format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let server = Server::start(db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "20000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
+    let (status, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}, "model_profile": "default"})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (exit, logs) = server.stop_with("HUP");
+    assert_eq!(exit.code(), Some(0), "{logs}");
+    assert!(logs.contains("SIGHUP is handled like SIGTERM"), "{logs}");
+    assert!(logs.contains("handed over"), "{logs}");
+    // Let go: a new holder claims it at once, long before its 30 s lease would have expired.
+    let store = fabric::store::open(db).await.unwrap();
+    let holder = fabric::store::Holder::new(Duration::from_secs(30));
+    let claimed = store.claim_runs(&holder, &["support-triage".to_owned()], 10).await.unwrap();
+    assert_eq!(claimed.iter().map(|c| c.run.run_id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
+}

@@ -290,8 +290,13 @@ impl Server {
     }
 
     /// SIGTERM, then the exit status and the logs.
-    pub(crate) fn stop(mut self) -> (std::process::ExitStatus, String) {
-        self.signal("TERM");
+    pub(crate) fn stop(self) -> (std::process::ExitStatus, String) {
+        self.stop_with("TERM")
+    }
+
+    /// This signal (`TERM`, `HUP`, `INT`), then the exit status and the logs.
+    pub(crate) fn stop_with(mut self, signal: &str) -> (std::process::ExitStatus, String) {
+        self.signal(signal);
         let status = self.child.wait().unwrap();
         (status, self.logs())
     }

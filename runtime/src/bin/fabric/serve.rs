@@ -1,5 +1,5 @@
 //! `fabric serve`: the HTTP API over the runtime facade, with the run store, structured logs,
-//! a bearer token, and a graceful shutdown on SIGTERM/SIGINT.
+//! a bearer token, and a graceful shutdown on SIGTERM/SIGINT/SIGHUP.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -84,6 +84,10 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         Ok(l) => l,
         Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
     };
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return fail(format!("cannot install the signal handlers: {e}")),
+    };
     let local = listener.local_addr()?;
     tracing::info!(addr = %local, routes_ready = ready, "listening");
     // The address on stdout, so scripts and tests that asked for port 0 learn the port.
@@ -97,15 +101,24 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
     let shutdown = async move {
-        let signal = wait_for_signal().await;
+        let signal = signals.next().await;
         let _ = stopping_tx.send(());
+        if signal == "SIGHUP" {
+            // A terminal closing, or an operator used to `kill -HUP` meaning "reload": either way
+            // the runs in flight are drained and handed over rather than cut off. No reload yet.
+            tracing::info!(signal, "SIGHUP is handled like SIGTERM (no reload): draining, then exiting");
+        }
         tracing::info!(signal, "shutting down: no new requests; running runs get up to the grace period");
         // A second signal stops the process at once, at any point of the shutdown (the drain,
         // the last commits, the spans' flush): this task lives as long as the runtime does.
-        tokio::spawn(async {
-            let again = wait_for_signal().await;
+        tokio::spawn(async move {
+            let again = signals.next().await;
             tracing::warn!(signal = again, "second signal: stopping at once");
-            std::process::exit(if again == "SIGINT" { 130 } else { 143 });
+            std::process::exit(match again {
+                "SIGINT" => 130,
+                "SIGHUP" => 129,
+                _ => 143,
+            });
         });
         tokio::spawn(async move {
             let handed = drain_state.drain(grace).await;
@@ -178,13 +191,28 @@ async fn accept_until(
     }
 }
 
-async fn wait_for_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// The signals that stop the server: SIGTERM, SIGINT and SIGHUP. SIGHUP's default action would
+/// kill the process at once (nothing logged, leases held until they expire), so it is caught and
+/// drains like SIGTERM. Installed before the address is printed: a signal sent as soon as the
+/// server says it listens must find the handlers in place.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())?, hup: signal(SignalKind::hangup())? })
+    }
+
+    /// The next one of them.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+            _ = self.hup.recv() => "SIGHUP",
+        }
     }
 }
