@@ -719,3 +719,45 @@ async fn sighup_drains_like_sigterm() {
     let claimed = store.claim_runs(&holder, &["support-triage".to_owned()], 10).await.unwrap();
     assert_eq!(claimed.iter().map(|c| c.run.run_id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
 }
+
+/// A short `FABRIC_API_TOKEN` is refused on an address the network reaches, and only warned about
+/// on loopback (the README's `change-me` example keeps working).
+#[tokio::test]
+async fn a_short_token_is_refused_off_loopback_and_warned_about_on_it() {
+    use crate::service::{Server, TOKEN, asking_stub, get};
+    assert!(TOKEN.len() < 32);
+    let serve = |listen: &str, token: &str| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
+        cmd.current_dir(repo())
+            .args(["serve", "--listen", listen])
+            .env("FABRIC_LLM_STUB", "1")
+            .env("FABRIC_API_TOKEN", token)
+            .env("FABRIC_DATABASE_URL", "sqlite::memory:")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    for short in ["x", "change-me", &"k".repeat(31)] {
+        let o = serve("0.0.0.0:0", short).output().unwrap();
+        let all = format!("{}{}", out(&o), err(&o));
+        assert_eq!(o.status.code(), Some(2), "{all}");
+        assert!(all.contains("FABRIC_API_TOKEN") && all.contains("32"), "{all}");
+        assert!(short.len() < 4 || !all.contains(short), "the token is not echoed: {all}");
+    }
+    // 32 characters off loopback: it starts.
+    let mut child = serve("0.0.0.0:0", &"k".repeat(32)).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.starts_with("http://0.0.0.0:"), "{line:?}");
+    // A short one on loopback: served, with a warning.
+    let dir = tempfile::tempdir().unwrap();
+    let stub = asking_stub();
+    let server = Server::start(&format!("sqlite://{}", dir.path().join("fabric.db").display()), stub.path(), &[]);
+    assert!(get(&server, "/v1/routes").await.is_array());
+    let (exit, logs) = server.stop();
+    assert!(exit.success(), "{logs}");
+    assert!(logs.contains("FABRIC_API_TOKEN is shorter than 32 characters"), "{logs}");
+    assert!(!logs.contains(TOKEN), "{logs}");
+}

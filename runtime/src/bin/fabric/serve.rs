@@ -54,6 +54,21 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     if token.is_none() && !addr.ip().is_loopback() {
         return fail(format!("--no-auth serves loopback addresses only; {addr} is not one"));
     }
+    // A short token can be guessed by anyone who reaches the port; on loopback only this
+    // machine's users can, so a short one (`change-me` in the README) is only worth a warning.
+    if let Some(t) = &token
+        && t.chars().count() < MIN_TOKEN_CHARS
+    {
+        if !addr.ip().is_loopback() {
+            return fail(format!(
+                "FABRIC_API_TOKEN is shorter than {MIN_TOKEN_CHARS} characters, too short for {addr}, which is not a loopback address: use a long random token (e.g. `openssl rand -hex 32`), or listen on loopback"
+            ));
+        }
+        tracing::warn!(
+            min_chars = MIN_TOKEN_CHARS,
+            "FABRIC_API_TOKEN is shorter than 32 characters: accepted on a loopback address only; use a long random token (e.g. `openssl rand -hex 32`)"
+        );
+    }
     let store = match fabric::store::open(&settings.service.database_url).await {
         Ok(s) => s,
         // The error names the store (its URL without credentials or query string).
@@ -149,6 +164,10 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }
+
+/// The shortest `FABRIC_API_TOKEN` accepted on an address that is not loopback (32 characters:
+/// 128 bits and more from hex or base64, beyond guessing over the network).
+const MIN_TOKEN_CHARS: usize = 32;
 
 /// How long a client may take to send a request's headers: past it the connection is closed
 /// (a slow client holding sockets open, slowloris). axum::serve has no such timeout.
