@@ -761,3 +761,55 @@ async fn a_short_token_is_refused_off_loopback_and_warned_about_on_it() {
     assert!(logs.contains("FABRIC_API_TOKEN is shorter than 32 characters"), "{logs}");
     assert!(!logs.contains(TOKEN), "{logs}");
 }
+
+/// A request body that never finishes arriving (trickled, or chunked without an end) is answered
+/// 408 `request_timeout` and its connection closed, within the body timeout.
+#[tokio::test]
+async fn a_body_that_never_finishes_is_cut_off_with_408() {
+    use crate::service::{Server, TOKEN, asking_stub, get};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let stub = asking_stub();
+    let server = Server::start(&format!("sqlite://{}", dir.path().join("fabric.db").display()), stub.path(), &[("FABRIC_BODY_TIMEOUT_S", "1")]);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    for framing in ["Content-Length: 100000", "Transfer-Encoding: chunked"] {
+        let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!("POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n{framing}\r\n\r\n");
+        slow.write_all(head.as_bytes()).await.unwrap();
+        let first: &[u8] = if framing.starts_with("Content") { b"{" } else { b"1\r\n{\r\n" };
+        slow.write_all(first).await.unwrap();
+        // A byte now and then, never the end, while the answer is read (until the server closes:
+        // a reset after the answer still leaves the answer read); a minute is the test's patience.
+        let (mut reader, mut writer) = slow.into_split();
+        let trickle = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let byte: &[u8] = if framing.starts_with("Content") { b" " } else { b"1\r\n \r\n" };
+                if writer.write_all(byte).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = reader.read(&mut buf).await {
+                answer.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await;
+        trickle.abort();
+        assert!(read.is_ok(), "{framing}: the connection is still open after a minute");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{framing}: {answer}");
+        let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap_or_default()).unwrap_or_default();
+        assert_eq!(body["error"]["code"], "request_timeout", "{framing}: {answer}");
+    }
+    // Others are served meanwhile and after.
+    assert!(get(&server, "/v1/routes").await.is_array());
+    // `fabric doctor` shows it with the other service settings, and refuses a bad one.
+    let o = fabric_cli(&["doctor"], &[("FABRIC_LLM_STUB", "1".into()), ("FABRIC_BODY_TIMEOUT_S", "7".into())]).await;
+    assert!(out(&o).contains("body timeout 7 s"), "{}", out(&o));
+    let o = fabric_cli(&["doctor"], &[("FABRIC_LLM_STUB", "1".into()), ("FABRIC_BODY_TIMEOUT_S", "0".into())]).await;
+    assert!(out(&o).contains("FABRIC_BODY_TIMEOUT_S"), "{}", out(&o));
+}

@@ -59,6 +59,8 @@ pub struct ApiConfig {
     pub max_queued: u64,
     /// How often this process looks for runs to claim (queued, or whose process stopped).
     pub claim_poll: Duration,
+    /// How long a request's body may take to arrive, once its headers have; past it, 408.
+    pub body_timeout: Duration,
 }
 
 impl Default for ApiConfig {
@@ -71,6 +73,7 @@ impl Default for ApiConfig {
             wait_max: Duration::from_secs(60),
             max_queued: 10_000,
             claim_poll: Duration::from_secs(1),
+            body_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -245,7 +248,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_error`, `timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `broken_route`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_error`, `timeout`, `request_timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -425,6 +428,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), read_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), time_limit));
     let api = Router::new()
         .route("/v1/runs/{run_id}/events", get(run_events))
@@ -477,6 +481,41 @@ async fn time_limit(State(state): State<AppState>, request: Request, next: Next)
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", format!("the request took longer than {} s", limit.as_secs())).into_response(),
+    }
+}
+
+/// Reads the request's body whole, within the body timeout and the body limit, before the
+/// handler sees it: hyper bounds only the headers' arrival, so a body trickled a byte at a time
+/// (or a chunked one that never ends) would hold a connection and a task for as long as its
+/// sender likes. Past the timeout: 408, and the connection is closed (the rest of the body is
+/// never read).
+async fn read_body(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    use futures_util::StreamExt;
+    let (parts, body) = request.into_parts();
+    let limit = state.inner.config.max_body_bytes;
+    let timeout = state.inner.config.body_timeout;
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "the request body could not be read"))?;
+            if bytes.len() + chunk.len() > limit {
+                return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("the request body is larger than {limit} bytes")));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(e)) => e.into_response(),
+        Err(_) => {
+            let secs = timeout.as_secs_f64();
+            let mut response =
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", format!("the request body did not arrive within {secs} s")).into_response();
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
     }
 }
 
@@ -556,6 +595,7 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         (status = 404, description = "Unknown route", body = ErrorBody),
         (status = 409, description = "The route is served by another fleet", body = ErrorBody),
         (status = 413, description = "Body or goal too large", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout (`FABRIC_BODY_TIMEOUT_S`); the connection is closed", body = ErrorBody),
         (status = 422, description = "Invalid body, a goal that is not an object, or a broken route", body = ErrorBody),
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
         (status = 400, description = "A query string that does not parse", body = ErrorBody),
@@ -813,7 +853,7 @@ async fn run_events(
 /// Continues a run that asked: the reply becomes a note the next decision sees.
 #[utoipa::path(post, path = "/v1/runs/{run_id}/reply", request_body = ReplyBody, params(("run_id" = String, Path, description = "The run id"), WaitParam),
     responses((status = 202, body = Accepted), (status = 200, description = "With `wait=true`", body = RunView), (status = 404, body = ErrorBody),
-        (status = 409, description = "The run is not awaiting the user, or its route is now served by another fleet", body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, description = "An invalid body, or the run's route cannot run now", body = ErrorBody), (status = 429, body = ErrorBody), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 409, description = "The run is not awaiting the user, or its route is now served by another fleet", body = ErrorBody), (status = 413, body = ErrorBody), (status = 408, description = "The body did not arrive within the body timeout", body = ErrorBody), (status = 422, description = "An invalid body, or the run's route cannot run now", body = ErrorBody), (status = 429, body = ErrorBody), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn reply(
     State(state): State<AppState>,

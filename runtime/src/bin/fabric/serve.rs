@@ -80,6 +80,7 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         wait_max: settings.service.wait_max,
         max_queued: settings.service.max_queued_runs,
         claim_poll: settings.service.claim_poll,
+        body_timeout: settings.service.body_timeout,
         ..ApiConfig::default()
     };
     let grace = settings.service.shutdown_grace;
