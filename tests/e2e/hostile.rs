@@ -813,3 +813,38 @@ async fn a_body_that_never_finishes_is_cut_off_with_408() {
     let o = fabric_cli(&["doctor"], &[("FABRIC_LLM_STUB", "1".into()), ("FABRIC_BODY_TIMEOUT_S", "0".into())]).await;
     assert!(out(&o).contains("FABRIC_BODY_TIMEOUT_S"), "{}", out(&o));
 }
+
+/// Open event streams do not hold a shutdown past its grace period: each ends then with a clean
+/// `: shutting down` comment, and the process exits soon after.
+#[tokio::test]
+async fn a_shutdown_ends_open_streams_with_a_comment_after_the_grace() {
+    use crate::service::{Server, TOKEN, asking_stub, client, post};
+    let dir = tempfile::tempdir().unwrap();
+    let db = &format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let mut server = Server::start(db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "20000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
+    let (status, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}, "model_profile": "default"})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let mut streams = Vec::new();
+    for path in [format!("/v1/runs/{id}/events"), "/v1/runs/updates".to_owned()] {
+        let response = client().get(format!("{}{path}", server.url)).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        streams.push(tokio::spawn(async move { (path, response.text().await) }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let signalled = std::time::Instant::now();
+    server.signal("TERM");
+    // Generous: the grace period is 1 s; before, the stream held the process for 16 s.
+    let mut exit = None;
+    while signalled.elapsed() < Duration::from_secs(10) && exit.is_none() {
+        exit = server.child.try_wait().unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(exit.is_some_and(|e| e.success()), "still running {:?} after SIGTERM: {exit:?} {}", signalled.elapsed(), server.logs());
+    for stream in streams {
+        let (path, text) = stream.await.unwrap();
+        let text = text.unwrap_or_else(|e| panic!("{path}: the stream was cut: {e}"));
+        assert!(text.ends_with(": shutting down\n\n"), "{path}: {text:?}");
+    }
+}

@@ -94,6 +94,9 @@ struct Shared {
     stopping: std::sync::atomic::AtomicBool,
     /// Run-list streams (`/v1/runs/updates`) open at once.
     update_streams: Arc<Semaphore>,
+    /// Set when a shutdown's grace period is over: every event stream ends then, with a
+    /// `: shutting down` comment (a stream would otherwise hold the shutdown until its run ends).
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -108,7 +111,8 @@ impl AppState {
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
         let stopping = std::sync::atomic::AtomicBool::new(false);
         let update_streams = Arc::new(Semaphore::new(inspect::MAX_UPDATE_STREAMS));
-        AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, stopping, update_streams }) }
+        let closing = tokio::sync::watch::channel(false).0;
+        AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, stopping, update_streams, closing }) }
     }
 
     /// Keeps this process's share of the work, for ever, in two tasks: every third of the lease
@@ -220,9 +224,25 @@ impl AppState {
                 live.stop("handed over");
             }
         }
+        // The streams have shown what the grace period let finish; they end now, cleanly, so
+        // that their connections close and the process can stop. After a handover, a little
+        // later: a stream following a handed-over run then shows its end too when the replica
+        // that took it over finishes it quickly.
+        if leases.is_empty() {
+            self.inner.closing.send_replace(true);
+        } else {
+            let state = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(HANDOVER_FOLLOW).await;
+                state.inner.closing.send_replace(true);
+            });
+        }
         leases.len()
     }
 }
+
+/// How long event streams go on after a shutdown handed runs over (see [`AppState::drain`]).
+const HANDOVER_FOLLOW: Duration = Duration::from_secs(3);
 
 /// The one error shape of the API.
 #[derive(Debug)]
@@ -766,7 +786,8 @@ fn parse_status(status: Option<&str>) -> Result<Option<StoredStatus>, ApiError> 
 }
 
 /// A run's events as Server-Sent Events: from the start, or after `Last-Event-ID`; live until
-/// the run ends or asks. Each event's id is its `seq`.
+/// the run ends or asks (or a shutdown's grace period is over: then a `: shutting down` comment
+/// ends it). Each event's id is its `seq`.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = "The run id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
     responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 400, description = "A `Last-Event-ID` that is not a seq", body = ErrorBody), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -846,8 +867,27 @@ async fn run_events(
             }
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(until_closing(&state, rx)).keep_alive(KeepAlive::default()))
+}
+
+/// An event stream's events until the feeding task ends it, or until a shutdown's grace period
+/// is over: then one last `: shutting down` comment (a whole SSE block, so a client sees a clean
+/// end, not a chunk cut in the middle) and the end of the body.
+fn until_closing(state: &AppState, rx: tokio::sync::mpsc::Receiver<SseEvent>) -> impl Stream<Item = Result<SseEvent, Infallible>> + use<> {
+    let closing = state.inner.closing.subscribe();
+    futures_util::stream::unfold(Some((rx, closing)), |open| async move {
+        let (mut rx, mut closing) = open?;
+        let next = tokio::select! {
+            biased;
+            // Err: the state is gone, which is a shutdown too.
+            _ = closing.wait_for(|c| *c) => None,
+            e = rx.recv() => Some(e),
+        };
+        match next {
+            None => Some((Ok(SseEvent::default().comment("shutting down")), None)),
+            Some(e) => e.map(|e| (Ok(e), Some((rx, closing)))),
+        }
+    })
 }
 
 /// Continues a run that asked: the reply becomes a note the next decision sees.
