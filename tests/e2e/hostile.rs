@@ -848,3 +848,101 @@ async fn a_shutdown_ends_open_streams_with_a_comment_after_the_grace() {
         assert!(text.ends_with(": shutting down\n\n"), "{path}: {text:?}");
     }
 }
+
+/// Event streams of a run are capped (per run and in all, 429 `too_many_streams`), and the
+/// streams of a run followed through the store (executed by another replica) share one poller:
+/// N streams cost one store reader, not N, and each still gets every event once, in order.
+#[tokio::test]
+async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use fabric::api::{ApiConfig, AppState, router};
+    use fabric::events::EventKind;
+    use fabric::exec::{JournalBatch, RunStatus};
+    use fabric::store::Holder;
+    use tower::ServiceExt;
+    let store = fabric::store::open("sqlite::memory:").await.unwrap();
+    let runtime = fabric::runtime::Runtime::builder()
+        .settings(Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
+        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .stub(StubLlm::default())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let config = ApiConfig { token: Some("t".repeat(32)), max_run_streams: 8, max_event_streams: 9, ..ApiConfig::default() };
+    let app = router(AppState::new(Arc::new(runtime), config));
+    let request = |uri: &str| Request::builder().uri(uri).header("authorization", format!("Bearer {}", "t".repeat(32))).body(Body::empty()).unwrap();
+    // Two runs executed by another replica (claimed by another holder): followed through the store.
+    let elsewhere = Holder::new(Duration::from_secs(30));
+    let contract = json!({"route_id": "support-triage", "goal": {}, "model_profile": "default", "prefetch": [], "session_id": null});
+    let (a, b) = ("0190a000-0000-7000-8000-00000000000a", "0190a000-0000-7000-8000-00000000000b");
+    let lease = store.create_run(a, "support-triage", &contract, Some(&elsewhere)).await.unwrap().unwrap();
+    store.create_run(b, "support-triage", &contract, Some(&elsewhere)).await.unwrap().unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let response = app.clone().oneshot(request(&format!("/v1/runs/{a}/events"))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        streams.push(response.into_body());
+    }
+    let code = |response: axum::response::Response| async move {
+        let status = response.status();
+        let body: Value = serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap_or_default();
+        (status, body["error"]["code"].as_str().unwrap_or_default().to_owned())
+    };
+    // The ninth of one run: refused.
+    let refused = app.clone().oneshot(request(&format!("/v1/runs/{a}/events"))).await.unwrap();
+    assert_eq!(refused.headers()["retry-after"], "5");
+    assert_eq!(code(refused).await, (StatusCode::TOO_MANY_REQUESTS, "too_many_streams".to_owned()));
+    // Another run still has room, up to the cap in all.
+    let other = app.clone().oneshot(request(&format!("/v1/runs/{b}/events"))).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    let over = app.clone().oneshot(request(&format!("/v1/runs/{b}/events"))).await.unwrap();
+    assert_eq!(code(over).await, (StatusCode::TOO_MANY_REQUESTS, "too_many_streams".to_owned()));
+    // Nine streams, two pollers: one per run.
+    let metrics = |want: &'static [&'static str]| {
+        let app = app.clone();
+        async move {
+            let mut text = String::new();
+            for _ in 0..100 {
+                let response = app.clone().oneshot(request("/metrics")).await.unwrap();
+                text = String::from_utf8(axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap().to_vec()).unwrap();
+                if want.iter().all(|w| text.lines().any(|l| l == *w)) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("{want:?} not in {text}");
+        }
+    };
+    metrics(&["fabric_event_streams 9", "fabric_event_stream_pollers 2"]).await;
+    // The other replica records the run: every stream gets each event once, in order, and ends.
+    let event = |seq: u64, kind| fabric::events::Event {
+        kind,
+        run_id: a.into(),
+        route_id: "support-triage".into(),
+        seq,
+        ts: "2026-01-01T00:00:00.000Z".into(),
+        stage_id: None,
+        parent_run_id: None,
+        data: Default::default(),
+    };
+    store
+        .commit(&lease, JournalBatch { events: vec![event(1, EventKind::RunStarted), event(2, EventKind::StageStarted)], ..Default::default() })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut end = fabric::exec::result_from_journal(a, "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
+    end.status = RunStatus::Completed;
+    end.error = None;
+    store.commit(&lease, JournalBatch { events: vec![event(3, EventKind::RunCompleted)], end: Some(end), ..Default::default() }).await.unwrap();
+    for body in streams {
+        let events = crate::service::read_sse(body, |_| false).await;
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(kinds, ["run.started", "run.stage.started", "run.completed"], "{events:?}");
+        assert_eq!(events.iter().map(|(_, e)| e["seq"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2, 3]);
+    }
+    // Its poller is gone with its run; the other's goes with its last stream.
+    metrics(&["fabric_event_streams 1", "fabric_event_stream_pollers 1"]).await;
+    drop(other);
+    metrics(&["fabric_event_streams 0", "fabric_event_stream_pollers 0"]).await;
+}

@@ -587,7 +587,7 @@ async fn the_inspector_is_served_without_a_token_under_a_strict_policy() {
 }
 
 /// Reads Server-Sent Events from an in-process response until `done` says so (or 20 s pass).
-async fn read_sse(body: axum::body::Body, mut done: impl FnMut(&[(String, Value)]) -> bool) -> Vec<(String, Value)> {
+pub(crate) async fn read_sse(body: axum::body::Body, mut done: impl FnMut(&[(String, Value)]) -> bool) -> Vec<(String, Value)> {
     use futures_util::StreamExt;
     let mut stream = body.into_data_stream();
     let mut buf = String::new();
