@@ -70,12 +70,16 @@ pub fn redact_url(url: &str) -> String {
 const CONNINFO_SHOWN: &[&str] = &["host", "hostaddr", "port", "dbname", "sslmode", "connect_timeout", "target_session_attrs", "application_name"];
 
 /// A libpq key=value string with every value not in [`CONNINFO_SHOWN`] replaced. Text that does
-/// not parse as one (an unterminated quote, a key that is not a word) is cut after its first `=`:
+/// not parse as one (an unterminated quote, a key that is not a word, a URL without its scheme
+/// such as `user:pw@host/v1?key=k`) is cut as other text is, and then after its first `=`:
 /// whatever follows may be a secret.
 fn redact_conninfo(text: &str) -> String {
     let Some(pairs) = parse_conninfo(text) else {
-        let cut = text.find('=').map_or(text.len(), |i| i + 1);
-        return format!("{}{REDACTED}", &text[..cut]);
+        let cut = redact_text(text);
+        return match cut.find('=') {
+            Some(i) => format!("{}{REDACTED}", &cut[..=i]),
+            None => cut,
+        };
     };
     let shown: Vec<String> = pairs
         .iter()
@@ -185,6 +189,9 @@ mod tests {
         // Not quite the syntax (an unterminated quote, a key that is not a word): cut after the first `=`.
         assert_eq!(redact_url("host=h password='PW8"), "host=REDACTED");
         assert_eq!(redact_url("ho-st=h password=PW8"), "ho-st=REDACTED");
+        // A URL without its scheme is still cut at its `@` and its `?`.
+        assert_eq!(redact_url("user:PASSWORD@host/v1?key=K"), "REDACTED@host/v1?REDACTED");
+        assert_eq!(redact_url("user:PASSWORD@host/v1;x=K"), "REDACTED@host/v1;x=REDACTED");
     }
 }
 
