@@ -56,6 +56,7 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_RUN_LEASE_S",
     "FABRIC_MAX_QUEUED_RUNS",
     "FABRIC_CLAIM_POLL_MS",
+    "FABRIC_BODY_TIMEOUT_S",
 ];
 
 /// The largest `FABRIC_CONFIG` file read; a bigger one (or a special file) is refused.
@@ -128,6 +129,9 @@ pub struct ServiceSettings {
     pub max_queued_runs: u64,
     /// `FABRIC_CLAIM_POLL_MS` (default 1000): how often a service looks for runs to claim.
     pub claim_poll: Duration,
+    /// `FABRIC_BODY_TIMEOUT_S` (default 10): how long a request's body may take to arrive once
+    /// its headers have; past it, 408 and the connection closed.
+    pub body_timeout: Duration,
     /// `FABRIC_LOG`: a `tracing` filter (default `info`).
     pub log_filter: String,
     /// `FABRIC_LOG_FORMAT`: `json` lines or `text`.
@@ -363,6 +367,7 @@ impl Settings {
                     .ok_or_else(|| err("FABRIC_MAX_QUEUED_RUNS", format!("`{v}` must be a whole number from 0 to 10000000")))?,
             },
             claim_poll: Duration::from_millis(whole("FABRIC_CLAIM_POLL_MS", 1000, 60_000)?.max(10)),
+            body_timeout: Duration::from_secs(whole("FABRIC_BODY_TIMEOUT_S", 10, 3600)?),
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };

@@ -998,3 +998,282 @@ async fn prefetch_has_a_limit_of_its_own() {
         assert_eq!(status, StatusCode::CREATED, "{answer}");
     }
 }
+
+// ---- issue 22: hostile input, second pass ----
+
+/// A PostgreSQL connection string in libpq's key=value form: its password (and any other secret
+/// value) is shown by no command, and the store's error says which form to use instead.
+#[tokio::test]
+async fn a_key_value_postgres_string_never_shows_its_password() {
+    const SECRET: &str = "Pw8-SECRET-kv";
+    let kv = format!("host=127.0.0.1 port=1 password={SECRET} user=u sslpassword='{SECRET} 2' dbname=runs");
+    let env = [("FABRIC_DATABASE_URL", kv.clone()), ("FABRIC_LLM_STUB", "1".to_owned()), ("FABRIC_API_TOKEN", "t".repeat(40))];
+    for args in [
+        &["doctor"][..],
+        &["runs", "list"][..],
+        &["runs", "--store", &kv, "list"][..],
+        &["runs", "--store", &kv, "show", "01a23557-75e7-7397-96f6-981d2487d8e5"][..],
+        &["serve", "--listen", "127.0.0.1:0"][..],
+    ] {
+        let o = fabric_cli(args, &env).await;
+        let all = format!("{}{}", out(&o), err(&o));
+        assert!(!all.contains(SECRET), "{args:?}: {all}");
+        // Where the database is stays visible.
+        assert!(all.contains("host=127.0.0.1 port=1"), "{args:?}: {all}");
+        if args[0] != "doctor" {
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {all}");
+            assert!(all.contains("postgres://USER:PASSWORD@HOST:PORT/DB"), "{args:?}: {all}");
+        }
+    }
+}
+
+/// SIGHUP drains like SIGTERM: logged, exit 0, and the run in flight handed over (its lease let
+/// go, so another process claims it at once), not killed with its lease held.
+#[tokio::test]
+async fn sighup_drains_like_sigterm() {
+    use crate::service::{Server, asking_stub, post};
+    let dir = tempfile::tempdir().unwrap();
+    let db = &format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let server = Server::start(db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "20000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
+    let (status, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}, "model_profile": "default"})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (exit, logs) = server.stop_with("HUP");
+    assert_eq!(exit.code(), Some(0), "{logs}");
+    assert!(logs.contains("SIGHUP is handled like SIGTERM"), "{logs}");
+    assert!(logs.contains("handed over"), "{logs}");
+    // Let go: a new holder claims it at once, long before its 30 s lease would have expired.
+    let store = fabric::store::open(db).await.unwrap();
+    let holder = fabric::store::Holder::new(Duration::from_secs(30));
+    let claimed = store.claim_runs(&holder, &["support-triage".to_owned()], 10).await.unwrap();
+    assert_eq!(claimed.iter().map(|c| c.run.run_id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
+}
+
+/// A short `FABRIC_API_TOKEN` is refused on an address the network reaches, and only warned about
+/// on loopback (the README's `change-me` example keeps working).
+#[tokio::test]
+async fn a_short_token_is_refused_off_loopback_and_warned_about_on_it() {
+    use crate::service::{Server, TOKEN, asking_stub, get};
+    assert!(TOKEN.len() < 32);
+    let serve = |listen: &str, token: &str| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
+        cmd.current_dir(repo())
+            .args(["serve", "--listen", listen])
+            .env("FABRIC_LLM_STUB", "1")
+            .env("FABRIC_API_TOKEN", token)
+            .env("FABRIC_DATABASE_URL", "sqlite::memory:")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    for short in ["x", "change-me", &"k".repeat(31)] {
+        let o = serve("0.0.0.0:0", short).output().unwrap();
+        let all = format!("{}{}", out(&o), err(&o));
+        assert_eq!(o.status.code(), Some(2), "{all}");
+        assert!(all.contains("FABRIC_API_TOKEN") && all.contains("32"), "{all}");
+        assert!(short.len() < 4 || !all.contains(short), "the token is not echoed: {all}");
+    }
+    // 32 characters off loopback: it starts.
+    let mut child = serve("0.0.0.0:0", &"k".repeat(32)).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.starts_with("http://0.0.0.0:"), "{line:?}");
+    // A short one on loopback: served, with a warning.
+    let dir = tempfile::tempdir().unwrap();
+    let stub = asking_stub();
+    let server = Server::start(&format!("sqlite://{}", dir.path().join("fabric.db").display()), stub.path(), &[]);
+    assert!(get(&server, "/v1/routes").await.is_array());
+    let (exit, logs) = server.stop();
+    assert!(exit.success(), "{logs}");
+    assert!(logs.contains("FABRIC_API_TOKEN is shorter than 32 characters"), "{logs}");
+    assert!(!logs.contains(TOKEN), "{logs}");
+}
+
+/// A request body that never finishes arriving (trickled, or chunked without an end) is answered
+/// 408 `request_timeout` and its connection closed, within the body timeout.
+#[tokio::test]
+async fn a_body_that_never_finishes_is_cut_off_with_408() {
+    use crate::service::{Server, TOKEN, asking_stub, get};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let stub = asking_stub();
+    let server = Server::start(&format!("sqlite://{}", dir.path().join("fabric.db").display()), stub.path(), &[("FABRIC_BODY_TIMEOUT_S", "1")]);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    for framing in ["Content-Length: 100000", "Transfer-Encoding: chunked"] {
+        let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!("POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n{framing}\r\n\r\n");
+        slow.write_all(head.as_bytes()).await.unwrap();
+        let first: &[u8] = if framing.starts_with("Content") { b"{" } else { b"1\r\n{\r\n" };
+        slow.write_all(first).await.unwrap();
+        // A byte now and then, never the end, while the answer is read (until the server closes:
+        // a reset after the answer still leaves the answer read); a minute is the test's patience.
+        let (mut reader, mut writer) = slow.into_split();
+        let trickle = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let byte: &[u8] = if framing.starts_with("Content") { b" " } else { b"1\r\n \r\n" };
+                if writer.write_all(byte).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = reader.read(&mut buf).await {
+                answer.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await;
+        trickle.abort();
+        assert!(read.is_ok(), "{framing}: the connection is still open after a minute");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{framing}: {answer}");
+        let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap_or_default()).unwrap_or_default();
+        assert_eq!(body["error"]["code"], "request_timeout", "{framing}: {answer}");
+    }
+    // Others are served meanwhile and after.
+    assert!(get(&server, "/v1/routes").await.is_array());
+    // `fabric doctor` shows it with the other service settings, and refuses a bad one.
+    let o = fabric_cli(&["doctor"], &[("FABRIC_LLM_STUB", "1".into()), ("FABRIC_BODY_TIMEOUT_S", "7".into())]).await;
+    assert!(out(&o).contains("body timeout 7 s"), "{}", out(&o));
+    let o = fabric_cli(&["doctor"], &[("FABRIC_LLM_STUB", "1".into()), ("FABRIC_BODY_TIMEOUT_S", "0".into())]).await;
+    assert!(out(&o).contains("FABRIC_BODY_TIMEOUT_S"), "{}", out(&o));
+}
+
+/// Open event streams do not hold a shutdown past its grace period: each ends then with a clean
+/// `: shutting down` comment, and the process exits soon after.
+#[tokio::test]
+async fn a_shutdown_ends_open_streams_with_a_comment_after_the_grace() {
+    use crate::service::{Server, TOKEN, asking_stub, client, post};
+    let dir = tempfile::tempdir().unwrap();
+    let db = &format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let mut server = Server::start(db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "20000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")]);
+    let (status, run) = post(&server, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "slow"}, "model_profile": "default"})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let mut streams = Vec::new();
+    for path in [format!("/v1/runs/{id}/events"), "/v1/runs/updates".to_owned()] {
+        let response = client().get(format!("{}{path}", server.url)).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        streams.push(tokio::spawn(async move { (path, response.text().await) }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let signalled = std::time::Instant::now();
+    server.signal("TERM");
+    // Generous: the grace period is 1 s; before, the stream held the process for 16 s.
+    let mut exit = None;
+    while signalled.elapsed() < Duration::from_secs(10) && exit.is_none() {
+        exit = server.child.try_wait().unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(exit.is_some_and(|e| e.success()), "still running {:?} after SIGTERM: {exit:?} {}", signalled.elapsed(), server.logs());
+    for stream in streams {
+        let (path, text) = stream.await.unwrap();
+        let text = text.unwrap_or_else(|e| panic!("{path}: the stream was cut: {e}"));
+        assert!(text.ends_with(": shutting down\n\n"), "{path}: {text:?}");
+    }
+}
+
+/// Event streams of a run are capped (per run and in all, 429 `too_many_streams`), and the
+/// streams of a run followed through the store (executed by another replica) share one poller:
+/// N streams cost one store reader, not N, and each still gets every event once, in order.
+#[tokio::test]
+async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use fabric::api::{ApiConfig, AppState, router};
+    use fabric::events::EventKind;
+    use fabric::exec::{JournalBatch, RunStatus};
+    use fabric::store::Holder;
+    use tower::ServiceExt;
+    let store = fabric::store::open("sqlite::memory:").await.unwrap();
+    let runtime = fabric::runtime::Runtime::builder()
+        .settings(Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
+        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .stub(StubLlm::default())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let config = ApiConfig { token: Some("t".repeat(32)), max_run_streams: 8, max_event_streams: 9, ..ApiConfig::default() };
+    let app = router(AppState::new(Arc::new(runtime), config));
+    let request = |uri: &str| Request::builder().uri(uri).header("authorization", format!("Bearer {}", "t".repeat(32))).body(Body::empty()).unwrap();
+    // Two runs executed by another replica (claimed by another holder): followed through the store.
+    let elsewhere = Holder::new(Duration::from_secs(30));
+    let contract = json!({"route_id": "support-triage", "goal": {}, "model_profile": "default", "prefetch": [], "session_id": null});
+    let (a, b) = ("0190a000-0000-7000-8000-00000000000a", "0190a000-0000-7000-8000-00000000000b");
+    let lease = store.create_run(a, "support-triage", &contract, Some(&elsewhere)).await.unwrap().unwrap();
+    store.create_run(b, "support-triage", &contract, Some(&elsewhere)).await.unwrap().unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let response = app.clone().oneshot(request(&format!("/v1/runs/{a}/events"))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        streams.push(response.into_body());
+    }
+    let code = |response: axum::response::Response| async move {
+        let status = response.status();
+        let body: Value = serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap_or_default();
+        (status, body["error"]["code"].as_str().unwrap_or_default().to_owned())
+    };
+    // The ninth of one run: refused.
+    let refused = app.clone().oneshot(request(&format!("/v1/runs/{a}/events"))).await.unwrap();
+    assert_eq!(refused.headers()["retry-after"], "5");
+    assert_eq!(code(refused).await, (StatusCode::TOO_MANY_REQUESTS, "too_many_streams".to_owned()));
+    // Another run still has room, up to the cap in all.
+    let other = app.clone().oneshot(request(&format!("/v1/runs/{b}/events"))).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    let over = app.clone().oneshot(request(&format!("/v1/runs/{b}/events"))).await.unwrap();
+    assert_eq!(code(over).await, (StatusCode::TOO_MANY_REQUESTS, "too_many_streams".to_owned()));
+    // Nine streams, two pollers: one per run.
+    let metrics = |want: &'static [&'static str]| {
+        let app = app.clone();
+        async move {
+            let mut text = String::new();
+            for _ in 0..100 {
+                let response = app.clone().oneshot(request("/metrics")).await.unwrap();
+                text = String::from_utf8(axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap().to_vec()).unwrap();
+                if want.iter().all(|w| text.lines().any(|l| l == *w)) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("{want:?} not in {text}");
+        }
+    };
+    metrics(&["fabric_event_streams 9", "fabric_event_stream_pollers 2"]).await;
+    // The other replica records the run: every stream gets each event once, in order, and ends.
+    let event = |seq: u64, kind| fabric::events::Event {
+        kind,
+        run_id: a.into(),
+        route_id: "support-triage".into(),
+        seq,
+        ts: "2026-01-01T00:00:00.000Z".into(),
+        stage_id: None,
+        parent_run_id: None,
+        data: Default::default(),
+    };
+    store
+        .commit(&lease, JournalBatch { events: vec![event(1, EventKind::RunStarted), event(2, EventKind::StageStarted)], ..Default::default() })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut end = fabric::exec::result_from_journal(a, "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
+    end.status = RunStatus::Completed;
+    end.error = None;
+    store.commit(&lease, JournalBatch { events: vec![event(3, EventKind::RunCompleted)], end: Some(end), ..Default::default() }).await.unwrap();
+    for body in streams {
+        let events = crate::service::read_sse(body, |_| false).await;
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(kinds, ["run.started", "run.stage.started", "run.completed"], "{events:?}");
+        assert_eq!(events.iter().map(|(_, e)| e["seq"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2, 3]);
+    }
+    // Its poller is gone with its run; the other's goes with its last stream.
+    metrics(&["fabric_event_streams 1", "fabric_event_stream_pollers 1"]).await;
+    drop(other);
+    metrics(&["fabric_event_streams 0", "fabric_event_stream_pollers 0"]).await;
+}

@@ -313,8 +313,13 @@ impl Server {
     }
 
     /// SIGTERM, then the exit status and the logs.
-    pub(crate) fn stop(mut self) -> (std::process::ExitStatus, String) {
-        self.signal("TERM");
+    pub(crate) fn stop(self) -> (std::process::ExitStatus, String) {
+        self.stop_with("TERM")
+    }
+
+    /// This signal (`TERM`, `HUP`, `INT`), then the exit status and the logs.
+    pub(crate) fn stop_with(mut self, signal: &str) -> (std::process::ExitStatus, String) {
+        self.signal(signal);
         let status = self.child.wait().unwrap();
         (status, self.logs())
     }
@@ -605,7 +610,7 @@ async fn the_inspector_is_served_without_a_token_under_a_strict_policy() {
 }
 
 /// Reads Server-Sent Events from an in-process response until `done` says so (or 20 s pass).
-async fn read_sse(body: axum::body::Body, mut done: impl FnMut(&[(String, Value)]) -> bool) -> Vec<(String, Value)> {
+pub(crate) async fn read_sse(body: axum::body::Body, mut done: impl FnMut(&[(String, Value)]) -> bool) -> Vec<(String, Value)> {
     use futures_util::StreamExt;
     let mut stream = body.into_data_stream();
     let mut buf = String::new();

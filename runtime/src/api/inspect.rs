@@ -27,7 +27,7 @@ pub struct UpdatesParams {
 /// then every run that is new or whose status or `updated_at` changed, each as a `run` event whose
 /// `data` is the run (as `GET /v1/runs/{id}`). The store is read every 500 ms; the newest 200 runs
 /// (of the filter) are watched. A comment every 15 s keeps the connection open; the stream ends
-/// after 30 minutes (reconnect) and when the server shuts down.
+/// after 30 minutes (reconnect), and at the end of a shutdown's grace period with a `: shutting down` comment.
 #[utoipa::path(get, path = "/v1/runs/updates", params(UpdatesParams),
     responses((status = 200, description = "`text/event-stream`; `event: run`, `data` a run", content_type = "text/event-stream"),
         (status = 400, description = "A query string that does not parse", body = ErrorBody), (status = 422, description = "An unknown status", body = ErrorBody),
@@ -52,7 +52,6 @@ pub(super) async fn run_updates(
     // The first read answers errors as errors; later ones end the stream.
     let initial = if reads_store { store.list_runs(&filter).await.map_err(store_error)? } else { Vec::new() };
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
-    let follower = state.clone();
     tokio::spawn(async move {
         let _permit = permit;
         let until = Instant::now() + UPDATES_MAX_AGE;
@@ -86,7 +85,9 @@ pub(super) async fn run_updates(
                 _ = tokio::time::sleep(UPDATES_POLL) => {}
                 _ = tx.closed() => return,
             }
-            if follower.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) || Instant::now() >= until {
+            // A shutdown ends the stream at the end of its grace period (`until_closing`), with
+            // the runs that finished during it shown.
+            if Instant::now() >= until {
                 return;
             }
             runs = match if reads_store { store.list_runs(&filter).await } else { Ok(Vec::new()) } {
@@ -98,8 +99,7 @@ pub(super) async fn run_updates(
             };
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok(Sse::new(until_closing(&state, rx)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
 /// A run's record: the start contract as accepted and its journal, in order.

@@ -7,6 +7,7 @@
 //! runtime, and answers.
 
 mod body;
+mod follow;
 mod inspect;
 mod live;
 pub mod metrics;
@@ -65,6 +66,12 @@ pub struct ApiConfig {
     pub max_queued: u64,
     /// How often this process looks for runs to claim (queued, or whose process stopped).
     pub claim_poll: Duration,
+    /// How long a request's body may take to arrive, once its headers have; past it, 408.
+    pub body_timeout: Duration,
+    /// Event streams of one run open at once; past it, 429 `too_many_streams`.
+    pub max_run_streams: usize,
+    /// Run event streams open at once, all runs together; past it, 429 `too_many_streams`.
+    pub max_event_streams: usize,
 }
 
 impl Default for ApiConfig {
@@ -81,6 +88,9 @@ impl Default for ApiConfig {
             wait_max: Duration::from_secs(60),
             max_queued: 10_000,
             claim_poll: Duration::from_secs(1),
+            body_timeout: Duration::from_secs(10),
+            max_run_streams: 32,
+            max_event_streams: 4096,
         }
     }
 }
@@ -101,6 +111,13 @@ struct Shared {
     stopping: std::sync::atomic::AtomicBool,
     /// Run-list streams (`/v1/runs/updates`) open at once.
     update_streams: Arc<Semaphore>,
+    /// Set when a shutdown's grace period is over: every event stream ends then, with a
+    /// `: shutting down` comment (a stream would otherwise hold the shutdown until its run ends).
+    closing: tokio::sync::watch::Sender<bool>,
+    /// One store poller per run followed through the store, shared by its streams.
+    feeds: Arc<follow::Feeds>,
+    /// The run event streams open, per run and in all (the caps).
+    stream_slots: Arc<follow::StreamSlots>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -115,7 +132,21 @@ impl AppState {
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
         let stopping = std::sync::atomic::AtomicBool::new(false);
         let update_streams = Arc::new(Semaphore::new(inspect::MAX_UPDATE_STREAMS));
-        AppState { inner: Arc::new(Shared { runtime, config, live: Live::default(), metrics: Arc::default(), in_flight, stopping, update_streams }) }
+        let closing = tokio::sync::watch::channel(false).0;
+        AppState {
+            inner: Arc::new(Shared {
+                runtime,
+                config,
+                live: Live::default(),
+                metrics: Arc::default(),
+                in_flight,
+                stopping,
+                update_streams,
+                closing,
+                feeds: Arc::default(),
+                stream_slots: Arc::default(),
+            }),
+        }
     }
 
     /// Keeps this process's share of the work, for ever, in two tasks: every third of the lease
@@ -227,9 +258,25 @@ impl AppState {
                 live.stop("handed over");
             }
         }
+        // The streams have shown what the grace period let finish; they end now, cleanly, so
+        // that their connections close and the process can stop. After a handover, a little
+        // later: a stream following a handed-over run then shows its end too when the replica
+        // that took it over finishes it quickly.
+        if leases.is_empty() {
+            self.inner.closing.send_replace(true);
+        } else {
+            let state = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(HANDOVER_FOLLOW).await;
+                state.inner.closing.send_replace(true);
+            });
+        }
         leases.len()
     }
 }
+
+/// How long event streams go on after a shutdown handed runs over (see [`AppState::drain`]).
+const HANDOVER_FOLLOW: Duration = Duration::from_secs(3);
 
 /// The one error shape of the API.
 #[derive(Debug)]
@@ -255,7 +302,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`, `request_timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -462,6 +509,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), read_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), time_limit));
     let api = Router::new()
         .route("/v1/runs/{run_id}/events", get(run_events))
@@ -514,6 +562,41 @@ async fn time_limit(State(state): State<AppState>, request: Request, next: Next)
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", format!("the request took longer than {} s", limit.as_secs())).into_response(),
+    }
+}
+
+/// Reads the request's body whole, within the body timeout and the body limit, before the
+/// handler sees it: hyper bounds only the headers' arrival, so a body trickled a byte at a time
+/// (or a chunked one that never ends) would hold a connection and a task for as long as its
+/// sender likes. Past the timeout: 408, and the connection is closed (the rest of the body is
+/// never read).
+async fn read_body(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    use futures_util::StreamExt;
+    let (parts, body) = request.into_parts();
+    let limit = state.inner.config.max_body_bytes;
+    let timeout = state.inner.config.body_timeout;
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "the request body could not be read"))?;
+            if bytes.len() + chunk.len() > limit {
+                return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("the request body is larger than {limit} bytes")));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(e)) => e.into_response(),
+        Err(_) => {
+            let secs = timeout.as_secs_f64();
+            let mut response =
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", format!("the request body did not arrive within {secs} s")).into_response();
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
     }
 }
 
@@ -584,6 +667,7 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         (status = 404, description = "Unknown route", body = ErrorBody),
         (status = 409, description = "The route is served by another fleet", body = ErrorBody),
         (status = 413, description = "Body, goal or prefetch too large", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within the body timeout (`FABRIC_BODY_TIMEOUT_S`); the connection is closed", body = ErrorBody),
         (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody),
         (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; an unknown profile; a route that cannot start (`broken_route`, `cannot_start`)", body = ErrorBody),
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
@@ -707,8 +791,7 @@ async fn finish(state: &AppState, live: &LiveRun, outcome: Result<crate::exec::R
     state.inner.live.finish(live, stored);
 }
 
-/// How often a request that follows a run executed elsewhere (another replica) reads the store.
-const FOLLOW_POLL: Duration = Duration::from_millis(200);
+use follow::FOLLOW_POLL;
 
 /// The run once it ended or asked, or as it stands after the wait limit: followed live when
 /// this process executes it, through the store otherwise.
@@ -788,9 +871,10 @@ fn parse_status(status: Option<&str>) -> Result<Option<StoredStatus>, ApiError> 
 }
 
 /// A run's events as Server-Sent Events: from the start, or after `Last-Event-ID`; live until
-/// the run ends or asks. Each event's id is its `seq`.
+/// the run ends or asks (or a shutdown's grace period is over: then a `: shutting down` comment
+/// ends it). Each event's id is its `seq`.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = RUN_ID_PARAM), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
-    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 400, description = "A `Last-Event-ID` that is not a seq, or a path that does not parse", body = ErrorBody), (status = 404, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 400, description = "A `Last-Event-ID` that is not a seq, or a path that does not parse", body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, description = "Too many event streams open, of this run (32) or in all (4096); see `Retry-After`", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn run_events(
     State(state): State<AppState>,
@@ -810,15 +894,25 @@ async fn run_events(
     if store.get_run(&run_id).await.map_err(store_error)?.is_none() {
         return Err(no_run(&run_id));
     }
+    let config = &state.inner.config;
+    let slot = state.inner.stream_slots.take(&run_id, config.max_run_streams, config.max_event_streams).ok_or_else(|| {
+        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many event streams are open (of this run, or in all); retry shortly");
+        e.retry_after = Some(5);
+        e
+    })?;
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     let follower = state.clone();
     tokio::spawn(async move {
+        let _slot = slot;
         let sse = |seq: u64, kind: &str, json: &str| SseEvent::default().id(seq.to_string()).event(kind).data(json);
         let mut last = after;
         loop {
             // The live segment first, then the record: an event is in one or the other (a
             // segment leaves the registry only after its last commit).
             let live = follower.inner.live.get(&run_id);
+            // Not executing here: the run's shared poller, joined before the store is read, so
+            // that what is written meanwhile comes through it.
+            let feed = live.is_none().then(|| follower.inner.feeds.follow(store.clone(), &run_id));
             let status = match store.get_run(&run_id).await {
                 Ok(Some(run)) => run.status,
                 _ => return,
@@ -859,24 +953,153 @@ async fn run_events(
                 continue;
             }
             // Not executing here: queued, or executed by another replica; followed through the
-            // store until it ends or asks.
+            // shared poller until it ends or asks, or until this process executes it.
             if !matches!(status, StoredStatus::Queued | StoredStatus::Running) {
                 return;
             }
-            tokio::select! {
-                _ = tokio::time::sleep(FOLLOW_POLL) => {}
-                _ = tx.closed() => return,
+            let Some(mut feed) = feed else { continue };
+            match follow_feed(&follower, &run_id, &mut feed, &mut last, &tx, &*store).await {
+                Followed::Ended => return,
+                Followed::Again => continue,
             }
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(until_closing(&state, rx)).keep_alive(KeepAlive::default()))
+}
+
+/// How following a run through its shared poller stopped.
+enum Followed {
+    /// The run ended or asked and every event of it was sent; or the client went.
+    Ended,
+    /// Read the store again: the run executes here now, or this stream fell behind the poller,
+    /// or the poller stopped (a store error).
+    Again,
+}
+
+/// What became of one event handed on by a poller.
+enum Sent {
+    /// Sent, or one this stream had already.
+    Ok,
+    /// Not the next `seq`: the events in between are read from the store.
+    Gap,
+    /// The client went.
+    Gone,
+}
+
+/// Sends an event a poller handed on, if it is the next one (`seq` right after `last`).
+async fn send_next(e: &crate::store::StoredEvent, last: &mut u64, tx: &tokio::sync::mpsc::Sender<SseEvent>) -> Sent {
+    if e.seq > *last + 1 {
+        return Sent::Gap;
+    }
+    send_after(e, last, tx).await
+}
+
+/// Sends an event read from the store (the record: whatever its `seq`s), if it is after `last`.
+async fn send_after(e: &crate::store::StoredEvent, last: &mut u64, tx: &tokio::sync::mpsc::Sender<SseEvent>) -> Sent {
+    if e.seq <= *last {
+        return Sent::Ok;
+    }
+    *last = e.seq;
+    match tx.send(SseEvent::default().id(e.seq.to_string()).event(&e.kind).data(&e.body)).await {
+        Ok(()) => Sent::Ok,
+        Err(_) => Sent::Gone,
+    }
+}
+
+/// Sends a run's events as its shared poller hands them on, each once and in order, until the
+/// run ends or asks (then every event of it was sent).
+async fn follow_feed(
+    state: &AppState,
+    run_id: &str,
+    feed: &mut follow::Follower,
+    last: &mut u64,
+    tx: &tokio::sync::mpsc::Sender<SseEvent>,
+    store: &dyn crate::store::RunStore,
+) -> Followed {
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    loop {
+        tokio::select! {
+            biased;
+            _ = tx.closed() => return Followed::Ended,
+            e = feed.events.recv() => match e {
+                Ok(e) => match send_next(&e, last, tx).await {
+                    Sent::Ok => {}
+                    Sent::Gone => return Followed::Ended,
+                    // This stream joined between the poller's reads: the store has the rest.
+                    Sent::Gap => {
+                        let Ok(stored) = store.events_after(run_id, *last).await else { return Followed::Ended };
+                        for e in stored {
+                            if let Sent::Gone = send_after(&e, last, tx).await {
+                                return Followed::Ended;
+                            }
+                        }
+                    }
+                },
+                Err(RecvError::Lagged(_) | RecvError::Closed) => return Followed::Again,
+            },
+            changed = feed.state.changed() => {
+                if changed.is_err() {
+                    return Followed::Again;
+                }
+                let now = *feed.state.borrow_and_update();
+                if state.inner.live.get(run_id).is_some() {
+                    return Followed::Again;
+                }
+                // What the poller handed on so far; then the store for what it handed on before
+                // this stream joined it (or between its first read and this stream's own), so no
+                // event waits for the next one to be seen.
+                loop {
+                    match feed.events.try_recv() {
+                        Ok(e) => match send_next(&e, last, tx).await {
+                            Sent::Ok => {}
+                            Sent::Gap => break,
+                            Sent::Gone => return Followed::Ended,
+                        },
+                        Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+                        Err(TryRecvError::Lagged(_)) => return Followed::Again,
+                    }
+                }
+                if *last < now.last {
+                    let Ok(stored) = store.events_after(run_id, *last).await else { return Followed::Ended };
+                    for e in stored {
+                        if let Sent::Gone = send_after(&e, last, tx).await {
+                            return Followed::Ended;
+                        }
+                    }
+                }
+                // Ended or asked: every event of it was at most `now.last`, and is sent.
+                if now.ended {
+                    return Followed::Ended;
+                }
+            }
+        }
+    }
+}
+
+/// An event stream's events until the feeding task ends it, or until a shutdown's grace period
+/// is over: then one last `: shutting down` comment (a whole SSE block, so a client sees a clean
+/// end, not a chunk cut in the middle) and the end of the body.
+fn until_closing(state: &AppState, rx: tokio::sync::mpsc::Receiver<SseEvent>) -> impl Stream<Item = Result<SseEvent, Infallible>> + use<> {
+    let closing = state.inner.closing.subscribe();
+    futures_util::stream::unfold(Some((rx, closing)), |open| async move {
+        let (mut rx, mut closing) = open?;
+        let next = tokio::select! {
+            biased;
+            // Err: the state is gone, which is a shutdown too.
+            _ = closing.wait_for(|c| *c) => None,
+            e = rx.recv() => Some(e),
+        };
+        match next {
+            None => Some((Ok(SseEvent::default().comment("shutting down")), None)),
+            Some(e) => e.map(|e| (Ok(e), Some((rx, closing)))),
+        }
+    })
 }
 
 /// Continues a run that asked: the reply becomes a note the next decision sees.
 #[utoipa::path(post, path = "/v1/runs/{run_id}/reply", request_body = ReplyBody, params(("run_id" = String, Path, description = RUN_ID_PARAM), WaitParam),
     responses((status = 202, body = Accepted), (status = 200, description = "With `wait=true`", body = RunView), (status = 404, body = ErrorBody),
-        (status = 409, description = "The run is not awaiting the user, or its route is now served by another fleet", body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody), (status = 422, description = "An invalid body (not an object, an empty message), or the run's route cannot run now", body = ErrorBody), (status = 429, body = ErrorBody), (status = 400, description = "A query string or a path that does not parse", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 409, description = "The run is not awaiting the user, or its route is now served by another fleet", body = ErrorBody), (status = 413, body = ErrorBody), (status = 408, description = "The body did not arrive within the body timeout", body = ErrorBody), (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody), (status = 422, description = "An invalid body (not an object, an empty message), or the run's route cannot run now", body = ErrorBody), (status = 429, body = ErrorBody), (status = 400, description = "A query string or a path that does not parse", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn reply(
     State(state): State<AppState>,
@@ -993,7 +1216,17 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn metrics(State(state): State<AppState>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.inner.metrics.render(state.runs_in_flight())).into_response()
+    let mut text = state.inner.metrics.render(state.runs_in_flight());
+    // The event streams' share of the load: streams open, and the store pollers they share.
+    text.push_str(&format!(
+        "# HELP fabric_event_streams Run event streams open.\n# TYPE fabric_event_streams gauge\nfabric_event_streams {}\n",
+        state.inner.stream_slots.open()
+    ));
+    text.push_str(&format!(
+        "# HELP fabric_event_stream_pollers Store pollers of runs followed through the store (one per run, shared by its streams).\n# TYPE fabric_event_stream_pollers gauge\nfabric_event_stream_pollers {}\n",
+        state.inner.feeds.len()
+    ));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// This document.

@@ -256,7 +256,14 @@ pub async fn open(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Arc::new(postgres::PgStore::open(url).await?));
     }
-    Err(StoreError::Url(format!("`{}` is not a store URL; use sqlite://PATH or postgres://…", crate::redact::redact_url(url))))
+    // libpq's key=value form (`host=… password=…`) is not read (sqlx takes URLs only); it is
+    // named back redacted like any URL, and the fix said in the message.
+    let hint = if url.contains('=') && !url.contains("://") {
+        " (PostgreSQL's key=value form is not supported: write it as postgres://USER:PASSWORD@HOST:PORT/DB)"
+    } else {
+        ""
+    };
+    Err(StoreError::Url(format!("`{}` is not a store URL; use sqlite://PATH or postgres://…{hint}", crate::redact::redact_url(url))))
 }
 
 /// The time now, as stored (`YYYY-MM-DDTHH:MM:SS.mmmZ`, sortable as text).

@@ -724,6 +724,20 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         if settings.honor_model_profile { "select the model (FABRIC_HONOR_MODEL_PROFILE)" } else { "metadata only" }
     ));
     out.push_str(&format!("fleet: {}\n", settings.fleet.as_deref().unwrap_or("(none: serves every route)")));
+    // What `fabric serve` would run with, defaults included (the list above shows only what is set).
+    let svc = &settings.service;
+    out.push_str(&format!("store: {}\n", fabric::redact::redact_url(&svc.database_url)));
+    out.push_str(&format!(
+        "serve: token {}; {} runs in flight, {} queued; lease {} s, claim poll {} ms; wait max {} s; body timeout {} s; shutdown grace {} s\n",
+        if svc.api_token.is_some() { "set" } else { "not set" },
+        svc.max_runs_in_flight,
+        svc.max_queued_runs,
+        svc.run_lease.as_secs(),
+        svc.claim_poll.as_millis(),
+        svc.wait_max.as_secs(),
+        svc.body_timeout.as_secs(),
+        svc.shutdown_grace.as_secs()
+    ));
     let runtime = match build_runtime(cli, settings, None) {
         Ok(r) => r,
         Err(e) => {

@@ -1,5 +1,5 @@
 //! `fabric serve`: the HTTP API over the runtime facade, with the run store, structured logs,
-//! a bearer token, and a graceful shutdown on SIGTERM/SIGINT.
+//! a bearer token, and a graceful shutdown on SIGTERM/SIGINT/SIGHUP.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -54,6 +54,21 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     if token.is_none() && !addr.ip().is_loopback() {
         return fail(format!("--no-auth serves loopback addresses only; {addr} is not one"));
     }
+    // A short token can be guessed by anyone who reaches the port; on loopback only this
+    // machine's users can, so a short one (`change-me` in the README) is only worth a warning.
+    if let Some(t) = &token
+        && t.chars().count() < MIN_TOKEN_CHARS
+    {
+        if !addr.ip().is_loopback() {
+            return fail(format!(
+                "FABRIC_API_TOKEN is shorter than {MIN_TOKEN_CHARS} characters, too short for {addr}, which is not a loopback address: use a long random token (e.g. `openssl rand -hex 32`), or listen on loopback"
+            ));
+        }
+        tracing::warn!(
+            min_chars = MIN_TOKEN_CHARS,
+            "FABRIC_API_TOKEN is shorter than 32 characters: accepted on a loopback address only; use a long random token (e.g. `openssl rand -hex 32`)"
+        );
+    }
     let store = match fabric::store::open(&settings.service.database_url).await {
         Ok(s) => s,
         // The error names the store (its URL without credentials or query string).
@@ -65,6 +80,7 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         wait_max: settings.service.wait_max,
         max_queued: settings.service.max_queued_runs,
         claim_poll: settings.service.claim_poll,
+        body_timeout: settings.service.body_timeout,
         ..ApiConfig::default()
     };
     let grace = settings.service.shutdown_grace;
@@ -84,6 +100,10 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         Ok(l) => l,
         Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
     };
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return fail(format!("cannot install the signal handlers: {e}")),
+    };
     let local = listener.local_addr()?;
     tracing::info!(addr = %local, routes_ready = ready, "listening");
     // The address on stdout, so scripts and tests that asked for port 0 learn the port.
@@ -97,15 +117,24 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
     let shutdown = async move {
-        let signal = wait_for_signal().await;
+        let signal = signals.next().await;
         let _ = stopping_tx.send(());
+        if signal == "SIGHUP" {
+            // A terminal closing, or an operator used to `kill -HUP` meaning "reload": either way
+            // the runs in flight are drained and handed over rather than cut off. No reload yet.
+            tracing::info!(signal, "SIGHUP is handled like SIGTERM (no reload): draining, then exiting");
+        }
         tracing::info!(signal, "shutting down: no new requests; running runs get up to the grace period");
         // A second signal stops the process at once, at any point of the shutdown (the drain,
         // the last commits, the spans' flush): this task lives as long as the runtime does.
-        tokio::spawn(async {
-            let again = wait_for_signal().await;
+        tokio::spawn(async move {
+            let again = signals.next().await;
             tracing::warn!(signal = again, "second signal: stopping at once");
-            std::process::exit(if again == "SIGINT" { 130 } else { 143 });
+            std::process::exit(match again {
+                "SIGINT" => 130,
+                "SIGHUP" => 129,
+                _ => 143,
+            });
         });
         tokio::spawn(async move {
             let handed = drain_state.drain(grace).await;
@@ -136,6 +165,10 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }
+
+/// The shortest `FABRIC_API_TOKEN` accepted on an address that is not loopback (32 characters:
+/// 128 bits and more from hex or base64, beyond guessing over the network).
+const MIN_TOKEN_CHARS: usize = 32;
 
 /// How long a client may take to send a request's headers: past it the connection is closed
 /// (a slow client holding sockets open, slowloris). axum::serve has no such timeout.
@@ -178,13 +211,28 @@ async fn accept_until(
     }
 }
 
-async fn wait_for_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// The signals that stop the server: SIGTERM, SIGINT and SIGHUP. SIGHUP's default action would
+/// kill the process at once (nothing logged, leases held until they expire), so it is caught and
+/// drains like SIGTERM. Installed before the address is printed: a signal sent as soon as the
+/// server says it listens must find the handlers in place.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())?, hup: signal(SignalKind::hangup())? })
+    }
+
+    /// The next one of them.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+            _ = self.hup.recv() => "SIGHUP",
+        }
     }
 }
