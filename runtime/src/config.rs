@@ -92,8 +92,11 @@ pub struct Settings {
     pub fleet: Option<String>,
     pub retry: RetryPolicy,
     pub honor_model_profile: bool,
-    /// The model string and the variable it came from.
+    /// The model string and the variable it came from (or would have: see `model_default`).
     pub model_string: (String, &'static str),
+    /// Whether no variable named a model and the default (`ollama:qwen3:14b`) is used: front
+    /// ends say so, and suggest the stub, when that default provider cannot be reached.
+    pub model_default: bool,
     /// The default provider target; `None` with the stub (no provider is needed then).
     pub target: Option<ProviderTarget>,
     /// The cap on one provider reply body (`FABRIC_LLM_MAX_REPLY_BYTES`).
@@ -334,6 +337,7 @@ impl Settings {
             (None, Some(m)) => (m.trim().to_owned(), "FABRIC_LLM_MODEL"),
             (None, None) => (DEFAULT_MODEL.to_owned(), "FABRIC_LLM_MODEL"),
         };
+        let model_default = get("OLLAMA_MODEL").is_none() && get("FABRIC_LLM_MODEL").is_none();
         let whole = |var: &str, default: u64, max: u64| -> Result<u64, ConfigError> {
             match get(var).map(str::trim) {
                 None => Ok(default),
@@ -379,6 +383,7 @@ impl Settings {
             retry,
             honor_model_profile,
             model_string,
+            model_default,
             target: None,
             max_reply_bytes,
             tool_timeout,

@@ -478,23 +478,46 @@ impl Runtime {
     pub async fn run_recorded(&self, req: &StartRequest, sink: Arc<dyn EventSink>, handle: &CancelHandle, cancel: Cancel) -> Result<RunOutcome, AcceptError> {
         let lease = self.accept(req, true).await?.lease.ok_or(AcceptError::NotClaimed)?;
         let leases = [lease.clone()];
-        // In the same task as the run (no task of its own to outlive it): it never ends, and
-        // is dropped with the run.
-        let keep = async {
-            let mut tick = tokio::time::interval(self.holder.lease / 3);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                if self.renew(&leases).await.is_ok_and(|lost| !lost.is_empty()) {
-                    handle.cancel("lease lost");
-                }
-            }
-        };
         tokio::select! {
             biased;
             outcome = self.execute(&lease, req, sink, cancel) => Ok(outcome?),
-            never = keep => never,
+            never = self.hold_leases(&leases, handle) => match never {},
+        }
+    }
+
+    /// Renews `leases` every third of the lease for as long as it is polled: in the same task as
+    /// the run it holds (no task of its own to outlive it), dropped with the run. A lease another
+    /// process took anyway cancels `handle` ("lease lost").
+    async fn hold_leases(&self, leases: &[Lease], handle: &CancelHandle) -> std::convert::Infallible {
+        let mut tick = tokio::time::interval(self.holder.lease / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if self.renew(leases).await.is_ok_and(|lost| !lost.is_empty()) {
+                handle.cancel("lease lost");
+            }
+        }
+    }
+
+    /// Continues a run that asked with the user's `message`, here, recorded in the store,
+    /// holding its lease until it ends or asks again (renewed every third of it; if another
+    /// process takes the run anyway, `handle` stops it with "lease lost"). What
+    /// `fabric runs reply` does; the service does the same over its replicas' leases.
+    pub async fn reply_recorded(
+        &self,
+        run_id: &str,
+        message: String,
+        sink: Arc<dyn EventSink>,
+        handle: &CancelHandle,
+        cancel: Cancel,
+    ) -> Result<RunOutcome, ReplyError> {
+        let claimed = self.claim_reply(run_id, message).await?;
+        let leases = [claimed.lease().clone()];
+        tokio::select! {
+            biased;
+            outcome = self.continue_run(claimed, sink, cancel) => Ok(outcome?),
+            never = self.hold_leases(&leases, handle) => match never {},
         }
     }
 

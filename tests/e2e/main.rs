@@ -10,6 +10,7 @@ mod faults;
 mod hostile;
 mod hydrate;
 mod llama;
+mod newcomer;
 mod parity;
 mod providers;
 mod run;

@@ -45,6 +45,9 @@ pub enum StoreError {
     LeaseLost(String),
     #[error("no run `{0}`")]
     NotFound(String),
+    /// A store that is read (`fabric runs`, `replay`) does not exist: nothing was created.
+    #[error("{0}")]
+    Missing(String),
 }
 
 /// Where a run stands in the store.
@@ -264,6 +267,23 @@ pub async fn open(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
         ""
     };
     Err(StoreError::Url(format!("`{}` is not a store URL; use sqlite://PATH or postgres://…{hint}", crate::redact::redact_url(url))))
+}
+
+/// Opens a store that must exist already, as a reader of it (`fabric runs`, `fabric replay`)
+/// wants: a SQLite file that is not there is [`StoreError::Missing`] and is not created.
+pub async fn open_existing(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
+    let url = url.trim();
+    if url.starts_with("sqlite:") && !url.contains(":memory:") {
+        let file = sqlite::file_of(url)?;
+        if !file.exists() {
+            return Err(StoreError::Missing(format!(
+                "no run store at {} ({}): the file does not exist (runs are recorded by `fabric serve` and `fabric run --store`; FABRIC_DATABASE_URL or --store names another)",
+                file.display(),
+                crate::redact::redact_url(url)
+            )));
+        }
+    }
+    open(url).await
 }
 
 /// The time now, as stored (`YYYY-MM-DDTHH:MM:SS.mmmZ`, sortable as text).

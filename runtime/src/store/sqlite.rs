@@ -62,6 +62,12 @@ impl SqliteStore {
     }
 }
 
+/// The file a `sqlite://` URL names.
+pub(crate) fn file_of(url: &str) -> Result<std::path::PathBuf, StoreError> {
+    let options = SqliteConnectOptions::from_str(url).map_err(|e| StoreError::Url(format!("`{}`: {e}", crate::redact::redact_url(url))))?;
+    Ok(options.get_filename().to_owned())
+}
+
 async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
     sqlx::query("CREATE TABLE IF NOT EXISTS fabric_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)").execute(pool).await.map_err(db)?;
     let found: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM fabric_schema").fetch_one(pool).await.map_err(db)?;

@@ -46,8 +46,9 @@ enum Command {
     /// Run one route and print its result as JSON.
     Run {
         route: String,
-        /// The goal, a JSON object.
-        #[arg(long)]
+        /// The goal, a JSON object; `@FILE` reads it from a file, `-` from standard input (for
+        /// goals past the kernel's argument limit).
+        #[arg(long, value_name = "JSON|@FILE|-")]
         goal: String,
         /// A prefetch pack: a JSON array of strings (or {"chunks": [...]}).
         #[arg(long)]
@@ -55,8 +56,10 @@ enum Command {
         /// Write events as JSON lines to FILE (`-` for stderr).
         #[arg(long, value_name = "FILE|-")]
         events_out: Option<String>,
-        /// Record the run in this run store (e.g. sqlite://fabric.db), as the service does.
-        #[arg(long, value_name = "URL")]
+        /// Record the run in a run store, as the service does: `--store` alone uses the same
+        /// store as `fabric runs` (FABRIC_DATABASE_URL, else sqlite://fabric.db); `--store URL`
+        /// names one.
+        #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
         store: Option<String>,
     },
     /// Serve the HTTP API (start contract, runs, events, replies, metrics).
@@ -153,6 +156,8 @@ enum Command {
         #[arg(long, hide = true)]
         untimed: bool,
     },
+    /// Print a shell's completion script (`fabric completions bash > /etc/bash_completion.d/fabric`).
+    Completions { shell: clap_complete::Shell },
     /// Serve the demo HTTP tools (`/search`, `/add`) on ADDR; prints its URL.
     ToolServer {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -183,6 +188,17 @@ enum RunsAction {
         run_id: String,
         #[arg(long)]
         events: bool,
+    },
+    /// Answers a run that asked (it exited 3) and continues it here, on the same store: prints
+    /// its result and exits like `fabric run` (0 completed, 1 failed, 3 it asks again).
+    Reply {
+        run_id: String,
+        /// The answer; `@FILE` reads it from a file, `-` from standard input.
+        #[arg(long, value_name = "TEXT|@FILE|-")]
+        message: String,
+        /// Write events as JSON lines to FILE (`-` for stderr).
+        #[arg(long, value_name = "FILE|-")]
+        events_out: Option<String>,
     },
 }
 
@@ -318,7 +334,12 @@ async fn dispatch(cli: Cli) -> ExitCode {
             run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref(), store.as_deref()).await
         }
         Command::Serve { listen, no_auth } => crate::serve::serve(&cli, listen.as_deref(), *no_auth).await,
-        Command::Runs { store, action } => runs_cmd(store.as_deref(), action).await,
+        Command::Runs { store, action } => runs_cmd(&cli, store.as_deref(), action).await,
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(*shell, &mut <Cli as clap::CommandFactory>::command(), "fabric", &mut out);
+            print_out(&String::from_utf8_lossy(&out)).map(|()| ExitCode::SUCCESS)
+        }
         Command::Replay { run_id, store } => replay_cmd(&cli, run_id, store.as_deref()).await,
     };
     printed.unwrap_or_else(output_failed)
@@ -439,15 +460,31 @@ pub fn build_runtime(cli: &Cli, settings: Settings, store: Option<Arc<dyn RunSto
     builder.build()
 }
 
-/// The settings, and the store `--store` names (else `FABRIC_DATABASE_URL`).
+/// The settings, and the store `--store` names (else `FABRIC_DATABASE_URL`), which must exist:
+/// a reader of the store creates none.
 async fn settings_and_store(store: Option<&str>) -> Result<(Settings, Arc<dyn RunStore>), ExitCode> {
     let settings = settings_or_exit()?;
     let url = store.map_or(settings.service.database_url.clone(), str::to_owned);
-    match fabric::store::open(&url).await {
+    match fabric::store::open_existing(&url).await {
         Ok(s) => Ok((settings, s)),
         Err(e) => Err(usage(format_args!("run store: {e}"))),
     }
 }
+
+/// A text argument given as itself, as `@FILE` (read from the file) or as `-` (standard
+/// input), each read with the bound `limit`.
+fn text_arg(flag: &str, value: &str, limit: u64) -> Result<String, String> {
+    if value == "-" {
+        return fabric::textfile::read_bounded_from(std::io::stdin().lock(), limit).map_err(|e| format!("{flag} -: standard input {e}"));
+    }
+    match value.strip_prefix('@') {
+        Some(path) => fabric::textfile::read_bounded(Path::new(path), limit).map_err(|e| format!("{flag} @{path}: {e}")),
+        None => Ok(value.to_owned()),
+    }
+}
+
+/// The largest goal or reply message read from a file or standard input.
+const MAX_TEXT_ARG_BYTES: u64 = 16 * 1024 * 1024;
 
 /// `fabric replay`: the run's journal through the current catalogue. The backend is never asked:
 /// a strict replay takes every reply from the journal, or reports that it has none.
@@ -488,8 +525,12 @@ fn no_run(run_id: &str) -> ExitCode {
     usage(format_args!("no run `{run_id}`"))
 }
 
-async fn runs_cmd(store: Option<&str>, action: &RunsAction) -> std::io::Result<ExitCode> {
+async fn runs_cmd(cli: &Cli, store: Option<&str>, action: &RunsAction) -> std::io::Result<ExitCode> {
     match action {
+        RunsAction::Reply { run_id, message, events_out } => match RunId::parse(run_id) {
+            Some(run_id) => runs_reply(cli, store, &run_id, message, events_out.as_deref()).await,
+            None => Ok(no_run(run_id)),
+        },
         RunsAction::List { route, status, limit } => runs_list(store, route.clone(), status.as_deref(), *limit).await,
         RunsAction::Show { run_id, events } => match RunId::parse(run_id) {
             Some(run_id) => runs_show(store, &run_id, *events).await,
@@ -580,9 +621,9 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         Ok(s) => s,
         Err(code) => return Ok(code),
     };
-    let goal = match exec::parse_goal(goal) {
+    let goal = match text_arg("--goal", goal, MAX_TEXT_ARG_BYTES).and_then(|g| exec::parse_goal(&g).map_err(|e| format!("--goal: {e}"))) {
         Ok(g) => g,
-        Err(e) => return Ok(usage(format_args!("--goal: {e}"))),
+        Err(e) => return Ok(usage(e)),
     };
     let prefetch = match prefetch {
         None => Vec::new(),
@@ -591,13 +632,15 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
             Err(e) => return Ok(usage(format_args!("--prefetch {}: {e}", p.display()))),
         },
     };
-    let store = match store {
+    // `--store` alone: the store `fabric runs` reads (recording may create it).
+    let store = match store.map(|url| if url.is_empty() { settings.service.database_url.clone() } else { url.to_owned() }) {
         None => None,
-        Some(url) => match fabric::store::open(url).await {
+        Some(url) => match fabric::store::open(&url).await {
             Ok(s) => Some(s),
             Err(e) => return Ok(usage(format_args!("--store: {e}"))),
         },
     };
+    let hint = first_run_hint(&settings);
     let runtime = match build_runtime(cli, settings, store.clone()) {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
@@ -610,28 +653,9 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     if let Err(e) = runtime.check_route(route_id) {
         return Ok(usage(e));
     }
-    let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
-    let mut json_sink = None;
-    if let Some(target) = events_out {
-        let writer: Box<dyn Write + Send> = if target == "-" {
-            Box::new(std::io::stderr())
-        } else {
-            match std::fs::File::create(target) {
-                Ok(f) => Box::new(std::io::BufWriter::new(f)),
-                Err(e) => return Ok(usage(format_args!("--events-out {target}: {e}"))),
-            }
-        };
-        let sink = Arc::new(JsonLinesSink::new(writer));
-        json_sink = Some(sink.clone());
-        sinks.push(sink);
-    }
-    if events_out != Some("-") && std::io::stderr().is_terminal() {
-        sinks.push(Arc::new(Progress::default()));
-    }
-    let sink: Arc<dyn EventSink> = match sinks.len() {
-        0 => Arc::new(NullSink),
-        1 => sinks.pop().unwrap_or_else(|| Arc::new(NullSink)),
-        _ => Arc::new(FanOut(sinks)),
+    let (sink, json_sink) = match event_sink(events_out) {
+        Ok(both) => both,
+        Err(code) => return Ok(code),
     };
     let (handle, cancel) = CancelHandle::new();
     let lost_handle = handle.clone();
@@ -650,10 +674,63 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     } else {
         runtime.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await
     };
-    let outcome = match outcome {
-        Ok(r) => r,
-        Err(e) => return Ok(usage(e)),
+    match outcome {
+        Ok(outcome) => finish_run(&outcome, json_sink, &signal, hint.as_deref()),
+        Err(e) => Ok(usage(e)),
+    }
+}
+
+/// What to add when the default provider cannot be reached and nothing chose it: a first run
+/// without a model or the stub fails to connect to a local Ollama, and should say why.
+fn first_run_hint(settings: &Settings) -> Option<String> {
+    (!settings.stub && settings.model_default).then(|| {
+        format!(
+            "no model is configured, so the default `{}` was used (set FABRIC_LLM_MODEL=provider:model, or OLLAMA_MODEL); \
+             to run offline with the seeded stub, set FABRIC_LLM_STUB=1",
+            settings.model_string.0
+        )
+    })
+}
+
+/// Where a run's events go, and the JSON-lines file among them (whose failure is reported).
+type Sinks = (Arc<dyn EventSink>, Option<Arc<JsonLinesSink>>);
+
+/// The events' destinations: `--events-out FILE|-`, and the progress view on a terminal.
+fn event_sink(events_out: Option<&str>) -> Result<Sinks, ExitCode> {
+    let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
+    let mut json_sink = None;
+    if let Some(target) = events_out {
+        let writer: Box<dyn Write + Send> = if target == "-" {
+            Box::new(std::io::stderr())
+        } else {
+            match std::fs::File::create(target) {
+                Ok(f) => Box::new(std::io::BufWriter::new(f)),
+                Err(e) => return Err(usage(format_args!("--events-out {target}: {e}"))),
+            }
+        };
+        let sink = Arc::new(JsonLinesSink::new(writer));
+        json_sink = Some(sink.clone());
+        sinks.push(sink);
+    }
+    if events_out != Some("-") && std::io::stderr().is_terminal() {
+        sinks.push(Arc::new(Progress::default()));
+    }
+    let sink: Arc<dyn EventSink> = match sinks.len() {
+        0 => Arc::new(NullSink),
+        1 => sinks.pop().unwrap_or_else(|| Arc::new(NullSink)),
+        _ => Arc::new(FanOut(sinks)),
     };
+    Ok((sink, json_sink))
+}
+
+/// Prints a run's result and picks the exit code: 0 completed, 1 failed, 3 awaiting the user,
+/// 4 the output or the events could not be written, 128 + N a signal interrupted it.
+fn finish_run(
+    outcome: &fabric::runtime::RunOutcome,
+    json_sink: Option<Arc<JsonLinesSink>>,
+    signal: &std::sync::atomic::AtomicU8,
+    hint: Option<&str>,
+) -> std::io::Result<ExitCode> {
     let result = &outcome.result;
     let printed = print_out(&format!("{}\n", serde_json::to_string(result).unwrap_or_default()));
     let events_failed = json_sink.and_then(|s| s.failure());
@@ -662,6 +739,11 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     }
     if let Err(e) = &printed {
         say(format_args!("fabric: cannot write the output: {e}"));
+    }
+    if let Some(hint) = hint
+        && result.error.as_ref().is_some_and(|e| e.reason_class == ReasonClass::Connection)
+    {
+        say(format_args!("fabric: hint: {hint}"));
     }
     // A signal that interrupted the run names the exit code; one that came after the run had
     // ended changes nothing.
@@ -685,6 +767,44 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     })
 }
 
+/// `fabric runs reply`: the run that asked continues here with the answer, recorded in the
+/// same store, and ends like `fabric run`.
+async fn runs_reply(cli: &Cli, store: Option<&str>, run_id: &RunId, message: &str, events_out: Option<&str>) -> std::io::Result<ExitCode> {
+    let message = match text_arg("--message", message, MAX_TEXT_ARG_BYTES) {
+        Ok(m) => m,
+        Err(e) => return Ok(usage(e)),
+    };
+    if message.trim().is_empty() {
+        return Ok(usage("--message: the answer is empty"));
+    }
+    let (settings, store) = match settings_and_store(store).await {
+        Ok(both) => both,
+        Err(code) => return Ok(code),
+    };
+    let hint = first_run_hint(&settings);
+    let runtime = match build_runtime(cli, settings, Some(store)) {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    for w in runtime.warnings() {
+        say(format_args!("fabric: warning: {w}"));
+    }
+    let (sink, json_sink) = match event_sink(events_out) {
+        Ok(both) => both,
+        Err(code) => return Ok(code),
+    };
+    let (handle, cancel) = CancelHandle::new();
+    let lost_handle = handle.clone();
+    let signal = match on_signals(handle) {
+        Ok(s) => s,
+        Err(e) => return Ok(usage(e)),
+    };
+    match runtime.reply_recorded(run_id.as_str(), message, sink, &lost_handle, cancel).await {
+        Ok(outcome) => finish_run(&outcome, json_sink, &signal, hint.as_deref()),
+        Err(e) => Ok(usage(e)),
+    }
+}
+
 async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let settings = match Settings::from_env() {
         Ok(s) => s,
@@ -698,7 +818,9 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         out.push_str(&format!("  {var}={value}  ({origin})\n"));
     }
     out.push_str(&format!("backend: {}\n", if settings.stub { "seeded stub (FABRIC_LLM_STUB)" } else { "provider" }));
-    out.push_str(&format!("model: {} (from {})\n", settings.model_string.0, settings.model_string.1));
+    let origin =
+        if settings.model_default { "default; FABRIC_LLM_MODEL or OLLAMA_MODEL changes it".to_owned() } else { format!("from {}", settings.model_string.1) };
+    out.push_str(&format!("model: {} ({origin})\n", settings.model_string.0));
     match &settings.target {
         Some(t) => {
             let base_url = fabric::redact::redact_url(&t.base_url);
@@ -738,6 +860,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         svc.body_timeout.as_secs(),
         svc.shutdown_grace.as_secs()
     ));
+    let hint = first_run_hint(&settings);
     let runtime = match build_runtime(cli, settings, None) {
         Ok(r) => r,
         Err(e) => {
@@ -774,6 +897,9 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         }
         Err(e) => {
             print_out(&format!("probe: FAILED ({}) {}\n", e.class.as_str(), e.message))?;
+            if let Some(hint) = hint.filter(|_| e.class == ReasonClass::Connection) {
+                say(format_args!("fabric: hint: {hint}"));
+            }
             Ok(ExitCode::from(EXIT_FAILED))
         }
     }
