@@ -11,6 +11,7 @@
 //! versions are numbered; a store refuses a database whose schema is newer than it knows.
 
 mod health;
+mod migrations;
 pub mod postgres;
 mod queue;
 pub mod sql;

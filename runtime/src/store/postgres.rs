@@ -9,6 +9,7 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 
 use super::health::Health;
+use super::migrations;
 use super::queue::{PoolWriter, WriteQueue, db, describe};
 use super::sql::SqlStore;
 use super::{StoreError, now};
@@ -75,14 +76,35 @@ async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     if !exists {
         sqlx::query("CREATE TABLE fabric_schema (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)").execute(&mut *tx).await.map_err(db)?;
     }
-    let found: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0)::BIGINT FROM fabric_schema").fetch_one(&mut *tx).await.map_err(db)?;
+    // Checksums came later than the table: a database of an older runtime gets the column.
+    let has_sums: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = 'fabric_schema' AND column_name = 'checksum' AND table_schema = current_schema())",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db)?;
+    if !has_sums {
+        sqlx::query("ALTER TABLE fabric_schema ADD COLUMN checksum TEXT").execute(&mut *tx).await.map_err(db)?;
+    }
+    let applied: Vec<(i64, Option<String>)> =
+        sqlx::query_as("SELECT version, checksum FROM fabric_schema ORDER BY version").fetch_all(&mut *tx).await.map_err(db)?;
+    let found = applied.last().map_or(0, |a| a.0);
     let known = MIGRATIONS.last().map_or(0, |m| m.0);
     if found > known {
         return Err(StoreError::TooNew { found, known });
     }
+    for (version, sum) in migrations::verify(&applied, MIGRATIONS)? {
+        sqlx::query("UPDATE fabric_schema SET checksum = $1 WHERE version = $2").bind(sum).bind(version).execute(&mut *tx).await.map_err(db)?;
+    }
     for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
         sqlx::raw_sql(*sql).execute(&mut *tx).await.map_err(db)?;
-        sqlx::query("INSERT INTO fabric_schema (version, applied_at) VALUES ($1, $2)").bind(version).bind(now()).execute(&mut *tx).await.map_err(db)?;
+        sqlx::query("INSERT INTO fabric_schema (version, applied_at, checksum) VALUES ($1, $2, $3)")
+            .bind(version)
+            .bind(now())
+            .bind(migrations::checksum(sql))
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
     }
     tx.commit().await.map_err(db)
 }

@@ -22,7 +22,8 @@ const WRITE_QUEUE: usize = 4096;
 /// Jobs written in one transaction at the most.
 const JOBS_PER_TRANSACTION: usize = 256;
 
-/// The longest pause between two tries of a transaction while the database cannot write.
+/// The pauses between two tries of a transaction while the database cannot write.
+const RETRY_PAUSE_MIN: Duration = Duration::from_millis(50);
 const RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// What differs between the SQL of the databases a store runs on.
@@ -284,14 +285,56 @@ impl WriteQueue {
     }
 }
 
-async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Failed, health: Arc<Health>) {
+/// The writer's inbox: the queue, and the commits that came in while a transaction was being
+/// tried again (held, in order, for the next one).
+struct Inbox {
+    queue: mpsc::Receiver<Job>,
+    held: std::collections::VecDeque<Job>,
+}
+
+impl Inbox {
+    /// The next job: a held one first, else one from the queue (`None` once every sender is gone).
+    async fn next(&mut self) -> Option<Job> {
+        match self.held.pop_front() {
+            Some(job) => Some(job),
+            None => self.queue.recv().await,
+        }
+    }
+
+    fn try_next(&mut self) -> Option<Job> {
+        self.held.pop_front().or_else(|| self.queue.try_recv().ok())
+    }
+
+    /// Waits `pause` while the database cannot write, answering what comes in meanwhile: a new
+    /// run is refused at once (it must not wait behind writes that may not succeed for minutes,
+    /// and must never be acknowledged late), a commit is held for the next transaction.
+    async fn wait_out(&mut self, pause: Duration, failed: &Failed, error: &str) {
+        let until = tokio::time::Instant::now() + pause;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => return,
+                job = self.queue.recv() => match job {
+                    Some((job @ Write::Create { .. }, ack)) => {
+                        let refused = StoreError::Unavailable(format!("the store cannot take writes now: {error}"));
+                        settle(failed, &job, ack, Err(refused));
+                    }
+                    Some(commit) => self.held.push_back(commit),
+                    None => return,
+                },
+            }
+        }
+    }
+}
+
+async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, health: Arc<Health>) {
+    let mut inbox = Inbox { queue, held: std::collections::VecDeque::new() };
     let mut jobs: Vec<Job> = Vec::new();
-    while let Some(first) = queue.recv().await {
+    while let Some(first) = inbox.next().await {
         jobs.push(first);
         while jobs.len() < JOBS_PER_TRANSACTION {
-            match queue.try_recv() {
-                Ok(c) => jobs.push(c),
-                Err(_) => break,
+            match inbox.try_next() {
+                Some(c) => jobs.push(c),
+                None => break,
             }
         }
         // A batch of a run one of whose earlier batches failed is not written, even if it was
@@ -308,7 +351,7 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
         if jobs.is_empty() {
             continue;
         }
-        match write_retrying(&db, &health, &failed, &mut jobs).await {
+        match write_retrying(&db, &health, &failed, &mut inbox, &mut jobs).await {
             Ok(fenced) => {
                 for (job, ack) in jobs.drain(..) {
                     let done = outcome(&job, &fenced);
@@ -323,7 +366,7 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
                     let mut one = vec![job];
                     let done = match failure_before(&failed, &one[0].0) {
                         Some(e) => Err(StoreError::Database(e)),
-                        None => write_retrying(&db, &health, &failed, &mut one).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
+                        None => write_retrying(&db, &health, &failed, &mut inbox, &mut one).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
                     };
                     // Gone when it was a start refused while the store could not write.
                     if let Some((job, ack)) = one.pop() {
@@ -348,10 +391,14 @@ fn outcome(job: &Write, fenced: &HashSet<String>) -> Result<(), StoreError> {
 /// that may pass (full, read-only, locked, away): the runs wait, they do not fail, and the
 /// store's health says so meanwhile. New runs (creates) are not kept waiting: once a try is
 /// known not to have committed, they are refused (`Unavailable`: the client is told 503 and
-/// retries) and taken out of `jobs`. A transaction whose connection broke while it committed may
+/// retries) and taken out of `jobs`, and so are those that come in meanwhile ([`Inbox::wait_out`]). A transaction whose connection broke while it committed may
 /// have committed: that is looked up before it is written again, so nothing is written twice.
-async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, jobs: &mut Vec<Job>) -> Result<HashSet<String>, StoreError> {
-    let mut pause = Duration::from_millis(50);
+async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, inbox: &mut Inbox, jobs: &mut Vec<Job>) -> Result<HashSet<String>, StoreError> {
+    // From 50 ms, doubling to 2 s, jittered (replicas retrying together spread out), for as long
+    // as the error may pass.
+    let mut pauses = backon::BackoffBuilder::build(
+        backon::ExponentialBuilder::default().with_min_delay(RETRY_PAUSE_MIN).with_max_delay(RETRY_PAUSE_MAX).without_max_times().with_jitter(),
+    );
     let mut in_doubt = false;
     loop {
         if jobs.is_empty() {
@@ -387,9 +434,9 @@ async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, j
                         }
                     }
                 }
+                let pause = Iterator::next(&mut pauses).unwrap_or(RETRY_PAUSE_MAX);
                 tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "run store unavailable; the writes wait");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                inbox.wait_out(pause, failed, &e).await;
             }
             Err(WriteFailure { error, .. }) => return Err(error),
         }
@@ -525,15 +572,16 @@ where
         for chunk in rows.leases.chunks(per_insert / 4) {
             let values = rows_sql("", "(?, ?, ?, ?, ?, ?, ?)", chunk.len(), 2, DB::NUMBERED);
             let at_mark = if DB::NUMBERED { "$1" } else { "?" };
-            let ended = "v.column3 IS NULL";
+            // No end in this batch (the run goes on): the row keeps its result and lease.
+            let going_on = "v.column3 IS NULL";
             let sql = format!(
                 "UPDATE runs SET updated_at = {at_mark}, status = COALESCE(v.column3, runs.status), \
-                 result = CASE WHEN {ended} THEN runs.result ELSE v.column4 END, \
-                 reason_class = CASE WHEN {ended} THEN runs.reason_class ELSE v.column5 END, \
-                 question = CASE WHEN {ended} THEN runs.question ELSE v.column6 END, \
+                 result = CASE WHEN {going_on} THEN runs.result ELSE v.column4 END, \
+                 reason_class = CASE WHEN {going_on} THEN runs.reason_class ELSE v.column5 END, \
+                 question = CASE WHEN {going_on} THEN runs.question ELSE v.column6 END, \
                  next_seq = COALESCE(v.column7, runs.next_seq), \
-                 lease_owner = CASE WHEN {ended} THEN runs.lease_owner ELSE NULL END, \
-                 lease_until = CASE WHEN {ended} THEN runs.lease_until ELSE 0 END \
+                 lease_owner = CASE WHEN {going_on} THEN runs.lease_owner ELSE NULL END, \
+                 lease_until = CASE WHEN {going_on} THEN runs.lease_until ELSE 0 END \
                  FROM (VALUES {values}) AS v WHERE runs.run_id = v.column1 AND runs.lease_token = v.column2 AND runs.status = 'running' \
                  RETURNING run_id"
             );
@@ -779,11 +827,16 @@ mod tests {
         lose_first_ack: std::sync::atomic::AtomicBool,
         /// Refuse any transaction holding this run's rows.
         poison: Option<&'static str>,
+        /// Every transaction fails as a full disk does (not committed) while this is set.
+        full: std::sync::atomic::AtomicBool,
     }
 
     impl WriteRows for Arc<Flaky> {
         fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>> {
             Box::pin(async move {
+                if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(WriteFailure::before_commit(StoreError::Unavailable("database or disk is full (13)".into())));
+                }
                 // Only the poisoned run's first batch: a later one would be written.
                 if let Some(p) = self.poison
                     && rows.events.iter().any(|e| e.0 == p && e.1 == 1)
@@ -901,6 +954,28 @@ mod tests {
         good.unwrap();
         assert!(bad.unwrap_err().contains("refused"), "the earlier failure is the answer");
         assert_eq!(*db.committed.lock().unwrap(), [("good".to_owned(), 1)], "nothing of the bad run, not even its (writable) end");
+    }
+
+    /// While a run's commit is tried again and again (the disk is full), a new run queued behind
+    /// it is refused at once, never written late; the commit goes through once space is back.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_run_is_refused_at_once_while_commits_wait_for_the_disk() {
+        let db = Arc::new(Flaky { full: true.into(), ..Flaky::default() });
+        let health = Arc::new(Health::new(true));
+        let queue = Arc::new(WriteQueue::start(db.clone(), 1, health.clone()));
+        let waiting = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.commit(&lease("a"), batch("a", 1)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(health.failing() && !waiting.is_finished());
+        let create = Write::Create { run_id: "b".into(), route_id: "r".into(), request: "{}".into(), claim: None };
+        let refused = tokio::time::timeout(Duration::from_millis(100), queue.write(create)).await.expect("answered at once");
+        assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
+        db.full.store(false, std::sync::atomic::Ordering::SeqCst);
+        waiting.await.unwrap().unwrap();
+        assert!(!health.failing());
+        assert_eq!(*db.committed.lock().unwrap(), [("a".to_owned(), 1)], "the commit, and not the refused run");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
 use super::health::{FileWatch, Health};
+use super::migrations;
 use super::queue::{PoolWriter, WriteQueue, db, describe};
 use super::sql::SqlStore;
 use super::{StoreError, now};
@@ -70,15 +71,32 @@ pub(crate) fn file_of(url: &str) -> Result<std::path::PathBuf, StoreError> {
 
 async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
     sqlx::query("CREATE TABLE IF NOT EXISTS fabric_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)").execute(pool).await.map_err(db)?;
-    let found: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM fabric_schema").fetch_one(pool).await.map_err(db)?;
+    // Checksums came later than the table: a database of an older runtime gets the column.
+    let has_sums: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info('fabric_schema') WHERE name = 'checksum'").fetch_one(pool).await.map_err(db)?;
+    if has_sums == 0 {
+        sqlx::query("ALTER TABLE fabric_schema ADD COLUMN checksum TEXT").execute(pool).await.map_err(db)?;
+    }
+    let applied: Vec<(i64, Option<String>)> =
+        sqlx::query_as("SELECT version, checksum FROM fabric_schema ORDER BY version").fetch_all(pool).await.map_err(db)?;
+    let found = applied.last().map_or(0, |a| a.0);
     let known = MIGRATIONS.last().map_or(0, |m| m.0);
     if found > known {
         return Err(StoreError::TooNew { found, known });
     }
+    for (version, sum) in migrations::verify(&applied, MIGRATIONS)? {
+        sqlx::query("UPDATE fabric_schema SET checksum = ? WHERE version = ?").bind(sum).bind(version).execute(pool).await.map_err(db)?;
+    }
     for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
         let mut tx = pool.begin().await.map_err(db)?;
         sqlx::raw_sql(*sql).execute(&mut *tx).await.map_err(db)?;
-        sqlx::query("INSERT INTO fabric_schema (version, applied_at) VALUES (?, ?)").bind(version).bind(now()).execute(&mut *tx).await.map_err(db)?;
+        sqlx::query("INSERT INTO fabric_schema (version, applied_at, checksum) VALUES (?, ?, ?)")
+            .bind(version)
+            .bind(now())
+            .bind(migrations::checksum(sql))
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
         tx.commit().await.map_err(db)?;
     }
     Ok(())
