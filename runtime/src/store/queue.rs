@@ -286,9 +286,19 @@ impl WriteQueue {
 
 async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Failed, health: Arc<Health>) {
     let mut jobs: Vec<Job> = Vec::new();
-    while let Some(first) = queue.recv().await {
-        jobs.push(first);
-        while jobs.len() < JOBS_PER_TRANSACTION {
+    // Commits that came while a transaction was being tried again: the next ones written.
+    let mut held: Vec<Job> = Vec::new();
+    loop {
+        if held.is_empty() {
+            match queue.recv().await {
+                Some(first) => jobs.push(first),
+                None => return,
+            }
+        } else {
+            let n = held.len().min(JOBS_PER_TRANSACTION);
+            jobs.extend(held.drain(..n));
+        }
+        while jobs.len() < JOBS_PER_TRANSACTION && held.is_empty() {
             match queue.try_recv() {
                 Ok(c) => jobs.push(c),
                 Err(_) => break,
@@ -308,7 +318,7 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
         if jobs.is_empty() {
             continue;
         }
-        match write_retrying(&db, &health, &failed, &mut jobs).await {
+        match write_retrying(&db, &health, &failed, &mut jobs, &mut queue, &mut held).await {
             Ok(fenced) => {
                 for (job, ack) in jobs.drain(..) {
                     let done = outcome(&job, &fenced);
@@ -323,7 +333,7 @@ async fn writer(db: impl WriteRows, mut queue: mpsc::Receiver<Job>, failed: Fail
                     let mut one = vec![job];
                     let done = match failure_before(&failed, &one[0].0) {
                         Some(e) => Err(StoreError::Database(e)),
-                        None => write_retrying(&db, &health, &failed, &mut one).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
+                        None => write_retrying(&db, &health, &failed, &mut one, &mut queue, &mut held).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
                     };
                     // Gone when it was a start refused while the store could not write.
                     if let Some((job, ack)) = one.pop() {
@@ -350,9 +360,22 @@ fn outcome(job: &Write, fenced: &HashSet<String>) -> Result<(), StoreError> {
 /// known not to have committed, they are refused (`Unavailable`: the client is told 503 and
 /// retries) and taken out of `jobs`. A transaction whose connection broke while it committed may
 /// have committed: that is looked up before it is written again, so nothing is written twice.
-async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, jobs: &mut Vec<Job>) -> Result<HashSet<String>, StoreError> {
+///
+/// Jobs that come meanwhile are not left waiting behind it either: a start that was let in just
+/// before the failure was known (or while a probe found a small write passing on a full disk) is
+/// refused like the ones of the transaction, and commits are `held` for the next transactions.
+async fn write_retrying(
+    db: &impl WriteRows,
+    health: &Health,
+    failed: &Failed,
+    jobs: &mut Vec<Job>,
+    queue: &mut mpsc::Receiver<Job>,
+    held: &mut Vec<Job>,
+) -> Result<HashSet<String>, StoreError> {
     let mut pause = Duration::from_millis(50);
     let mut in_doubt = false;
+    // While this lasts, only this writer's own success says that writes work again.
+    let _retrying = health.retrying();
     loop {
         if jobs.is_empty() {
             return Ok(HashSet::new());
@@ -388,7 +411,23 @@ async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, j
                     }
                 }
                 tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "run store unavailable; the writes wait");
-                tokio::time::sleep(pause).await;
+                let until = tokio::time::Instant::now() + pause;
+                loop {
+                    while let Ok((job, ack)) = queue.try_recv() {
+                        match job {
+                            Write::Create { .. } => {
+                                let refused = StoreError::Unavailable(format!("the new run could not be recorded: {e}"));
+                                settle(failed, &job, ack, Err(refused));
+                            }
+                            commit => held.push((commit, ack)),
+                        }
+                    }
+                    let now = tokio::time::Instant::now();
+                    if now >= until {
+                        break;
+                    }
+                    tokio::time::sleep((until - now).min(Duration::from_millis(50))).await;
+                }
                 pause = (pause * 2).min(RETRY_PAUSE_MAX);
             }
             Err(WriteFailure { error, .. }) => return Err(error),
@@ -483,7 +522,7 @@ where
         let done = sqlx::query("UPDATE fabric_health SET beat = beat + 1 WHERE id = 1").execute(&mut *conn).await.map_err(failed);
         match done {
             Ok(_) => {
-                self.health.write_succeeded();
+                self.health.probe_succeeded();
                 Ok(())
             }
             Err(f) => {
@@ -679,6 +718,22 @@ pub(crate) fn db(e: sqlx::Error) -> StoreError {
     if transient(&e) { StoreError::Unavailable(text) } else { StoreError::Database(text) }
 }
 
+/// [`db`] for a write made outside the writer (a claim, a renewal, a lease let go): a failure
+/// that may pass tells `health` too, as the writer's would (readiness says so, starts are
+/// refused, the probe finds out when writes work again), and one that makes every connection
+/// suspect poisons them, so that a server with no run writing does not claim for ever on
+/// connections SQLite opened read-only, while `/readyz` says ready.
+pub(crate) fn write_error(health: &Health, e: sqlx::Error) -> StoreError {
+    if poisons(&e) {
+        health.poison();
+    }
+    let error = db(e);
+    if let StoreError::Unavailable(m) = &error {
+        health.write_failed(m);
+    }
+    error
+}
+
 fn transient(e: &sqlx::Error) -> bool {
     match e {
         // A connection cut mid-message (a server restarting) reads as a protocol error too.
@@ -779,11 +834,16 @@ mod tests {
         lose_first_ack: std::sync::atomic::AtomicBool,
         /// Refuse any transaction holding this run's rows.
         poison: Option<&'static str>,
+        /// Fail every transaction, as a full disk does, while set.
+        full: std::sync::atomic::AtomicBool,
     }
 
     impl WriteRows for Arc<Flaky> {
         fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>> {
             Box::pin(async move {
+                if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(WriteFailure::before_commit(StoreError::Unavailable("database or disk is full (13)".into())));
+                }
                 // Only the poisoned run's first batch: a later one would be written.
                 if let Some(p) = self.poison
                     && rows.events.iter().any(|e| e.0 == p && e.1 == 1)
@@ -901,6 +961,35 @@ mod tests {
         good.unwrap();
         assert!(bad.unwrap_err().contains("refused"), "the earlier failure is the answer");
         assert_eq!(*db.committed.lock().unwrap(), [("good".to_owned(), 1)], "nothing of the bad run, not even its (writable) end");
+    }
+
+    /// A start handed to the writer while it tries a run's commit again (the disk full) is
+    /// refused at once, not kept waiting behind that commit for as long as the disk stays full;
+    /// the commit, and one queued after it, are written once space returns.
+    #[tokio::test]
+    async fn a_start_queued_behind_a_retried_commit_is_refused_at_once() {
+        let db = Arc::new(Flaky { full: true.into(), ..Flaky::default() });
+        let health = Arc::new(Health::new(true));
+        let queue = Arc::new(WriteQueue::start(db.clone(), 1, health.clone()));
+        let first = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.commit(&lease("a"), batch("a", 1)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(health.failing());
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None };
+        let refused = tokio::time::timeout(Duration::from_secs(1), queue.write(create)).await.expect("refused within a second, not held");
+        assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
+        let second = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.commit(&lease("a"), batch("a", 2)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        db.full.store(false, std::sync::atomic::Ordering::SeqCst);
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        assert_eq!(*db.committed.lock().unwrap(), [("a".to_owned(), 1), ("a".to_owned(), 2)], "in order, once each");
+        assert!(!health.failing());
     }
 
     #[test]
