@@ -140,18 +140,21 @@ fn quote_conninfo(value: &str) -> String {
 
 /// The text-only fallback of [`redact_url`]: cuts userinfo and the query.
 fn redact_text(text: &str) -> String {
-    let mut out = text.to_owned();
-    if let Some(q) = out.find(['?', '#']) {
-        out.truncate(q);
-        out.push('?');
-        out.push_str(REDACTED);
+    // Up to the last `@` (a password may hold `/`, `?` or `#`: cutting at those first would
+    // leave the part of it before them): cutting a path by mistake is the safe side.
+    let after_scheme = text.find("://").map_or(0, |i| i + 3);
+    let (head, rest) = text.split_at(after_scheme);
+    let rest = match rest.rfind('@') {
+        // A `?` or `#` before that `@`: the `@` may be in the query (`?user=a@b&password=…`),
+        // and whatever follows it too: nothing more is shown.
+        Some(at) if rest[..at].contains(['?', '#']) => return format!("{head}{REDACTED}"),
+        Some(at) => format!("{REDACTED}{}", &rest[at..]),
+        None => rest.to_owned(),
+    };
+    match rest.find(['?', '#']) {
+        Some(q) => format!("{head}{}?{REDACTED}", &rest[..q]),
+        None => format!("{head}{rest}"),
     }
-    // Up to the last `@` (a password may hold `/`): cutting a path by mistake is the safe side.
-    let after_scheme = out.find("://").map_or(0, |i| i + 3);
-    if let Some(at) = out[after_scheme..].rfind('@') {
-        out.replace_range(after_scheme..after_scheme + at, REDACTED);
-    }
-    out
 }
 
 #[cfg(test)]

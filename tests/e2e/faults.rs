@@ -180,6 +180,77 @@ async fn a_full_disk_acknowledges_nothing_it_cannot_keep_and_heals_when_space_re
     }
 }
 
+/// While runs wait at their commits on a full disk, the probe's one small row still fits (the
+/// space a failed transaction left in the WAL): that says nothing. Readiness stays 503 for as
+/// long as the disk is full (no flapping back to 200 between the writer's tries), every start
+/// is answered at once (none held behind a waiting commit), a SIGTERM still ends the process
+/// within its grace period, and a server started on the full disk is not ready either (its
+/// claims fail) until space returns.
+#[tokio::test]
+async fn a_full_disk_keeps_readiness_503_and_answers_every_start_at_once() {
+    if !root_or_skip("disk full") {
+        return;
+    }
+    let fs = Tmpfs::mount("2m");
+    let file = fs.path().join("fabric.db");
+    let db = format!("sqlite://{}", file.display());
+    let stub = asking_stub();
+    let env = [
+        ("FABRIC_RUN_LEASE_S", "3"),
+        ("FABRIC_CLAIM_POLL_MS", "100"),
+        ("FABRIC_LLM_STUB_LATENCY_MS", "20"),
+        ("FABRIC_SHUTDOWN_GRACE_S", "2"),
+        ("FABRIC_LOG", "warn"),
+    ];
+    let server = Server::start(&db, stub.path(), &env);
+    let mut acked: Vec<String> = Vec::new();
+    for k in 0..5000 {
+        let (status, retry, body) = start(&server, &triage(k, 2000)).await;
+        if status != 201 {
+            assert_unavailable(status, &retry, &body, "the first refusal");
+            break;
+        }
+        acked.push(body["run_id"].as_str().unwrap().to_owned());
+    }
+    let until = Instant::now() + Duration::from_secs(15);
+    let (mut asked, mut k) = (0, acked.len());
+    while Instant::now() < until {
+        let (status, body) = ready(&server).await;
+        assert_eq!(status, 503, "ready again while the disk is still full ({asked} answers of 503 before): {body}\n{}", server.logs());
+        asked += 1;
+        k += 1;
+        let sent = Instant::now();
+        let (status, retry, body) = start(&server, &triage(k, 2000)).await;
+        assert!(sent.elapsed() < Duration::from_secs(3), "a start answered after {:?} on a full disk: {status} {body}", sent.elapsed());
+        if status == 201 {
+            let id = body["run_id"].as_str().unwrap().to_owned();
+            assert!(committed(&file, &id).await, "run {id} acknowledged while the disk is full, but not committed");
+            acked.push(id);
+        } else {
+            assert_unavailable(status, &retry, &body, "a start while the disk is full");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut server = server;
+    server.signal("TERM");
+    let stopping = Instant::now();
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(stopping.elapsed() < Duration::from_secs(12), "SIGTERM on a full disk: still running after {:?}", stopping.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(server);
+    let again = Server::start(&db, stub.path(), &env);
+    let (status, body) = readiness_becomes(&again, 503, Duration::from_secs(8)).await;
+    assert_eq!(status, 503, "a server started on a full disk, whose claims fail, is not ready: {body}\n{}", again.logs());
+    fs.resize("50m");
+    let (status, body) = readiness_becomes(&again, 200, Duration::from_secs(30)).await;
+    assert_eq!(status, 200, "ready again by itself once space returned: {body}\n{}", again.logs());
+    for id in &acked {
+        let view = settled(&again, id).await;
+        assert_eq!(view["status"], "completed", "run {id}: {view}\n{}", again.logs());
+    }
+}
+
 /// `chmod` of the database's files and folder to read-only for 3 s under a server that is not
 /// root, with runs in flight: writes resume by themselves, no run fails from it, and readiness
 /// comes back.
@@ -388,7 +459,7 @@ async fn postgres_stopped_for_20_s_under_load_refuses_starts_and_loses_nothing()
     let (status, body) = readiness_becomes(&server, 200, Duration::from_secs(30)).await;
     assert_eq!(status, 200, "ready again by itself: {body}\n{}", server.logs());
     let (status, _, body) = start(&server, &triage(0, 10)).await;
-    assert_eq!(status, 201, "{body}");
+    assert_eq!(status, 201, "{body}\n{}", server.logs());
     acked.push(body["run_id"].as_str().unwrap().to_owned());
     for id in &acked {
         let view = settled(&server, id).await;

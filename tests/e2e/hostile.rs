@@ -1027,6 +1027,26 @@ async fn a_key_value_postgres_string_never_shows_its_password() {
     }
 }
 
+/// A PostgreSQL URL whose password holds `#`, `?` or `/` unencoded (a generated password, often):
+/// sqlx refuses it ("invalid port number"), and the error, doctor and serve show none of the
+/// password, though a cut at its `#` or `?` would come before the `@` that ends it.
+#[tokio::test]
+async fn a_postgres_url_whose_password_holds_a_hash_or_question_mark_never_shows_it() {
+    for url in [
+        "postgres://u:Pw8/SECRET#x@127.0.0.1:1/db",
+        "postgres://u:Pw8?SECRET@127.0.0.1:1/db",
+        "postgresql://u:Pw8#SECRET?y@127.0.0.1:1/db?sslmode=disable",
+        "postgres://127.0.0.1:1/db?user=a@b&password=Pw8SECRET",
+    ] {
+        let env = [("FABRIC_DATABASE_URL", url.to_owned()), ("FABRIC_LLM_STUB", "1".to_owned()), ("FABRIC_API_TOKEN", "t".repeat(40))];
+        for args in [&["doctor"][..], &["runs", "list"][..], &["runs", "--store", url, "list"][..], &["serve", "--listen", "127.0.0.1:0"][..]] {
+            let o = fabric_cli(args, &env).await;
+            let all = format!("{}{}", out(&o), err(&o));
+            assert!(!all.contains("SECRET") && !all.contains("Pw8"), "{url}: {args:?}: {all}");
+        }
+    }
+}
+
 /// SIGHUP drains like SIGTERM: logged, exit 0, and the run in flight handed over (its lease let
 /// go, so another process claims it at once), not killed with its lease held.
 #[tokio::test]

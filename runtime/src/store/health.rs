@@ -23,6 +23,17 @@ pub(crate) struct Health {
     state: Mutex<State>,
     /// False for an in-memory SQLite database, whose one connection is the database.
     discard_connections: bool,
+    /// Writers trying a transaction again now ([`Health::retrying`]).
+    retrying: std::sync::atomic::AtomicUsize,
+}
+
+/// A writer trying a transaction again, for as long as it lives.
+pub(crate) struct Retrying<'a>(&'a Health);
+
+impl Drop for Retrying<'_> {
+    fn drop(&mut self) {
+        self.0.retrying.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[derive(Debug)]
@@ -39,7 +50,7 @@ struct State {
 
 impl Health {
     pub(crate) fn new(discard_connections: bool) -> Health {
-        Health { state: Mutex::new(State { failing: None, recovered: None, file: None, poisoned: None }), discard_connections }
+        Health { state: Mutex::new(State { failing: None, recovered: None, file: None, poisoned: None }), discard_connections, retrying: Default::default() }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -86,6 +97,22 @@ impl Health {
         if let Some((since, _)) = state.failing.take() {
             tracing::warn!(failed_for_s = since.elapsed().as_secs(), "run store: writes succeed again");
             state.recovered = Some(Instant::now());
+        }
+    }
+
+    /// A writer tries a transaction again (while the guard lives): meanwhile the probe's small
+    /// write passing says nothing (a full disk has room for it, not for the runs' rows), only
+    /// the writers' own transactions do.
+    pub(crate) fn retrying(&self) -> Retrying<'_> {
+        self.retrying.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Retrying(self)
+    }
+
+    /// The healer's probe write committed: writes work again unless a writer's transaction is
+    /// still being tried again.
+    pub(crate) fn probe_succeeded(&self) {
+        if self.retrying.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            self.write_succeeded();
         }
     }
 
@@ -163,6 +190,19 @@ mod tests {
         h.write_succeeded();
         assert!(h.check().is_ok() && !h.failing());
         assert!(h.recovered_ago().is_some());
+    }
+
+    #[test]
+    fn a_probe_passing_while_a_writer_tries_again_heals_nothing() {
+        let h = Health::new(true);
+        h.write_failed("database or disk is full (13)");
+        let retrying = h.retrying();
+        // A full disk has room for the probe's one small row, not for the runs' rows.
+        h.probe_succeeded();
+        assert!(h.failing(), "still failing while a writer's transaction is tried again");
+        drop(retrying);
+        h.probe_succeeded();
+        assert!(!h.failing());
     }
 
     #[test]

@@ -307,18 +307,21 @@ impl Inbox {
 
     /// Waits `pause` while the database cannot write, answering what comes in meanwhile: a new
     /// run is refused at once (it must not wait behind writes that may not succeed for minutes,
-    /// and must never be acknowledged late), a commit is held for the next transaction.
-    async fn wait_out(&mut self, pause: Duration, failed: &Failed, error: &str) {
+    /// and must never be acknowledged late), a commit is held for the next transaction. Another
+    /// writer's success (PostgreSQL has several) ends the wait at once: the database is back,
+    /// and what came in meanwhile is held instead, to be written next.
+    async fn wait_out(&mut self, pause: Duration, health: &Health, failed: &Failed, error: &str) {
         let until = tokio::time::Instant::now() + pause;
-        loop {
+        while tokio::time::Instant::now() < until && health.failing() {
+            let tick = (until - tokio::time::Instant::now()).min(Duration::from_millis(50));
             tokio::select! {
-                _ = tokio::time::sleep_until(until) => return,
+                _ = tokio::time::sleep(tick) => {}
                 job = self.queue.recv() => match job {
-                    Some((job @ Write::Create { .. }, ack)) => {
+                    Some((job @ Write::Create { .. }, ack)) if health.failing() => {
                         let refused = StoreError::Unavailable(format!("the store cannot take writes now: {error}"));
                         settle(failed, &job, ack, Err(refused));
                     }
-                    Some(commit) => self.held.push_back(commit),
+                    Some(job) => self.held.push_back(job),
                     None => return,
                 },
             }
@@ -400,6 +403,8 @@ async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, i
         backon::ExponentialBuilder::default().with_min_delay(RETRY_PAUSE_MIN).with_max_delay(RETRY_PAUSE_MAX).without_max_times().with_jitter(),
     );
     let mut in_doubt = false;
+    // While this lasts, only this writer's own success says that writes work again.
+    let _retrying = health.retrying();
     loop {
         if jobs.is_empty() {
             return Ok(HashSet::new());
@@ -436,7 +441,7 @@ async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, i
                 }
                 let pause = Iterator::next(&mut pauses).unwrap_or(RETRY_PAUSE_MAX);
                 tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "run store unavailable; the writes wait");
-                inbox.wait_out(pause, failed, &e).await;
+                inbox.wait_out(pause, health, failed, &e).await;
             }
             Err(WriteFailure { error, .. }) => return Err(error),
         }
@@ -530,7 +535,7 @@ where
         let done = sqlx::query("UPDATE fabric_health SET beat = beat + 1 WHERE id = 1").execute(&mut *conn).await.map_err(failed);
         match done {
             Ok(_) => {
-                self.health.write_succeeded();
+                self.health.probe_succeeded();
                 Ok(())
             }
             Err(f) => {
@@ -725,6 +730,22 @@ pub(crate) fn rows_sql(head: &str, row: &str, n: usize, first: usize, numbered: 
 pub(crate) fn db(e: sqlx::Error) -> StoreError {
     let text = describe(&e);
     if transient(&e) { StoreError::Unavailable(text) } else { StoreError::Database(text) }
+}
+
+/// [`db`] for a write made outside the writer (a claim, a renewal, a lease let go): a failure
+/// that may pass tells `health` too, as the writer's would (readiness says so, starts are
+/// refused, the probe finds out when writes work again), and one that makes every connection
+/// suspect poisons them, so that a server with no run writing does not claim for ever on
+/// connections SQLite opened read-only, while `/readyz` says ready.
+pub(crate) fn write_error(health: &Health, e: sqlx::Error) -> StoreError {
+    if poisons(&e) {
+        health.poison();
+    }
+    let error = db(e);
+    if let StoreError::Unavailable(m) = &error {
+        health.write_failed(m);
+    }
+    error
 }
 
 fn transient(e: &sqlx::Error) -> bool {
@@ -956,26 +977,33 @@ mod tests {
         assert_eq!(*db.committed.lock().unwrap(), [("good".to_owned(), 1)], "nothing of the bad run, not even its (writable) end");
     }
 
-    /// While a run's commit is tried again and again (the disk is full), a new run queued behind
-    /// it is refused at once, never written late; the commit goes through once space is back.
-    #[tokio::test(start_paused = true)]
-    async fn a_new_run_is_refused_at_once_while_commits_wait_for_the_disk() {
+    /// A start handed to the writer while it tries a run's commit again (the disk full) is
+    /// refused at once, not kept waiting behind that commit for as long as the disk stays full;
+    /// the commit, and one queued after it, are written once space returns.
+    #[tokio::test]
+    async fn a_start_queued_behind_a_retried_commit_is_refused_at_once() {
         let db = Arc::new(Flaky { full: true.into(), ..Flaky::default() });
         let health = Arc::new(Health::new(true));
         let queue = Arc::new(WriteQueue::start(db.clone(), 1, health.clone()));
-        let waiting = tokio::spawn({
+        let first = tokio::spawn({
             let queue = queue.clone();
             async move { queue.commit(&lease("a"), batch("a", 1)).await }
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(health.failing() && !waiting.is_finished());
-        let create = Write::Create { run_id: "b".into(), route_id: "r".into(), request: "{}".into(), claim: None };
-        let refused = tokio::time::timeout(Duration::from_millis(100), queue.write(create)).await.expect("answered at once");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(health.failing());
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None };
+        let refused = tokio::time::timeout(Duration::from_secs(1), queue.write(create)).await.expect("refused within a second, not held");
         assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
+        let second = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.commit(&lease("a"), batch("a", 2)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
         db.full.store(false, std::sync::atomic::Ordering::SeqCst);
-        waiting.await.unwrap().unwrap();
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        assert_eq!(*db.committed.lock().unwrap(), [("a".to_owned(), 1), ("a".to_owned(), 2)], "in order, once each");
         assert!(!health.failing());
-        assert_eq!(*db.committed.lock().unwrap(), [("a".to_owned(), 1)], "the commit, and not the refused run");
     }
 
     #[test]

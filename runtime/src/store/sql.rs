@@ -13,7 +13,7 @@ use sqlx::Row;
 use std::sync::Arc;
 
 use super::health::Health;
-use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, rows_sql, run_of};
+use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, rows_sql, run_of, write_error};
 use super::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
 use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
@@ -65,7 +65,13 @@ where
     async fn let_go(&self, lease: &Lease, set: &'static str) -> Result<(), StoreError> {
         let sql =
             format!("UPDATE runs SET {set}lease_owner = NULL, lease_until = 0, updated_at = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'");
-        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now()).bind(lease.run_id.as_str()).bind(lease.token).execute(&self.pool).await.map_err(db)?;
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(now())
+            .bind(lease.run_id.as_str())
+            .bind(lease.token)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| write_error(&self.health, e))?;
         Ok(())
     }
 }
@@ -210,7 +216,7 @@ where
             for r in routes {
                 q = q.bind(r.as_str());
             }
-            let rows = q.fetch_all(&self.pool).await.map_err(db)?;
+            let rows = q.fetch_all(&self.pool).await.map_err(|e| write_error(&self.health, e))?;
             let mut claimed: Vec<Claimed> = rows.iter().map(run_of).map(|r| r.map(|run| Claimed { token: run.lease_token, run })).collect::<Result<_, _>>()?;
             claimed.sort_by(|a, b| a.run.run_id.cmp(&b.run.run_id));
             Ok(claimed)
@@ -236,7 +242,7 @@ where
                 .bind(run_id)
                 .fetch_optional(&self.pool)
                 .await
-                .map_err(db)?;
+                .map_err(|e| write_error(&self.health, e))?;
             row.map(|r| r.try_get::<i64, _>("lease_token").map(|token| Lease { run_id: run_id.to_owned(), token }).map_err(db)).transpose()
         })
     }
@@ -265,7 +271,14 @@ where
                 for l in chunk {
                     q = q.bind(l.run_id.as_str()).bind(l.token);
                 }
-                let renewed: Vec<String> = q.fetch_all(&self.pool).await.map_err(db)?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>().map_err(db)?;
+                let renewed: Vec<String> = q
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(|e| write_error(&self.health, e))?
+                    .iter()
+                    .map(|r| r.try_get(0))
+                    .collect::<Result<_, _>>()
+                    .map_err(db)?;
                 let missing: Vec<&Lease> = chunk.iter().filter(|l| !renewed.contains(&l.run_id)).collect();
                 if missing.is_empty() {
                     continue;
