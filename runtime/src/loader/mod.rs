@@ -5,7 +5,7 @@
 //! broken definition only breaks what uses it; every problem is kept, located.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
@@ -17,7 +17,7 @@ use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics, Pos};
 use crate::llm::OutputSpec;
 use crate::prompt::{self, PromptPack};
-use crate::source::{SourceFile, read_sources};
+use crate::source::{Layers, SourceFile, read_layers};
 use crate::structured::FieldType;
 use crate::yaml::{self, Ctx};
 
@@ -46,12 +46,14 @@ pub struct Loaded {
     pub unloaded: Vec<Diagnostic>,
 }
 
-/// Reads and decodes the catalogue below `catalogue_dir` with the prompt packs of `packs_dir`.
-pub fn load_dirs(catalogue_dir: &Path, packs_dir: &Path) -> Loaded {
+/// Reads and decodes the catalogue of the `catalogue` directories with the prompt packs of the
+/// `packs` directories. The layers' files are taken in order as one catalogue, so a name defined
+/// in two layers is a duplicate like one defined in two files of one directory.
+pub fn load_dirs(catalogue: &Layers, packs: &Layers) -> Loaded {
     let mut diags = Diagnostics::default();
     let mut unloaded = Vec::new();
-    let packs = read_sources(packs_dir, &mut diags, &mut Vec::new());
-    let files = read_sources(catalogue_dir, &mut diags, &mut unloaded);
+    let packs = read_layers(packs, &mut diags, &mut Vec::new());
+    let files = read_layers(catalogue, &mut diags, &mut unloaded);
     load_sources(&files, &packs, diags, unloaded)
 }
 
