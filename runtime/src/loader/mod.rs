@@ -62,6 +62,12 @@ pub fn load_texts(files: &[SourceFile], packs: &[SourceFile]) -> Loaded {
     load_sources(files, packs, Diagnostics::default(), Vec::new())
 }
 
+/// The names defined, for an "is not defined" message: which names would have been right.
+pub(crate) fn known_names<'a>(it: impl Iterator<Item = &'a String>) -> String {
+    let v: Vec<&str> = it.map(String::as_str).collect();
+    if v.is_empty() { "none defined".into() } else { v.join(", ") }
+}
+
 /// The singular of a section name, for messages.
 fn singular(section: &str) -> &'static str {
     match section {
@@ -199,7 +205,7 @@ fn check_workflows(defs: &mut Defs, diags: &mut Diagnostics) {
         for stage in &wf.stages {
             if let Some(cap) = &stage.capability {
                 match defs.capabilities.get(&cap.name) {
-                    None => ctx.error(cap.pos, format!("capability `{}` is not defined", cap.name)),
+                    None => ctx.error(cap.pos, format!("capability `{}` is not defined (capabilities: {})", cap.name, known_names(defs.capabilities.keys()))),
                     Some(Err(origin)) => inherited.extend(origin.problems.iter().cloned()),
                     Some(Ok(c)) => {
                         inherited.extend(c.origin.problems.iter().filter(|d| d.is_error()).cloned());
@@ -218,7 +224,10 @@ fn check_workflows(defs: &mut Defs, diags: &mut Diagnostics) {
             if let StageKindDef::ChildRun { route } = &stage.kind
                 && !defs.routes.contains_key(&route.name)
             {
-                ctx.error(route.pos, format!("route `{}` (the child run of stage `{}`) is not defined", route.name, stage.id));
+                ctx.error(
+                    route.pos,
+                    format!("route `{}` (the child run of stage `{}`) is not defined (routes: {})", route.name, stage.id, known_names(defs.routes.keys())),
+                );
             }
             let check_target = |ctx: &mut Ctx<'_>, t: &Target| {
                 if let Target::Stage(r) = t
@@ -348,7 +357,7 @@ fn check_manifests(defs: &mut Defs, diags: &mut Diagnostics) {
         let mark = ctx.diags.len();
         let mut inherited = Vec::new();
         match defs.workflows.get(&m.workflow.name) {
-            None => ctx.error(m.workflow.pos, format!("workflow `{}` is not defined", m.workflow.name)),
+            None => ctx.error(m.workflow.pos, format!("workflow `{}` is not defined (workflows: {})", m.workflow.name, known_names(defs.workflows.keys()))),
             Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
             Some(Ok(wf)) => {
                 inherited.extend(wf.origin.problems.iter().filter(|d| d.is_error()).cloned());
@@ -368,7 +377,7 @@ fn check_manifests(defs: &mut Defs, diags: &mut Diagnostics) {
         }
         if let Some(cap) = &m.synthesis_capability {
             match defs.capabilities.get(&cap.name) {
-                None => ctx.error(cap.pos, format!("capability `{}` is not defined", cap.name)),
+                None => ctx.error(cap.pos, format!("capability `{}` is not defined (capabilities: {})", cap.name, known_names(defs.capabilities.keys()))),
                 Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
                 Some(Ok(c)) => inherited.extend(c.origin.problems.iter().filter(|d| d.is_error()).cloned()),
             }
