@@ -357,7 +357,10 @@ fn routes_list(cat: &Catalogue) -> std::io::Result<ExitCode> {
     for entry in cat.routes() {
         match entry {
             RouteEntry::Ready(r) => text.push_str(&format!("{}\t{}\t{}\tok\n", r.id(), r.path().as_str(), r.activation_target().unwrap_or("-"))),
-            RouteEntry::Broken(b) => text.push_str(&format!("{}\t-\t-\tbroken ({} errors)\n", b.id, b.problems.len())),
+            RouteEntry::Broken(b) => {
+                let n = b.problems.len();
+                text.push_str(&format!("{}\t-\t-\tbroken ({n} {})\n", b.id, if n == 1 { "problem" } else { "problems" }));
+            }
         }
     }
     // A file that did not load may have held routes: say so rather than list fewer routes.
