@@ -82,6 +82,22 @@ impl Catalogue {
     }
 }
 
+/// How many names [`name_list`] shows before it only counts the rest.
+pub const LISTED_NAMES: usize = 20;
+
+/// Names for a message ("unknown route `x`; known routes: ..."): at most [`LISTED_NAMES`], then
+/// "and N more", so a catalogue of a thousand routes does not make a thousand-name message.
+pub fn name_list(names: &[&str]) -> String {
+    if names.is_empty() {
+        return "none".into();
+    }
+    let shown = names[..names.len().min(LISTED_NAMES)].join(", ");
+    match names.len().saturating_sub(LISTED_NAMES) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
 #[derive(Debug)]
 pub enum RouteLookupError<'a> {
     Unknown { known: Vec<&'a str>, unloaded: &'a [Diagnostic] },
