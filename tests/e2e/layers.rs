@@ -163,3 +163,18 @@ async fn a_directory_given_twice_is_read_once_and_an_empty_entry_is_refused() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("`routes:`: directory 2 of 2 is empty (a stray `:`?)"), "{}", text(&o.stderr));
 }
+
+#[tokio::test]
+async fn the_service_serves_a_layered_catalogue() {
+    use crate::service::{Server, get, post};
+    let team = Team::new();
+    let db = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", db.path().join("fabric.db").display());
+    let (catalogue, packs) = (format!("routes:{}", team.path("routes")), format!("prompt-packs:{}", team.path("packs")));
+    let server = Server::start(&store, &team.dir.path().join("stub"), &[("FABRIC_CATALOGUE_DIR", &catalogue), ("FABRIC_PROMPT_PACKS_DIR", &packs)]);
+    let routes = get(&server, "/v1/routes").await;
+    let ids: Vec<&str> = routes.as_array().unwrap().iter().filter_map(|r| r["id"].as_str()).collect();
+    assert!(ids.contains(&"team-faq") && ids.contains(&"support-triage"), "{routes}");
+    let (status, run) = post(&server, "/v1/runs?wait=true", serde_json::json!({"route_id": "team-faq", "goal": {}, "model_profile": "default"})).await;
+    assert_eq!((status, run["status"].as_str(), run["output"].as_str()), (200, Some("completed"), Some("See the FAQ.")), "{run}");
+}
