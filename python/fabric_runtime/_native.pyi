@@ -20,14 +20,17 @@ class ValidationError(FabricError):
 class Runtime:
     def __init__(
         self,
-        catalogue: str | os.PathLike[str] = "routes",
-        prompt_packs: str | os.PathLike[str] = "prompt-packs",
+        catalogue: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...] = "routes",
+        prompt_packs: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...] = "prompt-packs",
         *,
         stub_dir: str | os.PathLike[str] | None = None,
         tools: dict[str, Callable[..., Any]] | None = None,
         **settings: Any,
     ) -> None:
-        """Loads the catalogue. ``settings`` are ``FABRIC_*`` settings in lower case without the
+        """Loads the catalogue. ``catalogue`` and ``prompt_packs`` are layered directories, later
+        ones adding definitions to earlier ones: a list (or tuple) of paths, or a ``str`` written
+        ``"a:b"`` as ``--catalogue`` takes it (an ``os.PathLike`` is one directory). A directory
+        that does not exist raises ``ConfigError`` naming it. ``settings`` are ``FABRIC_*`` settings in lower case without the
         prefix (``llm_stub=True``, ``llm_stub_latency_ms=50``) or any variable by its own name
         (``OLLAMA_MODEL="ollama:qwen"``); the process environment fills in the rest, as for
         ``fabric``. ``tools`` maps catalogue capabilities without ``invoke`` to Python callables

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fabric::cancel::CancelHandle;
+use fabric::catalogue::{DirKind, Layers};
 use fabric::config::Settings;
 use fabric::events::{EventSink, MemorySink};
 use fabric::exec::RunRequest;
@@ -22,7 +23,7 @@ use fabric::runtime::{Runtime as Core, Validation};
 use fabric::tools::Tool;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{IntoPyDict, PyDict, PyString};
+use pyo3::types::{IntoPyDict, PyDict, PyList, PyString, PyTuple};
 use serde_json::{Map, Value};
 
 pyo3::create_exception!(_native, FabricError, PyException, "Every error of the runtime; `reason_class` says which.");
@@ -127,6 +128,36 @@ fn settings_from(py: Python<'_>, given: Option<&Bound<'_, PyDict>>) -> PyResult<
     Settings::load(move |k| vars.get(k).cloned().or_else(|| std::env::var(k).ok())).map_err(|e| error::<ConfigError>(py, "config", e.to_string()))
 }
 
+/// `catalogue=` / `prompt_packs=`: a `str` is `a:b`, as `--catalogue` reads it; a path-like
+/// object is one directory (a `pathlib.Path` is a path, never a list); a list or tuple holds one
+/// directory per item, in layer order.
+fn layers(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, default: &str, arg: &str) -> PyResult<Layers> {
+    let Some(value) = value else { return Ok(Layers::one(default)) };
+    let bad = |why: String| error::<ConfigError>(py, "config", format!("`{arg}`: {why}"));
+    if value.is_instance_of::<PyString>() {
+        return Layers::parse(&value.extract::<String>()?).map_err(bad);
+    }
+    if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+        let dirs: Vec<PathBuf> = value.extract().map_err(|_| bad("each item must be a path (a str or an os.PathLike)".into()))?;
+        return Layers::new(dirs).map_err(bad);
+    }
+    let dir: PathBuf = value.extract().map_err(|_| bad("expected a path, an `a:b` str or a list of paths".into()))?;
+    Ok(Layers::one(dir))
+}
+
+/// Why the runtime could not be built; a missing directory names the argument that gave it.
+fn build_error(py: Python<'_>, e: fabric::runtime::BuildError) -> PyErr {
+    let message = match e {
+        fabric::runtime::BuildError::MissingDirs(missing) => missing
+            .iter()
+            .map(|m| format!("{m} (the `{}` argument of Runtime)", if m.kind == DirKind::Catalogue { "catalogue" } else { "prompt_packs" }))
+            .collect::<Vec<_>>()
+            .join("; "),
+        e => e.to_string(),
+    };
+    error::<ConfigError>(py, "config", message)
+}
+
 /// The embeddable runtime: a catalogue, its prompt packs, the settings.
 #[pyclass(subclass, module = "fabric_runtime._native")]
 struct Runtime {
@@ -148,16 +179,18 @@ impl Drop for Runtime {
 #[pymethods]
 impl Runtime {
     #[new]
-    #[pyo3(signature = (catalogue = PathBuf::from("routes"), prompt_packs = PathBuf::from("prompt-packs"), *, stub_dir = None, tools = None, **settings))]
+    #[pyo3(signature = (catalogue = None, prompt_packs = None, *, stub_dir = None, tools = None, **settings))]
     fn new(
         py: Python<'_>,
-        catalogue: PathBuf,
-        prompt_packs: PathBuf,
+        catalogue: Option<&Bound<'_, PyAny>>,
+        prompt_packs: Option<&Bound<'_, PyAny>>,
         stub_dir: Option<PathBuf>,
         tools: Option<&Bound<'_, PyDict>>,
         settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let settings = settings_from(py, settings)?;
+        let catalogue = layers(py, catalogue, "routes", "catalogue")?;
+        let prompt_packs = layers(py, prompt_packs, "prompt-packs", "prompt_packs")?;
         let tokio = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("fabric")
@@ -176,7 +209,7 @@ impl Runtime {
         }
         // The catalogue is read and the stacks built on the runtime's threads (some need one).
         let _guard = tokio.enter();
-        let core = builder.build().map_err(|e| error::<ConfigError>(py, "config", e.to_string()))?;
+        let core = builder.build().map_err(|e| build_error(py, e))?;
         Ok(Runtime { core: Arc::new(core), tokio: Some(Arc::new(tokio)) })
     }
 

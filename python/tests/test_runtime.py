@@ -235,3 +235,44 @@ def test_a_runtime_dropped_while_its_tool_runs_does_not_hang(tmp_path):
 def test_paths_may_be_path_objects():
     rt = Runtime(REPO / "routes", REPO / "prompt-packs", stub_dir=REPO / "stub", llm_stub=True)
     assert "support-triage" in rt.routes()
+
+
+def team_dirs(tmp_path):
+    """A team's catalogue (one route on the shipped `default` profile) and pack directory."""
+    team, packs = tmp_path / "team", tmp_path / "team-packs"
+    team.mkdir()
+    packs.mkdir()
+    (team / "faq.yaml").write_text(
+        "capabilities:\n  faq_answer:\n    output_schema: {type: object, properties: {text: {type: string}}, required: [text]}\n"
+        "workflows:\n  team-faq:\n    stages:\n      - {id: answer, llm_role: synthesis, capability: faq_answer}\n"
+        "routes:\n  team-faq: {model_profile: default, prompt_pack: team, workflow: team-faq}\n"
+    )
+    (packs / "team.yaml").write_text("host: You answer from the team's FAQ.\n")
+    return team, packs
+
+
+def test_catalogues_are_layered_from_a_list_or_an_a_colon_b_string(tmp_path):
+    team, packs = team_dirs(tmp_path)
+    layers = [
+        ([REPO / "routes", team], (REPO / "prompt-packs", str(packs))),
+        (f"{REPO / 'routes'}:{team}", f"{REPO / 'prompt-packs'}:{packs}"),
+    ]
+    for catalogue, prompt_packs in layers:
+        rt = Runtime(catalogue, prompt_packs, stub_dir=str(REPO / "stub"), llm_stub=True)
+        assert {"team-faq", "support-triage"} <= set(rt.routes()), rt.routes()
+        assert rt.run("team-faq", {"question": "VPN?"})["status"] == "completed"
+    with pytest.raises(ConfigError, match="is empty"):
+        Runtime(f"{REPO / 'routes'}:", llm_stub=True)
+    with pytest.raises(ConfigError, match="each item must be a path"):
+        Runtime([REPO / "routes", 42], llm_stub=True)
+
+
+def test_a_missing_directory_is_refused_when_the_runtime_is_built(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(ConfigError) as e:
+        Runtime(str(missing), str(REPO / "prompt-packs"), llm_stub=True)
+    assert str(e.value) == f"catalogue directory `{missing}` does not exist (the `catalogue` argument of Runtime)"
+    assert e.value.reason_class == "config"
+    with pytest.raises(ConfigError) as e:
+        Runtime(REPO / "routes", [REPO / "prompt-packs", missing], llm_stub=True)
+    assert str(e.value) == f"prompt pack directory `{missing}` does not exist (the `prompt_packs` argument of Runtime)"

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 
 pub use crate::loader::decode::{DEFAULT_MAX_LOOP_STEPS, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TOOL_TIMEOUT_MS};
-pub use crate::source::SourceFile;
+pub use crate::source::{Layers, SourceFile};
 
 use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos};
@@ -82,6 +82,22 @@ impl Catalogue {
     }
 }
 
+/// How many names [`name_list`] shows before it only counts the rest.
+pub const LISTED_NAMES: usize = 20;
+
+/// Names for a message ("unknown route `x`; known routes: ..."): at most [`LISTED_NAMES`], then
+/// "and N more", so a catalogue of a thousand routes does not make a thousand-name message.
+pub fn name_list(names: &[&str]) -> String {
+    if names.is_empty() {
+        return "none".into();
+    }
+    let shown = names[..names.len().min(LISTED_NAMES)].join(", ");
+    match names.len().saturating_sub(LISTED_NAMES) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
 #[derive(Debug)]
 pub enum RouteLookupError<'a> {
     Unknown { known: Vec<&'a str>, unloaded: &'a [Diagnostic] },
@@ -90,7 +106,38 @@ pub enum RouteLookupError<'a> {
 
 /// Loads the catalogue below `catalogue_dir` with the prompt packs of `packs_dir`.
 pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
-    Catalogue::from_loaded(loader::load_dirs(catalogue_dir, packs_dir))
+    load_layers(&Layers::one(catalogue_dir), &Layers::one(packs_dir))
+}
+
+/// Loads the catalogue of several directories (later ones adding definitions to the earlier
+/// ones) with the prompt packs of several directories. A name defined in two of them is refused
+/// at both places, as one defined twice in one directory is.
+pub fn load_layers(catalogue: &Layers, packs: &Layers) -> Catalogue {
+    Catalogue::from_loaded(loader::load_dirs(catalogue, packs))
+}
+
+/// Which directory setting a [`MissingDir`] is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirKind {
+    Catalogue,
+    PromptPacks,
+}
+
+/// A catalogue or prompt pack directory that does not exist: loading it would give an empty
+/// catalogue whose every route is "unknown", far from the setting that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} directory `{}` does not exist", match kind { DirKind::Catalogue => "catalogue", DirKind::PromptPacks => "prompt pack" }, dir.display())]
+pub struct MissingDir {
+    pub kind: DirKind,
+    pub dir: PathBuf,
+}
+
+/// Every directory of `catalogue` and `packs` that does not exist, all at once.
+pub fn missing_dirs(catalogue: &Layers, packs: &Layers) -> Vec<MissingDir> {
+    let of = |kind, layers: &Layers| layers.missing().map(move |d| MissingDir { kind, dir: d.to_path_buf() }).collect::<Vec<_>>();
+    let mut out = of(DirKind::Catalogue, catalogue);
+    out.extend(of(DirKind::PromptPacks, packs));
+    out
 }
 
 /// Loads a catalogue from texts already in memory (benchmarks, fuzzing, embedders).

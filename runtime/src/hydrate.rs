@@ -13,7 +13,7 @@ use crate::defs::LlmRole;
 use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::llm::OutputSpec;
-use crate::loader::{Defs, successors};
+use crate::loader::{Defs, known_names as names, successors};
 use crate::prompt::{PromptPack, ResolvedPrompt};
 
 /// Which resolution path built the route.
@@ -303,8 +303,11 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
     };
     let mut graph: DiGraph<StageNode, Edge> = DiGraph::new();
     let mut tools = Vec::new();
-    let (route_path, source) = match (&def.body, &pack) {
-        (Some(RouteBodyDef::Workflow(w)), Some(pack)) => match defs.workflows.get(&w.name) {
+    // Without its pack the route cannot be built, but its body is still checked so that every
+    // problem in its way is reported (and counted) at once, not only the first.
+    let pack_ref = pack.as_deref();
+    let (route_path, source) = match &def.body {
+        Some(RouteBodyDef::Workflow(w)) => match defs.workflows.get(&w.name) {
             None => {
                 diags.error(path, w.pos, format!("workflow `{}` is not defined (workflows: {})", w.name, names(defs.workflows.keys())));
                 return Err(inherited);
@@ -315,11 +318,11 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
             }
             Some(Ok(wf)) => {
                 inherited.extend(wf.origin.problems.iter().filter(|d| d.is_error()).cloned());
-                add_workflow(&mut graph, wf, defs, |role| pack.resolve_workflow_stage(role));
+                add_workflow(&mut graph, wf, defs, |role| pack_ref.map_or_else(ResolvedPrompt::none, |p| p.resolve_workflow_stage(role)));
                 (if wf.branched { RoutePath::Branched } else { RoutePath::Workflow }, Some(w.name.clone()))
             }
         },
-        (Some(RouteBodyDef::Manifest(m)), Some(pack)) => match defs.manifests.get(&m.name) {
+        Some(RouteBodyDef::Manifest(m)) => match defs.manifests.get(&m.name) {
             None => {
                 diags.error(path, m.pos, format!("manifest `{}` is not defined (manifests: {})", m.name, names(defs.manifests.keys())));
                 return Err(inherited);
@@ -334,14 +337,14 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 if !inherited.is_empty() {
                     return Err(inherited);
                 }
-                let end = add_workflow(&mut graph, wf, defs, |role| pack.resolve_manifest_stage(role));
+                let end = add_workflow(&mut graph, wf, defs, |role| pack_ref.map_or_else(ResolvedPrompt::none, |p| p.resolve_manifest_stage(role)));
                 // The appended node takes the place of the end: every stage that ended now leads to it.
                 let synth = graph.add_node(StageNode::new(
                     man.synthesis_stage_id.clone(),
                     LlmRole::Synthesis,
                     NodeKind::AppendedSynthesis,
                     man.synthesis_capability.as_ref().and_then(|c| resolve_cap(defs, c)),
-                    pack.resolve_appended_synthesis(),
+                    pack_ref.map_or_else(ResolvedPrompt::none, PromptPack::resolve_appended_synthesis),
                 ));
                 let mut into_end: Vec<_> = graph.edges_directed(end, petgraph::Direction::Incoming).map(|e| (e.id(), e.source(), e.weight().clone())).collect();
                 // `remove_edge` moves the last edge into the freed index: remove from the highest down.
@@ -354,11 +357,11 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 (RoutePath::Manifest, Some(m.name.clone()))
             }
         },
-        (Some(RouteBodyDef::DecisionLoop { tools: tool_refs }), Some(pack)) => {
+        Some(RouteBodyDef::DecisionLoop { tools: tool_refs }) => {
             for t in tool_refs {
                 match defs.capabilities.get(&t.name) {
                     None => {
-                        diags.error(path, t.pos, format!("tool `{}` is not a defined capability", t.name));
+                        diags.error(path, t.pos, format!("tool `{}` is not a defined capability (capabilities: {})", t.name, names(defs.capabilities.keys())));
                         broken = true;
                     }
                     Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
@@ -376,7 +379,8 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                     }
                 }
             }
-            let mut decide_node = StageNode::new("decide".into(), LlmRole::None, NodeKind::Decision, None, pack.resolve_agent(&tools_text(&tools)));
+            let prompt = pack_ref.map_or_else(ResolvedPrompt::none, |p| p.resolve_agent(&tools_text(&tools)));
+            let mut decide_node = StageNode::new("decide".into(), LlmRole::None, NodeKind::Decision, None, prompt);
             // The schema's tool enum, the prompt's tool list and the tool nodes come from one list.
             decide_node.output = OutputSpec::Decision(Arc::new(crate::decision::DecisionSpec::new(tools.iter().map(|t| t.name.clone()).collect())));
             let decide = graph.add_node(decide_node);
@@ -387,7 +391,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
             }
             (RoutePath::Pattern1, None)
         }
-        _ => return Err(inherited),
+        None => return Err(inherited),
     };
     if broken || !inherited.is_empty() {
         return Err(inherited);
@@ -411,11 +415,6 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
         entry: NodeIndex::new(0),
         graph,
     })
-}
-
-fn names<'a>(it: impl Iterator<Item = &'a String>) -> String {
-    let v: Vec<&str> = it.map(String::as_str).collect();
-    if v.is_empty() { "none defined".into() } else { v.join(", ") }
 }
 
 /// Adds a workflow's stages (in listed order, so the first is node 0) and an end node.

@@ -302,8 +302,12 @@ pub fn load_packs(files: &[crate::source::SourceFile], diags: &mut crate::diag::
             continue;
         }
         if let Some(first) = first_path.get(&name) {
-            // `a.yaml` and `a.yml`, or two folders with an `a.yaml`: neither is used.
-            ctx.error(Pos::FILE, format!("prompt pack `{name}` is already defined by {}; a pack name may be used once", first.display()));
+            // `a.yaml` and `a.yml`, or two folders (or two layers of `--prompt-packs a:b`) with
+            // an `a.yaml`: neither is used, as for a name defined twice in the catalogue.
+            ctx.error(
+                Pos::FILE,
+                format!("prompt pack `{name}` is already defined at {}:1:1; a pack name may be used once (neither pack is used)", first.display()),
+            );
             packs.insert(name, None);
             continue;
         }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use crate::cancel::{Cancel, CancelHandle};
-use crate::catalogue::{self, Catalogue, RouteEntry, SourceFile};
+use crate::catalogue::{self, Catalogue, Layers, RouteEntry, SourceFile};
 use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning, choose_model};
 use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos, Severity};
@@ -43,12 +43,16 @@ pub enum BuildError {
     Stub(String),
     #[error("{0}")]
     Client(String),
+    /// Catalogue or prompt pack directories that do not exist (every one of them); a front end
+    /// adds which of its settings names them.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    MissingDirs(Vec<catalogue::MissingDir>),
 }
 
 /// Where the catalogue comes from.
 #[derive(Debug)]
 enum CatalogueSource {
-    Dirs { catalogue: PathBuf, packs: PathBuf },
+    Dirs { catalogue: Layers, packs: Layers },
     Texts { files: Vec<SourceFile>, packs: Vec<SourceFile> },
     Loaded(Arc<Catalogue>),
 }
@@ -81,8 +85,9 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The catalogue and prompt pack directories.
-    pub fn catalogue_dirs(mut self, catalogue: impl Into<PathBuf>, packs: impl Into<PathBuf>) -> Self {
+    /// The catalogue and prompt pack directories: one each, or [`Layers`] of several (later
+    /// ones adding definitions to the earlier ones). Each must exist.
+    pub fn catalogue_dirs(mut self, catalogue: impl Into<Layers>, packs: impl Into<Layers>) -> Self {
         self.catalogue = CatalogueSource::Dirs { catalogue: catalogue.into(), packs: packs.into() };
         self
     }
@@ -151,7 +156,13 @@ impl RuntimeBuilder {
         };
         let mut warnings = settings.warnings.clone();
         let catalogue = match self.catalogue {
-            CatalogueSource::Dirs { catalogue, packs } => Arc::new(catalogue::load(&catalogue, &packs)),
+            CatalogueSource::Dirs { catalogue, packs } => {
+                let missing = catalogue::missing_dirs(&catalogue, &packs);
+                if !missing.is_empty() {
+                    return Err(BuildError::MissingDirs(missing));
+                }
+                Arc::new(catalogue::load_layers(&catalogue, &packs))
+            }
             CatalogueSource::Texts { files, packs } => Arc::new(catalogue::load_from_texts(&files, &packs)),
             CatalogueSource::Loaded(c) => c,
         };
@@ -382,7 +393,7 @@ impl Runtime {
     pub fn builder() -> RuntimeBuilder {
         RuntimeBuilder {
             settings: None,
-            catalogue: CatalogueSource::Dirs { catalogue: "routes".into(), packs: "prompt-packs".into() },
+            catalogue: CatalogueSource::Dirs { catalogue: Layers::one("routes"), packs: Layers::one("prompt-packs") },
             stub_dir: None,
             stub: None,
             vars: None,

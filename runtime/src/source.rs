@@ -14,12 +14,121 @@ pub struct SourceFile {
     pub text: String,
 }
 
+/// Directories read as one, in order, written `a:b` as `PATH` is: a later one adds files to the
+/// earlier ones (a team's routes beside the shipped profiles). Never empty, no empty entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layers(Vec<PathBuf>);
+
+impl Layers {
+    /// One directory (a path with a `:` in it stays one path).
+    pub fn one(dir: impl Into<PathBuf>) -> Layers {
+        Layers(vec![dir.into()])
+    }
+
+    /// These directories, in order; refused when there is none or one is empty.
+    pub fn new(dirs: Vec<PathBuf>) -> Result<Layers, String> {
+        if dirs.is_empty() {
+            return Err("no directory given".into());
+        }
+        // An empty entry would read the working directory, as an empty entry of `PATH` does:
+        // nobody means that by a stray `:`.
+        if let Some(i) = dirs.iter().position(|d| d.as_os_str().is_empty()) {
+            return Err(format!("directory {} of {} is empty (a stray `:`?)", i + 1, dirs.len()));
+        }
+        Ok(Layers(dirs))
+    }
+
+    /// `a:b:c`: directories separated by `:`.
+    pub fn parse(list: &str) -> Result<Layers, String> {
+        Layers::new(list.split(':').map(PathBuf::from).collect()).map_err(|e| format!("`{list}`: {e}"))
+    }
+
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.0
+    }
+
+    /// The directories that are not there (or are not directories).
+    pub fn missing(&self) -> impl Iterator<Item = &Path> {
+        self.0.iter().map(PathBuf::as_path).filter(|d| !d.is_dir())
+    }
+}
+
+impl std::str::FromStr for Layers {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Layers, String> {
+        Layers::parse(s)
+    }
+}
+
+impl std::fmt::Display for Layers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{}", d.display())?;
+        }
+        Ok(())
+    }
+}
+
+impl From<&Layers> for Layers {
+    fn from(layers: &Layers) -> Layers {
+        layers.clone()
+    }
+}
+
+impl From<PathBuf> for Layers {
+    fn from(dir: PathBuf) -> Layers {
+        Layers::one(dir)
+    }
+}
+
+impl From<&PathBuf> for Layers {
+    fn from(dir: &PathBuf) -> Layers {
+        Layers::one(dir.clone())
+    }
+}
+
+impl From<&Path> for Layers {
+    fn from(dir: &Path) -> Layers {
+        Layers::one(dir)
+    }
+}
+
+/// One path, not split: use [`Layers::parse`] for `a:b`.
+impl From<&str> for Layers {
+    fn from(dir: &str) -> Layers {
+        Layers::one(dir)
+    }
+}
+
+/// Reads every YAML file of every layer, the layers in order and each one's files sorted. A file
+/// reached through two layers (`routes:routes`, or a layer inside another) is read once, where
+/// it is first reached: reading it again would make each of its names a duplicate of itself.
+pub fn read_layers(layers: &Layers, diags: &mut Diagnostics, unloaded: &mut Vec<Diagnostic>) -> Vec<SourceFile> {
+    let mut seen = std::collections::HashSet::new();
+    let mut paths = Vec::new();
+    for dir in layers.dirs() {
+        let mark = diags.len();
+        let found = yaml_files(dir, diags);
+        unloaded.extend(diags.since(mark).iter().cloned());
+        paths.extend(found.into_iter().filter(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))));
+    }
+    read_paths(paths, diags, unloaded)
+}
+
 /// Reads every YAML file below `dir`; unreadable ones are reported, listed in `unloaded` and
 /// skipped (a missing directory too).
 pub fn read_sources(dir: &Path, diags: &mut Diagnostics, unloaded: &mut Vec<Diagnostic>) -> Vec<SourceFile> {
     let mark = diags.len();
     let paths = yaml_files(dir, diags);
     unloaded.extend(diags.since(mark).iter().cloned());
+    read_paths(paths, diags, unloaded)
+}
+
+fn read_paths(paths: Vec<PathBuf>, diags: &mut Diagnostics, unloaded: &mut Vec<Diagnostic>) -> Vec<SourceFile> {
     paths
         .into_iter()
         .filter_map(|path| {
@@ -85,5 +194,37 @@ pub fn read_text(path: &Path, diags: &mut Diagnostics) -> Option<String> {
             diags.error(path, Pos::FILE, format!("file {e}"));
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_are_written_as_path_is_and_never_empty() {
+        let l = Layers::parse("routes:../team-routes").unwrap();
+        assert_eq!(l.dirs(), [PathBuf::from("routes"), PathBuf::from("../team-routes")]);
+        assert_eq!(l.to_string(), "routes:../team-routes");
+        assert_eq!(Layers::parse("routes").unwrap(), Layers::one("routes"));
+        // A single path is never split: only `parse` reads `:`.
+        assert_eq!(Layers::from("a:b").dirs(), [PathBuf::from("a:b")]);
+        assert_eq!(Layers::parse("a::b").unwrap_err(), "`a::b`: directory 2 of 3 is empty (a stray `:`?)");
+        assert_eq!(Layers::parse("").unwrap_err(), "``: directory 1 of 1 is empty (a stray `:`?)");
+        assert!(Layers::new(vec![]).is_err());
+    }
+
+    #[test]
+    fn a_file_reached_through_two_layers_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(dir.path().join("a.yaml"), "routes: {}\n").unwrap();
+        std::fs::write(sub.join("b.yaml"), "routes: {}\n").unwrap();
+        let layers = Layers::new(vec![dir.path().into(), sub.clone(), dir.path().into()]).unwrap();
+        let (mut diags, mut unloaded) = (Diagnostics::default(), Vec::new());
+        let files: Vec<PathBuf> = read_layers(&layers, &mut diags, &mut unloaded).into_iter().map(|f| f.path).collect();
+        assert_eq!(files, [dir.path().join("a.yaml"), sub.join("b.yaml")]);
+        assert!(diags.is_empty() && unloaded.is_empty());
     }
 }

@@ -103,3 +103,32 @@ fn fuzz_regressions_replay() {
     }
     assert!(n >= 1);
 }
+
+/// Every "is not defined" names what is defined, so a typo is seen at once.
+#[test]
+fn an_unknown_name_lists_the_names_that_are_defined() {
+    use fabric::catalogue::{SourceFile, load_from_texts};
+    let text = [
+        "profiles: {default: {}}",
+        "capabilities: {faq_answer: {}, faq_search: {input_schema: {type: object}}}",
+        "workflows:",
+        "  w: {stages: [{id: a, llm_role: classify, capability: faq_topics}]}",
+        "  lin: {stages: [{id: a, llm_role: synthesis}]}",
+        "manifests:",
+        "  m: {workflow: nope, synthesis: {capability: faq_memo}}",
+        "routes:",
+        "  r: {model_profile: default, prompt_pack: p, workflow: w}",
+        "  agent: {model_profile: default, prompt_pack: p, decision_loop: {tools: [faq_lookup]}}",
+    ]
+    .join("\n");
+    let cat = load_from_texts(&[SourceFile { path: "routes/faq.yaml".into(), text }], &[SourceFile { path: "packs/p.yaml".into(), text: "host: H\n".into() }]);
+    let messages: Vec<String> = cat.diagnostics().iter().map(ToString::to_string).collect();
+    for expected in [
+        "routes/faq.yaml:4:56: capability `faq_topics` is not defined (capabilities: faq_answer, faq_search)",
+        "routes/faq.yaml:7:17: workflow `nope` is not defined (workflows: w, lin)",
+        "routes/faq.yaml:7:47: capability `faq_memo` is not defined (capabilities: faq_answer, faq_search)",
+        "routes/faq.yaml:10:75: tool `faq_lookup` is not a defined capability (capabilities: faq_answer, faq_search)",
+    ] {
+        assert!(messages.iter().any(|m| m == expected), "{expected}\nnot in {messages:#?}");
+    }
+}

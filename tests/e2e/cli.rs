@@ -410,3 +410,40 @@ fn bench_counts_instructions_with_callgrind() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("A, A2, B and B-http"), "{}", stderr(&out));
 }
+
+#[test]
+fn routes_list_counts_each_routes_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    // `two` has two problems: an unknown pack, and its workflow's unknown capability (checked
+    // although the pack is missing); `one` has one.
+    std::fs::write(
+        dir.path().join("r.yaml"),
+        "profiles: {default: {}}\nworkflows:\n  w: {stages: [{id: a, llm_role: classify, capability: faq_topics}]}\n  ok: {stages: [{id: a, llm_role: classify}]}\n\
+         routes:\n  two: {model_profile: default, prompt_pack: nopack, workflow: w}\n  one: {model_profile: default, prompt_pack: support, workflow: nope}\n",
+    )
+    .unwrap();
+    let out = fabric(&["--catalogue", dir.path().to_str().unwrap(), "routes", "list"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stdout(&out), "two\t-\t-\tbroken (2 problems)\none\t-\t-\tbroken (1 problem)\n");
+}
+
+#[test]
+fn a_missing_catalogue_or_pack_directory_names_its_setting() {
+    let catalogue = "fabric: catalogue directory `nowhere` does not exist (set by --catalogue or FABRIC_CATALOGUE_DIR; default `routes`)\n";
+    let packs = "fabric: prompt pack directory `no-packs` does not exist (set by --prompt-packs or FABRIC_PROMPT_PACKS_DIR; default `prompt-packs`)\n";
+    for args in [&["routes", "list"][..], &["routes", "check"], &["hydrate", "support-triage"], &["run", "support-triage", "--goal", GOAL]] {
+        let out = fabric(&[&["--catalogue", "routes:nowhere"][..], args].concat(), &[STUB]);
+        assert_eq!((out.status.code(), stderr(&out).as_str(), stdout(&out).as_str()), (Some(2), catalogue, ""), "{args:?}");
+        // Both at once, and through the variables too.
+        let out = fabric(args, &[STUB, ("FABRIC_CATALOGUE_DIR", "nowhere"), ("FABRIC_PROMPT_PACKS_DIR", "no-packs")]);
+        assert_eq!((out.status.code(), stderr(&out)), (Some(2), format!("{catalogue}{packs}")), "{args:?}");
+    }
+    // `doctor` marks the missing directory among the others.
+    let out = fabric(&["--catalogue", "routes:nowhere", "doctor"], &[STUB]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stdout(&out).contains("catalogue directories:\n  routes\n  nowhere: MISSING: catalogue directory `nowhere` does not exist (set by --catalogue"),
+        "{}",
+        stdout(&out)
+    );
+}

@@ -9,6 +9,7 @@ mod durable;
 mod faults;
 mod hostile;
 mod hydrate;
+mod layers;
 mod llama;
 mod newcomer;
 mod parity;

@@ -189,10 +189,9 @@ async fn a_route_graph_is_served_as_a_locked_down_svg() {
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
     assert_eq!(headers["www-authenticate"], "Bearer");
     let (status, _, body) = call(&app, "GET", "/v1/routes/nope/graph.svg", None, true).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str(), body["error"]["message"].as_str()),
-        (StatusCode::NOT_FOUND, Some("not_found"), Some("unknown route `nope`"))
-    );
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    // The known routes follow (`an_unknown_route_lists_the_known_ones`).
+    assert!(body["error"]["message"].as_str().unwrap().starts_with("unknown route `nope`; known routes: "), "{body}");
     let (status, _, _) = call(&app, "POST", "/v1/routes/ticket-router/graph.svg", None, true).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
 }
@@ -715,4 +714,32 @@ async fn a_run_record_holds_its_prompts_user_messages_and_replies_as_received() 
     assert_eq!(completed, 3);
     let (status, _, body) = call(&app, "GET", "/v1/runs/nope/record", None, true).await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+}
+
+/// The unknown-route 404 of a start and of a graph lists the routes there are: the first 20 by
+/// name, then how many more.
+#[tokio::test]
+async fn an_unknown_route_lists_the_known_ones() {
+    use fabric::catalogue::SourceFile;
+    let mut text = String::from("profiles: {default: {}}\nworkflows: {w: {stages: [{id: a, llm_role: synthesis}]}}\nroutes:\n");
+    for i in 1..=23 {
+        text.push_str(&format!("  r{i:02}: {{model_profile: default, prompt_pack: p, workflow: w}}\n"));
+    }
+    let settings = Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
+    let runtime = Runtime::builder()
+        .settings(settings)
+        .catalogue_texts(vec![SourceFile { path: "routes/many.yaml".into(), text }], vec![SourceFile { path: "packs/p.yaml".into(), text: "host: H\n".into() }])
+        .store(fabric::store::open("sqlite::memory:").await.unwrap())
+        .build()
+        .unwrap();
+    let app = router(AppState::new(Arc::new(runtime), authed(ApiConfig::default())));
+    let names: Vec<String> = (1..=20).map(|i| format!("r{i:02}")).collect();
+    let expected = format!("unknown route `nope`; known routes: {} and 3 more", names.join(", "));
+    let (status, _, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "nope", "goal": {}, "model_profile": "default"})), true).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str(), body["error"]["message"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"), Some(expected.as_str()))
+    );
+    let (status, _, body) = call(&app, "GET", "/v1/routes/nope/graph.svg", None, true).await;
+    assert_eq!((status, body["error"]["message"].as_str()), (StatusCode::NOT_FOUND, Some(expected.as_str())));
 }

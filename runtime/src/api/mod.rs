@@ -323,7 +323,9 @@ impl IntoResponse for ApiError {
 
 fn start_error(e: StartError) -> ApiError {
     match e {
-        StartError::UnknownRoute { route, .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{}`", echo_id(&route))),
+        StartError::UnknownRoute { route, known, .. } => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{}`; known routes: {known}", echo_id(&route)))
+        }
         StartError::WrongFleet { route, target, fleet } => ApiError::new(
             StatusCode::CONFLICT,
             "wrong_fleet",
@@ -1150,7 +1152,11 @@ async fn list_routes(State(state): State<AppState>) -> Json<Vec<RouteInfo>> {
         (status = 422, description = "A broken route", body = ErrorBody), (status = 400, description = PATH_400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn route_graph_svg(State(state): State<AppState>, PathText(route_id): PathText) -> Result<Response, ApiError> {
     let route = state.inner.runtime.catalogue().route(&route_id).map_err(|e| match e {
-        RouteLookupError::Unknown { .. } => ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{}`", echo_id(&route_id))),
+        RouteLookupError::Unknown { known, .. } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("unknown route `{}`; known routes: {}", echo_id(&route_id), crate::catalogue::name_list(&known)),
+        ),
         RouteLookupError::Broken(b) => {
             let mut e = ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -503,7 +503,7 @@ impl Runner {
         let route = self.catalogue.route(route_id).map_err(|e| match e {
             RouteLookupError::Unknown { known, unloaded } => StartError::UnknownRoute {
                 route: route_id.into(),
-                known: if known.is_empty() { "none".into() } else { known.join(", ") },
+                known: crate::catalogue::name_list(&known),
                 unloaded: if unloaded.is_empty() {
                     String::new()
                 } else {

@@ -5,7 +5,7 @@
 //! broken definition only breaks what uses it; every problem is kept, located.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use indexmap::IndexMap;
@@ -17,7 +17,7 @@ use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics, Pos};
 use crate::llm::OutputSpec;
 use crate::prompt::{self, PromptPack};
-use crate::source::{SourceFile, read_sources};
+use crate::source::{Layers, SourceFile, read_layers};
 use crate::structured::FieldType;
 use crate::yaml::{self, Ctx};
 
@@ -46,18 +46,26 @@ pub struct Loaded {
     pub unloaded: Vec<Diagnostic>,
 }
 
-/// Reads and decodes the catalogue below `catalogue_dir` with the prompt packs of `packs_dir`.
-pub fn load_dirs(catalogue_dir: &Path, packs_dir: &Path) -> Loaded {
+/// Reads and decodes the catalogue of the `catalogue` directories with the prompt packs of the
+/// `packs` directories. The layers' files are taken in order as one catalogue, so a name defined
+/// in two layers is a duplicate like one defined in two files of one directory.
+pub fn load_dirs(catalogue: &Layers, packs: &Layers) -> Loaded {
     let mut diags = Diagnostics::default();
     let mut unloaded = Vec::new();
-    let packs = read_sources(packs_dir, &mut diags, &mut Vec::new());
-    let files = read_sources(catalogue_dir, &mut diags, &mut unloaded);
+    let packs = read_layers(packs, &mut diags, &mut Vec::new());
+    let files = read_layers(catalogue, &mut diags, &mut unloaded);
     load_sources(&files, &packs, diags, unloaded)
 }
 
 /// Decodes a catalogue from texts already in memory (benchmarks, fuzzing, embedders).
 pub fn load_texts(files: &[SourceFile], packs: &[SourceFile]) -> Loaded {
     load_sources(files, packs, Diagnostics::default(), Vec::new())
+}
+
+/// The names defined, for an "is not defined" message: which names would have been right.
+pub(crate) fn known_names<'a>(it: impl Iterator<Item = &'a String>) -> String {
+    let v: Vec<&str> = it.map(String::as_str).collect();
+    if v.is_empty() { "none defined".into() } else { v.join(", ") }
 }
 
 /// The singular of a section name, for messages.
@@ -197,7 +205,7 @@ fn check_workflows(defs: &mut Defs, diags: &mut Diagnostics) {
         for stage in &wf.stages {
             if let Some(cap) = &stage.capability {
                 match defs.capabilities.get(&cap.name) {
-                    None => ctx.error(cap.pos, format!("capability `{}` is not defined", cap.name)),
+                    None => ctx.error(cap.pos, format!("capability `{}` is not defined (capabilities: {})", cap.name, known_names(defs.capabilities.keys()))),
                     Some(Err(origin)) => inherited.extend(origin.problems.iter().cloned()),
                     Some(Ok(c)) => {
                         inherited.extend(c.origin.problems.iter().filter(|d| d.is_error()).cloned());
@@ -216,7 +224,10 @@ fn check_workflows(defs: &mut Defs, diags: &mut Diagnostics) {
             if let StageKindDef::ChildRun { route } = &stage.kind
                 && !defs.routes.contains_key(&route.name)
             {
-                ctx.error(route.pos, format!("route `{}` (the child run of stage `{}`) is not defined", route.name, stage.id));
+                ctx.error(
+                    route.pos,
+                    format!("route `{}` (the child run of stage `{}`) is not defined (routes: {})", route.name, stage.id, known_names(defs.routes.keys())),
+                );
             }
             let check_target = |ctx: &mut Ctx<'_>, t: &Target| {
                 if let Target::Stage(r) = t
@@ -346,7 +357,7 @@ fn check_manifests(defs: &mut Defs, diags: &mut Diagnostics) {
         let mark = ctx.diags.len();
         let mut inherited = Vec::new();
         match defs.workflows.get(&m.workflow.name) {
-            None => ctx.error(m.workflow.pos, format!("workflow `{}` is not defined", m.workflow.name)),
+            None => ctx.error(m.workflow.pos, format!("workflow `{}` is not defined (workflows: {})", m.workflow.name, known_names(defs.workflows.keys()))),
             Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
             Some(Ok(wf)) => {
                 inherited.extend(wf.origin.problems.iter().filter(|d| d.is_error()).cloned());
@@ -366,7 +377,7 @@ fn check_manifests(defs: &mut Defs, diags: &mut Diagnostics) {
         }
         if let Some(cap) = &m.synthesis_capability {
             match defs.capabilities.get(&cap.name) {
-                None => ctx.error(cap.pos, format!("capability `{}` is not defined", cap.name)),
+                None => ctx.error(cap.pos, format!("capability `{}` is not defined (capabilities: {})", cap.name, known_names(defs.capabilities.keys()))),
                 Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
                 Some(Ok(c)) => inherited.extend(c.origin.problems.iter().filter(|d| d.is_error()).cloned()),
             }

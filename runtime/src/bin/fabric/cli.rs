@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fabric::cancel::CancelHandle;
-use fabric::catalogue::{self, Catalogue, RouteEntry};
+use fabric::catalogue::{self, Catalogue, DirKind, Layers, MissingDir, RouteEntry};
 use fabric::config::{ConfigError, ProviderKind, Settings};
 use fabric::events::{EventSink, FanOut, JsonLinesSink, NullSink};
 use fabric::exec::{self, RunRequest, RunStatus};
@@ -28,12 +28,12 @@ const EXIT_AWAITING: u8 = 3;
 #[derive(Debug, Parser)]
 #[command(name = "fabric", version, about = "Run staged LLM routes from a route catalogue")]
 pub struct Cli {
-    /// Route catalogue directory.
-    #[arg(long, global = true, env = "FABRIC_CATALOGUE_DIR", default_value = "routes")]
-    catalogue: PathBuf,
-    /// Prompt pack directory.
-    #[arg(long, global = true, env = "FABRIC_PROMPT_PACKS_DIR", default_value = "prompt-packs")]
-    prompt_packs: PathBuf,
+    /// Route catalogue directories, `a:b`: later ones add routes (and profiles, ...) to earlier ones.
+    #[arg(long, global = true, env = "FABRIC_CATALOGUE_DIR", default_value = "routes", value_name = "DIR[:DIR...]", value_parser = Layers::parse)]
+    catalogue: Layers,
+    /// Prompt pack directories, `a:b`: later ones add packs to earlier ones.
+    #[arg(long, global = true, env = "FABRIC_PROMPT_PACKS_DIR", default_value = "prompt-packs", value_name = "DIR[:DIR...]", value_parser = Layers::parse)]
+    prompt_packs: Layers,
     /// Seed data of the seeded stub [default: stub, when it exists].
     #[arg(long, global = true, env = "FABRIC_LLM_STUB_DIR")]
     stub_dir: Option<PathBuf>,
@@ -274,10 +274,38 @@ pub fn main() -> ExitCode {
 }
 
 fn load(cli: &Cli) -> Catalogue {
-    catalogue::load(&cli.catalogue, &cli.prompt_packs)
+    catalogue::load_layers(&cli.catalogue, &cli.prompt_packs)
+}
+
+/// A directory that does not exist, with the option and variable that named it: the library
+/// knows the directory, only the command line knows where it came from.
+fn missing_dir(m: &MissingDir) -> String {
+    let (option, var, default) = match m.kind {
+        DirKind::Catalogue => ("--catalogue", "FABRIC_CATALOGUE_DIR", "routes"),
+        DirKind::PromptPacks => ("--prompt-packs", "FABRIC_PROMPT_PACKS_DIR", "prompt-packs"),
+    };
+    format!("{m} (set by {option} or {var}; default `{default}`)")
+}
+
+/// Refuses a command that reads the catalogue when one of its directories is missing: loading
+/// would find no routes and call every one of them unknown.
+fn dirs_exist(cli: &Cli) -> Result<(), ExitCode> {
+    let missing = catalogue::missing_dirs(&cli.catalogue, &cli.prompt_packs);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    for m in &missing {
+        say(format_args!("fabric: {}", missing_dir(m)));
+    }
+    Err(ExitCode::from(EXIT_USAGE))
 }
 
 async fn dispatch(cli: Cli) -> ExitCode {
+    let reads_catalogue =
+        matches!(cli.command, Command::Routes { .. } | Command::Hydrate { .. } | Command::Run { .. } | Command::Serve { .. } | Command::Replay { .. });
+    if reads_catalogue && let Err(code) = dirs_exist(&cli) {
+        return code;
+    }
     let printed = match &cli.command {
         Command::Routes { action: RoutesAction::List } => routes_list(&load(&cli)),
         Command::Routes { action: RoutesAction::Check } => routes_check(&load(&cli)),
@@ -350,7 +378,10 @@ fn routes_list(cat: &Catalogue) -> std::io::Result<ExitCode> {
     for entry in cat.routes() {
         match entry {
             RouteEntry::Ready(r) => text.push_str(&format!("{}\t{}\t{}\tok\n", r.id(), r.path().as_str(), r.activation_target().unwrap_or("-"))),
-            RouteEntry::Broken(b) => text.push_str(&format!("{}\t-\t-\tbroken ({} errors)\n", b.id, b.problems.len())),
+            RouteEntry::Broken(b) => {
+                let n = b.problems.len();
+                text.push_str(&format!("{}\t-\t-\tbroken ({n} {})\n", b.id, if n == 1 { "problem" } else { "problems" }));
+            }
         }
     }
     // A file that did not load may have held routes: say so rather than list fewer routes.
@@ -861,9 +892,25 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         svc.shutdown_grace.as_secs()
     ));
     let hint = first_run_hint(&settings);
+    // Each directory of each layered setting, in the order they are read, before the build
+    // (which stops at a missing one): which one is missing, and where its setting came from.
+    let missing = catalogue::missing_dirs(&cli.catalogue, &cli.prompt_packs);
+    for (what, kind, layers) in [("catalogue", DirKind::Catalogue, &cli.catalogue), ("prompt packs", DirKind::PromptPacks, &cli.prompt_packs)] {
+        out.push_str(&format!("{what} directories:\n"));
+        for dir in layers.dirs() {
+            match missing.iter().find(|m| m.kind == kind && &m.dir == dir) {
+                Some(m) => out.push_str(&format!("  {}: MISSING: {}\n", dir.display(), missing_dir(m))),
+                None => out.push_str(&format!("  {}\n", dir.display())),
+            }
+        }
+    }
     let runtime = match build_runtime(cli, settings, None) {
         Ok(r) => r,
         Err(e) => {
+            let e = match e {
+                fabric::runtime::BuildError::MissingDirs(m) => m.iter().map(missing_dir).collect::<Vec<_>>().join("; "),
+                e => e.to_string(),
+            };
             out.push_str(&format!("runtime: ERROR {e}\n"));
             print_out(&out)?;
             return Ok(ExitCode::from(EXIT_USAGE));
@@ -875,7 +922,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let cat = runtime.catalogue();
     out.push_str(&format!(
         "catalogue: {} ({} routes, {} errors, {} files not loaded)\n",
-        cli.catalogue.display(),
+        cli.catalogue,
         cat.routes().count(),
         cat.error_count(),
         cat.unloaded().len()
