@@ -6,7 +6,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::support::repo;
+use crate::support::{fixture_env, repo};
 
 struct Server {
     pid: String,
@@ -39,7 +39,14 @@ fn run_triage(env: &[(&str, String)]) -> (Value, Vec<Value>) {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
-    cmd.current_dir(repo()).args(["run", "support-triage", "--goal", r#"{"ticket":"I was charged twice"}"#, "--events-out", events.to_str().unwrap()]);
+    cmd.current_dir(repo()).envs(fixture_env()).args([
+        "run",
+        "support-triage",
+        "--goal",
+        r#"{"ticket":"I was charged twice"}"#,
+        "--events-out",
+        events.to_str().unwrap(),
+    ]);
     for var in fabric::config::VARIABLES {
         cmd.env_remove(var);
     }

@@ -11,7 +11,7 @@ use fabric::runtime::{Runtime, StartRequest};
 use fabric::store::{Holder, Lease, RunFilter, RunStore, StoreError, StoredStatus};
 use serde_json::{Value, json};
 
-use crate::support::repo;
+use crate::support::{fixture_env, packs_dir, repo, routes_dir, stub_dir};
 
 /// A new, empty PostgreSQL database on the test server, or `None` (and why) when there is none.
 pub(crate) async fn fresh_postgres() -> Option<String> {
@@ -49,7 +49,7 @@ fn runtime(store: Arc<dyn RunStore>, stub: &std::path::Path) -> Runtime {
     let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
     Runtime::builder()
         .settings(settings)
-        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .catalogue_dirs(routes_dir(), packs_dir())
         .stub_dir(stub)
         .tool("add", fabric::tools::builtin_add())
         .store(store)
@@ -65,7 +65,7 @@ fn start(route: &str, goal: Value) -> StartRequest {
 async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_store() {
     let (stores, _dir) = stores().await;
     let stub = tempfile::tempdir().unwrap();
-    std::fs::copy(repo().join("stub/support-triage.yaml"), stub.path().join("support-triage.yaml")).unwrap();
+    std::fs::copy(stub_dir().join("support-triage.yaml"), stub.path().join("support-triage.yaml")).unwrap();
     std::fs::copy(repo().join("examples/stub-asking/support-agent.yaml"), stub.path().join("support-agent.yaml")).unwrap();
     for (name, url) in stores {
         let store = fabric::store::open(&url).await.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -316,6 +316,7 @@ fn the_cli_records_lists_shows_and_replays_a_run_on_every_store() {
         let fabric = |args: &[&str]| {
             let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
                 .current_dir(repo())
+                .envs(fixture_env())
                 .args(args)
                 .env("FABRIC_LLM_STUB", "1")
                 .env("FABRIC_DATABASE_URL", &url)
@@ -353,8 +354,8 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     let settings = fabric::config::Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())).unwrap();
     let rt = Runtime::builder()
         .settings(settings)
-        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
-        .stub_dir(repo().join("stub"))
+        .catalogue_dirs(routes_dir(), packs_dir())
+        .stub_dir(stub_dir())
         .store(fabric::store::open(&url).await.unwrap())
         .build()
         .unwrap();
@@ -388,7 +389,7 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     // Without a store there is nothing to hold.
     let bare = Runtime::builder()
         .settings(fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
-        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .catalogue_dirs(routes_dir(), packs_dir())
         .build()
         .unwrap();
     let (handle, cancel) = fabric::cancel::CancelHandle::new();

@@ -14,6 +14,37 @@ pub fn fixtures() -> PathBuf {
     repo().join("tests/fixtures")
 }
 
+/// The catalogue the tests of behaviour run on: a copy of the shipped routes (with
+/// `profiles.yaml`), their prompt packs and stub scripts, under `tests/fixtures/catalogue/`.
+/// `routes/` is where users add their own routes; a test that read it would count theirs, or
+/// trip over one being written. `catalogue::the_fixture_catalogue_is_the_shipped_one` keeps the
+/// copy equal to the shipped files, since snapshots and expected outputs were taken of those.
+pub fn routes_dir() -> PathBuf {
+    fixtures().join("catalogue/routes")
+}
+
+/// The fixture catalogue's prompt packs (see `routes_dir`).
+pub fn packs_dir() -> PathBuf {
+    fixtures().join("catalogue/prompt-packs")
+}
+
+/// The fixture catalogue's stub scripts (see `routes_dir`).
+pub fn stub_dir() -> PathBuf {
+    fixtures().join("catalogue/stub")
+}
+
+/// The fixture catalogue, loaded.
+pub fn fixture_catalogue() -> fabric::catalogue::Catalogue {
+    fabric::catalogue::load(&routes_dir(), &packs_dir())
+}
+
+/// The variables that point a `fabric` process at the fixture catalogue; a test's own settings
+/// (set after these, or as `--catalogue`/`--prompt-packs`/`--stub-dir`) take precedence.
+pub fn fixture_env() -> [(&'static str, String); 3] {
+    let s = |p: PathBuf| p.to_str().unwrap().to_owned();
+    [("FABRIC_CATALOGUE_DIR", s(routes_dir())), ("FABRIC_PROMPT_PACKS_DIR", s(packs_dir())), ("FABRIC_LLM_STUB_DIR", s(stub_dir()))]
+}
+
 /// Replaces the absolute repository path so snapshots are portable.
 pub fn portable(text: &str) -> String {
     text.replace(&format!("{}/", repo().display()), "")
@@ -144,31 +175,30 @@ pub fn target(kind: fabric::config::ProviderKind, base_url: &str, model: &str) -
     }
 }
 
-/// The shipped profiles and packs, the shipped route files named, and one extra file `case.yaml`;
-/// the catalogue must load without errors.
+/// The fixture catalogue's profiles and packs, its route files named, and one extra file
+/// `case.yaml`; the catalogue must load without errors.
 pub fn catalogue_with(shipped: &[&str], case_yaml: &str) -> std::sync::Arc<fabric::catalogue::Catalogue> {
     let tmp = tempfile::tempdir().unwrap();
     let routes = tmp.path().join("routes");
     std::fs::create_dir_all(&routes).unwrap();
     for f in ["profiles.yaml"].iter().chain(shipped) {
-        std::fs::copy(repo().join("routes").join(f), routes.join(f)).unwrap();
+        std::fs::copy(routes_dir().join(f), routes.join(f)).unwrap();
     }
     std::fs::write(routes.join("case.yaml"), case_yaml).unwrap();
-    let cat = fabric::catalogue::load(&routes, &repo().join("prompt-packs"));
+    let cat = fabric::catalogue::load(&routes, &packs_dir());
     assert_eq!(cat.error_count(), 0, "{:#?}", cat.diagnostics());
     std::sync::Arc::new(cat)
 }
 
-/// Runs the `fabric` binary in the repository with a clean configuration plus `env`.
+/// Runs the `fabric` binary in the repository with a clean configuration on the fixture
+/// catalogue, plus `env`.
 pub async fn fabric_cli(args: &[&str], env: &[(&str, String)]) -> std::process::Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
     cmd.current_dir(repo()).args(args);
-    for var in fabric::config::VARIABLES
-        .iter()
-        .chain(["FABRIC_CONFIG", "KB_SEARCH_URL", "FABRIC_CATALOGUE_DIR", "FABRIC_PROMPT_PACKS_DIR", "FABRIC_LLM_STUB_DIR"].iter())
-    {
+    for var in fabric::config::VARIABLES.iter().chain(["FABRIC_CONFIG", "KB_SEARCH_URL"].iter()) {
         cmd.env_remove(var);
     }
+    cmd.envs(fixture_env());
     cmd.envs(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
     cmd.output().await.unwrap()
 }
