@@ -4,7 +4,8 @@
 //! the live runs list and its filters. A screenshot of each page lands in
 //! `target/ui-screenshots/` for review.
 //!
-//! Without chromium and chromedriver the tests say `skipped: ...` and pass, except under CI.
+//! Without chromium and chromedriver the tests skip (`support::skip_unless`: said, and listed by
+//! `.ci/test`), except under `CI=true`, where they fail.
 
 use std::path::Path;
 use std::time::Duration;

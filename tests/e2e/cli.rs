@@ -308,8 +308,8 @@ fn a_route_with_an_unknown_role_never_runs() {
 /// Live progress appears when stderr is a terminal (here a pseudo-terminal made by `script`).
 #[test]
 fn live_progress_on_a_terminal() {
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipping: `script` (util-linux) is not installed, so no pseudo-terminal can be made");
+    let present = Command::new("script").arg("--version").output().is_ok();
+    if crate::support::skip_unless(present, "script", "`script` (util-linux) is not installed, so no pseudo-terminal can be made") {
         return;
     }
     let bin = env!("CARGO_BIN_EXE_fabric");
@@ -381,14 +381,11 @@ fn a_skipped_bench_scenario_says_why_in_the_table() {
     assert!(!stderr(&out).contains("replicas 0"), "{}", stderr(&out));
 }
 
-/// Whether a bench test's outside tool is `present`: without it the test says it skipped, except
-/// in CI, where `.ci/run` installs it and its absence fails the test.
+/// Whether a bench test's outside tool is `present`: without it the test skips
+/// (`support::skip_unless`), except under `CI=true`, where `.ci/run` installs it and its absence
+/// fails the test.
 fn installed(tool: &str, present: bool) -> bool {
-    if !present {
-        assert!(std::env::var("CI").is_err(), "{tool} is missing in CI (.ci/run installs it)");
-        eprintln!("skipped: {tool} is not installed");
-    }
-    present
+    !crate::support::skip_unless(present, tool, &format!("{tool} is not installed (.ci/run installs it)"))
 }
 
 /// `--ceiling` measures the tool server alone with wrk before a level of C and reports the level

@@ -26,7 +26,7 @@ fn llm_server_dir() -> Option<PathBuf> {
 
 fn start(variant: &str) -> Option<Server> {
     let Some(dir) = llm_server_dir() else {
-        eprintln!("skipping real-inference test: ../shared/llm-server/ is not beside the repository");
+        crate::support::skip_unless(false, "llama.cpp's server", "../shared/llm-server/ is not beside the repository");
         return None;
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
