@@ -1,5 +1,6 @@
 """The Python package over the runtime: runs, tools, errors, validation, and that a run neither
-holds the GIL nor blocks an event loop. Run from anywhere: the repository's catalogue is used."""
+holds the GIL nor blocks an event loop. Run from anywhere: the tests' copy of the shipped
+catalogue (tests/fixtures/catalogue) is used, not routes/, where users add their own routes."""
 
 import asyncio
 import os
@@ -12,6 +13,10 @@ import pytest
 from fabric_runtime import ConfigError, FabricError, Runtime, StartError, ValidationError, validate
 
 REPO = Path(__file__).resolve().parents[2]
+# The shipped routes, packs and stub scripts as copied for the tests (kept equal to the shipped
+# files by the e2e test catalogue::the_fixture_catalogue_is_the_shipped_one).
+CATALOGUE = REPO / "tests" / "fixtures" / "catalogue"
+ROUTES, PACKS, STUB = CATALOGUE / "routes", CATALOGUE / "prompt-packs", CATALOGUE / "stub"
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +25,7 @@ def in_repo(monkeypatch):
 
 
 def runtime(**kwargs):
-    return Runtime(str(REPO / "routes"), str(REPO / "prompt-packs"), stub_dir=str(REPO / "stub"), llm_stub=True, **kwargs)
+    return Runtime(str(ROUTES), str(PACKS), stub_dir=str(STUB), llm_stub=True, **kwargs)
 
 
 def test_a_staged_route_runs_offline_with_its_events():
@@ -61,13 +66,13 @@ def test_a_failing_tool_becomes_a_note_the_model_sees():
 def test_a_python_tool_gets_only_arguments_its_input_schema_accepts(tmp_path):
     # A model that calls `add` with a string: the runtime refuses it before the tool sees it,
     # as it does for a Rust tool, and the model is told.
-    for f in (REPO / "stub").iterdir():
+    for f in STUB.iterdir():
         (tmp_path / f.name).write_text(f.read_text())
     (tmp_path / "support-agent.yaml").write_text(
         "stages:\n  decide:\n    - 'CALL add {\"a\":\"two\",\"b\":3}'\n    - 'DONE no'\n"
     )
     calls = []
-    rt = Runtime(str(REPO / "routes"), str(REPO / "prompt-packs"), stub_dir=str(tmp_path), llm_stub=True, tools={"add": lambda **kw: calls.append(kw)})
+    rt = Runtime(str(ROUTES), str(PACKS), stub_dir=str(tmp_path), llm_stub=True, tools={"add": lambda **kw: calls.append(kw)})
     result = rt.run("support-agent", {"question": "?"})
     assert calls == []
     assert any("invalid_tool_arguments" in n for n in result["notes"]), result["notes"]
@@ -233,7 +238,7 @@ def test_a_runtime_dropped_while_its_tool_runs_does_not_hang(tmp_path):
 
 
 def test_paths_may_be_path_objects():
-    rt = Runtime(REPO / "routes", REPO / "prompt-packs", stub_dir=REPO / "stub", llm_stub=True)
+    rt = Runtime(ROUTES, PACKS, stub_dir=STUB, llm_stub=True)
     assert "support-triage" in rt.routes()
 
 

@@ -4,7 +4,8 @@
 //! the live runs list and its filters. A screenshot of each page lands in
 //! `target/ui-screenshots/` for review.
 //!
-//! Without chromium and chromedriver the tests say `skipped: ...` and pass, except under CI.
+//! Without chromium and chromedriver the tests skip (`support::skip_unless`: said, and listed by
+//! `.ci/test`), except under `CI=true`, where they fail.
 
 use std::path::Path;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::service::{Server, TOKEN, asking_stub, get, post, settled};
-use crate::support::repo;
+use crate::support::routes_dir;
 use crate::webdriver::{Browser, Element};
 
 /// One browser at a time: several Chromiums beside the other tests would starve a small machine.
@@ -639,7 +640,7 @@ async fn a_failed_run_shows_its_reason_class_and_a_child_run_its_stage() {
     let stub = asking_stub();
     std::fs::write(stub.path().join("refund-review.yaml"), REFUND_REVIEW_FAILS).unwrap();
     let catalogue = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(repo().join("routes")).unwrap() {
+    for f in std::fs::read_dir(routes_dir()).unwrap() {
         let f = f.unwrap().path();
         std::fs::copy(&f, catalogue.path().join(f.file_name().unwrap())).unwrap();
     }

@@ -4,9 +4,16 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::support::{fixtures, portable, repo};
+use crate::support::{fixture_env, fixtures, packs_dir, portable, repo, routes_dir, stub_dir};
 
+/// Runs `fabric` in the repository on the fixture catalogue (`support::fixture_env`), with `env`.
 fn fabric(args: &[&str], env: &[(&str, &str)]) -> Output {
+    fabric_in(args, env, true)
+}
+
+/// Runs `fabric` in the repository; on the fixture catalogue, or on its defaults (the shipped
+/// `routes/`, `prompt-packs/` and `stub/`) when `fixture` is false.
+fn fabric_in(args: &[&str], env: &[(&str, &str)], fixture: bool) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
     cmd.current_dir(repo()).args(args);
     for var in [
@@ -20,6 +27,9 @@ fn fabric(args: &[&str], env: &[(&str, &str)]) -> Output {
         "FABRIC_LLM_STUB_DIR",
     ] {
         cmd.env_remove(var);
+    }
+    if fixture {
+        cmd.envs(fixture_env());
     }
     cmd.envs(env.iter().copied());
     cmd.output().unwrap()
@@ -51,6 +61,26 @@ fn readme_demo_runs_offline_and_writes_events() {
     assert_eq!(lines.first().unwrap()["type"], "run.started");
     assert_eq!(lines.last().unwrap()["type"], "run.completed");
     assert!(stderr(&out).is_empty(), "no progress output when stderr is not a terminal: {}", stderr(&out));
+}
+
+/// The shipped examples as a user first runs them, from the repository with the defaults: each
+/// route the fixture copies runs to completion on the shipped stub scripts, every scripted reply
+/// used. Other routes a user keeps in `routes/` are not looked at.
+#[test]
+fn every_shipped_route_runs_with_the_stub() {
+    let cat = crate::support::fixture_catalogue();
+    let mut ran = 0;
+    for entry in cat.routes() {
+        let fabric::catalogue::RouteEntry::Ready(route) = entry else { panic!("{entry:?}") };
+        let id = route.id();
+        let goal = if id == "support-agent" { r#"{"question":"what is 2+3, then +7?"}"# } else { GOAL };
+        let out = fabric_in(&["run", id, "--goal", goal], &[STUB, ("FABRIC_LLM_STUB_STRICT", "1")], false);
+        assert_eq!(out.status.code(), Some(0), "{id}: {}", stderr(&out));
+        let result: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!((result["route_id"].as_str(), result["status"].as_str()), (Some(id), Some("completed")), "{result}");
+        ran += 1;
+    }
+    assert!(ran >= 1);
 }
 
 #[test]
@@ -89,7 +119,7 @@ fn exit_codes() {
 #[test]
 fn strict_stub_reports_unused_script_lines() {
     let dir = tempfile::tempdir().unwrap();
-    let mut script = std::fs::read_to_string(repo().join("stub/support-triage.yaml")).unwrap();
+    let mut script = std::fs::read_to_string(stub_dir().join("support-triage.yaml")).unwrap();
     script = script.replace("  answer:\n", "  answer:\n    - '{\"text\":\"spare\"}'\n");
     std::fs::write(dir.path().join("support-triage.yaml"), script).unwrap();
     let out = fabric(&["--stub-dir", dir.path().to_str().unwrap(), "run", "support-triage", "--goal", GOAL], &[STUB, ("FABRIC_LLM_STUB_STRICT", "true")]);
@@ -144,7 +174,7 @@ fn hydrate_formats() {
 fn hydrate_svg_is_the_library_picture() {
     let out = fabric(&["hydrate", "support-agent", "--format", "svg"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let cat = fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"));
+    let cat = crate::support::fixture_catalogue();
     assert_eq!(stdout(&out), fabric::svg::render_svg(cat.route("support-agent").unwrap()));
     let out = fabric(&["hydrate", "nope", "--format", "svg"], &[]);
     assert_eq!((out.status.code(), stdout(&out).as_str()), (Some(2), ""));
@@ -262,7 +292,7 @@ fn bench_prints_every_scenario() {
 fn a_route_with_an_unknown_role_never_runs() {
     let dir = tempfile::tempdir().unwrap();
     for f in ["profiles.yaml", "support-triage.yaml"] {
-        std::fs::copy(repo().join("routes").join(f), dir.path().join(f)).unwrap();
+        std::fs::copy(routes_dir().join(f), dir.path().join(f)).unwrap();
     }
     std::fs::copy(fixtures().join("invalid/unknown-role.yaml"), dir.path().join("unknown-role.yaml")).unwrap();
     let cat = dir.path().to_str().unwrap();
@@ -278,13 +308,13 @@ fn a_route_with_an_unknown_role_never_runs() {
 /// Live progress appears when stderr is a terminal (here a pseudo-terminal made by `script`).
 #[test]
 fn live_progress_on_a_terminal() {
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipping: `script` (util-linux) is not installed, so no pseudo-terminal can be made");
+    let present = Command::new("script").arg("--version").output().is_ok();
+    if crate::support::skip_unless(present, "script", "`script` (util-linux) is not installed, so no pseudo-terminal can be made") {
         return;
     }
     let bin = env!("CARGO_BIN_EXE_fabric");
     let cmd = format!("{bin} run support-triage --goal '{GOAL}' > /dev/null");
-    let out = Command::new("script").current_dir(repo()).env("FABRIC_LLM_STUB", "1").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
+    let out = Command::new("script").current_dir(repo()).envs(fixture_env()).env("FABRIC_LLM_STUB", "1").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
     let screen = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{screen}");
     for line in ["▶ support-triage (workflow path)", "• intake [classify] …", "model ", "✓ answer", "✔ completed in"] {
@@ -333,7 +363,7 @@ fn replay_reproduces_every_example_route_and_reports_a_changed_prompt() {
     let packs = dir.path().join("packs");
     std::fs::create_dir_all(&packs).unwrap();
     for f in ["support.yaml", "refunds.yaml"] {
-        let text = std::fs::read_to_string(repo().join("prompt-packs").join(f)).unwrap().replace("Be accurate and brief.", "Be thorough.");
+        let text = std::fs::read_to_string(packs_dir().join(f)).unwrap().replace("Be accurate and brief.", "Be thorough.");
         std::fs::write(packs.join(f), text).unwrap();
     }
     let out = fabric(&["--prompt-packs", packs.to_str().unwrap(), "replay", &ids[0].1, "--store", &store], &[]);
@@ -351,14 +381,11 @@ fn a_skipped_bench_scenario_says_why_in_the_table() {
     assert!(!stderr(&out).contains("replicas 0"), "{}", stderr(&out));
 }
 
-/// Whether a bench test's outside tool is `present`: without it the test says it skipped, except
-/// in CI, where `.ci/run` installs it and its absence fails the test.
+/// Whether a bench test's outside tool is `present`: without it the test skips
+/// (`support::skip_unless`), except under `CI=true`, where `.ci/run` installs it and its absence
+/// fails the test.
 fn installed(tool: &str, present: bool) -> bool {
-    if !present {
-        assert!(std::env::var("CI").is_err(), "{tool} is missing in CI (.ci/run installs it)");
-        eprintln!("skipped: {tool} is not installed");
-    }
-    present
+    !crate::support::skip_unless(present, tool, &format!("{tool} is not installed (.ci/run installs it)"))
 }
 
 /// `--ceiling` measures the tool server alone with wrk before a level of C and reports the level

@@ -13,10 +13,10 @@ use fabric::llm::stub::StubLlm;
 use fabric::tools::{FnTool, builtin_add};
 use serde_json::{Map, Value, json};
 
-use crate::support::{Canned, FakeProvider, repo, serve};
+use crate::support::{Canned, FakeProvider, packs_dir, routes_dir, serve};
 
 fn shipped() -> Arc<Catalogue> {
-    Arc::new(catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")))
+    Arc::new(catalogue::load(&routes_dir(), &packs_dir()))
 }
 
 /// The small knowledge-base server support-agent's `kb_search` talks to.

@@ -14,16 +14,11 @@ use sqlx::Connection;
 
 use crate::service::{Server, TOKEN, asking_stub, client, settled};
 
-/// Whether this process may mount and change user; `false` (with a message) where it may not,
-/// and a failure under `CI=true`, where `.ci/run` runs as root.
+/// Whether this process may mount and change user; `false` (a skip, `support::skip_unless`)
+/// where it may not, and a failure under `CI=true`, where `.ci/run` runs as root.
 fn root_or_skip(what: &str) -> bool {
     let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default();
-    if uid == "0" {
-        return true;
-    }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but the {what} test needs root (mount, runuser)");
-    eprintln!("skipping the {what} test: it needs root (mount, runuser)");
-    false
+    !crate::support::skip_unless(uid == "0", "root", &format!("the {what} test mounts a tmpfs and changes user (mount, runuser)"))
 }
 
 /// A tmpfs of its own, unmounted when dropped.

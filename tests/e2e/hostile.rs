@@ -19,14 +19,14 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use crate::service::{self, TOKEN, authed, call, send};
-use crate::support::{Canned, FakeProvider, fabric_cli, reply_json, repo, serve, target};
+use crate::support::{Canned, FakeProvider, fabric_cli, fixture_env, packs_dir, reply_json, repo, routes_dir, serve, stub_dir, target};
 
 const KINDS: [ProviderKind; 4] = [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic];
 const FAST_RETRY: RetryPolicy = RetryPolicy { max_attempts: 2, base: Duration::from_millis(5), max_backoff: Duration::from_millis(50) };
 const GOAL: &str = r#"{"ticket":"I was charged twice"}"#;
 
 fn shipped() -> Arc<Catalogue> {
-    Arc::new(catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")))
+    Arc::new(catalogue::load(&routes_dir(), &packs_dir()))
 }
 
 fn goal() -> serde_json::Map<String, Value> {
@@ -109,17 +109,17 @@ async fn provider_calls_never_follow_a_redirect() {
 
 /// support-agent's `kb_search` with a key in its URL's query.
 fn keyed_catalogue() -> Arc<Catalogue> {
-    let text = std::fs::read_to_string(repo().join("routes/support-triage.yaml"))
+    let text = std::fs::read_to_string(routes_dir().join("support-triage.yaml"))
         .unwrap()
         .replace("url: ${KB_SEARCH_URL}/search", "url: ${KB_SEARCH_URL}/search?api_key=${KB_KEY}");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("routes");
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["profiles.yaml", "support-agent.yaml"] {
-        std::fs::copy(repo().join("routes").join(f), dir.join(f)).unwrap();
+        std::fs::copy(routes_dir().join(f), dir.join(f)).unwrap();
     }
     std::fs::write(dir.join("support-triage.yaml"), text).unwrap();
-    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    let cat = catalogue::load(&dir, &packs_dir());
     assert_eq!(cat.error_count(), 0, "{:?}", cat.diagnostics());
     Arc::new(cat)
 }
@@ -239,7 +239,7 @@ fn catalogue_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tmp.path().join("routes");
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["profiles.yaml", "support-triage.yaml", "support-agent.yaml"] {
-        std::fs::copy(repo().join("routes").join(f), dir.join(f)).unwrap();
+        std::fs::copy(routes_dir().join(f), dir.join(f)).unwrap();
     }
     for (name, text) in files {
         std::fs::write(dir.join(name), text).unwrap();
@@ -254,7 +254,7 @@ async fn a_duplicate_route_name_breaks_the_route() {
         "workflows:\n  other:\n    stages:\n      - {id: only, llm_role: synthesis, capability: answer_text}\nroutes:\n  support-triage: {model_profile: default, prompt_pack: support, workflow: other}\n",
     )]);
     let dir = tmp.path().join("routes");
-    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    let cat = catalogue::load(&dir, &packs_dir());
     match cat.get("support-triage") {
         Some(RouteEntry::Broken(b)) => assert!(b.problems.iter().any(|d| d.message.contains("already defined")), "{:?}", b.problems),
         other => panic!("{other:?}"),
@@ -307,6 +307,7 @@ async fn unwritable_events_or_results_are_reported_with_exit_4() {
     let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
         .current_dir(repo())
+        .envs(fixture_env())
         .args(["run", "support-triage", "--goal", GOAL])
         .env("FABRIC_LLM_STUB", "1")
         .stdout(full)
@@ -316,7 +317,13 @@ async fn unwritable_events_or_results_are_reported_with_exit_4() {
     assert!(err(&o).contains("cannot write the output"), "{}", err(&o));
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_fabric")).current_dir(repo()).args(["routes", "list"]).stdout(writer).output().unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
+        .current_dir(repo())
+        .envs(fixture_env())
+        .args(["routes", "list"])
+        .stdout(writer)
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(4), "{}", err(&o));
 }
 
@@ -331,7 +338,7 @@ fn special_files_in_a_catalogue_are_refused_not_read() {
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     // A symlink loop of directories is read once.
     std::os::unix::fs::symlink(".", dir.join("again")).unwrap();
-    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    let cat = catalogue::load(&dir, &packs_dir());
     let messages: Vec<String> = cat.unloaded().iter().map(ToString::to_string).collect();
     assert!(messages.iter().any(|m| m.contains("zero.yaml") && m.contains("not a regular file")), "{messages:?}");
     assert!(messages.iter().any(|m| m.contains("pipe.yaml") && m.contains("not a regular file")), "{messages:?}");
@@ -354,7 +361,7 @@ async fn bad_model_profiles_break_only_their_routes() {
     assert!(text.contains("bad-profiles.yaml:2:13: routing moves as one unit"), "{text}");
     assert!(text.contains("bad-profiles.yaml:3:28: provider `mistralai` is not supported"), "{text}");
     assert!(text.contains("bad-profiles.yaml:4:17: `model` cannot tell the provider of `qwen3:8b`"), "{text}");
-    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    let cat = catalogue::load(&dir, &packs_dir());
     assert!(matches!(cat.get("uses-bad"), Some(RouteEntry::Broken(_))));
     // Honouring profiles: a profile whose key is missing refuses its routes only.
     let fake = FakeProvider::new(|body| Canned::json(200, reply_json(ProviderKind::Ollama, body)));
@@ -465,7 +472,7 @@ async fn provider_bodies_are_capped() {
 async fn a_broken_stub_script_breaks_only_its_route() {
     let dir = tempfile::tempdir().unwrap();
     for f in ["support-triage.yaml", "support-agent.yaml"] {
-        std::fs::copy(repo().join("stub").join(f), dir.path().join(f)).unwrap();
+        std::fs::copy(stub_dir().join(f), dir.path().join(f)).unwrap();
     }
     std::fs::write(dir.path().join("support-agent.yaml"), "stages:\n  decide: {oops: 1}\n").unwrap();
     let d = dir.path().to_str().unwrap();
@@ -489,6 +496,7 @@ async fn a_signal_ends_the_run_with_a_result_and_an_event() {
         let events = dir.path().join("events.jsonl");
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
             .current_dir(repo())
+            .envs(fixture_env())
             .args(["run", "support-triage", "--goal", GOAL, "--events-out", events.to_str().unwrap()])
             .env("FABRIC_LLM_STUB", "1")
             .env("FABRIC_LLM_STUB_LATENCY_MS", "30000")
@@ -567,6 +575,7 @@ async fn credentials_without_a_scheme_are_redacted_too() {
     }
     let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
         .current_dir(repo())
+        .envs(fixture_env())
         .args(["run", "support-triage", "--goal", GOAL])
         .env("FABRIC_LLM_STUB", "1")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", "user:PASSWORD@host")
@@ -593,7 +602,7 @@ fn a_symlink_out_of_the_catalogue_is_not_followed() {
     let tmp = catalogue_dir(&[]);
     let dir = tmp.path().join("routes");
     std::os::unix::fs::symlink("/", dir.join("everything")).unwrap();
-    let cat = catalogue::load(&dir, &repo().join("prompt-packs"));
+    let cat = catalogue::load(&dir, &packs_dir());
     assert_eq!(cat.error_count(), 0, "{:?}", cat.diagnostics());
     assert!(cat.diagnostics().iter().any(|d| d.message.contains("leads outside")), "{:?}", cat.diagnostics());
     assert_eq!(cat.routes().count(), 2);
@@ -654,7 +663,7 @@ async fn tool_redirects_stay_within_their_origin() {
         let stub = StubLlm::default().script("support-agent", "decide", &[r#"CALL kb_search {"q":"refund"}"#, "DONE ok"]);
         let url = format!("{base}{suffix}");
         let runner = Runner::new(
-            Arc::new(catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"))),
+            Arc::new(catalogue::load(&routes_dir(), &packs_dir())),
             fabric::llm::stack::build(stub, FAST_RETRY),
             Arc::new(move |k: &str| (k == "KB_SEARCH_URL").then(|| url.clone())),
         )

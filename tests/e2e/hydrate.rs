@@ -5,7 +5,7 @@ use fabric::hydrate::{render_dot, render_mermaid, render_text};
 use fabric::prompt::DEFAULT_SYSTEM_TEXT;
 use fabric::svg::render_svg;
 
-use crate::support::{fixtures, repo};
+use crate::support::{fixtures, packs_dir, routes_dir};
 
 fn load_fixture() -> catalogue::Catalogue {
     let dir = fixtures().join("hydrate");
@@ -34,7 +34,7 @@ fn empty_prompts_become_the_default_system_text() {
 
 #[test]
 fn dot_and_mermaid_views() {
-    let cat = catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"));
+    let cat = catalogue::load(&routes_dir(), &packs_dir());
     let route = cat.route("ticket-router").unwrap();
     insta::assert_snapshot!("ticket_router_dot", render_dot(route));
     insta::assert_snapshot!("ticket_router_mermaid", render_mermaid(route));
@@ -139,8 +139,8 @@ fn has_event_attribute(svg: &str) -> bool {
 }
 
 #[test]
-fn every_shipped_route_as_svg() {
-    let cat = catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"));
+fn every_fixture_route_as_svg() {
+    let cat = catalogue::load(&routes_dir(), &packs_dir());
     assert_eq!(cat.error_count(), 0, "{:#?}", cat.diagnostics());
     let mut count = 0;
     for entry in cat.routes() {

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::support::repo;
+use crate::support::{fixture_env, repo};
 
 struct Server {
     pid: String,
@@ -26,7 +26,7 @@ fn llm_server_dir() -> Option<PathBuf> {
 
 fn start(variant: &str) -> Option<Server> {
     let Some(dir) = llm_server_dir() else {
-        eprintln!("skipping real-inference test: ../shared/llm-server/ is not beside the repository");
+        crate::support::skip_unless(false, "llama.cpp's server", "../shared/llm-server/ is not beside the repository");
         return None;
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -39,7 +39,14 @@ fn run_triage(env: &[(&str, String)]) -> (Value, Vec<Value>) {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
-    cmd.current_dir(repo()).args(["run", "support-triage", "--goal", r#"{"ticket":"I was charged twice"}"#, "--events-out", events.to_str().unwrap()]);
+    cmd.current_dir(repo()).envs(fixture_env()).args([
+        "run",
+        "support-triage",
+        "--goal",
+        r#"{"ticket":"I was charged twice"}"#,
+        "--events-out",
+        events.to_str().unwrap(),
+    ]);
     for var in fabric::config::VARIABLES {
         cmd.env_remove(var);
     }

@@ -11,7 +11,7 @@ use fabric::exec::{RunRequest, RunResult, RunStatus, Runner};
 use fabric::llm::providers::backend_for;
 use serde_json::{Value, json};
 
-use crate::support::{Canned, FakeProvider, fabric_cli, fixtures, repo, target, triage_reply_for};
+use crate::support::{Canned, FakeProvider, fabric_cli, fixtures, packs_dir, routes_dir, target, triage_reply_for};
 
 fn props_of(schema: Option<&Value>) -> Vec<String> {
     schema.and_then(|s| s.get("properties")).and_then(Value::as_object).map(|p| p.keys().cloned().collect()).unwrap_or_default()
@@ -44,7 +44,7 @@ fn fake(kind: ProviderKind) -> FakeProvider {
 }
 
 fn shipped() -> Arc<Catalogue> {
-    Arc::new(catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")))
+    Arc::new(catalogue::load(&routes_dir(), &packs_dir()))
 }
 
 const FAST_RETRY: RetryPolicy = RetryPolicy { max_attempts: 3, base: Duration::from_millis(5), max_backoff: Duration::from_millis(300) };
@@ -249,7 +249,7 @@ async fn plain_text_calls_on_every_provider() {
             ),
             FAST_RETRY,
         );
-        let cat = Arc::new(catalogue::load(&fixtures().join("providers/routes"), &repo().join("prompt-packs")));
+        let cat = Arc::new(catalogue::load(&fixtures().join("providers/routes"), &packs_dir()));
         let runner = Runner::new(cat, llm, Arc::new(|_: &str| None)).unwrap();
         let goal = json!({"q": 1}).as_object().unwrap().clone();
         let result = runner.run(RunRequest { route_id: "plain".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
@@ -418,7 +418,7 @@ async fn model_profiles_select_the_model_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let routes = dir.path().join("routes");
     std::fs::create_dir_all(&routes).unwrap();
-    std::fs::copy(repo().join("routes/support-triage.yaml"), routes.join("support-triage.yaml")).unwrap();
+    std::fs::copy(routes_dir().join("support-triage.yaml"), routes.join("support-triage.yaml")).unwrap();
     std::fs::write(
         routes.join("profiles.yaml"),
         format!("profiles:\n  default:\n    provider: anthropic\n    model: claude-haiku-4-5\n    base_url: {profiled_url}\n    api_key_env: TEAM_ANTHROPIC_KEY\n    max_tokens: 512\n"),

@@ -12,14 +12,14 @@ use fabric::llm::stub::StubLlm;
 use fabric::prompt::DEFAULT_SYSTEM_TEXT;
 use serde_json::{Map, Value, json};
 
-use crate::support::{Recording, Seen, fixtures, repo, serve};
+use crate::support::{Recording, Seen, fixtures, packs_dir, routes_dir, serve, stub_dir};
 
 fn shipped() -> Arc<Catalogue> {
-    Arc::new(catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")))
+    Arc::new(catalogue::load(&routes_dir(), &packs_dir()))
 }
 
 fn shipped_stub() -> StubLlm {
-    StubLlm::load(&repo().join("stub")).unwrap().strict(true)
+    StubLlm::load(&stub_dir()).unwrap().strict(true)
 }
 
 fn goal() -> Map<String, Value> {
@@ -135,7 +135,7 @@ async fn tool_failures_fail_the_stage_with_their_class() {
         .route("/away/search", get(|| async { axum::response::Redirect::temporary("http://localhost:9/search") }));
     let base = serve(app).await;
     for (suffix, class) in [("", "tool_http_status"), ("/big", "tool_response_too_large"), ("/away", "tool_connection")] {
-        let h = harness(shipped(), StubLlm::load(&repo().join("stub")).unwrap(), vec![("KB_SEARCH_URL", format!("{base}{suffix}"))]);
+        let h = harness(shipped(), StubLlm::load(&stub_dir()).unwrap(), vec![("KB_SEARCH_URL", format!("{base}{suffix}"))]);
         let (result, events) = run(&h, "support-triage", vec![]).await;
         assert_eq!(result.status, RunStatus::Failed);
         let err = result.error.unwrap();
@@ -150,11 +150,11 @@ async fn tool_failures_fail_the_stage_with_their_class() {
     let routes = tmp.path().join("routes");
     std::fs::create_dir_all(&routes).unwrap();
     for f in ["profiles.yaml", "support-triage.yaml"] {
-        let text = std::fs::read_to_string(repo().join("routes").join(f)).unwrap().replace("timeout_ms: 5000", "timeout_ms: 200");
+        let text = std::fs::read_to_string(routes_dir().join(f)).unwrap().replace("timeout_ms: 5000", "timeout_ms: 200");
         std::fs::write(routes.join(f), text).unwrap();
     }
-    let cat = Arc::new(catalogue::load(&routes, &repo().join("prompt-packs")));
-    let h = harness(cat, StubLlm::load(&repo().join("stub")).unwrap(), vec![("KB_SEARCH_URL", format!("{base}/slow"))]);
+    let cat = Arc::new(catalogue::load(&routes, &packs_dir()));
+    let h = harness(cat, StubLlm::load(&stub_dir()).unwrap(), vec![("KB_SEARCH_URL", format!("{base}/slow"))]);
     let (result, _) = run(&h, "support-triage", vec![]).await;
     assert_eq!(result.error.unwrap().reason_class, "tool_timeout");
 }
@@ -336,8 +336,8 @@ async fn embedding_the_runtime_as_the_readme_shows() {
     let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
     let runtime = fabric::runtime::Runtime::builder()
         .settings(settings)
-        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
-        .stub_dir(repo().join("stub"))
+        .catalogue_dirs(routes_dir(), packs_dir())
+        .stub_dir(stub_dir())
         .tool("add", fabric::tools::builtin_add())
         .build()
         .unwrap();

@@ -14,7 +14,7 @@ use fabric::runtime::Runtime;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::support::repo;
+use crate::support::{fixture_env, packs_dir, repo, routes_dir, stub_dir};
 
 pub(crate) const TOKEN: &str = "test-token-4711";
 
@@ -22,7 +22,7 @@ pub(crate) const TOKEN: &str = "test-token-4711";
 pub(crate) fn asking_stub() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for f in ["support-triage.yaml", "ticket-router.yaml", "refund-review.yaml"] {
-        std::fs::copy(repo().join("stub").join(f), dir.path().join(f)).unwrap();
+        std::fs::copy(stub_dir().join(f), dir.path().join(f)).unwrap();
     }
     // The script the README's service example uses.
     std::fs::copy(repo().join("examples/stub-asking/support-agent.yaml"), dir.path().join("support-agent.yaml")).unwrap();
@@ -43,7 +43,7 @@ pub(crate) fn app_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str
     let stub = asking_stub();
     let runtime = Runtime::builder()
         .settings(settings)
-        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .catalogue_dirs(routes_dir(), packs_dir())
         .stub_dir(stub.path())
         .tool("add", fabric::tools::builtin_add())
         .store(store)
@@ -152,11 +152,11 @@ async fn past_the_bound_on_runs_in_flight_it_is_429_with_retry_after() {
 async fn a_broken_route_is_422_with_its_problems() {
     let settings = Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::copy(repo().join("routes/profiles.yaml"), tmp.path().join("profiles.yaml")).unwrap();
+    std::fs::copy(routes_dir().join("profiles.yaml"), tmp.path().join("profiles.yaml")).unwrap();
     std::fs::write(tmp.path().join("r.yaml"), "routes:\n  bad: {model_profile: nope, prompt_pack: support, workflow: w}\n").unwrap();
     let runtime = Runtime::builder()
         .settings(settings)
-        .catalogue_dirs(tmp.path(), repo().join("prompt-packs"))
+        .catalogue_dirs(tmp.path(), packs_dir())
         .stub(fabric::llm::stub::StubLlm::default())
         .store(fabric::store::open("sqlite::memory:").await.unwrap())
         .build()
@@ -180,7 +180,7 @@ async fn a_route_graph_is_served_as_a_locked_down_svg() {
     assert_eq!(headers["content-type"], "image/svg+xml");
     assert_eq!(headers["x-content-type-options"], "nosniff");
     assert_eq!(headers["content-security-policy"], "default-src 'none'; style-src 'unsafe-inline'");
-    let cat = fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs"));
+    let cat = fabric::catalogue::load(&routes_dir(), &packs_dir());
     let svg = body.as_str().unwrap();
     assert_eq!(svg, fabric::svg::render_svg(cat.route("ticket-router").unwrap()));
     crate::hydrate::check_svg(svg).unwrap();
@@ -283,6 +283,7 @@ impl Server {
     fn spawn(mut cmd: Command, store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
         let log = tempfile::NamedTempFile::new().unwrap();
         cmd.current_dir(repo())
+            .envs(fixture_env())
             .args(["--stub-dir", stub.to_str().unwrap(), "serve", "--listen", "127.0.0.1:0"])
             .env("FABRIC_LLM_STUB", "1")
             .env("FABRIC_API_TOKEN", TOKEN)
@@ -500,6 +501,7 @@ fn without_a_token_the_server_refuses_to_start_unless_told_and_then_only_on_loop
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_fabric"))
             .current_dir(repo())
+            .envs(fixture_env())
             .args(args)
             .env("FABRIC_LLM_STUB", "1")
             .env_remove("FABRIC_API_TOKEN")

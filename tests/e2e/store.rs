@@ -1,6 +1,7 @@
 //! One conformance suite for every run store: SQLite (a file) and PostgreSQL (a real server,
 //! `FABRIC_TEST_POSTGRES_URL`, which `.ci/postgres start` provides). Without that variable the
-//! PostgreSQL half says it skips, except in CI (`CI=true`), where a missing server fails.
+//! PostgreSQL half skips (`support::skip_unless`: said, and listed by `.ci/test`), except in CI
+//! (`CI=true`), where a missing server fails.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,16 +12,14 @@ use fabric::runtime::{Runtime, StartRequest};
 use fabric::store::{Holder, Lease, RunFilter, RunStore, StoreError, StoredStatus};
 use serde_json::{Value, json};
 
-use crate::support::repo;
+use crate::support::{fixture_env, packs_dir, repo, routes_dir, skip_unless, stub_dir};
 
 /// A new, empty PostgreSQL database on the test server, or `None` (and why) when there is none.
 pub(crate) async fn fresh_postgres() -> Option<String> {
-    let Some(base) = std::env::var("FABRIC_TEST_POSTGRES_URL").ok().filter(|u| !u.trim().is_empty()) else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but FABRIC_TEST_POSTGRES_URL is unset: .ci/run starts a PostgreSQL server for these tests"
-        );
-        eprintln!("skipping the PostgreSQL store tests: FABRIC_TEST_POSTGRES_URL is unset (`eval \"$(.ci/postgres start)\"` sets it)");
+    let base = std::env::var("FABRIC_TEST_POSTGRES_URL").ok().filter(|u| !u.trim().is_empty());
+    let why = "FABRIC_TEST_POSTGRES_URL is unset (`eval \"$(.ci/postgres start)\"` sets it; .ci/run does)";
+    let Some(base) = base else {
+        skip_unless(false, "PostgreSQL", why);
         return None;
     };
     let name = format!("fabric_t_{}", uuid_like());
@@ -49,7 +48,7 @@ fn runtime(store: Arc<dyn RunStore>, stub: &std::path::Path) -> Runtime {
     let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
     Runtime::builder()
         .settings(settings)
-        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .catalogue_dirs(routes_dir(), packs_dir())
         .stub_dir(stub)
         .tool("add", fabric::tools::builtin_add())
         .store(store)
@@ -65,7 +64,7 @@ fn start(route: &str, goal: Value) -> StartRequest {
 async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_store() {
     let (stores, _dir) = stores().await;
     let stub = tempfile::tempdir().unwrap();
-    std::fs::copy(repo().join("stub/support-triage.yaml"), stub.path().join("support-triage.yaml")).unwrap();
+    std::fs::copy(stub_dir().join("support-triage.yaml"), stub.path().join("support-triage.yaml")).unwrap();
     std::fs::copy(repo().join("examples/stub-asking/support-agent.yaml"), stub.path().join("support-agent.yaml")).unwrap();
     for (name, url) in stores {
         let store = fabric::store::open(&url).await.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -316,6 +315,7 @@ fn the_cli_records_lists_shows_and_replays_a_run_on_every_store() {
         let fabric = |args: &[&str]| {
             let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
                 .current_dir(repo())
+                .envs(fixture_env())
                 .args(args)
                 .env("FABRIC_LLM_STUB", "1")
                 .env("FABRIC_DATABASE_URL", &url)
@@ -353,8 +353,8 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     let settings = fabric::config::Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())).unwrap();
     let rt = Runtime::builder()
         .settings(settings)
-        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
-        .stub_dir(repo().join("stub"))
+        .catalogue_dirs(routes_dir(), packs_dir())
+        .stub_dir(stub_dir())
         .store(fabric::store::open(&url).await.unwrap())
         .build()
         .unwrap();
@@ -388,7 +388,7 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     // Without a store there is nothing to hold.
     let bare = Runtime::builder()
         .settings(fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
-        .catalogue_dirs(repo().join("routes"), repo().join("prompt-packs"))
+        .catalogue_dirs(routes_dir(), packs_dir())
         .build()
         .unwrap();
     let (handle, cancel) = fabric::cancel::CancelHandle::new();

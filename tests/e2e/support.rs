@@ -14,6 +14,128 @@ pub fn fixtures() -> PathBuf {
     repo().join("tests/fixtures")
 }
 
+/// The catalogue the tests of behaviour run on: a copy of the shipped routes (with
+/// `profiles.yaml`), their prompt packs and stub scripts, under `tests/fixtures/catalogue/`.
+/// `routes/` is where users add their own routes; a test that read it would count theirs, or
+/// trip over one being written. `catalogue::the_fixture_catalogue_is_the_shipped_one` keeps the
+/// copy equal to the shipped files, since snapshots and expected outputs were taken of those.
+pub fn routes_dir() -> PathBuf {
+    fixtures().join("catalogue/routes")
+}
+
+/// The fixture catalogue's prompt packs (see `routes_dir`).
+pub fn packs_dir() -> PathBuf {
+    fixtures().join("catalogue/prompt-packs")
+}
+
+/// The fixture catalogue's stub scripts (see `routes_dir`).
+pub fn stub_dir() -> PathBuf {
+    fixtures().join("catalogue/stub")
+}
+
+/// The fixture catalogue, loaded.
+pub fn fixture_catalogue() -> fabric::catalogue::Catalogue {
+    fabric::catalogue::load(&routes_dir(), &packs_dir())
+}
+
+/// The variables that point a `fabric` process at the fixture catalogue; a test's own settings
+/// (set after these, or as `--catalogue`/`--prompt-packs`/`--stub-dir`) take precedence.
+pub fn fixture_env() -> [(&'static str, String); 3] {
+    let s = |p: PathBuf| p.to_str().unwrap().to_owned();
+    [("FABRIC_CATALOGUE_DIR", s(routes_dir())), ("FABRIC_PROMPT_PACKS_DIR", s(packs_dir())), ("FABRIC_LLM_STUB_DIR", s(stub_dir()))]
+}
+
+/// The one place a test decides to skip: returns `true` (the test should return at once) when
+/// `present` is false, i.e. what the test needs (`what`) is missing, for the reason `why`.
+///
+/// Cargo shows the output of failing tests only, so a skip that merely printed would pass
+/// unseen: each skip is also appended, as `<test>: <what>: <why>`, to the skip file that
+/// `.ci/test` (the README's test command) clears before and lists after `cargo test`. Under
+/// `CI=true` nothing may skip (`.ci/run` provides every server and tool): the test fails with the
+/// reason instead.
+pub fn skip_unless(present: bool, what: &str, why: &str) -> bool {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    decide_skip(present, ci, &skip_file(), what, why)
+}
+
+/// Where skips are recorded: `FABRIC_TEST_SKIPS` (set by `.ci/test`), else
+/// `test-skips.txt` in cargo's scratch directory for integration tests (`target/tmp/`).
+pub fn skip_file() -> PathBuf {
+    std::env::var_os("FABRIC_TEST_SKIPS").filter(|p| !p.is_empty()).map_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-skips.txt"), PathBuf::from)
+}
+
+/// `skip_unless` with its environment given (whether under CI, the skip file), for its own test.
+fn decide_skip(present: bool, ci: bool, file: &Path, what: &str, why: &str) -> bool {
+    if present {
+        return false;
+    }
+    // libtest names each test's thread after the test (under `--test-threads=1` it is `main`).
+    let test = std::thread::current().name().filter(|n| *n != "main").map(str::to_owned);
+    let line = match &test {
+        Some(t) => format!("{t}: {what}: {why}"),
+        None => format!("{what}: {why}"),
+    };
+    assert!(!ci, "CI=true, where no test may skip: {line}");
+    eprintln!("skipped: {line}");
+    use std::io::Write;
+    // One write per line, in append mode: lines of tests running at once do not interleave.
+    let recorded = std::fs::OpenOptions::new().create(true).append(true).open(file).and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+    if let Err(e) = recorded {
+        panic!("cannot record the skip in {}: {e} ({line})", file.display());
+    }
+    true
+}
+
+#[test]
+fn a_skip_is_recorded_with_the_test_and_the_reason_and_fails_under_ci() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("skips.txt");
+    assert!(!decide_skip(true, false, &file, "a server", "it is there"), "present: the test goes on");
+    assert!(!decide_skip(true, true, &file, "a server", "it is there"), "present under CI: the test goes on");
+    assert!(!file.exists(), "nothing recorded when nothing skipped");
+    assert!(decide_skip(false, false, &file, "PostgreSQL", "FABRIC_TEST_POSTGRES_URL is unset"));
+    assert!(decide_skip(false, false, &file, "chromedriver", "not installed"));
+    let me = std::thread::current().name().unwrap_or("main").to_owned();
+    let prefix = if me == "main" { String::new() } else { format!("{me}: ") };
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        format!("{prefix}PostgreSQL: FABRIC_TEST_POSTGRES_URL is unset\n{prefix}chromedriver: not installed\n")
+    );
+    let under_ci = std::panic::catch_unwind(|| decide_skip(false, true, &file, "wrk", "not installed"));
+    let message = under_ci.unwrap_err().downcast::<String>().unwrap();
+    assert!(message.contains("CI=true") && message.contains("wrk: not installed"), "{message}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 2, "a skip refused under CI is not recorded");
+}
+
+/// `.ci/test` passes its arguments to `cargo test --workspace`, lists the skips recorded meanwhile
+/// (each once) and exits with cargo's status. Cargo here is a stand-in script on `PATH` that
+/// records what a skipping test would: running the real suite inside itself would take minutes.
+#[test]
+fn the_test_command_lists_the_skips_after_cargo() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("cargo");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho \"cargo $*\"\nif [ \"$3\" = skip ]; then\n  for i in 1 2; do echo 'store::t: PostgreSQL: unset' >>\"$FABRIC_TEST_SKIPS\"; done\nfi\nexit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = |arg: &str| {
+        let path = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
+        // Its own target directory: the skip file of a `.ci/test` running these tests is not touched.
+        let out =
+            std::process::Command::new(repo().join(".ci/test")).arg(arg).env("PATH", path).env("CARGO_TARGET_DIR", dir.path().join("target")).output().unwrap();
+        (out.status.code(), String::from_utf8(out.stdout).unwrap())
+    };
+    let (code, out) = run("skip");
+    assert_eq!(code, Some(3), "{out}");
+    assert!(out.starts_with("cargo test --workspace skip\n"), "{out}");
+    assert!(out.ends_with("1 test(s) skipped, in whole or in part (what they need: why it is missing):\n  store::t: PostgreSQL: unset\n"), "{out}");
+    let (code, out) = run("none");
+    assert_eq!((code, out.as_str()), (Some(3), "cargo test --workspace none\nno test skipped\n"), "the file is cleared first");
+}
+
 /// Replaces the absolute repository path so snapshots are portable.
 pub fn portable(text: &str) -> String {
     text.replace(&format!("{}/", repo().display()), "")
@@ -144,31 +266,30 @@ pub fn target(kind: fabric::config::ProviderKind, base_url: &str, model: &str) -
     }
 }
 
-/// The shipped profiles and packs, the shipped route files named, and one extra file `case.yaml`;
-/// the catalogue must load without errors.
+/// The fixture catalogue's profiles and packs, its route files named, and one extra file
+/// `case.yaml`; the catalogue must load without errors.
 pub fn catalogue_with(shipped: &[&str], case_yaml: &str) -> std::sync::Arc<fabric::catalogue::Catalogue> {
     let tmp = tempfile::tempdir().unwrap();
     let routes = tmp.path().join("routes");
     std::fs::create_dir_all(&routes).unwrap();
     for f in ["profiles.yaml"].iter().chain(shipped) {
-        std::fs::copy(repo().join("routes").join(f), routes.join(f)).unwrap();
+        std::fs::copy(routes_dir().join(f), routes.join(f)).unwrap();
     }
     std::fs::write(routes.join("case.yaml"), case_yaml).unwrap();
-    let cat = fabric::catalogue::load(&routes, &repo().join("prompt-packs"));
+    let cat = fabric::catalogue::load(&routes, &packs_dir());
     assert_eq!(cat.error_count(), 0, "{:#?}", cat.diagnostics());
     std::sync::Arc::new(cat)
 }
 
-/// Runs the `fabric` binary in the repository with a clean configuration plus `env`.
+/// Runs the `fabric` binary in the repository with a clean configuration on the fixture
+/// catalogue, plus `env`.
 pub async fn fabric_cli(args: &[&str], env: &[(&str, String)]) -> std::process::Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
     cmd.current_dir(repo()).args(args);
-    for var in fabric::config::VARIABLES
-        .iter()
-        .chain(["FABRIC_CONFIG", "KB_SEARCH_URL", "FABRIC_CATALOGUE_DIR", "FABRIC_PROMPT_PACKS_DIR", "FABRIC_LLM_STUB_DIR"].iter())
-    {
+    for var in fabric::config::VARIABLES.iter().chain(["FABRIC_CONFIG", "KB_SEARCH_URL"].iter()) {
         cmd.env_remove(var);
     }
+    cmd.envs(fixture_env());
     cmd.envs(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
     cmd.output().await.unwrap()
 }

@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue as OtlpKeyValue,
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use serde_json::json;
 
-use crate::support::{Canned, FakeProvider, repo, serve, triage_reply_for};
+use crate::support::{Canned, FakeProvider, fixture_env, packs_dir, repo, routes_dir, serve, stub_dir, triage_reply_for};
 
 fn exporter() -> &'static InMemorySpanExporter {
     static EXPORTER: OnceLock<InMemorySpanExporter> = OnceLock::new();
@@ -55,7 +55,7 @@ async fn one_llm_span_per_logical_call_with_genai_attributes() {
         backend_for(fabric::llm::providers::shared_client().unwrap(), target, Tuning::default(), fabric::llm::providers::DEFAULT_MAX_REPLY_BYTES),
         retry,
     );
-    let cat = Arc::new(fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")));
+    let cat = Arc::new(fabric::catalogue::load(&routes_dir(), &packs_dir()));
     let runner = Runner::new(cat, llm, Arc::new(|_: &str| None)).unwrap();
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
@@ -92,7 +92,7 @@ async fn one_llm_span_per_logical_call_with_genai_attributes() {
 async fn failed_calls_mark_their_spans() {
     let exporter = exporter();
     let stub = fabric::llm::stub::StubLlm::default().script("support-triage", "intake", &["not json"]);
-    let cat = Arc::new(fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")));
+    let cat = Arc::new(fabric::catalogue::load(&routes_dir(), &packs_dir()));
     let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), Arc::new(|_: &str| None)).unwrap();
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
@@ -228,7 +228,7 @@ fn flatten(inbox: &Inbox) -> Vec<Flat> {
 /// `fabric run support-triage` with the stub, a clean OpenTelemetry environment plus `env`.
 async fn fabric_run(goal: &str, env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
-    cmd.current_dir(repo()).args(["run", "support-triage", "--goal", goal]).env("FABRIC_LLM_STUB", "1");
+    cmd.current_dir(repo()).envs(fixture_env()).args(["run", "support-triage", "--goal", goal]).env("FABRIC_LLM_STUB", "1");
     for (k, _) in std::env::vars() {
         if k.starts_with("OTEL_") || k.starts_with("FABRIC_OTEL_") {
             cmd.env_remove(k);
@@ -364,7 +364,7 @@ async fn otel_settings_this_build_cannot_honour_are_refused_at_start() {
     {
         use std::os::unix::ffi::OsStrExt;
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"));
-        cmd.current_dir(repo()).args(["run", "support-triage", "--goal", r#"{"ticket":"x"}"#]).env("FABRIC_LLM_STUB", "1");
+        cmd.current_dir(repo()).envs(fixture_env()).args(["run", "support-triage", "--goal", r#"{"ticket":"x"}"#]).env("FABRIC_LLM_STUB", "1");
         cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &url).env("OTEL_TRACES_EXPORTER", std::ffi::OsStr::from_bytes(b"n\xffne"));
         let out = cmd.output().await.unwrap();
         assert_eq!(out.status.code(), Some(2));
@@ -416,7 +416,7 @@ async fn the_service_logs_an_export_failure_once() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()), ("OTEL_EXPORTER_OTLP_TIMEOUT", "200"), ("OTEL_BSP_SCHEDULE_DELAY", "100")];
-    let server = crate::service::Server::start(&db, &repo().join("stub"), &env);
+    let server = crate::service::Server::start(&db, &stub_dir(), &env);
     for i in 0..3 {
         let body = json!({"route_id": "support-triage", "goal": {"ticket": format!("t{i}")}, "model_profile": "default"});
         let (status, view) = crate::service::post(&server, "/v1/runs?wait=true", body).await;
@@ -457,6 +457,7 @@ async fn the_exporter_follows_no_redirect_with_its_headers() {
     .await;
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
         .current_dir(repo())
+        .envs(fixture_env())
         .args(["run", "support-triage", "--goal", r#"{"ticket":"x"}"#])
         .env("FABRIC_LLM_STUB", "1")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector)
@@ -484,7 +485,7 @@ async fn agent_runs_and_tool_calls_are_genai_spans() {
     .await;
     let script = [r#"CALL kb_search {"q":"refund"}"#, r#"CALL kb_search {"q":"boom"}"#, r#"CALL add {"a":2,"b":3}"#, "DONE Refunded."];
     let stub = fabric::llm::stub::StubLlm::default().strict(true).script("support-agent", "decide", &script);
-    let cat = Arc::new(fabric::catalogue::load(&repo().join("routes"), &repo().join("prompt-packs")));
+    let cat = Arc::new(fabric::catalogue::load(&routes_dir(), &packs_dir()));
     let vars = Arc::new(move |k: &str| (k == "KB_SEARCH_URL").then(|| kb.clone()));
     let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), vars).unwrap().with_tool("add", fabric::tools::builtin_add());
     let goal = json!({"question": "Was I refunded?"}).as_object().unwrap().clone();
@@ -520,7 +521,7 @@ async fn a_second_signal_stops_the_service_even_while_it_flushes_spans() {
     let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
     let endpoint = format!("http://127.0.0.1:{port}");
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("FABRIC_OTEL_FLUSH_MS", "60000"), ("FABRIC_SHUTDOWN_GRACE_S", "1")];
-    let mut server = crate::service::Server::start(&db, &repo().join("stub"), &env);
+    let mut server = crate::service::Server::start(&db, &stub_dir(), &env);
     let body = json!({"route_id": "support-triage", "goal": {"ticket": "t"}, "model_profile": "default"});
     let (status, _) = crate::service::post(&server, "/v1/runs?wait=true", body).await;
     assert!(matches!(status, 200 | 201));
