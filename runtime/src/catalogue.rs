@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use indexmap::IndexMap;
 
-pub use crate::loader::decode::{DEFAULT_MAX_LOOP_STEPS, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TOOL_TIMEOUT_MS};
+pub use crate::loader::decode::{DEFAULT_MAX_LOOP_STEPS, DEFAULT_MAX_RESPONSE_BYTES};
 pub use crate::source::{Layers, SourceFile};
+pub use crate::vocab::DEFAULT_TOOL_TIMEOUT_MS;
 
 use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos};

@@ -7,11 +7,15 @@
 
 use std::collections::BTreeMap;
 
+use crate::llm::model::check_key;
 pub use crate::llm::model::{
-    ApiKey, ConfigError, DEFAULT_ANTHROPIC_URL, DEFAULT_GEMINI_URL, DEFAULT_GEMINI_VERSION, DEFAULT_MODEL, DEFAULT_OLLAMA_URL, DEFAULT_OPENAI_URL, ModelChoice,
-    ProviderKind, ProviderTarget, RetryPolicy, Tuning, choose_model, parse_base_url, parse_model_string, parse_ollama_host,
+    ApiKey, DEFAULT_ANTHROPIC_URL, DEFAULT_GEMINI_URL, DEFAULT_GEMINI_VERSION, DEFAULT_MODEL, DEFAULT_OLLAMA_URL, DEFAULT_OPENAI_URL, ProviderTarget,
+    RetryPolicy, Tuning, parse_ollama_host,
 };
-use crate::llm::model::{check_key, err};
+use crate::vocab::err;
+pub use crate::vocab::{
+    ConfigError, DEFAULT_TOOL_TIMEOUT_MS, MAX_TOOL_TIMEOUT_MS, ModelChoice, ProviderKind, choose_model, parse_base_url, parse_model_string,
+};
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,11 +65,6 @@ pub const VARIABLES: &[&str] = &[
 
 /// The largest `FABRIC_CONFIG` file read; a bigger one (or a special file) is refused.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
-/// How long an in-process tool may take by default: the default of an HTTP tool's
-/// `invoke.timeout_ms`, since the decision loop treats both kinds of tool alike.
-pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
-/// The longest in-process tool timeout accepted (that of `invoke.timeout_ms` too).
-pub const MAX_TOOL_TIMEOUT_MS: u64 = 600_000;
 /// The longest stub latency accepted: ten minutes per call is far past any real provider.
 pub const MAX_STUB_LATENCY_MS: u64 = 600_000;
 
@@ -112,6 +111,9 @@ pub struct Settings {
     origins: BTreeMap<String, String>,
     env: EnvLookup,
 }
+
+/// The default run store (`FABRIC_DATABASE_URL`).
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://fabric.db";
 
 /// Where runs are recorded, and the service's access and limits.
 #[derive(Clone, PartialEq)]
@@ -356,7 +358,7 @@ impl Settings {
             Some(other) => return Err(err("FABRIC_LOG_FORMAT", format!("`{other}` is not a log format; use json or text"))),
         };
         let service = ServiceSettings {
-            database_url: get("FABRIC_DATABASE_URL").map_or_else(|| crate::llm::model::DEFAULT_DATABASE_URL.to_owned(), |u| u.trim().to_owned()),
+            database_url: get("FABRIC_DATABASE_URL").map_or_else(|| DEFAULT_DATABASE_URL.to_owned(), |u| u.trim().to_owned()),
             api_token,
             max_runs_in_flight: whole("FABRIC_MAX_RUNS_IN_FLIGHT", 1024, 1_000_000)? as usize,
             shutdown_grace: Duration::from_secs(whole("FABRIC_SHUTDOWN_GRACE_S", 30, 86_400)?),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::diag::{Diagnostic, Pos};
-use crate::llm::OutputSpec;
+use crate::vocab::OutputSpec;
 
 /// How a workflow stage executes. The set is closed: an unknown role is a load error and the
 /// routes using it cannot run; it never falls back to another role.

@@ -12,9 +12,9 @@ use petgraph::visit::EdgeRef;
 use crate::defs::LlmRole;
 use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics};
-use crate::llm::OutputSpec;
 use crate::loader::{Defs, known_names as names, successors};
 use crate::prompt::{PromptPack, ResolvedPrompt};
+use crate::vocab::OutputSpec;
 
 /// Which resolution path built the route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,17 +2,20 @@
 //!
 //! Modules in the order data flows; each imports only modules above it (a test checks):
 //!
-//! - leaves: [`diag`] (located problems), [`textfile`] (bounded reads), [`source`] (catalogue
-//!   files), [`yaml`] (located YAML trees), [`redact`] (URLs without secrets), [`cancel`],
-//!   [`failure`] (reason classes), [`events`], [`otel`], [`structured`] (Python-parity replies),
-//!   [`decision`] (the decision loop's replies);
-//! - [`llm`]: the model port, its decorators, the stub and the providers, and [`llm::model`]
-//!   (provider kinds, model strings, targets); [`config`]: settings from the environment;
+//! - leaves: [`diag`] (located problems), [`textfile`] (bounded reads), [`redact`] (URLs without
+//!   secrets), [`cancel`], [`failure`] (reason classes), [`events`], [`structured`]
+//!   (Python-parity replies), [`decision`] (the decision loop's replies);
+//! - built on leaves only: [`otel`], [`vocab`] (what the catalogue and the model port share:
+//!   `OutputSpec`, provider kinds, model strings, `ConfigError`, the parity constants and tool
+//!   limits), [`yaml`] (located YAML trees), [`source`] (catalogue files);
 //! - [`defs`] → [`prompt`] → [`loader`] → [`hydrate`] → [`svg`] → [`catalogue`]: files become
-//!   definitions, prompts resolve, routes become graphs (and their SVG pictures);
+//!   definitions, prompts resolve, routes become graphs (and their SVG pictures); no model port;
+//! - [`llm`]: the model port, its decorators, the stub and the providers, and [`llm::model`]
+//!   (targets, tuning, keys); [`config`]: settings from the environment; no catalogue;
 //! - [`tools`]: the tool port (HTTP and in-process tools); [`exec`]: the walker and the decision
-//!   loop;
-//! - [`runtime`]: the facade every front end (`fabric`, `fabric serve`, Python) is a shell over.
+//!   loop; [`store`]: the run store;
+//! - [`runtime`]: the facade every front end (`fabric`, `fabric serve`, Python) is a shell over;
+//!   [`api`]: the HTTP service.
 
 pub mod api;
 pub mod cancel;
@@ -37,4 +40,5 @@ pub mod structured;
 pub mod svg;
 pub mod textfile;
 pub mod tools;
+pub mod vocab;
 pub mod yaml;

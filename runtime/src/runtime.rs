@@ -855,9 +855,10 @@ mod tests {
     }
 
     #[test]
-    fn in_process_and_http_tools_have_the_same_default_timeout() {
-        // `config` sits above the catalogue's decoder and cannot import its constant.
-        assert_eq!(crate::config::DEFAULT_TOOL_TIMEOUT_MS, crate::catalogue::DEFAULT_TOOL_TIMEOUT_MS);
+    fn the_tool_timeouts_are_the_documented_ones() {
+        // Defined once (`vocab`), for in-process and HTTP tools alike.
+        assert_eq!(crate::config::DEFAULT_TOOL_TIMEOUT_MS, 10_000);
+        assert_eq!(crate::catalogue::DEFAULT_TOOL_TIMEOUT_MS, 10_000);
         assert_eq!(crate::config::MAX_TOOL_TIMEOUT_MS, 600_000);
     }
 }

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use crate::support::repo;
 
-/// Each top-level module of the library, in data-flow order, with the `crate::` modules it may
-/// import. A module may only name modules listed above it, so the graph has no cycle; the test
-/// below checks both the table and every import.
+/// Each top-level module of the library, in data-flow order, with exactly the `crate::` modules
+/// it imports. A module may only name modules listed above it, so the graph has no cycle; the
+/// tests below check the table, every import, and that no module is allowed more than it uses.
 const LAYERS: &[(&str, &[&str])] = &[
     // Leaves: they import nothing of the crate.
     ("diag", &[]),
@@ -17,30 +17,37 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("cancel", &[]),
     ("failure", &[]),
     ("events", &[]),
-    ("otel", &["redact"]),
     ("structured", &[]),
     ("decision", &[]),
-    // The located vocabulary of source files.
+    // Built on leaves only: telemetry, the vocabulary the catalogue and the model port share,
+    // the located vocabulary of source files.
+    ("otel", &["redact"]),
+    ("vocab", &["redact", "structured", "decision"]),
     ("yaml", &["diag"]),
     ("source", &["diag", "textfile"]),
-    // The model port and its configuration.
-    ("llm", &["diag", "redact", "cancel", "failure", "events", "otel", "structured", "decision", "yaml", "source"]),
-    ("config", &["textfile", "redact", "yaml", "llm"]),
-    // Files become definitions, prompts resolve, routes become graphs.
-    ("defs", &["diag", "llm"]),
+    // The catalogue: files become definitions, prompts resolve, routes become graphs. It knows
+    // no model port and no configuration.
+    ("defs", &["diag", "vocab"]),
     ("prompt", &["diag", "yaml", "source", "defs"]),
-    ("loader", &["diag", "structured", "yaml", "source", "llm", "defs", "prompt"]),
-    ("hydrate", &["diag", "decision", "llm", "defs", "prompt", "loader"]),
+    ("loader", &["diag", "structured", "vocab", "yaml", "source", "defs", "prompt"]),
+    ("hydrate", &["diag", "decision", "vocab", "defs", "prompt", "loader"]),
     ("svg", &["defs", "prompt", "hydrate"]),
-    ("catalogue", &["diag", "source", "defs", "loader", "hydrate"]),
+    ("catalogue", &["diag", "vocab", "source", "defs", "loader", "hydrate"]),
+    // The model port and its configuration. They know no catalogue.
+    ("llm", &["diag", "redact", "cancel", "failure", "events", "structured", "decision", "otel", "vocab", "yaml", "source"]),
+    ("config", &["textfile", "redact", "vocab", "yaml", "llm"]),
     // Running them.
     ("tools", &["redact", "failure", "defs"]),
-    ("exec", &["cancel", "failure", "events", "otel", "structured", "decision", "llm", "defs", "hydrate", "catalogue", "tools"]),
-    ("store", &["redact", "failure", "events", "llm", "exec"]),
-    ("runtime", &["cancel", "diag", "failure", "events", "llm", "config", "defs", "hydrate", "catalogue", "tools", "exec", "store"]),
+    ("exec", &["cancel", "failure", "events", "structured", "decision", "otel", "defs", "hydrate", "catalogue", "llm", "tools"]),
+    ("store", &["redact", "failure", "events", "exec"]),
+    ("runtime", &["cancel", "diag", "failure", "events", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // The service: HTTP over the facade.
     ("api", &["cancel", "failure", "events", "svg", "catalogue", "exec", "store", "runtime"]),
 ];
+
+/// The catalogue's modules, and the model port's: neither side may import the other.
+const CATALOGUE: &[&str] = &["defs", "prompt", "loader", "hydrate", "svg", "catalogue"];
+const MODEL_PORT: &[&str] = &["llm", "config"];
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -59,9 +66,9 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The top-level module a library file belongs to (`llm/providers/mod.rs` → `llm`).
-fn module_of(src: &Path, file: &Path) -> String {
-    let rel = file.strip_prefix(src).unwrap();
+/// The top-level module a file belongs to, from its path below the crate's source directory
+/// (`llm/providers/mod.rs` → `llm`).
+fn top_module(rel: &Path) -> String {
     let first = rel.components().next().unwrap().as_os_str().to_str().unwrap();
     first.trim_end_matches(".rs").to_owned()
 }
@@ -95,27 +102,13 @@ fn code_lines(text: &str) -> impl Iterator<Item = &str> {
     lines.into_iter().take(end)
 }
 
-#[test]
-fn modules_import_in_data_flow_order() {
-    // The table itself only looks upwards.
-    for (idx, (module, allowed)) in LAYERS.iter().enumerate() {
-        for dep in *allowed {
-            let pos = LAYERS.iter().position(|(m, _)| m == dep).unwrap_or_else(|| panic!("`{module}` lists `{dep}`, which is not a module"));
-            assert!(pos < idx, "`{module}` may import `{dep}`, which is not above it in LAYERS");
-        }
-    }
-    let src = repo().join("runtime/src");
-    let mut offences = Vec::new();
-    for file in rust_files(&src) {
-        let rel = file.strip_prefix(&src).unwrap().to_path_buf();
-        if rel.starts_with("bin") || rel == Path::new("lib.rs") {
-            continue;
-        }
-        let module = module_of(&src, &file);
-        let Some((_, allowed)) = LAYERS.iter().find(|(m, _)| *m == module) else {
-            offences.push(format!("{}: module `{module}` is not in LAYERS (tests/e2e/architecture.rs)", rel.display()));
-            continue;
-        };
+/// The `crate::` modules each file of `dir` imports, by module, with the lines that do (unit
+/// tests left out); `module_of` names a file's module, `None` for files outside any.
+fn imports(dir: &Path, module_of: impl Fn(&Path) -> Option<String>) -> Vec<(String, PathBuf, usize, String, String)> {
+    let mut out = Vec::new();
+    for file in rust_files(dir) {
+        let rel = file.strip_prefix(dir).unwrap().to_path_buf();
+        let Some(module) = module_of(&rel) else { continue };
         if rel.file_name().is_some_and(|f| f == "tests.rs") {
             continue;
         }
@@ -123,13 +116,69 @@ fn modules_import_in_data_flow_order() {
         let text = std::fs::read_to_string(&file).unwrap();
         for (n, line) in code_lines(&text).enumerate() {
             for dep in crate_refs(line) {
-                if dep != module && !allowed.contains(&dep.as_str()) {
-                    offences.push(format!("runtime/src/{}:{}: `{module}` imports `{dep}`: {}", rel.display(), n + 1, line.trim()));
+                if dep != module {
+                    out.push((module.clone(), rel.clone(), n + 1, dep, line.trim().to_owned()));
                 }
             }
         }
     }
+    out
+}
+
+/// Checks a table of layers against the imports found: the table only looks upwards, every
+/// file's module is in it, every import is allowed, and every allowance is used (the table says
+/// exactly what each module imports).
+fn check_layers(layers: &[(&str, &[&str])], shown: &str, found: &[(String, PathBuf, usize, String, String)], files: &[String]) {
+    for (idx, (module, allowed)) in layers.iter().enumerate() {
+        for dep in *allowed {
+            let pos = layers.iter().position(|(m, _)| m == dep).unwrap_or_else(|| panic!("`{module}` lists `{dep}`, which is not a module"));
+            assert!(pos < idx, "`{module}` may import `{dep}`, which is not above it in the table");
+        }
+    }
+    let mut offences = Vec::new();
+    for module in files {
+        if !layers.iter().any(|(m, _)| m == module) {
+            offences.push(format!("module `{module}` ({shown}) is not in the table (tests/e2e/architecture.rs)"));
+        }
+    }
+    for (module, rel, line_no, dep, line) in found {
+        let Some((_, allowed)) = layers.iter().find(|(m, _)| m == module) else { continue };
+        if !allowed.contains(&dep.as_str()) {
+            offences.push(format!("{shown}/{}:{line_no}: `{module}` imports `{dep}`: {line}", rel.display()));
+        }
+    }
+    for (module, allowed) in layers {
+        for dep in *allowed {
+            if !found.iter().any(|(m, _, _, d, _)| m == module && d == dep) {
+                offences.push(format!("`{module}` may import `{dep}` but does not: take it out of the table (tests/e2e/architecture.rs)"));
+            }
+        }
+    }
     assert!(offences.is_empty(), "imports against the data flow:\n{}", offences.join("\n"));
+}
+
+#[test]
+fn modules_import_in_data_flow_order() {
+    let src = repo().join("runtime/src");
+    let module = |rel: &Path| (!rel.starts_with("bin") && rel != Path::new("lib.rs")).then(|| top_module(rel));
+    let found = imports(&src, module);
+    let files: BTreeSet<String> = rust_files(&src).iter().filter_map(|f| module(f.strip_prefix(&src).unwrap())).collect();
+    check_layers(LAYERS, "runtime/src", &found, &files.into_iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn the_catalogue_and_the_model_port_know_nothing_of_each_other() {
+    for (module, allowed) in LAYERS {
+        let other = if CATALOGUE.contains(module) {
+            MODEL_PORT
+        } else if MODEL_PORT.contains(module) {
+            CATALOGUE
+        } else {
+            continue;
+        };
+        let crossing: Vec<&&str> = allowed.iter().filter(|d| other.contains(d)).collect();
+        assert!(crossing.is_empty(), "`{module}` imports {crossing:?} across the catalogue / model port line");
+    }
 }
 
 #[test]

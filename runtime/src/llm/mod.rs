@@ -19,17 +19,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::failure::{BoxFuture, ReasonClass};
+pub use crate::vocab::{CALL_TIMEOUT, MAX_OUTPUT_TOKENS, OutputSpec, TEMPERATURE};
 
 use crate::decision::{DecisionError, DecisionErrorKind};
 use crate::events::RunEvents;
-use crate::structured::{self, Decoded, FlatSchema};
-
-/// Sampling temperature of every model call (fixed, as in the Python runtime).
-pub const TEMPERATURE: f64 = 0.1;
-/// Output token limit of every model call (fixed).
-pub const MAX_OUTPUT_TOKENS: u32 = 4096;
-/// Time limit of one model-call attempt (fixed).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+use crate::structured::{self, Decoded};
 
 /// One logical model call (all of its attempts).
 #[derive(Debug)]
@@ -46,30 +40,6 @@ pub struct LlmRequest<'a> {
     pub cx: &'a opentelemetry::Context,
     /// Fires when the run is cancelled; the call then ends with `interrupted`.
     pub cancel: &'a crate::cancel::Cancel,
-}
-
-/// What a model-calling stage makes of its capability's `output_schema`.
-#[derive(Debug, Clone)]
-pub enum OutputSpec {
-    /// No schema: a plain text call.
-    Text,
-    /// A flat schema: native structured output, validated with parity.
-    Bindable(Arc<FlatSchema>),
-    /// A schema that cannot be bound (nested, empty ...): a plain text call, warned at load.
-    Unbindable { why: String },
-    /// The Mode 1 decision node: an `AgentDecision` over the route's tools.
-    Decision(Arc<crate::decision::DecisionSpec>),
-}
-
-impl OutputSpec {
-    /// What a stage makes of a capability's `output_schema`: native structured output when the
-    /// schema is bindable, a plain text call otherwise (`fabric validate` takes the same path).
-    pub fn from_schema(schema: &serde_json::Value) -> OutputSpec {
-        match FlatSchema::from_json(schema) {
-            Ok(flat) => OutputSpec::Bindable(Arc::new(flat)),
-            Err(why) => OutputSpec::Unbindable { why },
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -1,30 +1,21 @@
 //! Where model calls go: provider kinds, model strings, targets, tuning, the retry policy, keys.
 //!
-//! The vocabulary of the model port's configuration. [`crate::config`] reads the environment
-//! into these types; the catalogue loader checks model profiles with them; the backends use them.
+//! The model port's side of configuration. [`crate::config`] reads the environment into these
+//! types; the backends use them. What the catalogue shares with them (provider kinds, the
+//! model-string parser, [`ConfigError`]) is in the leaf [`crate::vocab`], re-exported here.
 
 use std::fmt;
 use std::time::Duration;
 
-/// The default run store (`FABRIC_DATABASE_URL`).
-pub const DEFAULT_DATABASE_URL: &str = "sqlite://fabric.db";
+use crate::vocab::err;
+pub use crate::vocab::{ConfigError, ModelChoice, ProviderKind, choose_model, parse_base_url, parse_model_string};
+
 pub const DEFAULT_MODEL: &str = "ollama:qwen3:14b";
 pub const DEFAULT_OLLAMA_URL: &str = "http://127.0.0.1:11434";
 pub const DEFAULT_OPENAI_URL: &str = "https://api.openai.com/v1";
 pub const DEFAULT_GEMINI_URL: &str = "https://generativelanguage.googleapis.com";
 pub const DEFAULT_GEMINI_VERSION: &str = "v1";
 pub const DEFAULT_ANTHROPIC_URL: &str = "https://api.anthropic.com";
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{var}: {message}")]
-pub struct ConfigError {
-    pub var: String,
-    pub message: String,
-}
-
-pub(crate) fn err(var: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError { var: var.to_owned(), message: message.into() }
-}
 
 /// An API key. It is sent to its provider and nowhere else: never printed, logged or put in
 /// events.
@@ -53,138 +44,6 @@ impl fmt::Display for ApiKey {
     }
 }
 
-/// The providers with a backend. Others parse (as LangChain would) but are refused by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderKind {
-    Ollama,
-    OpenAi,
-    Gemini,
-    Anthropic,
-}
-
-impl ProviderKind {
-    pub fn key(self) -> &'static str {
-        match self {
-            ProviderKind::Ollama => "ollama",
-            ProviderKind::OpenAi => "openai",
-            ProviderKind::Gemini => "google_genai",
-            ProviderKind::Anthropic => "anthropic",
-        }
-    }
-
-    pub fn from_key(key: &str) -> Option<ProviderKind> {
-        match key {
-            "ollama" => Some(ProviderKind::Ollama),
-            "openai" => Some(ProviderKind::OpenAi),
-            "google_genai" => Some(ProviderKind::Gemini),
-            "anthropic" => Some(ProviderKind::Anthropic),
-            _ => None,
-        }
-    }
-
-    /// The OpenTelemetry `gen_ai.provider.name` value.
-    pub fn otel_name(self) -> &'static str {
-        match self {
-            ProviderKind::Ollama => "ollama",
-            ProviderKind::OpenAi => "openai",
-            ProviderKind::Gemini => "gcp.gemini",
-            ProviderKind::Anthropic => "anthropic",
-        }
-    }
-}
-
-/// LangChain's provider keys (`init_chat_model`), used to decide whether a prefix is a provider.
-const LANGCHAIN_PROVIDERS: &[&str] = &[
-    "anthropic",
-    "anthropic_bedrock",
-    "azure_ai",
-    "azure_openai",
-    "baseten",
-    "bedrock",
-    "bedrock_converse",
-    "bedrock_mantle_anthropic",
-    "bedrock_mantle_openai",
-    "cohere",
-    "deepseek",
-    "fireworks",
-    "google_anthropic_vertex",
-    "google_genai",
-    "google_vertexai",
-    "groq",
-    "huggingface",
-    "ibm",
-    "langsmith",
-    "litellm",
-    "meta",
-    "mistralai",
-    "nvidia",
-    "ollama",
-    "openai",
-    "openrouter",
-    "perplexity",
-    "together",
-    "upstage",
-    "xai",
-];
-
-/// LangChain's provider inference from a bare model name: the first row whose prefix the
-/// lower-cased name starts with wins.
-const INFERENCE: &[(&[&str], &str)] = &[
-    (&["gpt-", "o1", "o3", "chatgpt", "text-davinci"], "openai"),
-    (&["claude"], "anthropic"),
-    (&["command"], "cohere"),
-    (&["accounts/fireworks"], "fireworks"),
-    (&["gemini"], "google_vertexai"),
-    (&["amazon.", "anthropic.", "meta."], "bedrock"),
-    (&["mistral", "mixtral"], "mistralai"),
-    (&["deepseek"], "deepseek"),
-    (&["grok"], "xai"),
-    (&["sonar"], "perplexity"),
-    (&["solar"], "upstage"),
-];
-
-/// Parses a model string exactly as LangChain's `init_chat_model` does: split at the first `:`
-/// only when the prefix is a provider key, else infer the provider from the model name.
-/// Returns `(provider, model)`, or `None` when no provider can be inferred.
-pub fn parse_model_string(s: &str) -> Option<(String, String)> {
-    if let Some((prefix, rest)) = s.split_once(':')
-        && LANGCHAIN_PROVIDERS.contains(&prefix)
-    {
-        return Some((prefix.to_owned(), rest.to_owned()));
-    }
-    let lower = s.to_lowercase();
-    let (_, provider) = INFERENCE.iter().find(|(prefixes, _)| prefixes.iter().any(|p| lower.starts_with(p)))?;
-    Some(((*provider).to_owned(), s.to_owned()))
-}
-
-/// Where the model comes from, and the provider it resolves to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelChoice {
-    pub provider: ProviderKind,
-    pub model: String,
-}
-
-/// Resolves `OLLAMA_MODEL` (bare names mean Ollama) or `FABRIC_LLM_MODEL`.
-pub fn choose_model(var: &str, value: &str) -> Result<ModelChoice, ConfigError> {
-    let value = value.trim();
-    let parsed = if var == "OLLAMA_MODEL" {
-        match value.split_once(':') {
-            Some((prefix, _)) if LANGCHAIN_PROVIDERS.contains(&prefix) => parse_model_string(value),
-            _ => Some(("ollama".to_owned(), value.to_owned())),
-        }
-    } else {
-        parse_model_string(value)
-    };
-    let (provider, model) =
-        parsed.ok_or_else(|| err(var, format!("cannot tell the provider of `{value}`; write it as PROVIDER:MODEL, e.g. ollama:{value}")))?;
-    if model.is_empty() {
-        return Err(err(var, format!("`{value}` names no model")));
-    }
-    let kind = ProviderKind::from_key(&provider)
-        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported; supported: ollama, openai, google_genai, anthropic")))?;
-    Ok(ModelChoice { provider: kind, model })
-}
-
 /// Where one provider call goes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderTarget {
@@ -208,7 +67,7 @@ pub struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Self {
-        Tuning { temperature: crate::llm::TEMPERATURE, max_tokens: crate::llm::MAX_OUTPUT_TOKENS }
+        Tuning { temperature: crate::vocab::TEMPERATURE, max_tokens: crate::vocab::MAX_OUTPUT_TOKENS }
     }
 }
 
@@ -224,15 +83,6 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy { max_attempts: 3, base: Duration::from_secs(1), max_backoff: Duration::from_secs(30) }
-    }
-}
-
-/// A provider-facing URL from configuration: absolute http(s), stored without a trailing `/`.
-pub fn parse_base_url(var: &str, value: &str) -> Result<String, ConfigError> {
-    let v = value.trim().trim_end_matches('/');
-    match reqwest::Url::parse(v) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => Ok(v.to_owned()),
-        _ => Err(err(var, format!("`{}` is not an http(s) URL", crate::redact::redact_url(value)))),
     }
 }
 

@@ -7,12 +7,11 @@ use serde_json::Value as Json;
 
 use crate::defs::*;
 use crate::diag::Pos;
-use crate::llm::OutputSpec;
 use crate::structured::FlatSchema;
+use crate::vocab::{DEFAULT_TOOL_TIMEOUT_MS, MAX_TOOL_TIMEOUT_MS, OutputSpec, ProviderKind, choose_model, parse_base_url};
 use crate::yaml::{self, Ctx, Node, Value};
 
 pub const DEFAULT_MAX_LOOP_STEPS: u32 = 8;
-pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
 
 fn reference(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Ref> {
@@ -62,18 +61,18 @@ fn check_profile_routing(
         ctx.error(at, "routing moves as one unit: a profile that sets provider, base_url or api_key_env must also set model");
     }
     match (provider, model) {
-        (Some((p, pos)), _) if crate::llm::model::ProviderKind::from_key(p).is_none() => {
+        (Some((p, pos)), _) if ProviderKind::from_key(p).is_none() => {
             ctx.error(*pos, format!("provider `{p}` is not supported; supported: ollama, openai, google_genai, anthropic"));
         }
         (None, Some((m, pos))) => {
-            if let Err(e) = crate::llm::model::choose_model("model", m) {
+            if let Err(e) = choose_model("model", m) {
                 ctx.error(*pos, format!("`model` {}", e.message));
             }
         }
         _ => {}
     }
     if let Some((u, pos)) = base_url
-        && let Err(e) = crate::llm::model::parse_base_url("base_url", u)
+        && let Err(e) = parse_base_url("base_url", u)
     {
         ctx.error(*pos, format!("`base_url` {}", e.message));
     }
@@ -139,7 +138,7 @@ fn invoke(ctx: &mut Ctx<'_>, node: &Node) -> Option<Invoke> {
             None => None,
         },
     };
-    let timeout_ms = f.get("timeout_ms").map_or(Some(DEFAULT_TOOL_TIMEOUT_MS), |n| ctx.uint(n, "`invoke.timeout_ms`", 1, 600_000));
+    let timeout_ms = f.get("timeout_ms").map_or(Some(DEFAULT_TOOL_TIMEOUT_MS), |n| ctx.uint(n, "`invoke.timeout_ms`", 1, MAX_TOOL_TIMEOUT_MS));
     let max_bytes = f.get("max_response_bytes").map_or(Some(DEFAULT_MAX_RESPONSE_BYTES), |n| ctx.uint(n, "`invoke.max_response_bytes`", 1, 64 * 1024 * 1024));
     let query_param = f.get("query_param").map_or(Some("q".to_owned()), |n| ctx.ident(n, "`invoke.query_param`"));
     f.finish(ctx);

@@ -15,10 +15,10 @@ pub mod decode;
 
 use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics, Pos};
-use crate::llm::OutputSpec;
 use crate::prompt::{self, PromptPack};
 use crate::source::{Layers, SourceFile, read_layers};
 use crate::structured::FieldType;
+use crate::vocab::OutputSpec;
 use crate::yaml::{self, Ctx};
 
 /// A definition, or where it was and why it could not be decoded.

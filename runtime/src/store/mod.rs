@@ -25,8 +25,6 @@ use serde_json::Value;
 use crate::exec::{JournalBatch, JournalEntry, RunJournal};
 use crate::failure::BoxFuture;
 
-pub use crate::llm::model::DEFAULT_DATABASE_URL;
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// The URL names no store this runtime has, or cannot be parsed.

@@ -1,0 +1,205 @@
+//! The vocabulary the catalogue and the model port share, so that neither imports the other:
+//! what a call must return ([`OutputSpec`]), the providers with a backend ([`ProviderKind`]),
+//! model strings read as LangChain reads them, base URLs, the fixed parity constants of every
+//! model call, the tool limits, and [`ConfigError`] (what a bad setting or profile value says).
+//!
+//! A leaf: it imports only other leaves ([`crate::structured`], [`crate::decision`],
+//! [`crate::redact`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::structured::FlatSchema;
+
+/// Sampling temperature of every model call (fixed, as in the Python runtime).
+pub const TEMPERATURE: f64 = 0.1;
+/// Output token limit of every model call (fixed).
+pub const MAX_OUTPUT_TOKENS: u32 = 4096;
+/// Time limit of one model-call attempt (fixed).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long a tool call may take by default: an HTTP tool's `invoke.timeout_ms` and an
+/// in-process tool's `FABRIC_TOOL_TIMEOUT_MS` alike, since the decision loop treats both kinds
+/// of tool alike.
+pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
+/// The longest tool timeout accepted, of either kind.
+pub const MAX_TOOL_TIMEOUT_MS: u64 = 600_000;
+
+/// A value that cannot be used: the variable (or model-profile field) it came from and what is
+/// wrong with it. Configuration ([`crate::config`]) and the catalogue loader both report it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{var}: {message}")]
+pub struct ConfigError {
+    pub var: String,
+    pub message: String,
+}
+
+/// A [`ConfigError`] for `var`.
+pub(crate) fn err(var: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError { var: var.to_owned(), message: message.into() }
+}
+
+/// What a model-calling stage makes of its capability's `output_schema`.
+#[derive(Debug, Clone)]
+pub enum OutputSpec {
+    /// No schema: a plain text call.
+    Text,
+    /// A flat schema: native structured output, validated with parity.
+    Bindable(Arc<FlatSchema>),
+    /// A schema that cannot be bound (nested, empty ...): a plain text call, warned at load.
+    Unbindable { why: String },
+    /// The Mode 1 decision node: an `AgentDecision` over the route's tools.
+    Decision(Arc<crate::decision::DecisionSpec>),
+}
+
+impl OutputSpec {
+    /// What a stage makes of a capability's `output_schema`: native structured output when the
+    /// schema is bindable, a plain text call otherwise (`fabric validate` takes the same path).
+    pub fn from_schema(schema: &serde_json::Value) -> OutputSpec {
+        match FlatSchema::from_json(schema) {
+            Ok(flat) => OutputSpec::Bindable(Arc::new(flat)),
+            Err(why) => OutputSpec::Unbindable { why },
+        }
+    }
+}
+
+/// The providers with a backend. Others parse (as LangChain would) but are refused by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    Ollama,
+    OpenAi,
+    Gemini,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn key(self) -> &'static str {
+        match self {
+            ProviderKind::Ollama => "ollama",
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Gemini => "google_genai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn from_key(key: &str) -> Option<ProviderKind> {
+        match key {
+            "ollama" => Some(ProviderKind::Ollama),
+            "openai" => Some(ProviderKind::OpenAi),
+            "google_genai" => Some(ProviderKind::Gemini),
+            "anthropic" => Some(ProviderKind::Anthropic),
+            _ => None,
+        }
+    }
+
+    /// The OpenTelemetry `gen_ai.provider.name` value.
+    pub fn otel_name(self) -> &'static str {
+        match self {
+            ProviderKind::Ollama => "ollama",
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Gemini => "gcp.gemini",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// LangChain's provider keys (`init_chat_model`), used to decide whether a prefix is a provider.
+const LANGCHAIN_PROVIDERS: &[&str] = &[
+    "anthropic",
+    "anthropic_bedrock",
+    "azure_ai",
+    "azure_openai",
+    "baseten",
+    "bedrock",
+    "bedrock_converse",
+    "bedrock_mantle_anthropic",
+    "bedrock_mantle_openai",
+    "cohere",
+    "deepseek",
+    "fireworks",
+    "google_anthropic_vertex",
+    "google_genai",
+    "google_vertexai",
+    "groq",
+    "huggingface",
+    "ibm",
+    "langsmith",
+    "litellm",
+    "meta",
+    "mistralai",
+    "nvidia",
+    "ollama",
+    "openai",
+    "openrouter",
+    "perplexity",
+    "together",
+    "upstage",
+    "xai",
+];
+
+/// LangChain's provider inference from a bare model name: the first row whose prefix the
+/// lower-cased name starts with wins.
+const INFERENCE: &[(&[&str], &str)] = &[
+    (&["gpt-", "o1", "o3", "chatgpt", "text-davinci"], "openai"),
+    (&["claude"], "anthropic"),
+    (&["command"], "cohere"),
+    (&["accounts/fireworks"], "fireworks"),
+    (&["gemini"], "google_vertexai"),
+    (&["amazon.", "anthropic.", "meta."], "bedrock"),
+    (&["mistral", "mixtral"], "mistralai"),
+    (&["deepseek"], "deepseek"),
+    (&["grok"], "xai"),
+    (&["sonar"], "perplexity"),
+    (&["solar"], "upstage"),
+];
+
+/// Parses a model string exactly as LangChain's `init_chat_model` does: split at the first `:`
+/// only when the prefix is a provider key, else infer the provider from the model name.
+/// Returns `(provider, model)`, or `None` when no provider can be inferred.
+pub fn parse_model_string(s: &str) -> Option<(String, String)> {
+    if let Some((prefix, rest)) = s.split_once(':')
+        && LANGCHAIN_PROVIDERS.contains(&prefix)
+    {
+        return Some((prefix.to_owned(), rest.to_owned()));
+    }
+    let lower = s.to_lowercase();
+    let (_, provider) = INFERENCE.iter().find(|(prefixes, _)| prefixes.iter().any(|p| lower.starts_with(p)))?;
+    Some(((*provider).to_owned(), s.to_owned()))
+}
+
+/// Where the model comes from, and the provider it resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelChoice {
+    pub provider: ProviderKind,
+    pub model: String,
+}
+
+/// Resolves `OLLAMA_MODEL` (bare names mean Ollama) or `FABRIC_LLM_MODEL`.
+pub fn choose_model(var: &str, value: &str) -> Result<ModelChoice, ConfigError> {
+    let value = value.trim();
+    let parsed = if var == "OLLAMA_MODEL" {
+        match value.split_once(':') {
+            Some((prefix, _)) if LANGCHAIN_PROVIDERS.contains(&prefix) => parse_model_string(value),
+            _ => Some(("ollama".to_owned(), value.to_owned())),
+        }
+    } else {
+        parse_model_string(value)
+    };
+    let (provider, model) =
+        parsed.ok_or_else(|| err(var, format!("cannot tell the provider of `{value}`; write it as PROVIDER:MODEL, e.g. ollama:{value}")))?;
+    if model.is_empty() {
+        return Err(err(var, format!("`{value}` names no model")));
+    }
+    let kind = ProviderKind::from_key(&provider)
+        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported; supported: ollama, openai, google_genai, anthropic")))?;
+    Ok(ModelChoice { provider: kind, model })
+}
+
+/// A provider-facing URL from configuration: absolute http(s), stored without a trailing `/`.
+pub fn parse_base_url(var: &str, value: &str) -> Result<String, ConfigError> {
+    let v = value.trim().trim_end_matches('/');
+    match reqwest::Url::parse(v) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => Ok(v.to_owned()),
+        _ => Err(err(var, format!("`{}` is not an http(s) URL", crate::redact::redact_url(value)))),
+    }
+}
