@@ -1,5 +1,6 @@
-//! Architecture invariants of `runtime/src`, checked on the source: modules import each other in
-//! one direction (data-flow order), the library does no process work, every module has a header.
+//! Architecture invariants of `runtime/src`, checked on the source: the library's modules, and
+//! the binary's, import each other in one direction (data-flow order), the library does no
+//! process work, every module has a header.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,21 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime", &["cancel", "diag", "failure", "events", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // The service: HTTP over the facade.
     ("api", &["cancel", "failure", "events", "svg", "catalogue", "exec", "store", "runtime"]),
+];
+
+/// The modules of the `fabric` binary (`runtime/src/bin/fabric/`), in the same way: printing
+/// below the commands, the commands below the argument parser, `main` at the bottom.
+const BIN_LAYERS: &[(&str, &[&str])] = &[
+    // Nothing of the binary.
+    ("term", &[]),
+    ("toolserver", &[]),
+    ("bench", &[]),
+    // The terminal view of a run, and the service: they print through `term`.
+    ("progress", &["term"]),
+    ("serve", &["term"]),
+    // Arguments, dispatch, exit codes.
+    ("cli", &["term", "progress", "bench", "serve", "toolserver"]),
+    ("main", &["cli"]),
 ];
 
 /// The catalogue's modules, and the model port's: neither side may import the other.
@@ -167,6 +183,27 @@ fn modules_import_in_data_flow_order() {
 }
 
 #[test]
+fn the_binary_imports_in_one_direction() {
+    let bin = repo().join("runtime/src/bin/fabric");
+    let mut found = imports(&bin, |rel| Some(top_module(rel)));
+    // The crate root names its modules without `crate::` (`cli::main()`).
+    let main = std::fs::read_to_string(bin.join("main.rs")).unwrap();
+    let declared: Vec<&str> = main.lines().filter_map(|l| l.strip_prefix("mod ")).map(|m| m.trim_end_matches(';')).collect();
+    for (n, line) in code_lines(&main).enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        for m in &declared {
+            let named =
+                code.match_indices(&format!("{m}::")).any(|(i, _)| i == 0 || !code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':'));
+            if named {
+                found.push(("main".into(), "main.rs".into(), n + 1, (*m).to_owned(), line.trim().to_owned()));
+            }
+        }
+    }
+    let files: Vec<String> = rust_files(&bin).iter().map(|f| top_module(f.strip_prefix(&bin).unwrap())).collect();
+    check_layers(BIN_LAYERS, "runtime/src/bin/fabric", &found, &files);
+}
+
+#[test]
 fn the_catalogue_and_the_model_port_know_nothing_of_each_other() {
     for (module, allowed) in LAYERS {
         let other = if CATALOGUE.contains(module) {
@@ -211,9 +248,11 @@ fn the_library_does_no_process_work() {
     assert!(offences.is_empty(), "process work in the library:\n{}", offences.join("\n"));
 }
 
+/// The library's modules and the binary's (`runtime/src/bin/` is below `runtime/src`).
 #[test]
 fn every_module_has_a_header() {
-    let missing: Vec<PathBuf> =
-        rust_files(&repo().join("runtime/src")).into_iter().filter(|p| !std::fs::read_to_string(p).unwrap().starts_with("//!")).collect();
+    let files = rust_files(&repo().join("runtime/src"));
+    assert!(files.iter().any(|f| f.ends_with("bin/fabric/main.rs")), "the binary's modules are checked too");
+    let missing: Vec<PathBuf> = files.into_iter().filter(|p| !std::fs::read_to_string(p).unwrap().starts_with("//!")).collect();
     assert!(missing.is_empty(), "modules without a //! header: {missing:?}");
 }

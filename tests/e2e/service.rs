@@ -35,6 +35,12 @@ pub(crate) async fn app(fleet: Option<&str>, config: ApiConfig) -> (axum::Router
 
 /// The app over a store of the caller's (a wrapper that watches what is asked, say).
 pub(crate) fn app_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str>, config: ApiConfig) -> (axum::Router, tempfile::TempDir) {
+    let (state, stub) = state_on(store, fleet, config);
+    (router(state), stub)
+}
+
+/// The service's state over a store of the caller's.
+fn state_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str>, config: ApiConfig) -> (AppState, tempfile::TempDir) {
     let mut vars = vec![("FABRIC_LLM_STUB", "1".to_owned())];
     if let Some(f) = fleet {
         vars.push(("FABRIC_FLEET", f.to_owned()));
@@ -49,7 +55,29 @@ pub(crate) fn app_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str
         .store(store)
         .build()
         .unwrap();
-    (router(AppState::new(Arc::new(runtime), config)), stub)
+    (AppState::new(Arc::new(runtime), config), stub)
+}
+
+/// `api::serve` as mini-redis's server is tested: a listener on port 0 and a shutdown future of
+/// the test's, no process and no signal.
+#[tokio::test]
+async fn api_serve_answers_until_its_shutdown_future_resolves() {
+    let config = authed(ApiConfig { shutdown_grace: Duration::from_millis(200), ..ApiConfig::default() });
+    let (state, _stub) = state_on(fabric::store::open("sqlite::memory:").await.unwrap(), None, config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(fabric::api::serve(listener, state, async move {
+        let _ = stop_rx.await;
+    }));
+    let client = reqwest::Client::new();
+    let health = client.get(format!("http://{addr}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let routes = client.get(format!("http://{addr}/v1/routes")).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(routes.status(), 200);
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server stops after its grace period").unwrap();
+    assert!(client.get(format!("http://{addr}/healthz")).send().await.is_err(), "nothing listens any more");
 }
 
 pub(crate) fn authed(config: ApiConfig) -> ApiConfig {

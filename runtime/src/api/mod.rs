@@ -2,6 +2,7 @@
 //! routes, health, metrics and the OpenAPI document, over the [`Runtime`] facade.
 //!
 //! [`router`] builds the whole app from an [`AppState`], so tests drive it without a socket;
+//! [`serve`] serves it on a listener until a shutdown future resolves, and drains;
 //! every error is one JSON shape, `{"error": {"code", "message", "problems"?}}`, made in one
 //! place ([`ApiError`]). The service decides nothing about runs: it parses requests, asks the
 //! runtime, and answers.
@@ -12,6 +13,7 @@ mod inspect;
 mod live;
 pub mod metrics;
 pub mod openapi;
+mod server;
 mod ui;
 
 use std::convert::Infallible;
@@ -36,6 +38,7 @@ use body::{JsonBody, PathText, RunIdPath, echo_id, no_run};
 pub use inspect::{RunRecord, UpdatesParams};
 pub use live::{Live, LiveEvent, LiveRun};
 pub use metrics::Metrics;
+pub use server::serve;
 
 use crate::cancel::Cancel;
 use crate::catalogue::{RouteEntry, RouteLookupError};
@@ -72,6 +75,8 @@ pub struct ApiConfig {
     pub max_run_streams: usize,
     /// Run event streams open at once, all runs together; past it, 429 `too_many_streams`.
     pub max_event_streams: usize,
+    /// How long [`serve`]'s shutdown lets the runs in flight finish before it hands them over.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ApiConfig {
@@ -91,6 +96,7 @@ impl Default for ApiConfig {
             body_timeout: Duration::from_secs(10),
             max_run_streams: 32,
             max_event_streams: 4096,
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }

@@ -20,6 +20,7 @@ use fabric::runtime::{Runtime, StartRequest, Validation};
 use fabric::store::{RunFilter, RunId, RunStore, StoredStatus};
 
 use crate::progress::Progress;
+use crate::term::{print_out, say};
 
 const EXIT_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -221,18 +222,6 @@ enum Format {
 /// Results or events could not be written (closed pipe, full disk): the record is incomplete.
 const EXIT_IO: u8 = 4;
 
-/// Writes a line to stderr; a closed or full stderr is ignored (there is nowhere left to say it).
-pub fn say(line: impl std::fmt::Display) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
-}
-
-/// Writes to stdout and flushes; a failure (closed pipe, full disk) is returned, never a panic.
-fn print_out(text: &str) -> std::io::Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()
-}
-
 fn usage(msg: impl std::fmt::Display) -> ExitCode {
     say(format_args!("fabric: {msg}"));
     ExitCode::from(EXIT_USAGE)
@@ -361,7 +350,9 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Run { route, goal, prefetch, events_out, store } => {
             run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref(), store.as_deref()).await
         }
-        Command::Serve { listen, no_auth } => crate::serve::serve(&cli, listen.as_deref(), *no_auth).await,
+        Command::Serve { listen, no_auth } => {
+            crate::serve::serve(listen.as_deref(), *no_auth, |settings, store| build_runtime(&cli, settings, Some(store))).await
+        }
         Command::Runs { store, action } => runs_cmd(&cli, store.as_deref(), action).await,
         Command::Completions { shell } => {
             let mut out = Vec::new();
@@ -480,7 +471,7 @@ fn validate_cmd(schema_path: &Path, reply: Option<&str>) -> std::io::Result<Exit
 
 /// The runtime of `run`, `doctor` and `serve`: the CLI's directories, the built-in `add` tool,
 /// and the run store when one is given.
-pub fn build_runtime(cli: &Cli, settings: Settings, store: Option<Arc<dyn RunStore>>) -> Result<Runtime, fabric::runtime::BuildError> {
+fn build_runtime(cli: &Cli, settings: Settings, store: Option<Arc<dyn RunStore>>) -> Result<Runtime, fabric::runtime::BuildError> {
     let mut builder = Runtime::builder().settings(settings).catalogue_dirs(&cli.catalogue, &cli.prompt_packs).tool("add", fabric::tools::builtin_add());
     if let Some(dir) = &cli.stub_dir {
         builder = builder.stub_dir(dir);

@@ -6,6 +6,7 @@ mod bench;
 mod cli;
 mod progress;
 mod serve;
+mod term;
 mod toolserver;
 
 /// mimalloc rather than the system allocator: a run allocates many small, short-lived strings

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use fabric::events::{Event, EventKind, EventSink};
 
-use crate::cli::say;
+use crate::term::say;
 
 /// Live progress on a terminal: one line per stage, with model-call timings.
 #[derive(Default)]

@@ -1,15 +1,20 @@
 //! `fabric serve`: the HTTP API over the runtime facade, with the run store, structured logs,
 //! a bearer token, and a graceful shutdown on SIGTERM/SIGINT/SIGHUP.
+//!
+//! The checks of the settings, the logs and the signals are here; serving, the drain and the
+//! handover are the library's ([`fabric::api::serve`]), which this turns the first signal into
+//! the shutdown of (a second one exits at once).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
-use fabric::api::{ApiConfig, AppState, router};
+use fabric::api::{ApiConfig, AppState};
 use fabric::config::Settings;
+use fabric::runtime::{BuildError, Runtime};
+use fabric::store::RunStore;
 
-use crate::cli::{Cli, build_runtime, say};
+use crate::term::say;
 
 /// Installs the log subscriber: `FABRIC_LOG` filters, `FABRIC_LOG_FORMAT` picks JSON or text.
 fn init_logs(settings: &Settings) -> Result<(), String> {
@@ -22,7 +27,12 @@ fn init_logs(settings: &Settings) -> Result<(), String> {
     installed.map_err(|e| format!("cannot install the log subscriber: {e}"))
 }
 
-pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::Result<ExitCode> {
+/// Serves until a signal; `build` makes the runtime over the settings and the opened store.
+pub async fn serve(
+    listen: Option<&str>,
+    no_auth: bool,
+    build: impl FnOnce(Settings, Arc<dyn RunStore>) -> Result<Runtime, BuildError>,
+) -> std::io::Result<ExitCode> {
     let fail = |msg: String| {
         say(format_args!("fabric serve: {msg}"));
         Ok(ExitCode::from(2))
@@ -81,10 +91,10 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         max_queued: settings.service.max_queued_runs,
         claim_poll: settings.service.claim_poll,
         body_timeout: settings.service.body_timeout,
+        shutdown_grace: settings.service.shutdown_grace,
         ..ApiConfig::default()
     };
-    let grace = settings.service.shutdown_grace;
-    let runtime = match build_runtime(cli, settings, Some(store)) {
+    let runtime = match build(settings, store) {
         Ok(r) => Arc::new(r),
         Err(e) => return fail(e.to_string()),
     };
@@ -113,12 +123,8 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
         writeln!(out, "http://{local}")?;
         out.flush()?;
     }
-    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel();
-    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let drain_state = state.clone();
     let shutdown = async move {
         let signal = signals.next().await;
-        let _ = stopping_tx.send(());
         if signal == "SIGHUP" {
             // A terminal closing, or an operator used to `kill -HUP` meaning "reload": either way
             // the runs in flight are drained and handed over rather than cut off. No reload yet.
@@ -136,80 +142,14 @@ pub async fn serve(cli: &Cli, listen: Option<&str>, no_auth: bool) -> std::io::R
                 _ => 143,
             });
         });
-        tokio::spawn(async move {
-            let handed = drain_state.drain(grace).await;
-            if handed > 0 {
-                tracing::warn!(
-                    runs = handed,
-                    "runs still executing at the end of the grace period are handed over: another replica (or the next start) continues them from their journal"
-                );
-            }
-            let _ = drained_tx.send(());
-        });
     };
-    // A client that never finishes its request must not keep a stopping server alive: past the
-    // grace period and the interrupted runs' last commits, the server stops regardless.
-    let deadline = async move {
-        if stopping_rx.await.is_ok() {
-            tokio::time::sleep(grace + Duration::from_secs(15)).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    let connections = accept_until(listener, router(state), shutdown).await;
-    tokio::select! {
-        _ = connections.shutdown() => {}
-        _ = deadline => tracing::warn!("connections still open at the shutdown deadline were closed"),
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(15), drained_rx).await;
-    tracing::info!("stopped");
+    fabric::api::serve(listener, state, shutdown).await;
     Ok(ExitCode::SUCCESS)
 }
 
 /// The shortest `FABRIC_API_TOKEN` accepted on an address that is not loopback (32 characters:
 /// 128 bits and more from hex or base64, beyond guessing over the network).
 const MIN_TOKEN_CHARS: usize = 32;
-
-/// How long a client may take to send a request's headers: past it the connection is closed
-/// (a slow client holding sockets open, slowloris). axum::serve has no such timeout.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Serves HTTP/1.1 connections until `stop` resolves; the connections still open are returned,
-/// to be shut down gracefully (each finishes its request in flight).
-async fn accept_until(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    stop: impl std::future::Future<Output = ()>,
-) -> hyper_util::server::graceful::GracefulShutdown {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    let connections = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors, mostly: wait a little rather than spin.
-                    tracing::warn!(error = %e, "accepting a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = &mut stop => return connections,
-        };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
-            .serve_connection(TokioIo::new(stream), service);
-        let connection = connections.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection");
-            }
-        });
-    }
-}
 
 /// The signals that stop the server: SIGTERM, SIGINT and SIGHUP. SIGHUP's default action would
 /// kill the process at once (nothing logged, leases held until they expire), so it is caught and
