@@ -96,7 +96,7 @@ fn runner(latency: Duration, tool_url: Option<String>) -> Result<Runtime, String
 /// Options of `fabric bench`.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
-    pub scenarios: Vec<String>,
+    pub scenarios: Vec<Scenario>,
     /// Runs of the sequential scenarios (A, B, B-http).
     pub runs: usize,
     pub warmup: usize,
@@ -130,7 +130,52 @@ fn sink(opts: &BenchOptions) -> Arc<dyn fabric::events::EventSink> {
     if opts.events { Arc::new(fabric::events::JsonLinesSink::new(Box::new(std::io::sink()))) } else { Arc::new(NullSink) }
 }
 
-pub const SCENARIOS: &[&str] = &["A", "A2", "B", "B-http", "C", "C2", "H", "R", "S"];
+pub const SCENARIOS: &[Scenario] = &[Scenario::A, Scenario::A2, Scenario::B, Scenario::BHttp, Scenario::C, Scenario::C2, Scenario::H, Scenario::R, Scenario::S];
+
+/// A scenario of BENCH.md, spelled as `--scenario` takes it and as the JSON results name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    #[value(name = "A")]
+    A,
+    #[value(name = "A2")]
+    A2,
+    #[value(name = "B")]
+    B,
+    #[value(name = "B-http")]
+    BHttp,
+    #[value(name = "C")]
+    C,
+    #[value(name = "C2")]
+    C2,
+    #[value(name = "H")]
+    H,
+    #[value(name = "R")]
+    R,
+    #[value(name = "S")]
+    S,
+}
+
+impl Scenario {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scenario::A => "A",
+            Scenario::A2 => "A2",
+            Scenario::B => "B",
+            Scenario::BHttp => "B-http",
+            Scenario::C => "C",
+            Scenario::C2 => "C2",
+            Scenario::H => "H",
+            Scenario::R => "R",
+            Scenario::S => "S",
+        }
+    }
+}
+
+impl std::fmt::Display for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
 
 /// The CPU time the process has used, in ns: every thread's, those that ended included (a sum over
 /// the live threads went backwards when a previous scenario's store threads ended mid-measurement).
@@ -699,7 +744,7 @@ fn table_line(v: &Value) -> String {
 
 /// Runs the chosen scenarios; each result is printed as it completes.
 /// The scenarios `--instructions` counts by default.
-pub const INSTRUCTION_SCENARIOS: &[&str] = &["A", "B", "B-http"];
+pub const INSTRUCTION_SCENARIOS: &[Scenario] = &[Scenario::A, Scenario::B, Scenario::BHttp];
 
 /// `fabric bench --instructions`: each scenario under `valgrind --tool=callgrind` at `runs / 2`
 /// and `runs` runs (same warm-up); the difference in instructions divided by the difference in
@@ -712,9 +757,9 @@ pub async fn instructions(opts: BenchOptions, exe: &Path) -> Result<(), String> 
         return Err("--instructions needs --runs of at least 2".into());
     }
     let (low, high) = (opts.runs / 2, opts.runs);
-    let mut per_run: Vec<(String, f64)> = Vec::new();
-    for scenario in &opts.scenarios {
-        if !matches!(scenario.as_str(), "A" | "A2" | "B" | "B-http") {
+    let mut per_run: Vec<(&str, f64)> = Vec::new();
+    for &scenario in &opts.scenarios {
+        if !matches!(scenario, Scenario::A | Scenario::A2 | Scenario::B | Scenario::BHttp) {
             return Err(format!("--instructions counts the sequential scenarios A, A2, B and B-http, not `{scenario}`"));
         }
         let mut counts = Vec::new();
@@ -722,16 +767,16 @@ pub async fn instructions(opts: BenchOptions, exe: &Path) -> Result<(), String> 
             counts.push(callgrind(exe, scenario, runs, &opts).await?);
         }
         let marginal = (counts[1] as f64 - counts[0] as f64) / (high - low) as f64;
-        per_run.push((scenario.clone(), marginal));
+        per_run.push((scenario.as_str(), marginal));
         let r = json!({
-            "scenario": scenario, "measure": "instructions", "tool": "valgrind --tool=callgrind",
+            "scenario": scenario.as_str(), "measure": "instructions", "tool": "valgrind --tool=callgrind",
             "runs": [low, high], "instructions": counts, "instructions_per_run": marginal.round(),
             "events": if opts.events { "json" } else { "none" }, "meta": meta(),
         });
         writeln!(std::io::stdout(), "{r}").map_err(|e| format!("cannot write the results: {e}"))?;
         let _ = writeln!(std::io::stderr(), "{scenario:<8} {:>10.0} instructions per run ({low} → {high} runs)", marginal);
     }
-    let find = |name: &str| per_run.iter().find(|(s, _)| s == name).map(|(_, v)| *v);
+    let find = |name: &str| per_run.iter().find(|(s, _)| *s == name).map(|(_, v)| *v);
     if let (Some(b), Some(http)) = (find("B"), find("B-http")) {
         let call = (http - b) / 2.0;
         let r = json!({"scenario": "B-http-call", "measure": "instructions", "instructions_per_call": call.round(), "meta": meta()});
@@ -742,11 +787,11 @@ pub async fn instructions(opts: BenchOptions, exe: &Path) -> Result<(), String> 
 }
 
 /// The instructions `fabric bench --scenario S --runs N` executes under callgrind.
-async fn callgrind(exe: &Path, scenario: &str, runs: usize, opts: &BenchOptions) -> Result<u64, String> {
+async fn callgrind(exe: &Path, scenario: Scenario, runs: usize, opts: &BenchOptions) -> Result<u64, String> {
     let out_file = std::env::temp_dir().join(format!("fabric-callgrind-{}-{scenario}-{runs}.out", std::process::id()));
     let mut cmd = tokio::process::Command::new("valgrind");
     cmd.arg("--tool=callgrind").arg(format!("--callgrind-out-file={}", out_file.display())).arg(exe);
-    cmd.args(["bench", "--untimed", "--scenario", scenario, "--runs", &runs.to_string(), "--warmup", &opts.warmup.min(100).to_string()]);
+    cmd.args(["bench", "--untimed", "--scenario", scenario.as_str(), "--runs", &runs.to_string(), "--warmup", &opts.warmup.min(100).to_string()]);
     if opts.events {
         cmd.arg("--events");
     }
@@ -782,15 +827,15 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
     if cfg!(debug_assertions) {
         let _ = writeln!(std::io::stderr(), "fabric bench: this is a debug build; figures are only meaningful with --release");
     }
-    let needs_server = opts.scenarios.iter().any(|s| s == "B-http" || s == "C");
+    let needs_server = opts.scenarios.iter().any(|s| matches!(s, Scenario::BHttp | Scenario::C));
     let server = if needs_server { Some(ToolServer::start(exe).await?) } else { None };
     let url = server.as_ref().map(|s| s.url.clone());
     for scenario in &opts.scenarios {
-        let results: Vec<Value> = match scenario.as_str() {
-            "A" => vec![sequential("A", "staged", 3.0, &opts, None).await?],
-            "B" => vec![sequential("B", "loop", 5.0, &opts, None).await?],
-            "B-http" => vec![sequential("B-http", "loop-http", 5.0, &opts, url.clone()).await?],
-            "C" => {
+        let results: Vec<Value> = match scenario {
+            Scenario::A => vec![sequential("A", "staged", 3.0, &opts, None).await?],
+            Scenario::B => vec![sequential("B", "loop", 5.0, &opts, None).await?],
+            Scenario::BHttp => vec![sequential("B-http", "loop-http", 5.0, &opts, url.clone()).await?],
+            Scenario::C => {
                 let mut out = Vec::new();
                 for &c in &opts.concurrency {
                     let tool = if opts.no_tool { None } else { url.clone() };
@@ -806,25 +851,26 @@ pub async fn run(opts: BenchOptions, exe: &Path) -> Result<(), String> {
                 }
                 out
             }
-            "H" => vec![catalogue_load(opts.routes)],
-            "A2" => vec![journalled(&opts).await?],
-            "C2" => {
+            Scenario::H => vec![catalogue_load(opts.routes)],
+            Scenario::A2 => vec![journalled(&opts).await?],
+            Scenario::C2 => {
                 let mut out = Vec::new();
                 for &c in &opts.concurrency {
                     out.push(concurrent_journalled(c, opts.latency_ms.unwrap_or(50), &opts).await?);
                 }
                 out
             }
-            "R" if opts.journal.is_none() => vec![json!({"scenario": "R", "skipped": "scenario R needs --journal URL (the database the replicas share)"})],
-            "R" => {
+            Scenario::R if opts.journal.is_none() => {
+                vec![json!({"scenario": "R", "skipped": "scenario R needs --journal URL (the database the replicas share)"})]
+            }
+            Scenario::R => {
                 let mut out = Vec::new();
                 for &n in &opts.replicas {
                     out.push(replicated(exe, n, opts.runs, opts.latency_ms.unwrap_or(50), &opts).await?);
                 }
                 out
             }
-            "S" => vec![service(exe, opts.clients, opts.requests, opts.latency_ms.unwrap_or(50)).await?],
-            other => return Err(format!("unknown scenario `{other}`; known: {}", SCENARIOS.join(", "))),
+            Scenario::S => vec![service(exe, opts.clients, opts.requests, opts.latency_ms.unwrap_or(50)).await?],
         };
         for r in results {
             // A closed stdout ends the benchmark with an error, never a panic.

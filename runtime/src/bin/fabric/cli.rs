@@ -105,9 +105,9 @@ enum Command {
     },
     /// Run the BENCH.md scenarios with the seeded stub; JSON lines on stdout, a table on stderr.
     Bench {
-        /// Scenarios: A, A2, B, B-http, C, C2, H, R, S (repeat or comma-separate); all when absent.
-        #[arg(long, value_delimiter = ',')]
-        scenario: Vec<String>,
+        /// Scenarios (repeat or comma-separate); all when absent.
+        #[arg(long, value_delimiter = ',', value_enum)]
+        scenario: Vec<crate::bench::Scenario>,
         /// Runs of the sequential scenarios (A, B, B-http); default 20000, 2000 with --instructions.
         #[arg(long)]
         runs: Option<usize>,
@@ -179,8 +179,8 @@ enum RunsAction {
     List {
         #[arg(long)]
         route: Option<String>,
-        #[arg(long)]
-        status: Option<String>,
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
@@ -201,6 +201,29 @@ enum RunsAction {
         #[arg(long, value_name = "FILE|-")]
         events_out: Option<String>,
     },
+}
+
+/// A run status as `runs list --status` takes it (the store's spelling).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StatusArg {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+    #[value(name = "awaiting_input")]
+    AwaitingInput,
+}
+
+impl From<StatusArg> for StoredStatus {
+    fn from(status: StatusArg) -> StoredStatus {
+        match status {
+            StatusArg::Queued => StoredStatus::Queued,
+            StatusArg::Running => StoredStatus::Running,
+            StatusArg::Completed => StoredStatus::Completed,
+            StatusArg::Failed => StoredStatus::Failed,
+            StatusArg::AwaitingInput => StoredStatus::AwaitingInput,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -318,8 +341,8 @@ async fn dispatch(cli: Cli) -> ExitCode {
             instructions,
             untimed,
         } => {
-            let all: &[&str] = if *instructions { crate::bench::INSTRUCTION_SCENARIOS } else { crate::bench::SCENARIOS };
-            let scenarios = if scenario.is_empty() { all.iter().map(|s| s.to_string()).collect() } else { scenario.clone() };
+            let all = if *instructions { crate::bench::INSTRUCTION_SCENARIOS } else { crate::bench::SCENARIOS };
+            let scenarios = if scenario.is_empty() { all.to_vec() } else { scenario.clone() };
             let opts = crate::bench::BenchOptions {
                 scenarios,
                 runs: runs.unwrap_or(if *instructions { 2_000 } else { 20_000 }),
@@ -553,7 +576,7 @@ async fn runs_cmd(cli: &Cli, store: Option<&str>, action: &RunsAction) -> std::i
             Some(run_id) => runs_reply(cli, store, &run_id, message, events_out.as_deref()).await,
             None => Ok(no_run(run_id)),
         },
-        RunsAction::List { route, status, limit } => runs_list(store, route.clone(), status.as_deref(), *limit).await,
+        RunsAction::List { route, status, limit } => runs_list(store, route.clone(), *status, *limit).await,
         RunsAction::Show { run_id, events } => match RunId::parse(run_id) {
             Some(run_id) => runs_show(store, &run_id, *events).await,
             // Before the store is opened: an id that cannot be a run id needs no database.
@@ -562,17 +585,12 @@ async fn runs_cmd(cli: &Cli, store: Option<&str>, action: &RunsAction) -> std::i
     }
 }
 
-async fn runs_list(store: Option<&str>, route: Option<String>, status: Option<&str>, limit: u32) -> std::io::Result<ExitCode> {
+async fn runs_list(store: Option<&str>, route: Option<String>, status: Option<StatusArg>, limit: u32) -> std::io::Result<ExitCode> {
     let (_, store) = match settings_and_store(store).await {
         Ok(both) => both,
         Err(code) => return Ok(code),
     };
-    let status = match status.map(|s| (s, StoredStatus::parse(s))) {
-        None => None,
-        Some((_, Some(s))) => Some(s),
-        Some((s, None)) => return Ok(usage(format_args!("--status `{s}` is not one of running, completed, failed, awaiting_input"))),
-    };
-    let filter = RunFilter { route_id: route, status, before: None, limit };
+    let filter = RunFilter { route_id: route, status: status.map(StoredStatus::from), before: None, limit };
     let runs = match store.list_runs(&filter).await {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
