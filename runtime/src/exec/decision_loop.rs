@@ -61,9 +61,7 @@ impl Runner {
                 }
                 AgentDecision::Ask { question } => {
                     // Recovered after the user replied: the reply is in the journal; go on.
-                    if let Some(super::JournalEntry::UserReply { note, .. }) = state.replay_front() {
-                        let note = note.clone();
-                        state.replay_pop(run.events);
+                    if let Some(note) = state.source.user_reply(run.events) {
                         state.notes.push(note);
                         continue;
                     }
@@ -77,22 +75,17 @@ impl Runner {
                     };
                     let open = self.begin_stage(run, tool, state, run_cx);
                     // A recovered or replayed run takes the tool's recorded outcome.
-                    if let Some(super::JournalEntry::Note { note }) = state.replay_front() {
-                        let note = note.clone();
+                    if let Some(note) = state.source.tool_error_note() {
                         state.notes.push(note);
                         self.end_stage(run, open, Err(&StageFailure::new(ReasonClass::ToolFailed, "recorded")), state, false);
-                        // Popped after the stage's (muted) event: it was written before.
-                        state.replay_pop(run.events);
+                        // Taken after the stage's (muted) event: it was written before.
+                        state.source.advance(run.events);
                         continue;
                     }
-                    let outcome = match state.recorded_result(tool.id()) {
-                        Some(value) => Ok(value),
-                        None if state.strict_replay() => {
-                            let what = format!("tool `{}` is called where the journal has no result", tool.id());
-                            state.diverge(what.clone());
-                            Err(StageFailure::new(ReasonClass::ToolFailed, format!("replay: {what}")))
-                        }
-                        None => self.run_loop_tool(run, tool, &arguments, &open.cx).await,
+                    let outcome = match state.source.tool_result(tool.id(), ReasonClass::ToolFailed, || format!("tool `{}` is called", tool.id())) {
+                        Ok(Some(value)) => Ok(value),
+                        Ok(None) => self.run_loop_tool(run, tool, &arguments, &open.cx).await,
+                        Err(f) => Err(f),
                     };
                     match outcome {
                         Ok(text) => self.end_stage(run, open, Ok(text), state, true),

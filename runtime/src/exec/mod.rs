@@ -6,7 +6,13 @@
 //! no other I/O. Pattern 1 routes are driven by [`decision_loop`] with the same stage helpers.
 
 mod decision_loop;
+mod journal;
 pub mod message;
+mod source;
+
+pub use journal::{JournalBatch, JournalEntry, RunHistory, RunJournal};
+use source::ReplySource;
+
 /// The `execute_tool {tool}` span of one tool call, under its stage's span. `tool_type` is the
 /// GenAI convention's: `function` for an in-process tool, `extension` for an HTTP one.
 fn tool_span(cx: &Context, run_id: &str, tool: &str, tool_type: &'static str) -> Context {
@@ -35,13 +41,13 @@ use std::time::Duration;
 use indexmap::IndexMap;
 use opentelemetry::trace::SpanKind;
 use opentelemetry::{Context, KeyValue};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::cancel::Cancel;
 use crate::catalogue::{Catalogue, DEFAULT_TOOL_TIMEOUT_MS, RouteLookupError};
 use crate::defs::{CondOp, Condition, Invoke, LlmRole};
-use crate::events::{Event, EventKind, EventSink, RunEvents};
+use crate::events::{EventKind, EventSink, RunEvents};
 use crate::failure::{BoxFuture, ReasonClass};
 use crate::fields;
 use crate::hydrate::{NextStep, NodeKind, Route, RoutePath, StageNode};
@@ -97,66 +103,6 @@ pub struct RunResult {
     /// A replay's divergences from the journal (see [`Runner::replay`]).
     #[serde(skip)]
     pub divergences: Vec<String>,
-}
-
-/// One durable fact of a run, in the order it happened. A run's journal is the list of them;
-/// with the start contract it is enough to rebuild the run's state (notes, slots, turns).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "entry", rename_all = "snake_case")]
-pub enum JournalEntry {
-    /// A model call: what it was asked (system text, user message), its reply as received, and
-    /// the value the stage took from it (what a recovered or replayed run uses instead of asking).
-    ModelReply { stage_id: String, turn: u32, system: String, user: String, raw: String, value: String },
-    /// A stage that completed: its slot value and the note it added, if any.
-    StageCompleted { stage_id: String, value: String, note: Option<String> },
-    /// A note added without a completed stage (a failed tool call in the decision loop).
-    Note { note: String },
-    /// The user's reply to a run that asked, and the note the next decision sees.
-    UserReply { message: String, note: String },
-}
-
-/// What one commit writes: the events since the last one, the journal entries, and at the
-/// run's end (or when it asks) its result.
-#[derive(Debug, Clone, Default)]
-pub struct JournalBatch {
-    pub events: Vec<Event>,
-    pub entries: Vec<JournalEntry>,
-    pub end: Option<RunResult>,
-}
-
-/// Where a journalled run's record goes as it runs: one batch per completed stage (its events and
-/// entries together), and one at the end.
-///
-/// Contract: batches of a run are written in the order given. `append` queues a batch and
-/// returns once it is queued (it waits only while the writer's queue is full), so a stage does
-/// not wait for the disk; an error says an earlier write of the run failed (or its lease is
-/// lost), and the run stops there (`store_error`). `commit` queues the last batch and returns
-/// once every batch of the run is durable: a run is reported ended only when its record is.
-pub trait RunJournal: Send + Sync {
-    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
-    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
-}
-
-/// How to continue a run that asked the user: its history and the user's answer.
-#[derive(Debug, Clone)]
-pub struct Continuation {
-    pub run_id: String,
-    /// The journal so far, in order.
-    pub history: Vec<JournalEntry>,
-    /// The `seq` the next event gets (one past the last recorded).
-    pub next_seq: u64,
-    /// The user's reply.
-    pub reply: String,
-}
-
-/// How to recover a run whose process died: what its journal holds.
-#[derive(Debug, Clone)]
-pub struct Recovery {
-    pub run_id: String,
-    /// The journal so far, in order.
-    pub history: Vec<JournalEntry>,
-    /// The `seq` the next event gets (one past the last recorded).
-    pub next_seq: u64,
 }
 
 /// What a caller asks for.
@@ -239,8 +185,8 @@ struct RunState {
     stages_started: u32,
     /// Journal entries not yet committed (journalled runs only).
     pending: Vec<JournalEntry>,
-    /// A recovered or replayed run: what its journal says happened, not yet caught up with.
-    replay: Option<Replay>,
+    /// Where the run's replies and tool results come from (the model and tool ports, its journal).
+    source: ReplySource,
     /// Model calls per stage of this route: (route, stage, calls), as the result reports them.
     llm_calls: Vec<(Arc<str>, Arc<str>, u32)>,
     child_calls: Vec<(Arc<str>, Arc<str>, u32)>,
@@ -274,17 +220,6 @@ struct StageFailure {
     message: String,
     /// Extra data for the `run.failed` event (the last decisions of a loop that ran out).
     detail: Option<Value>,
-}
-
-/// The journal of a run being recovered (after its process died) or replayed (`fabric replay`):
-/// the executor walks the run again and takes recorded replies and results instead of asking
-/// for them, in order; events stay muted until the journal is used up. A strict replay makes no
-/// call at all and notes every divergence.
-#[derive(Debug, Default)]
-struct Replay {
-    entries: std::collections::VecDeque<JournalEntry>,
-    strict: bool,
-    divergences: Vec<String>,
 }
 
 /// What `fabric replay` found: every divergence, and the result of the replayed run.
@@ -334,48 +269,6 @@ impl RunState {
         RunState { slots: Slots::with_capacity_and_hasher(stages, Default::default()), visits: vec![0; stages], ..RunState::default() }
     }
 
-    /// The next journal entry a replay expects, if replaying.
-    fn replay_front(&self) -> Option<&JournalEntry> {
-        self.replay.as_ref().and_then(|r| r.entries.front())
-    }
-
-    /// Takes the front entry; once a recovery's journal is used up, the run goes on live.
-    fn replay_pop(&mut self, events: &RunEvents) -> Option<JournalEntry> {
-        let r = self.replay.as_mut()?;
-        let entry = r.entries.pop_front();
-        if r.entries.is_empty() && !r.strict {
-            self.replay = None;
-            events.set_muted(false);
-        }
-        entry
-    }
-
-    /// A recovery whose journal does not fit the path taken goes on live from here.
-    fn replay_abandon(&mut self, events: &RunEvents) {
-        if self.replay.as_ref().is_some_and(|r| !r.strict) {
-            self.replay = None;
-            events.set_muted(false);
-        }
-    }
-
-    fn diverge(&mut self, what: String) {
-        if let Some(r) = self.replay.as_mut().filter(|r| r.strict) {
-            r.divergences.push(what);
-        }
-    }
-
-    fn strict_replay(&self) -> bool {
-        self.replay.as_ref().is_some_and(|r| r.strict)
-    }
-
-    /// The recorded result of `stage` when the journal's next entry is its completion: a
-    /// recovered or replayed run does not call the tool (or start the child run) again.
-    fn recorded_result(&self, stage: &str) -> Option<String> {
-        match self.replay_front() {
-            Some(JournalEntry::StageCompleted { stage_id, value, .. }) if stage_id == stage => Some(value.clone()),
-            _ => None,
-        }
-    }
     /// The state a journal describes: notes, slots and the last output in order, model calls per
     /// stage, the decision loop's turns (the calls of its `decide` node).
     fn from_history(route_id: &Arc<str>, decide_id: &str, history: &[JournalEntry]) -> RunState {
@@ -552,17 +445,18 @@ impl Runner {
     ) -> Result<RunResult, StartError> {
         let route = self.route(&req.route_id)?.clone();
         let events = top_events(&run_id, &route, sink, 1, journal);
-        let run = Run::top(&route, &req, &events, &cancel, journal);
-        Ok(self.run_route(run, &Context::current(), RunState::for_route(&route), None).await)
+        let state = RunState::for_route(&route);
+        Ok(self.run_route(Run::top(&route, &req, &events, &cancel, journal), &Context::current(), state, None).await)
     }
 
     /// Continues a decision-loop run that asked the user: its state is rebuilt from `history`,
     /// the reply becomes a note (`user: <reply>`) the next decision sees, and the loop goes on
-    /// with the turns it had left. Events go on from `next_seq`.
+    /// with the turns it had left. Events go on from `history.next_seq`.
     pub async fn resume(
         &self,
         req: RunRequest,
-        cont: Continuation,
+        history: RunHistory,
+        reply: &str,
         sink: Arc<dyn EventSink>,
         cancel: Cancel,
         journal: Option<&dyn RunJournal>,
@@ -571,37 +465,32 @@ impl Runner {
         if route.path() != RoutePath::Pattern1 {
             return Err(StartError::NotResumable { route: route.id().to_owned() });
         }
-        let events = top_events(&cont.run_id, &route, sink, cont.next_seq, journal);
-        let mut state = RunState::from_history(route.shared_id(), route.entry_node().id(), &cont.history);
-        let note = message::compress_note(&format!("user: {}", cont.reply));
+        let events = top_events(&history.run_id, &route, sink, history.next_seq, journal);
+        let mut state = RunState::from_history(route.shared_id(), route.entry_node().id(), &history.entries);
+        let note = message::compress_note(&format!("user: {reply}"));
         state.notes.push(note.clone());
         if journal.is_some() {
-            state.pending.push(JournalEntry::UserReply { message: cont.reply.clone(), note });
+            state.pending.push(JournalEntry::UserReply { message: reply.to_owned(), note });
         }
-        let run = Run::top(&route, &req, &events, &cancel, journal);
-        Ok(self.run_route(run, &Context::current(), state, Some(&cont.reply)).await)
+        Ok(self.run_route(Run::top(&route, &req, &events, &cancel, journal), &Context::current(), state, Some(reply)).await)
     }
 
     /// Recovers a run whose process died: the executor walks it again from the start, taking
     /// every recorded reply and result from `history` instead of asking (events muted), then goes
-    /// on live from where the journal ends; its events go on from `next_seq`.
+    /// on live from where the journal ends; its events go on from `history.next_seq`.
     pub async fn recover(
         &self,
         req: RunRequest,
-        recovery: Recovery,
+        history: RunHistory,
         sink: Arc<dyn EventSink>,
         cancel: Cancel,
         journal: Option<&dyn RunJournal>,
     ) -> Result<RunResult, StartError> {
-        let Recovery { run_id, history, next_seq } = recovery;
+        let RunHistory { run_id, entries, next_seq } = history;
         let route = self.route(&req.route_id)?.clone();
         let events = top_events(&run_id, &route, sink, next_seq, journal);
-        let replaying = !history.is_empty();
-        events.set_muted(replaying);
-        let state =
-            RunState { replay: replaying.then(|| Replay { entries: history.into(), strict: false, divergences: Vec::new() }), ..RunState::for_route(&route) };
-        let run = Run::top(&route, &req, &events, &cancel, journal);
-        Ok(self.run_route(run, &Context::current(), state, None).await)
+        let state = RunState { source: ReplySource::recovering(entries, &events), ..RunState::for_route(&route) };
+        Ok(self.run_route(Run::top(&route, &req, &events, &cancel, journal), &Context::current(), state, None).await)
     }
 
     /// Ends a recovered run that cannot go on here (its route is gone from the catalogue, its
@@ -610,17 +499,17 @@ impl Runner {
     pub async fn abandon(
         &self,
         route_id: &str,
-        recovery: Recovery,
+        history: RunHistory,
         class: ReasonClass,
         message: &str,
         sink: Arc<dyn EventSink>,
         journal: &dyn RunJournal,
     ) -> RunResult {
-        let result = result_from_journal(&recovery.run_id, route_id, &recovery.history, class, message);
-        let events = RunEvents::new(&recovery.run_id, route_id, None, sink).recording(recovery.next_seq);
+        let result = result_from_journal(&history.run_id, route_id, &history.entries, class, message);
+        let events = RunEvents::new(&history.run_id, route_id, None, sink).recording(history.next_seq);
         events.emit(EventKind::RunFailed, None, || fields! {"reason_class" => class.as_str(), "message" => message});
         let batch = JournalBatch { events: events.take_recorded(), entries: Vec::new(), end: Some(result.clone()) };
-        if let Err(e) = journal.commit(&recovery.run_id, batch).await {
+        if let Err(e) = journal.commit(&history.run_id, batch).await {
             let mut failed = result;
             if let Some(f) = failed.error.as_mut() {
                 f.reason_class = ReasonClass::StoreError;
@@ -637,10 +526,9 @@ impl Runner {
     pub async fn replay(&self, req: RunRequest, history: Vec<JournalEntry>) -> Result<ReplayReport, StartError> {
         let route = self.route(&req.route_id)?.clone();
         let events = RunEvents::new(&new_run_id(), route.id(), None, Arc::new(crate::events::NullSink));
-        let state = RunState { replay: Some(Replay { entries: history.into(), strict: true, divergences: Vec::new() }), ..RunState::for_route(&route) };
+        let state = RunState { source: ReplySource::replaying(history), ..RunState::for_route(&route) };
         let cancel = Cancel::never();
-        let run = Run::top(&route, &req, &events, &cancel, None);
-        let mut result = self.run_route(run, &Context::current(), state, None).await;
+        let mut result = self.run_route(Run::top(&route, &req, &events, &cancel, None), &Context::current(), state, None).await;
         Ok(ReplayReport { divergences: std::mem::take(&mut result.divergences), result })
     }
 
@@ -688,14 +576,7 @@ impl Runner {
             };
             let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
             let pending = std::mem::take(&mut state.pending);
-            let mut divergences = Vec::new();
-            if let Some(r) = state.replay.take().filter(|r| r.strict) {
-                divergences = r.divergences;
-                if !r.entries.is_empty() {
-                    let rest: Vec<String> = r.entries.iter().map(describe).collect();
-                    divergences.push(format!("the run ended before the journal did; it still has {}", rest.join(", ")));
-                }
-            }
+            let divergences = std::mem::take(&mut state.source).finish();
             let mut llm_calls = std::mem::take(&mut state.llm_calls);
             llm_calls.append(&mut state.child_calls);
             let mut result = RunResult {
@@ -781,28 +662,12 @@ impl Runner {
         match outcome {
             Ok(value) => {
                 let added = (note && !value.is_empty()).then(|| message::stage_note(stage.id(), &value));
-                // A recovery goes on live after the stage that completes its journal: its own
-                // event was written before, so it is popped after the (muted) event below.
-                let mut recorded_here = false;
-                match state.replay_front() {
-                    Some(JournalEntry::StageCompleted { stage_id, value: recorded, .. }) if stage_id == stage.id() => {
-                        if *recorded != value {
-                            let what = format!("stage `{}`: the result differs: recorded {recorded}, now {value}", stage.id());
-                            state.diverge(what);
-                        }
-                        recorded_here = true;
-                    }
-                    Some(other) if state.strict_replay() => {
-                        let what = format!("stage `{}` completed where the journal has {}", stage.id(), describe(other));
-                        state.diverge(what);
-                    }
-                    _ => {
-                        state.replay_abandon(run.events);
-                        if run.journal.is_some() {
-                            let (stage_id, value, note) = (stage.id().to_owned(), value.clone(), added.clone());
-                            state.pending.push(JournalEntry::StageCompleted { stage_id, value, note });
-                        }
-                    }
+                // A stage that completes its journal is taken from it after its (muted) event: the
+                // event was written before, and a recovery goes on live only after it.
+                let recorded_here = state.source.completed(stage.id(), &value, run.events);
+                if !recorded_here && run.journal.is_some() {
+                    let (stage_id, value, note) = (stage.id().to_owned(), value.clone(), added.clone());
+                    state.pending.push(JournalEntry::StageCompleted { stage_id, value, note });
                 }
                 state.notes.extend(added);
                 run.events.emit(
@@ -813,7 +678,7 @@ impl Runner {
                 let (at, _) = state.slots.insert_full(stage.id().to_owned(), value);
                 state.last_output = Some(Last::Slot(at));
                 if recorded_here {
-                    state.replay_pop(run.events);
+                    state.source.advance(run.events);
                 }
             }
             Err(f) => {
@@ -890,20 +755,28 @@ impl Runner {
 
     async fn run_stage(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
         let Run { goal, prefetch, .. } = *run;
-        if stage.role() == LlmRole::None
-            && let Some(value) = state.recorded_result(stage.id())
-        {
-            return Ok(value);
-        }
         match (stage.role(), stage.kind()) {
-            (LlmRole::None, NodeKind::ChildRun { route: child_id }) => self.child_run(run, child_id, state, cx).await,
+            (LlmRole::None, NodeKind::ChildRun { route: child_id }) => {
+                let call = || format!("stage `{}` starts its child run", stage.id());
+                match state.source.tool_result(stage.id(), ReasonClass::ChildRunFailed, call)? {
+                    Some(value) => Ok(value),
+                    None => self.child_run(run, child_id, state, cx).await,
+                }
+            }
             (LlmRole::None, _) => {
                 if let Some((invoke, url)) = self.tool_url(stage) {
-                    return self.call_tool(run, stage, invoke, &url, goal, cx).await;
+                    let call = || format!("stage `{}` calls its tool", stage.id());
+                    return match state.source.tool_result(stage.id(), ReasonClass::ToolConnection, call)? {
+                        Some(value) => Ok(value),
+                        None => self.call_tool(run, stage, invoke, &url, goal, cx).await,
+                    };
                 }
                 // Prefetch passthrough: the pack goes into the slot; notes stay free of it since
                 // every user message already carries it as `packed chunks`.
-                Ok(if prefetch.is_empty() { String::new() } else { serde_json::to_string(prefetch).unwrap_or_default() })
+                Ok(state
+                    .source
+                    .stage_result(stage.id())
+                    .unwrap_or_else(|| if prefetch.is_empty() { String::new() } else { serde_json::to_string(prefetch).unwrap_or_default() }))
             }
             (role, _) => {
                 let reply = self.call_model(run, stage, state, cx).await?;
@@ -918,31 +791,24 @@ impl Runner {
                     }
                     return Ok(reply.into_slot_value());
                 }
-                if let Some(value) = state.recorded_result(stage.id()) {
+                let Some((invoke, url)) = self.tool_url(stage) else {
+                    return Ok(state.source.stage_result(stage.id()).unwrap_or_else(|| reply.into_slot_value()));
+                };
+                let call = || format!("stage `{}` calls its tool", stage.id());
+                if let Some(value) = state.source.tool_result(stage.id(), ReasonClass::ToolConnection, call)? {
                     return Ok(value);
                 }
-                match self.tool_url(stage) {
-                    Some((invoke, url)) if state.strict_replay() => {
-                        let _ = (invoke, url);
-                        let what = format!("stage `{}` calls its tool where the journal has no result", stage.id());
-                        state.diverge(what.clone());
-                        Err(StageFailure::new(ReasonClass::ToolConnection, format!("replay: {what}")))
-                    }
-                    Some((invoke, url)) => {
-                        // The query, read out of the reply only when a tool is there to take it.
-                        let query = match &reply {
-                            ReplyValue::Structured(d) => serde_json::from_str::<Value>(&d.compact)
-                                .ok()
-                                .and_then(|v| v.get("query").and_then(Value::as_str).map(str::to_owned))
-                                .unwrap_or_default(),
-                            other => other.slot_value().trim().to_owned(),
-                        };
-                        let mut args = Map::new();
-                        args.insert(invoke.query_param.clone(), Value::String(query));
-                        self.call_tool(run, stage, invoke, &url, &args, cx).await
-                    }
-                    None => Ok(reply.into_slot_value()),
-                }
+                // The query, read out of the reply only when a tool is there to take it.
+                let query = match &reply {
+                    ReplyValue::Structured(d) => serde_json::from_str::<Value>(&d.compact)
+                        .ok()
+                        .and_then(|v| v.get("query").and_then(Value::as_str).map(str::to_owned))
+                        .unwrap_or_default(),
+                    other => other.slot_value().trim().to_owned(),
+                };
+                let mut args = Map::new();
+                args.insert(invoke.query_param.clone(), Value::String(query));
+                self.call_tool(run, stage, invoke, &url, &args, cx).await
             }
         }
     }
@@ -1056,32 +922,8 @@ impl Runner {
             cancel,
         };
         *turn += 1;
-        if state.replay.is_some() {
-            match state.replay_front() {
-                Some(JournalEntry::ModelReply { stage_id, turn, system, user: asked, value, .. }) if stage_id == stage.id() && *turn == req.turn => {
-                    let (system, asked, value) = (system.clone(), asked.clone(), value.clone());
-                    if system != req.system {
-                        state.diverge(format!(
-                            "stage `{}` turn {}: the prompt differs:\n  recorded: {system}\n  now:      {}",
-                            stage.id(),
-                            req.turn,
-                            req.system
-                        ));
-                    }
-                    if asked != user {
-                        state.diverge(format!("stage `{}` turn {}: the user message differs:\n  recorded: {asked}\n  now:      {user}", stage.id(), req.turn));
-                    }
-                    state.replay_pop(events);
-                    return recorded_reply(stage, &value);
-                }
-                other if state.strict_replay() => {
-                    let found = other.map_or("nothing more".to_owned(), describe);
-                    let what = format!("stage `{}` turn {} calls the model where the journal has {found}", stage.id(), req.turn);
-                    state.diverge(what.clone());
-                    return Err(StageFailure::new(ReasonClass::ProviderError, format!("replay: {what}")));
-                }
-                _ => state.replay_abandon(events),
-            }
+        if let Some(value) = state.source.model_reply(stage.id(), req.turn, req.system, &user, events)? {
+            return recorded_reply(stage, &value);
         }
         let llm = match self.profile_llms.get(route.model_profile()) {
             Some(Ok(l)) => l,
@@ -1128,16 +970,6 @@ impl Runner {
                 Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` is awaiting user input", result.run_id, route.id())))
             }
         }
-    }
-}
-
-/// A journal entry in a divergence message.
-fn describe(entry: &JournalEntry) -> String {
-    match entry {
-        JournalEntry::ModelReply { stage_id, turn, .. } => format!("a model reply of stage `{stage_id}` turn {turn}"),
-        JournalEntry::StageCompleted { stage_id, .. } => format!("the completion of stage `{stage_id}`"),
-        JournalEntry::Note { .. } => "a tool error".into(),
-        JournalEntry::UserReply { .. } => "a reply of the user".into(),
     }
 }
 

@@ -210,8 +210,8 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
         if result.status == RunStatus::AwaitingInput {
             let all = journal.batches.lock().unwrap().len();
             let (history, events) = journal.prefix(all);
-            let cont = Continuation { run_id: "run-1".into(), history, next_seq: events.last().unwrap().seq + 1, reply: "the second".into() };
-            result = r.resume(req.clone(), cont, Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+            let history = RunHistory { run_id: "run-1".into(), entries: history, next_seq: events.last().unwrap().seq + 1 };
+            result = r.resume(req.clone(), history, "the second", Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
         }
         assert_eq!(result.status, RunStatus::Completed, "{route}: {result:?}");
         let total_calls = calls.load(std::sync::atomic::Ordering::SeqCst);
@@ -227,7 +227,7 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
             let sink = Arc::new(MemorySink::default());
             let next_seq = events.last().map_or(1, |e| e.seq + 1);
             let recovered_journal = MemoryJournal::default();
-            let recovery = Recovery { run_id: "run-1".into(), history: history.clone(), next_seq };
+            let recovery = RunHistory { run_id: "run-1".into(), entries: history.clone(), next_seq };
             let recovered = again.recover(req.clone(), recovery, sink.clone(), Cancel::never(), Some(&recovered_journal)).await.unwrap();
             let recorded_replies = history.iter().filter(|e| matches!(e, JournalEntry::ModelReply { .. })).count();
             if route == "looped" && !history.iter().any(|e| matches!(e, JournalEntry::UserReply { .. })) {
