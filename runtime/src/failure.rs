@@ -45,6 +45,9 @@ pub enum ReasonClass {
     Interrupted,
     /// The run's record could not be written to the run store; the run stops there.
     StoreError,
+    /// A replay (`fabric replay`) reached a model call or a tool call its journal has no entry
+    /// for: nothing is asked, the call fails.
+    ReplayDiverged,
 }
 
 impl ReasonClass {
@@ -72,6 +75,7 @@ impl ReasonClass {
             ReasonClass::ChildRunFailed => "child_run_failed",
             ReasonClass::Interrupted => "interrupted",
             ReasonClass::StoreError => "store_error",
+            ReasonClass::ReplayDiverged => "replay_diverged",
         }
     }
 

@@ -82,7 +82,7 @@ impl Runner {
                         state.source.advance(run.events);
                         continue;
                     }
-                    let outcome = match state.source.tool_result(tool.id(), ReasonClass::ToolFailed, || format!("tool `{}` is called", tool.id())) {
+                    let outcome = match state.source.tool_result(tool.id(), || format!("tool `{}` is called", tool.id())) {
                         Ok(Some(value)) => Ok(value),
                         Ok(None) => self.run_loop_tool(run, tool, &arguments, &open.cx).await,
                         Err(f) => Err(f),

@@ -758,7 +758,7 @@ impl Runner {
         match (stage.role(), stage.kind()) {
             (LlmRole::None, NodeKind::ChildRun { route: child_id }) => {
                 let call = || format!("stage `{}` starts its child run", stage.id());
-                match state.source.tool_result(stage.id(), ReasonClass::ChildRunFailed, call)? {
+                match state.source.tool_result(stage.id(), call)? {
                     Some(value) => Ok(value),
                     None => self.child_run(run, child_id, state, cx).await,
                 }
@@ -766,7 +766,7 @@ impl Runner {
             (LlmRole::None, _) => {
                 if let Some((invoke, url)) = self.tool_url(stage) {
                     let call = || format!("stage `{}` calls its tool", stage.id());
-                    return match state.source.tool_result(stage.id(), ReasonClass::ToolConnection, call)? {
+                    return match state.source.tool_result(stage.id(), call)? {
                         Some(value) => Ok(value),
                         None => self.call_tool(run, stage, invoke, &url, goal, cx).await,
                     };
@@ -795,7 +795,7 @@ impl Runner {
                     return Ok(state.source.stage_result(stage.id()).unwrap_or_else(|| reply.into_slot_value()));
                 };
                 let call = || format!("stage `{}` calls its tool", stage.id());
-                if let Some(value) = state.source.tool_result(stage.id(), ReasonClass::ToolConnection, call)? {
+                if let Some(value) = state.source.tool_result(stage.id(), call)? {
                     return Ok(value);
                 }
                 // The query, read out of the reply only when a tool is there to take it.

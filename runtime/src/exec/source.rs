@@ -86,7 +86,7 @@ impl ReplySource {
             }
             other if self.mode == Mode::JournalOnly => {
                 let found = other.map_or("nothing more".to_owned(), describe);
-                Err(self.diverge(ReasonClass::ProviderError, format!("stage `{stage_id}` turn {turn} calls the model where the journal has {found}")))
+                Err(self.diverge(format!("stage `{stage_id}` turn {turn} calls the model where the journal has {found}")))
             }
             _ => {
                 self.leave(events);
@@ -98,10 +98,10 @@ impl ReplySource {
     /// The recorded result of `stage_id` (a tool call, a child run), when the journal's next
     /// entry is its completion; `None`: call it. A replay fails a call the journal has no result
     /// of; `call` says what the stage does, for that message (`stage `x` calls its tool`).
-    pub(super) fn tool_result(&mut self, stage_id: &str, class: ReasonClass, call: impl FnOnce() -> String) -> Result<Option<String>, StageFailure> {
+    pub(super) fn tool_result(&mut self, stage_id: &str, call: impl FnOnce() -> String) -> Result<Option<String>, StageFailure> {
         match self.stage_result(stage_id) {
             Some(value) => Ok(Some(value)),
-            None if self.mode == Mode::JournalOnly => Err(self.diverge(class, format!("{} where the journal has no result", call()))),
+            None if self.mode == Mode::JournalOnly => Err(self.diverge(format!("{} where the journal has no result", call()))),
             None => Ok(None),
         }
     }
@@ -185,8 +185,8 @@ impl ReplySource {
     }
 
     /// Notes a replay's divergence and fails the call it stops.
-    fn diverge(&mut self, class: ReasonClass, what: String) -> StageFailure {
-        let failure = StageFailure::new(class, format!("replay: {what}"));
+    fn diverge(&mut self, what: String) -> StageFailure {
+        let failure = StageFailure::new(ReasonClass::ReplayDiverged, format!("replay: {what}"));
         self.divergences.push(what);
         failure
     }
