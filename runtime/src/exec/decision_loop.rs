@@ -7,13 +7,12 @@
 //! awaiting the user; done completes it. `max_loop_steps` bounds the model turns.
 
 use opentelemetry::Context;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::{Finish, Run, RunState, Runner, StageFailure};
+use super::Runner;
+use super::state::{Finish, Last, Run, RunState, StageFailure};
 use crate::decision::AgentDecision;
-use crate::events::EventKind;
 use crate::failure::ReasonClass;
-use crate::hydrate::StageNode;
 use crate::llm::ReplyValue;
 
 impl Runner {
@@ -56,7 +55,7 @@ impl Runner {
             }
             match decision {
                 AgentDecision::Done { answer } => {
-                    state.last_output = Some(super::Last::Answer(answer));
+                    state.last_output = Some(Last::Answer(answer));
                     return Ok(Finish::Completed);
                 }
                 AgentDecision::Ask { question } => {
@@ -103,38 +102,5 @@ impl Runner {
                 }
             }
         }
-    }
-
-    async fn run_loop_tool(&self, run: &Run<'_>, tool: &StageNode, args: &Map<String, Value>, cx: &Context) -> Result<String, StageFailure> {
-        let Some(cap) = &tool.capability() else { return Err(StageFailure::new(ReasonClass::UnknownTool, format!("tool `{}` has no capability", tool.id()))) };
-        if let Some(validator) = &cap.def.input_validator {
-            let instance = Value::Object(args.clone());
-            let problems: Vec<String> = validator
-                .iter_errors(&instance)
-                .take(5)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
-                })
-                .collect();
-            if !problems.is_empty() {
-                run.events.emit(
-                    EventKind::ToolFailed,
-                    Some(tool.id()),
-                    || crate::fields! {"tool" => tool.id(), "reason_class" => ReasonClass::InvalidToolArguments.as_str(), "message" => problems.join("; ")},
-                );
-                return Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))));
-            }
-        }
-        if let Some(invoke) = &cap.def.invoke {
-            return match self.tool_url(tool) {
-                Some((invoke, url)) => self.call_tool(run, tool, invoke, &url, args, cx).await,
-                None => Err(StageFailure::new(
-                    ReasonClass::ToolConnection,
-                    format!("the tool's URL `{}` is not configured (a variable in it is unset)", invoke.url.raw),
-                )),
-            };
-        }
-        self.call_in_process_tool(run, tool, args, cx).await
     }
 }

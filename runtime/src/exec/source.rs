@@ -9,8 +9,8 @@
 
 use std::collections::VecDeque;
 
-use super::StageFailure;
 use super::journal::{JournalEntry, describe};
+use super::state::StageFailure;
 use crate::events::RunEvents;
 use crate::failure::ReasonClass;
 

@@ -10,7 +10,9 @@ use super::*;
 use crate::catalogue::{self, SourceFile};
 use crate::events::{Event, MemorySink};
 use crate::llm::stub::StubLlm;
-use crate::tools::ToolOutput;
+use crate::defs::Invoke;
+use crate::failure::BoxFuture;
+use crate::tools::{ToolError, ToolOutput};
 
 const CATALOGUE: &str = r#"
 profiles: {p: {}}
