@@ -41,8 +41,13 @@ impl RoutePath {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeKind {
-    /// A workflow stage.
+    /// A workflow stage: a model call (its reply is the slot), or with `llm_role: none` a tool
+    /// call or the prefetch pack.
     Stage,
+    /// A workflow stage with `llm_role: query_formulation`: the model writes a query, which its
+    /// capability's HTTP tool gets as the `query` field (`invoke.query_param`); the tool's answer
+    /// is the slot (the reply is, when the capability has no tool). Shown as a workflow stage.
+    QueryFormulation,
     /// A `kind: child_run` stage: runs a child route.
     ChildRun { route: String },
     /// The synthesis node a manifest appends.
@@ -426,6 +431,7 @@ fn add_workflow(graph: &mut DiGraph<StageNode, Edge>, wf: &WorkflowDef, defs: &D
         .map(|s| {
             let role = s.role.unwrap_or(LlmRole::None);
             let kind = match &s.kind {
+                StageKindDef::Task if role == LlmRole::QueryFormulation => NodeKind::QueryFormulation,
                 StageKindDef::Task => NodeKind::Stage,
                 StageKindDef::ChildRun { route } => NodeKind::ChildRun { route: route.name.clone() },
             };
@@ -489,7 +495,7 @@ fn node_detail(n: &StageNode) -> String {
         NodeKind::AppendedSynthesis => parts.push("appended".into()),
         NodeKind::Decision => parts.push("decision".into()),
         NodeKind::Tool => parts.push("tool".into()),
-        NodeKind::Stage | NodeKind::End => {}
+        NodeKind::Stage | NodeKind::QueryFormulation | NodeKind::End => {}
     }
     if let Some(c) = &n.capability {
         let out = match &c.def.output {
@@ -659,5 +665,23 @@ mod tests {
         assert_eq!(spec.tools(), ["t"]);
         assert_eq!(r.entry_node().role_name(), "decision");
         assert!(r.entry_node().prompt().text.contains("- t\n  input schema: {\"type\":\"object\"}"), "{}", r.entry_node().prompt().text);
+    }
+
+    #[test]
+    fn a_query_formulation_is_a_node_kind_of_its_own_shown_as_a_workflow_stage() {
+        let caps = "capabilities:\n  q: {output_schema: {type: object, properties: {query: {type: string}}}, invoke: {url: 'http://x/q'}}\n";
+        let r = route(
+            &format!(
+                "{caps}workflows:\n  w: {{stages: [{{id: a, llm_role: query_formulation, capability: q}}, {{id: b, llm_role: synthesis}}]}}\nroutes:\n  r: {{model_profile: p, prompt_pack: pack, workflow: w}}\n"
+            ),
+            "r",
+        );
+        let kinds: Vec<&NodeKind> = r.nodes().map(|(_, n)| n.kind()).collect();
+        assert_eq!(kinds, [&NodeKind::QueryFormulation, &NodeKind::Stage, &NodeKind::End]);
+        assert!(
+            node_detail(r.entry_node()).starts_with("llm_role=query_formulation capability=q ("),
+            "shown as a workflow stage: {}",
+            node_detail(r.entry_node())
+        );
     }
 }

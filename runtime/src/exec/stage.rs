@@ -102,17 +102,20 @@ impl Runner {
         (Some(stage.id().to_owned()), f)
     }
 
+    /// What a stage does, by its kind: each asks the run's reply source before it calls a
+    /// model, a tool or a child run.
     pub(super) async fn run_stage(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
         let Run { goal, prefetch, .. } = *run;
-        match (stage.role(), stage.kind()) {
-            (LlmRole::None, NodeKind::ChildRun { route: child_id }) => {
+        match stage.kind() {
+            NodeKind::ChildRun { route: child_id } => {
                 let call = || format!("stage `{}` starts its child run", stage.id());
                 match state.source.tool_result(stage.id(), call)? {
                     Some(value) => Ok(value),
                     None => self.child_run(run, child_id, state, cx).await,
                 }
             }
-            (LlmRole::None, _) => {
+            NodeKind::QueryFormulation => self.query_stage(run, stage, state, cx).await,
+            _ if stage.role() == LlmRole::None => {
                 if let Some((invoke, url)) = self.tool_url(stage) {
                     let call = || format!("stage `{}` calls its tool", stage.id());
                     return match state.source.tool_result(stage.id(), call)? {
@@ -127,39 +130,42 @@ impl Runner {
                     .stage_result(stage.id())
                     .unwrap_or_else(|| if prefetch.is_empty() { String::new() } else { serde_json::to_string(prefetch).unwrap_or_default() }))
             }
-            (role, _) => {
+            _ => {
                 let reply = self.call_model(run, stage, state, cx).await?;
-                if role != LlmRole::QueryFormulation {
-                    if let ReplyValue::Structured(d) = &reply
-                        && stage.fields_read()
-                    {
-                        match state.structured.iter_mut().find(|(id, _)| **id == *stage.id()) {
-                            Some(slot) => slot.1.clone_from(&d.compact),
-                            None => state.structured.push((stage.shared_id().clone(), d.compact.clone())),
-                        }
+                if let ReplyValue::Structured(d) = &reply
+                    && stage.fields_read()
+                {
+                    match state.structured.iter_mut().find(|(id, _)| **id == *stage.id()) {
+                        Some(slot) => slot.1.clone_from(&d.compact),
+                        None => state.structured.push((stage.shared_id().clone(), d.compact.clone())),
                     }
-                    return Ok(reply.into_slot_value());
                 }
-                let Some((invoke, url)) = self.tool_url(stage) else {
-                    return Ok(state.source.stage_result(stage.id()).unwrap_or_else(|| reply.into_slot_value()));
-                };
-                let call = || format!("stage `{}` calls its tool", stage.id());
-                if let Some(value) = state.source.tool_result(stage.id(), call)? {
-                    return Ok(value);
-                }
-                // The query, read out of the reply only when a tool is there to take it.
-                let query = match &reply {
-                    ReplyValue::Structured(d) => serde_json::from_str::<Value>(&d.compact)
-                        .ok()
-                        .and_then(|v| v.get("query").and_then(Value::as_str).map(str::to_owned))
-                        .unwrap_or_default(),
-                    other => other.slot_value().trim().to_owned(),
-                };
-                let mut args = Map::new();
-                args.insert(invoke.query_param.clone(), Value::String(query));
-                self.call_tool(run, stage, invoke, &url, &args, cx).await
+                Ok(reply.into_slot_value())
             }
         }
+    }
+
+    /// A query formulation: the model's query goes to the capability's HTTP tool as its query
+    /// parameter, and the tool's answer is the slot (the reply is, when there is no tool).
+    async fn query_stage(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
+        let reply = self.call_model(run, stage, state, cx).await?;
+        let Some((invoke, url)) = self.tool_url(stage) else {
+            return Ok(state.source.stage_result(stage.id()).unwrap_or_else(|| reply.into_slot_value()));
+        };
+        let call = || format!("stage `{}` calls its tool", stage.id());
+        if let Some(value) = state.source.tool_result(stage.id(), call)? {
+            return Ok(value);
+        }
+        // The query, read out of the reply only when a tool is there to take it.
+        let query = match &reply {
+            ReplyValue::Structured(d) => {
+                serde_json::from_str::<Value>(&d.compact).ok().and_then(|v| v.get("query").and_then(Value::as_str).map(str::to_owned)).unwrap_or_default()
+            }
+            other => other.slot_value().trim().to_owned(),
+        };
+        let mut args = Map::new();
+        args.insert(invoke.query_param.clone(), Value::String(query));
+        self.call_tool(run, stage, invoke, &url, &args, cx).await
     }
 
     pub(super) async fn child_run(&self, run: &Run<'_>, child_id: &str, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
@@ -195,7 +201,7 @@ impl Runner {
 /// The `kind` of a stage in events.
 fn kind_name(kind: &NodeKind) -> &'static str {
     match kind {
-        NodeKind::Stage => "task",
+        NodeKind::Stage | NodeKind::QueryFormulation => "task",
         NodeKind::ChildRun { .. } => "child_run",
         NodeKind::AppendedSynthesis => "appended_synthesis",
         NodeKind::Decision => "decision",

@@ -8,10 +8,10 @@ use serde_json::{Map, Value, json};
 
 use super::*;
 use crate::catalogue::{self, SourceFile};
-use crate::events::{Event, MemorySink};
-use crate::llm::stub::StubLlm;
 use crate::defs::Invoke;
+use crate::events::{Event, MemorySink};
 use crate::failure::BoxFuture;
+use crate::llm::stub::StubLlm;
 use crate::tools::{ToolError, ToolOutput};
 
 const CATALOGUE: &str = r#"
