@@ -3,7 +3,7 @@
 //! A run is started ([`Runner::start`]), recovered after its process died ([`Runner::recover`]),
 //! continued after the user replied ([`Runner::resume`]), given up ([`Runner::abandon`]) or
 //! replayed ([`Runner::replay`]); each entry point builds the run's events and state, with the
-//! [`source`] of its replies (live, journal-then-live, or journal-only), and hands them to the
+//! source of its replies (`source`: live, journal-then-live, or journal-only), and hands them to the
 //! one walk (`walk`, or `decision_loop` for a decision-loop route). The stage handlers (`stage`)
 //! call the model (`model`) and the tools (`tool`) only when that source says so. Run state is
 //! explicit (`state`) so that a journal (`journal`) can record it stage by stage; every model

@@ -68,7 +68,10 @@ impl ReplySource {
             return Ok(None);
         }
         match self.entries.front() {
-            Some(JournalEntry::ModelReply { stage_id: recorded, turn: t, system: asked_system, user: asked, .. }) if recorded == stage_id && *t == turn => {
+            Some(JournalEntry::ModelReply { stage_id: recorded, turn: t, system: asked_system, user: asked, value, .. })
+                if recorded == stage_id && *t == turn =>
+            {
+                let value = value.clone();
                 if self.mode == Mode::JournalOnly {
                     if asked_system != system {
                         let what = format!("stage `{stage_id}` turn {turn}: the prompt differs:\n  recorded: {asked_system}\n  now:      {system}");
@@ -79,10 +82,8 @@ impl ReplySource {
                         self.divergences.push(what);
                     }
                 }
-                match self.advance(events) {
-                    Some(JournalEntry::ModelReply { value, .. }) => Ok(Some(value)),
-                    _ => unreachable!("the front entry was a model reply"),
-                }
+                self.advance(events);
+                Ok(Some(value))
             }
             other if self.mode == Mode::JournalOnly => {
                 let found = other.map_or("nothing more".to_owned(), describe);
@@ -119,7 +120,7 @@ impl ReplySource {
     /// calls [`ReplySource::advance`] after the stage's muted event: it was written before); if
     /// not, it is new and goes into the run's record. A replay notes a value or a path that
     /// differs; a recovery whose journal the path leaves goes on live from here.
-    pub(super) fn completed(&mut self, stage_id: &str, value: &str, events: &RunEvents) -> bool {
+    pub(super) fn completion_recorded(&mut self, stage_id: &str, value: &str, events: &RunEvents) -> bool {
         if self.entries.is_empty() {
             return false;
         }
@@ -155,24 +156,22 @@ impl ReplySource {
     /// The note of the user's recorded reply to a question, when it is the journal's next entry
     /// (taken: the run goes on from it instead of asking again).
     pub(super) fn user_reply(&mut self, events: &RunEvents) -> Option<String> {
-        match self.entries.front() {
-            Some(JournalEntry::UserReply { .. }) => match self.advance(events) {
-                Some(JournalEntry::UserReply { note, .. }) => Some(note),
-                _ => None,
-            },
-            _ => None,
-        }
+        let note = match self.entries.front() {
+            Some(JournalEntry::UserReply { note, .. }) => note.clone(),
+            _ => return None,
+        };
+        self.advance(events);
+        Some(note)
     }
 
     /// Takes the journal's next entry; once a recovery's journal is used up, the run goes on
     /// live (its events are no longer muted).
-    pub(super) fn advance(&mut self, events: &RunEvents) -> Option<JournalEntry> {
-        let entry = self.entries.pop_front();
+    pub(super) fn advance(&mut self, events: &RunEvents) {
+        self.entries.pop_front();
         if self.entries.is_empty() && self.mode == Mode::JournalThenLive {
             self.mode = Mode::Live;
             events.set_muted(false);
         }
-        entry
     }
 
     /// A recovery whose journal does not fit the path taken goes on live from here.

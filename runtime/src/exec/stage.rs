@@ -52,7 +52,7 @@ impl Runner {
                 let added = (note && !value.is_empty()).then(|| message::stage_note(stage.id(), &value));
                 // A stage that completes its journal is taken from it after its (muted) event: the
                 // event was written before, and a recovery goes on live only after it.
-                let recorded_here = state.source.completed(stage.id(), &value, run.events);
+                let recorded_here = state.source.completion_recorded(stage.id(), &value, run.events);
                 if !recorded_here && run.journal.is_some() {
                     let (stage_id, value, note) = (stage.id().to_owned(), value.clone(), added.clone());
                     state.pending.push(JournalEntry::StageCompleted { stage_id, value, note });
