@@ -30,7 +30,7 @@ pub enum ReasonClass {
     /// A text-protocol decision (`CALL`/`ASK`/`DONE`) that does not parse.
     InvalidDecision,
     UnknownTool,
-    /// Mode 1: the model's tool arguments do not match the tool's input schema (noted; the loop goes on).
+    /// The decision loop: the model's tool arguments do not match the tool's input schema (noted; the loop goes on).
     InvalidToolArguments,
     LoopBudgetExceeded,
     ToolTimeout,

@@ -24,8 +24,8 @@ pub enum RoutePath {
     Branched,
     /// A manifest over a linear workflow, with a synthesis node appended.
     Manifest,
-    /// The autonomous decision loop (Mode 1).
-    Pattern1,
+    /// The decision loop, the autonomous mode (`pattern1` on the wire).
+    DecisionLoop,
 }
 
 impl RoutePath {
@@ -34,7 +34,7 @@ impl RoutePath {
             RoutePath::Workflow => "workflow",
             RoutePath::Branched => "branched",
             RoutePath::Manifest => "manifest",
-            RoutePath::Pattern1 => "pattern1",
+            RoutePath::DecisionLoop => "pattern1",
         }
     }
 }
@@ -125,7 +125,7 @@ impl StageNode {
     }
 
     /// The role events and views show: the catalogue's `llm_role`, except for the decision
-    /// node of a Pattern 1 route, which calls the model as `decision`.
+    /// node of a decision-loop route, which calls the model as `decision`.
     pub fn role_name(&self) -> &'static str {
         if self.kind == NodeKind::Decision { "decision" } else { self.role.as_str() }
     }
@@ -207,7 +207,7 @@ impl Route {
         self.entry
     }
 
-    /// The node runs start at (the decision node of a Pattern 1 route).
+    /// The node runs start at (the decision node of a decision-loop route).
     pub fn entry_node(&self) -> &StageNode {
         &self.graph[self.entry]
     }
@@ -216,7 +216,7 @@ impl Route {
         &self.graph[idx]
     }
 
-    /// The tools of a Pattern 1 route: its tool nodes, the one list the decision schema, the
+    /// The tools of a decision-loop route: its tool nodes, the one list the decision schema, the
     /// prompt's tool list and the start checks are all made from.
     pub fn tools(&self) -> impl Iterator<Item = &BoundCapability> {
         self.graph.node_weights().filter(|n| n.kind == NodeKind::Tool).filter_map(|n| n.capability.as_ref())
@@ -390,7 +390,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 graph.add_edge(decide, n, Edge { order: order as u16, when: None });
                 graph.add_edge(n, decide, Edge { order: 0, when: None });
             }
-            (RoutePath::Pattern1, None)
+            (RoutePath::DecisionLoop, None)
         }
         _ => return Err(inherited),
     };
@@ -452,7 +452,7 @@ fn add_workflow(graph: &mut DiGraph<StageNode, Edge>, wf: &WorkflowDef, defs: &D
     end
 }
 
-/// The tool list shown to the model in Pattern 1: name, description, input schema.
+/// The tool list shown to the model in the decision loop: name, description, input schema.
 pub fn tools_text(tools: &[BoundCapability]) -> String {
     let mut out = String::new();
     for t in tools {
@@ -658,7 +658,7 @@ mod tests {
     #[test]
     fn a_decision_loop_has_one_list_of_tools() {
         let r = route(&format!("{CAPS}routes:\n  r: {{model_profile: p, prompt_pack: pack, decision_loop: {{tools: [t]}}}}\n"), "r");
-        assert_eq!(r.path(), RoutePath::Pattern1);
+        assert_eq!(r.path(), RoutePath::DecisionLoop);
         assert_eq!(r.tools().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["t"]);
         assert!(r.tool_node("t").is_some() && r.tool_node("c").is_none());
         let OutputSpec::Decision(spec) = r.entry_node().output() else { panic!("the entry decides") };

@@ -614,7 +614,7 @@ impl Runtime {
         let request: StartRequest =
             serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
         self.check_route(&request.route_id)?;
-        if self.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::Pattern1) {
+        if self.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::DecisionLoop) {
             return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
         }
         let Some(lease) = store.claim_reply(run_id, &self.holder).await? else {

@@ -268,7 +268,7 @@ pub fn render_svg(route: &Route) -> String {
         route.pack().name(),
         route.activation_target().unwrap_or("any"),
     ));
-    if route.path() == RoutePath::Pattern1 {
+    if route.path() == RoutePath::DecisionLoop {
         header
             .push(format!("decision loop: decide calls one tool per step and reads its result, until DONE or ASK (at most {} steps)", route.max_loop_steps()));
     }

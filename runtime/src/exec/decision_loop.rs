@@ -1,4 +1,4 @@
-//! The decision loop of Pattern 1 routes (Mode 1), inside the executor.
+//! The decision loop (a `decision_loop:` route, the autonomous mode), inside the executor.
 //!
 //! Each turn the model returns one [`AgentDecision`]. A tool call names a tool of the route's
 //! list (checked inside the model call, so an unknown tool fails the call with `unknown_tool`);

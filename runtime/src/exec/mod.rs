@@ -221,7 +221,7 @@ impl Runner {
         journal: Option<&dyn RunJournal>,
     ) -> Result<RunResult, StartError> {
         let route = self.route(&req.route_id)?.clone();
-        if route.path() != RoutePath::Pattern1 {
+        if route.path() != RoutePath::DecisionLoop {
             return Err(StartError::NotResumable { route: route.id().to_owned() });
         }
         let events = top_events(&history.run_id, &route, sink, history.next_seq, journal);

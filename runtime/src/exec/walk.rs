@@ -19,7 +19,7 @@ impl Runner {
         Box::pin(async move {
             let Run { route, prefetch, events, .. } = run;
             // A decision-loop run is an agent in the GenAI conventions: `invoke_agent {route}`.
-            let agent = route.path() == RoutePath::Pattern1;
+            let agent = route.path() == RoutePath::DecisionLoop;
             let run_cx = crate::otel::child(
                 parent_cx,
                 || crate::otel::run_span_name(route.id(), agent),
@@ -52,7 +52,7 @@ impl Runner {
                     data
                 });
             }
-            let outcome = if route.path() == RoutePath::Pattern1 {
+            let outcome = if route.path() == RoutePath::DecisionLoop {
                 self.decision_loop(&run, &mut state, &run_cx).await
             } else {
                 self.walk(&run, &mut state, &run_cx).await

@@ -57,7 +57,7 @@ pub enum OutputSpec {
     Bindable(Arc<FlatSchema>),
     /// A schema that cannot be bound (nested, empty ...): a plain text call, warned at load.
     Unbindable { why: String },
-    /// The Mode 1 decision node: an `AgentDecision` over the route's tools.
+    /// The decision loop's decision node: an `AgentDecision` over the route's tools.
     Decision(Arc<crate::decision::DecisionSpec>),
 }
 
@@ -82,7 +82,7 @@ pub struct Usage {
 pub enum ReplyValue {
     Text(String),
     Structured(Decoded),
-    /// A Mode 1 decision, already checked against the route's tool list.
+    /// A decision of the decision loop, already checked against the route's tool list.
     Decision(crate::decision::AgentDecision),
 }
 
