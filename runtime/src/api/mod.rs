@@ -469,7 +469,7 @@ pub struct RouteInfo {
     /// The fleet that serves it (`activation_target`), if it names one.
     #[serde(default)]
     pub fleet: Option<String>,
-    /// `workflow`, `branched`, `manifest` or `pattern1` (a decision loop); `broken` when it cannot run.
+    /// `workflow`, `branched`, `manifest` or `pattern1`; `broken` when it cannot run.
     pub kind: String,
     pub description: String,
     /// Whether this runtime starts it (its fleet, and not broken).
