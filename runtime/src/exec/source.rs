@@ -63,10 +63,14 @@ impl ReplySource {
     /// The recorded reply of model call `turn` of `stage_id` (its value, as the stage took it),
     /// when the journal's next entry is that call; `None`: ask the model. A replay notes a
     /// prompt or user message that differs, and fails a call the journal does not have.
+    #[inline]
     pub(super) fn model_reply(&mut self, stage_id: &str, turn: u32, system: &str, user: &str, events: &RunEvents) -> Result<Option<String>, StageFailure> {
-        if self.mode == Mode::Live {
-            return Ok(None);
-        }
+        // A live run asks at once (every stage of every run passes here).
+        if self.mode == Mode::Live { Ok(None) } else { self.recorded_model_reply(stage_id, turn, system, user, events) }
+    }
+
+    #[inline(never)]
+    fn recorded_model_reply(&mut self, stage_id: &str, turn: u32, system: &str, user: &str, events: &RunEvents) -> Result<Option<String>, StageFailure> {
         match self.entries.front() {
             Some(JournalEntry::ModelReply { stage_id: recorded, turn: t, system: asked_system, user: asked, value, .. })
                 if recorded == stage_id && *t == turn =>
@@ -99,6 +103,7 @@ impl ReplySource {
     /// The recorded result of `stage_id` (a tool call, a child run), when the journal's next
     /// entry is its completion; `None`: call it. A replay fails a call the journal has no result
     /// of; `call` says what the stage does, for that message (`stage `x` calls its tool`).
+    #[inline]
     pub(super) fn tool_result(&mut self, stage_id: &str, call: impl FnOnce() -> String) -> Result<Option<String>, StageFailure> {
         match self.stage_result(stage_id) {
             Some(value) => Ok(Some(value)),
@@ -109,6 +114,7 @@ impl ReplySource {
 
     /// The recorded value of `stage_id` when the journal's next entry is its completion (a stage
     /// that computes its value takes it too: a replay compares it at the stage's end).
+    #[inline]
     pub(super) fn stage_result(&self, stage_id: &str) -> Option<String> {
         match self.entries.front() {
             Some(JournalEntry::StageCompleted { stage_id: recorded, value, .. }) if recorded == stage_id => Some(value.clone()),
@@ -120,10 +126,13 @@ impl ReplySource {
     /// calls [`ReplySource::advance`] after the stage's muted event: it was written before); if
     /// not, it is new and goes into the run's record. A replay notes a value or a path that
     /// differs; a recovery whose journal the path leaves goes on live from here.
+    #[inline]
     pub(super) fn completion_recorded(&mut self, stage_id: &str, value: &str, events: &RunEvents) -> bool {
-        if self.entries.is_empty() {
-            return false;
-        }
+        !self.entries.is_empty() && self.recorded_completion(stage_id, value, events)
+    }
+
+    #[inline(never)]
+    fn recorded_completion(&mut self, stage_id: &str, value: &str, events: &RunEvents) -> bool {
         match self.entries.front() {
             Some(JournalEntry::StageCompleted { stage_id: recorded, value: was, .. }) if recorded == stage_id => {
                 if was != value && self.mode == Mode::JournalOnly {
