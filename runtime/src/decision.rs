@@ -1,4 +1,4 @@
-//! The model's decision in the decision loop (Pattern 1), read from native structured output
+//! The model's decision in the decision loop, read from native structured output
 //! (live providers) or from the older `CALL` / `ASK` / `DONE` text protocol (the seeded stub).
 //!
 //! A leaf decoder beside [`crate::structured`]: it returns its own [`DecisionError`], which the

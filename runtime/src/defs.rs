@@ -221,7 +221,7 @@ pub struct ManifestDef {
 pub enum RouteBodyDef {
     Workflow(Ref),
     Manifest(Ref),
-    /// The decision loop (Pattern 1) over these tools.
+    /// The decision loop over these tools.
     DecisionLoop {
         tools: Vec<Ref>,
     },

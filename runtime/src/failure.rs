@@ -30,7 +30,7 @@ pub enum ReasonClass {
     /// A text-protocol decision (`CALL`/`ASK`/`DONE`) that does not parse.
     InvalidDecision,
     UnknownTool,
-    /// Mode 1: the model's tool arguments do not match the tool's input schema (noted; the loop goes on).
+    /// The decision loop: the model's tool arguments do not match the tool's input schema (noted; the loop goes on).
     InvalidToolArguments,
     LoopBudgetExceeded,
     ToolTimeout,
@@ -45,6 +45,9 @@ pub enum ReasonClass {
     Interrupted,
     /// The run's record could not be written to the run store; the run stops there.
     StoreError,
+    /// A replay (`fabric replay`) reached a model call or a tool call its journal has no entry
+    /// for: nothing is asked, the call fails.
+    ReplayDiverged,
 }
 
 impl ReasonClass {
@@ -72,6 +75,7 @@ impl ReasonClass {
             ReasonClass::ChildRunFailed => "child_run_failed",
             ReasonClass::Interrupted => "interrupted",
             ReasonClass::StoreError => "store_error",
+            ReasonClass::ReplayDiverged => "replay_diverged",
         }
     }
 

@@ -24,8 +24,8 @@ pub enum RoutePath {
     Branched,
     /// A manifest over a linear workflow, with a synthesis node appended.
     Manifest,
-    /// The autonomous decision loop (Mode 1).
-    Pattern1,
+    /// The decision loop, the autonomous mode (`pattern1` on the wire).
+    DecisionLoop,
 }
 
 impl RoutePath {
@@ -34,15 +34,20 @@ impl RoutePath {
             RoutePath::Workflow => "workflow",
             RoutePath::Branched => "branched",
             RoutePath::Manifest => "manifest",
-            RoutePath::Pattern1 => "pattern1",
+            RoutePath::DecisionLoop => "pattern1",
         }
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeKind {
-    /// A workflow stage.
+    /// A workflow stage: a model call (its reply is the slot), or with `llm_role: none` a tool
+    /// call or the prefetch pack.
     Stage,
+    /// A workflow stage with `llm_role: query_formulation`: the model writes a query, which its
+    /// capability's HTTP tool gets as the `query` field (`invoke.query_param`); the tool's answer
+    /// is the slot (the reply is, when the capability has no tool). Shown as a workflow stage.
+    QueryFormulation,
     /// A `kind: child_run` stage: runs a child route.
     ChildRun { route: String },
     /// The synthesis node a manifest appends.
@@ -120,7 +125,7 @@ impl StageNode {
     }
 
     /// The role events and views show: the catalogue's `llm_role`, except for the decision
-    /// node of a Pattern 1 route, which calls the model as `decision`.
+    /// node of a decision-loop route, which calls the model as `decision`.
     pub fn role_name(&self) -> &'static str {
         if self.kind == NodeKind::Decision { "decision" } else { self.role.as_str() }
     }
@@ -202,7 +207,7 @@ impl Route {
         self.entry
     }
 
-    /// The node runs start at (the decision node of a Pattern 1 route).
+    /// The node runs start at (the decision node of a decision-loop route).
     pub fn entry_node(&self) -> &StageNode {
         &self.graph[self.entry]
     }
@@ -211,7 +216,7 @@ impl Route {
         &self.graph[idx]
     }
 
-    /// The tools of a Pattern 1 route: its tool nodes, the one list the decision schema, the
+    /// The tools of a decision-loop route: its tool nodes, the one list the decision schema, the
     /// prompt's tool list and the start checks are all made from.
     pub fn tools(&self) -> impl Iterator<Item = &BoundCapability> {
         self.graph.node_weights().filter(|n| n.kind == NodeKind::Tool).filter_map(|n| n.capability.as_ref())
@@ -389,7 +394,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 graph.add_edge(decide, n, Edge { order: order as u16, when: None });
                 graph.add_edge(n, decide, Edge { order: 0, when: None });
             }
-            (RoutePath::Pattern1, None)
+            (RoutePath::DecisionLoop, None)
         }
         None => return Err(inherited),
     };
@@ -425,6 +430,7 @@ fn add_workflow(graph: &mut DiGraph<StageNode, Edge>, wf: &WorkflowDef, defs: &D
         .map(|s| {
             let role = s.role.unwrap_or(LlmRole::None);
             let kind = match &s.kind {
+                StageKindDef::Task if role == LlmRole::QueryFormulation => NodeKind::QueryFormulation,
                 StageKindDef::Task => NodeKind::Stage,
                 StageKindDef::ChildRun { route } => NodeKind::ChildRun { route: route.name.clone() },
             };
@@ -445,7 +451,7 @@ fn add_workflow(graph: &mut DiGraph<StageNode, Edge>, wf: &WorkflowDef, defs: &D
     end
 }
 
-/// The tool list shown to the model in Pattern 1: name, description, input schema.
+/// The tool list shown to the model in the decision loop: name, description, input schema.
 pub fn tools_text(tools: &[BoundCapability]) -> String {
     let mut out = String::new();
     for t in tools {
@@ -488,7 +494,7 @@ fn node_detail(n: &StageNode) -> String {
         NodeKind::AppendedSynthesis => parts.push("appended".into()),
         NodeKind::Decision => parts.push("decision".into()),
         NodeKind::Tool => parts.push("tool".into()),
-        NodeKind::Stage | NodeKind::End => {}
+        NodeKind::Stage | NodeKind::QueryFormulation | NodeKind::End => {}
     }
     if let Some(c) = &n.capability {
         let out = match &c.def.output {
@@ -651,12 +657,30 @@ mod tests {
     #[test]
     fn a_decision_loop_has_one_list_of_tools() {
         let r = route(&format!("{CAPS}routes:\n  r: {{model_profile: p, prompt_pack: pack, decision_loop: {{tools: [t]}}}}\n"), "r");
-        assert_eq!(r.path(), RoutePath::Pattern1);
+        assert_eq!(r.path(), RoutePath::DecisionLoop);
         assert_eq!(r.tools().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["t"]);
         assert!(r.tool_node("t").is_some() && r.tool_node("c").is_none());
         let OutputSpec::Decision(spec) = r.entry_node().output() else { panic!("the entry decides") };
         assert_eq!(spec.tools(), ["t"]);
         assert_eq!(r.entry_node().role_name(), "decision");
         assert!(r.entry_node().prompt().text.contains("- t\n  input schema: {\"type\":\"object\"}"), "{}", r.entry_node().prompt().text);
+    }
+
+    #[test]
+    fn a_query_formulation_is_a_node_kind_of_its_own_shown_as_a_workflow_stage() {
+        let caps = "capabilities:\n  q: {output_schema: {type: object, properties: {query: {type: string}}}, invoke: {url: 'http://x/q'}}\n";
+        let r = route(
+            &format!(
+                "{caps}workflows:\n  w: {{stages: [{{id: a, llm_role: query_formulation, capability: q}}, {{id: b, llm_role: synthesis}}]}}\nroutes:\n  r: {{model_profile: p, prompt_pack: pack, workflow: w}}\n"
+            ),
+            "r",
+        );
+        let kinds: Vec<&NodeKind> = r.nodes().map(|(_, n)| n.kind()).collect();
+        assert_eq!(kinds, [&NodeKind::QueryFormulation, &NodeKind::Stage, &NodeKind::End]);
+        assert!(
+            node_detail(r.entry_node()).starts_with("llm_role=query_formulation capability=q ("),
+            "shown as a workflow stage: {}",
+            node_detail(r.entry_node())
+        );
     }
 }

@@ -13,7 +13,7 @@ pub const DEFAULT_SYSTEM_TEXT: &str = "Follow the user request. Reply with the r
 /// Used for an appended synthesis node when the pack has neither a synthesis template nor a host.
 pub const BUILTIN_SYNTHESIS_PROMPT: &str = "Write the final answer to the goal for the user, using the prior stage outputs. Reply with the answer only.";
 
-/// Wraps the host for Pattern 1 routes when the pack has no `agent` template.
+/// Wraps the host for decision-loop routes when the pack has no `agent` template.
 pub const BUILTIN_AGENT_WRAPPER: &str = "{{host}}\n\n{{rules}}\n\nYou decide the next step of the task. Either call one tool, ask the user one question, or finish with the answer.\n\nTools:\n{{tools}}";
 
 #[derive(Debug, Clone)]
@@ -156,7 +156,7 @@ impl PromptPack {
         self.host_prompt().unwrap_or(ResolvedPrompt { text: BUILTIN_SYNTHESIS_PROMPT.to_owned(), source: PromptSource::BuiltinSynthesis })
     }
 
-    /// Pattern 1: the host (with enterprise rules) wrapped in the agent prompt with the tool list.
+    /// The decision loop: the host (with enterprise rules) wrapped in the agent prompt with the tool list.
     /// The decision prompt always carries host, rules and tools: a pack template that leaves one
     /// out gets it added (host before, rules and tools after), as the load warning says.
     pub fn resolve_agent(&self, tools_text: &str) -> ResolvedPrompt {

@@ -21,7 +21,7 @@ use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning,
 use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos, Severity};
 use crate::events::{EventSink, NullSink, RunEvents};
-use crate::exec::{Continuation, ProfileStack, Recovery, RunRequest, RunResult, Runner, StartError, VarLookup};
+use crate::exec::{ProfileStack, RunHistory, RunRequest, RunResult, Runner, StartError, VarLookup};
 use crate::failure::ReasonClass;
 use crate::hydrate::Route;
 use crate::llm::providers::backend_for;
@@ -581,17 +581,17 @@ impl Runtime {
                 return done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, &why));
             }
         };
-        let recovery = Recovery { run_id: lease.run_id.clone(), history, next_seq };
+        let history = RunHistory { run_id: lease.run_id.clone(), entries: history, next_seq };
         let fenced = Fenced { store, lease: &lease };
         let why = match request {
             Ok(_) if lease.token > MAX_TAKEOVERS => format!("it was taken over {} times", lease.token - 1),
-            Ok(req) => match self.runner.recover(req.run_request(), recovery.clone(), sink.clone(), cancel, Some(&fenced)).await {
+            Ok(req) => match self.runner.recover(req.run_request(), history.clone(), sink.clone(), cancel, Some(&fenced)).await {
                 Ok(result) => return done(result),
                 Err(e) => format!("it cannot go on here: {e}"),
             },
             Err(why) => why,
         };
-        done(self.runner.abandon(&route_id, recovery, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await)
+        done(self.runner.abandon(&route_id, history, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await)
     }
 
     /// Extends the leases of the runs this process executes; returns the runs another process
@@ -625,7 +625,7 @@ impl Runtime {
         let request: StartRequest =
             serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
         self.check_route(&request.route_id)?;
-        if self.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::Pattern1) {
+        if self.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::DecisionLoop) {
             return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
         }
         let Some(lease) = store.claim_reply(run_id, &self.holder).await? else {
@@ -636,7 +636,7 @@ impl Runtime {
         let claimed = async { Ok::<_, StoreError>((store.journal(run_id).await?, store.next_seq(run_id).await?)) };
         match claimed.await {
             Ok((history, next_seq)) => {
-                Ok(ClaimedReply { request, lease, continuation: Continuation { run_id: run_id.to_owned(), history, next_seq, reply: message } })
+                Ok(ClaimedReply { request, lease, history: RunHistory { run_id: run_id.to_owned(), entries: history, next_seq }, reply: message })
             }
             Err(e) => {
                 let _ = store.reopen_reply(&lease).await;
@@ -647,10 +647,10 @@ impl Runtime {
 
     /// Continues a claimed run: the decision loop goes on with the reply as a note.
     pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
-        let ClaimedReply { request, lease, continuation } = claimed;
+        let ClaimedReply { request, lease, history, reply } = claimed;
         let fenced = self.store.as_deref().map(|store| Fenced { store, lease: &lease });
         let journal = fenced.as_ref().map(|f| f as &dyn crate::exec::RunJournal);
-        match self.runner.resume(request.run_request(), continuation, sink, cancel, journal).await {
+        match self.runner.resume(request.run_request(), history, &reply, sink, cancel, journal).await {
             Ok(result) => Ok(RunOutcome { result, unused_script_lines: Vec::new() }),
             Err(e) => {
                 // Not started after all (the catalogue changed since the check): it still waits.
@@ -788,12 +788,15 @@ pub enum ReplyError {
 pub struct ClaimedReply {
     request: StartRequest,
     lease: Lease,
-    continuation: Continuation,
+    /// The run's record so far, read after the claim.
+    history: RunHistory,
+    /// The user's reply.
+    reply: String,
 }
 
 impl ClaimedReply {
     pub fn run_id(&self) -> &str {
-        &self.continuation.run_id
+        &self.history.run_id
     }
 
     pub fn lease(&self) -> &Lease {

@@ -93,7 +93,7 @@ pub fn prompt_ref(route: &Route, node: &StageNode) -> String {
 
 fn kind_text(node: &StageNode) -> String {
     match node.kind() {
-        NodeKind::Stage => "workflow stage".into(),
+        NodeKind::Stage | NodeKind::QueryFormulation => "workflow stage".into(),
         NodeKind::ChildRun { route } => format!("child run → {route}"),
         NodeKind::AppendedSynthesis => "appended synthesis".into(),
         NodeKind::Decision => "decision node".into(),
@@ -268,7 +268,7 @@ pub fn render_svg(route: &Route) -> String {
         route.pack().name(),
         route.activation_target().unwrap_or("any"),
     ));
-    if route.path() == RoutePath::Pattern1 {
+    if route.path() == RoutePath::DecisionLoop {
         header
             .push(format!("decision loop: decide calls one tool per step and reads its result, until DONE or ASK (at most {} steps)", route.max_loop_steps()));
     }
@@ -433,7 +433,7 @@ pub fn render_svg(route: &Route) -> String {
             svg.text(cx, cy + 4.0, "end", " text-anchor=\"middle\"");
         } else {
             let (fill, stroke, extra) = match kind {
-                NodeKind::Stage => ("#eef4fb", "#3a6ea5", " stroke-width=\"1.3\""),
+                NodeKind::Stage | NodeKind::QueryFormulation => ("#eef4fb", "#3a6ea5", " stroke-width=\"1.3\""),
                 NodeKind::ChildRun { .. } => ("#fff6e6", "#b7791f", " stroke-width=\"1.3\" stroke-dasharray=\"6 3\""),
                 NodeKind::AppendedSynthesis => ("#eefaf0", "#2f855a", " stroke-width=\"1.3\""),
                 NodeKind::Decision => ("#fbeef5", "#a83279", " stroke-width=\"2.5\""),

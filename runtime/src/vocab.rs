@@ -48,7 +48,7 @@ pub enum OutputSpec {
     Bindable(Arc<FlatSchema>),
     /// A schema that cannot be bound (nested, empty ...): a plain text call, warned at load.
     Unbindable { why: String },
-    /// The Mode 1 decision node: an `AgentDecision` over the route's tools.
+    /// The decision loop's decision node: an `AgentDecision` over the route's tools.
     Decision(Arc<crate::decision::DecisionSpec>),
 }
 

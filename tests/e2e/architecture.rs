@@ -256,3 +256,20 @@ fn every_module_has_a_header() {
     let missing: Vec<PathBuf> = files.into_iter().filter(|p| !std::fs::read_to_string(p).unwrap().starts_with("//!")).collect();
     assert!(missing.is_empty(), "modules without a //! header: {missing:?}");
 }
+
+#[test]
+fn the_executor_is_split_by_concern() {
+    // One concern per file (the walk, the stage handlers, the model call, the tool calls, the
+    // reply source, ...): none grows past about 400 lines (its unit tests aside).
+    let exec = repo().join("runtime/src/exec");
+    let long: Vec<(PathBuf, usize)> = rust_files(&exec)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n != "tests.rs"))
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text.split("\n#[cfg(test)]\nmod tests {").next().unwrap_or_default().lines().count())
+        })
+        .filter(|(_, n)| *n > 400)
+        .collect();
+    assert!(long.is_empty(), "exec files over 400 lines: {long:?}");
+}

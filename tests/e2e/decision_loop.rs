@@ -1,4 +1,4 @@
-//! The Mode 1 decision loop (Pattern 1): tools, failures, budget, ask, native decisions.
+//! The decision loop (the autonomous mode): tools, failures, budget, ask, native decisions.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The decision loop of Pattern 1 routes (Mode 1), inside the executor.
+//! The decision loop (a `decision_loop:` route, the autonomous mode), inside the executor.
 //!
 //! Each turn the model returns one [`AgentDecision`]. A tool call names a tool of the route's
 //! list (checked inside the model call, so an unknown tool fails the call with `unknown_tool`);
@@ -7,13 +7,12 @@
 //! awaiting the user; done completes it. `max_loop_steps` bounds the model turns.
 
 use opentelemetry::Context;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::{Finish, Run, RunState, Runner, StageFailure};
+use super::Runner;
+use super::state::{Finish, Last, Run, RunState, StageFailure};
 use crate::decision::AgentDecision;
-use crate::events::EventKind;
 use crate::failure::ReasonClass;
-use crate::hydrate::StageNode;
 use crate::llm::ReplyValue;
 
 impl Runner {
@@ -56,14 +55,12 @@ impl Runner {
             }
             match decision {
                 AgentDecision::Done { answer } => {
-                    state.last_output = Some(super::Last::Answer(answer));
+                    state.last_output = Some(Last::Answer(answer));
                     return Ok(Finish::Completed);
                 }
                 AgentDecision::Ask { question } => {
                     // Recovered after the user replied: the reply is in the journal; go on.
-                    if let Some(super::JournalEntry::UserReply { note, .. }) = state.replay_front() {
-                        let note = note.clone();
-                        state.replay_pop(run.events);
+                    if let Some(note) = state.source.user_reply(run.events) {
                         state.notes.push(note);
                         continue;
                     }
@@ -77,22 +74,17 @@ impl Runner {
                     };
                     let open = self.begin_stage(run, tool, state, run_cx);
                     // A recovered or replayed run takes the tool's recorded outcome.
-                    if let Some(super::JournalEntry::Note { note }) = state.replay_front() {
-                        let note = note.clone();
+                    if let Some(note) = state.source.tool_error_note() {
                         state.notes.push(note);
                         self.end_stage(run, open, Err(&StageFailure::new(ReasonClass::ToolFailed, "recorded")), state, false);
-                        // Popped after the stage's (muted) event: it was written before.
-                        state.replay_pop(run.events);
+                        // Taken after the stage's (muted) event: it was written before.
+                        state.source.advance(run.events);
                         continue;
                     }
-                    let outcome = match state.recorded_result(tool.id()) {
-                        Some(value) => Ok(value),
-                        None if state.strict_replay() => {
-                            let what = format!("tool `{}` is called where the journal has no result", tool.id());
-                            state.diverge(what.clone());
-                            Err(StageFailure::new(ReasonClass::ToolFailed, format!("replay: {what}")))
-                        }
-                        None => self.run_loop_tool(run, tool, &arguments, &open.cx).await,
+                    let outcome = match state.source.tool_result(tool.id(), || format!("tool `{}` is called", tool.id())) {
+                        Ok(Some(value)) => Ok(value),
+                        Ok(None) => self.run_loop_tool(run, tool, &arguments, &open.cx).await,
+                        Err(f) => Err(f),
                     };
                     match outcome {
                         Ok(text) => self.end_stage(run, open, Ok(text), state, true),
@@ -110,38 +102,5 @@ impl Runner {
                 }
             }
         }
-    }
-
-    async fn run_loop_tool(&self, run: &Run<'_>, tool: &StageNode, args: &Map<String, Value>, cx: &Context) -> Result<String, StageFailure> {
-        let Some(cap) = &tool.capability() else { return Err(StageFailure::new(ReasonClass::UnknownTool, format!("tool `{}` has no capability", tool.id()))) };
-        if let Some(validator) = &cap.def.input_validator {
-            let instance = Value::Object(args.clone());
-            let problems: Vec<String> = validator
-                .iter_errors(&instance)
-                .take(5)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
-                })
-                .collect();
-            if !problems.is_empty() {
-                run.events.emit(
-                    EventKind::ToolFailed,
-                    Some(tool.id()),
-                    || crate::fields! {"tool" => tool.id(), "reason_class" => ReasonClass::InvalidToolArguments.as_str(), "message" => problems.join("; ")},
-                );
-                return Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))));
-            }
-        }
-        if let Some(invoke) = &cap.def.invoke {
-            return match self.tool_url(tool) {
-                Some((invoke, url)) => self.call_tool(run, tool, invoke, &url, args, cx).await,
-                None => Err(StageFailure::new(
-                    ReasonClass::ToolConnection,
-                    format!("the tool's URL `{}` is not configured (a variable in it is unset)", invoke.url.raw),
-                )),
-            };
-        }
-        self.call_in_process_tool(run, tool, args, cx).await
     }
 }

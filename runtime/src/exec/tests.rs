@@ -8,9 +8,11 @@ use serde_json::{Map, Value, json};
 
 use super::*;
 use crate::catalogue::{self, SourceFile};
+use crate::defs::Invoke;
 use crate::events::{Event, MemorySink};
+use crate::failure::BoxFuture;
 use crate::llm::stub::StubLlm;
-use crate::tools::ToolOutput;
+use crate::tools::{ToolError, ToolOutput};
 
 const CATALOGUE: &str = r#"
 profiles: {p: {}}
@@ -210,8 +212,8 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
         if result.status == RunStatus::AwaitingInput {
             let all = journal.batches.lock().unwrap().len();
             let (history, events) = journal.prefix(all);
-            let cont = Continuation { run_id: "run-1".into(), history, next_seq: events.last().unwrap().seq + 1, reply: "the second".into() };
-            result = r.resume(req.clone(), cont, Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+            let history = RunHistory { run_id: "run-1".into(), entries: history, next_seq: events.last().unwrap().seq + 1 };
+            result = r.resume(req.clone(), history, "the second", Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
         }
         assert_eq!(result.status, RunStatus::Completed, "{route}: {result:?}");
         let total_calls = calls.load(std::sync::atomic::Ordering::SeqCst);
@@ -227,7 +229,7 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
             let sink = Arc::new(MemorySink::default());
             let next_seq = events.last().map_or(1, |e| e.seq + 1);
             let recovered_journal = MemoryJournal::default();
-            let recovery = Recovery { run_id: "run-1".into(), history: history.clone(), next_seq };
+            let recovery = RunHistory { run_id: "run-1".into(), entries: history.clone(), next_seq };
             let recovered = again.recover(req.clone(), recovery, sink.clone(), Cancel::never(), Some(&recovered_journal)).await.unwrap();
             let recorded_replies = history.iter().filter(|e| matches!(e, JournalEntry::ModelReply { .. })).count();
             if route == "looped" && !history.iter().any(|e| matches!(e, JournalEntry::UserReply { .. })) {
@@ -273,4 +275,47 @@ async fn a_replay_with_another_prompt_reports_it() {
     let changed = Runner::new(Arc::new(cat), crate::llm::stack::build(StubLlm::default(), Default::default()), Arc::new(|_: &str| None)).unwrap();
     let report = changed.replay(req, journal.entries()).await.unwrap();
     assert!(report.divergences.iter().any(|d| d.contains("stage `intake` turn 0: the prompt differs")), "{:?}", report.divergences);
+}
+
+#[tokio::test]
+async fn a_replay_asks_for_nothing_its_journal_lacks_and_fails_with_replay_diverged() {
+    let journal = MemoryJournal::default();
+    let r = runner(loop_stub(), http(Ok(r#"{"hits":[1]}"#)));
+    let req = RunRequest { route_id: "staged".into(), goal: json!({"ticket": "t"}).as_object().unwrap().clone(), prefetch: vec![] };
+    r.start("run-1".into(), req.clone(), Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+    let entries = journal.entries();
+    let before = |pred: &dyn Fn(&JournalEntry) -> bool| entries[..entries.iter().position(pred).unwrap()].to_vec();
+    let cases = [
+        (
+            before(&|e| matches!(e, JournalEntry::ModelReply { stage_id, .. } if stage_id == "answer")),
+            "stage `answer` turn 0 calls the model where the journal has nothing more",
+        ),
+        (
+            before(&|e| matches!(e, JournalEntry::StageCompleted { stage_id, .. } if stage_id == "lookup")),
+            "stage `lookup` calls its tool where the journal has no result",
+        ),
+    ];
+    for (history, divergence) in cases {
+        let port = http(Ok("{}"));
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut replayer = runner(StubLlm::default(), port.clone());
+        replayer.llm = crate::llm::stack::build(Counting(loop_stub(), calls.clone()), Default::default());
+        let report = replayer.replay(req.clone(), history).await.unwrap();
+        let error = report.result.error.as_ref().unwrap();
+        assert_eq!((error.reason_class, error.message.as_str()), (ReasonClass::ReplayDiverged, format!("replay: {divergence}").as_str()));
+        assert_eq!(report.divergences, [divergence]);
+        assert_eq!((calls.load(std::sync::atomic::Ordering::SeqCst), port.calls.lock().unwrap().len()), (0, 0), "no model call, no tool call");
+    }
+    // A tool call of the decision loop the journal lacks is noted, as a tool error is.
+    let journal = MemoryJournal::default();
+    let req = RunRequest { route_id: "looped".into(), ..req };
+    r.start("run-2".into(), req.clone(), Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+    let history: Vec<JournalEntry> =
+        journal.entries().into_iter().filter(|e| !matches!(e, JournalEntry::StageCompleted { stage_id, .. } if stage_id == "search")).collect();
+    let report = runner(StubLlm::default(), http(Ok("{}"))).replay(req, history).await.unwrap();
+    assert!(
+        report.result.notes[0].starts_with("search: error: replay_diverged: replay: tool `search` is called where the journal has no result"),
+        "{:?}",
+        report.result.notes
+    );
 }

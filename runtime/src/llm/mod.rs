@@ -52,7 +52,7 @@ pub struct Usage {
 pub enum ReplyValue {
     Text(String),
     Structured(Decoded),
-    /// A Mode 1 decision, already checked against the route's tool list.
+    /// A decision of the decision loop, already checked against the route's tool list.
     Decision(crate::decision::AgentDecision),
 }
 

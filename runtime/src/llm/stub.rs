@@ -1,7 +1,7 @@
 //! The seeded stub: a backend that answers from scripts under `stub/`, never the network.
 //!
 //! `stub/<route_id>.yaml` lists replies per stage, one per call of that stage in a run (a
-//! Pattern 1 route scripts its `decide` node turn by turn, in the `CALL` / `ASK` / `DONE` text
+//! decision-loop route scripts its `decide` node turn by turn, in the `CALL` / `ASK` / `DONE` text
 //! protocol):
 //!
 //! ```yaml

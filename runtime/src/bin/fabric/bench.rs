@@ -21,7 +21,7 @@ use fabric::exec::{RunRequest, RunStatus};
 use fabric::llm::stub::StubLlm;
 use fabric::runtime::{Runtime, StartRequest};
 
-/// The BENCH.md routes: `staged` (three structured stages) and `loop` / `loop-http` (Pattern 1
+/// The BENCH.md routes: `staged` (three structured stages) and `loop` / `loop-http` (the decision loop
 /// with the `add` tool in process, or over HTTP on loopback).
 const CATALOGUE: &str = r#"
 profiles:

@@ -1,0 +1,69 @@
+//! A run's record as the executor writes and reads it: [`JournalEntry`] (one durable fact),
+//! [`JournalBatch`] (what one commit writes), the [`RunJournal`] port the store implements, and
+//! [`RunHistory`] (what a journal holds when a run is taken up again).
+
+use serde::{Deserialize, Serialize};
+
+use super::RunResult;
+use crate::events::Event;
+use crate::failure::BoxFuture;
+
+/// One durable fact of a run, in the order it happened. A run's journal is the list of them;
+/// with the start contract it is enough to rebuild the run's state (notes, slots, turns).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "entry", rename_all = "snake_case")]
+pub enum JournalEntry {
+    /// A model call: what it was asked (system text, user message), its reply as received, and
+    /// the value the stage took from it (what a recovered or replayed run uses instead of asking).
+    ModelReply { stage_id: String, turn: u32, system: String, user: String, raw: String, value: String },
+    /// A stage that completed: its slot value and the note it added, if any.
+    StageCompleted { stage_id: String, value: String, note: Option<String> },
+    /// A note added without a completed stage (a failed tool call in the decision loop).
+    Note { note: String },
+    /// The user's reply to a run that asked, and the note the next decision sees.
+    UserReply { message: String, note: String },
+}
+
+/// What one commit writes: the events since the last one, the journal entries, and at the
+/// run's end (or when it asks) its result.
+#[derive(Debug, Clone, Default)]
+pub struct JournalBatch {
+    pub events: Vec<Event>,
+    pub entries: Vec<JournalEntry>,
+    pub end: Option<RunResult>,
+}
+
+/// Where a journalled run's record goes as it runs: one batch per completed stage (its events and
+/// entries together), and one at the end.
+///
+/// Contract: batches of a run are written in the order given. `append` queues a batch and
+/// returns once it is queued (it waits only while the writer's queue is full), so a stage does
+/// not wait for the disk; an error says an earlier write of the run failed (or its lease is
+/// lost), and the run stops there (`store_error`). `commit` queues the last batch and returns
+/// once every batch of the run is durable: a run is reported ended only when its record is.
+pub trait RunJournal: Send + Sync {
+    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
+    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// What a run's record holds when the run is taken up again: recovered after its process died
+/// ([`Runner::recover`](super::Runner::recover)), continued after the user replied
+/// ([`Runner::resume`](super::Runner::resume)), or given up ([`Runner::abandon`](super::Runner::abandon)).
+#[derive(Debug, Clone)]
+pub struct RunHistory {
+    pub run_id: String,
+    /// The journal so far, in order.
+    pub entries: Vec<JournalEntry>,
+    /// The `seq` the next event gets (one past the last recorded).
+    pub next_seq: u64,
+}
+
+/// A journal entry in a divergence message.
+pub(super) fn describe(entry: &JournalEntry) -> String {
+    match entry {
+        JournalEntry::ModelReply { stage_id, turn, .. } => format!("a model reply of stage `{stage_id}` turn {turn}"),
+        JournalEntry::StageCompleted { stage_id, .. } => format!("the completion of stage `{stage_id}`"),
+        JournalEntry::Note { .. } => "a tool error".into(),
+        JournalEntry::UserReply { .. } => "a reply of the user".into(),
+    }
+}

@@ -1,0 +1,153 @@
+//! Tool calls: an HTTP tool through the [`HttpPort`](crate::tools::HttpPort), an in-process
+//! [`Tool`](crate::tools::Tool) under its timeout, and a decision loop's call with its arguments
+//! checked against the tool's input schema first; each with its events and `execute_tool` span.
+
+use opentelemetry::trace::SpanKind;
+use opentelemetry::{Context, KeyValue};
+use serde_json::{Map, Value};
+
+use super::Runner;
+use super::state::{Run, StageFailure};
+use crate::defs::Invoke;
+use crate::events::EventKind;
+use crate::failure::ReasonClass;
+use crate::fields;
+use crate::hydrate::StageNode;
+use crate::llm::telemetry::round_ms;
+use crate::tools::{ToolError, display_url};
+
+/// The `execute_tool {tool}` span of one tool call, under its stage's span. `tool_type` is the
+/// GenAI convention's: `function` for an in-process tool, `extension` for an HTTP one.
+fn tool_span(cx: &Context, run_id: &str, tool: &str, tool_type: &'static str) -> Context {
+    crate::otel::child(
+        cx,
+        || format!("execute_tool {tool}").into(),
+        SpanKind::Internal,
+        || {
+            vec![
+                KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+                KeyValue::new("gen_ai.tool.type", tool_type),
+                KeyValue::new("fabric.run_id", run_id.to_owned()),
+            ]
+        },
+    )
+}
+
+impl Runner {
+    pub(super) fn tool_url<'s>(&self, stage: &'s StageNode) -> Option<(&'s Invoke, String)> {
+        let invoke = stage.capability()?.def.invoke.as_ref()?;
+        let url = invoke.url.resolve(&|v| (self.vars)(v))?;
+        Some((invoke, url))
+    }
+
+    pub(super) async fn call_tool(
+        &self,
+        run: &Run<'_>,
+        stage: &StageNode,
+        invoke: &Invoke,
+        url: &str,
+        args: &Map<String, Value>,
+        cx: &Context,
+    ) -> Result<String, StageFailure> {
+        let (events, cancel) = (run.events, run.cancel);
+        let tool = stage.capability().map_or("", |c| c.name.as_str());
+        events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
+        // An HTTP tool runs here and calls out: an `extension` in the GenAI conventions.
+        let span = tool_span(cx, events.run_id(), tool, "extension");
+        let outcome = match cancel.race(self.http.call(invoke, url, args)).await {
+            Ok(r) => r,
+            Err(why) => Err(ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
+        };
+        if let Err(e) = &outcome {
+            crate::otel::fail_cx(&span, e.class.as_str());
+        }
+        crate::otel::end(&span);
+        match outcome {
+            Ok(out) => {
+                events.emit(
+                    EventKind::ToolCompleted,
+                    Some(stage.id()),
+                    || fields! {"tool" => tool, "status" => out.status, "bytes" => out.bytes, "duration_ms" => round_ms(out.duration.as_secs_f64() * 1000.0)},
+                );
+                Ok(out.text)
+            }
+            Err(e) => {
+                events.emit(EventKind::ToolFailed, Some(stage.id()), || fields! {"tool" => tool, "reason_class" => e.class.as_str(), "message" => e.message});
+                Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
+            }
+        }
+    }
+
+    /// Calls a registered in-process tool, with the same events as an HTTP tool.
+    pub(super) async fn call_in_process_tool(&self, run: &Run<'_>, stage: &StageNode, args: &Map<String, Value>, cx: &Context) -> Result<String, StageFailure> {
+        let (events, cancel) = (run.events, run.cancel);
+        let name = stage.capability().map_or(stage.id(), |c| c.name.as_str());
+        let Some(tool) = self.tools.get(name) else {
+            return Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}` has no in-process implementation registered")));
+        };
+        events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => name, "method" => "in_process"});
+        let span = tool_span(cx, events.run_id(), name, "function");
+        let started = events.stopwatch();
+        let outcome = match cancel.race(tokio::time::timeout(self.tool_timeout, tool.call(args))).await {
+            Ok(Ok(r)) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
+            Ok(Err(_)) => Err((ReasonClass::ToolTimeout, format!("no result within {} ms", self.tool_timeout.as_millis()))),
+            Err(why) => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
+        };
+        if let Err((class, _)) = &outcome {
+            crate::otel::fail_cx(&span, class.as_str());
+        }
+        crate::otel::end(&span);
+        match outcome {
+            Ok(value) => {
+                let text = match value {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                events.emit(
+                    EventKind::ToolCompleted,
+                    Some(stage.id()),
+                    || fields! {"tool" => name, "status" => "ok", "bytes" => text.len(), "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
+                );
+                Ok(text)
+            }
+            Err((class, message)) => {
+                events.emit(EventKind::ToolFailed, Some(stage.id()), || fields! {"tool" => name, "reason_class" => class.as_str(), "message" => message});
+                Err(StageFailure::new(class, format!("tool `{name}`: {message}")))
+            }
+        }
+    }
+
+    pub(super) async fn run_loop_tool(&self, run: &Run<'_>, tool: &StageNode, args: &Map<String, Value>, cx: &Context) -> Result<String, StageFailure> {
+        let Some(cap) = &tool.capability() else { return Err(StageFailure::new(ReasonClass::UnknownTool, format!("tool `{}` has no capability", tool.id()))) };
+        if let Some(validator) = &cap.def.input_validator {
+            let instance = Value::Object(args.clone());
+            let problems: Vec<String> = validator
+                .iter_errors(&instance)
+                .take(5)
+                .map(|e| {
+                    let at = e.instance_path().to_string();
+                    if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
+                })
+                .collect();
+            if !problems.is_empty() {
+                run.events.emit(
+                    EventKind::ToolFailed,
+                    Some(tool.id()),
+                    || crate::fields! {"tool" => tool.id(), "reason_class" => ReasonClass::InvalidToolArguments.as_str(), "message" => problems.join("; ")},
+                );
+                return Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))));
+            }
+        }
+        if let Some(invoke) = &cap.def.invoke {
+            return match self.tool_url(tool) {
+                Some((invoke, url)) => self.call_tool(run, tool, invoke, &url, args, cx).await,
+                None => Err(StageFailure::new(
+                    ReasonClass::ToolConnection,
+                    format!("the tool's URL `{}` is not configured (a variable in it is unset)", invoke.url.raw),
+                )),
+            };
+        }
+        self.call_in_process_tool(run, tool, args, cx).await
+    }
+}
