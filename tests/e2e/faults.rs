@@ -299,19 +299,8 @@ async fn a_read_only_window_heals_without_a_restart_and_fails_no_run() {
     for f in &files {
         chmod(f, "644");
     }
-    let (status, body) = readiness_becomes(&server, 200, Duration::from_secs(30)).await;
-    assert_eq!(status, 200, "ready again without a restart: {body}\n{}", server.logs());
-    let (status, _, body) = start(&server, &triage(0, 10)).await;
-    assert_eq!(status, 201, "writes resumed: {body}\n{}", server.logs());
-    ids.push(body["run_id"].as_str().unwrap().to_owned());
-    for id in &ids {
-        let view = settled(&server, id).await;
-        assert_eq!(view["status"], "completed", "run {id} (refused {refused} while read-only): {view}\n{}", server.logs());
-    }
-    let store = fabric::store::open(&db).await.unwrap();
-    for id in &ids {
-        crate::durable::assert_executed_once(store.as_ref(), id, "read-only").await;
-    }
+    eprintln!("{refused} starts refused while read-only");
+    heals_and_completes(&server, &db, &mut ids, "read-only").await;
 }
 
 /// The database file removed, and then replaced by another, under a running server: readiness
@@ -340,6 +329,25 @@ async fn a_database_file_removed_or_replaced_under_the_server_makes_it_not_ready
         let logs = server.logs();
         assert!(logs.contains("fabric.db") && (logs.contains("removed") || logs.contains("replaced")), "replaced {replace}: {logs}");
     }
+}
+
+/// After a fault ended: ready again by itself, a start taken, and every acknowledged run (that
+/// one too) completed with each stage once. The store, for more checks.
+async fn heals_and_completes(server: &Server, db: &str, acked: &mut Vec<String>, what: &str) -> std::sync::Arc<dyn fabric::store::RunStore> {
+    let (status, body) = readiness_becomes(server, 200, Duration::from_secs(30)).await;
+    assert_eq!(status, 200, "{what}: ready again by itself: {body}\n{}", server.logs());
+    let (status, _, body) = start(server, &triage(0, 10)).await;
+    assert_eq!(status, 201, "{what}: writes resumed: {body}\n{}", server.logs());
+    acked.push(body["run_id"].as_str().unwrap().to_owned());
+    for id in acked.iter() {
+        let view = settled(server, id).await;
+        assert_eq!(view["status"], "completed", "{what}: run {id}: {view}\n{}", server.logs());
+    }
+    let store = fabric::store::open(db).await.unwrap();
+    for id in acked.iter() {
+        crate::durable::assert_executed_once(store.as_ref(), id, what).await;
+    }
+    store
 }
 
 fn chmod(path: &Path, mode: &str) {
@@ -451,18 +459,8 @@ async fn postgres_stopped_for_20_s_under_load_refuses_starts_and_loses_nothing()
     }
     as_owner(&[&bin("pg_ctl"), "-D", &data, "-l", &log, "-w", "-o", opts.trim(), "start"]);
     assert!(refused > 0 && not_ready > 0, "refused {refused}, not ready {not_ready}");
-    let (status, body) = readiness_becomes(&server, 200, Duration::from_secs(30)).await;
-    assert_eq!(status, 200, "ready again by itself: {body}\n{}", server.logs());
-    let (status, _, body) = start(&server, &triage(0, 10)).await;
-    assert_eq!(status, 201, "{body}\n{}", server.logs());
-    acked.push(body["run_id"].as_str().unwrap().to_owned());
+    let store = heals_and_completes(&server, &url, &mut acked, "postgres stopped").await;
     for id in &acked {
-        let view = settled(&server, id).await;
-        assert_eq!(view["status"], "completed", "run {id}: {view}\n{}", server.logs());
-    }
-    let store = fabric::store::open(&url).await.unwrap();
-    for id in &acked {
-        crate::durable::assert_executed_once(store.as_ref(), id, "postgres stopped").await;
         assert_eq!(store.get_run(id).await.unwrap().unwrap().lease_token, 1, "run {id}: a store outage takes no run over");
     }
     drop(server);

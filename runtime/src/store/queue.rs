@@ -645,6 +645,8 @@ where
     }
 }
 
+// The same bounds as the inherent impl above: Rust has no alias for a set of higher-ranked
+// bounds on other types than `DB`, so each impl spells them out.
 impl<DB> WriteRows for PoolWriter<DB>
 where
     DB: sqlx::Database + Dialect,

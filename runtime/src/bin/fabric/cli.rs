@@ -693,15 +693,9 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     if let Err(e) = runtime.check_route(route_id) {
         return Ok(usage(e));
     }
-    let (sink, json_sink) = match event_sink(events_out) {
-        Ok(both) => both,
+    let RunIo { sink, json_sink, handle: lost_handle, cancel, signal } = match run_io(events_out) {
+        Ok(io) => io,
         Err(code) => return Ok(code),
-    };
-    let (handle, cancel) = CancelHandle::new();
-    let lost_handle = handle.clone();
-    let signal = match on_signals(handle) {
-        Ok(s) => s,
-        Err(e) => return Ok(usage(e)),
     };
     let outcome = if store.is_some() {
         // Recorded as the service records a run: accepted (a row), then journalled as it goes.
@@ -730,6 +724,24 @@ fn first_run_hint(settings: &Settings) -> Option<String> {
             settings.model_string.0
         )
     })
+}
+
+/// What a run of the CLI is wired to: its events' sinks, the handle that cancels it (a signal, a
+/// lost lease) and the signal that did.
+struct RunIo {
+    sink: Arc<dyn EventSink>,
+    json_sink: Option<Arc<JsonLinesSink>>,
+    handle: CancelHandle,
+    cancel: fabric::cancel::Cancel,
+    signal: Arc<std::sync::atomic::AtomicU8>,
+}
+
+/// The events' sinks and the signal handlers of a run (`fabric run`, `fabric runs reply`).
+fn run_io(events_out: Option<&str>) -> Result<RunIo, ExitCode> {
+    let (sink, json_sink) = event_sink(events_out)?;
+    let (handle, cancel) = CancelHandle::new();
+    let signal = on_signals(handle.clone()).map_err(usage)?;
+    Ok(RunIo { sink, json_sink, handle, cancel, signal })
 }
 
 /// Where a run's events go, and the JSON-lines file among them (whose failure is reported).
@@ -829,15 +841,9 @@ async fn runs_reply(cli: &Cli, store: Option<&str>, run_id: &RunId, message: &st
     for w in runtime.warnings() {
         say(format_args!("fabric: warning: {w}"));
     }
-    let (sink, json_sink) = match event_sink(events_out) {
-        Ok(both) => both,
+    let RunIo { sink, json_sink, handle: lost_handle, cancel, signal } = match run_io(events_out) {
+        Ok(io) => io,
         Err(code) => return Ok(code),
-    };
-    let (handle, cancel) = CancelHandle::new();
-    let lost_handle = handle.clone();
-    let signal = match on_signals(handle) {
-        Ok(s) => s,
-        Err(e) => return Ok(usage(e)),
     };
     match runtime.reply_recorded(run_id.as_str(), message, sink, &lost_handle, cancel).await {
         Ok(outcome) => finish_run(&outcome, json_sink, &signal, hint.as_deref()),
