@@ -228,6 +228,12 @@ fn settle(failed: &Failed, job: &Write, ack: Option<oneshot::Sender<Result<(), S
     }
 }
 
+/// A new run refused while the store cannot write: the client is told `Unavailable` (503) and
+/// nothing of it is written, neither now nor later.
+fn refuse_start(failed: &Failed, job: &Write, ack: Option<oneshot::Sender<Result<(), StoreError>>>, error: &str) {
+    settle(failed, job, ack, Err(StoreError::Unavailable(format!("the new run could not be recorded: {error}"))));
+}
+
 /// The failure of an earlier batch of the run a job writes for (a create has none).
 fn failure_before(failed: &Failed, job: &Write) -> Option<String> {
     match job {
@@ -317,10 +323,7 @@ impl Inbox {
             tokio::select! {
                 _ = tokio::time::sleep(tick) => {}
                 job = self.queue.recv() => match job {
-                    Some((job @ Write::Create { .. }, ack)) if health.failing() => {
-                        let refused = StoreError::Unavailable(format!("the store cannot take writes now: {error}"));
-                        settle(failed, &job, ack, Err(refused));
-                    }
+                    Some((job @ Write::Create { .. }, ack)) if health.failing() => refuse_start(failed, &job, ack, error),
                     Some(job) => self.held.push_back(job),
                     None => return,
                 },
@@ -431,10 +434,7 @@ async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, i
                 if !in_doubt {
                     for (job, ack) in std::mem::take(jobs) {
                         match job {
-                            Write::Create { .. } => {
-                                let refused = StoreError::Unavailable(format!("the new run could not be recorded: {e}"));
-                                settle(failed, &job, ack, Err(refused));
-                            }
+                            Write::Create { .. } => refuse_start(failed, &job, ack, &e),
                             commit => jobs.push((commit, ack)),
                         }
                     }
@@ -469,9 +469,10 @@ impl<DB: sqlx::Database> PoolWriter<DB> {
     fn forget(&self, conn: &mut sqlx::pool::PoolConnection<DB>, f: &ConnFailure) {
         if self.health.discards() {
             conn.close_on_drop();
-            if f.poison {
-                self.health.poison();
-            }
+        }
+        if f.poison {
+            // A no-op for an in-memory database (its one connection is the database).
+            self.health.poison();
         }
     }
 }
