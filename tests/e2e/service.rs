@@ -303,6 +303,21 @@ impl Server {
     /// As `start`, as another user (`setpriv` execs the binary in its place: the pid is the
     /// server's).
     pub(crate) fn start_as(user: &str, store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
+        // The other user must reach the binary and the repository's fixtures: a clone under a
+        // `mktemp -d` folder (mode 0700) would keep it out. Each folder above them gets search
+        // permission for others (no read: nothing is listed), as root may give it.
+        for path in [std::path::Path::new(env!("CARGO_BIN_EXE_fabric")), &repo()] {
+            for dir in path.ancestors().skip(1) {
+                use std::os::unix::fs::PermissionsExt;
+                if let Ok(meta) = std::fs::metadata(dir)
+                    && meta.permissions().mode() & 0o001 == 0
+                {
+                    let mut perms = meta.permissions();
+                    perms.set_mode(perms.mode() | 0o001);
+                    let _ = std::fs::set_permissions(dir, perms);
+                }
+            }
+        }
         let mut cmd = Command::new("setpriv");
         cmd.args([&format!("--reuid={user}"), "--regid=nogroup", "--clear-groups", env!("CARGO_BIN_EXE_fabric")]);
         Server::spawn(cmd, store, stub, extra)
