@@ -21,7 +21,7 @@ use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning,
 use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos, Severity};
 use crate::events::{EventSink, NullSink, RunEvents};
-use crate::exec::{ProfileStack, RunHistory, RunRequest, RunResult, Runner, StartError, VarLookup};
+use crate::exec::{Begin, Problems, ProfileStack, RunHistory, RunRequest, RunResult, Runner, StartError, VarLookup};
 use crate::failure::ReasonClass;
 use crate::hydrate::Route;
 use crate::llm::providers::backend_for;
@@ -423,7 +423,7 @@ impl Runtime {
     pub fn check_route(&self, route_id: &str) -> Result<&Arc<Route>, StartError> {
         let route = self.runner.route(route_id)?;
         if let Some(problems) = self.stub.as_ref().and_then(|s| s.problems(route_id)) {
-            return Err(StartError::StubScriptBroken { route: route_id.to_owned(), problems: lines(problems) });
+            return Err(StartError::StubScriptBroken { route: route_id.to_owned(), problems: Problems(problems.to_vec()) });
         }
         Ok(route)
     }
@@ -433,9 +433,9 @@ impl Runtime {
     pub async fn run(&self, req: RunRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
         // The runner checks the rest of `check_route` itself.
         if let Some(problems) = self.stub.as_ref().and_then(|s| s.problems(&req.route_id)) {
-            return Err(StartError::StubScriptBroken { route: req.route_id.clone(), problems: lines(problems) });
+            return Err(StartError::StubScriptBroken { route: req.route_id.clone(), problems: Problems(problems.to_vec()) });
         }
-        let result = self.runner.run_with_cancel(req, sink, cancel).await?;
+        let result = self.runner.execute(req, Begin::New { run_id: crate::exec::new_run_id() }, sink, cancel, None).await?;
         let unused_script_lines = self.stub.as_ref().filter(|s| s.is_strict()).map(|s| s.unconsumed(&result.llm_calls)).unwrap_or_default();
         Ok(RunOutcome { result, unused_script_lines })
     }
@@ -477,7 +477,7 @@ impl Runtime {
     pub async fn execute(&self, lease: &Lease, req: &StartRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
         let fenced = self.store.as_deref().map(|store| Fenced { store, lease });
         let journal = fenced.as_ref().map(|f| f as &dyn crate::exec::RunJournal);
-        let result = self.runner.start(lease.run_id.clone(), req.run_request(), sink, cancel, journal).await?;
+        let result = self.runner.execute(req.run_request(), Begin::New { run_id: lease.run_id.clone() }, sink, cancel, journal).await?;
         Ok(RunOutcome { result, unused_script_lines: Vec::new() })
     }
 
@@ -585,7 +585,7 @@ impl Runtime {
         let fenced = Fenced { store, lease: &lease };
         let why = match request {
             Ok(_) if lease.token > MAX_TAKEOVERS => format!("it was taken over {} times", lease.token - 1),
-            Ok(req) => match self.runner.recover(req.run_request(), history.clone(), sink.clone(), cancel, Some(&fenced)).await {
+            Ok(req) => match self.runner.execute(req.run_request(), Begin::Recover(history.clone()), sink.clone(), cancel, Some(&fenced)).await {
                 Ok(result) => return done(result),
                 Err(e) => format!("it cannot go on here: {e}"),
             },
@@ -650,7 +650,7 @@ impl Runtime {
         let ClaimedReply { request, lease, history, reply } = claimed;
         let fenced = self.store.as_deref().map(|store| Fenced { store, lease: &lease });
         let journal = fenced.as_ref().map(|f| f as &dyn crate::exec::RunJournal);
-        match self.runner.resume(request.run_request(), history, &reply, sink, cancel, journal).await {
+        match self.runner.execute(request.run_request(), Begin::Continue { history, reply }, sink, cancel, journal).await {
             Ok(result) => Ok(RunOutcome { result, unused_script_lines: Vec::new() }),
             Err(e) => {
                 // Not started after all (the catalogue changed since the check): it still waits.
@@ -674,7 +674,8 @@ impl Runtime {
         let request: StartRequest =
             serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
         let history = store.journal(run_id).await?;
-        let mut report = self.runner.replay(request.run_request(), history).await?;
+        let mut result = self.runner.execute(request.run_request(), Begin::Replay(history), Arc::new(NullSink), Cancel::never(), None).await?;
+        let mut report = crate::exec::ReplayReport { divergences: std::mem::take(&mut result.divergences), result };
         let recorded = run.result.unwrap_or(Value::Null);
         let now = serde_json::to_value(&report.result).unwrap_or(Value::Null);
         for key in ["status", "output", "question"] {
@@ -838,10 +839,6 @@ impl ClaimedRun {
 /// How many times a run may be taken over before the next claim fails it instead: a run that
 /// takes its process down with it (a panic, memory) must not take the fleet down one by one.
 pub const MAX_TAKEOVERS: i64 = 10;
-
-fn lines(problems: &[Diagnostic]) -> String {
-    problems.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n")
-}
 
 #[cfg(test)]
 mod tests {

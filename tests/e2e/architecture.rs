@@ -39,7 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("config", &["textfile", "redact", "vocab", "yaml", "llm"]),
     // Running them.
     ("tools", &["redact", "failure", "defs"]),
-    ("exec", &["cancel", "failure", "events", "structured", "decision", "otel", "defs", "hydrate", "catalogue", "llm", "tools"]),
+    ("exec", &["diag", "cancel", "failure", "events", "structured", "decision", "otel", "defs", "hydrate", "catalogue", "llm", "tools"]),
     ("store", &["redact", "failure", "events", "exec"]),
     ("runtime", &["cancel", "diag", "failure", "events", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // The service: HTTP over the facade.

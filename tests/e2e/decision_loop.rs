@@ -54,8 +54,8 @@ async fn tool_call_tool_call_done() {
     let kb = kb_server().await;
     let (result, events) =
         run_agent(&[r#"CALL kb_search {"q":"duplicate charge"}"#, r#"CALL add {"a":2,"b":3}"#, "DONE The duplicate charge was refunded."], Some(kb)).await;
-    assert_eq!(result.status, RunStatus::Completed, "{result:?}");
-    assert_eq!(result.output.as_deref(), Some("The duplicate charge was refunded."));
+    assert_eq!(result.status(), RunStatus::Completed, "{result:?}");
+    assert_eq!(result.output(), Some("The duplicate charge was refunded."));
     assert_eq!(result.notes, [r#"kb_search: {"hits":[{"id":7,"title":"Refunds for duplicate charge"}]}"#, r#"add: {"sum":5}"#]);
     assert_eq!(
         kinds(&events),
@@ -91,7 +91,7 @@ async fn tool_call_tool_call_done() {
 async fn tool_errors_are_noted_and_the_loop_goes_on() {
     let kb = kb_server().await;
     let (result, events) = run_agent(&[r#"CALL kb_search {"q":"boom"}"#, r#"CALL add {"a":"two","b":3}"#, "DONE sorry"], Some(kb)).await;
-    assert_eq!(result.status, RunStatus::Completed);
+    assert_eq!(result.status(), RunStatus::Completed);
     assert_eq!(result.notes[0], "kb_search: error: tool_http_status: tool `kb_search`: HTTP 500: index offline");
     assert!(result.notes[1].starts_with("add: error: invalid_tool_arguments: arguments do not match the input schema: /a: "), "{}", result.notes[1]);
     // Arguments are checked before anything is sent: the in-process tool never ran.
@@ -100,14 +100,14 @@ async fn tool_errors_are_noted_and_the_loop_goes_on() {
     assert_eq!(failed, ["tool_http_status", "invalid_tool_arguments"]);
     // Without KB_SEARCH_URL the search tool is unavailable; also noted, not fatal.
     let (result, _) = run_agent(&[r#"CALL kb_search {"q":"x"}"#, "DONE no search"], None).await;
-    assert_eq!(result.status, RunStatus::Completed);
+    assert_eq!(result.status(), RunStatus::Completed);
     assert!(result.notes[0].contains("is not configured"), "{}", result.notes[0]);
 }
 
 #[tokio::test]
 async fn unknown_tools_fail_at_once() {
     let (result, events) = run_agent(&[r#"CALL delete_account {"id":1}"#], None).await;
-    let err = result.error.unwrap();
+    let err = result.error().unwrap();
     assert_eq!((err.reason_class.as_str(), err.stage_id.as_deref()), ("unknown_tool", Some("decide")));
     assert_eq!(
         kinds(&events),
@@ -119,7 +119,7 @@ async fn unknown_tools_fail_at_once() {
 #[tokio::test]
 async fn malformed_call_lines_fail_the_run() {
     let (result, events) = run_agent(&["CALL add {\"a\": 2,"], None).await;
-    assert_eq!(result.error.unwrap().reason_class, "invalid_decision");
+    assert_eq!(result.error().unwrap().reason_class, "invalid_decision");
     assert_eq!(events[3].data["reason_class"], "invalid_decision");
 }
 
@@ -128,9 +128,9 @@ async fn the_budget_bounds_model_turns() {
     let calls: Vec<String> = (0..9).map(|i| format!(r#"CALL add {{"a":{i},"b":1}}"#)).collect();
     let script: Vec<&str> = calls.iter().map(String::as_str).collect();
     let (result, events) = run_agent(&script[..8], None).await;
-    assert_eq!(result.status, RunStatus::Failed);
-    assert_eq!(result.output, None, "no partial answer");
-    assert_eq!(result.error.unwrap().reason_class, "loop_budget_exceeded");
+    assert_eq!(result.status(), RunStatus::Failed);
+    assert_eq!(result.output(), None, "no partial answer");
+    assert_eq!(result.error().unwrap().reason_class, "loop_budget_exceeded");
     let failed = events.last().unwrap();
     assert_eq!(failed.kind, "run.failed");
     let decisions = failed.data["decisions"].as_array().unwrap();
@@ -142,8 +142,8 @@ async fn the_budget_bounds_model_turns() {
 #[tokio::test]
 async fn ask_ends_the_run_awaiting_the_user() {
     let (result, events) = run_agent(&["ASK Which order number was charged twice?"], None).await;
-    assert_eq!(result.status, RunStatus::AwaitingInput);
-    assert_eq!(result.question.as_deref(), Some("Which order number was charged twice?"));
+    assert_eq!(result.status(), RunStatus::AwaitingInput);
+    assert_eq!(result.question(), Some("Which order number was charged twice?"));
     assert_eq!(events.last().unwrap().kind, "run.awaiting_input");
     let json = serde_json::to_value(&result).unwrap();
     assert_eq!(json["status"], "awaiting_input");
@@ -170,7 +170,7 @@ async fn in_process_tools_come_from_the_library_api() {
 #[tokio::test]
 async fn a_decision_the_stub_cannot_read_is_shown_in_its_failed_event() {
     let (result, events) = run_agent(&["MAYBE later"], None).await;
-    assert_eq!(result.status, RunStatus::Failed);
+    assert_eq!(result.status(), RunStatus::Failed);
     let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
     assert_eq!(failed.data["reply"], "MAYBE later", "{:?}", failed.data);
 }
@@ -194,8 +194,8 @@ async fn an_in_process_tool_that_never_answers_times_out_and_the_loop_goes_on() 
     let sink = Arc::new(MemorySink::default());
     let goal = json!({}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-agent".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();
-    assert_eq!(result.status, RunStatus::Completed, "{result:?}");
-    assert_eq!(result.output.as_deref(), Some("without the sum"));
+    assert_eq!(result.status(), RunStatus::Completed, "{result:?}");
+    assert_eq!(result.output(), Some("without the sum"));
     assert_eq!(result.notes, ["add: error: tool_timeout: tool `add`: no result within 50 ms"]);
     let failed: Vec<_> = sink.events().into_iter().filter(|e| e.kind.as_str() == "run.tool.failed").collect();
     assert_eq!(failed.len(), 1);
@@ -217,7 +217,7 @@ async fn live_providers_decide_with_native_structured_output() {
     let runner = Runner::new(shipped(), llm, Arc::new(|_: &str| None)).unwrap().with_tool("add", builtin_add());
     let goal = json!({"question": "2+3?"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-agent".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
-    assert_eq!(result.output.as_deref(), Some("All done."));
+    assert_eq!(result.output(), Some("All done."));
     assert_eq!(result.notes, [r#"add: {"sum":5}"#]);
     let body = &f.requests()[0].body;
     let schema = &body["response_format"]["json_schema"];
@@ -249,7 +249,7 @@ async fn hostile_arguments_stay_in_the_query_string() {
     let url = serve(app).await;
     let hostile = r#"CALL kb_search {"q":"x&admin=1/../../etc?#@evil.example:80/"}"#;
     let (result, _) = run_agent(&[hostile, "DONE ok"], Some(url)).await;
-    assert_eq!(result.status, RunStatus::Completed);
+    assert_eq!(result.status(), RunStatus::Completed);
     let uris = seen.lock().unwrap().clone();
     assert_eq!(uris.len(), 1);
     assert!(uris[0].starts_with("/search?q="), "{}", uris[0]);
@@ -267,7 +267,7 @@ async fn the_step_budget_is_carried_into_child_runs() {
     let sink = Arc::new(MemorySink::default());
     let goal = json!({}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "parent".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();
-    let err = result.error.unwrap();
+    let err = result.error().unwrap();
     assert_eq!(err.reason_class, "child_run_failed");
     assert!(err.message.contains("loop_budget_exceeded: no answer after max_loop_steps (2) model turns"), "{}", err.message);
     assert_eq!(sink.events().iter().filter(|e| e.kind == "run.llm.started").count(), 2);

@@ -68,7 +68,7 @@ async fn huge_retry_after_headers_are_capped_not_a_crash() {
             fake.push(Canned { status: 503, headers: vec![(header, value.to_owned())], body: "{}".into(), delay: Duration::ZERO });
             let url = fake.start().await;
             let (result, events) = triage_on(kind, &url, DEFAULT_MAX_REPLY_BYTES).await;
-            assert_eq!(result.status, RunStatus::Completed, "{kind:?} {header}: {value}: {result:?}");
+            assert_eq!(result.status(), RunStatus::Completed, "{kind:?} {header}: {value}: {result:?}");
             let retry = events.iter().find(|e| e.kind == "run.llm.retrying").unwrap();
             assert!(retry.data["delay_ms"].as_u64().unwrap() <= 50, "capped at the retry maximum: {:?}", retry.data);
         }
@@ -95,7 +95,7 @@ async fn provider_calls_never_follow_a_redirect() {
             let fake = FakeProvider::new(move |_| Canned { status, headers: vec![("location", to.clone())], body: String::new(), delay: Duration::ZERO });
             let url = fake.start().await;
             let (result, events) = triage_on(kind, &url, DEFAULT_MAX_REPLY_BYTES).await;
-            let error = result.error.clone().unwrap();
+            let error = result.error().unwrap().clone();
             assert_eq!(error.reason_class, "provider_error", "{kind:?} {status}");
             assert!(error.message.contains(&format!("HTTP {status}")) && error.message.contains("never follow redirects"), "{}", error.message);
             assert!(!record(&result, &events).contains("token=abc"), "the redirect's query is not repeated");
@@ -163,7 +163,7 @@ async fn secrets_in_tool_urls_reach_no_message() {
     .unwrap();
     let sink = Arc::new(MemorySink::default());
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
-    assert_eq!(result.error.as_ref().unwrap().reason_class, "tool_connection");
+    assert_eq!(result.error().unwrap().reason_class, "tool_connection");
     assert!(!record(&result, &sink.events()).contains(SECRET));
 }
 
@@ -204,7 +204,7 @@ async fn replies_cut_at_the_token_limit_fail_on_every_provider() {
         let fake = FakeProvider::new(move |_| Canned::json(200, body.clone()));
         let url = fake.start().await;
         let (result, _) = triage_on(kind, &url, DEFAULT_MAX_REPLY_BYTES).await;
-        let e = result.error.unwrap();
+        let e = result.error().unwrap();
         assert_eq!(e.reason_class, "provider_error", "{kind:?}");
         assert!(e.message.contains("cut at the output token limit"), "{kind:?}: {}", e.message);
     }
@@ -448,7 +448,7 @@ async fn provider_bodies_are_capped() {
     let fake = FakeProvider::new(move |_| Canned::json(400, huge_error.clone()));
     let url = fake.start().await;
     let (result, events) = triage_on(ProviderKind::OpenAi, &url, DEFAULT_MAX_REPLY_BYTES).await;
-    let message = &result.error.as_ref().unwrap().message;
+    let message = &result.error().unwrap().message;
     assert_eq!(message, "HTTP 400 from openai", "no provider error text in messages");
     assert!(record(&result, &events).len() < 20_000);
     // Of an error body only the provider's error code is kept: its text may quote a key.
@@ -456,12 +456,12 @@ async fn provider_bodies_are_capped() {
     let fake = FakeProvider::new(move |_| Canned::json(401, leaky.clone()));
     let url = fake.start().await;
     let (result, events) = triage_on(ProviderKind::OpenAi, &url, DEFAULT_MAX_REPLY_BYTES).await;
-    assert_eq!(result.error.as_ref().unwrap().message, "HTTP 401 from openai (invalid_api_key)");
+    assert_eq!(result.error().unwrap().message, "HTTP 401 from openai (invalid_api_key)");
     assert!(!record(&result, &events).contains("SECRET"));
     let fake = FakeProvider::new(|body| Canned::json(200, reply_json(ProviderKind::OpenAi, body)));
     let url = fake.start().await;
     let (result, _) = triage_on(ProviderKind::OpenAi, &url, 64).await;
-    let e = result.error.unwrap();
+    let e = result.error().unwrap();
     assert_eq!(e.reason_class, "provider_error");
     assert!(e.message.contains("larger than the 64-byte limit (FABRIC_LLM_MAX_REPLY_BYTES)"), "{}", e.message);
 }
@@ -544,7 +544,7 @@ async fn odd_ends_of_the_review() {
         Runner::new(shipped(), fabric::llm::stack::build(stub, FAST_RETRY), Arc::new(|_: &str| None)).unwrap().with_tool("add", fabric::tools::builtin_add());
     let sink = Arc::new(MemorySink::default());
     let result = runner.run(RunRequest { route_id: "support-agent".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
-    assert_eq!(result.error.unwrap().reason_class, "loop_budget_exceeded");
+    assert_eq!(result.error().unwrap().reason_class, "loop_budget_exceeded");
     let events = sink.events();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(&kinds[kinds.len() - 2..], ["run.stage.failed", "run.failed"]);
@@ -617,7 +617,7 @@ async fn an_oversized_error_body_keeps_its_status_class() {
     let retry = events.iter().find(|e| e.kind == "run.llm.retrying").expect("a 503 is retried");
     assert_eq!(retry.data["reason_class"], "server_error");
     assert_eq!(retry.data["message"], "HTTP 503 from openai", "{:?}", retry.data);
-    assert_eq!(result.status, RunStatus::Completed, "the retry's small reply is read: {result:?}");
+    assert_eq!(result.status(), RunStatus::Completed, "the retry's small reply is read: {result:?}");
 }
 
 #[test]
@@ -1218,7 +1218,7 @@ async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
     use axum::http::{Request, StatusCode};
     use fabric::api::{ApiConfig, AppState, router};
     use fabric::events::EventKind;
-    use fabric::exec::{JournalBatch, RunStatus};
+    use fabric::exec::JournalBatch;
     use fabric::store::Holder;
     use tower::ServiceExt;
     let store = fabric::store::open("sqlite::memory:").await.unwrap();
@@ -1292,8 +1292,7 @@ async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut end = fabric::exec::result_from_journal(a, "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
-    end.status = RunStatus::Completed;
-    end.error = None;
+    end.end = fabric::exec::RunEnd::Completed { output: None };
     store.commit(&lease, JournalBatch { events: vec![event(3, EventKind::RunCompleted)], end: Some(end), ..Default::default() }).await.unwrap();
     for body in streams {
         let events = crate::service::read_sse(body, |_| false).await;

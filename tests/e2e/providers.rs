@@ -105,9 +105,9 @@ async fn support_triage_runs_on_every_provider() {
         let fake = fake(kind);
         let url = fake.start().await;
         let (result, events) = run_with(kind, &url, FAST_RETRY).await;
-        assert_eq!(result.status, RunStatus::Completed, "{kind:?}: {result:?}");
+        assert_eq!(result.status(), RunStatus::Completed, "{kind:?}: {result:?}");
         assert_eq!(result.slots["intake"], r#"{"category":"billing","urgency":"high"}"#, "{kind:?}");
-        assert_eq!(result.output.as_deref(), Some("Refunded."), "{kind:?}");
+        assert_eq!(result.output(), Some("Refunded."), "{kind:?}");
         let completed: Vec<&Event> = events.iter().filter(|e| e.kind == "run.llm.completed").collect();
         assert_eq!(completed.len(), 3);
         assert_eq!(completed[0].data["input_tokens"], 31, "{kind:?}");
@@ -206,9 +206,9 @@ async fn a_fenced_reply_is_accepted_where_the_reference_accepts_it() {
         });
         let (result, _) = run_with(kind, &f.start().await, FAST_RETRY).await;
         if accepted {
-            assert_eq!(result.status, fabric::exec::RunStatus::Completed, "{kind:?}: {result:?}");
+            assert_eq!(result.status(), fabric::exec::RunStatus::Completed, "{kind:?}: {result:?}");
         } else {
-            assert_eq!(result.error.as_ref().map(|e| e.reason_class.as_str()), Some("invalid_json"), "{kind:?}: {result:?}");
+            assert_eq!(result.error().map(|e| e.reason_class.as_str()), Some("invalid_json"), "{kind:?}: {result:?}");
         }
     }
 }
@@ -219,7 +219,7 @@ async fn a_fenced_reply_that_fails_is_reported_as_received() {
     let fenced = "```json\n{\"category\": \"sales\", \"urgency\": \"high\"}\n```";
     let f = FakeProvider::new(move |_| Canned::json(200, json!({"message": {"role": "assistant", "content": fenced}, "done": true})));
     let (result, events) = run_with(ProviderKind::Ollama, &f.start().await, FAST_RETRY).await;
-    assert_eq!(result.error.as_ref().map(|e| e.reason_class.as_str()), Some("schema_validation"), "{result:?}");
+    assert_eq!(result.error().map(|e| e.reason_class.as_str()), Some("schema_validation"), "{result:?}");
     let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
     assert_eq!(failed.data["reply"], fenced);
 }
@@ -253,7 +253,7 @@ async fn plain_text_calls_on_every_provider() {
         let runner = Runner::new(cat, llm, Arc::new(|_: &str| None)).unwrap();
         let goal = json!({"q": 1}).as_object().unwrap().clone();
         let result = runner.run(RunRequest { route_id: "plain".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
-        assert_eq!(result.output.as_deref(), Some("plain words"), "{kind:?}");
+        assert_eq!(result.output(), Some("plain words"), "{kind:?}");
         let body = &f.requests()[0].body;
         for key in ["format", "response_format", "tools"] {
             assert!(body.get(key).is_none(), "{kind:?} sent {key}");
@@ -268,7 +268,7 @@ async fn transient_errors_are_retried_within_one_logical_call() {
     let err = json!({"error": {"message": "overloaded", "type": "server_error"}});
     f.push(Canned::json(503, err.clone())).push(Canned::json(503, err));
     let (result, events) = run_with(ProviderKind::OpenAi, &f.start().await, FAST_RETRY).await;
-    assert_eq!(result.status, RunStatus::Completed);
+    assert_eq!(result.status(), RunStatus::Completed);
     assert_eq!(f.requests().len(), 5, "3 attempts for intake, then 1 each");
     let intake: Vec<&'static str> = events.iter().filter(|e| e.stage_id.as_deref() == Some("intake")).map(|e| e.kind.as_str()).collect();
     assert_eq!(intake, ["run.stage.started", "run.llm.started", "run.llm.retrying", "run.llm.retrying", "run.llm.completed", "run.stage.completed"]);
@@ -289,7 +289,7 @@ async fn retry_after_is_honoured_up_to_the_cap() {
     canned.headers.push(("retry-after", "3600".into()));
     f.push(canned);
     let (result, events) = run_with(ProviderKind::Anthropic, &f.start().await, FAST_RETRY).await;
-    assert_eq!(result.status, RunStatus::Completed);
+    assert_eq!(result.status(), RunStatus::Completed);
     let delays: Vec<u64> = events.iter().filter(|e| e.kind == "run.llm.retrying").map(|e| e.data["delay_ms"].as_u64().unwrap()).collect();
     assert_eq!(delays, [200, 300], "Retry-After 0.2 s, then 3600 s capped at 300 ms");
 }
@@ -311,8 +311,8 @@ async fn client_errors_and_bad_replies_fail_at_once() {
         f.push(canned);
         let (result, events) = run_with(ProviderKind::OpenAi, &f.start().await, FAST_RETRY).await;
         assert_eq!(f.requests().len(), 1, "{class}: never retried");
-        assert_eq!(result.status, RunStatus::Failed);
-        assert_eq!(result.error.as_ref().unwrap().reason_class, class);
+        assert_eq!(result.status(), RunStatus::Failed);
+        assert_eq!(result.error().unwrap().reason_class, class);
         assert_eq!(kinds(&events), ["run.started", "run.stage.started", "run.llm.started", "run.llm.failed", "run.stage.failed", "run.failed"], "{class}");
         assert_eq!(events[3].data["reason_class"], class);
         assert!(!events[3].data["message"].as_str().unwrap().contains("test-key-123"));
@@ -326,13 +326,13 @@ async fn connection_refused_and_timeouts_are_retried() {
     let closed = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
     let (result, events) = run_with(ProviderKind::Ollama, &closed, FAST_RETRY).await;
-    let error = result.error.unwrap();
+    let error = result.error().unwrap();
     assert_eq!(error.reason_class, "connection");
     // It says where it tried (the origin only).
     assert!(error.message.starts_with(&format!("cannot connect to {closed}: ")), "{}", error.message);
     let with_secrets = closed.replace("http://", "http://user:s3cret@") + "/base?key=k3y";
     let (result, _) = run_with(ProviderKind::Ollama, &with_secrets, FAST_RETRY).await;
-    let message = result.error.unwrap().message;
+    let message = result.error().unwrap().message.clone();
     assert!(message.starts_with(&format!("cannot connect to {closed}: ")), "{message}");
     assert!(!message.contains("s3cret") && !message.contains("k3y") && !message.contains("user"), "{message}");
     assert_eq!(events.iter().filter(|e| e.kind == "run.llm.retrying").count(), 2);
@@ -353,7 +353,7 @@ async fn connection_refused_and_timeouts_are_retried() {
     let sink = Arc::new(MemorySink::default());
     let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();
-    assert_eq!(result.status, RunStatus::Completed, "the timed-out attempt was retried");
+    assert_eq!(result.status(), RunStatus::Completed, "the timed-out attempt was retried");
     let retry = sink.events().into_iter().find(|e| e.kind == "run.llm.retrying").unwrap();
     assert_eq!(retry.data["reason_class"], "timeout");
 }

@@ -53,8 +53,8 @@ async fn support_triage_tells_its_whole_story() {
     let stub = shipped_stub();
     let h = harness(shipped(), stub.clone(), vec![]);
     let (result, events) = run(&h, "support-triage", vec![]).await;
-    assert_eq!(result.status, RunStatus::Completed);
-    assert_eq!(result.output.as_deref(), Some("You were charged twice; the duplicate charge has been refunded."));
+    assert_eq!(result.status(), RunStatus::Completed);
+    assert_eq!(result.output(), Some("You were charged twice; the duplicate charge has been refunded."));
     assert_eq!(result.slots["intake"], r#"{"category":"billing","urgency":"high"}"#);
     assert_eq!(result.slots["lookup"], r#"{"query":"duplicate subscription charge refund"}"#);
     assert!(stub.unconsumed(&result.llm_calls).is_empty());
@@ -112,7 +112,7 @@ async fn query_formulation_calls_the_search_tool() {
     let url = serve(app).await;
     let h = harness(shipped(), shipped_stub(), vec![("KB_SEARCH_URL", url)]);
     let (result, events) = run(&h, "support-triage", vec![]).await;
-    assert_eq!(result.status, RunStatus::Completed, "{result:?}");
+    assert_eq!(result.status(), RunStatus::Completed, "{result:?}");
     assert_eq!(result.slots["lookup"], r#"{"hits":[{"id":1,"title":"Result for duplicate subscription charge refund"}]}"#);
     let tool = events.iter().find(|e| e.kind == "run.tool.completed").unwrap();
     assert_eq!(tool.data["status"], 200);
@@ -137,8 +137,8 @@ async fn tool_failures_fail_the_stage_with_their_class() {
     for (suffix, class) in [("", "tool_http_status"), ("/big", "tool_response_too_large"), ("/away", "tool_connection")] {
         let h = harness(shipped(), StubLlm::load(&stub_dir()).unwrap(), vec![("KB_SEARCH_URL", format!("{base}{suffix}"))]);
         let (result, events) = run(&h, "support-triage", vec![]).await;
-        assert_eq!(result.status, RunStatus::Failed);
-        let err = result.error.unwrap();
+        assert_eq!(result.status(), RunStatus::Failed);
+        let err = result.error().unwrap();
         assert_eq!((err.reason_class.as_str(), err.stage_id.as_deref()), (class, Some("lookup")), "{suffix}: {}", err.message);
         let kinds = types(&events);
         assert!(kinds.ends_with(&["run.tool.failed:lookup".into(), "run.stage.failed:lookup".into(), "run.failed:lookup".into()]), "{kinds:?}");
@@ -156,7 +156,7 @@ async fn tool_failures_fail_the_stage_with_their_class() {
     let cat = Arc::new(catalogue::load(&routes, &packs_dir()));
     let h = harness(cat, StubLlm::load(&stub_dir()).unwrap(), vec![("KB_SEARCH_URL", format!("{base}/slow"))]);
     let (result, _) = run(&h, "support-triage", vec![]).await;
-    assert_eq!(result.error.unwrap().reason_class, "tool_timeout");
+    assert_eq!(result.error().unwrap().reason_class, "tool_timeout");
 }
 
 #[tokio::test]
@@ -164,8 +164,8 @@ async fn a_schema_violation_fails_the_run_without_retry() {
     let stub = StubLlm::default().script("support-triage", "intake", &[r#"{"category":"sales","urgency":"high"}"#]);
     let h = harness(shipped(), stub, vec![]);
     let (result, events) = run(&h, "support-triage", vec![]).await;
-    assert_eq!(result.status, RunStatus::Failed);
-    assert_eq!(result.error.as_ref().unwrap().reason_class, "schema_validation");
+    assert_eq!(result.status(), RunStatus::Failed);
+    assert_eq!(result.error().unwrap().reason_class, "schema_validation");
     assert_eq!(
         types(&events),
         ["run.started", "run.stage.started:intake", "run.llm.started:intake", "run.llm.failed:intake", "run.stage.failed:intake", "run.failed:intake"]
@@ -181,7 +181,7 @@ async fn invalid_json_is_its_own_reason() {
     let stub = StubLlm::default().script("support-triage", "intake", &["Sure! The category is billing."]);
     let h = harness(shipped(), stub, vec![]);
     let (result, events) = run(&h, "support-triage", vec![]).await;
-    assert_eq!(result.error.unwrap().reason_class, "invalid_json");
+    assert_eq!(result.error().unwrap().reason_class, "invalid_json");
     let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
     assert_eq!(failed.data["reply"], "Sure! The category is billing.");
 }
@@ -204,12 +204,12 @@ async fn strict_stub_fails_loudly_on_extra_calls_and_reports_unused_replies() {
     let stub = StubLlm::default().strict(true).script("support-triage", "intake", &[r#"{"category":"billing","urgency":"low"}"#]);
     let h = harness(shipped(), stub.clone(), vec![]);
     let (result, _) = run(&h, "support-triage", vec![]).await;
-    assert_eq!(result.error.unwrap().reason_class, "stub_script_exhausted");
+    assert_eq!(result.error().unwrap().reason_class, "stub_script_exhausted");
     // Unused replies: two scripted for intake, one used.
     let stub = shipped_stub().script("support-triage", "intake", &[r#"{"category":"billing","urgency":"low"}"#, r#"{"category":"other","urgency":"low"}"#]);
     let h = harness(shipped(), stub.clone(), vec![]);
     let (result, _) = run(&h, "support-triage", vec![]).await;
-    assert_eq!(result.status, RunStatus::Completed);
+    assert_eq!(result.status(), RunStatus::Completed);
     assert_eq!(stub.unconsumed(&result.llm_calls), ["route `support-triage` stage `intake`: 1 of 2 scripted replies unused"]);
 }
 
@@ -218,7 +218,7 @@ async fn the_stub_fallback_is_deterministic() {
     let h = harness(shipped(), StubLlm::default(), vec![]);
     let (a, _) = run(&h, "support-triage", vec![]).await;
     let (b, _) = run(&h, "support-triage", vec![]).await;
-    assert_eq!(a.status, RunStatus::Completed);
+    assert_eq!(a.status(), RunStatus::Completed);
     assert_eq!(a.slots, b.slots);
     let intake: Value = serde_json::from_str(&a.slots["intake"]).unwrap();
     assert!(["billing", "technical", "other"].contains(&intake["category"].as_str().unwrap()));
@@ -234,7 +234,7 @@ async fn branches_follow_slot_values() {
         let stub = StubLlm::default().script("ticket-router", "intake", &[reply]);
         let h = harness(shipped(), stub, vec![]);
         let (result, _) = run(&h, "ticket-router", vec![]).await;
-        assert_eq!(result.status, RunStatus::Completed);
+        assert_eq!(result.status(), RunStatus::Completed);
         assert_eq!(result.slots.keys().collect::<Vec<_>>(), ["intake", taken], "{reply}");
     }
 }
@@ -243,14 +243,14 @@ async fn branches_follow_slot_values() {
 async fn manifest_appends_synthesis_and_defaults_empty_prompts() {
     let h = harness(shipped(), shipped_stub(), vec![]);
     let (result, events) = run(&h, "refund-review", vec![]).await;
-    assert_eq!(result.status, RunStatus::Completed);
-    assert_eq!(result.output.as_deref(), Some("We refunded the duplicate charge of 19.90."));
+    assert_eq!(result.status(), RunStatus::Completed);
+    assert_eq!(result.output(), Some("We refunded the duplicate charge of 19.90."));
     assert!(events.iter().any(|e| e.kind == "run.stage.started" && e.data["kind"] == "appended_synthesis"));
     // A manifest stage with no role template gets the default system text at the call.
     let cat = Arc::new(catalogue::load(&fixtures().join("hydrate/routes"), &fixtures().join("hydrate/packs")));
     let h = harness(cat, StubLlm::default(), vec![]);
     let (result, _) = run(&h, "manifest-no-role-template", vec![]).await;
-    assert_eq!(result.status, RunStatus::Completed);
+    assert_eq!(result.status(), RunStatus::Completed);
     let seen = h.seen.lock().unwrap();
     assert_eq!(seen[0].system, DEFAULT_SYSTEM_TEXT);
     assert_eq!(seen.last().unwrap().system, "HOST only.", "appended synthesis falls back to the host");
@@ -261,7 +261,7 @@ async fn prefetch_packs_reach_every_user_message_and_pass_through() {
     let cat = Arc::new(catalogue::load(&fixtures().join("hydrate/routes"), &fixtures().join("hydrate/packs")));
     let h = harness(cat, StubLlm::default(), vec![]);
     let (result, _) = run(&h, "workflow-full", vec!["Refund policy: duplicates are refunded.".into(), "SLA:\n 5 days".into()]).await;
-    assert_eq!(result.status, RunStatus::Completed, "{result:?}");
+    assert_eq!(result.status(), RunStatus::Completed, "{result:?}");
     // `fetch` is a `none` stage whose URL variable is unset: it passes the pack through.
     assert_eq!(result.slots["fetch"], r#"["Refund policy: duplicates are refunded.","SLA:\n 5 days"]"#);
     let seen = h.seen.lock().unwrap();
@@ -277,7 +277,7 @@ async fn child_runs_carry_the_parent_run_id() {
     assert!(cat.diagnostics().iter().any(|d| d.message.contains("`kind: agent` is deprecated: write `kind: child_run`")), "{:?}", cat.diagnostics());
     let h = harness(cat, shipped_stub(), vec![]);
     let (result, events) = run(&h, "parent", vec!["chunk one".into()]).await;
-    assert_eq!(result.status, RunStatus::Completed, "{result:?}");
+    assert_eq!(result.status(), RunStatus::Completed, "{result:?}");
     assert_eq!(result.slots["pack"], r#"["chunk one"]"#, "prefetch passthrough");
     assert_eq!(result.slots["triage"], "You were charged twice; the duplicate charge has been refunded.");
     let child: Vec<&Event> = events.iter().filter(|e| e.route_id.as_ref() == "support-triage").collect();
@@ -310,12 +310,12 @@ async fn loops_are_bounded_by_max_loop_steps() {
     let high = r#"{"category":"billing","urgency":"high"}"#;
     let h = harness(cat.clone(), StubLlm::default().script("retry", "check", &[high, high, high, high]), vec![]);
     let (result, _) = run(&h, "retry", vec![]).await;
-    let err = result.error.unwrap();
+    let err = result.error().unwrap();
     assert_eq!(err.reason_class, "loop_budget_exceeded");
     assert_eq!(h.seen.lock().unwrap().len(), 3);
     let h = harness(cat, StubLlm::default().script("retry", "check", &[high, r#"{"category":"billing","urgency":"low"}"#]), vec![]);
     let (result, _) = run(&h, "retry", vec![]).await;
-    assert_eq!(result.status, RunStatus::Completed);
+    assert_eq!(result.status(), RunStatus::Completed);
 }
 
 #[tokio::test]
@@ -325,7 +325,7 @@ async fn no_matching_branch_fails_the_run() {
     );
     let h = harness(cat, StubLlm::default().script("strict", "intake", &[r#"{"category":"other","urgency":"low"}"#]), vec![]);
     let (result, events) = run(&h, "strict", vec![]).await;
-    let err = result.error.unwrap();
+    let err = result.error().unwrap();
     assert_eq!((err.reason_class.as_str(), err.stage_id.as_deref()), ("no_branch_matched", Some("intake")));
     assert_eq!(events.last().unwrap().kind, "run.failed");
 }
@@ -342,8 +342,8 @@ async fn embedding_the_runtime_as_the_readme_shows() {
         .build()
         .unwrap();
     let outcome = runtime.run_goal("support-triage", goal()).await.unwrap();
-    assert_eq!(outcome.result.output.as_deref(), Some("You were charged twice; the duplicate charge has been refunded."));
+    assert_eq!(outcome.result.output(), Some("You were charged twice; the duplicate charge has been refunded."));
     let outcome = runtime.run_goal("support-agent", goal()).await.unwrap();
-    assert_eq!(outcome.result.output.as_deref(), Some("12"));
+    assert_eq!(outcome.result.output(), Some("12"));
     assert!(matches!(runtime.check_route("nope"), Err(StartError::UnknownRoute { .. })));
 }

@@ -160,8 +160,7 @@ async fn claims_take_queued_and_expired_runs_and_leave_live_leases_on_every_stor
         // A run that ended is not renewed, and not lost either: its holder simply let it go.
         let end = {
             let mut r = fabric::exec::result_from_journal("alive", "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
-            r.status = fabric::exec::RunStatus::Completed;
-            r.error = None;
+            r.end = fabric::exec::RunEnd::Completed { output: None };
             r
         };
         store.commit(&alive, fabric::exec::JournalBatch { end: Some(end), ..Default::default() }).await.unwrap();
@@ -213,7 +212,7 @@ async fn concurrent_claimers_share_the_queued_runs_without_overlap_on_every_stor
 /// sharing the stalled writer's transaction is not harmed.
 #[tokio::test]
 async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() {
-    use fabric::exec::{JournalBatch, JournalEntry, RunStatus};
+    use fabric::exec::{JournalBatch, JournalEntry};
     let (stores, _dir) = stores().await;
     let routes = ["support-triage".to_owned()];
     for (name, url) in stores {
@@ -234,9 +233,7 @@ async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() 
         let entry = |v: &str| JournalEntry::StageCompleted { stage_id: "intake".into(), value: v.into(), note: None };
         let end = |run: &str| {
             let mut r = fabric::exec::result_from_journal(run, "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
-            r.status = RunStatus::Completed;
-            r.error = None;
-            r.output = Some("done".into());
+            r.end = fabric::exec::RunEnd::Completed { output: Some("done".into()) };
             r
         };
         let first = JournalBatch { events: vec![event("stalled", 1, fabric::events::EventKind::RunStarted)], entries: vec![entry("first")], end: None };
@@ -362,7 +359,7 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     // Three calls of 1.5 s: longer than the 1 s lease, kept by renewals (every third of it).
     let (handle, cancel) = fabric::cancel::CancelHandle::new();
     let done = rt.run_recorded(&req, Arc::new(NullSink), &handle, cancel).await.unwrap();
-    assert_eq!(done.result.status, fabric::exec::RunStatus::Completed, "{:?}", done.result);
+    assert_eq!(done.result.status(), fabric::exec::RunStatus::Completed, "{:?}", done.result);
     // Another process takes the run over while it runs: the fencing token moves on.
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
     let thief = async {
@@ -380,8 +377,8 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     let (handle, cancel) = fabric::cancel::CancelHandle::new();
     let (stopped, ()) = tokio::join!(rt.run_recorded(&req, Arc::new(NullSink), &handle, cancel), thief);
     let stopped = stopped.unwrap().result;
-    let error = stopped.error.as_ref().unwrap_or_else(|| panic!("{stopped:?}"));
-    assert_eq!(stopped.status, fabric::exec::RunStatus::Failed, "{stopped:?}");
+    let error = stopped.error().unwrap_or_else(|| panic!("{stopped:?}"));
+    assert_eq!(stopped.status(), fabric::exec::RunStatus::Failed, "{stopped:?}");
     assert!(error.message.contains("lease lost") || error.message.contains("lease was lost"), "{}", error.message);
     // Stopped by a renewal during the first model call, not at the first stage's write 1.5 s in.
     assert!(stopped.slots.is_empty(), "{stopped:?}");

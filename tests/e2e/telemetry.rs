@@ -490,7 +490,7 @@ async fn agent_runs_and_tool_calls_are_genai_spans() {
     let runner = Runner::new(cat, fabric::llm::stack::build(stub, RetryPolicy::default()), vars).unwrap().with_tool("add", fabric::tools::builtin_add());
     let goal = json!({"question": "Was I refunded?"}).as_object().unwrap().clone();
     let result = runner.run(RunRequest { route_id: "support-agent".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
-    assert_eq!(result.output.as_deref(), Some("Refunded."), "{result:?}");
+    assert_eq!(result.output(), Some("Refunded."), "{result:?}");
     let spans = spans_of(exporter, &result.run_id);
     let agent: Vec<&SpanData> = spans.iter().filter(|s| s.name == "invoke_agent support-agent").collect();
     assert_eq!(agent.len(), 1, "{:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>());

@@ -339,7 +339,7 @@ fn start_error(e: StartError) -> ApiError {
         ),
         StartError::BrokenRoute { route, problems } => {
             let mut e = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "broken_route", format!("route `{route}` cannot run: the catalogue has errors in it"));
-            e.problems = problems.lines().map(|l| l.trim().to_owned()).collect();
+            e.problems = problems.0.iter().map(ToString::to_string).collect();
             e
         }
         other => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "cannot_start", other.to_string()),
@@ -399,7 +399,67 @@ pub struct Accepted {
     pub run_id: String,
     /// `running`, or `queued` when every run slot of this process was taken (any replica with
     /// room claims it).
-    pub status: String,
+    pub status: AcceptedStatus,
+}
+
+/// Where an accepted run stands at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AcceptedStatus {
+    Running,
+    Queued,
+}
+
+/// Where a run stands: the store's status, as the API names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunViewStatus {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+    AwaitingInput,
+}
+
+impl RunViewStatus {
+    /// Still to end or ask: queued or running.
+    pub fn is_pending(self) -> bool {
+        matches!(self, RunViewStatus::Queued | RunViewStatus::Running)
+    }
+}
+
+impl From<StoredStatus> for RunViewStatus {
+    fn from(s: StoredStatus) -> RunViewStatus {
+        match s {
+            StoredStatus::Queued => RunViewStatus::Queued,
+            StoredStatus::Running => RunViewStatus::Running,
+            StoredStatus::Completed => RunViewStatus::Completed,
+            StoredStatus::Failed => RunViewStatus::Failed,
+            StoredStatus::AwaitingInput => RunViewStatus::AwaitingInput,
+        }
+    }
+}
+
+/// Why a run failed: its reason class, what happened, and the stage where it did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunError {
+    pub reason_class: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_id: Option<String>,
+}
+
+/// The parts of a stored run's result (the object `fabric run` prints) that a view shows.
+#[derive(Debug, Default, Deserialize)]
+struct StoredResult {
+    #[serde(default)]
+    output: Option<String>,
+    #[serde(default)]
+    slots: Option<Value>,
+    #[serde(default)]
+    notes: Vec<String>,
+    #[serde(default)]
+    error: Option<RunError>,
 }
 
 /// A run: the same object as `fabric run` prints once it ended or asked (`output`, `slots`,
@@ -408,8 +468,7 @@ pub struct Accepted {
 pub struct RunView {
     pub run_id: String,
     pub route_id: String,
-    /// `queued`, `running`, `completed`, `failed` or `awaiting_input`.
-    pub status: String,
+    pub status: RunViewStatus,
     #[serde(default)]
     pub output: Option<String>,
     #[serde(default)]
@@ -420,8 +479,7 @@ pub struct RunView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub question: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub error: Option<Value>,
+    pub error: Option<RunError>,
     pub created_at: String,
     pub updated_at: String,
 }
@@ -429,19 +487,25 @@ pub struct RunView {
 impl RunView {
     /// The view of a stored run.
     pub fn of(run: StoredRun) -> RunView {
-        let result = run.result.unwrap_or(Value::Null);
-        let status = run.status.as_str();
-        let error = result.get("error").cloned().or_else(|| {
-            (run.status == StoredStatus::Failed && result.is_null())
-                .then(|| json!({"reason_class": run.reason_class.as_deref().unwrap_or("interrupted"), "message": "the process running it stopped"}))
+        // A result that does not read (written by no version of this runtime) shows as none.
+        let recorded = run.result.filter(|r| !r.is_null());
+        let ended_here = recorded.is_some();
+        let result: StoredResult = recorded.and_then(|r| serde_json::from_value(r).ok()).unwrap_or_default();
+        // A run failed without a result of its own was ended by a claim (its process stopped).
+        let error = result.error.or_else(|| {
+            (run.status == StoredStatus::Failed && !ended_here).then(|| RunError {
+                reason_class: run.reason_class.clone().unwrap_or_else(|| "interrupted".into()),
+                message: "the process running it stopped".into(),
+                stage_id: None,
+            })
         });
         RunView {
             run_id: run.run_id,
             route_id: run.route_id,
-            status: status.to_owned(),
-            output: result.get("output").and_then(Value::as_str).map(str::to_owned),
-            slots: result.get("slots").cloned().unwrap_or_else(|| json!({})),
-            notes: result.get("notes").and_then(|n| serde_json::from_value(n.clone()).ok()).unwrap_or_default(),
+            status: run.status.into(),
+            output: result.output,
+            slots: result.slots.unwrap_or_else(|| json!({})),
+            notes: result.notes,
             question: run.question,
             error,
             created_at: run.created_at,
@@ -732,14 +796,14 @@ async fn start_run(
         (Some(permit), Some(lease)) => {
             let held = lease.clone();
             run_segment(&state, &held, permit, move |runtime, sink, cancel| async move { runtime.execute(&lease, &req, sink, cancel).await });
-            "running"
+            AcceptedStatus::Running
         }
-        _ => "queued",
+        _ => AcceptedStatus::Queued,
     };
     if wait.wait {
         return Ok(waited(&state, &run_id).await?.into_response());
     }
-    let mut response = (StatusCode::CREATED, Json(Accepted { run_id: run_id.clone(), status: status.into() })).into_response();
+    let mut response = (StatusCode::CREATED, Json(Accepted { run_id: run_id.clone(), status })).into_response();
     if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
         response.headers_mut().insert(header::LOCATION, v);
     }
@@ -772,7 +836,7 @@ async fn finish(state: &AppState, live: &LiveRun, outcome: Result<crate::exec::R
     }
     if let Ok(r) = &outcome
         && !live.is_stopped()
-        && let Some(e) = r.error.as_ref().filter(|e| e.reason_class == crate::failure::ReasonClass::StoreError)
+        && let Some(e) = r.error().filter(|e| e.reason_class == crate::failure::ReasonClass::StoreError)
     {
         tracing::error!(run_id, error = %e.message, "run record");
         // Its end is not recorded: let it go, so a process (this one, or another) takes it over
@@ -797,7 +861,7 @@ async fn waited(state: &AppState, run_id: &str) -> Result<Json<RunView>, ApiErro
             let _ = tokio::time::timeout_at(deadline.into(), live.wait()).await;
         }
         let v = view(state, run_id).await?;
-        if !matches!(v.status.as_str(), "queued" | "running") || Instant::now() >= deadline {
+        if !v.status.is_pending() || Instant::now() >= deadline {
             return Ok(Json(v));
         }
         tokio::time::sleep(FOLLOW_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
@@ -1125,7 +1189,7 @@ async fn reply(
     if wait.wait {
         return Ok(waited(&state, &run_id).await?.into_response());
     }
-    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id, status: "running".into() })).into_response())
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id, status: AcceptedStatus::Running })).into_response())
 }
 
 /// The routes of the catalogue.

@@ -1,10 +1,9 @@
 //! The executor: the [`Runner`] and its ways into a run.
 //!
-//! A run is started ([`Runner::start`]), recovered after its process died ([`Runner::recover`]),
-//! continued after the user replied ([`Runner::resume`]), given up ([`Runner::abandon`]) or
-//! replayed ([`Runner::replay`]); each entry point builds the run's events and state, with the
-//! source of its replies (`source`: live, journal-then-live, or journal-only), and hands them to the
-//! one walk (`walk`, or `decision_loop` for a decision-loop route). The stage handlers (`stage`)
+//! [`Runner::execute`] is the one way into a run: a [`Begin`] says whether it is new, recovered
+//! after its process died, continued after the user replied, or replayed, and so where its
+//! replies come from (`source`: live, journal-then-live, or journal-only); it builds the run's
+//! events and state and hands them to the one walk (`walk`, or `decision_loop` for a decision-loop route). The stage handlers (`stage`)
 //! call the model (`model`) and the tools (`tool`) only when that source says so. Run state is
 //! explicit (`state`) so that a journal (`journal`) can record it stage by stage; every model
 //! call goes through the [`Llm`] port and every tool call through the
@@ -33,7 +32,7 @@ use opentelemetry::Context;
 use serde_json::{Map, Value};
 
 pub use journal::{JournalBatch, JournalEntry, RunHistory, RunJournal};
-pub use result::{ReplayReport, RunFailure, RunResult, RunStatus, Slots, StartError, result_from_journal};
+pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, result_from_journal};
 use source::ReplySource;
 use state::{Run, RunState};
 
@@ -51,6 +50,26 @@ pub const MAX_CHILD_DEPTH: u32 = 4;
 
 /// The largest prefetch pack read (`fabric run --prefetch`).
 pub const MAX_PREFETCH_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Where a run begins, and so where each stage's reply or tool result comes from
+/// ([`source::ReplySource`]).
+#[derive(Debug, Clone)]
+pub enum Begin {
+    /// A new run under this id (a service names a run before it starts it): every reply live.
+    New { run_id: String },
+    /// A run whose process died: walked again from the start taking every recorded reply and
+    /// result from its journal (events muted), then live from where the journal ends; its
+    /// events go on from `next_seq`.
+    Recover(RunHistory),
+    /// A decision-loop run that asked the user: its state rebuilt from the journal, the reply
+    /// made a note (`user: <reply>`) the next decision sees, then live with the turns it had
+    /// left; events go on from `next_seq`.
+    Continue { history: RunHistory, reply: String },
+    /// A finished run again from its journal alone: no model and no tool call; every difference
+    /// (a prompt, a user message, a result, a path the journal does not have) is one of the
+    /// result's `divergences`, and a call the journal lacks fails with `replay_diverged`.
+    Replay(Vec<JournalEntry>),
+}
 
 /// What a caller asks for.
 #[derive(Debug, Clone, Default)]
@@ -163,9 +182,7 @@ impl Runner {
                     format!("\n{} catalogue file(s) failed to load; a route defined there is missing:{}", unloaded.len(), files.concat())
                 },
             },
-            RouteLookupError::Broken(b) => {
-                StartError::BrokenRoute { route: route_id.into(), problems: b.problems.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n") }
-            }
+            RouteLookupError::Broken(b) => StartError::BrokenRoute { route: route_id.into(), problems: Problems(b.problems.clone()) },
         })?;
         if let (Some(fleet), Some(target)) = (&self.fleet, route.activation_target())
             && fleet != target
@@ -181,75 +198,56 @@ impl Runner {
         Ok(route)
     }
 
-    /// Runs a route to its end. Failures of the run itself are in the result, not an `Err`.
+    /// Runs a route to its end under a new id, with no journal and no way to cancel it (a library
+    /// caller's shortest way in). Failures of the run itself are in the result, not an `Err`.
     pub async fn run(&self, req: RunRequest, sink: Arc<dyn EventSink>) -> Result<RunResult, StartError> {
-        self.run_with_cancel(req, sink, Cancel::never()).await
+        self.execute(req, Begin::New { run_id: new_run_id() }, sink, Cancel::never(), None).await
     }
 
-    /// As [`Runner::run`]; when `cancel` fires, the call in flight ends and the run fails with
-    /// `interrupted`, keeping what it did.
-    pub async fn run_with_cancel(&self, req: RunRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunResult, StartError> {
-        self.start(new_run_id(), req, sink, cancel, None).await
-    }
-
-    /// Runs under a given id (a service names a run before it starts it); with `journal`, the
-    /// run's record is committed as it goes.
-    pub async fn start(
+    /// Runs `req` from where `begin` says, to its end or its question: the one way into the walk.
+    /// With `journal`, the run's record is committed as it goes; when `cancel` fires, the call in
+    /// flight ends and the run fails with `interrupted`, keeping what it did. A replay neither
+    /// records nor emits (its `journal` and `sink` are not used).
+    pub async fn execute(
         &self,
-        run_id: String,
         req: RunRequest,
+        begin: Begin,
         sink: Arc<dyn EventSink>,
         cancel: Cancel,
         journal: Option<&dyn RunJournal>,
     ) -> Result<RunResult, StartError> {
         let route = self.route(&req.route_id)?.clone();
-        let events = top_events(&run_id, &route, sink, 1, journal);
-        let state = RunState::for_route(&route);
-        Ok(self.run_route(Run::top(&route, &req, &events, &cancel, journal), &Context::current(), state, None).await)
-    }
-
-    /// Continues a decision-loop run that asked the user: its state is rebuilt from `history`,
-    /// the reply becomes a note (`user: <reply>`) the next decision sees, and the loop goes on
-    /// with the turns it had left. Events go on from `history.next_seq`.
-    pub async fn resume(
-        &self,
-        req: RunRequest,
-        history: RunHistory,
-        reply: &str,
-        sink: Arc<dyn EventSink>,
-        cancel: Cancel,
-        journal: Option<&dyn RunJournal>,
-    ) -> Result<RunResult, StartError> {
-        let route = self.route(&req.route_id)?.clone();
-        if route.path() != RoutePath::DecisionLoop {
-            return Err(StartError::NotResumable { route: route.id().to_owned() });
-        }
-        let events = top_events(&history.run_id, &route, sink, history.next_seq, journal);
-        let mut state = RunState::from_history(route.shared_id(), route.entry_node().id(), &history.entries);
-        let note = message::compress_note(&format!("user: {reply}"));
-        state.notes.push(note.clone());
-        if journal.is_some() {
-            state.pending.push(JournalEntry::UserReply { message: reply.to_owned(), note });
-        }
-        Ok(self.run_route(Run::top(&route, &req, &events, &cancel, journal), &Context::current(), state, Some(reply)).await)
-    }
-
-    /// Recovers a run whose process died: the executor walks it again from the start, taking
-    /// every recorded reply and result from `history` instead of asking (events muted), then goes
-    /// on live from where the journal ends; its events go on from `history.next_seq`.
-    pub async fn recover(
-        &self,
-        req: RunRequest,
-        history: RunHistory,
-        sink: Arc<dyn EventSink>,
-        cancel: Cancel,
-        journal: Option<&dyn RunJournal>,
-    ) -> Result<RunResult, StartError> {
-        let RunHistory { run_id, entries, next_seq } = history;
-        let route = self.route(&req.route_id)?.clone();
-        let events = top_events(&run_id, &route, sink, next_seq, journal);
-        let state = RunState { source: ReplySource::recovering(entries, &events), ..RunState::for_route(&route) };
-        Ok(self.run_route(Run::top(&route, &req, &events, &cancel, journal), &Context::current(), state, None).await)
+        let fresh = RunState::for_route(&route);
+        let (events, state, reply) = match begin {
+            Begin::New { run_id } => (top_events(&run_id, &route, sink, 1, journal), fresh, None),
+            Begin::Recover(RunHistory { run_id, entries, next_seq }) => {
+                let events = top_events(&run_id, &route, sink, next_seq, journal);
+                let state = RunState { source: ReplySource::recovering(entries, &events), ..fresh };
+                (events, state, None)
+            }
+            Begin::Continue { history, reply } => {
+                if route.path() != RoutePath::DecisionLoop {
+                    return Err(StartError::NotResumable { route: route.id().to_owned() });
+                }
+                let events = top_events(&history.run_id, &route, sink, history.next_seq, journal);
+                let mut state = RunState::from_history(route.shared_id(), route.entry_node().id(), &history.entries);
+                let note = message::compress_note(&format!("user: {reply}"));
+                state.notes.push(note.clone());
+                if journal.is_some() {
+                    state.pending.push(JournalEntry::UserReply { message: reply.clone(), note });
+                }
+                (events, state, Some(reply))
+            }
+            Begin::Replay(entries) => {
+                let events = RunEvents::new(&new_run_id(), route.id(), None, Arc::new(crate::events::NullSink));
+                let cancel = Cancel::never();
+                let state = RunState { source: ReplySource::replaying(entries), ..fresh };
+                let run = Run::top(&route, &req, &events, &cancel, None);
+                return Ok(self.run_route(run, &Context::current(), state, None).await);
+            }
+        };
+        let run = Run::top(&route, &req, &events, &cancel, journal);
+        Ok(self.run_route(run, &Context::current(), state, reply.as_deref()).await)
     }
 
     /// Ends a recovered run that cannot go on here (its route is gone from the catalogue, its
@@ -270,25 +268,10 @@ impl Runner {
         let batch = JournalBatch { events: events.take_recorded(), entries: Vec::new(), end: Some(result.clone()) };
         if let Err(e) = journal.commit(&history.run_id, batch).await {
             let mut failed = result;
-            if let Some(f) = failed.error.as_mut() {
-                f.reason_class = ReasonClass::StoreError;
-                f.message = format!("the run's record could not be written: {e}");
-            }
+            failed.fail(ReasonClass::StoreError, format!("the run's record could not be written: {e}"));
             return failed;
         }
         result
-    }
-
-    /// Replays a finished run from its journal with no model and no tool call: every recorded
-    /// reply and result is used in order, and every difference (a prompt, a user message, a
-    /// result, a path the journal does not have) is reported.
-    pub async fn replay(&self, req: RunRequest, history: Vec<JournalEntry>) -> Result<ReplayReport, StartError> {
-        let route = self.route(&req.route_id)?.clone();
-        let events = RunEvents::new(&new_run_id(), route.id(), None, Arc::new(crate::events::NullSink));
-        let state = RunState { source: ReplySource::replaying(history), ..RunState::for_route(&route) };
-        let cancel = Cancel::never();
-        let mut result = self.run_route(Run::top(&route, &req, &events, &cancel, None), &Context::current(), state, None).await;
-        Ok(ReplayReport { divergences: std::mem::take(&mut result.divergences), result })
     }
 }
 

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::JournalEntry;
 use super::state::RunState;
+use crate::diag::Diagnostic;
 use crate::failure::ReasonClass;
 
 /// How a run ended.
@@ -31,28 +32,99 @@ pub struct RunFailure {
 /// A run's slots: stage id → value, in the order the stages completed.
 pub type Slots = IndexMap<String, String, foldhash::fast::RandomState>;
 
+/// How a run ended, with what only that end has: a completed run's output (absent when its last
+/// stage gave none), a failed run's failure, the question of a run that asked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEnd {
+    Completed { output: Option<String> },
+    Failed(RunFailure),
+    AwaitingInput { question: String },
+}
+
+impl RunEnd {
+    pub fn status(&self) -> RunStatus {
+        match self {
+            RunEnd::Completed { .. } => RunStatus::Completed,
+            RunEnd::Failed(_) => RunStatus::Failed,
+            RunEnd::AwaitingInput { .. } => RunStatus::AwaitingInput,
+        }
+    }
+}
+
 /// The result printed by `fabric run` and returned to library callers.
-#[derive(Debug, Clone, Serialize)]
+///
+/// On the wire (`fabric run`, the store, the API) it is one object: `run_id`, `route_id`,
+/// `status`, `output` (null unless completed with one), `slots`, `notes`, then `question` or
+/// `error` where the end has one.
+#[derive(Debug, Clone)]
 pub struct RunResult {
     pub run_id: String,
     pub route_id: String,
-    pub status: RunStatus,
-    pub output: Option<String>,
+    pub end: RunEnd,
     /// Each completed stage's value by stage id, in completion order (keys are catalogue names:
     /// a fast hasher, nothing a caller controls to flood it with).
     pub slots: Slots,
     pub notes: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub question: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<RunFailure>,
     /// Model calls made, per (route, stage), children included; used by the strict stub check.
     /// The ids are the route's own (shared, not copied).
-    #[serde(skip)]
     pub llm_calls: Vec<(Arc<str>, Arc<str>, u32)>,
-    /// A replay's divergences from the journal (see [`Runner::replay`]).
-    #[serde(skip)]
+    /// A replay's divergences from the journal (see [`super::Begin::Replay`]).
     pub divergences: Vec<String>,
+}
+
+impl RunResult {
+    pub fn status(&self) -> RunStatus {
+        self.end.status()
+    }
+
+    /// A completed run's output.
+    pub fn output(&self) -> Option<&str> {
+        match &self.end {
+            RunEnd::Completed { output } => output.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The question of a run that asked.
+    pub fn question(&self) -> Option<&str> {
+        match &self.end {
+            RunEnd::AwaitingInput { question } => Some(question),
+            _ => None,
+        }
+    }
+
+    /// A failed run's failure.
+    pub fn error(&self) -> Option<&RunFailure> {
+        match &self.end {
+            RunEnd::Failed(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// Ends the run as failed with `class` and `message` (its end could not be recorded).
+    pub fn fail(&mut self, class: ReasonClass, message: String) {
+        self.end = RunEnd::Failed(RunFailure { reason_class: class, message, stage_id: None });
+    }
+}
+
+impl Serialize for RunResult {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let extra = usize::from(!matches!(self.end, RunEnd::Completed { .. }));
+        let mut m = s.serialize_map(Some(6 + extra))?;
+        m.serialize_entry("run_id", &self.run_id)?;
+        m.serialize_entry("route_id", &self.route_id)?;
+        m.serialize_entry("status", &self.status())?;
+        m.serialize_entry("output", &self.output())?;
+        m.serialize_entry("slots", &self.slots)?;
+        m.serialize_entry("notes", &self.notes)?;
+        match &self.end {
+            RunEnd::Completed { .. } => {}
+            RunEnd::AwaitingInput { question } => m.serialize_entry("question", question)?,
+            RunEnd::Failed(f) => m.serialize_entry("error", f)?,
+        }
+        m.end()
+    }
 }
 
 /// Refusals before a run starts (no events, no run id): exit code 2 territory.
@@ -61,7 +133,7 @@ pub enum StartError {
     #[error("unknown route `{route}`; known routes: {known}{unloaded}")]
     UnknownRoute { route: String, known: String, unloaded: String },
     #[error("route `{route}` cannot run: the catalogue has errors in it:\n{problems}")]
-    BrokenRoute { route: String, problems: String },
+    BrokenRoute { route: String, problems: Problems },
     #[error("route `{route}` is served by fleet `{target}`, but this runtime is fleet `{fleet}`")]
     WrongFleet { route: String, target: String, fleet: String },
     #[error("route `{route}` uses tool `{tool}`, which has no `invoke` URL and no in-process implementation registered")]
@@ -69,7 +141,7 @@ pub enum StartError {
     #[error("route `{route}` cannot run: its model profile `{profile}` cannot be used here: {message}")]
     ProfileUnusable { route: String, profile: String, message: String },
     #[error("route `{route}` cannot run with the stub: its script has errors:\n{problems}")]
-    StubScriptBroken { route: String, problems: String },
+    StubScriptBroken { route: String, problems: Problems },
     #[error("route `{route}` does not run a decision loop: only a decision-loop run can ask and be continued")]
     NotResumable { route: String },
 }
@@ -90,6 +162,21 @@ impl StartError {
     }
 }
 
+/// The located problems that keep a route from starting, each `path:line:col: message`; shown
+/// one per line, indented, under the refusal's first line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problems(pub Vec<Diagnostic>);
+
+impl std::fmt::Display for Problems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "\n" };
+            write!(f, "{sep}  {d}")?;
+        }
+        Ok(())
+    }
+}
+
 /// What `fabric replay` found: every divergence, and the result of the replayed run.
 #[derive(Debug, Clone)]
 pub struct ReplayReport {
@@ -104,13 +191,60 @@ pub fn result_from_journal(run_id: &str, route_id: &str, history: &[JournalEntry
     RunResult {
         run_id: run_id.to_owned(),
         route_id: route_id.to_owned(),
-        status: RunStatus::Failed,
-        output: None,
+        end: RunEnd::Failed(RunFailure { reason_class: class, message: message.to_owned(), stage_id: None }),
         slots: state.slots,
         notes: state.notes,
-        question: None,
-        error: Some(RunFailure { reason_class: class, message: message.to_owned(), stage_id: None }),
         llm_calls: Vec::new(),
         divergences: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(end: RunEnd) -> RunResult {
+        let mut slots = Slots::default();
+        slots.insert("intake".into(), "a".into());
+        RunResult { run_id: "r".into(), route_id: "x".into(), end, slots, notes: vec!["n".into()], llm_calls: Vec::new(), divergences: Vec::new() }
+    }
+
+    /// The object `fabric run` prints, the store keeps and the API shows, one per end: the same
+    /// keys in the same order as when the end was five public fields.
+    #[test]
+    fn each_end_has_the_wire_form_it_always_had() {
+        let head = r#"{"run_id":"r","route_id":"x","status":"#;
+        let failure = RunFailure { reason_class: ReasonClass::ToolTimeout, message: "m".into(), stage_id: Some("s".into()) };
+        let cases = [
+            (RunEnd::Completed { output: Some("o".into()) }, r#""completed","output":"o","slots":{"intake":"a"},"notes":["n"]}"#),
+            (RunEnd::Completed { output: None }, r#""completed","output":null,"slots":{"intake":"a"},"notes":["n"]}"#),
+            (RunEnd::AwaitingInput { question: "q?".into() }, r#""awaiting_input","output":null,"slots":{"intake":"a"},"notes":["n"],"question":"q?"}"#),
+            (
+                RunEnd::Failed(failure),
+                r#""failed","output":null,"slots":{"intake":"a"},"notes":["n"],"error":{"reason_class":"tool_timeout","message":"m","stage_id":"s"}}"#,
+            ),
+        ];
+        for (end, tail) in cases {
+            assert_eq!(serde_json::to_string(&result(end)).unwrap(), format!("{head}{tail}"));
+        }
+    }
+
+    #[test]
+    fn a_failed_end_replaces_any_other() {
+        let mut r = result(RunEnd::Completed { output: Some("o".into()) });
+        r.fail(ReasonClass::StoreError, "lost".into());
+        assert_eq!((r.status(), r.output(), r.error().map(|e| e.message.as_str())), (RunStatus::Failed, None, Some("lost")));
+    }
+
+    #[test]
+    fn problems_show_one_per_line_indented() {
+        let d = |m: &str| Diagnostic {
+            path: "routes/a.yaml".into(),
+            pos: crate::diag::Pos { line: 1, col: 2 },
+            severity: crate::diag::Severity::Error,
+            message: m.into(),
+        };
+        let e = StartError::BrokenRoute { route: "a".into(), problems: Problems(vec![d("one"), d("two")]) };
+        assert_eq!(e.to_string(), "route `a` cannot run: the catalogue has errors in it:\n  routes/a.yaml:1:2: one\n  routes/a.yaml:1:2: two");
     }
 }

@@ -8,7 +8,7 @@ use opentelemetry::trace::SpanKind;
 use serde_json::{Map, Value};
 
 use super::state::{Last, OpenStage, Run, RunState, StageFailure};
-use super::{JournalBatch, JournalEntry, MAX_CHILD_DEPTH, RunStatus, Runner, message, new_run_id};
+use super::{JournalBatch, JournalEntry, MAX_CHILD_DEPTH, RunEnd, Runner, message, new_run_id};
 use crate::defs::LlmRole;
 use crate::events::{EventKind, RunEvents};
 use crate::failure::ReasonClass;
@@ -181,17 +181,17 @@ impl Runner {
             Run { route: &route, goal, prefetch, events: &child_events, depth: depth + 1, budget: budget.min(route.max_loop_steps()), cancel, journal: None };
         let result = self.run_route(child, cx, RunState::for_route(&route), None).await;
         state.child_calls.extend(result.llm_calls.iter().cloned());
-        match result.status {
-            RunStatus::Completed => Ok(result.output.unwrap_or_default()),
+        match result.end {
+            RunEnd::Completed { output } => Ok(output.unwrap_or_default()),
             // The parent was interrupted with its child: say so, not "the child failed".
-            RunStatus::Failed if cancel.reason().is_some() => {
+            RunEnd::Failed(_) if cancel.reason().is_some() => {
                 Err(StageFailure::new(ReasonClass::Interrupted, format!("the run was interrupted in child run {} of route `{}`", result.run_id, route.id())))
             }
-            RunStatus::Failed => {
-                let why = result.error.map(|e| format!("{}: {}", e.reason_class, e.message)).unwrap_or_default();
+            RunEnd::Failed(e) => {
+                let why = format!("{}: {}", e.reason_class, e.message);
                 Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` failed: {why}", result.run_id, route.id())))
             }
-            RunStatus::AwaitingInput => {
+            RunEnd::AwaitingInput { .. } => {
                 Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` is awaiting user input", result.run_id, route.id())))
             }
         }

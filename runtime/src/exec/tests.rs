@@ -14,6 +14,12 @@ use crate::failure::BoxFuture;
 use crate::llm::stub::StubLlm;
 use crate::tools::{ToolError, ToolOutput};
 
+/// A replay of `history` on `r`, as `Runtime::replay` runs it.
+async fn replay(r: &Runner, req: RunRequest, history: Vec<JournalEntry>) -> ReplayReport {
+    let mut result = r.execute(req, Begin::Replay(history), Arc::new(crate::events::NullSink), Cancel::never(), None).await.unwrap();
+    ReplayReport { divergences: std::mem::take(&mut result.divergences), result }
+}
+
 const CATALOGUE: &str = r#"
 profiles: {p: {}}
 capabilities:
@@ -68,7 +74,10 @@ fn http(reply: Result<&'static str, ReasonClass>) -> Arc<FakeHttp> {
 async fn run(r: &Runner, route: &str, cancel: Cancel) -> (RunResult, Vec<Event>) {
     let sink = Arc::new(MemorySink::default());
     let goal = json!({"ticket": "t"}).as_object().unwrap().clone();
-    let result = r.run_with_cancel(RunRequest { route_id: route.into(), goal, prefetch: vec![] }, sink.clone(), cancel).await.unwrap();
+    let result = r
+        .execute(RunRequest { route_id: route.into(), goal, prefetch: vec![] }, Begin::New { run_id: new_run_id() }, sink.clone(), cancel, None)
+        .await
+        .unwrap();
     (result, sink.events())
 }
 
@@ -80,7 +89,7 @@ async fn the_query_goes_to_the_tool_port_and_its_answer_is_the_slot() {
         .script("staged", "answer", &[r#"{"text":"Done."}"#]);
     let port = http(Ok(r#"{"hits":[1]}"#));
     let (result, _) = run(&runner(stub, port.clone()), "staged", Cancel::never()).await;
-    assert_eq!(result.status, RunStatus::Completed, "{result:?}");
+    assert_eq!(result.status(), RunStatus::Completed, "{result:?}");
     assert_eq!(result.slots["lookup"], r#"{"hits":[1]}"#);
     let calls = port.calls.lock().unwrap().clone();
     assert_eq!(calls, [("http://kb/search".to_owned(), json!({"q": "refund rules"}).as_object().unwrap().clone())]);
@@ -99,12 +108,12 @@ async fn a_branch_on_a_number_compares_by_value() {
 async fn a_failing_tool_fails_a_workflow_stage_but_only_notes_a_loop_turn() {
     let stub = StubLlm::default().script("staged", "intake", &[r#"{"urgency":"high"}"#]).script("staged", "lookup", &[r#"{"query":"q"}"#]);
     let (result, events) = run(&runner(stub, http(Err(ReasonClass::ToolTimeout))), "staged", Cancel::never()).await;
-    assert_eq!(result.error.as_ref().map(|e| e.reason_class), Some(ReasonClass::ToolTimeout));
+    assert_eq!(result.error().map(|e| e.reason_class), Some(ReasonClass::ToolTimeout));
     assert_eq!(events.last().map(|e| e.kind), Some(EventKind::RunFailed));
     let stub = StubLlm::default().script("looped", "decide", &[r#"CALL search {"q":"x"}"#, "DONE gave up"]);
     let (result, _) = run(&runner(stub, http(Err(ReasonClass::ToolTimeout))), "looped", Cancel::never()).await;
-    assert_eq!(result.status, RunStatus::Completed);
-    assert_eq!(result.output.as_deref(), Some("gave up"));
+    assert_eq!(result.status(), RunStatus::Completed);
+    assert_eq!(result.output(), Some("gave up"));
     assert_eq!(result.notes, ["search: error: tool_timeout: tool `search`: down"]);
 }
 
@@ -127,7 +136,7 @@ async fn a_cancelled_run_fails_interrupted_and_keeps_what_it_did() {
         handle.cancel("test");
     });
     let (result, events) = run_result;
-    let error = result.error.unwrap();
+    let error = result.error().unwrap();
     assert_eq!((error.reason_class, error.stage_id.as_deref()), (ReasonClass::Interrupted, Some("intake")));
     let kinds: Vec<EventKind> = events.iter().map(|e| e.kind).collect();
     assert_eq!(&kinds[kinds.len() - 3..], [EventKind::LlmFailed, EventKind::StageFailed, EventKind::RunFailed]);
@@ -208,14 +217,24 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
         let journal = MemoryJournal::default();
         let goal = json!({"ticket": "t"}).as_object().unwrap().clone();
         let req = RunRequest { route_id: route.into(), goal: goal.clone(), prefetch: vec![] };
-        let mut result = r.start("run-1".into(), req.clone(), Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
-        if result.status == RunStatus::AwaitingInput {
+        let mut result =
+            r.execute(req.clone(), Begin::New { run_id: "run-1".into() }, Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+        if result.status() == RunStatus::AwaitingInput {
             let all = journal.batches.lock().unwrap().len();
             let (history, events) = journal.prefix(all);
             let history = RunHistory { run_id: "run-1".into(), entries: history, next_seq: events.last().unwrap().seq + 1 };
-            result = r.resume(req.clone(), history, "the second", Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+            result = r
+                .execute(
+                    req.clone(),
+                    Begin::Continue { history, reply: "the second".into() },
+                    Arc::new(crate::events::NullSink),
+                    Cancel::never(),
+                    Some(&journal),
+                )
+                .await
+                .unwrap();
         }
-        assert_eq!(result.status, RunStatus::Completed, "{route}: {result:?}");
+        assert_eq!(result.status(), RunStatus::Completed, "{route}: {result:?}");
         let total_calls = calls.load(std::sync::atomic::Ordering::SeqCst);
         let batches = journal.batches.lock().unwrap().len();
         // Kill it after every batch, recover, and compare.
@@ -230,15 +249,15 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
             let next_seq = events.last().map_or(1, |e| e.seq + 1);
             let recovered_journal = MemoryJournal::default();
             let recovery = RunHistory { run_id: "run-1".into(), entries: history.clone(), next_seq };
-            let recovered = again.recover(req.clone(), recovery, sink.clone(), Cancel::never(), Some(&recovered_journal)).await.unwrap();
+            let recovered = again.execute(req.clone(), Begin::Recover(recovery), sink.clone(), Cancel::never(), Some(&recovered_journal)).await.unwrap();
             let recorded_replies = history.iter().filter(|e| matches!(e, JournalEntry::ModelReply { .. })).count();
             if route == "looped" && !history.iter().any(|e| matches!(e, JournalEntry::UserReply { .. })) {
                 // Cut before the user replied: the recovered run asks again, as it did.
-                assert_eq!(recovered.status, RunStatus::AwaitingInput, "{route} cut {cut}");
-                assert_eq!(recovered.question.as_deref(), Some("Which one?"));
+                assert_eq!(recovered.status(), RunStatus::AwaitingInput, "{route} cut {cut}");
+                assert_eq!(recovered.question(), Some("Which one?"));
                 continue;
             }
-            assert_eq!((recovered.status, &recovered.output, &recovered.slots), (result.status, &result.output, &result.slots), "{route} cut {cut}");
+            assert_eq!((recovered.status(), &recovered.output(), &recovered.slots), (result.status(), &result.output(), &result.slots), "{route} cut {cut}");
             assert_eq!(
                 calls_after.load(std::sync::atomic::Ordering::SeqCst),
                 total_calls - recorded_replies,
@@ -257,9 +276,9 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
         }
         // A strict replay of the whole journal: no model, no tool, no divergence.
         let replayer = runner(StubLlm::default(), http(Err(ReasonClass::ToolConnection)));
-        let report = replayer.replay(req.clone(), journal.entries()).await.unwrap();
+        let report = replay(&replayer, req.clone(), journal.entries()).await;
         assert!(report.divergences.is_empty(), "{route}: {:?}", report.divergences);
-        assert_eq!(report.result.output, result.output);
+        assert_eq!(report.result.output(), result.output());
     }
 }
 
@@ -268,12 +287,12 @@ async fn a_replay_with_another_prompt_reports_it() {
     let journal = MemoryJournal::default();
     let r = runner(loop_stub(), http(Ok("{}")));
     let req = RunRequest { route_id: "staged".into(), goal: json!({"ticket": "t"}).as_object().unwrap().clone(), prefetch: vec![] };
-    r.start("run-1".into(), req.clone(), Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+    r.execute(req.clone(), Begin::New { run_id: "run-1".into() }, Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
     let files = [SourceFile { path: "t/c.yaml".into(), text: CATALOGUE.into() }];
     let packs = [SourceFile { path: "t/pack.yaml".into(), text: "host: ANOTHER HOST\n".into() }];
     let cat = catalogue::load_from_texts(&files, &packs);
     let changed = Runner::new(Arc::new(cat), crate::llm::stack::build(StubLlm::default(), Default::default()), Arc::new(|_: &str| None)).unwrap();
-    let report = changed.replay(req, journal.entries()).await.unwrap();
+    let report = replay(&changed, req, journal.entries()).await;
     assert!(report.divergences.iter().any(|d| d.contains("stage `intake` turn 0: the prompt differs")), "{:?}", report.divergences);
 }
 
@@ -282,7 +301,7 @@ async fn a_replay_asks_for_nothing_its_journal_lacks_and_fails_with_replay_diver
     let journal = MemoryJournal::default();
     let r = runner(loop_stub(), http(Ok(r#"{"hits":[1]}"#)));
     let req = RunRequest { route_id: "staged".into(), goal: json!({"ticket": "t"}).as_object().unwrap().clone(), prefetch: vec![] };
-    r.start("run-1".into(), req.clone(), Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+    r.execute(req.clone(), Begin::New { run_id: "run-1".into() }, Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
     let entries = journal.entries();
     let before = |pred: &dyn Fn(&JournalEntry) -> bool| entries[..entries.iter().position(pred).unwrap()].to_vec();
     let cases = [
@@ -300,8 +319,8 @@ async fn a_replay_asks_for_nothing_its_journal_lacks_and_fails_with_replay_diver
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut replayer = runner(StubLlm::default(), port.clone());
         replayer.llm = crate::llm::stack::build(Counting(loop_stub(), calls.clone()), Default::default());
-        let report = replayer.replay(req.clone(), history).await.unwrap();
-        let error = report.result.error.as_ref().unwrap();
+        let report = replay(&replayer, req.clone(), history).await;
+        let error = report.result.error().unwrap();
         assert_eq!((error.reason_class, error.message.as_str()), (ReasonClass::ReplayDiverged, format!("replay: {divergence}").as_str()));
         assert_eq!(report.divergences, [divergence]);
         assert_eq!((calls.load(std::sync::atomic::Ordering::SeqCst), port.calls.lock().unwrap().len()), (0, 0), "no model call, no tool call");
@@ -309,10 +328,10 @@ async fn a_replay_asks_for_nothing_its_journal_lacks_and_fails_with_replay_diver
     // A tool call of the decision loop the journal lacks is noted, as a tool error is.
     let journal = MemoryJournal::default();
     let req = RunRequest { route_id: "looped".into(), ..req };
-    r.start("run-2".into(), req.clone(), Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+    r.execute(req.clone(), Begin::New { run_id: "run-2".into() }, Arc::new(crate::events::NullSink), Cancel::never(), Some(&journal)).await.unwrap();
     let history: Vec<JournalEntry> =
         journal.entries().into_iter().filter(|e| !matches!(e, JournalEntry::StageCompleted { stage_id, .. } if stage_id == "search")).collect();
-    let report = runner(StubLlm::default(), http(Ok("{}"))).replay(req, history).await.unwrap();
+    let report = replay(&runner(StubLlm::default(), http(Ok("{}"))), req, history).await;
     assert!(
         report.result.notes[0].starts_with("search: error: replay_diverged: replay: tool `search` is called where the journal has no result"),
         "{:?}",

@@ -6,7 +6,7 @@ use opentelemetry::{Context, KeyValue};
 use serde_json::Value;
 
 use super::state::{Finish, Last, Run, RunState, StageFailure};
-use super::{JournalBatch, RunFailure, RunResult, RunStatus, Runner};
+use super::{JournalBatch, RunEnd, RunFailure, RunResult, Runner};
 use crate::defs::{CondOp, Condition};
 use crate::events::EventKind;
 use crate::failure::{BoxFuture, ReasonClass};
@@ -62,51 +62,45 @@ impl Runner {
             let divergences = std::mem::take(&mut state.source).finish();
             let mut llm_calls = std::mem::take(&mut state.llm_calls);
             llm_calls.append(&mut state.child_calls);
-            let mut result = RunResult {
-                run_id: events.run_id().to_owned(),
-                route_id: route.id().to_owned(),
-                status: RunStatus::Completed,
-                output: None,
-                slots: state.slots,
-                notes: state.notes,
-                question: None,
-                error: None,
-                llm_calls,
-                divergences,
-            };
-            match outcome {
+            let end = match outcome {
                 Ok(Finish::Completed) => {
-                    result.output = match state.last_output {
-                        Some(Last::Slot(at)) => result.slots.get_index(at).map(|(_, v)| v.clone()),
+                    let output = match state.last_output {
+                        Some(Last::Slot(at)) => state.slots.get_index(at).map(|(_, v)| v.clone()),
                         Some(Last::Answer(answer)) => Some(answer),
                         None => None,
                     };
-                    events.emit(EventKind::RunCompleted, None, || fields! {"output" => result.output, "duration_ms" => duration_ms});
+                    events.emit(EventKind::RunCompleted, None, || fields! {"output" => output, "duration_ms" => duration_ms});
+                    RunEnd::Completed { output }
                 }
                 Ok(Finish::AwaitingInput(question)) => {
-                    result.status = RunStatus::AwaitingInput;
                     events.emit(EventKind::RunAwaitingInput, None, || fields! {"question" => question, "duration_ms" => duration_ms});
-                    result.question = Some(question);
+                    RunEnd::AwaitingInput { question }
                 }
                 Err((stage_id, f)) => {
                     crate::otel::fail_cx(&run_cx, f.class.as_str());
-                    result.status = RunStatus::Failed;
                     let mut data = fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms};
                     if let Some(detail) = f.detail {
                         data.insert("decisions".into(), detail);
                     }
                     events.emit(EventKind::RunFailed, stage_id.as_deref(), move || data);
-                    result.error = Some(RunFailure { reason_class: f.class, message: f.message, stage_id });
+                    RunEnd::Failed(RunFailure { reason_class: f.class, message: f.message, stage_id })
                 }
-            }
+            };
+            let mut result = RunResult {
+                run_id: events.run_id().to_owned(),
+                route_id: route.id().to_owned(),
+                end,
+                slots: state.slots,
+                notes: state.notes,
+                llm_calls,
+                divergences,
+            };
             crate::otel::end(&run_cx);
             if let Some(journal) = run.journal {
                 let batch = JournalBatch { events: events.take_recorded(), entries: pending, end: Some(result.clone()) };
                 if let Err(e) = journal.commit(events.run_id(), batch).await {
                     // The record lacks the end: the caller must not take the run as settled.
-                    result.status = RunStatus::Failed;
-                    let message = format!("the run's end could not be recorded: {e}");
-                    result.error = Some(RunFailure { reason_class: ReasonClass::StoreError, message, stage_id: None });
+                    result.fail(ReasonClass::StoreError, format!("the run's end could not be recorded: {e}"));
                 }
             }
             result

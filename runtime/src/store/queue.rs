@@ -93,16 +93,16 @@ impl Prepared {
         let entries = batch.entries.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect();
         // Between stages only the next `seq` changes, and the events' rows already say it.
         let end = batch.end.as_ref().map(|result| PreparedEnd {
-            status: match result.status {
+            status: match result.status() {
                 RunStatus::Completed => StoredStatus::Completed,
                 RunStatus::Failed => StoredStatus::Failed,
                 RunStatus::AwaitingInput => StoredStatus::AwaitingInput,
             },
             result: serde_json::to_string(result).unwrap_or_default(),
-            reason_class: result.error.as_ref().map(|e| e.reason_class.as_str()),
+            reason_class: result.error().map(|e| e.reason_class.as_str()),
             // A copy for people reading the table (the result holds the question exactly, JSON
             // escaped): PostgreSQL's text cannot hold NUL, so it is shown as U+FFFD there.
-            question: result.question.as_ref().map(|q| q.replace('\0', "\u{FFFD}")),
+            question: result.question().map(|q| q.replace('\0', "\u{FFFD}")),
             next_seq: batch.events.last().map(|e| e.seq as i64 + 1),
         });
         Prepared { events, entries, end }

@@ -283,7 +283,7 @@ async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
         if let Some(t) = t {
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        if r.result.status != RunStatus::Completed {
+        if r.result.status() != RunStatus::Completed {
             failed += 1;
         }
     }
@@ -336,7 +336,7 @@ async fn concurrent_journalled(c: usize, latency_ms: u64, opts: &BenchOptions) -
     let handles: Vec<_> = (0..c).map(|_| tokio::spawn(once(runtime.clone(), req.clone(), sink.clone()))).collect();
     let mut failed = 0;
     for h in handles {
-        if !matches!(h.await, Ok(Ok(ref r)) if r.result.status == RunStatus::Completed) {
+        if !matches!(h.await, Ok(Ok(ref r)) if r.result.status() == RunStatus::Completed) {
             failed += 1;
         }
     }
@@ -521,7 +521,7 @@ async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, t
             if let Some(t) = t {
                 samples.push(t.elapsed().as_secs_f64() * 1e6);
             }
-            if !matches!(r, Ok(ref r) if r.result.status == RunStatus::Completed) {
+            if !matches!(r, Ok(ref r) if r.result.status() == RunStatus::Completed) {
                 failed += 1;
             }
         }
@@ -560,7 +560,7 @@ async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &
     }
     let mut failed = 0;
     for h in handles {
-        if !matches!(h.await, Ok(Ok(ref r)) if r.result.status == RunStatus::Completed) {
+        if !matches!(h.await, Ok(Ok(ref r)) if r.result.status() == RunStatus::Completed) {
             failed += 1;
         }
     }

@@ -559,7 +559,7 @@ async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Re
     for d in &report.divergences {
         text.push_str(&format!("divergence: {d}\n"));
     }
-    let status = serde_json::to_value(report.result.status).unwrap_or_default();
+    let status = serde_json::to_value(report.result.status()).unwrap_or_default();
     text.push_str(&format!("replayed run {run_id}: {} divergence(s); status {}\n", report.divergences.len(), status.as_str().unwrap_or("?")));
     print_out(&text)?;
     Ok(if report.divergences.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_FAILED) })
@@ -793,14 +793,14 @@ fn finish_run(
         say(format_args!("fabric: cannot write the output: {e}"));
     }
     if let Some(hint) = hint
-        && result.error.as_ref().is_some_and(|e| e.reason_class == ReasonClass::Connection)
+        && result.error().is_some_and(|e| e.reason_class == ReasonClass::Connection)
     {
         say(format_args!("fabric: hint: {hint}"));
     }
     // A signal that interrupted the run names the exit code; one that came after the run had
     // ended changes nothing.
     let signal = signal.load(std::sync::atomic::Ordering::SeqCst);
-    if signal != 0 && result.error.as_ref().is_some_and(|e| e.reason_class == ReasonClass::Interrupted) {
+    if signal != 0 && result.error().is_some_and(|e| e.reason_class == ReasonClass::Interrupted) {
         return Ok(ExitCode::from(128 + signal));
     }
     if printed.is_err() || events_failed.is_some() {
@@ -812,7 +812,7 @@ fn finish_run(
         }
         return Ok(ExitCode::from(EXIT_FAILED));
     }
-    Ok(match result.status {
+    Ok(match result.status() {
         RunStatus::Completed => ExitCode::SUCCESS,
         RunStatus::Failed => ExitCode::from(EXIT_FAILED),
         RunStatus::AwaitingInput => ExitCode::from(EXIT_AWAITING),
