@@ -674,8 +674,8 @@ impl Runtime {
         let request: StartRequest =
             serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
         let history = store.journal(run_id).await?;
-        let mut result = self.runner.execute(request.run_request(), Begin::Replay(history), Arc::new(NullSink), Cancel::never(), None).await?;
-        let mut report = crate::exec::ReplayReport { divergences: std::mem::take(&mut result.divergences), result };
+        let result = self.runner.execute(request.run_request(), Begin::Replay(history), Arc::new(NullSink), Cancel::never(), None).await?;
+        let mut report = crate::exec::ReplayReport::from(result);
         let recorded = run.result.unwrap_or(Value::Null);
         let now = serde_json::to_value(&report.result).unwrap_or(Value::Null);
         for key in ["status", "output", "question"] {

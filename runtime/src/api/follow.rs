@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 
-use crate::store::{RunStore, StoredEvent, StoredStatus};
+use crate::store::{RunStore, StoredEvent};
 
 /// How often a run followed through the store is read (by its one poller).
 pub(super) const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -122,7 +122,7 @@ async fn poll(feeds: Arc<Feeds>, store: Arc<dyn RunStore>, run_id: String, feed:
             let _ = feed.events.send(Arc::new(e));
         }
         polls += 1;
-        let ended = !matches!(status, StoredStatus::Queued | StoredStatus::Running);
+        let ended = !status.is_pending();
         feed.state.send_replace(FeedState { last, ended, polls });
         if ended {
             feeds.retire(&run_id, &feed, true);

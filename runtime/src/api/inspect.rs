@@ -107,7 +107,7 @@ pub(super) async fn run_updates(
 pub struct RunRecord {
     pub run_id: String,
     pub route_id: String,
-    pub status: RunViewStatus,
+    pub status: StoredStatus,
     /// The start contract: `{route_id, goal, model_profile, prefetch, session_id}`.
     #[schema(value_type = Object)]
     pub request: Value,
@@ -131,5 +131,5 @@ pub(super) async fn run_record(State(state): State<AppState>, RunIdPath(run_id):
     };
     let entries = store.journal(run_id.as_str()).await.map_err(store_error)?;
     let entries = entries.iter().filter_map(|e| serde_json::to_value(e).ok()).collect();
-    Ok(Json(RunRecord { run_id: run.run_id, route_id: run.route_id, status: run.status.into(), request: run.request, entries }))
+    Ok(Json(RunRecord { run_id: run.run_id, route_id: run.route_id, status: run.status, request: run.request, entries }))
 }

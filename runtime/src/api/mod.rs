@@ -410,36 +410,6 @@ pub enum AcceptedStatus {
     Queued,
 }
 
-/// Where a run stands: the store's status, as the API names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RunViewStatus {
-    Queued,
-    Running,
-    Completed,
-    Failed,
-    AwaitingInput,
-}
-
-impl RunViewStatus {
-    /// Still to end or ask: queued or running.
-    pub fn is_pending(self) -> bool {
-        matches!(self, RunViewStatus::Queued | RunViewStatus::Running)
-    }
-}
-
-impl From<StoredStatus> for RunViewStatus {
-    fn from(s: StoredStatus) -> RunViewStatus {
-        match s {
-            StoredStatus::Queued => RunViewStatus::Queued,
-            StoredStatus::Running => RunViewStatus::Running,
-            StoredStatus::Completed => RunViewStatus::Completed,
-            StoredStatus::Failed => RunViewStatus::Failed,
-            StoredStatus::AwaitingInput => RunViewStatus::AwaitingInput,
-        }
-    }
-}
-
 /// Why a run failed: its reason class, what happened, and the stage where it did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunError {
@@ -468,7 +438,7 @@ struct StoredResult {
 pub struct RunView {
     pub run_id: String,
     pub route_id: String,
-    pub status: RunViewStatus,
+    pub status: StoredStatus,
     #[serde(default)]
     pub output: Option<String>,
     #[serde(default)]
@@ -489,11 +459,11 @@ impl RunView {
     pub fn of(run: StoredRun) -> RunView {
         // A result that does not read (written by no version of this runtime) shows as none.
         let recorded = run.result.filter(|r| !r.is_null());
-        let ended_here = recorded.is_some();
+        let has_result = recorded.is_some();
         let result: StoredResult = recorded.and_then(|r| serde_json::from_value(r).ok()).unwrap_or_default();
         // A run failed without a result of its own was ended by a claim (its process stopped).
         let error = result.error.or_else(|| {
-            (run.status == StoredStatus::Failed && !ended_here).then(|| RunError {
+            (run.status == StoredStatus::Failed && !has_result).then(|| RunError {
                 reason_class: run.reason_class.clone().unwrap_or_else(|| "interrupted".into()),
                 message: "the process running it stopped".into(),
                 stage_id: None,
@@ -502,7 +472,7 @@ impl RunView {
         RunView {
             run_id: run.run_id,
             route_id: run.route_id,
-            status: run.status.into(),
+            status: run.status,
             output: result.output,
             slots: result.slots.unwrap_or_else(|| json!({})),
             notes: result.notes,
@@ -1004,7 +974,7 @@ async fn run_events(
                 // writes its own from the last recorded one, and the stream goes on from there
                 // (those `seq`s come again, with what the run actually did).
                 if let Ok(Some(run)) = store.get_run(&run_id).await
-                    && matches!(run.status, StoredStatus::Queued | StoredStatus::Running)
+                    && run.status.is_pending()
                     && let Ok(next) = store.next_seq(&run_id).await
                 {
                     last = last.min(next.saturating_sub(1));
@@ -1013,7 +983,7 @@ async fn run_events(
             }
             // Not executing here: queued, or executed by another replica; followed through the
             // shared poller until it ends or asks, or until this process executes it.
-            if !matches!(status, StoredStatus::Queued | StoredStatus::Running) {
+            if !status.is_pending() {
                 return;
             }
             let Some(mut feed) = feed else { continue };

@@ -218,6 +218,7 @@ impl Runner {
     ) -> Result<RunResult, StartError> {
         let route = self.route(&req.route_id)?.clone();
         let fresh = RunState::for_route(&route);
+        let journal = journal.filter(|_| !matches!(begin, Begin::Replay(_)));
         let (events, state, reply) = match begin {
             Begin::New { run_id } => (top_events(&run_id, &route, sink, 1, journal), fresh, None),
             Begin::Recover(RunHistory { run_id, entries, next_seq }) => {
@@ -240,10 +241,7 @@ impl Runner {
             }
             Begin::Replay(entries) => {
                 let events = RunEvents::new(&new_run_id(), route.id(), None, Arc::new(crate::events::NullSink));
-                let cancel = Cancel::never();
-                let state = RunState { source: ReplySource::replaying(entries), ..fresh };
-                let run = Run::top(&route, &req, &events, &cancel, None);
-                return Ok(self.run_route(run, &Context::current(), state, None).await);
+                (events, RunState { source: ReplySource::replaying(entries), ..fresh }, None)
             }
         };
         let run = Run::top(&route, &req, &events, &cancel, journal);

@@ -184,6 +184,13 @@ pub struct ReplayReport {
     pub result: RunResult,
 }
 
+impl From<RunResult> for ReplayReport {
+    /// The report of a replayed run: its divergences taken out of its result.
+    fn from(mut result: RunResult) -> ReplayReport {
+        ReplayReport { divergences: std::mem::take(&mut result.divergences), result }
+    }
+}
+
 /// The result of a run that stopped without its process: what its journal holds (slots, notes,
 /// the last output), failed with `class` and `message`.
 pub fn result_from_journal(run_id: &str, route_id: &str, history: &[JournalEntry], class: ReasonClass, message: &str) -> RunResult {

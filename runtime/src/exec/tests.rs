@@ -16,8 +16,7 @@ use crate::tools::{ToolError, ToolOutput};
 
 /// A replay of `history` on `r`, as `Runtime::replay` runs it.
 async fn replay(r: &Runner, req: RunRequest, history: Vec<JournalEntry>) -> ReplayReport {
-    let mut result = r.execute(req, Begin::Replay(history), Arc::new(crate::events::NullSink), Cancel::never(), None).await.unwrap();
-    ReplayReport { divergences: std::mem::take(&mut result.divergences), result }
+    ReplayReport::from(r.execute(req, Begin::Replay(history), Arc::new(crate::events::NullSink), Cancel::never(), None).await.unwrap())
 }
 
 const CATALOGUE: &str = r#"

@@ -49,8 +49,8 @@ pub enum StoreError {
     Missing(String),
 }
 
-/// Where a run stands in the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Where a run stands in the store (and in the API's views of a run, by the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StoredStatus {
     /// Accepted, not claimed yet: any process serving its route may claim it.
@@ -70,6 +70,11 @@ impl StoredStatus {
             StoredStatus::Failed => "failed",
             StoredStatus::AwaitingInput => "awaiting_input",
         }
+    }
+
+    /// Still to end or ask: queued or running.
+    pub fn is_pending(self) -> bool {
+        matches!(self, StoredStatus::Queued | StoredStatus::Running)
     }
 
     pub fn parse(s: &str) -> Option<StoredStatus> {
