@@ -80,9 +80,16 @@ impl Health {
         self.state().recovered.map(|at| at.elapsed())
     }
 
-    /// A write failed in a way that trying again may cure (full, read-only, locked, away).
-    pub(crate) fn write_failed(&self, error: &str) {
+    /// A write that `began` then failed in a way that trying again may cure (full, read-only,
+    /// locked, away). A failure of a write that began before writes last came back says
+    /// nothing of now: a renewal that waited out a PostgreSQL restart for a pooled connection
+    /// times out after the store recovered, and must not make it unready again.
+    pub(crate) fn write_failed(&self, began: Instant, error: &str) {
         let mut state = self.state();
+        if state.failing.is_none() && state.recovered.is_some_and(|at| began < at) {
+            tracing::debug!(error, "run store: a write begun before writes came back failed; ignored");
+            return;
+        }
         if state.failing.is_none() {
             tracing::error!(error, "run store: writes fail; starts and replies are refused (503) and /readyz says so until they succeed again");
             state.failing = Some((Instant::now(), error.to_owned()));
@@ -183,7 +190,7 @@ mod tests {
     fn writes_failing_refuse_until_one_succeeds_and_recovery_is_dated() {
         let h = Health::new(true);
         assert!(h.check().is_ok() && h.recovered_ago().is_none());
-        h.write_failed("database or disk is full (13)");
+        h.write_failed(Instant::now(), "database or disk is full (13)");
         let e = h.check().unwrap_err();
         assert!(matches!(&e, StoreError::Unavailable(m) if m.contains("disk is full")), "{e}");
         assert!(h.failing());
@@ -195,7 +202,7 @@ mod tests {
     #[test]
     fn a_probe_passing_while_a_writer_tries_again_heals_nothing() {
         let h = Health::new(true);
-        h.write_failed("database or disk is full (13)");
+        h.write_failed(Instant::now(), "database or disk is full (13)");
         let retrying = h.retrying();
         // A full disk has room for the probe's one small row, not for the runs' rows.
         h.probe_succeeded();
@@ -203,6 +210,26 @@ mod tests {
         drop(retrying);
         h.probe_succeeded();
         assert!(!h.failing());
+    }
+
+    #[test]
+    fn a_write_begun_before_writes_came_back_does_not_undo_their_recovery() {
+        let h = Health::new(true);
+        // A renewal starts waiting for a connection while the database is away ...
+        let began = Instant::now();
+        h.write_failed(began, "pool timed out while waiting for an open connection");
+        std::thread::sleep(Duration::from_millis(2));
+        // ... the database comes back and a write commits ...
+        h.write_succeeded();
+        // ... then the renewal's wait times out: writes still work.
+        h.write_failed(began, "pool timed out while waiting for an open connection");
+        assert!(h.check().is_ok() && !h.failing(), "a stale failure made the store unready");
+        // A write begun after the recovery that fails is news.
+        h.write_failed(Instant::now(), "connection refused");
+        assert!(h.failing());
+        // While writes fail, any failure updates the reason.
+        h.write_failed(began, "the old wait timed out");
+        assert!(matches!(h.check(), Err(StoreError::Unavailable(m)) if m.contains("old wait")));
     }
 
     #[test]

@@ -412,6 +412,7 @@ async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, i
         if jobs.is_empty() {
             return Ok(HashSet::new());
         }
+        let began = std::time::Instant::now();
         let rows = Rows::of(jobs);
         let tried = if in_doubt {
             match db.committed(&rows).await {
@@ -429,7 +430,7 @@ async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, i
                 return Ok(fenced);
             }
             Err(WriteFailure { error: StoreError::Unavailable(e), in_doubt: doubt }) => {
-                health.write_failed(&e);
+                health.write_failed(began, &e);
                 in_doubt = doubt;
                 if !in_doubt {
                     for (job, ack) in std::mem::take(jobs) {
@@ -532,6 +533,7 @@ where
     /// One small write, committed, on a connection of its own: whether the database takes
     /// writes now (the healer's probe while writes fail). A connection it fails on goes.
     pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+        let began = std::time::Instant::now();
         let mut conn = self.pool.acquire().await.map_err(db)?;
         let done = sqlx::query("UPDATE fabric_health SET beat = beat + 1 WHERE id = 1").execute(&mut *conn).await.map_err(failed);
         match done {
@@ -542,7 +544,7 @@ where
             Err(f) => {
                 self.forget(&mut conn, &f);
                 if let StoreError::Unavailable(e) = &f.error {
-                    self.health.write_failed(e);
+                    self.health.write_failed(began, e);
                 }
                 Err(f.error)
             }
@@ -740,13 +742,15 @@ pub(crate) fn db(e: sqlx::Error) -> StoreError {
 /// refused, the probe finds out when writes work again), and one that makes every connection
 /// suspect poisons them, so that a server with no run writing does not claim for ever on
 /// connections SQLite opened read-only, while `/readyz` says ready.
-pub(crate) fn write_error(health: &Health, e: sqlx::Error) -> StoreError {
+/// `began` is when the write started (a failure of a write begun before the store last
+/// recovered does not mark it failing again: [`Health::write_failed`]).
+pub(crate) fn write_error(health: &Health, began: std::time::Instant, e: sqlx::Error) -> StoreError {
     if poisons(&e) {
         health.poison();
     }
     let error = db(e);
     if let StoreError::Unavailable(m) = &error {
-        health.write_failed(m);
+        health.write_failed(began, m);
     }
     error
 }

@@ -11,6 +11,7 @@ use serde_json::Value;
 use sqlx::Row;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::health::Health;
 use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, rows_sql, run_of, write_error};
@@ -63,6 +64,7 @@ where
     /// Lets a run's lease go (`set` says what else changes), only while `lease` is still the
     /// run's: a lease lost meanwhile is not this holder's to let go.
     async fn let_go(&self, lease: &Lease, set: &'static str) -> Result<(), StoreError> {
+        let began = Instant::now();
         let sql =
             format!("UPDATE runs SET {set}lease_owner = NULL, lease_until = 0, updated_at = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running'");
         sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -71,7 +73,7 @@ where
             .bind(lease.token)
             .execute(&self.pool)
             .await
-            .map_err(|e| write_error(&self.health, e))?;
+            .map_err(|e| write_error(&self.health, began, e))?;
         Ok(())
     }
 }
@@ -216,7 +218,8 @@ where
             for r in routes {
                 q = q.bind(r.as_str());
             }
-            let rows = q.fetch_all(&self.pool).await.map_err(|e| write_error(&self.health, e))?;
+            let began = Instant::now();
+            let rows = q.fetch_all(&self.pool).await.map_err(|e| write_error(&self.health, began, e))?;
             let mut claimed: Vec<Claimed> = rows.iter().map(run_of).map(|r| r.map(|run| Claimed { token: run.lease_token, run })).collect::<Result<_, _>>()?;
             claimed.sort_by(|a, b| a.run.run_id.cmp(&b.run.run_id));
             Ok(claimed)
@@ -230,6 +233,7 @@ where
             if impossible(run_id) {
                 return Ok(None);
             }
+            let began = Instant::now();
             let sql = format!(
                 "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {} + $2, updated_at = $3 \
                  WHERE run_id = $4 AND status = 'awaiting_input' RETURNING lease_token",
@@ -242,7 +246,7 @@ where
                 .bind(run_id)
                 .fetch_optional(&self.pool)
                 .await
-                .map_err(|e| write_error(&self.health, e))?;
+                .map_err(|e| write_error(&self.health, began, e))?;
             row.map(|r| r.try_get::<i64, _>("lease_token").map(|token| Lease { run_id: run_id.to_owned(), token }).map_err(db)).transpose()
         })
     }
@@ -268,13 +272,14 @@ where
                 }
                 sql.push_str(") RETURNING run_id");
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(holder.lease_ms()).bind(holder.owner.as_str()).bind(now());
+                let began = Instant::now();
                 for l in chunk {
                     q = q.bind(l.run_id.as_str()).bind(l.token);
                 }
                 let renewed: Vec<String> = q
                     .fetch_all(&self.pool)
                     .await
-                    .map_err(|e| write_error(&self.health, e))?
+                    .map_err(|e| write_error(&self.health, began, e))?
                     .iter()
                     .map(|r| r.try_get(0))
                     .collect::<Result<_, _>>()
