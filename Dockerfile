@@ -4,6 +4,12 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY runtime ./runtime
+# Cargo reads every workspace member's manifest, even to build one binary: the benchmark driver
+# and the Python package are copied for that only. The image ships `fabric` alone (`fabric bench`
+# there says that `fabric-bench` is not installed: benchmarks run from a checkout).
+COPY bench ./bench
+COPY python/Cargo.toml ./python/Cargo.toml
+COPY python/src ./python/src
 RUN cargo build --release --locked --bin fabric
 
 FROM debian:bookworm-slim

@@ -1,6 +1,6 @@
-//! Architecture invariants of `runtime/src`, checked on the source: the library's modules, and
-//! the binary's, import each other in one direction (data-flow order), the library does no
-//! process work, every module has a header.
+//! Architecture invariants of `runtime/src` and `bench/src`, checked on the source: the library's
+//! modules, the binary's and the bench's import each other in one direction (data-flow order),
+//! the library does no process work, every module has a header.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -52,13 +52,31 @@ const BIN_LAYERS: &[(&str, &[&str])] = &[
     // Nothing of the binary.
     ("term", &[]),
     ("toolserver", &[]),
-    ("bench", &[]),
-    // The terminal view of a run, and the service: they print through `term`.
+    // The terminal view of a run, the service, the hand-over to `fabric-bench`: they print
+    // through `term`.
     ("progress", &["term"]),
     ("serve", &["term"]),
+    ("forward", &["term"]),
     // Arguments, dispatch, exit codes.
-    ("cli", &["term", "progress", "bench", "serve", "toolserver"]),
+    ("cli", &["term", "progress", "serve", "forward", "toolserver"]),
     ("main", &["cli"]),
+];
+
+/// The modules of the `fabric-bench` binary (`bench/src/`), in the same way: what the scenarios
+/// share below them, the scenarios, `main` (the dispatch) at the bottom.
+const BENCH_LAYERS: &[(&str, &[&str])] = &[
+    // Nothing of the binary: the arguments, the clocks and `/proc`, the human table.
+    ("options", &[]),
+    ("measure", &[]),
+    ("output", &[]),
+    // The bench catalogue and the runtime over it.
+    ("fixture", &["options"]),
+    // The scenarios and the measures around them.
+    ("ceiling", &["measure"]),
+    ("inprocess", &["options", "measure", "fixture"]),
+    ("service", &["options", "measure", "fixture"]),
+    ("instructions", &["options", "measure"]),
+    ("main", &["options", "output", "ceiling", "inprocess", "service", "instructions"]),
 ];
 
 /// The catalogue's modules, and the model port's: neither side may import the other.
@@ -182,11 +200,12 @@ fn modules_import_in_data_flow_order() {
     check_layers(LAYERS, "runtime/src", &found, &files.into_iter().collect::<Vec<_>>());
 }
 
-#[test]
-fn the_binary_imports_in_one_direction() {
-    let bin = repo().join("runtime/src/bin/fabric");
+/// Checks a binary's modules (`dir`, relative to the repository) against its table; `main.rs`
+/// names its modules without `crate::` (`cli::main()`), so its lines are matched on the names it
+/// declares.
+fn check_binary(layers: &[(&str, &[&str])], dir: &str) {
+    let bin = repo().join(dir);
     let mut found = imports(&bin, |rel| Some(top_module(rel)));
-    // The crate root names its modules without `crate::` (`cli::main()`).
     let main = std::fs::read_to_string(bin.join("main.rs")).unwrap();
     let declared: Vec<&str> = main.lines().filter_map(|l| l.strip_prefix("mod ")).map(|m| m.trim_end_matches(';')).collect();
     for (n, line) in code_lines(&main).enumerate() {
@@ -200,7 +219,17 @@ fn the_binary_imports_in_one_direction() {
         }
     }
     let files: Vec<String> = rust_files(&bin).iter().map(|f| top_module(f.strip_prefix(&bin).unwrap())).collect();
-    check_layers(BIN_LAYERS, "runtime/src/bin/fabric", &found, &files);
+    check_layers(layers, dir, &found, &files);
+}
+
+#[test]
+fn the_binary_imports_in_one_direction() {
+    check_binary(BIN_LAYERS, "runtime/src/bin/fabric");
+}
+
+#[test]
+fn the_bench_imports_in_one_direction() {
+    check_binary(BENCH_LAYERS, "bench/src");
 }
 
 #[test]
@@ -248,22 +277,26 @@ fn the_library_does_no_process_work() {
     assert!(offences.is_empty(), "process work in the library:\n{}", offences.join("\n"));
 }
 
-/// The library's modules and the binary's (`runtime/src/bin/` is below `runtime/src`).
+/// The library's modules, the binary's (`runtime/src/bin/` is below `runtime/src`) and the
+/// bench's (`bench/src`).
 #[test]
 fn every_module_has_a_header() {
-    let files = rust_files(&repo().join("runtime/src"));
+    let mut files = rust_files(&repo().join("runtime/src"));
+    files.extend(rust_files(&repo().join("bench/src")));
     assert!(files.iter().any(|f| f.ends_with("bin/fabric/main.rs")), "the binary's modules are checked too");
+    assert!(files.iter().any(|f| f.ends_with("bench/src/main.rs")), "the bench's modules are checked too");
     let missing: Vec<PathBuf> = files.into_iter().filter(|p| !std::fs::read_to_string(p).unwrap().starts_with("//!")).collect();
     assert!(missing.is_empty(), "modules without a //! header: {missing:?}");
 }
 
 #[test]
-fn the_executor_is_split_by_concern() {
+fn the_executor_and_the_bench_are_split_by_concern() {
     // One concern per file (the walk, the stage handlers, the model call, the tool calls, the
-    // reply source, ...): none grows past about 400 lines (its unit tests aside).
-    let exec = repo().join("runtime/src/exec");
-    let long: Vec<(PathBuf, usize)> = rust_files(&exec)
+    // reply source, ...; the bench's scenarios, measures and output): none grows past about 400
+    // lines (its unit tests aside).
+    let long: Vec<(PathBuf, usize)> = ["runtime/src/exec", "bench/src"]
         .into_iter()
+        .flat_map(|dir| rust_files(&repo().join(dir)))
         .filter(|p| p.file_name().is_some_and(|n| n != "tests.rs"))
         .map(|p| {
             let text = std::fs::read_to_string(&p).unwrap();
@@ -271,5 +304,5 @@ fn the_executor_is_split_by_concern() {
         })
         .filter(|(_, n)| *n > 400)
         .collect();
-    assert!(long.is_empty(), "exec files over 400 lines: {long:?}");
+    assert!(long.is_empty(), "exec and bench files over 400 lines: {long:?}");
 }

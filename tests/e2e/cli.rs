@@ -224,34 +224,58 @@ fn prefetch_packs_from_a_file() {
     assert!(stderr(&out).contains("chunk 0 is not a string"), "{}", stderr(&out));
 }
 
+/// `fabric bench ARGS...`: the forwarder, and `fabric-bench` beside it (`support::fabric_bench`).
+fn bench(args: &[&str]) -> Output {
+    crate::support::fabric_bench();
+    fabric(&[&["bench"], args].concat(), &[])
+}
+
+/// `fabric bench` is `fabric-bench` with the same arguments, its help and its usage errors
+/// included; without `fabric-bench` beside it or on PATH, it says where it looked.
+#[test]
+fn bench_hands_over_to_fabric_bench() {
+    let out = bench(&["--help"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for text in ["Usage: fabric bench [OPTIONS]", "--scenario <SCENARIO>", "--instructions", "--ceiling <SECS>"] {
+        assert!(stdout(&out).contains(text), "`{text}` in {}", stdout(&out));
+    }
+    let out = bench(&["--scenario", "X"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("invalid value 'X' for '--scenario"), "{}", stderr(&out));
+    // A `fabric` alone in its directory, nothing on PATH.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let lone = dir.path().join("fabric");
+    std::fs::hard_link(env!("CARGO_BIN_EXE_fabric"), &lone).or_else(|_| std::fs::copy(env!("CARGO_BIN_EXE_fabric"), &lone).map(drop)).unwrap();
+    let out = Command::new(&lone).args(["bench", "--help"]).env("PATH", dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let looked = format!("looked for {} or fabric-bench on PATH", dir.path().join("fabric-bench").display());
+    assert!(stderr(&out).contains(&looked), "{}", stderr(&out));
+}
+
 #[test]
 fn bench_prints_every_scenario() {
     let dir = tempfile::tempdir().unwrap();
     let journal = format!("sqlite://{}", dir.path().join("bench.db").display());
-    let out = fabric(
-        &[
-            "bench",
-            "--runs",
-            "30",
-            "--warmup",
-            "3",
-            "--concurrency",
-            "20",
-            "--latency-ms",
-            "1",
-            "--routes",
-            "20",
-            "--clients",
-            "8",
-            "--requests",
-            "2",
-            "--journal",
-            &journal,
-            "--replicas",
-            "1,2",
-        ],
-        &[],
-    );
+    let out = bench(&[
+        "--runs",
+        "30",
+        "--warmup",
+        "3",
+        "--concurrency",
+        "20",
+        "--latency-ms",
+        "1",
+        "--routes",
+        "20",
+        "--clients",
+        "8",
+        "--requests",
+        "2",
+        "--journal",
+        &journal,
+        "--replicas",
+        "1,2",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let lines: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<&str> = lines.iter().map(|l| l["scenario"].as_str().unwrap()).collect();
@@ -375,7 +399,7 @@ fn replay_reproduces_every_example_route_and_reports_a_changed_prompt() {
 
 #[test]
 fn a_skipped_bench_scenario_says_why_in_the_table() {
-    let out = fabric(&["bench", "--scenario", "R"], &[]);
+    let out = bench(&["--scenario", "R"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).lines().any(|l| l.starts_with("R ") && l.contains("needs --journal")), "{}", stderr(&out));
     assert!(!stderr(&out).contains("replicas 0"), "{}", stderr(&out));
@@ -396,7 +420,7 @@ fn bench_reports_c_against_the_tool_servers_capacity() {
     if !installed("wrk", std::process::Command::new("wrk").arg("--version").output().is_ok()) {
         return;
     }
-    let out = fabric(&["bench", "--scenario", "C", "--concurrency", "20", "--latency-ms", "1", "--ceiling", "1"], &[]);
+    let out = bench(&["--scenario", "C", "--concurrency", "20", "--latency-ms", "1", "--ceiling", "1"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let line: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
     let server = &line["tool_server"];
@@ -410,7 +434,7 @@ fn bench_reports_c_against_the_tool_servers_capacity() {
     assert!((over - line["wall_ms"].as_f64().unwrap() / floor).abs() < 0.01, "{line}");
     assert!(stderr(&out).contains("tool server alone"), "{}", stderr(&out));
     // Without the tool there is no tool server to measure: no floor, no error.
-    let out = fabric(&["bench", "--scenario", "C", "--concurrency", "5", "--latency-ms", "1", "--ceiling", "1", "--no-tool"], &[]);
+    let out = bench(&["--scenario", "C", "--concurrency", "5", "--latency-ms", "1", "--ceiling", "1", "--no-tool"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let line: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
     assert!(line.get("tool_server").is_none(), "{line}");
@@ -423,7 +447,7 @@ fn bench_counts_instructions_with_callgrind() {
     if !installed("valgrind", std::process::Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success())) {
         return;
     }
-    let out = fabric(&["bench", "--instructions", "--scenario", "A", "--runs", "40", "--warmup", "2"], &[]);
+    let out = bench(&["--instructions", "--scenario", "A", "--runs", "40", "--warmup", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let line: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
     assert_eq!((line["scenario"].as_str(), line["measure"].as_str()), (Some("A"), Some("instructions")), "{line}");
@@ -433,7 +457,7 @@ fn bench_counts_instructions_with_callgrind() {
     let per_run = line["instructions_per_run"].as_f64().unwrap();
     assert_eq!(per_run, ((counts[1] - counts[0]) as f64 / 20.0).round(), "{line}");
     // Only the sequential scenarios can be counted this way.
-    let out = fabric(&["bench", "--instructions", "--scenario", "C"], &[]);
+    let out = bench(&["--instructions", "--scenario", "C"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("A, A2, B and B-http"), "{}", stderr(&out));
 }

@@ -45,6 +45,54 @@ pub fn fixture_env() -> [(&'static str, String); 3] {
     [("FABRIC_CATALOGUE_DIR", s(routes_dir())), ("FABRIC_PROMPT_PACKS_DIR", s(packs_dir())), ("FABRIC_LLM_STUB_DIR", s(stub_dir()))]
 }
 
+/// Makes sure `fabric-bench` is built and current beside the `fabric` under test, where `fabric
+/// bench` (the forwarder) looks for it; returns its path.
+///
+/// Cargo builds a package's binaries for its own integration tests only (`CARGO_BIN_EXE_*`), and
+/// `fabric-bench` is another package of the workspace (it depends on this one, so it cannot be a
+/// dependency of these tests). `cargo test --workspace` (`.ci/test`) builds it anyway, into the
+/// same directory, because its package has integration tests of its own; a narrower `cargo test
+/// -p fabric-runtime` does not. So when it is missing or older than a source cargo built it from
+/// (its dep-info file lists them), it is built here, once per test process, by the same cargo,
+/// profile and target directory (cargo has released its build lock by the time tests run).
+/// Building it every time would not be free: outside `cargo test` the dependencies' features
+/// differ (no `test-util`), so the first such build compiles all of them again.
+pub fn fabric_bench() -> PathBuf {
+    static BUILT: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let fabric = PathBuf::from(env!("CARGO_BIN_EXE_fabric"));
+    let bench = fabric.with_file_name(format!("fabric-bench{}", std::env::consts::EXE_SUFFIX));
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if !*built && !is_current(&bench) {
+        let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO"));
+        cmd.current_dir(repo()).args(["build", "-p", "fabric-bench", "--target-dir"]).arg(target_dir);
+        match fabric.parent().and_then(|p| p.file_name()).and_then(|p| p.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                cmd.arg("--release");
+            }
+            Some(profile) => {
+                cmd.args(["--profile", profile]);
+            }
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "cargo build -p fabric-bench failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(bench.is_file(), "cargo build -p fabric-bench left no {}", bench.display());
+    }
+    *built = true;
+    bench
+}
+
+/// Whether `exe` exists and is newer than every source in its dep-info file (`EXE.d`, written
+/// by cargo: `EXE: SOURCE SOURCE ...`, spaces in names escaped).
+fn is_current(exe: &Path) -> bool {
+    let Ok(built) = std::fs::metadata(exe).and_then(|m| m.modified()) else { return false };
+    let Ok(dep_info) = std::fs::read_to_string(exe.with_extension("d")) else { return false };
+    let Some((_, sources)) = dep_info.lines().next().and_then(|l| l.split_once(": ")) else { return false };
+    let sources = sources.replace("\\ ", "\0");
+    sources.split_whitespace().all(|s| std::fs::metadata(s.replace('\0', " ")).and_then(|m| m.modified()).is_ok_and(|m| m <= built))
+}
+
 /// The one place a test decides to skip: returns `true` (the test should return at once) when
 /// `present` is false, i.e. what the test needs (`what`) is missing, for the reason `why`.
 ///

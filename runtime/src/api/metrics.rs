@@ -1,6 +1,7 @@
 //! Prometheus metrics of the service, counted from the events runs emit (an [`EventSink`]):
 //! runs started and finished by route and status, stage and model-call latency histograms,
 //! retries, tokens in and out, runs in flight.
+//! Hand-written, not prometheus-client: docs/performance.md, "Why /metrics is hand-written".
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -104,58 +104,13 @@ enum Command {
         probe: bool,
     },
     /// Run the BENCH.md scenarios with the seeded stub; JSON lines on stdout, a table on stderr.
+    ///
+    /// The program `fabric-bench`, run with the same arguments: `fabric bench --help` is its help.
+    #[command(disable_help_flag = true)]
     Bench {
-        /// Scenarios (repeat or comma-separate); all when absent.
-        #[arg(long, value_delimiter = ',', value_enum)]
-        scenario: Vec<crate::bench::Scenario>,
-        /// Runs of the sequential scenarios (A, B, B-http); default 20000, 2000 with --instructions.
-        #[arg(long)]
-        runs: Option<usize>,
-        /// Warm-up runs before measuring.
-        #[arg(long, default_value_t = 1_000)]
-        warmup: usize,
-        /// Concurrency levels of scenario C.
-        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
-        concurrency: Vec<usize>,
-        /// Stub latency per model call in ms (scenario C default 50, others 0).
-        #[arg(long)]
-        latency_ms: Option<u64>,
-        /// Generated routes of scenario H.
-        #[arg(long, default_value_t = 1_000)]
-        routes: usize,
-        /// Scenario C without its tool call (diagnostic).
-        #[arg(long)]
-        no_tool: bool,
-        /// Scenario C: before each level, load the same tool server alone with `wrk` (64
-        /// connections, as the runtime opens at most) for SECS seconds, and report the level
-        /// against the floor that capacity sets (needs `wrk` on PATH).
-        #[arg(long, value_name = "SECS")]
-        ceiling: Option<u64>,
-        /// Serialise every event as JSON (to a discarding writer); default: no event consumer.
-        #[arg(long)]
-        events: bool,
-        /// Scenario S: concurrent clients of the service.
-        #[arg(long, default_value_t = 1000)]
-        clients: usize,
-        /// Scenario S: requests each client makes, one after the other.
-        #[arg(long, default_value_t = 3)]
-        requests: usize,
-        /// The run store of scenarios A2 and C2 (default a fresh SQLite file) and R (needed): a
-        /// store URL (e.g. postgres://…, whose runs it adds to).
-        #[arg(long)]
-        journal: Option<String>,
-        /// Scenario R: how many replicas share the database (runs: --runs).
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
-        replicas: Vec<usize>,
-        /// Instructions per run of A, A2, B and B-http, counted by valgrind's callgrind (machine
-        /// independent): each scenario at --runs/2 and --runs runs, the difference per run
-        /// (warm-up at most 100 runs; --events, --journal and --latency-ms apply).
-        #[arg(long)]
-        instructions: bool,
-        /// The sequential scenarios without their per-run clock reads and percentiles (what
-        /// --instructions runs under callgrind: it counts the runs, not the bench's own timing).
-        #[arg(long, hide = true)]
-        untimed: bool,
+        /// The arguments of `fabric-bench` (`fabric bench --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+        args: Vec<std::ffi::OsString>,
     },
     /// Print a shell's completion script (`fabric completions bash > /etc/bash_completion.d/fabric`).
     Completions { shell: clap_complete::Shell },
@@ -324,48 +279,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
-        Command::Bench {
-            scenario,
-            runs,
-            warmup,
-            concurrency,
-            latency_ms,
-            routes,
-            no_tool,
-            ceiling,
-            events,
-            clients,
-            requests,
-            journal,
-            replicas,
-            instructions,
-            untimed,
-        } => {
-            let all = if *instructions { crate::bench::INSTRUCTION_SCENARIOS } else { crate::bench::SCENARIOS };
-            let scenarios = if scenario.is_empty() { all.to_vec() } else { scenario.clone() };
-            let opts = crate::bench::BenchOptions {
-                scenarios,
-                runs: runs.unwrap_or(if *instructions { 2_000 } else { 20_000 }),
-                warmup: *warmup,
-                concurrency: concurrency.clone(),
-                latency_ms: *latency_ms,
-                routes: *routes,
-                no_tool: *no_tool,
-                ceiling_secs: *ceiling,
-                events: *events,
-                clients: *clients,
-                requests: *requests,
-                journal: journal.clone(),
-                replicas: replicas.clone(),
-                untimed: *untimed,
-            };
-            let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fabric"));
-            let outcome = if *instructions { crate::bench::instructions(opts, &exe).await } else { crate::bench::run(opts, &exe).await };
-            match outcome {
-                Ok(()) => Ok(ExitCode::SUCCESS),
-                Err(e) => Ok(usage(format_args!("bench: {e}"))),
-            }
-        }
+        Command::Bench { args } => Ok(crate::forward::bench(args)),
         Command::ToolServer { listen } => match crate::toolserver::serve(listen).await {
             Ok(()) => Ok(ExitCode::SUCCESS),
             Err(e) => Ok(usage(format_args!("tool-server: {e}"))),

@@ -1,9 +1,10 @@
 //! The `fabric` binary: a thin shell over the library's [`fabric::runtime::Runtime`] facade.
-//! Argument parsing, printing, exit codes and the terminal live here; so do the benchmark driver
-//! and the demo tool server, which start processes and read `/proc` (the library never does).
+//! Argument parsing, printing, exit codes and the terminal live here; so does the demo tool
+//! server. `fabric bench` hands over to the `fabric-bench` program (`bench/`), which starts
+//! processes and reads `/proc` (the library never does).
 
-mod bench;
 mod cli;
+mod forward;
 mod progress;
 mod serve;
 mod term;
