@@ -754,10 +754,10 @@ impl RunStore for Watched {
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         self.inner.renew(holder, leases)
     }
-    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
         self.inner.append(lease, batch)
     }
-    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
         self.inner.commit(lease, batch)
     }
     fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>> {

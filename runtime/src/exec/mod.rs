@@ -31,7 +31,7 @@ use std::time::Duration;
 use opentelemetry::Context;
 use serde_json::{Map, Value};
 
-pub use journal::{JournalBatch, JournalEntry, RunHistory, RunJournal};
+pub use journal::{JournalBatch, JournalEntry, JournalError, RunHistory, RunJournal};
 pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, result_from_journal};
 use source::ReplySource;
 use state::{Run, RunState};
