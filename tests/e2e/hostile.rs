@@ -529,7 +529,7 @@ async fn odd_ends_of_the_review() {
     // `add` never reports a non-finite sum as a success.
     let add = fabric::tools::builtin_add();
     let args = json!({"a": 1e308, "b": 1e308}).as_object().unwrap().clone();
-    assert!(add.call(&args).await.unwrap_err().contains("too large"));
+    assert!(add.call(&args).await.unwrap_err().0.contains("too large"));
     // --events-out is not opened (truncated) when the run cannot start.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keep.jsonl");
