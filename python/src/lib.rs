@@ -20,7 +20,7 @@ use fabric::events::{EventSink, MemorySink};
 use fabric::exec::RunRequest;
 use fabric::failure::BoxFuture;
 use fabric::runtime::{Runtime as Core, Validation};
-use fabric::tools::Tool;
+use fabric::tools::{Tool, ToolFailure};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyList, PyString, PyTuple};
@@ -80,7 +80,7 @@ fn from_json<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
 struct PyTool(Arc<Py<PyAny>>);
 
 impl Tool for PyTool {
-    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, String>> {
+    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, ToolFailure>> {
         let (function, args) = (self.0.clone(), Value::Object(args.clone()).to_string());
         Box::pin(async move {
             let called = tokio::task::spawn_blocking(move || {
@@ -103,7 +103,7 @@ impl Tool for PyTool {
                 })
             })
             .await;
-            called.map_err(|e| format!("the tool's thread failed: {e}"))?
+            Ok(called.map_err(|e| format!("the tool's thread failed: {e}"))??)
         })
     }
 }
@@ -135,11 +135,11 @@ fn layers(py: Python<'_>, value: Option<&Bound<'_, PyAny>>, default: &str, arg: 
     let Some(value) = value else { return Ok(Layers::one(default)) };
     let bad = |why: String| error::<ConfigError>(py, "config", format!("`{arg}`: {why}"));
     if value.is_instance_of::<PyString>() {
-        return Layers::parse(&value.extract::<String>()?).map_err(bad);
+        return Layers::parse(&value.extract::<String>()?).map_err(|e| bad(e.to_string()));
     }
     if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
         let dirs: Vec<PathBuf> = value.extract().map_err(|_| bad("each item must be a path (a str or an os.PathLike)".into()))?;
-        return Layers::new(dirs).map_err(bad);
+        return Layers::new(dirs).map_err(|e| bad(e.to_string()));
     }
     let dir: PathBuf = value.extract().map_err(|_| bad("expected a path, an `a:b` str or a list of paths".into()))?;
     Ok(Layers::one(dir))

@@ -6,6 +6,14 @@
 
 use tokio::sync::watch;
 
+/// Why a run's call ended before its work did: the run was cancelled, for this reason (a signal's
+/// name, `shutdown`, `lease lost`). Callers turn it into an `interrupted` failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Cancelled {
+    pub reason: String,
+}
+
 /// The sending side: fires once; later fires are ignored (the first reason stays).
 #[derive(Debug, Clone)]
 pub struct CancelHandle(watch::Sender<Option<String>>);
@@ -50,7 +58,7 @@ impl Cancel {
 
     /// `work`'s outcome, or the reason when the run is cancelled first (checked first at every
     /// wake-up). A token that never fires just awaits `work`: nothing to race.
-    pub async fn race<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, String> {
+    pub async fn race<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, Cancelled> {
         if self.0.is_none() {
             return Ok(work.await);
         }
@@ -58,7 +66,7 @@ impl Cancel {
         let cancelled = Box::pin(self.cancelled());
         tokio::select! {
             biased;
-            why = cancelled => Err(why),
+            reason = cancelled => Err(Cancelled { reason }),
             r = work => Ok(r),
         }
     }

@@ -1,10 +1,24 @@
-//! The closed set of failure classes, and the boxed future every port returns.
+//! The closed set of failure classes, the boxed future every port returns, and the error of an
+//! HTTP client that cannot be built.
 //!
 //! A leaf: runs, stages, model calls and tools all report through [`ReasonClass`], so it sits
-//! below every module that fails (docs/events.md lists the set).
+//! below every module that fails (docs/events.md lists the set). The tools and the model port
+//! each build an HTTP client, and the runtime's builder reports either failure as one error:
+//! [`ClientError`] is here, where both see it.
 
 use std::future::Future;
 use std::pin::Pin;
+
+/// An HTTP client that could not be built (its TLS roots or resolver failed to start): a
+/// start-up error, never a fallback to a client without its policy (redirects, timeouts).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot build the HTTP client of {of}: {message}")]
+pub struct ClientError {
+    /// Whose client: `the tools`, `the model providers`.
+    pub of: &'static str,
+    /// reqwest's words.
+    pub message: String,
+}
 
 /// The future an object-safe port method returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -63,12 +63,12 @@ pub enum SpanNames {
 
 impl SpanNames {
     /// Reads `FABRIC_OTEL_SPAN_NAMES` (`genai`, the default, or `legacy`).
-    pub fn parse(raw: Option<&str>) -> Result<SpanNames, String> {
+    pub fn parse(raw: Option<&str>) -> Result<SpanNames, OtelError> {
         match raw.map(str::trim).filter(|v| !v.is_empty()) {
             None => Ok(SpanNames::GenAi),
             Some(v) if v.eq_ignore_ascii_case("genai") => Ok(SpanNames::GenAi),
             Some(v) if v.eq_ignore_ascii_case("legacy") => Ok(SpanNames::Legacy),
-            Some(v) => Err(format!("FABRIC_OTEL_SPAN_NAMES: `{}` is neither `genai` nor `legacy`", shown(v))),
+            Some(v) => Err(bad("FABRIC_OTEL_SPAN_NAMES", format!("`{}` is neither `genai` nor `legacy`", shown(v)))),
         }
     }
 }
@@ -250,6 +250,38 @@ fn shown(value: &str) -> String {
     value.chars().take(40).flat_map(char::escape_debug).collect()
 }
 
+/// Why tracing cannot start as the environment asks: checked at start-up, a value this build
+/// cannot honour is refused (never read as a default); the front end shows it as a usage error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OtelError {
+    /// A variable whose value this build cannot honour, and what is wrong with it (never the
+    /// value itself where it may hold a key).
+    #[error("{var}: {problem}")]
+    Variable { var: String, problem: String },
+    /// The OTLP protocol `grpc`: this build has no gRPC exporter.
+    #[error(
+        "{var}=grpc: this build exports OTLP over HTTP only; use http/protobuf or http/json with the \
+         collector's OTLP/HTTP endpoint (port 4318 by default)"
+    )]
+    Grpc { var: &'static str },
+    /// The exporter refused the endpoint (its own message may quote it, credentials and all:
+    /// only the variables are named).
+    #[error(
+        "OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: not a valid http(s) endpoint URL; \
+         the OTLP exporter cannot start"
+    )]
+    Exporter,
+    /// The exporter's HTTP client could not be built: reqwest's words, or none when the thread
+    /// building it died.
+    #[error("the OTLP exporter's HTTP client could not be built{}", .0.as_deref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Client(Option<String>),
+}
+
+/// An [`OtelError::Variable`].
+fn bad(var: &str, problem: impl Into<String>) -> OtelError {
+    OtelError::Variable { var: var.to_owned(), problem: problem.into() }
+}
+
 /// One variable, signal-specific first: `(name, value)` of the first that is set and not blank.
 fn first_set(names: &[&'static str]) -> Option<(&'static str, String)> {
     names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.trim().is_empty()).map(|v| (*n, v.trim().to_owned())))
@@ -257,37 +289,34 @@ fn first_set(names: &[&'static str]) -> Option<(&'static str, String)> {
 
 /// `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`: OTLP over HTTP, protobuf (the default) or JSON. gRPC
 /// is refused at start-up rather than ignored: this build has no gRPC exporter.
-fn protocol() -> Result<opentelemetry_otlp::Protocol, String> {
+fn protocol() -> Result<opentelemetry_otlp::Protocol, OtelError> {
     use opentelemetry_otlp::Protocol;
     match first_set(&["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"]) {
         None => Ok(Protocol::HttpBinary),
         Some((_, v)) if v == "http/protobuf" => Ok(Protocol::HttpBinary),
         Some((_, v)) if v == "http/json" => Ok(Protocol::HttpJson),
-        Some((var, v)) if v == "grpc" => Err(format!(
-            "{var}=grpc: this build exports OTLP over HTTP only; use http/protobuf or http/json with the \
-             collector's OTLP/HTTP endpoint (port 4318 by default)"
-        )),
-        Some((var, v)) => Err(format!("{var}: `{}` is not one of http/protobuf, http/json", shown(&v))),
+        Some((var, v)) if v == "grpc" => Err(OtelError::Grpc { var }),
+        Some((var, v)) => Err(bad(var, format!("`{}` is not one of http/protobuf, http/json", shown(&v)))),
     }
 }
 
 /// `OTEL_EXPORTER_OTLP_[TRACES_]COMPRESSION`: `gzip` or `none` (the default).
-fn compression() -> Result<Option<opentelemetry_otlp::Compression>, String> {
+fn compression() -> Result<Option<opentelemetry_otlp::Compression>, OtelError> {
     match first_set(&["OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"]) {
         None => Ok(None),
         Some((_, v)) if v == "none" => Ok(None),
         Some((_, v)) if v == "gzip" => Ok(Some(opentelemetry_otlp::Compression::Gzip)),
-        Some((var, v)) => Err(format!("{var}: `{}` is not one of gzip, none", shown(&v))),
+        Some((var, v)) => Err(bad(var, format!("`{}` is not one of gzip, none", shown(&v)))),
     }
 }
 
 /// `FABRIC_OTEL_FLUSH_MS`: the flush deadline at exit.
-fn flush_deadline() -> Result<Duration, String> {
+fn flush_deadline() -> Result<Duration, OtelError> {
     match first_set(&["FABRIC_OTEL_FLUSH_MS"]) {
         None => Ok(DEFAULT_FLUSH),
         Some((var, v)) => match v.parse::<u64>() {
             Ok(ms) if Duration::from_millis(ms) <= MAX_FLUSH => Ok(Duration::from_millis(ms)),
-            _ => Err(format!("{var}: `{}` must be a whole number of milliseconds from 0 to {}", shown(&v), MAX_FLUSH.as_millis())),
+            _ => Err(bad(var, format!("`{}` must be a whole number of milliseconds from 0 to {}", shown(&v), MAX_FLUSH.as_millis()))),
         },
     }
 }
@@ -298,12 +327,12 @@ fn flush_deadline() -> Result<Duration, String> {
 /// from the standard variables; protocol, compression and the Fabric variables are checked here,
 /// and a value this build cannot honour is an error, never a silent default. `report` hears of
 /// the first export failure (see [`Reporter`]).
-pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, String> {
+pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, OtelError> {
     // A value that is not UTF-8 would read as unset: refused instead, whatever it is.
     for (key, value) in std::env::vars_os() {
         let key = key.to_string_lossy();
         if (key.starts_with("OTEL_") || key.starts_with("FABRIC_OTEL_")) && value.to_str().is_none() {
-            return Err(format!("{key}: the value is not valid UTF-8"));
+            return Err(bad(&key, "the value is not valid UTF-8"));
         }
     }
     let names = SpanNames::parse(std::env::var("FABRIC_OTEL_SPAN_NAMES").ok().as_deref())?;
@@ -312,7 +341,7 @@ pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, String> {
         None => false,
         Some((_, v)) if v.eq_ignore_ascii_case("true") => true,
         Some((_, v)) if v.eq_ignore_ascii_case("false") => false,
-        Some((var, v)) => return Err(format!("{var}: `{}` is neither true nor false", shown(&v))),
+        Some((var, v)) => return Err(bad(var, format!("`{}` is neither true nor false", shown(&v)))),
     };
     // `OTEL_TRACES_EXPORTER=none`: no exporter, whatever the endpoint says (the standard way to
     // switch tracing off where the endpoint is set for other signals).
@@ -321,7 +350,7 @@ pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, String> {
         Some((_, v)) if v.split(',').any(|e| e.trim().eq_ignore_ascii_case("none")) => true,
         Some((_, v)) if v.split(',').all(|e| e.trim().eq_ignore_ascii_case("otlp")) => false,
         Some((var, v)) => {
-            return Err(format!("{var}: `{}` is not one of otlp, none (the only trace exporters here)", shown(&v)));
+            return Err(bad(var, format!("`{}` is not one of otlp, none (the only trace exporters here)", shown(&v))));
         }
     };
     let endpoint = first_set(&["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]);
@@ -339,11 +368,7 @@ pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, String> {
     let exporter = builder
         .build()
         // The crate's message may quote the endpoint, credentials and all: name the variables only.
-        .map_err(|_| {
-            "OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: not a valid http(s) endpoint URL; \
-             the OTLP exporter cannot start"
-                .to_owned()
-        })?;
+        .map_err(|_| OtelError::Exporter)?;
     let exporter = Reported { inner: exporter, origin: crate::redact::origin_and_path(&endpoint), report: report.clone() };
     // The SDK reads both, but lets `OTEL_RESOURCE_ATTRIBUTES` win; the specification has
     // `OTEL_SERVICE_NAME` win, so it is set explicitly. `fabric-runtime` where neither says.
@@ -364,15 +389,16 @@ pub fn init_from_env(report: Arc<Reporter>) -> Result<OtelGuard, String> {
 /// The endpoint: an http(s) URL with a host. The base endpoint (to which `/v1/traces` is added)
 /// takes no query or fragment, which the path would land after. The value is never echoed: it
 /// may carry credentials.
-fn check_endpoint(var: &str, endpoint: &str) -> Result<(), String> {
-    let url = reqwest::Url::parse(endpoint).map_err(|_| format!("{var}: not a valid URL"))?;
+fn check_endpoint(var: &str, endpoint: &str) -> Result<(), OtelError> {
+    let url = reqwest::Url::parse(endpoint).map_err(|_| bad(var, "not a valid URL"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err(format!("{var}: the OTLP/HTTP endpoint must be an http:// or https:// URL with a host"));
+        return Err(bad(var, "the OTLP/HTTP endpoint must be an http:// or https:// URL with a host"));
     }
     if var == "OTEL_EXPORTER_OTLP_ENDPOINT" && (url.query().is_some() || url.fragment().is_some()) {
-        return Err(format!(
-            "{var}: a base endpoint takes no query or fragment (`/v1/traces` is added to its path); \
-             use OTEL_EXPORTER_OTLP_TRACES_ENDPOINT for a full URL"
+        return Err(bad(
+            var,
+            "a base endpoint takes no query or fragment (`/v1/traces` is added to its path); \
+             use OTEL_EXPORTER_OTLP_TRACES_ENDPOINT for a full URL",
         ));
     }
     Ok(())
@@ -380,7 +406,7 @@ fn check_endpoint(var: &str, endpoint: &str) -> Result<(), String> {
 
 /// The other variables the exporter and the SDK read, checked here because they would ignore a
 /// bad value without a word (or, for TLS files, this build cannot honour them at all).
-fn check_exporter_env() -> Result<(), String> {
+fn check_exporter_env() -> Result<(), OtelError> {
     for var in [
         "OTEL_EXPORTER_OTLP_CERTIFICATE",
         "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
@@ -392,9 +418,10 @@ fn check_exporter_env() -> Result<(), String> {
         "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
     ] {
         if first_set(&[var]).is_some() {
-            return Err(format!(
-                "{var}: not supported by this build (the exporter trusts the system's CA roots and sends no \
-                 client certificate); unset it"
+            return Err(bad(
+                var,
+                "not supported by this build (the exporter trusts the system's CA roots and sends no \
+                 client certificate); unset it",
             ));
         }
     }
@@ -407,18 +434,18 @@ fn check_exporter_env() -> Result<(), String> {
             });
             if !ok {
                 // Never the entry itself: it is most likely a key.
-                return Err(format!("{var}: entry {} is not `name=value` with a header name and a value without control characters", idx + 1));
+                return Err(bad(var, format!("entry {} is not `name=value` with a header name and a value without control characters", idx + 1)));
             }
         }
     }
     if let Some((var, attributes)) = first_set(&["OTEL_RESOURCE_ATTRIBUTES"])
         && let Some(idx) = attributes.split(',').position(|kv| kv.split_once('=').is_none_or(|(k, _)| k.trim().is_empty()))
     {
-        return Err(format!("{var}: entry {} is not `key=value`", idx + 1));
+        return Err(bad(var, format!("entry {} is not `key=value`", idx + 1)));
     }
-    let whole = |var: &'static str, min: u64| -> Result<(), String> {
+    let whole = |var: &'static str, min: u64| -> Result<(), OtelError> {
         match first_set(&[var]) {
-            Some((var, v)) if v.parse::<u64>().map_or(true, |n| n < min) => Err(format!("{var}: `{}` is not a whole number of at least {min}", shown(&v))),
+            Some((var, v)) if v.parse::<u64>().map_or(true, |n| n < min) => Err(bad(var, format!("`{}` is not a whole number of at least {min}", shown(&v)))),
             _ => Ok(()),
         }
     };
@@ -432,10 +459,10 @@ fn check_exporter_env() -> Result<(), String> {
     whole("OTEL_SPAN_LINK_COUNT_LIMIT", 0)?;
     const SAMPLERS: &[&str] = &["always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio"];
     if let Some((var, v)) = first_set(&["OTEL_TRACES_SAMPLER"]).filter(|(_, v)| !SAMPLERS.contains(&v.as_str())) {
-        return Err(format!("{var}: `{}` is not one of {}", shown(&v), SAMPLERS.join(", ")));
+        return Err(bad(var, format!("`{}` is not one of {}", shown(&v), SAMPLERS.join(", "))));
     }
     if let Some((var, v)) = first_set(&["OTEL_TRACES_SAMPLER_ARG"]).filter(|(_, v)| !v.parse::<f64>().is_ok_and(|r| (0.0..=1.0).contains(&r))) {
-        return Err(format!("{var}: `{}` is not a ratio from 0 to 1", shown(&v)));
+        return Err(bad(var, format!("`{}` is not a ratio from 0 to 1", shown(&v))));
     }
     Ok(())
 }
@@ -444,16 +471,16 @@ fn check_exporter_env() -> Result<(), String> {
 /// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` / `OTEL_EXPORTER_OTLP_TIMEOUT`, in ms, default 10 s), but
 /// following no redirect: `OTEL_EXPORTER_OTLP_HEADERS` often carries a collector's API key, and
 /// an HTTP client strips only `Authorization` when a redirect leaves the origin.
-fn exporter_client() -> Result<reqwest::blocking::Client, String> {
+fn exporter_client() -> Result<reqwest::blocking::Client, OtelError> {
     let timeout = match first_set(&["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"]) {
         None => Duration::from_secs(10),
-        Some((var, ms)) => Duration::from_millis(ms.parse().map_err(|_| format!("{var}: `{}` is not a whole number of milliseconds", shown(&ms)))?),
+        Some((var, ms)) => Duration::from_millis(ms.parse().map_err(|_| bad(var, format!("`{}` is not a whole number of milliseconds", shown(&ms))))?),
     };
     // A blocking client owns a runtime of its own: build it off any async context.
     std::thread::spawn(move || reqwest::blocking::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).build())
         .join()
-        .map_err(|_| "the OTLP exporter's HTTP client could not be built".to_owned())?
-        .map_err(|e| format!("the OTLP exporter's HTTP client could not be built: {e}"))
+        .map_err(|_| OtelError::Client(None))?
+        .map_err(|e| OtelError::Client(Some(e.to_string())))
 }
 
 #[cfg(test)]
@@ -466,7 +493,7 @@ mod tests {
         assert_eq!(SpanNames::parse(None), Ok(SpanNames::GenAi));
         assert_eq!(SpanNames::parse(Some(" Legacy ")), Ok(SpanNames::Legacy));
         assert_eq!(SpanNames::parse(Some("genai")), Ok(SpanNames::GenAi));
-        assert!(SpanNames::parse(Some("otel")).unwrap_err().contains("FABRIC_OTEL_SPAN_NAMES"));
+        assert!(SpanNames::parse(Some("otel")).unwrap_err().to_string().starts_with("FABRIC_OTEL_SPAN_NAMES: `otel` is neither"));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning,
 use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos, Severity};
 use crate::events::{EventSink, NullSink, RunEvents};
-use crate::exec::{Begin, Problems, ProfileStack, RunHistory, RunRequest, RunResult, Runner, StartError, VarLookup};
+use crate::exec::{Begin, Problems, ProfileError, ProfileStack, RunHistory, RunRequest, RunResult, Runner, StartError, VarLookup};
 use crate::failure::ReasonClass;
 use crate::hydrate::Route;
 use crate::llm::providers::backend_for;
@@ -42,7 +42,7 @@ pub enum BuildError {
     #[error("stub scripts: {0}")]
     Stub(String),
     #[error("{0}")]
-    Client(String),
+    Client(#[from] crate::failure::ClientError),
     /// Catalogue or prompt pack directories that do not exist (every one of them); a front end
     /// adds which of its settings names them.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -283,21 +283,24 @@ fn provider_stack(settings: &Settings, client: &reqwest::Client) -> Result<Arc<d
 /// from the profile as one unit, or entirely from the process configuration when the profile
 /// names no routing; tuning (temperature, max tokens) merges field by field over the defaults.
 /// The loader has already checked what needs no environment (see `loader::decode`).
-fn profile_target(settings: &Settings, name: &str, profile: &ProfileDef) -> Result<(ProviderTarget, Tuning), String> {
+fn profile_target(settings: &Settings, name: &str, profile: &ProfileDef) -> Result<(ProviderTarget, Tuning), ProfileError> {
     let what = format!("model profile `{name}` ({}:{}:{})", profile.origin.path.display(), profile.origin.pos.line, profile.origin.pos.col);
     let has_routing = profile.provider.is_some() || profile.model.is_some() || profile.base_url.is_some() || profile.api_key_env.is_some();
     let target = if !has_routing {
-        settings.target.clone().ok_or_else(|| format!("{what} names no model and the process has no provider configured"))?
+        settings.target.clone().ok_or(ProfileError::NoProvider { profile: what })?
     } else {
-        let model = profile.model.as_deref().ok_or_else(|| format!("{what}: routing moves as one unit; set model"))?;
+        let model = profile.model.as_deref().ok_or_else(|| ProfileError::NoModel { profile: what.clone() })?;
         let (kind, model) = match &profile.provider {
-            Some(p) => (ProviderKind::from_key(p).ok_or_else(|| format!("{what}: provider `{p}` is not supported"))?, model.to_owned()),
+            Some(p) => {
+                let kind = ProviderKind::from_key(p).ok_or_else(|| ProfileError::UnknownProvider { profile: what.clone(), provider: p.clone() })?;
+                (kind, model.to_owned())
+            }
             None => {
-                let c = choose_model(&what, model).map_err(|e| e.to_string())?;
+                let c = choose_model(&what, model)?;
                 (c.provider, c.model)
             }
         };
-        settings.resolve_target(kind, model, profile.base_url.as_deref(), profile.api_key_env.as_deref()).map_err(|e| format!("{}: {}", e.var, e.message))?
+        settings.resolve_target(kind, model, profile.base_url.as_deref(), profile.api_key_env.as_deref())?
     };
     let defaults = Tuning::default();
     let tuning = Tuning { temperature: profile.temperature.unwrap_or(defaults.temperature), max_tokens: profile.max_tokens.unwrap_or(defaults.max_tokens) };
@@ -360,7 +363,7 @@ pub fn validate(schema: &Value, raw: &str) -> Validation {
 pub struct ProfileStatus {
     pub name: String,
     /// Where its calls go, or why it cannot be used here.
-    pub model: Result<ModelInfo, String>,
+    pub model: Result<ModelInfo, ProfileError>,
 }
 
 /// The result of [`Runtime::probe`].
@@ -554,7 +557,7 @@ impl Runtime {
             .await?
             .into_iter()
             .map(|claimed| {
-                let request = serde_json::from_value::<StartRequest>(claimed.run.request).map_err(|e| format!("its start contract does not read: {e}"));
+                let request = serde_json::from_value::<StartRequest>(claimed.run.request);
                 ClaimedRun { lease: Lease { run_id: claimed.run.run_id, token: claimed.token }, route_id: claimed.run.route_id, request }
             })
             .collect())
@@ -589,7 +592,7 @@ impl Runtime {
                 Ok(result) => return done(result),
                 Err(e) => format!("it cannot go on here: {e}"),
             },
-            Err(why) => why,
+            Err(e) => format!("its start contract does not read: {e}"),
         };
         done(self.runner.abandon(&route_id, history, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await)
     }
@@ -818,7 +821,7 @@ pub struct ClaimedRun {
     lease: Lease,
     route_id: String,
     /// The start contract, or why it does not read.
-    request: Result<StartRequest, String>,
+    request: Result<StartRequest, serde_json::Error>,
 }
 
 impl ClaimedRun {

@@ -26,21 +26,21 @@ impl Layers {
     }
 
     /// These directories, in order; refused when there is none or one is empty.
-    pub fn new(dirs: Vec<PathBuf>) -> Result<Layers, String> {
+    pub fn new(dirs: Vec<PathBuf>) -> Result<Layers, LayersError> {
         if dirs.is_empty() {
-            return Err("no directory given".into());
+            return Err(LayersError::NoDirectory);
         }
         // An empty entry would read the working directory, as an empty entry of `PATH` does:
         // nobody means that by a stray `:`.
         if let Some(i) = dirs.iter().position(|d| d.as_os_str().is_empty()) {
-            return Err(format!("directory {} of {} is empty (a stray `:`?)", i + 1, dirs.len()));
+            return Err(LayersError::EmptyEntry { number: i + 1, of: dirs.len() });
         }
         Ok(Layers(dirs))
     }
 
     /// `a:b:c`: directories separated by `:`.
-    pub fn parse(list: &str) -> Result<Layers, String> {
-        Layers::new(list.split(':').map(PathBuf::from).collect()).map_err(|e| format!("`{list}`: {e}"))
+    pub fn parse(list: &str) -> Result<Layers, LayersError> {
+        Layers::new(list.split(':').map(PathBuf::from).collect()).map_err(|e| LayersError::InList { list: list.to_owned(), problem: Box::new(e) })
     }
 
     pub fn dirs(&self) -> &[PathBuf] {
@@ -53,10 +53,23 @@ impl Layers {
     }
 }
 
-impl std::str::FromStr for Layers {
-    type Err = String;
+/// Why directories are no [`Layers`] (`--catalogue`, `catalogue=` of the Python package).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayersError {
+    #[error("no directory given")]
+    NoDirectory,
+    /// Entry `number` (from 1) of `of` is empty.
+    #[error("directory {number} of {of} is empty (a stray `:`?)")]
+    EmptyEntry { number: usize, of: usize },
+    /// A list written `a:b` ([`Layers::parse`]), named before what is wrong with it.
+    #[error("`{list}`: {problem}")]
+    InList { list: String, problem: Box<LayersError> },
+}
 
-    fn from_str(s: &str) -> Result<Layers, String> {
+impl std::str::FromStr for Layers {
+    type Err = LayersError;
+
+    fn from_str(s: &str) -> Result<Layers, LayersError> {
         Layers::parse(s)
     }
 }
@@ -209,8 +222,8 @@ mod tests {
         assert_eq!(Layers::parse("routes").unwrap(), Layers::one("routes"));
         // A single path is never split: only `parse` reads `:`.
         assert_eq!(Layers::from("a:b").dirs(), [PathBuf::from("a:b")]);
-        assert_eq!(Layers::parse("a::b").unwrap_err(), "`a::b`: directory 2 of 3 is empty (a stray `:`?)");
-        assert_eq!(Layers::parse("").unwrap_err(), "``: directory 1 of 1 is empty (a stray `:`?)");
+        assert_eq!(Layers::parse("a::b").unwrap_err().to_string(), "`a::b`: directory 2 of 3 is empty (a stray `:`?)");
+        assert_eq!(Layers::parse("").unwrap_err().to_string(), "``: directory 1 of 1 is empty (a stray `:`?)");
         assert!(Layers::new(vec![]).is_err());
     }
 

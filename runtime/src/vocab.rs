@@ -27,7 +27,7 @@ pub const MAX_TOOL_TIMEOUT_MS: u64 = 600_000;
 
 /// A value that cannot be used: the variable (or model-profile field) it came from and what is
 /// wrong with it. Configuration ([`crate::config`]) and the catalogue loader both report it.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error("{var}: {message}")]
 pub struct ConfigError {
     pub var: String,

@@ -1,6 +1,7 @@
 //! Architecture invariants of `runtime/src` and `bench/src`, checked on the source: the library's
 //! modules, the binary's and the bench's import each other in one direction (data-flow order),
-//! the library does no process work, every module has a header.
+//! the library does no process work, every module has a header, and the library's errors are
+//! types (String errors only in the listed leaf parsers).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -305,4 +306,80 @@ fn the_executor_and_the_bench_are_split_by_concern() {
         .filter(|(_, n)| *n > 400)
         .collect();
     assert!(long.is_empty(), "exec and bench files over 400 lines: {long:?}");
+}
+
+/// The `Result<_, String>`s the library may keep: leaf parsers that turn one raw text or value
+/// into a value, where the message is all a caller does with the error (it is shown, or put in
+/// a note or a diagnostic, never branched on). (file below `runtime/src`, function, why.)
+const STRING_ERRORS: &[(&str, &str, &str)] = &[
+    ("decision.rs", "parse_text_protocol", "one model reply in the CALL/ASK/DONE protocol; the message becomes the `invalid_decision` failure"),
+    ("exec/mod.rs", "parse_goal", "one `--goal` text into a JSON object; the front ends show the message"),
+    ("exec/mod.rs", "parse_prefetch", "one `--prefetch` text into chunks; the front ends show the message"),
+    ("structured/schema.rs", "from_json", "one JSON schema into a flat one; the message is why it is unbindable (`OutputSpec::Unbindable`)"),
+    ("structured/schema.rs", "scalar", "one property of that schema (from_json's part)"),
+    ("structured/schema.rs", "field_type", "one property of that schema (from_json's part)"),
+    ("structured/mod.rs", "validate", "one reply field against its field, Pydantic's message for `schema_validation`"),
+    ("structured/mod.rs", "scalar", "one scalar of that field (validate's part)"),
+];
+
+/// Each `Result<…, String>` in `text` (types spanning lines too; comments are not code): the
+/// 1-based line and the function it belongs to (the last `fn NAME` before it), or the line's text.
+fn string_errors(text: &str) -> Vec<(usize, String)> {
+    let code: String = code_lines(text).map(|l| format!("{}\n", l.split("//").next().unwrap_or_default())).collect();
+    let mut out = Vec::new();
+    for (start, _) in code.match_indices("Result<") {
+        if code[..start].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // `SomeResult<`, another type
+        }
+        // The type's arguments at its own depth; the error is the last (a trailing comma aside).
+        let (mut depth, mut args) = (1, vec![String::new()]);
+        for c in code[start + "Result<".len()..].chars() {
+            match c {
+                '<' => depth += 1,
+                '>' if depth == 1 => break,
+                '>' => depth -= 1,
+                ',' if depth == 1 => {
+                    args.push(String::new());
+                    continue;
+                }
+                _ => {}
+            }
+            args.last_mut().unwrap().push(c);
+        }
+        if args.iter().rev().map(|a| a.trim()).find(|a| !a.is_empty()) == Some("String") {
+            let line = code[..start].matches('\n').count() + 1;
+            let name = code[..start].rsplit_once("fn ").map(|(_, rest)| rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect());
+            out.push((line, name.unwrap_or_else(|| code.lines().nth(line - 1).unwrap_or_default().trim().to_owned())));
+        }
+    }
+    out
+}
+
+/// Issue 24: the library's contracts are types. A `Result<_, String>` outside the listed leaf
+/// parsers fails here (unit tests and the binary, `src/bin/`, aside), and so does a listed one
+/// that no longer exists.
+#[test]
+fn the_library_returns_typed_errors_outside_leaf_parsers() {
+    let src = repo().join("runtime/src");
+    let mut found = BTreeSet::new();
+    let mut refused = Vec::new();
+    for file in rust_files(&src) {
+        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+        if rel.starts_with("bin/") || rel.ends_with("/tests.rs") {
+            continue;
+        }
+        for (line, name) in string_errors(&std::fs::read_to_string(&file).unwrap()) {
+            if STRING_ERRORS.iter().any(|(f, n, _)| *f == rel && *n == name) {
+                found.insert((rel.clone(), name));
+            } else {
+                refused.push(format!("runtime/src/{rel}:{line}: `{name}` returns Result<_, String>: give it an error type"));
+            }
+        }
+    }
+    assert!(refused.is_empty(), "String errors outside the leaf parsers (STRING_ERRORS):\n{}", refused.join("\n"));
+    let stale: Vec<_> = STRING_ERRORS.iter().filter(|(f, n, _)| !found.contains(&((*f).to_owned(), (*n).to_owned()))).collect();
+    assert!(stale.is_empty(), "allowed String errors that no longer exist: {stale:?}");
+    // The scan itself: a type across lines, a nested one, and a look-alike.
+    let probe = "fn a() -> Result<\n    Vec<u8>,\n    String,\n> {}\nfn b() -> Result<Result<(), String>, E> {}\nfn c() -> MyResult<u8, String> {}";
+    assert_eq!(string_errors(probe), [(1, "a".to_owned()), (5, "b".to_owned())]);
 }

@@ -179,7 +179,7 @@ async fn a_decision_the_stub_cannot_read_is_shown_in_its_failed_event() {
 struct Hangs;
 
 impl fabric::tools::Tool for Hangs {
-    fn call<'a>(&'a self, _: &'a Map<String, Value>) -> fabric::failure::BoxFuture<'a, Result<Value, String>> {
+    fn call<'a>(&'a self, _: &'a Map<String, Value>) -> fabric::failure::BoxFuture<'a, Result<Value, fabric::tools::ToolFailure>> {
         Box::pin(std::future::pending())
     }
 }

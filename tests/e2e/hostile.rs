@@ -529,7 +529,7 @@ async fn odd_ends_of_the_review() {
     // `add` never reports a non-finite sum as a success.
     let add = fabric::tools::builtin_add();
     let args = json!({"a": 1e308, "b": 1e308}).as_object().unwrap().clone();
-    assert!(add.call(&args).await.unwrap_err().contains("too large"));
+    assert!(add.call(&args).await.unwrap_err().0.contains("too large"));
     // --events-out is not opened (truncated) when the run cannot start.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("keep.jsonl");
@@ -754,10 +754,10 @@ impl RunStore for Watched {
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         self.inner.renew(holder, leases)
     }
-    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
         self.inner.append(lease, batch)
     }
-    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
         self.inner.commit(lease, batch)
     }
     fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>> {

@@ -254,7 +254,7 @@ async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() 
         let (a, b) = tokio::join!(store.commit(&healthy, healthy_end), store.commit(&stalled, late_end));
         a.unwrap_or_else(|e| panic!("{name}: the healthy run's commit failed: {e}"));
         let refused = b.expect_err("the fenced holder's commit is refused");
-        assert!(refused.contains("lease was lost"), "{name}: {refused}");
+        assert_eq!(refused, StoreError::LeaseLost("stalled".into()), "{name}");
         assert_eq!(store.get_run("healthy").await.unwrap().unwrap().status, StoredStatus::Completed, "{name}");
         let run = store.get_run("stalled").await.unwrap().unwrap();
         assert_eq!((run.status, run.lease_token), (StoredStatus::Running, 2), "{name}: not ended by the fenced holder");
@@ -270,6 +270,39 @@ async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() 
         let run = store.get_run("stalled").await.unwrap().unwrap();
         assert_eq!((run.status, run.next_seq), (StoredStatus::Completed, 3), "{name}");
         assert_eq!(store.journal("stalled").await.unwrap(), [entry("first"), entry("resumed")], "{name}");
+    }
+}
+
+/// A write with a lost lease is `StoreError::LeaseLost`, a type and not a message: at the commit
+/// that finds it, at every write of that lease after it (the queued failure is kept as it was),
+/// and through the executor's port as `JournalError::LeaseLost`, in the store's words.
+#[tokio::test]
+async fn a_write_with_a_lost_lease_is_lease_lost_on_every_store() {
+    use fabric::exec::{JournalBatch, JournalError, RunJournal};
+    let (stores, _dir) = stores().await;
+    let routes = ["support-triage".to_owned()];
+    for (name, url) in stores {
+        let store = fabric::store::open(&url).await.unwrap();
+        let old = store.create_run("lost", "support-triage", &request(), Some(&Holder::new(Duration::from_millis(300)))).await.unwrap().unwrap();
+        store.commit(&old, JournalBatch::default()).await.unwrap();
+        // Its holder stalls past the lease; another process takes the run over.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let taken = store.claim_runs(&Holder::new(Duration::from_secs(30)), &routes, 10).await.unwrap();
+        assert_eq!(taken.len(), 1, "{name}");
+        let lost = StoreError::LeaseLost("lost".into());
+        assert_eq!(store.commit(&old, JournalBatch::default()).await, Err(lost.clone()), "{name}: the commit that finds it");
+        assert_eq!(store.append(&old, JournalBatch::default()).await, Err(lost.clone()), "{name}: an append after it");
+        let end = {
+            let mut r = fabric::exec::result_from_journal("lost", "support-triage", &[], fabric::failure::ReasonClass::Interrupted, "x");
+            r.end = fabric::exec::RunEnd::Completed { output: None };
+            r
+        };
+        let last = JournalBatch { end: Some(end), ..Default::default() };
+        assert_eq!(store.commit(&old, last.clone()).await, Err(lost.clone()), "{name}: its end");
+        let journal = fabric::store::Fenced { store: store.as_ref(), lease: &old };
+        assert_eq!(journal.commit("lost", last).await, Err(JournalError::LeaseLost(lost.to_string())), "{name}: the executor's port");
+        let run = store.get_run("lost").await.unwrap().unwrap();
+        assert_eq!((run.status, run.lease_token), (StoredStatus::Running, 2), "{name}: nothing of the old holder written");
     }
 }
 

@@ -33,17 +33,33 @@ pub struct JournalBatch {
     pub end: Option<RunResult>,
 }
 
+/// Why a journal did not take a batch. The executor only needs to know whether its lease is
+/// gone (another process runs the run now) or the write failed otherwise; the message is the
+/// store's own, shown as it was. Defined here, not as the store's `StoreError`, because `exec`
+/// sits below `store` (the store implements this port): the port names what the executor can
+/// branch on, and `store` converts its error into it (`From<StoreError>`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalError {
+    /// The run's lease was taken over: this process must write nothing more and stop the run.
+    #[error("{0}")]
+    LeaseLost(String),
+    /// The write failed (the database refused it, cannot be reached, or an earlier batch of the
+    /// run failed): the run stops, and whoever holds it next goes on from its journal.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Where a journalled run's record goes as it runs: one batch per completed stage (its events and
 /// entries together), and one at the end.
 ///
 /// Contract: batches of a run are written in the order given. `append` queues a batch and
 /// returns once it is queued (it waits only while the writer's queue is full), so a stage does
 /// not wait for the disk; an error says an earlier write of the run failed (or its lease is
-/// lost), and the run stops there (`store_error`). `commit` queues the last batch and returns
+/// lost: [`JournalError::LeaseLost`]), and the run stops there (`store_error`). `commit` queues the last batch and returns
 /// once every batch of the run is durable: a run is reported ended only when its record is.
 pub trait RunJournal: Send + Sync {
-    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
-    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
+    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>>;
+    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>>;
 }
 
 /// What a run's record holds when the run is taken up again: recovered after its process died

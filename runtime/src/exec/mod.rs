@@ -31,7 +31,7 @@ use std::time::Duration;
 use opentelemetry::Context;
 use serde_json::{Map, Value};
 
-pub use journal::{JournalBatch, JournalEntry, RunHistory, RunJournal};
+pub use journal::{JournalBatch, JournalEntry, JournalError, RunHistory, RunJournal};
 pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, result_from_journal};
 use source::ReplySource;
 use state::{Run, RunState};
@@ -39,7 +39,7 @@ use state::{Run, RunState};
 use crate::cancel::Cancel;
 use crate::catalogue::{Catalogue, DEFAULT_TOOL_TIMEOUT_MS, RouteLookupError};
 use crate::events::{EventKind, EventSink, RunEvents};
-use crate::failure::ReasonClass;
+use crate::failure::{ClientError, ReasonClass};
 use crate::fields;
 use crate::hydrate::{Route, RoutePath};
 use crate::llm::Llm;
@@ -90,7 +90,25 @@ fn top_events(run_id: &str, route: &Route, sink: Arc<dyn EventSink>, first_seq: 
 pub type VarLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// A model stack, or why a model profile cannot be used in this process.
-pub type ProfileStack = Result<Arc<dyn Llm>, String>;
+pub type ProfileStack = Result<Arc<dyn Llm>, ProfileError>;
+
+/// Why a model profile cannot be used in this process (the runtime finds out when it builds the
+/// profiles' stacks): the routes that use it are refused at start with it, and `fabric doctor`
+/// names it. `profile` is the profile as a person finds it: `model profile `fast` (path:line:col)`.
+/// Here, beside [`ProfileStack`], because the runner refuses with it and sits below the runtime.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{profile} names no model and the process has no provider configured")]
+    NoProvider { profile: String },
+    #[error("{profile}: routing moves as one unit; set model")]
+    NoModel { profile: String },
+    #[error("{profile}: provider `{provider}` is not supported")]
+    UnknownProvider { profile: String, provider: String },
+    /// Its model string does not read, or its provider's settings (key variable, base URL) are
+    /// not usable here.
+    #[error("{0}")]
+    Config(#[from] crate::llm::model::ConfigError),
+}
 
 /// The default bound of an in-process tool call: that of an HTTP tool's `invoke.timeout_ms`.
 const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_millis(DEFAULT_TOOL_TIMEOUT_MS);
@@ -120,7 +138,7 @@ impl std::fmt::Debug for Runner {
 impl Runner {
     /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI). Fails only
     /// when the HTTP client of the tools cannot be built.
-    pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Result<Runner, String> {
+    pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Result<Runner, ClientError> {
         let http = Arc::new(HttpTools::new()?);
         Ok(Runner { catalogue, llm, http, vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new(), tool_timeout: DEFAULT_TOOL_TIMEOUT })
     }
@@ -193,7 +211,7 @@ impl Runner {
             return Err(StartError::ToolNotRegistered { route: route_id.into(), tool: tool.name.clone() });
         }
         if let Some(Err(e)) = self.profile_llms.get(route.model_profile()) {
-            return Err(StartError::ProfileUnusable { route: route_id.into(), profile: route.model_profile().to_owned(), message: e.clone() });
+            return Err(StartError::ProfileUnusable { route: route_id.into(), profile: route.model_profile().to_owned(), problem: e.clone() });
         }
         Ok(route)
     }

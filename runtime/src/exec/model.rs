@@ -43,7 +43,7 @@ impl Runner {
         let llm = match self.profile_llms.get(route.model_profile()) {
             Some(Ok(l)) => l,
             // Refused at start (`route`); never reached.
-            Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.clone())),
+            Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.to_string())),
             None => &self.llm,
         };
         let reply = llm.complete(&req).await.map_err(|e| StageFailure::new(e.class, e.message))?;

@@ -138,8 +138,8 @@ pub enum StartError {
     WrongFleet { route: String, target: String, fleet: String },
     #[error("route `{route}` uses tool `{tool}`, which has no `invoke` URL and no in-process implementation registered")]
     ToolNotRegistered { route: String, tool: String },
-    #[error("route `{route}` cannot run: its model profile `{profile}` cannot be used here: {message}")]
-    ProfileUnusable { route: String, profile: String, message: String },
+    #[error("route `{route}` cannot run: its model profile `{profile}` cannot be used here: {problem}")]
+    ProfileUnusable { route: String, profile: String, problem: super::ProfileError },
     #[error("route `{route}` cannot run with the stub: its script has errors:\n{problems}")]
     StubScriptBroken { route: String, problems: Problems },
     #[error("route `{route}` does not run a decision loop: only a decision-loop run can ask and be continued")]

@@ -157,12 +157,12 @@ struct MemoryJournal {
 }
 
 impl RunJournal for MemoryJournal {
-    fn append<'a>(&'a self, _: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+    fn append<'a>(&'a self, _: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
         self.batches.lock().unwrap().push(batch);
         Box::pin(async { Ok(()) })
     }
 
-    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
         self.append(run_id, batch)
     }
 }
@@ -177,6 +177,31 @@ impl MemoryJournal {
         let b = self.batches.lock().unwrap();
         (b[..n].iter().flat_map(|b| b.entries.clone()).collect(), b[..n].iter().flat_map(|b| b.events.clone()).collect())
     }
+}
+
+/// A journal whose lease another process took: every write is refused.
+struct LostJournal;
+
+impl RunJournal for LostJournal {
+    fn append<'a>(&'a self, _: &'a str, _: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
+        Box::pin(async { Err(JournalError::LeaseLost("run run-1: its lease was lost".into())) })
+    }
+
+    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
+        self.append(run_id, batch)
+    }
+}
+
+#[tokio::test]
+async fn a_run_whose_lease_is_lost_stops_after_its_first_write() {
+    let r = runner(loop_stub(), http(Ok(r#"{"hits":[1]}"#)));
+    let req = RunRequest { route_id: "staged".into(), goal: json!({"ticket": "t"}).as_object().unwrap().clone(), prefetch: vec![] };
+    let result = r.execute(req, Begin::New { run_id: "run-1".into() }, Arc::new(crate::events::NullSink), Cancel::never(), Some(&LostJournal)).await.unwrap();
+    let error = result.error().unwrap_or_else(|| panic!("{result:?}"));
+    assert_eq!(error.reason_class, ReasonClass::StoreError);
+    // The first stage's write fails, and so does the end's: the last failure is the one reported.
+    assert_eq!(error.message, "the run's end could not be recorded: run run-1: its lease was lost");
+    assert_eq!(result.llm_calls.len(), 1, "only the first stage ran: {result:?}");
 }
 
 /// Counts model calls of the stub it wraps.

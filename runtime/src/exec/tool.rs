@@ -90,7 +90,7 @@ impl Runner {
         let span = tool_span(cx, events.run_id(), name, "function");
         let started = events.stopwatch();
         let outcome = match cancel.race(tokio::time::timeout(self.tool_timeout, tool.call(args))).await {
-            Ok(Ok(r)) => r.map_err(|message| (ReasonClass::ToolFailed, message)),
+            Ok(Ok(r)) => r.map_err(|failure| (ReasonClass::ToolFailed, failure.0)),
             Ok(Err(_)) => Err((ReasonClass::ToolTimeout, format!("no result within {} ms", self.tool_timeout.as_millis()))),
             Err(why) => Err((ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
         };

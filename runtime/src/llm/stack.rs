@@ -17,6 +17,6 @@ pub fn build<B: Llm + 'static>(backend: B, retry: RetryPolicy) -> Arc<dyn Llm> {
 }
 
 /// The client shared by every provider backend of the process.
-pub fn client() -> Result<reqwest::Client, String> {
+pub fn client() -> Result<reqwest::Client, crate::failure::ClientError> {
     shared_client()
 }

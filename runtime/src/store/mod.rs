@@ -22,7 +22,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::exec::{JournalBatch, JournalEntry, RunJournal};
+use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
 use crate::failure::BoxFuture;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -221,8 +221,11 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// Extends these leases by the holder's lease length; returns the runs whose lease another
     /// process holds now.
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
-    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
-    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>>;
+    /// Queues a batch (see [`RunJournal`]): an earlier failure of the run's writes, as it was
+    /// (`LeaseLost`, `Database`, `Unavailable`), is the answer.
+    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Writes a batch and waits until every batch of the run is durable (see [`RunJournal`]).
+    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
     /// How many runs wait for a claim.
     fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// Whether the database answers (`/readyz`).
@@ -242,14 +245,24 @@ pub struct Fenced<'a> {
 }
 
 impl RunJournal for Fenced<'_> {
-    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
         debug_assert_eq!(run_id, self.lease.run_id);
-        self.store.append(self.lease, batch)
+        Box::pin(async move { Ok(self.store.append(self.lease, batch).await?) })
     }
 
-    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), String>> {
+    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
         debug_assert_eq!(run_id, self.lease.run_id);
-        self.store.commit(self.lease, batch)
+        Box::pin(async move { Ok(self.store.commit(self.lease, batch).await?) })
+    }
+}
+
+/// The executor's view of a failed write: whether the lease is gone, in the store's words.
+impl From<StoreError> for JournalError {
+    fn from(e: StoreError) -> JournalError {
+        match e {
+            StoreError::LeaseLost(_) => JournalError::LeaseLost(e.to_string()),
+            other => JournalError::Failed(other.to_string()),
+        }
     }
 }
 

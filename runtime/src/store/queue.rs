@@ -16,6 +16,9 @@ use super::{Lease, StoreError, StoredRun, StoredStatus, now};
 use crate::exec::{JournalBatch, RunStatus};
 use crate::failure::BoxFuture;
 
+/// What a write is told once the writer task is gone (the runtime shutting down).
+const WRITER_STOPPED: &str = "the store's writer has stopped";
+
 /// Commits waiting for the writer; more than this waiting means the database cannot keep up.
 const WRITE_QUEUE: usize = 4096;
 
@@ -205,11 +208,13 @@ pub(crate) struct WriteQueue {
     failed: Failed,
 }
 
-type Failed = Arc<Mutex<HashMap<(String, i64), String>>>;
+/// The failure of each lease's earlier write, kept as the store's error so that a later append
+/// or commit answers with the same variant (a lost lease stays `LeaseLost`).
+type Failed = Arc<Mutex<HashMap<(String, i64), StoreError>>>;
 
 /// The failure recorded for an earlier batch of `lease`, if any. A run's end is its last write
 /// here, so asking for the end's (`last`) forgets the failure.
-fn earlier_failure(failed: &Failed, lease: &Lease, last: bool) -> Option<String> {
+fn earlier_failure(failed: &Failed, lease: &Lease, last: bool) -> Option<StoreError> {
     let mut failed = failed.lock().unwrap_or_else(|p| p.into_inner());
     let key = (lease.run_id.clone(), lease.token);
     if last { failed.remove(&key) } else { failed.get(&key).cloned() }
@@ -221,7 +226,7 @@ fn settle(failed: &Failed, job: &Write, ack: Option<oneshot::Sender<Result<(), S
     if let (Err(e), Write::Commit { lease, batch }) = (&done, job)
         && batch.end.is_none()
     {
-        failed.lock().unwrap_or_else(|p| p.into_inner()).insert((lease.run_id.clone(), lease.token), e.to_string());
+        failed.lock().unwrap_or_else(|p| p.into_inner()).insert((lease.run_id.clone(), lease.token), e.clone());
     }
     if let Some(ack) = ack {
         let _ = ack.send(done);
@@ -235,7 +240,7 @@ fn refuse_start(failed: &Failed, job: &Write, ack: Option<oneshot::Sender<Result
 }
 
 /// The failure of an earlier batch of the run a job writes for (a create has none).
-fn failure_before(failed: &Failed, job: &Write) -> Option<String> {
+fn failure_before(failed: &Failed, job: &Write) -> Option<StoreError> {
     match job {
         Write::Commit { lease, batch } => earlier_failure(failed, lease, batch.end.is_some()),
         Write::Create { .. } => None,
@@ -266,28 +271,28 @@ impl WriteQueue {
     /// Hands a job to the writer and waits until its transaction committed.
     pub async fn write(&self, job: Write) -> Result<(), StoreError> {
         let (ack, done) = oneshot::channel();
-        let stopped = || StoreError::Database("the store's writer has stopped".into());
+        let stopped = || StoreError::Database(WRITER_STOPPED.into());
         self.writer_of(job.run_id()).send((job, Some(ack))).await.map_err(|_| stopped())?;
         done.await.map_err(|_| stopped())?
     }
 
     /// [`crate::exec::RunJournal::append`]: queued, not waited for.
-    pub async fn append(&self, lease: &Lease, batch: JournalBatch) -> Result<(), String> {
+    pub async fn append(&self, lease: &Lease, batch: JournalBatch) -> Result<(), StoreError> {
         if let Some(e) = earlier_failure(&self.failed, lease, false) {
             return Err(e);
         }
         let job = Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) };
-        self.writer_of(&lease.run_id).send((job, None)).await.map_err(|_| "the store's writer has stopped".to_owned())
+        self.writer_of(&lease.run_id).send((job, None)).await.map_err(|_| StoreError::Database(WRITER_STOPPED.into()))
     }
 
     /// [`crate::exec::RunJournal::commit`]: waited for. After an earlier queued failure nothing
     /// is written (an end after a hole would record less than the run did): the error is
     /// returned, the run stays `running`, and whoever claims it next goes on from its journal.
-    pub async fn commit(&self, lease: &Lease, batch: JournalBatch) -> Result<(), String> {
+    pub async fn commit(&self, lease: &Lease, batch: JournalBatch) -> Result<(), StoreError> {
         if let Some(e) = earlier_failure(&self.failed, lease, true) {
             return Err(e);
         }
-        self.write(Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) }).await.map_err(|e| e.to_string())
+        self.write(Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) }).await
     }
 }
 
@@ -349,7 +354,7 @@ async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, 
         let mut kept = Vec::with_capacity(jobs.len());
         for (job, ack) in jobs.drain(..) {
             match failure_before(&failed, &job) {
-                Some(e) => settle(&failed, &job, ack, Err(StoreError::Database(e))),
+                Some(e) => settle(&failed, &job, ack, Err(e)),
                 None => kept.push((job, ack)),
             }
         }
@@ -371,7 +376,7 @@ async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, 
                 for job in std::mem::take(&mut jobs) {
                     let mut one = vec![job];
                     let done = match failure_before(&failed, &one[0].0) {
-                        Some(e) => Err(StoreError::Database(e)),
+                        Some(e) => Err(e),
                         None => write_retrying(&db, &health, &failed, &mut inbox, &mut one).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
                     };
                     // Gone when it was a start refused while the store could not write.
@@ -980,7 +985,7 @@ mod tests {
             queue.commit(&bad_lease, batch("bad", 2)).await
         });
         good.unwrap();
-        assert!(bad.unwrap_err().contains("refused"), "the earlier failure is the answer");
+        assert_eq!(bad.unwrap_err(), StoreError::Database("refused".into()), "the earlier failure is the answer");
         assert_eq!(*db.committed.lock().unwrap(), [("good".to_owned(), 1)], "nothing of the bad run, not even its (writable) end");
     }
 

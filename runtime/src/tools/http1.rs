@@ -72,6 +72,18 @@ pub(super) enum Failed {
     Error(ToolError),
 }
 
+/// Why a request was not all written once its first bytes went out: what the server said, if
+/// anything, is read next, and this is the error only when it said nothing.
+#[derive(Debug, thiserror::Error)]
+enum CutShort {
+    #[error("the connection closed while the request was sent")]
+    Closed,
+    #[error("the server answered before the request was all sent")]
+    AnsweredEarly,
+    #[error("the request could not be sent: {0}")]
+    Io(std::io::Error),
+}
+
 /// How the body of a response is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Framing {
@@ -133,7 +145,7 @@ impl Conn {
         let head = match self.read_head().await {
             Ok(head) => head,
             // No answer after a failed write: the write's error says more.
-            Err(e) => return Err(sent.err().map_or(e, broken)),
+            Err(e) => return Err(sent.err().map_or(e, |cut| broken(cut.to_string()))),
         };
         let mut pos = head.len;
         let body = match head.framing {
@@ -191,17 +203,17 @@ impl Conn {
         Ok(Response { status: head.status, location: head.location, body, reusable })
     }
 
-    /// Writes the request. `Err(why)` inside `Ok`: the request was not all written (the server
+    /// Writes the request. `Err(cut)` inside `Ok`: the request was not all written (the server
     /// answered before it was, or the write failed after its first bytes), and what the server
     /// said, if anything, is read next; `Failed::NotSent`: not a byte of it went out.
-    async fn send(&mut self, request: &[u8]) -> Result<Result<(), String>, Failed> {
+    async fn send(&mut self, request: &[u8]) -> Result<Result<(), CutShort>, Failed> {
         let mut written = 0;
         while written < request.len() {
             match self.stream.try_write(&request[written..]) {
                 Ok(n) if n > 0 => written += n,
                 // Refused before a byte went out: the connection was already gone.
                 Ok(_) if written == 0 => return Err(Failed::NotSent),
-                Ok(_) => return Ok(Err("the connection closed while the request was sent".into())),
+                Ok(_) => return Ok(Err(CutShort::Closed)),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     // The socket is full: wait for room, or for an answer that comes before the
                     // request is all sent (a server refusing a large body answers at once).
@@ -211,13 +223,13 @@ impl Conn {
                             ready.map_err(|e| broken(format!("the request could not be sent: {e}")))?;
                             self.buf.reserve(READ_CHUNK);
                             match self.stream.try_read_buf(&mut self.buf) {
-                                Ok(0) => return Ok(Err("the connection closed while the request was sent".into())),
+                                Ok(0) => return Ok(Err(CutShort::Closed)),
                                 Ok(_) if matches!(parse_head(&self.buf), Ok(Some(h)) if h.status >= 200) || self.buf.len() >= MAX_HEAD_BYTES => {
-                                    return Ok(Err("the server answered before the request was all sent".into()));
+                                    return Ok(Err(CutShort::AnsweredEarly));
                                 }
                                 Ok(_) => {}
                                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                                Err(e) => return Ok(Err(format!("the request could not be sent: {e}"))),
+                                Err(e) => return Ok(Err(CutShort::Io(e))),
                             }
                         }
                         ready = self.stream.writable() => {
@@ -227,7 +239,7 @@ impl Conn {
                 }
                 Err(_) if written == 0 => return Err(Failed::NotSent),
                 // The server may have answered and closed: what it said is read next.
-                Err(e) => return Ok(Err(format!("the request could not be sent: {e}"))),
+                Err(e) => return Ok(Err(CutShort::Io(e))),
             }
         }
         Ok(Ok(()))

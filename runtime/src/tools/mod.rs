@@ -17,12 +17,33 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 
 use crate::defs::{HttpMethod, Invoke};
-use crate::failure::{BoxFuture, ReasonClass};
+use crate::failure::{BoxFuture, ClientError, ReasonClass};
 
 /// An in-process tool: a Rust function with the same input-schema contract as an HTTP tool
 /// (the loop checks the arguments against the capability's `input_schema` before calling it).
+/// A failure is the tool's own words ([`ToolFailure`]): the run reports it as `tool_failed`.
 pub trait Tool: Send + Sync {
-    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, String>>;
+    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, ToolFailure>>;
+}
+
+/// Why an in-process tool gave no value, in its own words (`ValueError: no adding today`): the
+/// decision loop shows it to the model as a note, a workflow stage fails with it. The class is
+/// always `tool_failed` (a timeout or a cancel is the executor's, not the tool's), so the message
+/// is all there is to carry; a type of its own keeps the port from taking any `String`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolFailure(pub String);
+
+impl From<String> for ToolFailure {
+    fn from(message: String) -> ToolFailure {
+        ToolFailure(message)
+    }
+}
+
+impl From<&str> for ToolFailure {
+    fn from(message: &str) -> ToolFailure {
+        ToolFailure(message.to_owned())
+    }
 }
 
 /// The port HTTP tool calls go through. Contract: call `url` (already resolved from the
@@ -44,9 +65,9 @@ impl<F> std::fmt::Debug for FnTool<F> {
 
 impl<F> Tool for FnTool<F>
 where
-    F: Fn(&Map<String, Value>) -> Result<Value, String> + Send + Sync,
+    F: Fn(&Map<String, Value>) -> Result<Value, ToolFailure> + Send + Sync,
 {
-    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, String>> {
+    fn call<'a>(&'a self, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<Value, ToolFailure>> {
         Box::pin(async move { (self.0)(args) })
     }
 }
@@ -136,13 +157,13 @@ pub const MAX_URL_BYTES: usize = 16 * 1024;
 impl HttpTools {
     /// Fails only when the HTTP client cannot be built (a start-up error, never a fallback to a
     /// client without the redirect policy).
-    pub fn new() -> Result<HttpTools, String> {
+    pub fn new() -> Result<HttpTools, ClientError> {
         let client = reqwest::Client::builder()
             // Followed by `send` itself, within the origin (see there).
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(MAX_IN_FLIGHT_PER_ORIGIN)
             .build()
-            .map_err(|e| format!("cannot build the HTTP client of the tools: {e}"))?;
+            .map_err(|e| ClientError { of: "the tools", message: e.to_string() })?;
         // reqwest honours the proxy variables; the lean path has no proxy support, so it stands
         // aside whenever one of them is set.
         let proxied = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"].iter().any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
@@ -592,7 +613,7 @@ mod tests {
         };
         assert_eq!(call(2.into(), 3.into()).await.unwrap(), serde_json::json!({"sum": 5}));
         assert_eq!(call(0.5.into(), 0.25.into()).await.unwrap(), serde_json::json!({"sum": 0.75}));
-        assert!(call("two".into(), 3.into()).await.unwrap_err().contains("`a` must be a number"));
+        assert!(call("two".into(), 3.into()).await.unwrap_err().0.contains("`a` must be a number"));
     }
 
     #[test]

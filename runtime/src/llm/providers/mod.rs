@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta, finish_reply};
+use crate::failure::ClientError;
 use crate::llm::OutputSpec;
 use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
 
@@ -149,14 +150,14 @@ impl<C: Codec> HttpBackend<C> {
 /// The `User-Agent` of every provider request.
 pub const USER_AGENT: &str = concat!("fabric-runtime/", env!("CARGO_PKG_VERSION"));
 
-pub fn shared_client() -> Result<reqwest::Client, String> {
+pub fn shared_client() -> Result<reqwest::Client, ClientError> {
     reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(90))
         .redirect(reqwest::redirect::Policy::none())
         // Some gateways refuse requests without one; the SDKs of the reference send theirs.
         .user_agent(USER_AGENT)
         .build()
-        .map_err(|e| format!("cannot build the HTTP client of the model providers: {e}"))
+        .map_err(|e| ClientError { of: "the model providers", message: e.to_string() })
 }
 
 fn schema_name(stage_id: &str) -> String {
