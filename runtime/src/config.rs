@@ -333,6 +333,7 @@ impl Settings {
             max_attempts,
             base: parse_seconds("FABRIC_LLM_RETRY_BASE_S", get("FABRIC_LLM_RETRY_BASE_S"), 1.0)?,
             max_backoff: parse_seconds("FABRIC_LLM_RETRY_MAX_BACKOFF_S", get("FABRIC_LLM_RETRY_MAX_BACKOFF_S"), 30.0)?,
+            jitter_seed: None,
         };
         let model_string = match (get("OLLAMA_MODEL"), get("FABRIC_LLM_MODEL")) {
             (Some(m), _) => (m.trim().to_owned(), "OLLAMA_MODEL"),

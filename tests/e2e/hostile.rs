@@ -22,7 +22,7 @@ use crate::service::{self, TOKEN, authed, call, send};
 use crate::support::{Canned, FakeProvider, fabric_cli, fixture_env, packs_dir, reply_json, repo, routes_dir, serve, stub_dir, target};
 
 const KINDS: [ProviderKind; 4] = [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic];
-const FAST_RETRY: RetryPolicy = RetryPolicy { max_attempts: 2, base: Duration::from_millis(5), max_backoff: Duration::from_millis(50) };
+const FAST_RETRY: RetryPolicy = RetryPolicy { max_attempts: 2, base: Duration::from_millis(5), max_backoff: Duration::from_millis(50), jitter_seed: None };
 const GOAL: &str = r#"{"ticket":"I was charged twice"}"#;
 
 fn shipped() -> Arc<Catalogue> {

@@ -47,7 +47,7 @@ fn shipped() -> Arc<Catalogue> {
     Arc::new(catalogue::load(&routes_dir(), &packs_dir()))
 }
 
-const FAST_RETRY: RetryPolicy = RetryPolicy { max_attempts: 3, base: Duration::from_millis(5), max_backoff: Duration::from_millis(300) };
+const FAST_RETRY: RetryPolicy = RetryPolicy { max_attempts: 3, base: Duration::from_millis(5), max_backoff: Duration::from_millis(300), jitter_seed: None };
 
 async fn run_with(kind: ProviderKind, base_url: &str, retry: RetryPolicy) -> (RunResult, Vec<Event>) {
     let llm = fabric::llm::stack::build(

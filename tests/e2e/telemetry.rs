@@ -50,7 +50,8 @@ async fn one_llm_span_per_logical_call_with_genai_attributes() {
     f.push(Canned::json(503, json!({"error": {"message": "busy"}}))).push(Canned::json(503, json!({"error": {"message": "busy"}})));
     let url = f.start().await;
     let target = crate::support::target(ProviderKind::OpenAi, &url, "gpt-test");
-    let retry = RetryPolicy { max_attempts: 3, base: std::time::Duration::from_millis(5), max_backoff: std::time::Duration::from_millis(50) };
+    let retry =
+        RetryPolicy { max_attempts: 3, base: std::time::Duration::from_millis(5), max_backoff: std::time::Duration::from_millis(50), jitter_seed: None };
     let llm = fabric::llm::stack::build(
         backend_for(fabric::llm::providers::shared_client().unwrap(), target, Tuning::default(), fabric::llm::providers::DEFAULT_MAX_REPLY_BYTES),
         retry,

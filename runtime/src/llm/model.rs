@@ -78,11 +78,15 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     pub base: Duration,
     pub max_backoff: Duration,
+    /// The seed of the delays' jitter; `None` (the default, and every front end) seeds it from
+    /// the OS, so replicas retrying together spread out. A simulation fixes it, so that one seed
+    /// gives one schedule (`tests/sim`).
+    pub jitter_seed: Option<u64>,
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { max_attempts: 3, base: Duration::from_secs(1), max_backoff: Duration::from_secs(30) }
+        RetryPolicy { max_attempts: 3, base: Duration::from_secs(1), max_backoff: Duration::from_secs(30), jitter_seed: None }
     }
 }
 

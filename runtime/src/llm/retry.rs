@@ -30,8 +30,11 @@ impl<L: Llm> RetryLlm<L> {
             .with_min_delay(self.policy.base)
             .with_max_delay(self.policy.max_backoff)
             .with_max_times(self.policy.max_attempts.saturating_sub(1) as usize)
-            .with_jitter()
-            .build();
+            .with_jitter();
+        if let Some(seed) = self.policy.jitter_seed {
+            delays = delays.with_jitter_seed(seed);
+        }
+        let mut delays = delays.build();
         let mut attempt: u32 = 1;
         loop {
             let Some(computed) = delays.next() else { return Err(error) };
