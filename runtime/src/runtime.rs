@@ -70,6 +70,7 @@ pub struct RuntimeBuilder {
     backend: Option<Arc<dyn Llm>>,
     http: Option<Arc<dyn HttpPort>>,
     store: Option<Arc<dyn RunStore>>,
+    run_ids: Option<crate::exec::RunIds>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -141,6 +142,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// New run ids from `ids` instead of time-ordered UUIDv7s ([`crate::exec::RunIds`] says
+    /// what an id must be): a simulation's seeded source.
+    pub fn run_ids(mut self, ids: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        self.run_ids = Some(Arc::new(ids));
+        self
+    }
+
     /// Records runs in this store ([`Runtime::accept`], [`Runtime::execute`], replies).
     pub fn store(mut self, store: Arc<dyn RunStore>) -> Self {
         self.store = Some(store);
@@ -206,6 +214,9 @@ impl RuntimeBuilder {
             .with_tool_timeout(settings.tool_timeout);
         if let Some(http) = self.http {
             runner = runner.with_http(http);
+        }
+        if let Some(ids) = self.run_ids {
+            runner = runner.with_run_ids(ids);
         }
         for (name, tool) in self.tools {
             runner = runner.with_tool(&name, tool);
@@ -404,6 +415,7 @@ impl Runtime {
             backend: None,
             http: None,
             store: None,
+            run_ids: None,
         }
     }
 
@@ -438,7 +450,7 @@ impl Runtime {
         if let Some(problems) = self.stub.as_ref().and_then(|s| s.problems(&req.route_id)) {
             return Err(StartError::StubScriptBroken { route: req.route_id.clone(), problems: Problems(problems.to_vec()) });
         }
-        let result = self.runner.execute(req, Begin::New { run_id: crate::exec::new_run_id() }, sink, cancel, None).await?;
+        let result = self.runner.execute(req, Begin::New { run_id: self.runner.new_id() }, sink, cancel, None).await?;
         let unused_script_lines = self.stub.as_ref().filter(|s| s.is_strict()).map(|s| s.unconsumed(&result.llm_calls)).unwrap_or_default();
         Ok(RunOutcome { result, unused_script_lines })
     }
@@ -469,7 +481,7 @@ impl Runtime {
             return Err(AcceptError::UnknownProfile(p.clone()));
         }
         let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
-        let run_id = crate::exec::new_run_id();
+        let run_id = self.runner.new_id();
         let request = serde_json::to_value(req).unwrap_or(Value::Null);
         let lease = store.create_run(&run_id, &req.route_id, &request, here.then_some(&self.holder)).await?;
         Ok(AcceptedRun { run_id, lease })

@@ -127,7 +127,15 @@ pub struct Runner {
     tools: HashMap<String, Arc<dyn Tool>>,
     /// How long an in-process tool call may take (an HTTP tool has its `invoke.timeout_ms`).
     tool_timeout: Duration,
+    /// Where new run ids come from (top-level and child runs).
+    ids: RunIds,
 }
+
+/// A source of new run ids: [`new_run_id`] (time-ordered UUIDv7s) unless an embedder gives its
+/// own. A simulation gives a seeded one, so that one seed names its runs the same every time
+/// (and claims, which take the oldest id first, come in the same order). Each id must be a
+/// canonical lowercase UUID, ordered by start as UUIDv7s are: the store and the API parse them.
+pub type RunIds = Arc<dyn Fn() -> String + Send + Sync>;
 
 impl std::fmt::Debug for Runner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,7 +148,17 @@ impl Runner {
     /// when the HTTP client of the tools cannot be built.
     pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Result<Runner, ClientError> {
         let http = Arc::new(HttpTools::new()?);
-        Ok(Runner { catalogue, llm, http, vars, fleet: None, profile_llms: HashMap::new(), tools: HashMap::new(), tool_timeout: DEFAULT_TOOL_TIMEOUT })
+        Ok(Runner {
+            catalogue,
+            llm,
+            http,
+            vars,
+            fleet: None,
+            profile_llms: HashMap::new(),
+            tools: HashMap::new(),
+            tool_timeout: DEFAULT_TOOL_TIMEOUT,
+            ids: Arc::new(new_run_id),
+        })
     }
 
     /// Sends HTTP tool calls through `http` instead of the real client (tests, embedders).
@@ -181,6 +199,17 @@ impl Runner {
         self
     }
 
+    /// Takes new run ids from `ids` instead of [`new_run_id`] (see [`RunIds`]).
+    pub fn with_run_ids(mut self, ids: RunIds) -> Runner {
+        self.ids = ids;
+        self
+    }
+
+    /// A new run id, from this runner's source.
+    pub fn new_id(&self) -> String {
+        (self.ids)()
+    }
+
     /// Registers an in-process tool for the catalogue capability `name` (one without `invoke`).
     pub fn with_tool(mut self, name: &str, tool: Arc<dyn Tool>) -> Runner {
         self.tools.insert(name.to_owned(), tool);
@@ -219,7 +248,7 @@ impl Runner {
     /// Runs a route to its end under a new id, with no journal and no way to cancel it (a library
     /// caller's shortest way in). Failures of the run itself are in the result, not an `Err`.
     pub async fn run(&self, req: RunRequest, sink: Arc<dyn EventSink>) -> Result<RunResult, StartError> {
-        self.execute(req, Begin::New { run_id: new_run_id() }, sink, Cancel::never(), None).await
+        self.execute(req, Begin::New { run_id: self.new_id() }, sink, Cancel::never(), None).await
     }
 
     /// Runs `req` from where `begin` says, to its end or its question: the one way into the walk.
@@ -258,7 +287,7 @@ impl Runner {
                 (events, state, Some(reply))
             }
             Begin::Replay(entries) => {
-                let events = RunEvents::new(&new_run_id(), route.id(), None, Arc::new(crate::events::NullSink));
+                let events = RunEvents::new(&self.new_id(), route.id(), None, Arc::new(crate::events::NullSink));
                 (events, RunState { source: ReplySource::replaying(entries), ..fresh }, None)
             }
         };

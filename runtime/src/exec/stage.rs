@@ -8,7 +8,7 @@ use opentelemetry::trace::SpanKind;
 use serde_json::{Map, Value};
 
 use super::state::{Last, OpenStage, Run, RunState, StageFailure};
-use super::{JournalBatch, JournalEntry, MAX_CHILD_DEPTH, RunEnd, Runner, message, new_run_id};
+use super::{JournalBatch, JournalEntry, MAX_CHILD_DEPTH, RunEnd, Runner, message};
 use crate::defs::LlmRole;
 use crate::events::{EventKind, RunEvents};
 use crate::failure::ReasonClass;
@@ -174,7 +174,7 @@ impl Runner {
             return Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child runs nest deeper than {MAX_CHILD_DEPTH}")));
         }
         let route = self.route(child_id).map_err(|e| StageFailure::new(ReasonClass::ChildRunFailed, e.to_string()))?.clone();
-        let child_events = RunEvents::new(&new_run_id(), route.shared_id().clone(), Some(events.run_id()), events.sink().clone());
+        let child_events = RunEvents::new(&self.new_id(), route.shared_id().clone(), Some(events.run_id()), events.sink().clone());
         // The step budget is carried into the child: it never gets more than its parent has.
         // A child run is recorded in its parent's journal through the stage's result.
         let child =
