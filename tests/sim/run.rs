@@ -1,0 +1,366 @@
+//! One seed, end to end: the world is generated, the real store opened, and processes run one
+//! after another on a paused clock, each a fresh runtime over the same store: the first starts
+//! the world's runs; a crash drops the process's runtime where it stands, the clock jumps past
+//! every lease, and the next process takes the runs over from their journals. Each process also
+//! claims runs whose lease expired (a clock jump while runs go on: the old holder is fenced),
+//! and answers the runs that ask, the way a user would, twice, late, or to the wrong run. What
+//! a segment does when its record could not be written is what the service does: the lease is
+//! let go, and a claim takes the run over.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fabric::cancel::Cancel;
+use fabric::config::Settings;
+use fabric::events::{Event, EventSink};
+use fabric::failure::ReasonClass;
+use fabric::llm::stub::StubLlm;
+use fabric::runtime::{ReplyError, Runtime, StartRequest};
+use fabric::store::{RunFilter, RunStore, StoredStatus};
+use rand::SeedableRng;
+use tokio::task::JoinSet;
+
+use crate::faults::Faults;
+use crate::model::{Calls, SimModel};
+use crate::store::{Real, Shared, SimStore};
+use crate::tools::{SimHttp, SimTool};
+use crate::trace::{Trace, normalized};
+use crate::world::{self, World};
+
+/// The processes one seed may run (the first, and one per crash).
+const PROCESSES: u32 = 3;
+/// A process that has not settled by then (virtual time) hangs.
+const DEADLINE: Duration = Duration::from_secs(6 * 3600);
+/// Replies one run gets at the most (a loop that asks for ever is the world's, not a bug).
+const REPLIES_PER_RUN: u32 = 3;
+pub const RETRY_MAX: u32 = 3;
+
+/// What one seed did.
+pub struct Outcome {
+    pub trace: Vec<String>,
+    pub violations: Vec<String>,
+    /// The faults that happened (`site#n kind`).
+    pub injected: Vec<String>,
+}
+
+/// Everything a process's sink sees.
+struct Sink {
+    trace: Arc<Trace>,
+    events: Arc<Mutex<Vec<String>>>,
+}
+
+impl EventSink for Sink {
+    fn emit(&self, e: &Event) {
+        let json = e.to_json();
+        let line = json.to_string();
+        self.trace.log(format!("event {}", normalized(json)));
+        self.events.lock().unwrap().push(line);
+    }
+}
+
+/// The seed's run ids: UUIDv7s whose time is a counter and whose random bits come from the seed.
+fn run_ids(seed: u64) -> impl Fn() -> String + Send + Sync + 'static {
+    let n = std::sync::atomic::AtomicU64::new(0);
+    move || {
+        let k = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let bits = crate::faults::mix(seed ^ crate::faults::mix(k)).to_le_bytes();
+        let mut random = [0u8; 10];
+        random[..8].copy_from_slice(&bits);
+        random[8..].copy_from_slice(&(k as u16).to_le_bytes());
+        uuid::Builder::from_unix_timestamp_millis(1_700_000_000_000 + k, &random).into_uuid().to_string()
+    }
+}
+
+pub struct Seed<'a> {
+    pub seed: u64,
+    pub disabled: &'a BTreeSet<String>,
+}
+
+/// Opens the real SQLite store of one seed in `dir`.
+fn sqlite(dir: &std::path::Path) -> Arc<Real> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let url = format!("sqlite://{}", dir.join("sim.db").display());
+    let store = rt.block_on(fabric::store::open(&url)).expect("the simulation's SQLite store opens");
+    let pool = rt.block_on(sqlx::SqlitePool::connect(&url)).expect("a second connection to the store");
+    let expire = Box::new(move || {
+        let pool = pool.clone();
+        Box::pin(async move {
+            sqlx::query("UPDATE runs SET lease_until = 0 WHERE status = 'running'").execute(&pool).await.expect("the clock jumps");
+        }) as fabric::failure::BoxFuture<'static, ()>
+    });
+    Arc::new(Real { store, rt, expire })
+}
+
+pub fn run(s: &Seed<'_>) -> Outcome {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s.seed);
+    let world = world::generate(&mut rng);
+    let dir = tempfile::tempdir().unwrap();
+    let real = sqlite(dir.path());
+    let faults = Arc::new(Faults::new(s.seed, s.disabled.clone()));
+    let trace = Arc::new(Trace::default());
+    let shared = Arc::new(Shared::default());
+    let calls = Arc::new(Mutex::new(Calls::default()));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let mut violations = Vec::new();
+    trace.log(format!("seed {} rates {:?}", s.seed, faults.rates));
+    if faults.fault("crash", if faults.rates.crash { 1.0 } else { 0.0 }, &["crash"]).is_some() {
+        let at = faults.pick("crash:at", 8 * world.starts.len().max(1)) as u64;
+        let after = faults.pick("crash:after", 2) == 1;
+        *shared.crash_at.lock().unwrap() = Some((at, after));
+        trace.log(format!("crash planned at store call {at} (after it: {after})"));
+    }
+    let ids: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(run_ids(s.seed));
+    let mut replies: HashMap<String, u32> = HashMap::new();
+    for process in 0..PROCESSES {
+        let store = Arc::new(SimStore::new(real.clone(), faults.clone(), trace.clone(), shared.clone(), process));
+        let model = SimModel { stub: StubLlm::default(), faults: faults.clone(), trace: trace.clone(), calls: calls.clone() };
+        let runtime = Arc::new(build(&world, s.seed, store, model, &faults, &trace, ids.clone()));
+        let sink: Arc<dyn EventSink> = Arc::new(Sink { trace: trace.clone(), events: events.clone() });
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        let p = Process { runtime, sink, world: &world, faults: &faults, trace: &trace, calls: &calls, first: process == 0 };
+        let settled = rt.block_on(async {
+            tokio::select! {
+                biased;
+                _ = shared.crash_signal.notified() => Ok(false),
+                done = tokio::time::timeout(DEADLINE, p.work(&mut replies)) => done.map(|v| { violations.extend(v); true }),
+            }
+        });
+        // Whatever the process still had going dies with its runtime.
+        drop(rt);
+        match settled {
+            Ok(true) => break,
+            Ok(false) => {
+                trace.log(format!("p{process} crashed; the clock jumps past every lease"));
+                let expire = (real.expire)();
+                real.block(expire);
+                shared.crashed.store(false, std::sync::atomic::Ordering::SeqCst);
+            }
+            Err(_) => {
+                violations.push(format!("process {process} had not settled after {} h of virtual time (a hang)", DEADLINE.as_secs() / 3600));
+                break;
+            }
+        }
+    }
+    violations.extend(shared.violations.lock().unwrap().drain(..));
+    violations.extend(calls.lock().unwrap().violations.drain(..));
+    let replay = build(&world, s.seed, real.store.clone(), SimModel { stub: StubLlm::default(), faults: faults.clone(), trace: trace.clone(), calls: calls.clone() }, &faults, &trace, ids);
+    violations.extend(crate::check::after(&real, replay, &world, &events.lock().unwrap()));
+    Outcome { trace: trace.lines(), violations, injected: faults.injected() }
+}
+
+fn build(world: &World, seed: u64, store: Arc<dyn RunStore>, model: SimModel, faults: &Arc<Faults>, trace: &Arc<Trace>, ids: Arc<dyn Fn() -> String + Send + Sync>) -> Runtime {
+    let env: HashMap<String, String> = [
+        ("FABRIC_LLM_STUB", "1".to_owned()),
+        ("FABRIC_LLM_RETRY_MAX", RETRY_MAX.to_string()),
+        ("FABRIC_LLM_RETRY_BASE_S", "0.5".to_owned()),
+        ("FABRIC_TOOL_TIMEOUT_MS", "5000".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut settings = Settings::load(move |k| env.get(k).cloned()).expect("the simulation's settings");
+    settings.retry.jitter_seed = Some(seed);
+    let vars: HashMap<String, String> = world.vars.iter().cloned().collect();
+    let mut builder = Runtime::builder()
+        .settings(settings)
+        .catalogue_texts(world.routes.clone(), world.packs.clone())
+        .backend(Arc::new(model))
+        .http(Arc::new(SimHttp { faults: faults.clone(), trace: trace.clone() }))
+        .vars(move |k| vars.get(k).cloned())
+        .store(store)
+        .run_ids(move || ids());
+    for t in world.tools.iter().filter(|t| !t.http) {
+        builder = builder.tool(&t.name, Arc::new(SimTool { name: t.name.clone(), faults: faults.clone(), trace: trace.clone() }));
+    }
+    builder.build().expect("the simulated world builds")
+}
+
+struct Process<'a> {
+    runtime: Arc<Runtime>,
+    sink: Arc<dyn EventSink>,
+    world: &'a World,
+    faults: &'a Arc<Faults>,
+    trace: &'a Arc<Trace>,
+    calls: &'a Arc<Mutex<Calls>>,
+    first: bool,
+}
+
+/// How a segment ended, for the service's rule: a run whose record could not be written is let go.
+type Segment = (fabric::store::Lease, Option<ReasonClass>);
+
+impl Process<'_> {
+    /// Runs until nothing is left to do here; returns the violations it saw.
+    async fn work(&self, replies: &mut HashMap<String, u32>) -> Vec<String> {
+        let mut violations = Vec::new();
+        let mut segments: JoinSet<Segment> = JoinSet::new();
+        let mut live: HashMap<String, u32> = HashMap::new();
+        if self.first {
+            for (i, start) in self.world.starts.iter().enumerate() {
+                let req = StartRequest { route_id: start.route_id.clone(), goal: start.goal.clone(), model_profile: None, prefetch: start.prefetch.clone(), session_id: None };
+                match self.runtime.accept(&req, true).await {
+                    Ok(accepted) => {
+                        let Some(lease) = accepted.lease else { continue };
+                        self.trace.log(format!("start {i} {} = {}", start.route_id, lease.run_id));
+                        *live.entry(lease.run_id.clone()).or_default() += 1;
+                        let (rt, sink) = (self.runtime.clone(), self.sink.clone());
+                        segments.spawn(async move {
+                            let class = match rt.execute(&lease, &req, sink, Cancel::never()).await {
+                                Ok(o) => o.result.error().map(|e| e.reason_class),
+                                Err(e) => panic!("an accepted run did not start: {e}"),
+                            };
+                            (lease, class)
+                        });
+                    }
+                    Err(e) => self.trace.log(format!("start {i} {} refused: {e}", start.route_id)),
+                }
+                tokio::time::sleep(Duration::from_millis(self.faults.pick("start:gap", 2000) as u64)).await;
+            }
+        }
+        loop {
+            tokio::select! {
+                joined = segments.join_next(), if !segments.is_empty() => {
+                    match joined {
+                        Some(Ok((lease, class))) => {
+                            if let Some(n) = live.get_mut(&lease.run_id) { *n -= 1; }
+                            if class == Some(ReasonClass::StoreError) {
+                                let _ = self.runtime.release(&lease).await;
+                            }
+                        }
+                        Some(Err(e)) => violations.push(format!("a run's task panicked: {e}")),
+                        None => {}
+                    }
+                }
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                    let found = self.claim(&mut segments, &mut live).await;
+                    if segments.is_empty() && !found && !self.reply(replies, &mut segments, &mut live).await {
+                        return violations;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Claims what may be claimed and resumes it; whether anything was.
+    async fn claim(&self, segments: &mut JoinSet<Segment>, live: &mut HashMap<String, u32>) -> bool {
+        let claimed = match self.runtime.claim_runs(8).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.trace.log(format!("claim failed: {e}"));
+                return false;
+            }
+        };
+        let any = !claimed.is_empty();
+        for c in claimed {
+            let lease = c.lease().clone();
+            let older = live.get(&lease.run_id).copied().unwrap_or(0) > 0;
+            self.note_recorded(&lease.run_id, older).await;
+            *live.entry(lease.run_id.clone()).or_default() += 1;
+            let (rt, sink) = (self.runtime.clone(), self.sink.clone());
+            segments.spawn(async move {
+                let outcome = rt.resume(c, sink, Cancel::never()).await;
+                (lease, outcome.result.error().map(|e| e.reason_class))
+            });
+        }
+        any
+    }
+
+    /// What a run's journal holds as it is taken over or continued: the model may not be
+    /// asked for it again. Not while an older segment of the run still goes on (it is fenced at
+    /// its next write, but may ask the model before that).
+    async fn note_recorded(&self, run_id: &str, older_segment: bool) {
+        let mut calls = self.calls.lock().unwrap();
+        calls.recorded.remove(run_id);
+        drop(calls);
+        if older_segment {
+            return;
+        }
+        let Some(store) = self.runtime.store() else { return };
+        let Ok(journal) = store.journal(run_id).await else { return };
+        let mut replies = std::collections::HashSet::new();
+        let mut stages = std::collections::HashSet::new();
+        for e in journal {
+            match e {
+                fabric::exec::JournalEntry::ModelReply { stage_id, turn, .. } => {
+                    replies.insert((stage_id, turn));
+                }
+                fabric::exec::JournalEntry::StageCompleted { stage_id, .. } => {
+                    stages.insert(stage_id);
+                }
+                _ => {}
+            }
+        }
+        self.calls.lock().unwrap().recorded.insert(run_id.to_owned(), (replies, stages));
+    }
+
+    /// Answers the runs that ask (with the user's faults); whether a reply continued one.
+    async fn reply(&self, replies: &mut HashMap<String, u32>, segments: &mut JoinSet<Segment>, live: &mut HashMap<String, u32>) -> bool {
+        let Some(store) = self.runtime.store() else { return false };
+        let filter = RunFilter { status: Some(StoredStatus::AwaitingInput), limit: 1000, ..Default::default() };
+        let Ok(mut waiting) = store.list_runs(&filter).await else { return false };
+        waiting.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        let mut any = false;
+        for run in waiting {
+            let n = replies.entry(run.run_id.clone()).or_default();
+            if *n >= REPLIES_PER_RUN {
+                continue;
+            }
+            *n += 1;
+            let site = format!("user:{}", run.run_id);
+            if self.faults.fault(&format!("{site}:late"), 0.3, &["late"]).is_some() {
+                tokio::time::sleep(Duration::from_secs(60 + self.faults.pick(&site, 3600) as u64)).await;
+            }
+            if self.faults.fault("user:wrong", self.faults.rates.reply_wrong_run, &["wrong run"]).is_some() {
+                self.wrong_reply(store.as_ref()).await;
+            }
+            let message = format!("sim reply {n}");
+            let claimed = match self.runtime.claim_reply(&run.run_id, message.clone()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.trace.log(format!("reply to {} refused: {e}", run.run_id));
+                    continue;
+                }
+            };
+            self.trace.log(format!("reply to {}: {message}", run.run_id));
+            if self.faults.fault("user:twice", self.faults.rates.reply_twice, &["twice"]).is_some() {
+                match self.runtime.claim_reply(&run.run_id, message.clone()).await {
+                    Ok(_) => self.calls.lock().unwrap().violations.push(format!("run {}: a second reply claimed a run that a first reply had", run.run_id)),
+                    Err(e) => self.trace.log(format!("the same reply again to {}: {}", run.run_id, kind(&e))),
+                }
+            }
+            let lease = claimed.lease().clone();
+            self.note_recorded(&lease.run_id, false).await;
+            *live.entry(lease.run_id.clone()).or_default() += 1;
+            let (rt, sink) = (self.runtime.clone(), self.sink.clone());
+            segments.spawn(async move {
+                let class = match rt.continue_run(claimed, sink, Cancel::never()).await {
+                    Ok(o) => o.result.error().map(|e| e.reason_class),
+                    Err(e) => panic!("a claimed reply did not continue its run: {e}"),
+                };
+                (lease, class)
+            });
+            any = true;
+        }
+        any
+    }
+
+    /// A reply sent to a run that does not wait for one: refused, and it changes nothing.
+    async fn wrong_reply(&self, store: &dyn RunStore) {
+        let filter = RunFilter { limit: 1000, ..Default::default() };
+        let Ok(mut runs) = store.list_runs(&filter).await else { return };
+        runs.retain(|r| r.status != StoredStatus::AwaitingInput);
+        runs.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        let Some(run) = runs.get(self.faults.pick("user:wrong:which", runs.len().max(1))) else { return };
+        match self.runtime.claim_reply(&run.run_id, "sim reply to the wrong run".into()).await {
+            Ok(_) => self.calls.lock().unwrap().violations.push(format!("run {} ({:?}) took a reply it did not ask for", run.run_id, run.status)),
+            Err(e) => self.trace.log(format!("a reply to the wrong run {}: {}", run.run_id, kind(&e))),
+        }
+    }
+}
+
+fn kind(e: &ReplyError) -> String {
+    match e {
+        ReplyError::NotWaiting { status, .. } => format!("refused ({status})"),
+        other => format!("refused: {other}"),
+    }
+}

@@ -1,0 +1,299 @@
+//! The run store as the simulated processes see it: the real store (SQLite, or PostgreSQL)
+//! runs on a real-time runtime of its own, and each call blocks the simulation's one thread
+//! until it returns. So a store call takes no virtual time, nothing else of the simulation runs
+//! meanwhile, and the paused clock cannot jump while the database works (sqlx's own timeouts
+//! live on the real runtime). On top, the store's faults:
+//! - a write fails before it reaches the database (`Unavailable`), or commits and its
+//!   acknowledgement is lost;
+//! - the clock jumps past every lease (their `lease_until` is set in the past);
+//! - the process crashes at a store call (before it, or after it with the answer lost): the
+//!   call never returns and the driver drops the process's runtime.
+//!
+//! Appended batches are held here until the run's next commit and written with it: the real
+//! store queues them too, and a crash loses whatever was not committed, here as there.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use fabric::exec::{JournalBatch, JournalEntry};
+use fabric::failure::BoxFuture;
+use fabric::store::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
+use serde_json::Value;
+
+use crate::faults::Faults;
+use crate::trace::Trace;
+
+/// The real store and the runtime it runs on.
+pub struct Real {
+    pub store: Arc<dyn RunStore>,
+    pub rt: tokio::runtime::Runtime,
+    /// Sets every running run's lease in the past (a clock jump), on the same database.
+    pub expire: Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>,
+}
+
+impl Real {
+    /// Runs `work` on the store's runtime and waits for it on this thread.
+    pub fn block<T: Send + 'static>(&self, work: impl Future<Output = T> + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.rt.spawn(async move {
+            let _ = tx.send(work.await);
+        });
+        rx.recv().expect("the store's runtime stopped")
+    }
+}
+
+/// What every process of one seed shares about the store: the fences seen, the crash.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// Store calls made so far (all processes): the crash point counts them.
+    pub calls: AtomicU64,
+    /// The call at which the process crashes, if it does.
+    pub crash_at: Mutex<Option<(u64, bool)>>,
+    pub crashed: AtomicBool,
+    pub crash_signal: tokio::sync::Notify,
+    /// The highest fencing token handed out per run.
+    pub tokens: Mutex<HashMap<String, i64>>,
+    /// Invariant violations found at the store.
+    pub violations: Mutex<Vec<String>>,
+}
+
+/// One process's view of the store.
+pub struct SimStore {
+    pub real: Arc<Real>,
+    pub faults: Arc<Faults>,
+    pub trace: Arc<Trace>,
+    pub shared: Arc<Shared>,
+    /// The process (0 first, then one more per crash), as the trace names it.
+    pub process: u32,
+    pending: Mutex<HashMap<String, Vec<(Lease, JournalBatch)>>>,
+}
+
+impl std::fmt::Debug for SimStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimStore").field("process", &self.process).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum WriteFault {
+    Refused,
+    AckLost,
+}
+
+impl SimStore {
+    pub fn new(real: Arc<Real>, faults: Arc<Faults>, trace: Arc<Trace>, shared: Arc<Shared>, process: u32) -> SimStore {
+        SimStore { real, faults, trace, shared, process, pending: Mutex::new(HashMap::new()) }
+    }
+
+    /// Counts a call; `Some(after)` when the process crashes at it (after it was made, or before).
+    fn crash_here(&self) -> Option<bool> {
+        let n = self.shared.calls.fetch_add(1, Ordering::SeqCst);
+        let at = *self.shared.crash_at.lock().unwrap();
+        match at {
+            Some((k, after)) if k == n && !self.shared.crashed.load(Ordering::SeqCst) => Some(after),
+            _ => None,
+        }
+    }
+
+    fn crash(&self, op: &str) {
+        self.trace.log(format!("p{} crash at {op}", self.process));
+        self.shared.crashed.store(true, Ordering::SeqCst);
+        self.shared.crash_signal.notify_one();
+    }
+
+    /// A call of the real store through the bridge, with the crash point and the clock jump.
+    async fn call<T: Send + 'static>(&self, op: &str, work: impl Future<Output = T> + Send + 'static) -> T {
+        if self.faults.fault("store:jump", self.faults.rates.lease_jump, &["jump"]).is_some() {
+            self.trace.log(format!("p{} clock jump: every lease expires", self.process));
+            let expire = (self.real.expire)();
+            self.real.block(expire);
+        }
+        match self.crash_here() {
+            Some(false) => {
+                self.crash(op);
+                std::future::pending::<()>().await;
+            }
+            Some(true) => {
+                let _ = self.real.block(work);
+                self.crash(&format!("{op} (made, its answer lost)"));
+                return std::future::pending::<T>().await;
+            }
+            None => {}
+        }
+        self.real.block(work)
+    }
+
+    fn note_token(&self, run_id: &str, token: i64) {
+        let mut tokens = self.shared.tokens.lock().unwrap();
+        let t = tokens.entry(run_id.to_owned()).or_default();
+        *t = (*t).max(token);
+    }
+
+    fn stale(&self, lease: &Lease) -> bool {
+        self.shared.tokens.lock().unwrap().get(&lease.run_id).is_some_and(|t| *t > lease.token)
+    }
+}
+
+fn entries_line(batch: &JournalBatch) -> String {
+    let kind = |e: &JournalEntry| match e {
+        JournalEntry::ModelReply { stage_id, turn, .. } => format!("reply {stage_id}/{turn}"),
+        JournalEntry::StageCompleted { stage_id, .. } => format!("stage {stage_id}"),
+        JournalEntry::Note { .. } => "note".to_owned(),
+        JournalEntry::UserReply { .. } => "user".to_owned(),
+    };
+    let entries: Vec<String> = batch.entries.iter().map(kind).collect();
+    let end = batch.end.as_ref().map(|r| format!(" end {:?}", r.status())).unwrap_or_default();
+    format!("{} events [{}]{end}", batch.events.len(), entries.join(", "))
+}
+
+impl RunStore for SimStore {
+    fn create_run<'a>(&'a self, run_id: &'a str, route_id: &'a str, request: &'a Value, holder: Option<&'a Holder>) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+        Box::pin(async move {
+            let (store, id, route, req, holder) = (self.real.store.clone(), run_id.to_owned(), route_id.to_owned(), request.clone(), holder.cloned());
+            let made = self.call("create", async move { store.create_run(&id, &route, &req, holder.as_ref()).await }).await;
+            if let Ok(Some(lease)) = &made {
+                self.note_token(run_id, lease.token);
+            }
+            self.trace.log(format!("p{} create {run_id} {route_id}: {}", self.process, made.as_ref().map(|l| format!("{:?}", l.as_ref().map(|l| l.token))).unwrap_or_else(|e| e.to_string())));
+            made
+        })
+    }
+
+    fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
+        let (store, id) = (self.real.store.clone(), run_id.to_owned());
+        Box::pin(self.call("get", async move { store.get_run(&id).await }))
+    }
+
+    fn list_runs<'a>(&'a self, filter: &'a RunFilter) -> BoxFuture<'a, Result<Vec<StoredRun>, StoreError>> {
+        let (store, filter) = (self.real.store.clone(), filter.clone());
+        Box::pin(self.call("list", async move { store.list_runs(&filter).await }))
+    }
+
+    fn events_after<'a>(&'a self, run_id: &'a str, after_seq: u64) -> BoxFuture<'a, Result<Vec<StoredEvent>, StoreError>> {
+        let (store, id) = (self.real.store.clone(), run_id.to_owned());
+        Box::pin(self.call("events", async move { store.events_after(&id, after_seq).await }))
+    }
+
+    fn next_seq<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let (store, id) = (self.real.store.clone(), run_id.to_owned());
+        Box::pin(self.call("next_seq", async move { store.next_seq(&id).await }))
+    }
+
+    fn journal<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<JournalEntry>, StoreError>> {
+        let (store, id) = (self.real.store.clone(), run_id.to_owned());
+        Box::pin(self.call("journal", async move { store.journal(&id).await }))
+    }
+
+    fn claim_runs<'a>(&'a self, holder: &'a Holder, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<Claimed>, StoreError>> {
+        Box::pin(async move {
+            let (store, holder, routes) = (self.real.store.clone(), holder.clone(), routes.to_vec());
+            let claimed = self.call("claim", async move { store.claim_runs(&holder, &routes, limit).await }).await;
+            if let Ok(c) = &claimed {
+                for c in c {
+                    self.note_token(&c.run.run_id, c.token);
+                    self.trace.log(format!("p{} claimed {} token {}", self.process, c.run.run_id, c.token));
+                }
+            }
+            claimed
+        })
+    }
+
+    fn claim_reply<'a>(&'a self, run_id: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+        Box::pin(async move {
+            let (store, id, holder) = (self.real.store.clone(), run_id.to_owned(), holder.clone());
+            let claimed = self.call("claim_reply", async move { store.claim_reply(&id, &holder).await }).await;
+            if let Ok(Some(l)) = &claimed {
+                self.note_token(run_id, l.token);
+            }
+            claimed
+        })
+    }
+
+    fn reopen_reply<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (store, lease) = (self.real.store.clone(), lease.clone());
+        Box::pin(self.call("reopen_reply", async move { store.reopen_reply(&lease).await }))
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.pending.lock().unwrap().remove(&lease.run_id);
+            let (store, l) = (self.real.store.clone(), lease.clone());
+            let done = self.call("release", async move { store.release(&l).await }).await;
+            self.trace.log(format!("p{} release {} token {}: {done:?}", self.process, lease.run_id, lease.token));
+            done
+        })
+    }
+
+    fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let (store, holder, leases) = (self.real.store.clone(), holder.clone(), leases.to_vec());
+        Box::pin(self.call("renew", async move { store.renew(&holder, &leases).await }))
+    }
+
+    fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.trace.log(format!("p{} append {} token {} {}", self.process, lease.run_id, lease.token, entries_line(&batch)));
+            self.pending.lock().unwrap().entry(lease.run_id.clone()).or_default().push((lease.clone(), batch));
+            Ok(())
+        })
+    }
+
+    fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut batches = self.pending.lock().unwrap().remove(&lease.run_id).unwrap_or_default();
+            let line = entries_line(&batch);
+            batches.push((lease.clone(), batch));
+            let fault = self.faults.fault("store:commit", self.faults.rates.store, &[WriteFault::Refused, WriteFault::AckLost]);
+            let p = self.process;
+            if let Some(WriteFault::Refused) = fault {
+                self.trace.log(format!("p{p} commit {} token {} {line}: refused (fault)", lease.run_id, lease.token));
+                return Err(StoreError::Unavailable("sim: the database refused the write".into()));
+            }
+            let stale = self.stale(lease);
+            let store = self.real.store.clone();
+            let done = self
+                .call("commit", async move {
+                    let last = batches.len() - 1;
+                    for (i, (lease, batch)) in batches.into_iter().enumerate() {
+                        if i == last {
+                            return store.commit(&lease, batch).await;
+                        }
+                        store.append(&lease, batch).await?;
+                    }
+                    Ok(())
+                })
+                .await;
+            let shown = match &done {
+                Ok(()) => "ok".to_owned(),
+                Err(StoreError::LeaseLost(_)) => "lease lost".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            self.trace.log(format!("p{p} commit {} token {} {line}: {shown}", lease.run_id, lease.token));
+            if stale && done.is_ok() {
+                self.shared.violations.lock().unwrap().push(format!("a stale holder's commit was taken: run {} token {}", lease.run_id, lease.token));
+            }
+            if done.is_ok()
+                && let Some(WriteFault::AckLost) = fault
+            {
+                self.trace.log(format!("p{p} commit {}: its acknowledgement is lost (fault)", lease.run_id));
+                return Err(StoreError::Unavailable("sim: the connection broke before the commit was acknowledged".into()));
+            }
+            done
+        })
+    }
+
+    fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        let store = self.real.store.clone();
+        Box::pin(self.call("queued", async move { store.queued().await }))
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let store = self.real.store.clone();
+        Box::pin(self.call("ping", async move { store.ping().await }))
+    }
+
+    fn health(&self) -> Result<(), StoreError> {
+        self.real.store.health()
+    }
+}
