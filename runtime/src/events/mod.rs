@@ -18,7 +18,8 @@ pub use data::{EventData, EventKind, Tokens, ToolStatus};
 
 #[derive(Debug, Clone)]
 pub struct Event {
-    /// Always `data.kind()`: kept as a field, read by every consumer first.
+    /// `data.kind()`, which `RunEvents` sets it from: a field, so that the many readers that
+    /// only filter by type need not match on `data`.
     pub kind: EventKind,
     pub run_id: Arc<str>,
     pub route_id: Arc<str>,
