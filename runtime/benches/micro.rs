@@ -50,11 +50,11 @@ fn micro(c: &mut Criterion) {
     let events = RunEvents::new("01a22917-7780-75cc-9b60-666354e79b18", "support-triage", None, sink);
     c.bench_function("event_emit_json", |b| {
         b.iter(|| {
-            events.emit(
-                fabric::events::EventKind::StageCompleted,
-                Some("intake"),
-                || fabric::fields! {"duration_ms" => 0.123, "output" => r#"{"category":"billing","urgency":"high"}"#, "output_chars" => 39},
-            )
+            events.emit(Some("intake"), || fabric::events::EventData::StageCompleted {
+                duration_ms: 0.123,
+                output: r#"{"category":"billing","urgency":"high"}"#.to_owned(),
+                output_chars: 39,
+            })
         })
     });
 

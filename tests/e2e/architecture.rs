@@ -109,7 +109,7 @@ fn top_module(rel: &Path) -> String {
 }
 
 /// Every `crate::NAME` a line names, in paths and in `use crate::{a, b::c}` groups; comments
-/// are not code. The `fields!` macro is defined in `events`.
+/// are not code.
 fn crate_refs(line: &str) -> BTreeSet<String> {
     let code = line.split("//").next().unwrap_or_default();
     let mut out = BTreeSet::new();
@@ -124,7 +124,7 @@ fn crate_refs(line: &str) -> BTreeSet<String> {
             }
         } else {
             let name: String = rest.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
-            out.insert(if name == "fields" { "events".into() } else { name });
+            out.insert(name);
         }
     }
     out

@@ -84,7 +84,7 @@ async fn tool_call_tool_call_done() {
             "run.completed",
         ]
     );
-    assert_eq!(events[4].data["output"], r#"{"action":"tool_call","tool_name":"kb_search","arguments":{"q":"duplicate charge"},"message":null}"#);
+    assert_eq!(events[4].to_json()["output"], r#"{"action":"tool_call","tool_name":"kb_search","arguments":{"q":"duplicate charge"},"message":null}"#);
 }
 
 #[tokio::test]
@@ -96,7 +96,8 @@ async fn tool_errors_are_noted_and_the_loop_goes_on() {
     assert!(result.notes[1].starts_with("add: error: invalid_tool_arguments: arguments do not match the input schema: /a: "), "{}", result.notes[1]);
     // Arguments are checked before anything is sent: the in-process tool never ran.
     assert!(!events.iter().any(|e| e.kind == "run.tool.started" && e.stage_id.as_deref() == Some("add")));
-    let failed: Vec<&str> = events.iter().filter(|e| e.kind == "run.stage.failed").map(|e| e.data["reason_class"].as_str().unwrap()).collect();
+    let failed: Vec<String> =
+        events.iter().filter(|e| e.kind == "run.stage.failed").map(|e| e.to_json()["reason_class"].as_str().unwrap().to_owned()).collect();
     assert_eq!(failed, ["tool_http_status", "invalid_tool_arguments"]);
     // Without KB_SEARCH_URL the search tool is unavailable; also noted, not fatal.
     let (result, _) = run_agent(&[r#"CALL kb_search {"q":"x"}"#, "DONE no search"], None).await;
@@ -120,7 +121,7 @@ async fn unknown_tools_fail_at_once() {
 async fn malformed_call_lines_fail_the_run() {
     let (result, events) = run_agent(&["CALL add {\"a\": 2,"], None).await;
     assert_eq!(result.error().unwrap().reason_class, "invalid_decision");
-    assert_eq!(events[3].data["reason_class"], "invalid_decision");
+    assert_eq!(events[3].to_json()["reason_class"], "invalid_decision");
 }
 
 #[tokio::test]
@@ -133,7 +134,8 @@ async fn the_budget_bounds_model_turns() {
     assert_eq!(result.error().unwrap().reason_class, "loop_budget_exceeded");
     let failed = events.last().unwrap();
     assert_eq!(failed.kind, "run.failed");
-    let decisions = failed.data["decisions"].as_array().unwrap();
+    let failed = failed.to_json();
+    let decisions = failed["decisions"].as_array().unwrap();
     assert_eq!(decisions.len(), 8);
     assert_eq!(decisions[7]["arguments"], json!({"a": 7, "b": 1}));
     assert_eq!(events.iter().filter(|e| e.kind == "run.llm.started").count(), 8);
@@ -172,7 +174,7 @@ async fn a_decision_the_stub_cannot_read_is_shown_in_its_failed_event() {
     let (result, events) = run_agent(&["MAYBE later"], None).await;
     assert_eq!(result.status(), RunStatus::Failed);
     let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
-    assert_eq!(failed.data["reply"], "MAYBE later", "{:?}", failed.data);
+    assert_eq!(failed.to_json()["reply"], "MAYBE later", "{:?}", failed.data);
 }
 
 /// An in-process tool that never answers.
@@ -199,7 +201,7 @@ async fn an_in_process_tool_that_never_answers_times_out_and_the_loop_goes_on() 
     assert_eq!(result.notes, ["add: error: tool_timeout: tool `add`: no result within 50 ms"]);
     let failed: Vec<_> = sink.events().into_iter().filter(|e| e.kind.as_str() == "run.tool.failed").collect();
     assert_eq!(failed.len(), 1);
-    assert_eq!(failed[0].data["reason_class"], "tool_timeout", "{:?}", failed[0]);
+    assert_eq!(failed[0].to_json()["reason_class"], "tool_timeout", "{:?}", failed[0]);
 }
 
 #[tokio::test]

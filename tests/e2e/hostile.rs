@@ -70,7 +70,7 @@ async fn huge_retry_after_headers_are_capped_not_a_crash() {
             let (result, events) = triage_on(kind, &url, DEFAULT_MAX_REPLY_BYTES).await;
             assert_eq!(result.status(), RunStatus::Completed, "{kind:?} {header}: {value}: {result:?}");
             let retry = events.iter().find(|e| e.kind == "run.llm.retrying").unwrap();
-            assert!(retry.data["delay_ms"].as_u64().unwrap() <= 50, "capped at the retry maximum: {:?}", retry.data);
+            assert!(retry.to_json()["delay_ms"].as_u64().unwrap() <= 50, "capped at the retry maximum: {:?}", retry.data);
         }
     }
     // The doctor's probe goes through the same stack.
@@ -149,7 +149,7 @@ async fn secrets_in_tool_urls_reach_no_message() {
         let result = runner.run(RunRequest { route_id: "support-agent".into(), goal: goal(), prefetch: vec![] }, sink.clone()).await.unwrap();
         let events = sink.events();
         let failed = events.iter().find(|e| e.kind == "run.tool.failed").unwrap();
-        assert_eq!(failed.data["reason_class"], class, "{base}: {:?}", failed.data);
+        assert_eq!(failed.to_json()["reason_class"], class, "{base}: {:?}", failed.data);
         assert!(result.notes.iter().any(|n| n.contains(class)), "the model sees the error: {:?}", result.notes);
         assert!(!record(&result, &events).contains(SECRET), "{base}: the key leaked");
     }
@@ -549,9 +549,9 @@ async fn odd_ends_of_the_review() {
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(&kinds[kinds.len() - 2..], ["run.stage.failed", "run.failed"]);
     let decide = events.iter().find(|e| e.kind == "run.stage.started" && e.stage_id.as_deref() == Some("decide")).unwrap();
-    assert_eq!(decide.data["llm_role"], "decision");
+    assert_eq!(decide.to_json()["llm_role"], "decision");
     let tool = events.iter().find(|e| e.kind == "run.tool.completed").unwrap();
-    assert_eq!(tool.data["status"], "ok");
+    assert_eq!(tool.to_json()["status"], "ok");
     // A route refused for a missing in-process tool still says why (unchanged behaviour).
     let bare = Runner::new(shipped(), fabric::llm::stack::build(StubLlm::default(), FAST_RETRY), Arc::new(|_: &str| None)).unwrap();
     assert!(matches!(bare.route("support-agent"), Err(StartError::ToolNotRegistered { .. })));
@@ -615,8 +615,8 @@ async fn an_oversized_error_body_keeps_its_status_class() {
     let url = fake.start().await;
     let (result, events) = triage_on(ProviderKind::OpenAi, &url, 1024).await;
     let retry = events.iter().find(|e| e.kind == "run.llm.retrying").expect("a 503 is retried");
-    assert_eq!(retry.data["reason_class"], "server_error");
-    assert_eq!(retry.data["message"], "HTTP 503 from openai", "{:?}", retry.data);
+    assert_eq!(retry.to_json()["reason_class"], "server_error");
+    assert_eq!(retry.to_json()["message"], "HTTP 503 from openai", "{:?}", retry.data);
     assert_eq!(result.status(), RunStatus::Completed, "the retry's small reply is read: {result:?}");
 }
 
@@ -676,8 +676,8 @@ async fn tool_redirects_stay_within_their_origin() {
             Err((class, why)) => {
                 let events = sink.events();
                 let failed = events.iter().find(|e| e.kind == "run.tool.failed").unwrap();
-                assert_eq!(failed.data["reason_class"], class, "{suffix}");
-                assert!(failed.data["message"].as_str().unwrap().contains(why), "{suffix}: {:?}", failed.data);
+                assert_eq!(failed.to_json()["reason_class"], class, "{suffix}");
+                assert!(failed.to_json()["message"].as_str().unwrap().contains(why), "{suffix}: {:?}", failed.data);
                 assert!(!record(&result, &events).contains("kb-secret-4711"), "{suffix}: the key leaked");
             }
         }
@@ -1284,7 +1284,7 @@ async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
         ts: "2026-01-01T00:00:00.000Z".into(),
         stage_id: None,
         parent_run_id: None,
-        data: Default::default(),
+        data: crate::support::bare_data(kind),
     };
     store
         .commit(&lease, JournalBatch { events: vec![event(1, EventKind::RunStarted), event(2, EventKind::StageStarted)], ..Default::default() })

@@ -6,6 +6,7 @@ mod catalogue;
 mod cli;
 mod decision_loop;
 mod durable;
+mod events;
 mod faults;
 mod hostile;
 mod hydrate;

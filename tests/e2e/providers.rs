@@ -110,10 +110,10 @@ async fn support_triage_runs_on_every_provider() {
         assert_eq!(result.output(), Some("Refunded."), "{kind:?}");
         let completed: Vec<&Event> = events.iter().filter(|e| e.kind == "run.llm.completed").collect();
         assert_eq!(completed.len(), 3);
-        assert_eq!(completed[0].data["input_tokens"], 31, "{kind:?}");
-        assert_eq!(completed[0].data["output_tokens"], 9, "{kind:?}");
+        assert_eq!(completed[0].to_json()["input_tokens"], 31, "{kind:?}");
+        assert_eq!(completed[0].to_json()["output_tokens"], 9, "{kind:?}");
         let started = events.iter().find(|e| e.kind == "run.llm.started").unwrap();
-        assert_eq!((started.data["provider"].as_str(), started.data["model"].as_str()), (Some(kind.key()), Some("m-1")));
+        assert_eq!((started.to_json()["provider"].as_str(), started.to_json()["model"].as_str()), (Some(kind.key()), Some("m-1")));
         assert_eq!(fake.requests().len(), 3);
     }
 }
@@ -221,7 +221,7 @@ async fn a_fenced_reply_that_fails_is_reported_as_received() {
     let (result, events) = run_with(ProviderKind::Ollama, &f.start().await, FAST_RETRY).await;
     assert_eq!(result.error().map(|e| e.reason_class.as_str()), Some("schema_validation"), "{result:?}");
     let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
-    assert_eq!(failed.data["reply"], fenced);
+    assert_eq!(failed.to_json()["reply"], fenced);
 }
 
 #[tokio::test]
@@ -273,9 +273,9 @@ async fn transient_errors_are_retried_within_one_logical_call() {
     let intake: Vec<&'static str> = events.iter().filter(|e| e.stage_id.as_deref() == Some("intake")).map(|e| e.kind.as_str()).collect();
     assert_eq!(intake, ["run.stage.started", "run.llm.started", "run.llm.retrying", "run.llm.retrying", "run.llm.completed", "run.stage.completed"]);
     let retrying: Vec<&Event> = events.iter().filter(|e| e.kind == "run.llm.retrying").collect();
-    assert_eq!((retrying[0].data["attempt"].as_u64(), retrying[1].data["attempt"].as_u64()), (Some(2), Some(3)));
-    assert_eq!(retrying[0].data["reason_class"], "server_error");
-    assert!(retrying[0].data["delay_ms"].as_u64().unwrap() <= 300);
+    assert_eq!((retrying[0].to_json()["attempt"].as_u64(), retrying[1].to_json()["attempt"].as_u64()), (Some(2), Some(3)));
+    assert_eq!(retrying[0].to_json()["reason_class"], "server_error");
+    assert!(retrying[0].to_json()["delay_ms"].as_u64().unwrap() <= 300);
 }
 
 #[tokio::test]
@@ -290,7 +290,7 @@ async fn retry_after_is_honoured_up_to_the_cap() {
     f.push(canned);
     let (result, events) = run_with(ProviderKind::Anthropic, &f.start().await, FAST_RETRY).await;
     assert_eq!(result.status(), RunStatus::Completed);
-    let delays: Vec<u64> = events.iter().filter(|e| e.kind == "run.llm.retrying").map(|e| e.data["delay_ms"].as_u64().unwrap()).collect();
+    let delays: Vec<u64> = events.iter().filter(|e| e.kind == "run.llm.retrying").map(|e| e.to_json()["delay_ms"].as_u64().unwrap()).collect();
     assert_eq!(delays, [200, 300], "Retry-After 0.2 s, then 3600 s capped at 300 ms");
 }
 
@@ -314,8 +314,8 @@ async fn client_errors_and_bad_replies_fail_at_once() {
         assert_eq!(result.status(), RunStatus::Failed);
         assert_eq!(result.error().unwrap().reason_class, class);
         assert_eq!(kinds(&events), ["run.started", "run.stage.started", "run.llm.started", "run.llm.failed", "run.stage.failed", "run.failed"], "{class}");
-        assert_eq!(events[3].data["reason_class"], class);
-        assert!(!events[3].data["message"].as_str().unwrap().contains("test-key-123"));
+        assert_eq!(events[3].to_json()["reason_class"], class);
+        assert!(!events[3].to_json()["message"].as_str().unwrap().contains("test-key-123"));
     }
 }
 
@@ -355,7 +355,7 @@ async fn connection_refused_and_timeouts_are_retried() {
     let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, sink.clone()).await.unwrap();
     assert_eq!(result.status(), RunStatus::Completed, "the timed-out attempt was retried");
     let retry = sink.events().into_iter().find(|e| e.kind == "run.llm.retrying").unwrap();
-    assert_eq!(retry.data["reason_class"], "timeout");
+    assert_eq!(retry.to_json()["reason_class"], "timeout");
 }
 
 const GOAL: &str = r#"{"ticket":"I was charged twice"}"#;

@@ -86,7 +86,7 @@ async fn support_triage_tells_its_whole_story() {
             assert!(j.get(key).is_some(), "{key} missing in {j}");
         }
     }
-    assert_eq!(events[0].data["model_profile"], "default");
+    assert_eq!(events[0].to_json()["model_profile"], "default");
     // The exact user message of each call, built from run state.
     let seen = h.seen.lock().unwrap().clone();
     let g = r#"goal: {"ticket":"I was charged twice for my subscription"}"#;
@@ -115,9 +115,9 @@ async fn query_formulation_calls_the_search_tool() {
     assert_eq!(result.status(), RunStatus::Completed, "{result:?}");
     assert_eq!(result.slots["lookup"], r#"{"hits":[{"id":1,"title":"Result for duplicate subscription charge refund"}]}"#);
     let tool = events.iter().find(|e| e.kind == "run.tool.completed").unwrap();
-    assert_eq!(tool.data["status"], 200);
+    assert_eq!(tool.to_json()["status"], 200);
     let started = events.iter().find(|e| e.kind == "run.tool.started").unwrap();
-    assert!(started.data["url"].as_str().unwrap().ends_with("/search"), "no query string in events: {}", started.data["url"]);
+    assert!(started.to_json()["url"].as_str().unwrap().ends_with("/search"), "no query string in events: {}", started.to_json()["url"]);
 }
 
 #[tokio::test]
@@ -170,9 +170,9 @@ async fn a_schema_violation_fails_the_run_without_retry() {
         types(&events),
         ["run.started", "run.stage.started:intake", "run.llm.started:intake", "run.llm.failed:intake", "run.stage.failed:intake", "run.failed:intake"]
     );
-    assert_eq!(events[3].data["reason_class"], "schema_validation");
+    assert_eq!(events[3].to_json()["reason_class"], "schema_validation");
     // The reply that failed, as received: what an operator reads to see why.
-    assert_eq!(events[3].data["reply"], r#"{"category":"sales","urgency":"high"}"#);
+    assert_eq!(events[3].to_json()["reply"], r#"{"category":"sales","urgency":"high"}"#);
     assert_eq!(h.seen.lock().unwrap().len(), 1, "validation failures are never retried");
 }
 
@@ -183,7 +183,7 @@ async fn invalid_json_is_its_own_reason() {
     let (result, events) = run(&h, "support-triage", vec![]).await;
     assert_eq!(result.error().unwrap().reason_class, "invalid_json");
     let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
-    assert_eq!(failed.data["reply"], "Sure! The category is billing.");
+    assert_eq!(failed.to_json()["reply"], "Sure! The category is billing.");
 }
 
 #[tokio::test]
@@ -193,7 +193,8 @@ async fn a_failed_reply_in_an_event_is_capped() {
     let h = harness(shipped(), stub, vec![]);
     let (_, events) = run(&h, "support-triage", vec![]).await;
     let failed = events.iter().find(|e| e.kind.as_str() == "run.llm.failed").unwrap();
-    let reply = failed.data["reply"].as_str().unwrap();
+    let failed = failed.to_json();
+    let reply = failed["reply"].as_str().unwrap();
     assert!(reply.len() <= fabric::llm::telemetry::MAX_EVENT_REPLY_BYTES + '…'.len_utf8(), "{}", reply.len());
     assert!(reply.starts_with("éxxx") && reply.ends_with("x…"), "cut at a character boundary, marked");
 }
@@ -245,7 +246,7 @@ async fn manifest_appends_synthesis_and_defaults_empty_prompts() {
     let (result, events) = run(&h, "refund-review", vec![]).await;
     assert_eq!(result.status(), RunStatus::Completed);
     assert_eq!(result.output(), Some("We refunded the duplicate charge of 19.90."));
-    assert!(events.iter().any(|e| e.kind == "run.stage.started" && e.data["kind"] == "appended_synthesis"));
+    assert!(events.iter().any(|e| e.kind == "run.stage.started" && e.to_json()["kind"] == "appended_synthesis"));
     // A manifest stage with no role template gets the default system text at the call.
     let cat = Arc::new(catalogue::load(&fixtures().join("hydrate/routes"), &fixtures().join("hydrate/packs")));
     let h = harness(cat, StubLlm::default(), vec![]);

@@ -228,7 +228,7 @@ async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() 
             ts: "2026-01-01T00:00:00.000Z".into(),
             stage_id: None,
             parent_run_id: None,
-            data: Default::default(),
+            data: crate::support::bare_data(kind),
         };
         let entry = |v: &str| JournalEntry::StageCompleted { stage_id: "intake".into(), value: v.into(), note: None };
         let end = |run: &str| {

@@ -369,3 +369,27 @@ pub fn reply_json(kind: fabric::config::ProviderKind, body: &serde_json::Value) 
         }
     }
 }
+
+/// The fields of an event of `kind` for tests that write events of their own and read only
+/// their types and numbers: empty texts, zeros.
+pub fn bare_data(kind: fabric::events::EventKind) -> fabric::events::EventData {
+    use fabric::events::{EventData as D, EventKind as K, ToolStatus};
+    let (s, ms) = (String::new, 0.0);
+    match kind {
+        K::RunStarted => D::RunStarted { model_profile: s(), path: "workflow", prefetch_chunks: 0, source: None, activation_target: None },
+        K::StageStarted => D::StageStarted { llm_role: "none", stage_idx: 0, kind: "task" },
+        K::StageCompleted => D::StageCompleted { duration_ms: ms, output: s(), output_chars: 0 },
+        K::StageFailed => D::StageFailed { reason_class: "interrupted", message: s(), duration_ms: ms },
+        K::LlmStarted => D::LlmStarted { provider: s(), model: s(), turn: 0, structured: false },
+        K::LlmRetrying => D::LlmRetrying { attempt: 2, delay_ms: 0, reason_class: "timeout", message: s() },
+        K::LlmCompleted => D::LlmCompleted { duration_ms: ms, tokens: None },
+        K::LlmFailed => D::LlmFailed { reason_class: "interrupted", message: s(), duration_ms: ms, reply: None },
+        K::ToolStarted => D::ToolStarted { tool: s(), method: "in_process", url: None },
+        K::ToolCompleted => D::ToolCompleted { tool: s(), status: ToolStatus::InProcess, bytes: 0, duration_ms: ms },
+        K::ToolFailed => D::ToolFailed { tool: s(), reason_class: "interrupted", message: s() },
+        K::RunCompleted => D::RunCompleted { output: None, duration_ms: ms },
+        K::RunFailed => D::RunFailed { reason_class: "interrupted", message: s(), duration_ms: Some(ms), decisions: None },
+        K::RunAwaitingInput => D::RunAwaitingInput { question: s(), duration_ms: ms },
+        K::RunResumed => D::RunResumed { reply: s() },
+    }
+}

@@ -46,11 +46,14 @@ const FAULTS: [Fault; 10] = [
     Fault::UnknownTool,
 ];
 
+/// A run's journal as it was read: its model replies (stage, turn) and its completed stages.
+pub type Recorded = (HashSet<(String, u32)>, HashSet<String>);
+
 #[derive(Debug, Default)]
 pub struct Calls {
     /// What each run's journal held when it was last recovered: its replies (stage, turn) and
     /// completed stages; a call for one of them is a violation.
-    pub recorded: HashMap<String, (HashSet<(String, u32)>, HashSet<String>)>,
+    pub recorded: HashMap<String, Recorded>,
     pub violations: Vec<String>,
 }
 

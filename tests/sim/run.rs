@@ -142,8 +142,8 @@ pub fn run(s: &Seed<'_>) -> Outcome {
             }
         }
     }
-    violations.extend(shared.violations.lock().unwrap().drain(..));
-    violations.extend(calls.lock().unwrap().violations.drain(..));
+    violations.append(&mut shared.violations.lock().unwrap());
+    violations.append(&mut calls.lock().unwrap().violations);
     let replay = build(&world, s.seed, real.store.clone(), SimModel { stub: StubLlm::default(), faults: faults.clone(), trace: trace.clone(), calls: calls.clone() }, &faults, &trace, ids);
     violations.extend(crate::check::after(&real, replay, &world, &events.lock().unwrap()));
     Outcome { trace: trace.lines(), violations, injected: faults.injected() }
@@ -269,9 +269,7 @@ impl Process<'_> {
     /// asked for it again. Not while an older segment of the run still goes on (it is fenced at
     /// its next write, but may ask the model before that).
     async fn note_recorded(&self, run_id: &str, older_segment: bool) {
-        let mut calls = self.calls.lock().unwrap();
-        calls.recorded.remove(run_id);
-        drop(calls);
+        self.calls.lock().unwrap().recorded.remove(run_id);
         if older_segment {
             return;
         }

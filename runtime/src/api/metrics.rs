@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
-use crate::events::{Event, EventKind, EventSink};
+use crate::events::{Event, EventData, EventSink, Tokens};
 
 /// Histogram buckets in seconds (stages and model calls: milliseconds to minutes).
 const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
@@ -43,6 +43,19 @@ struct Counts {
     taken_over: BTreeMap<String, u64>,
 }
 
+const NO_TOKENS: Tokens = Tokens { input: 0, output: 0 };
+
+impl Counts {
+    fn model_call(&mut self, route: String, duration_ms: f64, tokens: Tokens) {
+        self.llm_seconds.entry(route.clone()).or_default().observe(duration_ms / 1000.0);
+        // Saturating: a provider reporting absurd counts must not overflow the total.
+        let total = self.tokens_in.entry(route.clone()).or_default();
+        *total = total.saturating_add(tokens.input);
+        let total = self.tokens_out.entry(route).or_default();
+        *total = total.saturating_add(tokens.output);
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     counts: Mutex<Counts>,
@@ -56,30 +69,20 @@ impl EventSink for Metrics {
     fn emit(&self, e: &Event) {
         // Child runs are counted as runs of their own routes.
         let route = e.route_id.to_string();
-        let seconds = || e.data.get("duration_ms").and_then(|v| v.as_f64()).unwrap_or(0.0) / 1000.0;
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        match e.kind {
-            EventKind::RunStarted => *c.started.entry(route).or_default() += 1,
-            EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunAwaitingInput => {
-                let status = match e.kind {
-                    EventKind::RunCompleted => "completed",
-                    EventKind::RunFailed => "failed",
-                    _ => "awaiting_input",
-                };
-                *c.finished.entry((route, status.to_owned())).or_default() += 1;
+        let finished = |c: &mut Counts, route: String, status: &str| *c.finished.entry((route, status.to_owned())).or_default() += 1;
+        match &e.data {
+            EventData::RunStarted { .. } => *c.started.entry(route).or_default() += 1,
+            EventData::RunCompleted { .. } => finished(&mut c, route, "completed"),
+            EventData::RunFailed { .. } => finished(&mut c, route, "failed"),
+            EventData::RunAwaitingInput { .. } => finished(&mut c, route, "awaiting_input"),
+            EventData::StageCompleted { duration_ms, .. } | EventData::StageFailed { duration_ms, .. } => {
+                c.stage_seconds.entry(route).or_default().observe(duration_ms / 1000.0);
             }
-            EventKind::StageCompleted | EventKind::StageFailed => c.stage_seconds.entry(route).or_default().observe(seconds()),
-            EventKind::LlmCompleted | EventKind::LlmFailed => {
-                let s = seconds();
-                c.llm_seconds.entry(route.clone()).or_default().observe(s);
-                let n = |k: &str| e.data.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-                // Saturating: a provider reporting absurd counts must not overflow the total.
-                let total = c.tokens_in.entry(route.clone()).or_default();
-                *total = total.saturating_add(n("input_tokens"));
-                let total = c.tokens_out.entry(route).or_default();
-                *total = total.saturating_add(n("output_tokens"));
-            }
-            EventKind::LlmRetrying => *c.retries.entry(route).or_default() += 1,
+            EventData::LlmCompleted { duration_ms, tokens } => c.model_call(route, *duration_ms, tokens.unwrap_or(NO_TOKENS)),
+            // A failed call reports no tokens.
+            EventData::LlmFailed { duration_ms, .. } => c.model_call(route, *duration_ms, NO_TOKENS),
+            EventData::LlmRetrying { .. } => *c.retries.entry(route).or_default() += 1,
             _ => {}
         }
     }

@@ -38,9 +38,8 @@ use state::{Run, RunState};
 
 use crate::cancel::Cancel;
 use crate::catalogue::{Catalogue, DEFAULT_TOOL_TIMEOUT_MS, RouteLookupError};
-use crate::events::{EventKind, EventSink, RunEvents};
+use crate::events::{EventData, EventSink, RunEvents};
 use crate::failure::{ClientError, ReasonClass};
-use crate::fields;
 use crate::hydrate::{Route, RoutePath};
 use crate::llm::Llm;
 use crate::tools::{HttpPort, HttpTools, Tool};
@@ -309,7 +308,7 @@ impl Runner {
     ) -> RunResult {
         let result = result_from_journal(&history.run_id, route_id, &history.entries, class, message);
         let events = RunEvents::new(&history.run_id, route_id, None, sink).recording(history.next_seq);
-        events.emit(EventKind::RunFailed, None, || fields! {"reason_class" => class.as_str(), "message" => message});
+        events.emit(None, || EventData::RunFailed { reason_class: class.as_str(), message: message.to_owned(), duration_ms: None, decisions: None });
         let batch = JournalBatch { events: events.take_recorded(), entries: Vec::new(), end: Some(result.clone()) };
         if let Err(e) = journal.commit(&history.run_id, batch).await {
             let mut failed = result;

@@ -10,9 +10,8 @@ use serde_json::{Map, Value};
 use super::state::{Last, OpenStage, Run, RunState, StageFailure};
 use super::{JournalBatch, JournalEntry, MAX_CHILD_DEPTH, RunEnd, Runner, message};
 use crate::defs::LlmRole;
-use crate::events::{EventKind, RunEvents};
+use crate::events::{EventData, RunEvents};
 use crate::failure::ReasonClass;
-use crate::fields;
 use crate::hydrate::{NodeKind, StageNode};
 use crate::llm::ReplyValue;
 use crate::llm::telemetry::round_ms;
@@ -22,11 +21,7 @@ impl Runner {
     pub(super) fn begin_stage<'s>(&self, run: &Run<'_>, stage: &'s StageNode, state: &mut RunState, run_cx: &Context) -> OpenStage<'s> {
         let stage_idx = state.stages_started;
         state.stages_started += 1;
-        run.events.emit(
-            EventKind::StageStarted,
-            Some(stage.id()),
-            || fields! {"llm_role" => stage.role_name(), "stage_idx" => stage_idx, "kind" => kind_name(stage.kind())},
-        );
+        run.events.emit(Some(stage.id()), || EventData::StageStarted { llm_role: stage.role_name(), stage_idx, kind: kind_name(stage.kind()) });
         let cx = crate::otel::child(
             run_cx,
             || "stage".into(),
@@ -58,11 +53,7 @@ impl Runner {
                     state.pending.push(JournalEntry::StageCompleted { stage_id, value, note });
                 }
                 state.notes.extend(added);
-                run.events.emit(
-                    EventKind::StageCompleted,
-                    Some(stage.id()),
-                    || fields! {"duration_ms" => duration_ms, "output" => value, "output_chars" => value.chars().count()},
-                );
+                run.events.emit(Some(stage.id()), || EventData::StageCompleted { duration_ms, output: value.clone(), output_chars: value.chars().count() });
                 let (at, _) = state.slots.insert_full(stage.id().to_owned(), value);
                 state.last_output = Some(Last::Slot(at));
                 if recorded_here {
@@ -71,11 +62,7 @@ impl Runner {
             }
             Err(f) => {
                 crate::otel::fail_cx(cx, f.class.as_str());
-                run.events.emit(
-                    EventKind::StageFailed,
-                    Some(stage.id()),
-                    || fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms},
-                );
+                run.events.emit(Some(stage.id()), || EventData::StageFailed { reason_class: f.class.as_str(), message: f.message.clone(), duration_ms });
             }
         }
         crate::otel::end(cx);
@@ -94,11 +81,7 @@ impl Runner {
     /// A stage refused before it started (its step budget is spent): `run.stage.failed` alone,
     /// so that every failed run still names its failed stage.
     pub(super) fn refuse_stage(&self, run: &Run<'_>, stage: &StageNode, f: StageFailure) -> (Option<String>, StageFailure) {
-        run.events.emit(
-            EventKind::StageFailed,
-            Some(stage.id()),
-            || fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => 0.0},
-        );
+        run.events.emit(Some(stage.id()), || EventData::StageFailed { reason_class: f.class.as_str(), message: f.message.clone(), duration_ms: 0.0 });
         (Some(stage.id().to_owned()), f)
     }
 

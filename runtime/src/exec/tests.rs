@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use super::*;
 use crate::catalogue::{self, SourceFile};
 use crate::defs::Invoke;
-use crate::events::{Event, MemorySink};
+use crate::events::{Event, EventKind, MemorySink};
 use crate::failure::BoxFuture;
 use crate::llm::stub::StubLlm;
 use crate::tools::{ToolError, ToolOutput};

@@ -9,9 +9,8 @@ use serde_json::{Map, Value};
 use super::Runner;
 use super::state::{Run, StageFailure};
 use crate::defs::Invoke;
-use crate::events::EventKind;
+use crate::events::{EventData, ToolStatus};
 use crate::failure::ReasonClass;
-use crate::fields;
 use crate::hydrate::StageNode;
 use crate::llm::telemetry::round_ms;
 use crate::tools::{ToolError, display_url};
@@ -52,7 +51,7 @@ impl Runner {
     ) -> Result<String, StageFailure> {
         let (events, cancel) = (run.events, run.cancel);
         let tool = stage.capability().map_or("", |c| c.name.as_str());
-        events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => tool, "method" => invoke.method.as_str(), "url" => display_url(url)});
+        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: tool.to_owned(), method: invoke.method.as_str(), url: Some(display_url(url)) });
         // An HTTP tool runs here and calls out: an `extension` in the GenAI conventions.
         let span = tool_span(cx, events.run_id(), tool, "extension");
         let outcome = match cancel.race(self.http.call(invoke, url, args)).await {
@@ -65,15 +64,16 @@ impl Runner {
         crate::otel::end(&span);
         match outcome {
             Ok(out) => {
-                events.emit(
-                    EventKind::ToolCompleted,
-                    Some(stage.id()),
-                    || fields! {"tool" => tool, "status" => out.status, "bytes" => out.bytes, "duration_ms" => round_ms(out.duration.as_secs_f64() * 1000.0)},
-                );
+                events.emit(Some(stage.id()), || EventData::ToolCompleted {
+                    tool: tool.to_owned(),
+                    status: ToolStatus::Http(out.status),
+                    bytes: out.bytes,
+                    duration_ms: round_ms(out.duration.as_secs_f64() * 1000.0),
+                });
                 Ok(out.text)
             }
             Err(e) => {
-                events.emit(EventKind::ToolFailed, Some(stage.id()), || fields! {"tool" => tool, "reason_class" => e.class.as_str(), "message" => e.message});
+                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: tool.to_owned(), reason_class: e.class.as_str(), message: e.message.clone() });
                 Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
             }
         }
@@ -86,7 +86,7 @@ impl Runner {
         let Some(tool) = self.tools.get(name) else {
             return Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}` has no in-process implementation registered")));
         };
-        events.emit(EventKind::ToolStarted, Some(stage.id()), || fields! {"tool" => name, "method" => "in_process"});
+        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: name.to_owned(), method: "in_process", url: None });
         let span = tool_span(cx, events.run_id(), name, "function");
         let started = events.stopwatch();
         let outcome = match cancel.race(tokio::time::timeout(self.tool_timeout, tool.call(args))).await {
@@ -104,15 +104,16 @@ impl Runner {
                     Value::String(s) => s,
                     other => other.to_string(),
                 };
-                events.emit(
-                    EventKind::ToolCompleted,
-                    Some(stage.id()),
-                    || fields! {"tool" => name, "status" => "ok", "bytes" => text.len(), "duration_ms" => round_ms(started.elapsed().as_secs_f64() * 1000.0)},
-                );
+                events.emit(Some(stage.id()), || EventData::ToolCompleted {
+                    tool: name.to_owned(),
+                    status: ToolStatus::InProcess,
+                    bytes: text.len(),
+                    duration_ms: round_ms(started.elapsed().as_secs_f64() * 1000.0),
+                });
                 Ok(text)
             }
             Err((class, message)) => {
-                events.emit(EventKind::ToolFailed, Some(stage.id()), || fields! {"tool" => name, "reason_class" => class.as_str(), "message" => message});
+                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: name.to_owned(), reason_class: class.as_str(), message: message.clone() });
                 Err(StageFailure::new(class, format!("tool `{name}`: {message}")))
             }
         }
@@ -131,11 +132,11 @@ impl Runner {
                 })
                 .collect();
             if !problems.is_empty() {
-                run.events.emit(
-                    EventKind::ToolFailed,
-                    Some(tool.id()),
-                    || crate::fields! {"tool" => tool.id(), "reason_class" => ReasonClass::InvalidToolArguments.as_str(), "message" => problems.join("; ")},
-                );
+                run.events.emit(Some(tool.id()), || EventData::ToolFailed {
+                    tool: tool.id().to_owned(),
+                    reason_class: ReasonClass::InvalidToolArguments.as_str(),
+                    message: problems.join("; "),
+                });
                 return Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))));
             }
         }

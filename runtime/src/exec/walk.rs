@@ -8,9 +8,8 @@ use serde_json::Value;
 use super::state::{Finish, Last, Run, RunState, StageFailure};
 use super::{JournalBatch, RunEnd, RunFailure, RunResult, Runner};
 use crate::defs::{CondOp, Condition};
-use crate::events::EventKind;
+use crate::events::EventData;
 use crate::failure::{BoxFuture, ReasonClass};
-use crate::fields;
 use crate::hydrate::{NextStep, RoutePath};
 use crate::llm::telemetry::round_ms;
 
@@ -39,17 +38,14 @@ impl Runner {
             );
             let started = events.stopwatch();
             if let Some(reply) = resumed {
-                events.emit(EventKind::RunResumed, None, || fields! {"reply" => reply});
+                events.emit(None, || EventData::RunResumed { reply: reply.to_owned() });
             } else {
-                events.emit(EventKind::RunStarted, None, || {
-                    let mut data = fields! {"model_profile" => route.model_profile(), "path" => route.path().as_str(), "prefetch_chunks" => prefetch.len()};
-                    if let Some(source) = route.source() {
-                        data.insert("source".into(), source.into());
-                    }
-                    if let Some(target) = route.activation_target() {
-                        data.insert("activation_target".into(), target.into());
-                    }
-                    data
+                events.emit(None, || EventData::RunStarted {
+                    model_profile: route.model_profile().to_owned(),
+                    path: route.path().as_str(),
+                    prefetch_chunks: prefetch.len(),
+                    source: route.source().map(str::to_owned),
+                    activation_target: route.activation_target().map(str::to_owned),
                 });
             }
             let outcome = if route.path() == RoutePath::DecisionLoop {
@@ -69,20 +65,23 @@ impl Runner {
                         Some(Last::Answer(answer)) => Some(answer),
                         None => None,
                     };
-                    events.emit(EventKind::RunCompleted, None, || fields! {"output" => output, "duration_ms" => duration_ms});
+                    events.emit(None, || EventData::RunCompleted { output: output.clone(), duration_ms });
                     RunEnd::Completed { output }
                 }
                 Ok(Finish::AwaitingInput(question)) => {
-                    events.emit(EventKind::RunAwaitingInput, None, || fields! {"question" => question, "duration_ms" => duration_ms});
+                    events.emit(None, || EventData::RunAwaitingInput { question: question.clone(), duration_ms });
                     RunEnd::AwaitingInput { question }
                 }
                 Err((stage_id, f)) => {
                     crate::otel::fail_cx(&run_cx, f.class.as_str());
-                    let mut data = fields! {"reason_class" => f.class.as_str(), "message" => f.message, "duration_ms" => duration_ms};
-                    if let Some(detail) = f.detail {
-                        data.insert("decisions".into(), detail);
-                    }
-                    events.emit(EventKind::RunFailed, stage_id.as_deref(), move || data);
+                    let (reason_class, detail) = (f.class.as_str(), f.detail);
+                    let message = &f.message;
+                    events.emit(stage_id.as_deref(), move || EventData::RunFailed {
+                        reason_class,
+                        message: message.clone(),
+                        duration_ms: Some(duration_ms),
+                        decisions: detail,
+                    });
                     RunEnd::Failed(RunFailure { reason_class: f.class, message: f.message, stage_id })
                 }
             };

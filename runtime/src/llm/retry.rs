@@ -9,8 +9,7 @@
 use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo};
-use crate::events::EventKind;
-use crate::fields;
+use crate::events::EventData;
 use crate::llm::model::RetryPolicy;
 
 #[derive(Debug)]
@@ -39,11 +38,12 @@ impl<L: Llm> RetryLlm<L> {
         loop {
             let Some(computed) = delays.next() else { return Err(error) };
             let delay = error.retry_after.unwrap_or(computed).min(self.policy.max_backoff);
-            req.events.emit(
-                EventKind::LlmRetrying,
-                Some(req.stage_id),
-                || fields! {"attempt" => attempt + 1, "delay_ms" => delay.as_millis() as u64, "reason_class" => error.class.as_str(), "message" => error.message},
-            );
+            req.events.emit(Some(req.stage_id), || EventData::LlmRetrying {
+                attempt: attempt + 1,
+                delay_ms: delay.as_millis() as u64,
+                reason_class: error.class.as_str(),
+                message: error.message.clone(),
+            });
             tokio::time::sleep(delay).await;
             attempt += 1;
             error = match self.inner.call(req).await {

@@ -6,8 +6,7 @@ use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta};
-use crate::events::EventKind;
-use crate::fields;
+use crate::events::{EventData, Tokens};
 use crate::llm::OutputSpec;
 
 #[derive(Debug)]
@@ -29,11 +28,12 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
         Box::pin(async move {
             let info = &self.info;
             let structured = matches!(req.output, OutputSpec::Bindable(_) | OutputSpec::Decision(_));
-            req.events.emit(
-                EventKind::LlmStarted,
-                Some(req.stage_id),
-                || fields! {"provider" => info.provider, "model" => info.model, "turn" => req.turn, "structured" => structured},
-            );
+            req.events.emit(Some(req.stage_id), || EventData::LlmStarted {
+                provider: info.provider.clone(),
+                model: info.model.clone(),
+                turn: req.turn,
+                structured,
+            });
             let cx = crate::otel::child(
                 req.cx,
                 || crate::otel::chat_span_name(&info.model),
@@ -72,13 +72,9 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                 Ok(reply) => {
                     set_response(&cx, &reply.meta);
                     // Built only when a consumer is attached, like every event.
-                    req.events.emit(EventKind::LlmCompleted, Some(req.stage_id), || {
-                        let mut data = fields! {"duration_ms" => round_ms(duration_ms)};
-                        if let Some(u) = reply.meta.usage {
-                            data.insert("input_tokens".into(), u.input_tokens.into());
-                            data.insert("output_tokens".into(), u.output_tokens.into());
-                        }
-                        data
+                    req.events.emit(Some(req.stage_id), || EventData::LlmCompleted {
+                        duration_ms: round_ms(duration_ms),
+                        tokens: reply.meta.usage.map(|u| Tokens { input: u.input_tokens, output: u.output_tokens }),
                     });
                 }
                 Err(e) => {
@@ -87,12 +83,11 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                         set_response(&cx, meta);
                     }
                     crate::otel::fail_cx(&cx, e.class.as_str());
-                    req.events.emit(EventKind::LlmFailed, Some(req.stage_id), || {
-                        let mut data = fields! {"reason_class" => e.class.as_str(), "message" => e.message, "duration_ms" => round_ms(duration_ms)};
-                        if let Some(raw) = &e.raw_reply {
-                            data.insert("reply".into(), capped_reply(raw).into());
-                        }
-                        data
+                    req.events.emit(Some(req.stage_id), || EventData::LlmFailed {
+                        reason_class: e.class.as_str(),
+                        message: e.message.clone(),
+                        duration_ms: round_ms(duration_ms),
+                        reply: e.raw_reply.as_deref().map(capped_reply),
                     });
                 }
             }

@@ -143,6 +143,10 @@ pub struct RunFilter {
 }
 
 /// One stored event: its `seq`, its type and the JSON object.
+///
+/// The object stays the text that was written (`Event::write_json_line`), not an `Event` read
+/// back: every reader (the API's event streams, `fabric runs show --events`, the inspector)
+/// passes it on as it is, and rows written by older versions go out unchanged.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
     pub seq: u64,

@@ -894,14 +894,14 @@ mod tests {
 
     fn batch(run: &str, seq: u64) -> JournalBatch {
         let event = crate::events::Event {
-            kind: crate::events::EventKind::RunStarted,
+            kind: crate::events::EventKind::RunResumed,
             run_id: run.into(),
             route_id: "r".into(),
             seq,
             ts: String::new(),
             stage_id: None,
             parent_run_id: None,
-            data: Default::default(),
+            data: crate::events::EventData::RunResumed { reply: String::new() },
         };
         JournalBatch { events: vec![event], entries: Vec::new(), end: None }
     }

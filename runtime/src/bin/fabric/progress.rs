@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use fabric::events::{Event, EventKind, EventSink};
+use fabric::events::{Event, EventData, EventSink};
 
 use crate::term::say;
 
@@ -15,30 +15,29 @@ pub struct Progress {
 
 impl EventSink for Progress {
     fn emit(&self, e: &Event) {
-        let get = |k: &str| match e.data.get(k) {
-            None => String::new(),
-            Some(serde_json::Value::String(s)) => s.clone(),
-            Some(serde_json::Value::Number(n)) if n.is_f64() => format!("{:.1}", n.as_f64().unwrap_or_default()),
-            Some(v) => v.to_string(),
-        };
         let stage = e.stage_id.as_deref().unwrap_or("");
         let indent = if e.parent_run_id.is_some() { "    " } else { "" };
-        let line = match e.kind {
-            EventKind::RunStarted => {
+        // Durations with one decimal; a count the provider did not report is left blank.
+        let ms = |d: &f64| format!("{d:.1}");
+        let line = match &e.data {
+            EventData::RunStarted { path, .. } => {
                 if let Ok(mut s) = self.started.lock() {
                     s.get_or_insert_with(Instant::now);
                 }
-                format!("{indent}▶ {} ({} path)", e.route_id, get("path"))
+                format!("{indent}▶ {} ({path} path)", e.route_id)
             }
-            EventKind::StageStarted => format!("{indent}  • {stage} [{}] …", get("llm_role")),
-            EventKind::LlmCompleted => format!("{indent}      model {} ms, {} → {} tokens", get("duration_ms"), get("input_tokens"), get("output_tokens")),
-            EventKind::LlmFailed => format!("{indent}      model failed: {} ({})", get("reason_class"), get("message")),
-            EventKind::ToolCompleted => format!("{indent}      tool {} HTTP {} in {} ms", get("tool"), get("status"), get("duration_ms")),
-            EventKind::ToolFailed => format!("{indent}      tool {} failed: {}", get("tool"), get("reason_class")),
-            EventKind::StageCompleted => format!("{indent}  ✓ {stage} {} ms", get("duration_ms")),
-            EventKind::StageFailed => format!("{indent}  ✗ {stage}: {}", get("reason_class")),
-            EventKind::RunCompleted => format!("{indent}✔ completed in {} ms", get("duration_ms")),
-            EventKind::RunFailed => format!("{indent}✘ failed: {} — {}", get("reason_class"), get("message")),
+            EventData::StageStarted { llm_role, .. } => format!("{indent}  • {stage} [{llm_role}] …"),
+            EventData::LlmCompleted { duration_ms, tokens } => {
+                let (input, output) = tokens.map_or((String::new(), String::new()), |t| (t.input.to_string(), t.output.to_string()));
+                format!("{indent}      model {} ms, {input} → {output} tokens", ms(duration_ms))
+            }
+            EventData::LlmFailed { reason_class, message, .. } => format!("{indent}      model failed: {reason_class} ({message})"),
+            EventData::ToolCompleted { tool, status, duration_ms, .. } => format!("{indent}      tool {tool} HTTP {status} in {} ms", ms(duration_ms)),
+            EventData::ToolFailed { tool, reason_class, .. } => format!("{indent}      tool {tool} failed: {reason_class}"),
+            EventData::StageCompleted { duration_ms, .. } => format!("{indent}  ✓ {stage} {} ms", ms(duration_ms)),
+            EventData::StageFailed { reason_class, .. } => format!("{indent}  ✗ {stage}: {reason_class}"),
+            EventData::RunCompleted { duration_ms, .. } => format!("{indent}✔ completed in {} ms", ms(duration_ms)),
+            EventData::RunFailed { reason_class, message, .. } => format!("{indent}✘ failed: {reason_class} — {message}"),
             _ => return,
         };
         say(line);

@@ -2,7 +2,10 @@
 //!
 //! Every event has `type`, `run_id`, `route_id`, `seq`, `ts` and, where one applies,
 //! `stage_id` and `parent_run_id`; the rest of its fields depend on the type (docs/events.md).
-//! Events are serialised once, by the sink that writes them.
+//! Events are serialised once, by the sink that writes them. Their fields are typed, one
+//! [`EventData`] variant per type (`data`), and serialised in wire order.
+
+mod data;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,92 +14,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
-/// The closed set of event types (docs/events.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventKind {
-    RunStarted,
-    StageStarted,
-    StageCompleted,
-    StageFailed,
-    LlmStarted,
-    LlmRetrying,
-    LlmCompleted,
-    LlmFailed,
-    ToolStarted,
-    ToolCompleted,
-    ToolFailed,
-    RunCompleted,
-    RunFailed,
-    RunAwaitingInput,
-    RunResumed,
-}
-
-impl EventKind {
-    pub const ALL: [EventKind; 15] = [
-        EventKind::RunStarted,
-        EventKind::StageStarted,
-        EventKind::StageCompleted,
-        EventKind::StageFailed,
-        EventKind::LlmStarted,
-        EventKind::LlmRetrying,
-        EventKind::LlmCompleted,
-        EventKind::LlmFailed,
-        EventKind::ToolStarted,
-        EventKind::ToolCompleted,
-        EventKind::ToolFailed,
-        EventKind::RunCompleted,
-        EventKind::RunFailed,
-        EventKind::RunAwaitingInput,
-        EventKind::RunResumed,
-    ];
-
-    /// The wire name, the event's `type`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::RunStarted => "run.started",
-            EventKind::StageStarted => "run.stage.started",
-            EventKind::StageCompleted => "run.stage.completed",
-            EventKind::StageFailed => "run.stage.failed",
-            EventKind::LlmStarted => "run.llm.started",
-            EventKind::LlmRetrying => "run.llm.retrying",
-            EventKind::LlmCompleted => "run.llm.completed",
-            EventKind::LlmFailed => "run.llm.failed",
-            EventKind::ToolStarted => "run.tool.started",
-            EventKind::ToolCompleted => "run.tool.completed",
-            EventKind::ToolFailed => "run.tool.failed",
-            EventKind::RunCompleted => "run.completed",
-            EventKind::RunFailed => "run.failed",
-            EventKind::RunAwaitingInput => "run.awaiting_input",
-            EventKind::RunResumed => "run.resumed",
-        }
-    }
-
-    /// The kind of a wire name (events read back from a store or a stream).
-    pub fn parse(name: &str) -> Option<EventKind> {
-        EventKind::ALL.into_iter().find(|k| k.as_str() == name)
-    }
-
-    /// A run's last event: completed, failed or awaiting input.
-    pub fn ends_run(self) -> bool {
-        matches!(self, EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunAwaitingInput)
-    }
-}
-
-impl std::fmt::Display for EventKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Compares with the wire name: `event.kind == "run.completed"`.
-impl PartialEq<&str> for EventKind {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
+pub use data::{EventData, EventKind, Tokens, ToolStatus};
 
 #[derive(Debug, Clone)]
 pub struct Event {
+    /// `data.kind()`, which `RunEvents` sets it from: a field, so that the many readers that
+    /// only filter by type need not match on `data`.
     pub kind: EventKind,
     pub run_id: Arc<str>,
     pub route_id: Arc<str>,
@@ -104,7 +27,7 @@ pub struct Event {
     pub ts: String,
     pub stage_id: Option<String>,
     pub parent_run_id: Option<Arc<str>>,
-    pub data: Map<String, Value>,
+    pub data: EventData,
 }
 
 impl Event {
@@ -131,17 +54,21 @@ impl Event {
             out.extend_from_slice(b",\"parent_run_id\":");
             string(out, p);
         }
-        for (k, v) in &self.data {
-            out.push(b',');
-            string(out, k);
-            out.push(b':');
-            let _ = serde_json::to_writer(&mut *out, v);
+        // The fields' object, written in place: its `{` becomes the comma after the common
+        // fields, its `}` closes the event (an empty object is taken back).
+        let at = out.len();
+        let _ = serde_json::to_writer(&mut *out, &self.data);
+        if out.len() - at <= 2 {
+            out.truncate(at);
+            out.push(b'}');
+        } else {
+            out[at] = b',';
         }
-        out.extend_from_slice(b"}\n");
+        out.push(b'\n');
     }
 
     pub fn to_json(&self) -> Value {
-        let mut m = Map::with_capacity(self.data.len() + 7);
+        let mut m = Map::with_capacity(16);
         m.insert("type".into(), self.kind.as_str().into());
         m.insert("run_id".into(), Value::String(self.run_id.to_string()));
         m.insert("route_id".into(), Value::String(self.route_id.to_string()));
@@ -153,8 +80,8 @@ impl Event {
         if let Some(p) = &self.parent_run_id {
             m.insert("parent_run_id".into(), Value::String(p.to_string()));
         }
-        for (k, v) in &self.data {
-            m.insert(k.clone(), v.clone());
+        if let Ok(Value::Object(fields)) = serde_json::to_value(&self.data) {
+            m.extend(fields);
         }
         Value::Object(m)
     }
@@ -351,20 +278,20 @@ impl RunEvents {
         &self.sink
     }
 
-    /// Emits one event. `data` builds its type-specific fields; it is not called when the sink
+    /// Emits one event. `data` builds its type and fields; it is not called when the sink
     /// drops events, so a run without an event consumer pays nothing for them (the check is
     /// inlined at every call site).
     #[inline]
-    pub fn emit(&self, kind: EventKind, stage_id: Option<&str>, data: impl FnOnce() -> Map<String, Value>) {
+    pub fn emit(&self, stage_id: Option<&str>, data: impl FnOnce() -> EventData) {
         if !self.enabled || self.muted.load(Ordering::Relaxed) {
             return;
         }
-        self.send(kind, stage_id, data());
+        self.send(stage_id, data());
     }
 
-    fn send(&self, kind: EventKind, stage_id: Option<&str>, data: Map<String, Value>) {
+    fn send(&self, stage_id: Option<&str>, data: EventData) {
         let event = Event {
-            kind,
+            kind: data.kind(),
             run_id: self.run_id.clone(),
             route_id: self.route_id.clone(),
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
@@ -378,17 +305,6 @@ impl RunEvents {
             recorded.lock().unwrap_or_else(|p| p.into_inner()).push(event);
         }
     }
-}
-
-/// Builds an event's data fields: `fields!{"a" => 1, "b" => "x"}`.
-#[macro_export]
-macro_rules! fields {
-    ($($k:literal => $v:expr),* $(,)?) => {{
-        #[allow(unused_mut)]
-        let mut m = serde_json::Map::new();
-        $( m.insert($k.to_string(), serde_json::json!($v)); )*
-        m
-    }};
 }
 
 /// A UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ` (sortable as text).
@@ -449,7 +365,7 @@ mod tests {
             ts: "2026-11-29T00:00:00.000Z".into(),
             stage_id: Some("intake".into()),
             parent_run_id: None,
-            data: crate::fields! {"output" => "a\nb", "n" => 1.5},
+            data: super::EventData::StageCompleted { duration_ms: 1.5, output: "a\nb".into(), output_chars: 3 },
         };
         let mut line = Vec::new();
         e.write_json_line(&mut line);

@@ -1,0 +1,318 @@
+//! The events' wire form, pinned: one snapshot of the exact JSON lines runs emit, with every
+//! event type and every optional field at least once, through the real code paths (the stub,
+//! a local tool server, in-process tools, a child run, a retried call, a run that asks and is
+//! continued through a SQLite store). The lines are what `--events-out`, the store's rows and
+//! the service's Server-Sent Events carry; the store's bodies are checked to be those lines.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::Query;
+use axum::routing::get;
+use fabric::cancel::Cancel;
+use fabric::config::RetryPolicy;
+use fabric::events::{EventKind, EventSink, FanOut, JsonLinesSink, MemorySink};
+use fabric::exec::{JournalBatch, RunHistory, RunJournal, RunRequest, Runner};
+use fabric::failure::{BoxFuture, ReasonClass};
+use fabric::llm::stub::StubLlm;
+use fabric::llm::{Llm, LlmError, LlmReply, LlmRequest, ModelInfo};
+use fabric::runtime::{Runtime, StartRequest};
+use fabric::tools::{FnTool, builtin_add};
+use serde_json::{Map, Value, json};
+
+use crate::support::{catalogue_with, packs_dir, repo, routes_dir, serve, stub_dir};
+
+/// The lines a [`JsonLinesSink`] wrote.
+#[derive(Clone, Default)]
+struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One scenario's events: the JSON lines as written, and the events themselves.
+struct Capture {
+    lines: Buffer,
+    memory: Arc<MemorySink>,
+    sink: Arc<dyn EventSink>,
+}
+
+fn capture() -> Capture {
+    let lines = Buffer::default();
+    let memory = Arc::new(MemorySink::default());
+    let sink: Arc<dyn EventSink> = Arc::new(FanOut(vec![Arc::new(JsonLinesSink::new(Box::new(lines.clone()))), memory.clone()]));
+    Capture { lines, memory, sink }
+}
+
+/// Everything the scenarios wrote, normalised, and the kinds seen.
+#[derive(Default)]
+struct Record {
+    text: String,
+    ids: Vec<String>,
+    kinds: Vec<EventKind>,
+}
+
+impl Record {
+    /// Adds a scenario's lines; each must be its event's value form too.
+    fn add(&mut self, title: &str, c: &Capture) -> Vec<String> {
+        let bytes = c.lines.0.lock().unwrap().clone();
+        let text = String::from_utf8(bytes).unwrap();
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let events = c.memory.events();
+        assert_eq!(lines.len(), events.len(), "{title}");
+        for (line, e) in lines.iter().zip(&events) {
+            assert_eq!(*line, e.to_json().to_string(), "{title}: the line is the value form");
+            self.kinds.push(e.kind);
+        }
+        self.text.push_str(&format!("# {title}\n"));
+        for line in &lines {
+            let line = normalise(line, &mut self.ids);
+            self.text.push_str(&line);
+            self.text.push('\n');
+        }
+        lines
+    }
+}
+
+/// Run ids become `<id-N>` (by first appearance), timestamps `<ts>`, durations `<float>` or
+/// `<int>` (their JSON type is kept, not their value), a loopback port `<port>`.
+fn normalise(line: &str, ids: &mut Vec<String>) -> String {
+    let mut out = String::with_capacity(line.len());
+    let b = line.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if let Some(id) = uuid_at(line, i) {
+            let n = match ids.iter().position(|x| x == id) {
+                Some(n) => n,
+                None => {
+                    ids.push(id.to_owned());
+                    ids.len() - 1
+                }
+            };
+            out.push_str(&format!("<id-{n}>"));
+            i += 36;
+        } else if line[i..].starts_with("\"ts\":\"") {
+            out.push_str("\"ts\":\"<ts>\"");
+            i += 6 + 24 + 1;
+        } else if line[i..].starts_with("\"duration_ms\":") {
+            out.push_str("\"duration_ms\":");
+            i += 14;
+            let end = line[i..].find([',', '}']).map_or(line.len(), |e| i + e);
+            let number = &line[i..end];
+            if number.parse::<f64>().is_ok() {
+                out.push_str(if number.contains(['.', 'e']) { "<float>" } else { "<int>" });
+            } else {
+                out.push_str(number);
+            }
+            i = end;
+        } else if line[i..].starts_with("127.0.0.1:") {
+            out.push_str("127.0.0.1:<port>");
+            i += 10;
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
+            }
+        } else {
+            let c = line[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// A hyphenated lowercase UUID starting at byte `i`.
+fn uuid_at(s: &str, i: usize) -> Option<&str> {
+    let cand = s.get(i..i + 36)?;
+    let ok = cand.bytes().enumerate().all(|(k, c)| if [8, 13, 18, 23].contains(&k) { c == b'-' } else { c.is_ascii_hexdigit() && !c.is_ascii_uppercase() });
+    ok.then_some(cand)
+}
+
+fn goal(v: Value) -> Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+fn request(route: &str, goal_value: Value, prefetch: Vec<String>) -> RunRequest {
+    RunRequest { route_id: route.into(), goal: goal(goal_value), prefetch }
+}
+
+fn ticket() -> Value {
+    json!({"ticket": "I was charged twice for my subscription"})
+}
+
+/// The knowledge-base server of support-triage's and support-agent's `kb_search`.
+async fn kb_server() -> String {
+    let app = axum::Router::new().route(
+        "/search",
+        get(|Query(q): Query<std::collections::HashMap<String, String>>| async move {
+            match q.get("q").map(String::as_str) {
+                Some("boom") => Err((axum::http::StatusCode::INTERNAL_SERVER_ERROR, "index offline")),
+                Some(query) => Ok(axum::Json(json!({"hits": [{"id": 7, "title": format!("Refunds for {query}")}]}))),
+                None => Err((axum::http::StatusCode::BAD_REQUEST, "missing q")),
+            }
+        }),
+    );
+    serve(app).await
+}
+
+/// The stub, whose first call of stage `answer` fails with a 503 (a retry after 1 ms), and
+/// whose replies of stage `lookup` say nothing of their tokens.
+struct Flaky {
+    inner: StubLlm,
+    failed: Mutex<bool>,
+}
+
+impl Llm for Flaky {
+    fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
+        Box::pin(async move {
+            if req.stage_id == "answer" && !std::mem::replace(&mut *self.failed.lock().unwrap(), true) {
+                let mut e = LlmError::new(ReasonClass::ServerError, "HTTP 503 from stub");
+                e.retry_after = Some(std::time::Duration::from_millis(1));
+                return Err(e);
+            }
+            let mut reply = self.inner.complete(req).await?;
+            if req.stage_id == "lookup" {
+                reply.meta.usage = None;
+            }
+            Ok(reply)
+        })
+    }
+
+    fn info(&self) -> ModelInfo {
+        self.inner.info()
+    }
+}
+
+/// A journal that keeps nothing (the abandoned run's last batch).
+struct Discard;
+
+impl RunJournal for Discard {
+    fn append<'a>(&'a self, _: &'a str, _: JournalBatch) -> BoxFuture<'a, Result<(), fabric::exec::JournalError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn commit<'a>(&'a self, _: &'a str, _: JournalBatch) -> BoxFuture<'a, Result<(), fabric::exec::JournalError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+fn runner(cat: Arc<fabric::catalogue::Catalogue>, llm: Arc<dyn Llm>, kb: Option<String>) -> Runner {
+    Runner::new(cat, llm, Arc::new(move |k: &str| (k == "KB_SEARCH_URL").then(|| kb.clone()).flatten())).unwrap().with_tool("add", builtin_add())
+}
+
+fn shipped() -> Arc<fabric::catalogue::Catalogue> {
+    Arc::new(fabric::catalogue::load(&routes_dir(), &packs_dir()))
+}
+
+fn stack(stub: StubLlm) -> Arc<dyn Llm> {
+    fabric::llm::stack::build(stub, RetryPolicy::default())
+}
+
+async fn run(record: &mut Record, title: &str, runner: &Runner, req: RunRequest) {
+    let c = capture();
+    runner.run(req, c.sink.clone()).await.unwrap();
+    record.add(title, &c);
+}
+
+#[tokio::test]
+async fn every_event_type_keeps_its_wire_form() {
+    let kb = kb_server().await;
+    let mut record = Record::default();
+    let fixture_stub = || StubLlm::load(&stub_dir()).unwrap().strict(true);
+
+    // A staged route with an HTTP tool and a prefetch chunk.
+    let triage = runner(shipped(), stack(fixture_stub()), Some(kb.clone()));
+    run(&mut record, "staged, an HTTP tool", &triage, request("support-triage", ticket(), vec!["a chunk".into()])).await;
+    // A branched route and a manifest.
+    run(&mut record, "branched", &triage, request("ticket-router", ticket(), vec![])).await;
+    run(&mut record, "manifest", &triage, request("refund-review", json!({"order": 42}), vec![])).await;
+
+    // The decision loop: an HTTP tool that fails, arguments that do not match, an in-process
+    // tool that fails and one that works, a done.
+    let script =
+        [r#"CALL kb_search {"q":"boom"}"#, r#"CALL add {"a":"two","b":3}"#, r#"CALL fail {"why":"no"}"#, r#"CALL add {"a":2,"b":3}"#, "DONE The sum is 5."];
+    let cat = catalogue_with(
+        &["support-triage.yaml", "support-agent.yaml"],
+        "capabilities:\n  fail: {description: Always fails., input_schema: {type: object}}\nroutes:\n  agent-with-fail:\n    model_profile: default\n    prompt_pack: support\n    \
+         decision_loop: {tools: [kb_search, add, fail]}\n    max_loop_steps: 8\n",
+    );
+    let stub = StubLlm::default().strict(true).script("agent-with-fail", "decide", &script);
+    let failing = FnTool(|_: &Map<String, Value>| Err("the tool said no".into()));
+    let agent = runner(cat, stack(stub), Some(kb.clone())).with_tool("fail", Arc::new(failing));
+    run(&mut record, "decision loop, tool failures", &agent, request("agent-with-fail", json!({"question": "sum?"}), vec![])).await;
+
+    // The decision loop out of steps: the refused stage and the run's decisions.
+    let calls: Vec<String> = (0..8).map(|i| format!(r#"CALL add {{"a":{i},"b":1}}"#)).collect();
+    let calls: Vec<&str> = calls.iter().map(String::as_str).collect();
+    let budget = runner(shipped(), stack(StubLlm::default().strict(true).script("support-agent", "decide", &calls)), None);
+    run(&mut record, "decision loop, out of steps", &budget, request("support-agent", json!({"question": "sum?"}), vec![])).await;
+
+    // A reply that is not JSON: the failed call shows it.
+    let bad = StubLlm::default().strict(true).script("support-triage", "intake", &["not json {"]);
+    let bad = runner(shipped(), stack(bad), None);
+    run(&mut record, "a reply that is not JSON", &bad, request("support-triage", ticket(), vec![])).await;
+
+    // An HTTP tool that fails a workflow stage.
+    let boom = StubLlm::default().strict(true).script("support-triage", "intake", &[r#"{"category":"billing","urgency":"high"}"#]).script(
+        "support-triage",
+        "lookup",
+        &[r#"{"query":"boom"}"#],
+    );
+    run(&mut record, "an HTTP tool fails the stage", &runner(shipped(), stack(boom), Some(kb.clone())), request("support-triage", ticket(), vec![])).await;
+
+    // A retried call, and a call whose reply says nothing of its tokens.
+    let flaky = Flaky { inner: fixture_stub(), failed: Mutex::new(false) };
+    let flaky = runner(shipped(), fabric::llm::stack::build(flaky, RetryPolicy::default()), None);
+    run(&mut record, "a retried call", &flaky, request("support-triage", ticket(), vec![])).await;
+
+    // A child run.
+    let cat = catalogue_with(
+        &["support-triage.yaml", "ticket-router.yaml"],
+        "workflows:\n  parent-flow:\n    stages:\n      - {id: delegate, llm_role: none, kind: child_run, route: ticket-router}\n\
+         routes:\n  parent-flow: {model_profile: default, prompt_pack: support, workflow: parent-flow}\n",
+    );
+    run(&mut record, "a child run", &runner(cat, stack(fixture_stub()), None), request("parent-flow", ticket(), vec![])).await;
+
+    // A recovered run given up: its last event.
+    let c = capture();
+    let history = RunHistory { run_id: fabric::exec::new_run_id(), entries: Vec::new(), next_seq: 4 };
+    triage.abandon("gone-route", history, ReasonClass::StoreError, "the route `gone-route` is not in the catalogue", c.sink.clone(), &Discard).await;
+    record.add("a recovered run given up", &c);
+
+    // A run that asks, continued after the reply, through a SQLite store: the store's rows are
+    // the lines.
+    let dir = tempfile::tempdir().unwrap();
+    let store = fabric::store::open(&format!("sqlite://{}", dir.path().join("fabric.db").display())).await.unwrap();
+    let stubs = tempfile::tempdir().unwrap();
+    std::fs::copy(repo().join("examples/stub-asking/support-agent.yaml"), stubs.path().join("support-agent.yaml")).unwrap();
+    let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
+    let rt = Runtime::builder()
+        .settings(settings)
+        .catalogue_dirs(routes_dir(), packs_dir())
+        .stub_dir(stubs.path())
+        .tool("add", builtin_add())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let req: StartRequest = serde_json::from_value(json!({"route_id": "support-agent", "goal": {"question": "refund?"}, "model_profile": "default"})).unwrap();
+    let accepted = rt.accept(&req, true).await.unwrap();
+    let c = capture();
+    rt.execute(&accepted.lease.unwrap(), &req, c.sink.clone(), Cancel::never()).await.unwrap();
+    let mut lines = record.add("a run that asks (stored)", &c);
+    let claimed = rt.claim_reply(&accepted.run_id, "order 42".into()).await.unwrap();
+    let c = capture();
+    rt.continue_run(claimed, c.sink.clone(), Cancel::never()).await.unwrap();
+    lines.extend(record.add("the reply continues it (stored)", &c));
+    let stored: Vec<String> = store.events_after(&accepted.run_id, 0).await.unwrap().into_iter().map(|e| e.body).collect();
+    assert_eq!(stored, lines, "the store keeps the lines as written");
+
+    let missing: Vec<&str> = EventKind::ALL.iter().filter(|k| !record.kinds.contains(k)).map(|k| k.as_str()).collect();
+    assert!(missing.is_empty(), "every event type is pinned; missing: {missing:?}");
+    insta::assert_snapshot!("every_event_type", record.text);
+}
