@@ -17,6 +17,7 @@ mod parity;
 mod providers;
 mod run;
 mod service;
+mod skip;
 mod store;
 mod support;
 mod telemetry;

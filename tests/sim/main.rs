@@ -8,6 +8,8 @@ mod check;
 mod faults;
 mod model;
 mod run;
+#[path = "../e2e/skip.rs"]
+mod skip;
 mod store;
 mod tools;
 mod trace;
@@ -15,10 +17,11 @@ mod world;
 
 use std::collections::BTreeSet;
 
-/// The seeds CI runs.
-const CI_SEEDS: std::ops::Range<u64> = 1..201;
+/// The seeds CI runs, on SQLite and on PostgreSQL.
+const CI_SEEDS: std::ops::Range<u64> = 1..1001;
+const CI_SEEDS_POSTGRES: std::ops::Range<u64> = 1..101;
 
-fn seeds() -> Vec<u64> {
+fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
     if let Ok(one) = std::env::var("FABRIC_SIM_SEED") {
         return vec![one.trim().parse().expect("FABRIC_SIM_SEED is a whole number")];
     }
@@ -28,13 +31,13 @@ fn seeds() -> Vec<u64> {
             let (a, b): (u64, u64) = (a.trim().parse().expect("A of A..B"), b.trim().parse().expect("B of A..B"));
             (a..b).collect()
         }
-        Err(_) => CI_SEEDS.collect(),
+        Err(_) => default.collect(),
     }
 }
 
 /// Leaves out the injected faults one at a time, keeping each omission after which the seed
 /// still fails, until none can go: the smallest plan that still shows a violation.
-fn shrink(seed: u64, first: run::Outcome) -> (BTreeSet<String>, run::Outcome) {
+fn shrink(seed: u64, db: &run::Db, first: run::Outcome) -> (BTreeSet<String>, run::Outcome) {
     let mut disabled = BTreeSet::new();
     let mut best = first;
     loop {
@@ -43,7 +46,7 @@ fn shrink(seed: u64, first: run::Outcome) -> (BTreeSet<String>, run::Outcome) {
         for id in ids {
             let mut trial = disabled.clone();
             trial.insert(id);
-            let outcome = run::run(&run::Seed { seed, disabled: &trial });
+            let outcome = run::run(&run::Seed { seed, disabled: &trial, db });
             if !outcome.violations.is_empty() {
                 disabled = trial;
                 best = outcome;
@@ -57,23 +60,24 @@ fn shrink(seed: u64, first: run::Outcome) -> (BTreeSet<String>, run::Outcome) {
     }
 }
 
-#[test]
-fn every_seed_keeps_every_invariant() {
-    let seeds = seeds();
+/// Runs `seeds` on `db`; panics with the first failing seed, its shrunk fault plan and trace.
+fn run_seeds(seeds: &[u64], db: &run::Db) {
     let one = seeds.len() == 1;
     let started = std::time::Instant::now();
     let none = BTreeSet::new();
+    let mut seen = run::Stats::default();
     for seed in seeds.iter().copied() {
-        let outcome = run::run(&run::Seed { seed, disabled: &none });
+        let outcome = run::run(&run::Seed { seed, disabled: &none, db });
         if one {
             eprintln!("{}", outcome.trace.join("\n"));
         }
+        seen.add(&outcome.trace);
         if outcome.violations.is_empty() {
             continue;
         }
-        let (left_out, small) = shrink(seed, outcome);
+        let (left_out, small) = shrink(seed, db, outcome);
         panic!(
-            "seed {seed} breaks an invariant (replay it: FABRIC_SIM_SEED={seed} cargo test --test sim every_seed)\n\
+            "seed {seed} breaks an invariant on {db:?} (replay it: FABRIC_SIM_SEED={seed} cargo test -p fabric-runtime --test sim)\n\
              violations:\n  {}\nfault plan (shrunk; {} fault(s) left out):\n  {}\ntrace:\n  {}",
             small.violations.join("\n  "),
             left_out.len(),
@@ -81,15 +85,29 @@ fn every_seed_keeps_every_invariant() {
             small.trace.join("\n  ")
         );
     }
-    eprintln!("{} seed(s) in {:.1} s", seeds.len(), started.elapsed().as_secs_f64());
+    eprintln!("{} seed(s) on {db:?} in {:.1} s; {seen}", seeds.len(), started.elapsed().as_secs_f64());
+}
+
+#[test]
+fn every_seed_keeps_every_invariant() {
+    run_seeds(&seeds(CI_SEEDS), &run::Db::Sqlite);
+}
+
+#[test]
+fn every_seed_keeps_every_invariant_on_postgres() {
+    let url = std::env::var("FABRIC_TEST_POSTGRES_URL").ok().filter(|u| !u.trim().is_empty());
+    if skip::skip_unless(url.is_some(), "PostgreSQL", "FABRIC_TEST_POSTGRES_URL is unset (`eval \"$(.ci/postgres start)\"` sets it; .ci/run does)") {
+        return;
+    }
+    run_seeds(&seeds(CI_SEEDS_POSTGRES), &run::Db::Postgres(url.unwrap_or_default()));
 }
 
 #[test]
 fn a_seed_gives_the_same_trace_twice() {
     let none = BTreeSet::new();
     for seed in [7, 42] {
-        let a = run::run(&run::Seed { seed, disabled: &none });
-        let b = run::run(&run::Seed { seed, disabled: &none });
+        let a = run::run(&run::Seed { seed, disabled: &none, db: &run::Db::Sqlite });
+        let b = run::run(&run::Seed { seed, disabled: &none, db: &run::Db::Sqlite });
         assert!(a.trace.len() > 10, "seed {seed} did little: {:?}", a.trace);
         if a.trace != b.trace {
             let at = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y).unwrap_or(a.trace.len().min(b.trace.len()));

@@ -44,6 +44,48 @@ pub struct Outcome {
     pub injected: Vec<String>,
 }
 
+/// What a range of seeds exercised, counted from their traces (printed after the range, so a
+/// harness that stopped injecting something shows it).
+#[derive(Debug, Default)]
+pub struct Stats {
+    runs: u64,
+    crashes: u64,
+    clock_jumps: u64,
+    takeovers: u64,
+    fenced: u64,
+    refused_writes: u64,
+    lost_acks: u64,
+    llm_faults: u64,
+    tool_faults: u64,
+    replies: u64,
+    refused_replies: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, trace: &[String]) {
+        for l in trace {
+            let n = |on: bool| u64::from(on);
+            self.runs += n(l.starts_with("start "));
+            self.crashes += n(l.contains(" crash at "));
+            self.clock_jumps += n(l.contains("clock jump"));
+            self.takeovers += n(l.contains(" claimed ") && !l.ends_with(" token 1"));
+            self.fenced += n(l.contains(": lease lost"));
+            self.refused_writes += n(l.ends_with("refused (fault)"));
+            self.lost_acks += n(l.contains("acknowledgement is lost"));
+            self.llm_faults += n(l.starts_with("llm ") && !l.ends_with(": ok"));
+            self.tool_faults += n((l.starts_with("tool ") || l.starts_with("http ")) && !l.ends_with(": None"));
+            self.replies += n(l.starts_with("reply to ") && !l.contains("refused"));
+            self.refused_replies += n(l.contains("refused ("));
+        }
+    }
+}
+
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
 /// Everything a process's sink sees.
 struct Sink {
     trace: Arc<Trace>,
@@ -72,23 +114,59 @@ fn run_ids(seed: u64) -> impl Fn() -> String + Send + Sync + 'static {
     }
 }
 
+/// Where the real store is.
+#[derive(Debug, Clone)]
+pub enum Db {
+    Sqlite,
+    /// A PostgreSQL server (`FABRIC_TEST_POSTGRES_URL`): a new database per seed.
+    Postgres(String),
+}
+
 pub struct Seed<'a> {
     pub seed: u64,
     pub disabled: &'a BTreeSet<String>,
+    pub db: &'a Db,
 }
 
-/// Opens the real SQLite store of one seed in `dir`.
-fn sqlite(dir: &std::path::Path) -> Arc<Real> {
+/// Opens the real store of one seed: a SQLite file in `dir`, or a new PostgreSQL database.
+fn open(db: &Db, seed: u64, dir: &std::path::Path) -> Arc<Real> {
+    const JUMP: &str = "UPDATE runs SET lease_until = 0 WHERE status = 'running'";
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let url = format!("sqlite://{}", dir.join("sim.db").display());
-    let store = rt.block_on(fabric::store::open(&url)).expect("the simulation's SQLite store opens");
-    let pool = rt.block_on(sqlx::SqlitePool::connect(&url)).expect("a second connection to the store");
-    let expire = Box::new(move || {
-        let pool = pool.clone();
-        Box::pin(async move {
-            sqlx::query("UPDATE runs SET lease_until = 0 WHERE status = 'running'").execute(&pool).await.expect("the clock jumps");
-        }) as fabric::failure::BoxFuture<'static, ()>
-    });
+    let (url, expire): (String, Box<dyn Fn() -> fabric::failure::BoxFuture<'static, ()> + Send + Sync>) = match db {
+        Db::Sqlite => {
+            let url = format!("sqlite://{}", dir.join("sim.db").display());
+            let store = rt.block_on(fabric::store::open(&url)).expect("the simulation's SQLite store opens");
+            let pool = rt.block_on(sqlx::SqlitePool::connect(&url)).expect("a second connection to the store");
+            let expire = Box::new(move || {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    sqlx::query(JUMP).execute(&pool).await.expect("the clock jumps");
+                }) as fabric::failure::BoxFuture<'static, ()>
+            });
+            return Arc::new(Real { store, rt, expire });
+        }
+        Db::Postgres(base) => {
+            // A database of its own, named after the seed and this process's run of it.
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let name = format!("fabric_sim_{seed}_{}_{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+            let (head, _) = base.rsplit_once('/').expect("FABRIC_TEST_POSTGRES_URL ends with /DATABASE");
+            let url = format!("{head}/{name}");
+            rt.block_on(async {
+                let admin = sqlx::PgPool::connect(base).await.expect("the test PostgreSQL server answers");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await.expect("a database per seed");
+                admin.close().await;
+            });
+            let pool = rt.block_on(sqlx::PgPool::connect(&url)).expect("a second connection to the store");
+            let expire = Box::new(move || {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    sqlx::query(JUMP).execute(&pool).await.expect("the clock jumps");
+                }) as fabric::failure::BoxFuture<'static, ()>
+            });
+            (url, expire)
+        }
+    };
+    let store = rt.block_on(fabric::store::open(&url)).expect("the simulation's PostgreSQL store opens");
     Arc::new(Real { store, rt, expire })
 }
 
@@ -96,7 +174,7 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s.seed);
     let world = world::generate(&mut rng);
     let dir = tempfile::tempdir().unwrap();
-    let real = sqlite(dir.path());
+    let real = open(s.db, s.seed, dir.path());
     let faults = Arc::new(Faults::new(s.seed, s.disabled.clone()));
     let trace = Arc::new(Trace::default());
     let shared = Arc::new(Shared::default());
@@ -144,12 +222,28 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     }
     violations.append(&mut shared.violations.lock().unwrap());
     violations.append(&mut calls.lock().unwrap().violations);
-    let replay = build(&world, s.seed, real.store.clone(), SimModel { stub: StubLlm::default(), faults: faults.clone(), trace: trace.clone(), calls: calls.clone() }, &faults, &trace, ids);
+    let replay = build(
+        &world,
+        s.seed,
+        real.store.clone(),
+        SimModel { stub: StubLlm::default(), faults: faults.clone(), trace: trace.clone(), calls: calls.clone() },
+        &faults,
+        &trace,
+        ids,
+    );
     violations.extend(crate::check::after(&real, replay, &world, &events.lock().unwrap()));
     Outcome { trace: trace.lines(), violations, injected: faults.injected() }
 }
 
-fn build(world: &World, seed: u64, store: Arc<dyn RunStore>, model: SimModel, faults: &Arc<Faults>, trace: &Arc<Trace>, ids: Arc<dyn Fn() -> String + Send + Sync>) -> Runtime {
+fn build(
+    world: &World,
+    seed: u64,
+    store: Arc<dyn RunStore>,
+    model: SimModel,
+    faults: &Arc<Faults>,
+    trace: &Arc<Trace>,
+    ids: Arc<dyn Fn() -> String + Send + Sync>,
+) -> Runtime {
     let env: HashMap<String, String> = [
         ("FABRIC_LLM_STUB", "1".to_owned()),
         ("FABRIC_LLM_RETRY_MAX", RETRY_MAX.to_string()),
@@ -197,7 +291,13 @@ impl Process<'_> {
         let mut live: HashMap<String, u32> = HashMap::new();
         if self.first {
             for (i, start) in self.world.starts.iter().enumerate() {
-                let req = StartRequest { route_id: start.route_id.clone(), goal: start.goal.clone(), model_profile: None, prefetch: start.prefetch.clone(), session_id: None };
+                let req = StartRequest {
+                    route_id: start.route_id.clone(),
+                    goal: start.goal.clone(),
+                    model_profile: None,
+                    prefetch: start.prefetch.clone(),
+                    session_id: None,
+                };
                 match self.runtime.accept(&req, true).await {
                     Ok(accepted) => {
                         let Some(lease) = accepted.lease else { continue };

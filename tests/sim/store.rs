@@ -149,14 +149,24 @@ fn entries_line(batch: &JournalBatch) -> String {
 }
 
 impl RunStore for SimStore {
-    fn create_run<'a>(&'a self, run_id: &'a str, route_id: &'a str, request: &'a Value, holder: Option<&'a Holder>) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+    fn create_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        route_id: &'a str,
+        request: &'a Value,
+        holder: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         Box::pin(async move {
             let (store, id, route, req, holder) = (self.real.store.clone(), run_id.to_owned(), route_id.to_owned(), request.clone(), holder.cloned());
             let made = self.call("create", async move { store.create_run(&id, &route, &req, holder.as_ref()).await }).await;
             if let Ok(Some(lease)) = &made {
                 self.note_token(run_id, lease.token);
             }
-            self.trace.log(format!("p{} create {run_id} {route_id}: {}", self.process, made.as_ref().map(|l| format!("{:?}", l.as_ref().map(|l| l.token))).unwrap_or_else(|e| e.to_string())));
+            self.trace.log(format!(
+                "p{} create {run_id} {route_id}: {}",
+                self.process,
+                made.as_ref().map(|l| format!("{:?}", l.as_ref().map(|l| l.token))).unwrap_or_else(|e| e.to_string())
+            ));
             made
         })
     }

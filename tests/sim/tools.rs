@@ -26,7 +26,8 @@ enum Fault {
     InvalidJson,
 }
 
-const FAULTS: [Fault; 8] = [Fault::Latency, Fault::Hang, Fault::Failure, Fault::Reset, Fault::RateLimited, Fault::ServerError, Fault::Truncated, Fault::InvalidJson];
+const FAULTS: [Fault; 8] =
+    [Fault::Latency, Fault::Hang, Fault::Failure, Fault::Reset, Fault::RateLimited, Fault::ServerError, Fault::Truncated, Fault::InvalidJson];
 
 fn answer(faults: &Faults, site: &str, args: &Map<String, Value>) -> Value {
     json!({"result": format!("sim {}", faults.pick(&format!("{site}:answer"), 1000)), "args": args.len()})
