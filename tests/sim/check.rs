@@ -29,7 +29,8 @@ const FIELDS: &[(&str, &[&str])] = &[
     ("run.stage.completed", &["duration_ms", "output", "output_chars"]),
     ("run.stage.failed", &["reason_class", "message", "duration_ms"]),
     ("run.completed", &["output", "duration_ms"]),
-    ("run.failed", &["reason_class", "message", "duration_ms"]),
+    // `duration_ms` is absent from the `run.failed` of a recovered run given up without a walk.
+    ("run.failed", &["reason_class", "message"]),
     ("run.awaiting_input", &["question", "duration_ms"]),
     ("run.resumed", &["reply"]),
 ];

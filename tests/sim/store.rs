@@ -9,8 +9,9 @@
 //! - the process crashes at a store call (before it, or after it with the answer lost): the
 //!   call never returns and the driver drops the process's runtime.
 //!
-//! Appended batches are held here until the run's next commit and written with it: the real
-//! store queues them too, and a crash loses whatever was not committed, here as there.
+//! An appended batch is written at once (and waited for), or, drawn from the seed, held here
+//! until the run's next write: the real store's writer writes a queued batch soon after, or a
+//! crash comes first and it is lost; both orders happen here, each for its seed.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -68,6 +69,9 @@ pub struct SimStore {
     /// The process (0 first, then one more per crash), as the trace names it.
     pub process: u32,
     pending: Mutex<HashMap<String, Vec<(Lease, JournalBatch)>>>,
+    /// Leases whose write failed here (a fault): every later write of theirs gets that error,
+    /// as the real store answers after a failed batch (the run must not go on past it).
+    failed: Mutex<HashMap<Lease, String>>,
 }
 
 impl std::fmt::Debug for SimStore {
@@ -84,7 +88,7 @@ enum WriteFault {
 
 impl SimStore {
     pub fn new(real: Arc<Real>, faults: Arc<Faults>, trace: Arc<Trace>, shared: Arc<Shared>, process: u32) -> SimStore {
-        SimStore { real, faults, trace, shared, process, pending: Mutex::new(HashMap::new()) }
+        SimStore { real, faults, trace, shared, process, pending: Mutex::new(HashMap::new()), failed: Mutex::new(HashMap::new()) }
     }
 
     /// Counts a call; `Some(after)` when the process crashes at it (after it was made, or before).
@@ -125,6 +129,18 @@ impl SimStore {
         self.real.block(work)
     }
 
+    /// A fault fails this lease's writes from now on; the error to answer with.
+    fn fail(&self, lease: &Lease, why: &str) -> StoreError {
+        self.pending.lock().unwrap().remove(&lease.run_id);
+        self.failed.lock().unwrap().insert(lease.clone(), why.to_owned());
+        StoreError::Unavailable(why.to_owned())
+    }
+
+    /// The error of an earlier fault of this lease's writes, if there was one.
+    fn failed_before(&self, lease: &Lease) -> Option<StoreError> {
+        self.failed.lock().unwrap().get(lease).map(|why| StoreError::Unavailable(why.clone()))
+    }
+
     fn note_token(&self, run_id: &str, token: i64) {
         let mut tokens = self.shared.tokens.lock().unwrap();
         let t = tokens.entry(run_id.to_owned()).or_default();
@@ -133,6 +149,14 @@ impl SimStore {
 
     fn stale(&self, lease: &Lease) -> bool {
         self.shared.tokens.lock().unwrap().get(&lease.run_id).is_some_and(|t| *t > lease.token)
+    }
+}
+
+fn shown(done: &Result<(), StoreError>) -> String {
+    match done {
+        Ok(()) => "ok".to_owned(),
+        Err(StoreError::LeaseLost(_)) => "lease lost".to_owned(),
+        Err(e) => e.to_string(),
     }
 }
 
@@ -243,22 +267,58 @@ impl RunStore for SimStore {
 
     fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            self.trace.log(format!("p{} append {} token {} {}", self.process, lease.run_id, lease.token, entries_line(&batch)));
-            self.pending.lock().unwrap().entry(lease.run_id.clone()).or_default().push((lease.clone(), batch));
-            Ok(())
+            let p = self.process;
+            let line = entries_line(&batch);
+            if let Some(e) = self.failed_before(lease) {
+                self.trace.log(format!("p{p} append {} token {} {line}: refused (an earlier write failed)", lease.run_id, lease.token));
+                return Err(e);
+            }
+            if self.faults.fault("store:append", self.faults.rates.store, &["refused"]).is_some() {
+                self.trace.log(format!("p{p} append {} token {} {line}: refused (fault)", lease.run_id, lease.token));
+                return Err(self.fail(lease, "sim: the database refused the write"));
+            }
+            let mut batches = self.pending.lock().unwrap().remove(&lease.run_id).unwrap_or_default();
+            batches.push((lease.clone(), batch));
+            // The real writer writes a queued batch soon, or a crash comes first: both happen.
+            if self.faults.pick("store:append:held", 4) == 0 {
+                self.trace.log(format!("p{p} append {} token {} {line}: queued", lease.run_id, lease.token));
+                self.pending.lock().unwrap().insert(lease.run_id.clone(), batches);
+                return Ok(());
+            }
+            let stale = self.stale(lease);
+            let store = self.real.store.clone();
+            let (l, empty) = (lease.clone(), JournalBatch::default());
+            let done = self
+                .call("append", async move {
+                    for (lease, batch) in batches {
+                        store.append(&lease, batch).await?;
+                    }
+                    // Waits until the batches are durable (an empty batch writes no row).
+                    store.commit(&l, empty).await
+                })
+                .await;
+            self.trace.log(format!("p{p} append {} token {} {line}: written, {}", lease.run_id, lease.token, shown(&done)));
+            if stale && done.is_ok() {
+                self.shared.violations.lock().unwrap().push(format!("a stale holder's batch was taken: run {} token {}", lease.run_id, lease.token));
+            }
+            done
         })
     }
 
     fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let mut batches = self.pending.lock().unwrap().remove(&lease.run_id).unwrap_or_default();
             let line = entries_line(&batch);
+            let p = self.process;
+            if let Some(e) = self.failed_before(lease) {
+                self.trace.log(format!("p{p} commit {} token {} {line}: refused (an earlier write failed)", lease.run_id, lease.token));
+                return Err(e);
+            }
+            let mut batches = self.pending.lock().unwrap().remove(&lease.run_id).unwrap_or_default();
             batches.push((lease.clone(), batch));
             let fault = self.faults.fault("store:commit", self.faults.rates.store, &[WriteFault::Refused, WriteFault::AckLost]);
-            let p = self.process;
             if let Some(WriteFault::Refused) = fault {
                 self.trace.log(format!("p{p} commit {} token {} {line}: refused (fault)", lease.run_id, lease.token));
-                return Err(StoreError::Unavailable("sim: the database refused the write".into()));
+                return Err(self.fail(lease, "sim: the database refused the write"));
             }
             let stale = self.stale(lease);
             let store = self.real.store.clone();
@@ -274,12 +334,7 @@ impl RunStore for SimStore {
                     Ok(())
                 })
                 .await;
-            let shown = match &done {
-                Ok(()) => "ok".to_owned(),
-                Err(StoreError::LeaseLost(_)) => "lease lost".to_owned(),
-                Err(e) => e.to_string(),
-            };
-            self.trace.log(format!("p{p} commit {} token {} {line}: {shown}", lease.run_id, lease.token));
+            self.trace.log(format!("p{p} commit {} token {} {line}: {}", lease.run_id, lease.token, shown(&done)));
             if stale && done.is_ok() {
                 self.shared.violations.lock().unwrap().push(format!("a stale holder's commit was taken: run {} token {}", lease.run_id, lease.token));
             }
@@ -287,7 +342,7 @@ impl RunStore for SimStore {
                 && let Some(WriteFault::AckLost) = fault
             {
                 self.trace.log(format!("p{p} commit {}: its acknowledgement is lost (fault)", lease.run_id));
-                return Err(StoreError::Unavailable("sim: the connection broke before the commit was acknowledged".into()));
+                return Err(self.fail(lease, "sim: the connection broke before the commit was acknowledged"));
             }
             done
         })
