@@ -1,0 +1,3 @@
+//! The seeded simulation (issue 25); for now only its generated world.
+
+mod world;
