@@ -187,7 +187,13 @@ impl Gen<'_> {
                 }
                 if self.rng.random_bool(0.5) {
                     self.features.insert(Feature::PromptPackAgent);
-                    p.insert("agent".into(), json!("{{host}}\nRules:\n{{rules}}\nTools:\n{{tools}}\nDecide the next step."));
+                    // Sometimes a wrapper that leaves placeholders out: the loader adds them and warns.
+                    let agent = if self.rng.random_bool(0.7) {
+                        "{{host}}\nRules:\n{{rules}}\nTools:\n{{tools}}\nDecide the next step."
+                    } else {
+                        "Decide the next step."
+                    };
+                    p.insert("agent".into(), json!(agent));
                 }
                 SourceFile { path: format!("packs/sim-pack-{i}.yaml").into(), text: yaml(&p) }
             })
@@ -196,10 +202,8 @@ impl Gen<'_> {
 
     fn route(&mut self, i: usize, pack: &str) -> SourceFile {
         let id = format!("sim-{i}");
-        let kind = *[(Kind::Linear, 3), (Kind::Branched, 3), (Kind::Manifest, 2), (Kind::DecisionLoop, 3)]
-            .choose_weighted(self.rng, |k| k.1)
-            .map(|k| &k.0)
-            .unwrap();
+        let kind =
+            *[(Kind::Linear, 3), (Kind::Branched, 3), (Kind::Manifest, 2), (Kind::DecisionLoop, 3)].choose_weighted(self.rng, |k| k.1).map(|k| &k.0).unwrap();
         let mut caps = Map::new();
         let mut route = Map::new();
         route.insert("description".into(), json!(format!("Simulated route {i}.")));
@@ -294,12 +298,17 @@ impl Gen<'_> {
             };
             replies.push(format!("CALL {name} {args}"));
         }
-        if self.rng.random_bool(0.35) {
-            self.features.insert(Feature::Ask);
+        let ask = self.rng.random_bool(0.35);
+        if ask {
             replies.push(format!("ASK Which {} do you mean?", WORDS.choose(self.rng).unwrap()));
         }
+        // After an `ASK`, the turn that follows the user's reply.
         replies.push(format!("DONE the {} is handled", WORDS.choose(self.rng).unwrap()));
+        // Sometimes no script: the stub's generated decision (`DONE`).
         if self.rng.random_bool(0.9) {
+            if ask {
+                self.features.insert(Feature::Ask);
+            }
             self.scripts.push(Script { route_id: route_id.to_owned(), stage_id: "decide".into(), replies });
         }
         // Usually enough turns for the script; sometimes too few (`loop_budget_exceeded`).
@@ -375,13 +384,12 @@ impl Gen<'_> {
             stages.push(stage);
         }
         if kind == Kind::Branched {
-            for s in 0..n {
+            for (s, stage) in stages.iter_mut().enumerate() {
                 // The first stage always branches, so the workflow is branched even with one stage.
                 if s > 0 && self.rng.random_bool(0.4) {
                     continue;
                 }
-                let flow = self.flow(s, n, &outputs);
-                stages[s].extend(flow);
+                stage.extend(self.flow(s, n, &outputs));
             }
         }
         (stages.into_iter().map(Value::Object).collect(), depth)
@@ -391,7 +399,12 @@ impl Gen<'_> {
     /// `end`), so every cycle has a conditional arm and can be left.
     fn flow(&mut self, s: usize, n: usize, outputs: &[Fields]) -> Map<String, Value> {
         let mut flow = Map::new();
-        let forward = |rng: &mut ChaCha8Rng| if s + 1 < n && rng.random_bool(0.7) { format!("s{}", rng.random_range(s + 1..n)) } else { "end".to_owned() };
+        // Mostly the next stage, so few stages are left unreachable (a warning, not an error).
+        let forward = |rng: &mut ChaCha8Rng| match s + 1 < n && rng.random_bool(0.8) {
+            true if rng.random_bool(0.6) => format!("s{}", s + 1),
+            true => format!("s{}", rng.random_range(s + 1..n)),
+            false => "end".to_owned(),
+        };
         if self.rng.random_bool(0.25) {
             flow.insert("next".into(), json!(forward(self.rng)));
             return flow;
@@ -400,7 +413,7 @@ impl Gen<'_> {
         for _ in 0..self.rng.random_range(1..=3) {
             let slot = if self.rng.random_bool(0.8) { s } else { self.rng.random_range(0..=s) };
             let when = self.condition(slot, &outputs[slot]);
-            let goto = if self.rng.random_bool(0.2) {
+            let goto = if self.rng.random_bool(0.15) {
                 self.features.insert(Feature::Loop);
                 format!("s{}", self.rng.random_range(0..=s))
             } else {
@@ -418,7 +431,11 @@ impl Gen<'_> {
 
     fn condition(&mut self, s: usize, fields: &Fields) -> Value {
         let Some((name, field)) = fields.choose(self.rng) else {
-            return if self.rng.random_bool(0.5) { json!({"slot": format!("s{s}"), "contains": "stub"}) } else { json!({"slot": format!("s{s}"), "exists": true}) };
+            return if self.rng.random_bool(0.5) {
+                json!({"slot": format!("s{s}"), "contains": "stub"})
+            } else {
+                json!({"slot": format!("s{s}"), "exists": true})
+            };
         };
         let slot = format!("s{s}.{name}");
         match field {
@@ -589,6 +606,11 @@ fn block(out: &mut String, map: &Map<String, Value>, indent: usize, mut first_in
                     block(out, item.as_object().unwrap(), indent + 4, true);
                 }
             }
+            Value::String(text) if plain(text) => {
+                out.push(' ');
+                out.push_str(text);
+                out.push('\n');
+            }
             other => {
                 out.push(' ');
                 out.push_str(&other.to_string());
@@ -598,9 +620,19 @@ fn block(out: &mut String, map: &Map<String, Value>, indent: usize, mut first_in
     }
 }
 
+/// A string YAML reads back as the same string without quotes: a catalogue name (`s0`, `end`,
+/// `sim-3`), not a number, a boolean or null.
+fn plain(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+        && !matches!(text.to_ascii_lowercase().as_str(), "true" | "false" | "null")
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
     use fabric::cancel::Cancel;
@@ -628,11 +660,13 @@ mod tests {
         w.routes.iter().chain(&w.packs).map(|f| format!("--- {}\n{}", f.path.display(), f.text)).collect()
     }
 
-    /// An HTTP port that answers every call with its arguments, never touching the network.
-    struct Echo;
+    /// An HTTP port that answers every call with its arguments, never touching the network, and
+    /// counts the calls.
+    struct Echo(Arc<AtomicUsize>);
 
     impl HttpPort for Echo {
         fn call<'a>(&'a self, _: &'a Invoke, _: &'a str, args: &'a Map<String, Value>) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+            self.0.fetch_add(1, Ordering::Relaxed);
             Box::pin(async move {
                 let text = json!({"echo": args}).to_string();
                 Ok(ToolOutput { status: 200, bytes: text.len(), text, duration: Duration::ZERO })
@@ -640,7 +674,18 @@ mod tests {
         }
     }
 
+    /// HTTP and in-process tool calls made through [`runtime`]'s ports.
+    #[derive(Default)]
+    struct Calls {
+        http: Arc<AtomicUsize>,
+        in_process: Arc<AtomicUsize>,
+    }
+
     fn runtime(w: &World) -> Runtime {
+        runtime_counting(w, &Calls::default())
+    }
+
+    fn runtime_counting(w: &World, calls: &Calls) -> Runtime {
         let settings = Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
         let mut stub = StubLlm::default();
         for s in &w.scripts {
@@ -653,9 +698,14 @@ mod tests {
             .catalogue_texts(w.routes.clone(), w.packs.clone())
             .stub(stub)
             .vars(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
-            .http(Arc::new(Echo));
+            .http(Arc::new(Echo(calls.http.clone())));
         for t in w.tools.iter().filter(|t| !t.http) {
-            builder = builder.tool(&t.name, Arc::new(FnTool(|args: &Map<String, Value>| Ok(json!({"ok": true, "args": args.len()})))));
+            let count = calls.in_process.clone();
+            let tool = FnTool(move |args: &Map<String, Value>| {
+                count.fetch_add(1, Ordering::Relaxed);
+                Ok(json!({"ok": true, "args": args.len()}))
+            });
+            builder = builder.tool(&t.name, Arc::new(tool));
         }
         builder.build().unwrap()
     }
@@ -709,6 +759,17 @@ mod tests {
             assert!(!dump(&w).contains(&w.secret), "seed {seed}");
             assert!(w.tools.iter().all(|t| !t.http) || dump(&w).contains("${SIM_TOOL_KEY}"), "seed {seed}");
         }
+        // The route kinds as the loader reads them, not only as the generator meant them.
+        let mut paths = std::collections::BTreeMap::new();
+        for seed in SEEDS {
+            let w = world(seed);
+            for r in load_from_texts(&w.routes, &w.packs).routes() {
+                if let RouteEntry::Ready(r) = r {
+                    *paths.entry(r.path().as_str()).or_insert(0usize) += 1;
+                }
+            }
+        }
+        assert_eq!(paths.len(), 4, "route paths loaded: {paths:?}");
         let missing: Vec<_> = counts.iter().filter(|(_, n)| *n == 0).collect();
         assert!(missing.is_empty(), "features no world of seeds {SEEDS:?} has: {missing:?} (all: {counts:?})");
     }
@@ -718,9 +779,11 @@ mod tests {
         let allowed = [ReasonClass::NoBranchMatched, ReasonClass::LoopBudgetExceeded, ReasonClass::ChildRunFailed];
         let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut ends = [0usize; 3];
+        let calls = Calls::default();
+        let mut reasons = std::collections::BTreeMap::new();
         for seed in SEEDS {
             let w = world(seed);
-            let rt = runtime(&w);
+            let rt = runtime_counting(&w, &calls);
             for start in &w.starts {
                 let req = RunRequest { route_id: start.route_id.clone(), goal: start.goal.clone(), prefetch: start.prefetch.clone() };
                 let outcome = tokio.block_on(rt.run(req, Arc::new(NullSink), Cancel::never()));
@@ -735,11 +798,15 @@ mod tests {
                         let failure = result.error().unwrap();
                         assert!(allowed.contains(&failure.reason_class), "seed {seed}: {} failed: {failure:?}\n{}", start.route_id, dump(&w));
                         ends[1] += 1;
+                        *reasons.entry(failure.reason_class.as_str()).or_insert(0usize) += 1;
                     }
                 }
             }
         }
         // Each kind of end is reached somewhere in the range.
+        let (http, in_process) = (calls.http.load(Ordering::Relaxed), calls.in_process.load(Ordering::Relaxed));
+        eprintln!("seeds {SEEDS:?}: completed, failed, awaiting input {ends:?} (failed: {reasons:?}); tool calls: {http} HTTP, {in_process} in process");
         assert!(ends.iter().all(|n| *n > 0), "completed, failed, awaiting input: {ends:?}");
+        assert!(http > 0 && in_process > 0, "tool calls: {http} HTTP, {in_process} in process");
     }
 }
