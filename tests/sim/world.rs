@@ -31,6 +31,13 @@ pub struct World {
     pub features: BTreeSet<Feature>,
 }
 
+impl World {
+    /// Every catalogue and pack file, each under a `--- PATH` line: what a failing seed prints.
+    pub fn files(&self) -> String {
+        self.routes.iter().chain(&self.packs).map(|f| format!("--- {}\n{}", f.path.display(), f.text)).collect()
+    }
+}
+
 pub struct ToolSpec {
     pub name: String,
     /// An HTTP tool (catalogue `invoke` URL) or in-process (registered with `RuntimeBuilder::tool`).
@@ -655,9 +662,8 @@ mod tests {
         generate(&mut ChaCha8Rng::seed_from_u64(seed))
     }
 
-    /// Every file of a world, for failure reports and the determinism check.
     fn dump(w: &World) -> String {
-        w.routes.iter().chain(&w.packs).map(|f| format!("--- {}\n{}", f.path.display(), f.text)).collect()
+        w.files()
     }
 
     /// An HTTP port that answers every call with its arguments, never touching the network, and
