@@ -129,9 +129,12 @@ pub fn after(real: &Real, replay: Runtime, world: &World, seen: &[String]) -> Ve
             }
         }
         ends(id, run.status, run.reason_class.as_deref(), &kinds, &classes, &mut out);
-        // Each completed stage, and each model reply, recorded once. (The decision loop's
-        // stages complete once per turn: there, each turn's reply is the unit.)
-        let looped = events.first().is_some_and(|e| e.body.contains("\"path\":\"pattern1\""));
+        // Each completed stage, and each model reply, recorded once. (A decision loop's stages
+        // complete once per turn, and a branched workflow's may loop: there, each turn's reply
+        // is the unit.)
+        let path =
+            events.first().and_then(|e| serde_json::from_str::<Value>(&e.body).ok()).and_then(|b| b.get("path").and_then(Value::as_str).map(str::to_owned));
+        let looped = !matches!(path.as_deref(), Some("workflow" | "manifest"));
         let mut stages = HashSet::new();
         let mut replies = HashSet::new();
         for entry in &journal {

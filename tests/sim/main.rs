@@ -78,11 +78,12 @@ fn run_seeds(seeds: &[u64], db: &run::Db) {
         let (left_out, small) = shrink(seed, db, outcome);
         panic!(
             "seed {seed} breaks an invariant on {db:?} (replay it: FABRIC_SIM_SEED={seed} cargo test -p fabric-runtime --test sim)\n\
-             violations:\n  {}\nfault plan (shrunk; {} fault(s) left out):\n  {}\ntrace:\n  {}",
+             violations:\n  {}\nfault plan (shrunk; {} fault(s) left out):\n  {}\ntrace:\n  {}\nthe world:\n{}",
             small.violations.join("\n  "),
             left_out.len(),
             small.injected.join("\n  "),
-            small.trace.join("\n  ")
+            small.trace.join("\n  "),
+            small.files
         );
     }
     eprintln!("{} seed(s) on {db:?} in {:.1} s; {seen}", seeds.len(), started.elapsed().as_secs_f64());

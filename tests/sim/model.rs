@@ -46,19 +46,23 @@ const FAULTS: [Fault; 10] = [
     Fault::UnknownTool,
 ];
 
-/// A run's journal as it was read: its model replies (stage, turn) and its completed stages.
-pub type Recorded = (HashSet<(String, u32)>, HashSet<String>);
+/// A run's journal as it was read: its model replies (stage, turn). (Not its completed stages:
+/// a branched workflow may run a stage again, a decision loop does every turn.)
+pub type Recorded = HashSet<(String, u32)>;
 
 #[derive(Debug, Default)]
 pub struct Calls {
-    /// What each run's journal held when it was last recovered: its replies (stage, turn) and
-    /// completed stages; a call for one of them is a violation.
+    /// What each run's journal held when it was last recovered or continued: a call for one
+    /// of its replies is a violation.
     pub recorded: HashMap<String, Recorded>,
     pub violations: Vec<String>,
 }
 
 pub struct SimModel {
+    /// The world's stub: its scripts answer the decision loops that have one.
     pub stub: StubLlm,
+    /// The (route, stage)s the world scripted; other decision stages draw from the seed.
+    pub scripted: HashSet<(String, String)>,
     pub faults: Arc<Faults>,
     pub trace: Arc<Trace>,
     pub calls: Arc<Mutex<Calls>>,
@@ -115,6 +119,9 @@ impl SimModel {
     /// decision stage; `None` for the others (the stub answers them).
     fn decision(&self, req: &LlmRequest<'_>, site: &str) -> Option<String> {
         let OutputSpec::Decision(spec) = req.output else { return None };
+        if self.scripted.contains(&(req.route_id.to_owned(), req.stage_id.to_owned())) {
+            return None;
+        }
         let tools = spec.tools();
         let choice = self.faults.pick(&format!("{site}:decide"), 20);
         let decision = match choice {
@@ -135,16 +142,9 @@ impl Llm for SimModel {
             let run_id = req.events.run_id().to_owned();
             {
                 let mut calls = self.calls.lock().unwrap();
-                let mut found = Vec::new();
-                if let Some((replies, stages)) = calls.recorded.get(&run_id) {
-                    if replies.contains(&(req.stage_id.to_owned(), req.turn)) {
-                        found.push(format!("run {run_id}: the model was asked again for {} turn {}, which its journal has", req.stage_id, req.turn));
-                    }
-                    if stages.contains(req.stage_id) && !matches!(req.output, OutputSpec::Decision(_)) {
-                        found.push(format!("run {run_id}: the model was asked for stage {}, which its journal has completed", req.stage_id));
-                    }
+                if calls.recorded.get(&run_id).is_some_and(|r| r.contains(&(req.stage_id.to_owned(), req.turn))) {
+                    calls.violations.push(format!("run {run_id}: the model was asked again for {} turn {}, which its journal has", req.stage_id, req.turn));
                 }
-                calls.violations.extend(found);
             }
             let done = self.attempt(req).await;
             let class = done.as_ref().err().map(|e| e.class);

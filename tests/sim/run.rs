@@ -42,6 +42,8 @@ pub struct Outcome {
     pub violations: Vec<String>,
     /// The faults that happened (`site#n kind`).
     pub injected: Vec<String>,
+    /// The world's catalogue, for the report of a failing seed.
+    pub files: String,
 }
 
 /// What a range of seeds exercised, counted from their traces (printed after the range, so a
@@ -192,7 +194,7 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     let mut replies: HashMap<String, u32> = HashMap::new();
     for process in 0..PROCESSES {
         let store = Arc::new(SimStore::new(real.clone(), faults.clone(), trace.clone(), shared.clone(), process));
-        let model = SimModel { stub: StubLlm::default(), faults: faults.clone(), trace: trace.clone(), calls: calls.clone() };
+        let model = sim_model(&world, &faults, &trace, &calls);
         let runtime = Arc::new(build(&world, s.seed, store, model, &faults, &trace, ids.clone()));
         let sink: Arc<dyn EventSink> = Arc::new(Sink { trace: trace.clone(), events: events.clone() });
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
@@ -222,17 +224,20 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     }
     violations.append(&mut shared.violations.lock().unwrap());
     violations.append(&mut calls.lock().unwrap().violations);
-    let replay = build(
-        &world,
-        s.seed,
-        real.store.clone(),
-        SimModel { stub: StubLlm::default(), faults: faults.clone(), trace: trace.clone(), calls: calls.clone() },
-        &faults,
-        &trace,
-        ids,
-    );
+    let replay = build(&world, s.seed, real.store.clone(), sim_model(&world, &faults, &trace, &calls), &faults, &trace, ids);
     violations.extend(crate::check::after(&real, replay, &world, &events.lock().unwrap()));
-    Outcome { trace: trace.lines(), violations, injected: faults.injected() }
+    Outcome { trace: trace.lines(), violations, injected: faults.injected(), files: world.files() }
+}
+
+/// The model port of one process: the world's scripts in the stub, the faults on top.
+fn sim_model(world: &World, faults: &Arc<Faults>, trace: &Arc<Trace>, calls: &Arc<Mutex<Calls>>) -> SimModel {
+    let mut stub = StubLlm::default();
+    for s in &world.scripts {
+        let lines: Vec<&str> = s.replies.iter().map(String::as_str).collect();
+        stub = stub.script(&s.route_id, &s.stage_id, &lines);
+    }
+    let scripted = world.scripts.iter().map(|s| (s.route_id.clone(), s.stage_id.clone())).collect();
+    SimModel { stub, scripted, faults: faults.clone(), trace: trace.clone(), calls: calls.clone() }
 }
 
 fn build(
@@ -375,20 +380,14 @@ impl Process<'_> {
         }
         let Some(store) = self.runtime.store() else { return };
         let Ok(journal) = store.journal(run_id).await else { return };
-        let mut replies = std::collections::HashSet::new();
-        let mut stages = std::collections::HashSet::new();
-        for e in journal {
-            match e {
-                fabric::exec::JournalEntry::ModelReply { stage_id, turn, .. } => {
-                    replies.insert((stage_id, turn));
-                }
-                fabric::exec::JournalEntry::StageCompleted { stage_id, .. } => {
-                    stages.insert(stage_id);
-                }
-                _ => {}
-            }
-        }
-        self.calls.lock().unwrap().recorded.insert(run_id.to_owned(), (replies, stages));
+        let replies = journal
+            .into_iter()
+            .filter_map(|e| match e {
+                fabric::exec::JournalEntry::ModelReply { stage_id, turn, .. } => Some((stage_id, turn)),
+                _ => None,
+            })
+            .collect();
+        self.calls.lock().unwrap().recorded.insert(run_id.to_owned(), replies);
     }
 
     /// Answers the runs that ask (with the user's faults); whether a reply continued one.

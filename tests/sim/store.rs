@@ -11,7 +11,9 @@
 //!
 //! An appended batch is written at once (and waited for), or, drawn from the seed, held here
 //! until the run's next write: the real store's writer writes a queued batch soon after, or a
-//! crash comes first and it is lost; both orders happen here, each for its seed.
+//! crash comes first and it is lost; both orders happen here, each for its seed. Held batches
+//! are kept per run, as in the real writer's one queue: a segment that lost its lease and the
+//! one that took the run over may have batches waiting there together.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -131,9 +133,16 @@ impl SimStore {
 
     /// A fault fails this lease's writes from now on; the error to answer with.
     fn fail(&self, lease: &Lease, why: &str) -> StoreError {
-        self.pending.lock().unwrap().remove(&lease.run_id);
+        self.drop_held(lease);
         self.failed.lock().unwrap().insert(lease.clone(), why.to_owned());
         StoreError::Unavailable(why.to_owned())
+    }
+
+    /// Forgets this lease's held batches (another holder's of the same run stay).
+    fn drop_held(&self, lease: &Lease) {
+        if let Some(held) = self.pending.lock().unwrap().get_mut(&lease.run_id) {
+            held.retain(|(l, _)| l != lease);
+        }
     }
 
     /// The error of an earlier fault of this lease's writes, if there was one.
@@ -252,7 +261,7 @@ impl RunStore for SimStore {
 
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            self.pending.lock().unwrap().remove(&lease.run_id);
+            self.drop_held(lease);
             let (store, l) = (self.real.store.clone(), lease.clone());
             let done = self.call("release", async move { store.release(&l).await }).await;
             self.trace.log(format!("p{} release {} token {}: {done:?}", self.process, lease.run_id, lease.token));
