@@ -344,6 +344,13 @@ async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, 
         jobs.push(first);
         while jobs.len() < JOBS_PER_TRANSACTION {
             match inbox.try_next() {
+                // Two holders of one run (a segment that lost its lease, and the one that took
+                // the run over) never share a transaction: the fence and the rows' token checks
+                // are per run, so the stale one would pass as holding. It waits for the next.
+                Some(c) if another_holder(&jobs, &c.0) => {
+                    inbox.held.push_front(c);
+                    break;
+                }
                 Some(c) => jobs.push(c),
                 None => break,
             }
@@ -392,6 +399,12 @@ async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, 
             }
         }
     }
+}
+
+/// Whether `jobs` hold a batch of `job`'s run under another lease token.
+fn another_holder(jobs: &[Job], job: &Write) -> bool {
+    let Write::Commit { lease, .. } = job else { return false };
+    jobs.iter().any(|(j, _)| matches!(j, Write::Commit { lease: l, .. } if l.run_id == lease.run_id && l.token != lease.token))
 }
 
 fn outcome(job: &Write, fenced: &HashSet<String>) -> Result<(), StoreError> {
@@ -939,6 +952,31 @@ mod tests {
         assert_eq!(fenced, HashSet::from(["b".to_owned()]));
         let only_b: Vec<Job> = vec![(commit("b", 2), None)];
         assert_eq!(writer.committed(&Rows::of(&only_b)).await.unwrap(), Some(HashSet::from(["b".to_owned()])), "fenced: nothing to write either way");
+    }
+
+    /// A segment that lost its lease and the segment that took the run over (in the same
+    /// process: a stall past the lease) queue writes of the same run at once. Found by the
+    /// simulation (`tests/sim`, seed 35): sharing a transaction, the fence, which was kept per
+    /// run, counted the stale writer as holding, and its rows were written under the new token.
+    #[tokio::test]
+    async fn a_stale_holder_and_the_new_one_never_share_a_transaction() {
+        use super::super::RunStore;
+        let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
+        let holder = super::super::Holder::new(Duration::from_secs(30));
+        let stale = store.create_run("a", "r", &serde_json::json!({}), Some(&holder)).await.unwrap().unwrap();
+        store.commit(&stale, batch("a", 1)).await.unwrap();
+        store.release(&stale).await.unwrap();
+        let taken = store.claim_runs(&holder, &["r".to_owned()], 1).await.unwrap();
+        let live = Lease { run_id: "a".into(), token: taken[0].token };
+        let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)) };
+        let queue = WriteQueue::start(writer, 1, Arc::new(Health::new(false)));
+        // Queued together, before the writer has seen either.
+        let (old, new) = tokio::join!(queue.append(&stale, batch("a", 9)), queue.commit(&live, batch("a", 2)));
+        old.unwrap();
+        new.unwrap();
+        assert_eq!(queue.commit(&stale, batch("a", 10)).await, Err(StoreError::LeaseLost("a".into())), "the stale holder is told");
+        let seqs: Vec<i64> = sqlx::query_scalar("SELECT seq FROM run_events WHERE run_id = 'a' ORDER BY seq").fetch_all(store.pool()).await.unwrap();
+        assert_eq!(seqs, [1, 2], "nothing of the stale holder written");
     }
 
     async fn store_release(store: &super::super::sqlite::SqliteStore, lease: &Lease) {
