@@ -228,8 +228,9 @@ async fn the_database_restarted_under_load_loses_nothing() {
         ids.push(body["run_id"].as_str().unwrap().to_owned());
     }
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let restarted = std::process::Command::new(crate::support::repo().join(".ci/postgres")).args(["restart", &data, "2"]).status().unwrap();
-    assert!(restarted.success(), "the test cluster restarts");
+    let stopped = stop_private(&url, &data).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stopped.start();
     for id in &ids {
         let view = settled(&server, id).await;
         assert_eq!(view["status"], "completed", "{view}\n{}", server.logs());
@@ -292,4 +293,52 @@ pub(crate) fn private_postgres() -> Option<(String, String)> {
     let text = String::from_utf8(out.stdout).unwrap();
     let var = |name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("export {name}="))).unwrap().to_owned();
     Some((var("FABRIC_TEST_POSTGRES_URL"), var("FABRIC_TEST_PGDATA")))
+}
+
+/// A private cluster stopped, to be started again on its port. Stopped must mean down: the
+/// port refuses connections. (`.ci/postgres start` does not hand a stopped cluster's port to
+/// another cluster: the service, reconnecting to the same URL, would write to that one and
+/// acknowledge starts while its own database is down, as a test run once saw.)
+pub(crate) struct Stopped {
+    data: String,
+}
+
+/// Stops the private cluster in `data` whose URL is `url` (`pg_ctl -m fast stop`: every
+/// connection cut; it returns once the postmaster is gone), and returns once a new connection
+/// to `url` is refused.
+pub(crate) async fn stop_private(url: &str, data: &str) -> Stopped {
+    as_postgres(&[&pg_bin("pg_ctl"), "-D", data, "-m", "fast", "stop"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match <sqlx::postgres::PgConnection as sqlx::Connection>::connect(url).await {
+            Err(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            other => assert!(Instant::now() < deadline, "{url} still answers 10 s after its cluster {data} stopped: {:?}", other.map(|_| "connected")),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Stopped { data: data.to_owned() }
+}
+
+impl Stopped {
+    /// Starts the cluster again, as it was (`fabric-opts`: its port).
+    pub(crate) fn start(self) {
+        let data = self.data;
+        let opts = std::fs::read_to_string(std::path::Path::new(&data).join("fabric-opts")).unwrap();
+        let log = format!("{data}/log");
+        as_postgres(&[&pg_bin("pg_ctl"), "-D", &data, "-l", &log, "-w", "-o", opts.trim(), "start"]);
+    }
+}
+
+/// The newest installed PostgreSQL's `tool`, as `.ci/postgres` finds it.
+fn pg_bin(tool: &str) -> String {
+    let out = std::process::Command::new("sh").arg("-c").arg(format!("ls -d /usr/lib/postgresql/*/bin/{tool} | sort -V | tail -1")).output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Runs `args` as the cluster's owner when root (`pg_ctl` refuses to run as root), as
+/// `.ci/postgres` does, from a folder that user may enter.
+fn as_postgres(args: &[&str]) {
+    let script = r#"if [ "$(id -u)" = 0 ]; then exec runuser -u postgres -- "$@"; else exec "$@"; fi"#;
+    let ok = std::process::Command::new("sh").args(["-c", script, "sh"]).args(args).current_dir("/tmp").status().unwrap();
+    assert!(ok.success(), "{args:?}");
 }

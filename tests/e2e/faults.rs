@@ -415,7 +415,8 @@ async fn nul_in_a_question_a_reply_and_every_identifier_is_safe_on_every_store()
 
 /// PostgreSQL stopped for 20 s while runs execute, then started: starts are refused with 503
 /// meanwhile (never acknowledged and lost), readiness says so, and every acknowledged run
-/// completes with each stage once. A cluster of this test's own.
+/// completes with each stage once. A cluster of this test's own, down while stopped: its port
+/// refuses connections, and no other cluster takes it meanwhile (`durable::Stopped`).
 #[tokio::test]
 async fn postgres_stopped_for_20_s_under_load_refuses_starts_and_loses_nothing() {
     let Some((url, data)) = crate::durable::private_postgres() else { return };
@@ -428,18 +429,7 @@ async fn postgres_stopped_for_20_s_under_load_refuses_starts_and_loses_nothing()
         assert_eq!(status, 201, "{body}");
         acked.push(body["run_id"].as_str().unwrap().to_owned());
     }
-    let pg = |args: &[&str]| Command::new(crate::support::repo().join(".ci/postgres")).args(args).status().unwrap();
-    let bin = |tool: &str| -> String {
-        let out = Command::new("sh").arg("-c").arg(format!("ls -d /usr/lib/postgresql/*/bin/{tool} | sort -V | tail -1")).output().unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_owned()
-    };
-    let as_owner = |args: &[&str]| {
-        let ok = Command::new("runuser").args(["-u", "postgres", "--"]).args(args).current_dir("/tmp").status().unwrap();
-        assert!(ok.success(), "{args:?}");
-    };
-    let opts = std::fs::read_to_string(Path::new(&data).join("fabric-opts")).unwrap();
-    let log = format!("{data}/log");
-    as_owner(&[&bin("pg_ctl"), "-D", &data, "-m", "fast", "stop"]);
+    let stopped = crate::durable::stop_private(&url, &data).await;
     let down_until = Instant::now() + Duration::from_secs(20);
     let (mut refused, mut not_ready) = (0, 0);
     let mut k = 100;
@@ -447,7 +437,9 @@ async fn postgres_stopped_for_20_s_under_load_refuses_starts_and_loses_nothing()
         k += 1;
         let (status, retry, body) = start(&server, &triage(k, 10)).await;
         if status == 201 {
-            panic!("a start acknowledged while the database is down: {body}");
+            // Who answers at the URL now tells a service fault from a server that is not ours.
+            let answering = who_answers(&url).await;
+            panic!("a start acknowledged while the database is down: {body}\nour cluster: {data}; at {url} now: {answering}\n{}", server.logs());
         }
         assert_unavailable(status, &retry, &body, "a start while PostgreSQL is down");
         refused += 1;
@@ -457,12 +449,23 @@ async fn postgres_stopped_for_20_s_under_load_refuses_starts_and_loses_nothing()
         not_ready += usize::from(status == 503);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    as_owner(&[&bin("pg_ctl"), "-D", &data, "-l", &log, "-w", "-o", opts.trim(), "start"]);
+    stopped.start();
     assert!(refused > 0 && not_ready > 0, "refused {refused}, not ready {not_ready}");
     let store = heals_and_completes(&server, &url, &mut acked, "postgres stopped").await;
     for id in &acked {
         assert_eq!(store.get_run(id).await.unwrap().unwrap().lease_token, 1, "run {id}: a store outage takes no run over");
     }
     drop(server);
-    let _ = pg(&["stop", &data]);
+    let _ = Command::new(crate::support::repo().join(".ci/postgres")).args(["stop", &data]).status();
+}
+
+/// Which cluster answers at `url` now (its data directory), or why none does.
+async fn who_answers(url: &str) -> String {
+    match sqlx::postgres::PgConnection::connect(url).await {
+        Ok(mut conn) => match sqlx::query_scalar::<_, String>("SELECT current_setting('data_directory')").fetch_one(&mut conn).await {
+            Ok(dir) => format!("the cluster in {dir}"),
+            Err(e) => format!("a server that does not say its data directory: {e}"),
+        },
+        Err(e) => format!("none ({e})"),
+    }
 }

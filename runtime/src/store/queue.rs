@@ -384,10 +384,12 @@ async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, 
                     let mut one = vec![job];
                     let done = match failure_before(&failed, &one[0].0) {
                         Some(e) => Err(e),
-                        None => write_retrying(&db, &health, &failed, &mut inbox, &mut one).await.and_then(|fenced| outcome(&one[0].0, &fenced)),
+                        None => write_retrying(&db, &health, &failed, &mut inbox, &mut one).await,
                     };
-                    // Gone when it was a start refused while the store could not write.
+                    // Gone when it was a start refused while the store could not write (and
+                    // answered then).
                     if let Some((job, ack)) = one.pop() {
+                        let done = done.and_then(|fenced| outcome(&job, &fenced));
                         settle(&failed, &job, ack, done);
                     }
                 }
@@ -875,6 +877,9 @@ mod tests {
         poison: Option<&'static str>,
         /// Every transaction fails as a full disk does (not committed) while this is set.
         full: std::sync::atomic::AtomicBool,
+        /// A transaction with a new run's row (and no poisoned rows) fails as a database that
+        /// went away does, before its COMMIT.
+        creates_away: bool,
     }
 
     impl WriteRows for Arc<Flaky> {
@@ -888,6 +893,9 @@ mod tests {
                     && rows.events.iter().any(|e| e.0 == p && e.1 == 1)
                 {
                     return Err(WriteFailure::before_commit(StoreError::Database("refused".into())));
+                }
+                if self.creates_away && !rows.creates.is_empty() {
+                    return Err(WriteFailure::before_commit(StoreError::Unavailable("connection refused".into())));
                 }
                 self.committed.lock().unwrap().extend(rows.events.iter().map(|e| (e.0.to_owned(), e.1)));
                 if self.lose_first_ack.swap(false, std::sync::atomic::Ordering::SeqCst) {
@@ -1025,6 +1033,23 @@ mod tests {
         good.unwrap();
         assert_eq!(bad.unwrap_err(), StoreError::Database("refused".into()), "the earlier failure is the answer");
         assert_eq!(*db.committed.lock().unwrap(), [("good".to_owned(), 1)], "nothing of the bad run, not even its (writable) end");
+    }
+
+    /// A transaction the database refuses is tried again job by job; a start among them that
+    /// then finds the database away is refused (and taken out), and the writer goes on: later
+    /// writes are written, not told that the writer stopped.
+    #[tokio::test]
+    async fn a_start_refused_while_its_jobs_are_tried_one_by_one_stops_no_writer() {
+        let db = Arc::new(Flaky { poison: Some("bad"), creates_away: true, ..Flaky::default() });
+        let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None };
+        // Queued together: one transaction, which the bad run's rows make fail.
+        queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
+        let refused = queue.write(create).await;
+        assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
+        let later = tokio::time::timeout(Duration::from_secs(5), queue.commit(&lease("good"), batch("good", 1))).await.expect("answered");
+        assert_eq!(later, Ok(()), "the writer goes on");
+        assert_eq!(*db.committed.lock().unwrap(), [("good".to_owned(), 1)]);
     }
 
     /// A start handed to the writer while it tries a run's commit again (the disk full) is
