@@ -2,8 +2,6 @@
 
 use std::sync::Arc;
 
-use axum::extract::Query;
-use axum::routing::get;
 use fabric::catalogue::{self, Catalogue};
 use fabric::config::{ProviderKind, RetryPolicy, Tuning};
 use fabric::events::{Event, MemorySink};
@@ -13,25 +11,10 @@ use fabric::llm::stub::StubLlm;
 use fabric::tools::{FnTool, builtin_add};
 use serde_json::{Map, Value, json};
 
-use crate::support::{Canned, FakeProvider, packs_dir, routes_dir, serve};
+use crate::support::{Canned, FakeProvider, kb_server, packs_dir, routes_dir, serve};
 
 fn shipped() -> Arc<Catalogue> {
     Arc::new(catalogue::load(&routes_dir(), &packs_dir()))
-}
-
-/// The small knowledge-base server support-agent's `kb_search` talks to.
-async fn kb_server() -> String {
-    let app = axum::Router::new().route(
-        "/search",
-        get(|Query(q): Query<std::collections::HashMap<String, String>>| async move {
-            match q.get("q").map(String::as_str) {
-                Some("boom") => Err((axum::http::StatusCode::INTERNAL_SERVER_ERROR, "index offline")),
-                Some(query) => Ok(axum::Json(json!({"hits": [{"id": 7, "title": format!("Refunds for {query}")}]}))),
-                None => Err((axum::http::StatusCode::BAD_REQUEST, "missing q")),
-            }
-        }),
-    );
-    serve(app).await
 }
 
 async fn run_agent(script: &[&str], kb_url: Option<String>) -> (RunResult, Vec<Event>) {

@@ -7,8 +7,6 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::Query;
-use axum::routing::get;
 use fabric::cancel::Cancel;
 use fabric::config::RetryPolicy;
 use fabric::events::{EventKind, EventSink, FanOut, JsonLinesSink, MemorySink};
@@ -20,7 +18,7 @@ use fabric::runtime::{Runtime, StartRequest};
 use fabric::tools::{FnTool, builtin_add};
 use serde_json::{Map, Value, json};
 
-use crate::support::{catalogue_with, packs_dir, repo, routes_dir, serve, stub_dir};
+use crate::support::{catalogue_with, kb_server, packs_dir, repo, routes_dir, stub_dir};
 
 /// The lines a [`JsonLinesSink`] wrote.
 #[derive(Clone, Default)]
@@ -144,21 +142,6 @@ fn request(route: &str, goal_value: Value, prefetch: Vec<String>) -> RunRequest 
 
 fn ticket() -> Value {
     json!({"ticket": "I was charged twice for my subscription"})
-}
-
-/// The knowledge-base server of support-triage's and support-agent's `kb_search`.
-async fn kb_server() -> String {
-    let app = axum::Router::new().route(
-        "/search",
-        get(|Query(q): Query<std::collections::HashMap<String, String>>| async move {
-            match q.get("q").map(String::as_str) {
-                Some("boom") => Err((axum::http::StatusCode::INTERNAL_SERVER_ERROR, "index offline")),
-                Some(query) => Ok(axum::Json(json!({"hits": [{"id": 7, "title": format!("Refunds for {query}")}]}))),
-                None => Err((axum::http::StatusCode::BAD_REQUEST, "missing q")),
-            }
-        }),
-    );
-    serve(app).await
 }
 
 /// The stub, whose first call of stage `answer` fails with a 503 (a retry after 1 ms), and

@@ -154,6 +154,24 @@ impl<L: Llm> Llm for Recording<L> {
 }
 
 /// Serves `app` on a loopback port; returns its base URL.
+/// The knowledge-base server of support-triage's and support-agent's `kb_search`: hits for a
+/// query, a 500 for `boom`, a 400 without `q`.
+pub async fn kb_server() -> String {
+    use axum::extract::Query;
+    use serde_json::json;
+    let app = axum::Router::new().route(
+        "/search",
+        axum::routing::get(|Query(q): Query<std::collections::HashMap<String, String>>| async move {
+            match q.get("q").map(String::as_str) {
+                Some("boom") => Err((axum::http::StatusCode::INTERNAL_SERVER_ERROR, "index offline")),
+                Some(query) => Ok(axum::Json(json!({"hits": [{"id": 7, "title": format!("Refunds for {query}")}]}))),
+                None => Err((axum::http::StatusCode::BAD_REQUEST, "missing q")),
+            }
+        }),
+    );
+    serve(app).await
+}
+
 pub async fn serve(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

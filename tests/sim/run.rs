@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 
 use crate::faults::Faults;
 use crate::model::{Calls, SimModel};
-use crate::store::{Real, Shared, SimStore};
+use crate::store::{Jump, Real, Shared, SimStore};
 use crate::tools::{SimHttp, SimTool};
 use crate::trace::{Trace, normalized};
 use crate::world::{self, World};
@@ -132,20 +132,13 @@ pub struct Seed<'a> {
 
 /// Opens the real store of one seed: a SQLite file in `dir`, or a new PostgreSQL database.
 fn open(db: &Db, seed: u64, dir: &std::path::Path) -> Arc<Real> {
-    const JUMP: &str = "UPDATE runs SET lease_until = 0 WHERE status = 'running'";
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let (url, expire): (String, Box<dyn Fn() -> fabric::failure::BoxFuture<'static, ()> + Send + Sync>) = match db {
+    let (url, jump) = match db {
         Db::Sqlite => {
             let url = format!("sqlite://{}", dir.join("sim.db").display());
             let store = rt.block_on(fabric::store::open(&url)).expect("the simulation's SQLite store opens");
             let pool = rt.block_on(sqlx::SqlitePool::connect(&url)).expect("a second connection to the store");
-            let expire = Box::new(move || {
-                let pool = pool.clone();
-                Box::pin(async move {
-                    sqlx::query(JUMP).execute(&pool).await.expect("the clock jumps");
-                }) as fabric::failure::BoxFuture<'static, ()>
-            });
-            return Arc::new(Real { store, rt, expire });
+            return Arc::new(Real { store, rt, jump: Jump::Sqlite(pool) });
         }
         Db::Postgres(base) => {
             // A database of its own, named after the seed and this process's run of it.
@@ -159,17 +152,11 @@ fn open(db: &Db, seed: u64, dir: &std::path::Path) -> Arc<Real> {
                 admin.close().await;
             });
             let pool = rt.block_on(sqlx::PgPool::connect(&url)).expect("a second connection to the store");
-            let expire = Box::new(move || {
-                let pool = pool.clone();
-                Box::pin(async move {
-                    sqlx::query(JUMP).execute(&pool).await.expect("the clock jumps");
-                }) as fabric::failure::BoxFuture<'static, ()>
-            });
-            (url, expire)
+            (url, Jump::Postgres(pool))
         }
     };
     let store = rt.block_on(fabric::store::open(&url)).expect("the simulation's PostgreSQL store opens");
-    Arc::new(Real { store, rt, expire })
+    Arc::new(Real { store, rt, jump })
 }
 
 pub fn run(s: &Seed<'_>) -> Outcome {
@@ -212,8 +199,7 @@ pub fn run(s: &Seed<'_>) -> Outcome {
             Ok(true) => break,
             Ok(false) => {
                 trace.log(format!("p{process} crashed; the clock jumps past every lease"));
-                let expire = (real.expire)();
-                real.block(expire);
+                real.jump_clock();
                 shared.crashed.store(false, std::sync::atomic::Ordering::SeqCst);
             }
             Err(_) => {
