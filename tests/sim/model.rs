@@ -66,6 +66,8 @@ pub struct SimModel {
     pub faults: Arc<Faults>,
     pub trace: Arc<Trace>,
     pub calls: Arc<Mutex<Calls>>,
+    /// The store's shared view: whether the run was stopped by a failed write.
+    pub store: Arc<crate::store::Shared>,
 }
 
 impl SimModel {
@@ -140,6 +142,7 @@ impl Llm for SimModel {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
         Box::pin(async move {
             let run_id = req.events.run_id().to_owned();
+            self.store.check_going_on(req.events.sink(), &format!("the model was asked for {} turn {}", req.stage_id, req.turn));
             {
                 let mut calls = self.calls.lock().unwrap();
                 if calls.recorded.get(&run_id).is_some_and(|r| r.contains(&(req.stage_id.to_owned(), req.turn))) {

@@ -181,11 +181,19 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     let mut replies: HashMap<String, u32> = HashMap::new();
     for process in 0..PROCESSES {
         let store = Arc::new(SimStore::new(real.clone(), faults.clone(), trace.clone(), shared.clone(), process));
-        let model = sim_model(&world, &faults, &trace, &calls);
+        let model = sim_model(&world, &faults, &trace, &calls, &shared);
         let runtime = Arc::new(build(&world, s.seed, store, model, &faults, &trace, ids.clone()));
-        let sink: Arc<dyn EventSink> = Arc::new(Sink { trace: trace.clone(), events: events.clone() });
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
-        let p = Process { runtime, sink, world: &world, faults: &faults, trace: &trace, calls: &calls, first: process == 0 };
+        let p = Process {
+            runtime,
+            trace_events: (trace.clone(), events.clone()),
+            shared: shared.clone(),
+            world: &world,
+            faults: &faults,
+            trace: &trace,
+            calls: &calls,
+            first: process == 0,
+        };
         let settled = rt.block_on(async {
             tokio::select! {
                 biased;
@@ -210,20 +218,20 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     }
     violations.append(&mut shared.violations.lock().unwrap());
     violations.append(&mut calls.lock().unwrap().violations);
-    let replay = build(&world, s.seed, real.store.clone(), sim_model(&world, &faults, &trace, &calls), &faults, &trace, ids);
+    let replay = build(&world, s.seed, real.store.clone(), sim_model(&world, &faults, &trace, &calls, &shared), &faults, &trace, ids);
     violations.extend(crate::check::after(&real, replay, &world, &events.lock().unwrap()));
     Outcome { trace: trace.lines(), violations, injected: faults.injected(), files: world.files() }
 }
 
 /// The model port of one process: the world's scripts in the stub, the faults on top.
-fn sim_model(world: &World, faults: &Arc<Faults>, trace: &Arc<Trace>, calls: &Arc<Mutex<Calls>>) -> SimModel {
+fn sim_model(world: &World, faults: &Arc<Faults>, trace: &Arc<Trace>, calls: &Arc<Mutex<Calls>>, store: &Arc<Shared>) -> SimModel {
     let mut stub = StubLlm::default();
     for s in &world.scripts {
         let lines: Vec<&str> = s.replies.iter().map(String::as_str).collect();
         stub = stub.script(&s.route_id, &s.stage_id, &lines);
     }
     let scripted = world.scripts.iter().map(|s| (s.route_id.clone(), s.stage_id.clone())).collect();
-    SimModel { stub, scripted, faults: faults.clone(), trace: trace.clone(), calls: calls.clone() }
+    SimModel { stub, scripted, faults: faults.clone(), trace: trace.clone(), calls: calls.clone(), store: store.clone() }
 }
 
 fn build(
@@ -263,7 +271,9 @@ fn build(
 
 struct Process<'a> {
     runtime: Arc<Runtime>,
-    sink: Arc<dyn EventSink>,
+    /// What each segment's sink writes to.
+    trace_events: (Arc<Trace>, Arc<Mutex<Vec<String>>>),
+    shared: Arc<Shared>,
     world: &'a World,
     faults: &'a Arc<Faults>,
     trace: &'a Arc<Trace>,
@@ -275,6 +285,15 @@ struct Process<'a> {
 type Segment = (fabric::store::Lease, Option<ReasonClass>);
 
 impl Process<'_> {
+    /// A sink of its own for one segment (a run executed under one lease), so that a model call
+    /// says which segment made it (`RunEvents::sink` is this one): see `Shared::check_going_on`.
+    fn segment_sink(&self, lease: &fabric::store::Lease) -> Arc<dyn EventSink> {
+        let (trace, events) = self.trace_events.clone();
+        let sink: Arc<dyn EventSink> = Arc::new(Sink { trace, events });
+        self.shared.segments.lock().unwrap().insert(crate::store::sink_key(&sink), lease.clone());
+        sink
+    }
+
     /// Runs until nothing is left to do here; returns the violations it saw.
     async fn work(&self, replies: &mut HashMap<String, u32>) -> Vec<String> {
         let mut violations = Vec::new();
@@ -294,7 +313,7 @@ impl Process<'_> {
                         let Some(lease) = accepted.lease else { continue };
                         self.trace.log(format!("start {i} {} = {}", start.route_id, lease.run_id));
                         *live.entry(lease.run_id.clone()).or_default() += 1;
-                        let (rt, sink) = (self.runtime.clone(), self.sink.clone());
+                        let (rt, sink) = (self.runtime.clone(), self.segment_sink(&lease));
                         segments.spawn(async move {
                             let class = match rt.execute(&lease, &req, sink, Cancel::never()).await {
                                 Ok(o) => o.result.error().map(|e| e.reason_class),
@@ -347,7 +366,7 @@ impl Process<'_> {
             let older = live.get(&lease.run_id).copied().unwrap_or(0) > 0;
             self.note_recorded(&lease.run_id, older).await;
             *live.entry(lease.run_id.clone()).or_default() += 1;
-            let (rt, sink) = (self.runtime.clone(), self.sink.clone());
+            let (rt, sink) = (self.runtime.clone(), self.segment_sink(&lease));
             segments.spawn(async move {
                 let outcome = rt.resume(c, sink, Cancel::never()).await;
                 (lease, outcome.result.error().map(|e| e.reason_class))
@@ -414,7 +433,7 @@ impl Process<'_> {
             let lease = claimed.lease().clone();
             self.note_recorded(&lease.run_id, false).await;
             *live.entry(lease.run_id.clone()).or_default() += 1;
-            let (rt, sink) = (self.runtime.clone(), self.sink.clone());
+            let (rt, sink) = (self.runtime.clone(), self.segment_sink(&lease));
             segments.spawn(async move {
                 let class = match rt.continue_run(claimed, sink, Cancel::never()).await {
                     Ok(o) => o.result.error().map(|e| e.reason_class),

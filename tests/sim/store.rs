@@ -78,8 +78,30 @@ pub struct Shared {
     pub crash_signal: tokio::sync::Notify,
     /// The highest fencing token handed out per run.
     pub tokens: Mutex<HashMap<String, i64>>,
+    /// The leases whose write failed (a fault): their segment must stop there, so the model
+    /// may not be asked for anything by it again (`model`).
+    pub stopped: Mutex<std::collections::HashSet<Lease>>,
+    /// Each segment's lease, by its sink (`sink_key`).
+    pub segments: Mutex<HashMap<usize, Lease>>,
     /// Invariant violations found at the store.
     pub violations: Mutex<Vec<String>>,
+}
+
+/// A segment's sink, as a key (its address: the segment's sink lives as long as the segment).
+pub fn sink_key(sink: &Arc<dyn fabric::events::EventSink>) -> usize {
+    Arc::as_ptr(sink) as *const () as usize
+}
+
+impl Shared {
+    /// A violation when the segment whose events go to `sink` goes on after one of its writes
+    /// failed (a run stops at a failed write; another segment takes it over from its journal).
+    pub fn check_going_on(&self, sink: &Arc<dyn fabric::events::EventSink>, what: &str) {
+        let Some(lease) = self.segments.lock().unwrap().get(&sink_key(sink)).cloned() else { return };
+        if self.stopped.lock().unwrap().contains(&lease) {
+            let v = format!("run {} went on past a write of its own that failed (token {}): {what}", lease.run_id, lease.token);
+            self.violations.lock().unwrap().push(v);
+        }
+    }
 }
 
 /// One process's view of the store.
@@ -153,6 +175,7 @@ impl SimStore {
     /// A fault fails this lease's writes from now on; the error to answer with.
     fn fail(&self, lease: &Lease, why: &str) -> StoreError {
         self.drop_held(lease);
+        self.shared.stopped.lock().unwrap().insert(lease.clone());
         self.failed.lock().unwrap().insert(lease.clone(), why.to_owned());
         StoreError::Unavailable(why.to_owned())
     }
@@ -173,6 +196,18 @@ impl SimStore {
         let mut tokens = self.shared.tokens.lock().unwrap();
         let t = tokens.entry(run_id.to_owned()).or_default();
         *t = (*t).max(token);
+    }
+
+    /// The real database refuses nothing here but a stale holder (no disk fills, no server
+    /// goes away: those faults are the decorator's): any other refusal of a write is a bug of
+    /// the rows written (a duplicate `seq`, say), which the run would only survive by being
+    /// taken over until it is given up.
+    fn refused_by_the_database(&self, lease: &Lease, done: &Result<(), StoreError>) {
+        if let Err(e) = done
+            && !matches!(e, StoreError::LeaseLost(_))
+        {
+            self.shared.violations.lock().unwrap().push(format!("the database refused a write of run {} token {}: {e}", lease.run_id, lease.token));
+        }
     }
 
     fn stale(&self, lease: &Lease) -> bool {
@@ -326,6 +361,7 @@ impl RunStore for SimStore {
                 })
                 .await;
             self.trace.log(format!("p{p} append {} token {} {line}: written, {}", lease.run_id, lease.token, shown(&done)));
+            self.refused_by_the_database(lease, &done);
             if stale && done.is_ok() {
                 self.shared.violations.lock().unwrap().push(format!("a stale holder's batch was taken: run {} token {}", lease.run_id, lease.token));
             }
@@ -363,6 +399,7 @@ impl RunStore for SimStore {
                 })
                 .await;
             self.trace.log(format!("p{p} commit {} token {} {line}: {}", lease.run_id, lease.token, shown(&done)));
+            self.refused_by_the_database(lease, &done);
             if stale && done.is_ok() {
                 self.shared.violations.lock().unwrap().push(format!("a stale holder's commit was taken: run {} token {}", lease.run_id, lease.token));
             }
