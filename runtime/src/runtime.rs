@@ -207,14 +207,11 @@ impl RuntimeBuilder {
             provider_stack(&settings, &client)?
         };
         let vars = self.vars.unwrap_or_else(|| Arc::new(|k: &str| std::env::var(k).ok()));
-        let mut runner = Runner::new(catalogue, llm, vars)
-            .map_err(BuildError::Client)?
-            .with_fleet(settings.fleet.clone())
-            .with_profile_llms(profile_llms)
-            .with_tool_timeout(settings.tool_timeout);
-        if let Some(http) = self.http {
-            runner = runner.with_http(http);
-        }
+        let runner = match self.http {
+            Some(http) => Runner::with_port(catalogue, llm, vars, http),
+            None => Runner::new(catalogue, llm, vars).map_err(BuildError::Client)?,
+        };
+        let mut runner = runner.with_fleet(settings.fleet.clone()).with_profile_llms(profile_llms).with_tool_timeout(settings.tool_timeout);
         if let Some(ids) = self.run_ids {
             runner = runner.with_run_ids(ids);
         }

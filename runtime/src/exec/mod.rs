@@ -146,8 +146,14 @@ impl Runner {
     /// `vars` resolves `${VAR}` in tool URLs (the process environment in the CLI). Fails only
     /// when the HTTP client of the tools cannot be built.
     pub fn new(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup) -> Result<Runner, ClientError> {
-        let http = Arc::new(HttpTools::new()?);
-        Ok(Runner {
+        Ok(Runner::with_port(catalogue, llm, vars, Arc::new(HttpTools::new()?)))
+    }
+
+    /// [`Runner::new`] with HTTP tool calls through `http` from the start: no HTTP client is
+    /// built (reqwest's takes about 18 ms, most of a test runtime's start; the simulation
+    /// builds three runtimes per seed).
+    pub fn with_port(catalogue: Arc<Catalogue>, llm: Arc<dyn Llm>, vars: VarLookup, http: Arc<dyn HttpPort>) -> Runner {
+        Runner {
             catalogue,
             llm,
             http,
@@ -157,7 +163,7 @@ impl Runner {
             tools: HashMap::new(),
             tool_timeout: DEFAULT_TOOL_TIMEOUT,
             ids: Arc::new(new_run_id),
-        })
+        }
     }
 
     /// Sends HTTP tool calls through `http` instead of the real client (tests, embedders).
