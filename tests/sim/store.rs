@@ -215,6 +215,20 @@ impl SimStore {
     }
 }
 
+/// Hands the held batches to the real store in order. Each answers its own writer: an error
+/// of another holder's batch (a stale segment's, fenced) is that segment's to hear, at its next
+/// write, from the real store; only `own`'s first error is the caller's.
+async fn flush(store: &dyn RunStore, own: &Lease, batches: Vec<(Lease, JournalBatch)>) -> Result<(), StoreError> {
+    let mut first = Ok(());
+    for (lease, batch) in batches {
+        let done = store.append(&lease, batch).await;
+        if &lease == own && first.is_ok() {
+            first = done;
+        }
+    }
+    first
+}
+
 fn shown(done: &Result<(), StoreError>) -> String {
     match done {
         Ok(()) => "ok".to_owned(),
@@ -353,11 +367,10 @@ impl RunStore for SimStore {
             let (l, empty) = (lease.clone(), JournalBatch::default());
             let done = self
                 .call("append", async move {
-                    for (lease, batch) in batches {
-                        store.append(&lease, batch).await?;
-                    }
+                    let own = flush(store.as_ref(), &l, batches).await;
                     // Waits until the batches are durable (an empty batch writes no row).
-                    store.commit(&l, empty).await
+                    let durable = store.commit(&l, empty).await;
+                    own.and(durable)
                 })
                 .await;
             self.trace.log(format!("p{p} append {} token {} {line}: written, {}", lease.run_id, lease.token, shown(&done)));
@@ -388,14 +401,10 @@ impl RunStore for SimStore {
             let store = self.real.store.clone();
             let done = self
                 .call("commit", async move {
-                    let last = batches.len() - 1;
-                    for (i, (lease, batch)) in batches.into_iter().enumerate() {
-                        if i == last {
-                            return store.commit(&lease, batch).await;
-                        }
-                        store.append(&lease, batch).await?;
-                    }
-                    Ok(())
+                    let last = batches.pop().expect("the commit's own batch");
+                    let own = flush(store.as_ref(), &last.0, batches).await;
+                    let committed = store.commit(&last.0, last.1).await;
+                    own.and(committed)
                 })
                 .await;
             self.trace.log(format!("p{p} commit {} token {} {line}: {}", lease.run_id, lease.token, shown(&done)));
