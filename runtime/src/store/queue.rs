@@ -341,13 +341,16 @@ async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, 
     let mut inbox = Inbox { queue, held: std::collections::VecDeque::new() };
     let mut jobs: Vec<Job> = Vec::new();
     while let Some(first) = inbox.next().await {
+        // The lease token each run's batches in this transaction carry.
+        let mut holders: HashMap<String, i64> = HashMap::new();
+        holds_as(&mut holders, &first.0);
         jobs.push(first);
         while jobs.len() < JOBS_PER_TRANSACTION {
             match inbox.try_next() {
                 // Two holders of one run (a segment that lost its lease, and the one that took
                 // the run over) never share a transaction: the fence and the rows' token checks
                 // are per run, so the stale one would pass as holding. It waits for the next.
-                Some(c) if another_holder(&jobs, &c.0) => {
+                Some(c) if !holds_as(&mut holders, &c.0) => {
                     inbox.held.push_front(c);
                     break;
                 }
@@ -403,10 +406,18 @@ async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, 
     }
 }
 
-/// Whether `jobs` hold a batch of `job`'s run under another lease token.
-fn another_holder(jobs: &[Job], job: &Write) -> bool {
-    let Write::Commit { lease, .. } = job else { return false };
-    jobs.iter().any(|(j, _)| matches!(j, Write::Commit { lease: l, .. } if l.run_id == lease.run_id && l.token != lease.token))
+/// Notes `job`'s lease in `holders` (run → token of the transaction's batches); false, noting
+/// nothing, when the transaction holds a batch of that run under another token. A map, not a
+/// scan of the jobs: a transaction takes up to 256 of them.
+fn holds_as(holders: &mut HashMap<String, i64>, job: &Write) -> bool {
+    let Write::Commit { lease, .. } = job else { return true };
+    match holders.get(&lease.run_id) {
+        Some(token) => *token == lease.token,
+        None => {
+            holders.insert(lease.run_id.clone(), lease.token);
+            true
+        }
+    }
 }
 
 fn outcome(job: &Write, fenced: &HashSet<String>) -> Result<(), StoreError> {
