@@ -7,8 +7,8 @@
 //! It also checks, on every call, that a recovered or continued run asks the model nothing its
 //! journal already has.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fabric::failure::{BoxFuture, ReasonClass};
@@ -17,6 +17,7 @@ use fabric::llm::{Llm, LlmError, LlmReply, LlmRequest, ModelInfo, OutputSpec, Re
 use serde_json::json;
 
 use crate::faults::Faults;
+use crate::store::Shared;
 use crate::trace::Trace;
 
 #[derive(Debug, Clone, Copy)]
@@ -46,18 +47,6 @@ const FAULTS: [Fault; 10] = [
     Fault::UnknownTool,
 ];
 
-/// A run's journal as it was read: its model replies (stage, turn). (Not its completed stages:
-/// a branched workflow may run a stage again, a decision loop does every turn.)
-pub type Recorded = HashSet<(String, u32)>;
-
-#[derive(Debug, Default)]
-pub struct Calls {
-    /// What each run's journal held when it was last recovered or continued: a call for one
-    /// of its replies is a violation.
-    pub recorded: HashMap<String, Recorded>,
-    pub violations: Vec<String>,
-}
-
 pub struct SimModel {
     /// The world's stub: its scripts answer the decision loops that have one.
     pub stub: StubLlm,
@@ -65,9 +54,8 @@ pub struct SimModel {
     pub scripted: HashSet<(String, String)>,
     pub faults: Arc<Faults>,
     pub trace: Arc<Trace>,
-    pub calls: Arc<Mutex<Calls>>,
-    /// The store's shared view: whether the run was stopped by a failed write.
-    pub store: Arc<crate::store::Shared>,
+    /// What the processes share: the journals as recovered runs read them, the stopped segments.
+    pub shared: Arc<Shared>,
 }
 
 impl SimModel {
@@ -142,12 +130,10 @@ impl Llm for SimModel {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
         Box::pin(async move {
             let run_id = req.events.run_id().to_owned();
-            self.store.check_going_on(req.events.sink(), &format!("the model was asked for {} turn {}", req.stage_id, req.turn));
-            {
-                let mut calls = self.calls.lock().unwrap();
-                if calls.recorded.get(&run_id).is_some_and(|r| r.contains(&(req.stage_id.to_owned(), req.turn))) {
-                    calls.violations.push(format!("run {run_id}: the model was asked again for {} turn {}, which its journal has", req.stage_id, req.turn));
-                }
+            self.shared.check_going_on(req.events.sink(), &format!("the model was asked for {} turn {}", req.stage_id, req.turn));
+            let known = self.shared.recorded.lock().unwrap().get(&run_id).is_some_and(|r| r.contains(&(req.stage_id.to_owned(), req.turn)));
+            if known {
+                self.shared.violation(format!("run {run_id}: the model was asked again for {} turn {}, which its journal has", req.stage_id, req.turn));
             }
             let done = self.attempt(req).await;
             let class = done.as_ref().err().map(|e| e.class);

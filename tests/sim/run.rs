@@ -22,7 +22,7 @@ use rand::SeedableRng;
 use tokio::task::JoinSet;
 
 use crate::faults::Faults;
-use crate::model::{Calls, SimModel};
+use crate::model::SimModel;
 use crate::store::{Jump, Real, Shared, SimStore};
 use crate::tools::{SimHttp, SimTool};
 use crate::trace::{Trace, normalized};
@@ -167,7 +167,6 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     let faults = Arc::new(Faults::new(s.seed, s.disabled.clone()));
     let trace = Arc::new(Trace::default());
     let shared = Arc::new(Shared::default());
-    let calls = Arc::new(Mutex::new(Calls::default()));
     let events = Arc::new(Mutex::new(Vec::new()));
     let mut violations = Vec::new();
     trace.log(format!("seed {} rates {:?}", s.seed, faults.rates));
@@ -181,7 +180,7 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     let mut replies: HashMap<String, u32> = HashMap::new();
     for process in 0..PROCESSES {
         let store = Arc::new(SimStore::new(real.clone(), faults.clone(), trace.clone(), shared.clone(), process));
-        let model = sim_model(&world, &faults, &trace, &calls, &shared);
+        let model = sim_model(&world, &faults, &trace, &shared);
         let runtime = Arc::new(build(&world, s.seed, store, model, &faults, &trace, ids.clone()));
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
         let p = Process {
@@ -191,7 +190,6 @@ pub fn run(s: &Seed<'_>) -> Outcome {
             world: &world,
             faults: &faults,
             trace: &trace,
-            calls: &calls,
             first: process == 0,
         };
         let settled = rt.block_on(async {
@@ -217,21 +215,20 @@ pub fn run(s: &Seed<'_>) -> Outcome {
         }
     }
     violations.append(&mut shared.violations.lock().unwrap());
-    violations.append(&mut calls.lock().unwrap().violations);
-    let replay = build(&world, s.seed, real.store.clone(), sim_model(&world, &faults, &trace, &calls, &shared), &faults, &trace, ids);
+    let replay = build(&world, s.seed, real.store.clone(), sim_model(&world, &faults, &trace, &shared), &faults, &trace, ids);
     violations.extend(crate::check::after(&real, replay, &world, &events.lock().unwrap()));
     Outcome { trace: trace.lines(), violations, injected: faults.injected(), files: world.files() }
 }
 
 /// The model port of one process: the world's scripts in the stub, the faults on top.
-fn sim_model(world: &World, faults: &Arc<Faults>, trace: &Arc<Trace>, calls: &Arc<Mutex<Calls>>, store: &Arc<Shared>) -> SimModel {
+fn sim_model(world: &World, faults: &Arc<Faults>, trace: &Arc<Trace>, shared: &Arc<Shared>) -> SimModel {
     let mut stub = StubLlm::default();
     for s in &world.scripts {
         let lines: Vec<&str> = s.replies.iter().map(String::as_str).collect();
         stub = stub.script(&s.route_id, &s.stage_id, &lines);
     }
     let scripted = world.scripts.iter().map(|s| (s.route_id.clone(), s.stage_id.clone())).collect();
-    SimModel { stub, scripted, faults: faults.clone(), trace: trace.clone(), calls: calls.clone(), store: store.clone() }
+    SimModel { stub, scripted, faults: faults.clone(), trace: trace.clone(), shared: shared.clone() }
 }
 
 fn build(
@@ -277,7 +274,6 @@ struct Process<'a> {
     world: &'a World,
     faults: &'a Arc<Faults>,
     trace: &'a Arc<Trace>,
-    calls: &'a Arc<Mutex<Calls>>,
     first: bool,
 }
 
@@ -379,7 +375,7 @@ impl Process<'_> {
     /// asked for it again. Not while an older segment of the run still goes on (it is fenced at
     /// its next write, but may ask the model before that).
     async fn note_recorded(&self, run_id: &str, older_segment: bool) {
-        self.calls.lock().unwrap().recorded.remove(run_id);
+        self.shared.recorded.lock().unwrap().remove(run_id);
         if older_segment {
             return;
         }
@@ -392,7 +388,7 @@ impl Process<'_> {
                 _ => None,
             })
             .collect();
-        self.calls.lock().unwrap().recorded.insert(run_id.to_owned(), replies);
+        self.shared.recorded.lock().unwrap().insert(run_id.to_owned(), replies);
     }
 
     /// Answers the runs that ask (with the user's faults); whether a reply continued one.
@@ -426,7 +422,7 @@ impl Process<'_> {
             self.trace.log(format!("reply to {}: {message}", run.run_id));
             if self.faults.fault("user:twice", self.faults.rates.reply_twice, &["twice"]).is_some() {
                 match self.runtime.claim_reply(&run.run_id, message.clone()).await {
-                    Ok(_) => self.calls.lock().unwrap().violations.push(format!("run {}: a second reply claimed a run that a first reply had", run.run_id)),
+                    Ok(_) => self.shared.violation(format!("run {}: a second reply claimed a run that a first reply had", run.run_id)),
                     Err(e) => self.trace.log(format!("the same reply again to {}: {}", run.run_id, kind(&e))),
                 }
             }
@@ -454,7 +450,7 @@ impl Process<'_> {
         runs.sort_by(|a, b| a.run_id.cmp(&b.run_id));
         let Some(run) = runs.get(self.faults.pick("user:wrong:which", runs.len().max(1))) else { return };
         match self.runtime.claim_reply(&run.run_id, "sim reply to the wrong run".into()).await {
-            Ok(_) => self.calls.lock().unwrap().violations.push(format!("run {} ({:?}) took a reply it did not ask for", run.run_id, run.status)),
+            Ok(_) => self.shared.violation(format!("run {} ({:?}) took a reply it did not ask for", run.run_id, run.status)),
             Err(e) => self.trace.log(format!("a reply to the wrong run {}: {}", run.run_id, kind(&e))),
         }
     }

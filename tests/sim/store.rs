@@ -67,7 +67,12 @@ impl Real {
     }
 }
 
-/// What every process of one seed shares about the store: the fences seen, the crash.
+/// A run's journal as it was read: its model replies (stage, turn). (Not its completed stages:
+/// a branched workflow may run a stage again, a decision loop does every turn.)
+pub type Recorded = std::collections::HashSet<(String, u32)>;
+
+/// What every process of one seed shares: the fences seen, the crash, the journals as recovered
+/// runs read them, and the violations found on the way.
 #[derive(Debug, Default)]
 pub struct Shared {
     /// Store calls made so far (all processes): the crash point counts them.
@@ -83,7 +88,10 @@ pub struct Shared {
     pub stopped: Mutex<std::collections::HashSet<Lease>>,
     /// Each segment's lease, by its sink (`sink_key`).
     pub segments: Mutex<HashMap<usize, Lease>>,
-    /// Invariant violations found at the store.
+    /// What each run's journal held when it was last recovered or continued: the model may not
+    /// be asked for one of its replies (`model`).
+    pub recorded: Mutex<HashMap<String, Recorded>>,
+    /// Invariant violations found on the way (the model's, the store's, the user's).
     pub violations: Mutex<Vec<String>>,
 }
 
@@ -93,13 +101,16 @@ pub fn sink_key(sink: &Arc<dyn fabric::events::EventSink>) -> usize {
 }
 
 impl Shared {
+    pub fn violation(&self, v: String) {
+        self.violations.lock().unwrap().push(v);
+    }
+
     /// A violation when the segment whose events go to `sink` goes on after one of its writes
     /// failed (a run stops at a failed write; another segment takes it over from its journal).
     pub fn check_going_on(&self, sink: &Arc<dyn fabric::events::EventSink>, what: &str) {
         let Some(lease) = self.segments.lock().unwrap().get(&sink_key(sink)).cloned() else { return };
         if self.stopped.lock().unwrap().contains(&lease) {
-            let v = format!("run {} went on past a write of its own that failed (token {}): {what}", lease.run_id, lease.token);
-            self.violations.lock().unwrap().push(v);
+            self.violation(format!("run {} went on past a write of its own that failed (token {}): {what}", lease.run_id, lease.token));
         }
     }
 }
@@ -206,7 +217,7 @@ impl SimStore {
         if let Err(e) = done
             && !matches!(e, StoreError::LeaseLost(_))
         {
-            self.shared.violations.lock().unwrap().push(format!("the database refused a write of run {} token {}: {e}", lease.run_id, lease.token));
+            self.shared.violation(format!("the database refused a write of run {} token {}: {e}", lease.run_id, lease.token));
         }
     }
 
@@ -376,7 +387,7 @@ impl RunStore for SimStore {
             self.trace.log(format!("p{p} append {} token {} {line}: written, {}", lease.run_id, lease.token, shown(&done)));
             self.refused_by_the_database(lease, &done);
             if stale && done.is_ok() {
-                self.shared.violations.lock().unwrap().push(format!("a stale holder's batch was taken: run {} token {}", lease.run_id, lease.token));
+                self.shared.violation(format!("a stale holder's batch was taken: run {} token {}", lease.run_id, lease.token));
             }
             done
         })
@@ -410,7 +421,7 @@ impl RunStore for SimStore {
             self.trace.log(format!("p{p} commit {} token {} {line}: {}", lease.run_id, lease.token, shown(&done)));
             self.refused_by_the_database(lease, &done);
             if stale && done.is_ok() {
-                self.shared.violations.lock().unwrap().push(format!("a stale holder's commit was taken: run {} token {}", lease.run_id, lease.token));
+                self.shared.violation(format!("a stale holder's commit was taken: run {} token {}", lease.run_id, lease.token));
             }
             if done.is_ok()
                 && let Some(WriteFault::AckLost) = fault
