@@ -16,6 +16,7 @@ pub mod postgres;
 mod queue;
 pub mod sql;
 pub mod sqlite;
+mod sqlite_writer;
 
 use std::sync::Arc;
 

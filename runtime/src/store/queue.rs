@@ -73,12 +73,12 @@ pub(crate) struct Prepared {
 }
 
 pub(crate) struct PreparedEnd {
-    status: StoredStatus,
-    result: String,
-    reason_class: Option<&'static str>,
-    question: Option<String>,
+    pub status: StoredStatus,
+    pub result: String,
+    pub reason_class: Option<&'static str>,
+    pub question: Option<String>,
     /// One past the last event written, when the batch has events.
-    next_seq: Option<i64>,
+    pub next_seq: Option<i64>,
 }
 
 impl Prepared {
@@ -260,6 +260,24 @@ impl WriteQueue {
             })
             .collect();
         WriteQueue { writes, failed }
+    }
+
+    /// One writer task on a thread of its own (a runtime of its own on it), for a database
+    /// whose writes block ([`super::sqlite_writer`]): a transaction never holds up the tasks of
+    /// the runs. The thread ends when the store is dropped (every sender gone).
+    pub fn start_on_thread<W: WriteRows>(db: W, health: Arc<Health>) -> Result<WriteQueue, StoreError> {
+        let failed: Failed = Arc::new(Mutex::new(HashMap::new()));
+        let (writes, queue) = mpsc::channel(WRITE_QUEUE);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| StoreError::Database(format!("cannot start the store's writer: {e}")))?;
+        let shared = failed.clone();
+        std::thread::Builder::new()
+            .name("fabric-store-writer".into())
+            .spawn(move || runtime.block_on(writer(db, queue, shared, health)))
+            .map_err(|e| StoreError::Database(format!("cannot start the store's writer: {e}")))?;
+        Ok(WriteQueue { writes: vec![writes], failed })
     }
 
     fn writer_of(&self, run_id: &str) -> &mpsc::Sender<Job> {
@@ -786,6 +804,17 @@ pub(crate) fn write_error(health: &Health, began: std::time::Instant, e: sqlx::E
     error
 }
 
+/// Whether a SQLite error (its primary result code) may pass: busy, locked, read-only, I/O,
+/// full, cannot open.
+pub(crate) fn sqlite_transient(code: i32) -> bool {
+    [SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN].contains(&code)
+}
+
+/// Whether a SQLite error (its primary result code) makes every open connection suspect.
+pub(crate) fn sqlite_poisons(code: i32) -> bool {
+    [SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN].contains(&code)
+}
+
 fn transient(e: &sqlx::Error) -> bool {
     match e {
         // A connection cut mid-message (a server restarting) reads as a protocol error too.
@@ -799,8 +828,7 @@ fn transient(e: &sqlx::Error) -> bool {
                 // transaction (a standby, or a primary told to refuse writes).
                 return ["08", "57P", "53", "58"].iter().any(|p| c.starts_with(p)) || ["40P01", "40001", "25006"].contains(&c);
             }
-            sqlite_primary(d.as_ref())
-                .is_some_and(|code| [SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN].contains(&code))
+            sqlite_primary(d.as_ref()).is_some_and(sqlite_transient)
         }
         _ => false,
     }
@@ -825,7 +853,7 @@ fn sqlite_primary(d: &dyn sqlx::error::DatabaseError) -> Option<i32> {
 /// and locked say only that another writer holds the file.
 fn poisons(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(d) => sqlite_primary(d.as_ref()).is_some_and(|c| [SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN].contains(&c)),
+        sqlx::Error::Database(d) => sqlite_primary(d.as_ref()).is_some_and(sqlite_poisons),
         _ => false,
     }
 }

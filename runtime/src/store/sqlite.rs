@@ -14,6 +14,7 @@ use super::health::{FileWatch, Health};
 use super::migrations;
 use super::queue::{PoolWriter, WriteQueue, db, describe};
 use super::sql::SqlStore;
+use super::sqlite_writer::SqliteWriter;
 use super::{StoreError, now};
 
 /// The schema versions this binary knows, in order: (version, SQL).
@@ -58,7 +59,13 @@ impl SqliteStore {
         let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone() };
         let watch = if memory { None } else { FileWatch::open(options.get_filename()).ok() };
         tokio::spawn(writer.clone().heal(watch));
-        let queue = WriteQueue::start(writer, 1, health.clone());
+        // An in-memory database is the pool's one connection: its writes go through it. A
+        // file's go through the writer thread's own connection (sqlite_writer.rs).
+        let queue = if memory {
+            WriteQueue::start(writer, 1, health.clone())
+        } else {
+            WriteQueue::start_on_thread(SqliteWriter::new(options.get_filename().to_owned(), health.clone()), health.clone())?
+        };
         Ok(SqlStore::new(pool, queue, health))
     }
 }
