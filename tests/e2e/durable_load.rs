@@ -1,15 +1,16 @@
 //! Durability under load: 2,000 runs posted to one `fabric serve` by 200 clients, the service
-//! killed with SIGKILL at a random moment of the load, then restarted on the same store. Every
-//! run it acknowledged is in the store and completes (the restarted service takes over the runs
-//! whose lease expired), each with all its stages, none recorded twice. Not timed: every wait is
-//! for a condition, with a generous deadline.
+//! killed with SIGKILL at a random moment of the load, then restarted on the same store, the
+//! clients posting the rest of their runs to it. Every run a service acknowledged (a 201) is in
+//! the store and completes (the restarted service takes over the runs whose lease expired), each
+//! with all its stages, none recorded twice, in the events and in the journal. Not timed: every
+//! wait is for a condition, with a generous deadline.
 //!
 //! The kill moment (milliseconds after the first post) comes from the clock, or from
 //! `FABRIC_KILL_AT_MS` to replay one; every failure message names it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fabric::exec::JournalEntry;
@@ -64,30 +65,48 @@ async fn killed_under_load(kind: &str) {
     let mut first = Server::start(&db, stub.path(), &env);
     let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).pool_max_idle_per_host(CLIENTS).build().unwrap();
     let killed = Arc::new(AtomicBool::new(false));
+    let acked_by_first = Arc::new(AtomicUsize::new(0));
+    // The restarted service's address, for the clients to post the rest of their runs to.
+    let (restarted_tx, restarted_rx) = tokio::sync::watch::channel(None::<String>);
     let began = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (client, url, killed) = (client.clone(), format!("{}/v1/runs", first.url), killed.clone());
+            let (client, first_url, killed, acked_by_first) = (client.clone(), first.url.clone(), killed.clone(), acked_by_first.clone());
+            let mut restarted = restarted_rx.clone();
             tokio::spawn(async move {
                 let mut seen = Seen::default();
+                let mut url = first_url.clone();
                 for k in (c..RUNS).step_by(CLIENTS) {
-                    let answer = client.post(&url).bearer_auth(TOKEN).json(&triage(k)).send().await;
-                    // Read before the answer's fate: whatever fails after this was set may be the kill.
-                    let after_kill = killed.load(Ordering::SeqCst);
-                    match answer {
-                        Ok(r) if r.status() == 201 => match r.json::<serde_json::Value>().await {
-                            Ok(body) => seen.acked.push(body["run_id"].as_str().unwrap().to_owned()),
-                            // The body cut off by the kill: not an acknowledgement.
-                            Err(_) if killed.load(Ordering::SeqCst) => break,
-                            Err(e) => seen.unexpected.push(format!("run {k}: a 201 without its body: {e}")),
-                        },
-                        Ok(r) => {
-                            let status = r.status();
-                            seen.unexpected.push(format!("run {k}: {status}: {}", r.text().await.unwrap_or_default()));
+                    loop {
+                        let answer = client.post(format!("{url}/v1/runs")).bearer_auth(TOKEN).json(&triage(k)).send().await;
+                        let body = match answer {
+                            Ok(r) if r.status() == 201 => r.json::<serde_json::Value>().await.map_err(|e| format!("a 201 without its body: {e}")),
+                            Ok(r) => {
+                                let status = r.status();
+                                Err(format!("{status}: {}", r.text().await.unwrap_or_default()))
+                            }
+                            Err(e) => Err(e.to_string()),
+                        };
+                        match body {
+                            Ok(body) => {
+                                seen.acked.push(body["run_id"].as_str().unwrap().to_owned());
+                                if url == first_url {
+                                    acked_by_first.fetch_add(1, Ordering::SeqCst);
+                                }
+                                break;
+                            }
+                            // The first service killed (a refused connection, an answer cut off):
+                            // not an acknowledgement. The run is posted again to the restarted
+                            // one, as a new run (the store may hold the first if it was accepted).
+                            Err(_) if url == first_url && killed.load(Ordering::SeqCst) => {
+                                let next = restarted.wait_for(Option::is_some).await.unwrap();
+                                url = next.clone().unwrap();
+                            }
+                            Err(e) => {
+                                seen.unexpected.push(format!("run {k} to {url}: {e}"));
+                                break;
+                            }
                         }
-                        // Connection errors once the service is killed are expected; this client stops.
-                        Err(_) if after_kill || killed.load(Ordering::SeqCst) => break,
-                        Err(e) => seen.unexpected.push(format!("run {k}: {e}")),
                     }
                 }
                 seen
@@ -103,6 +122,16 @@ async fn killed_under_load(kind: &str) {
     first.child.kill().unwrap(); // SIGKILL
     first.child.wait().unwrap();
     let killed_after = began.elapsed();
+    let store = fabric::store::open(&db).await.unwrap();
+    let open_at_kill = open_runs(store.as_ref()).await;
+    let acked_at_kill = acked_by_first.load(Ordering::SeqCst);
+    eprintln!("durable_load: {what}: killed after {killed_after:?}, {acked_at_kill} runs acknowledged, {open_at_kill} open in the store");
+    assert!(acked_at_kill > 0, "{what}: the service acknowledged no run before the kill\n{}", first.logs());
+
+    // Restarted on the same store: it claims the queued runs and those whose lease expired,
+    // while the clients post the rest of the 2,000 runs to it.
+    let second = Server::start(&db, stub.path(), &env);
+    restarted_tx.send(Some(second.url.clone())).unwrap();
     let mut acked = Vec::new();
     let mut unexpected = Vec::new();
     for c in clients {
@@ -110,14 +139,8 @@ async fn killed_under_load(kind: &str) {
         acked.extend(seen.acked);
         unexpected.extend(seen.unexpected);
     }
-    assert!(unexpected.is_empty(), "{what}: answers other than a 201 before the kill: {unexpected:?}\n{}", first.logs());
-    let store = fabric::store::open(&db).await.unwrap();
-    let open_at_kill = open_runs(store.as_ref()).await;
-    eprintln!("durable_load: {what}: killed after {killed_after:?}, {} runs acknowledged, {open_at_kill} open in the store", acked.len());
-    assert!(!acked.is_empty(), "{what}: the service acknowledged no run before the kill\n{}", first.logs());
-
-    // Restarted on the same store: it claims the queued runs and those whose lease expired.
-    let second = Server::start(&db, stub.path(), &env);
+    assert!(unexpected.is_empty(), "{what}: answers other than a 201 (and not the kill's): {unexpected:?}\n{}\n{}", first.logs(), second.logs());
+    assert_eq!(acked.len(), RUNS, "{what}: every run acknowledged, by the first service or the restarted one");
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let open = open_runs(store.as_ref()).await;
@@ -150,7 +173,12 @@ async fn killed_under_load(kind: &str) {
         assert_stages_once(store.as_ref(), &run.run_id, &stages, &what).await;
     }
     let taken_over = all.iter().filter(|r| r.lease_token > 1).count();
-    eprintln!("durable_load: {what}: {} runs stored, all completed; {taken_over} taken over by the restarted service", all.len());
+    eprintln!(
+        "durable_load: {what}: {} runs stored, all completed, {} acknowledged; {taken_over} taken over by the restarted service; {:?} in all",
+        all.len(),
+        acked.len(),
+        began.elapsed()
+    );
     drop(second);
 }
 
