@@ -50,6 +50,8 @@ fn kill_at_ms() -> u64 {
 #[derive(Default)]
 struct Seen {
     acked: Vec<String>,
+    /// Starts refused with a 503 (`store_unavailable`), each posted again.
+    refused: usize,
     unexpected: Vec<String>,
 }
 
@@ -77,10 +79,19 @@ async fn killed_under_load(kind: &str) {
                 let mut seen = Seen::default();
                 let mut url = first_url.clone();
                 for k in (c..RUNS).step_by(CLIENTS) {
+                    let mut refusals = 0;
                     loop {
                         let answer = client.post(format!("{url}/v1/runs")).bearer_auth(TOKEN).json(&triage(k)).send().await;
                         let body = match answer {
                             Ok(r) if r.status() == 201 => r.json::<serde_json::Value>().await.map_err(|e| format!("a 201 without its body: {e}")),
+                            // The store refused the start for now (a 503 is no acknowledgement):
+                            // posted again shortly, as the answer says. Counted, and reported.
+                            Ok(r) if r.status() == 503 && refusals < 400 => {
+                                refusals += 1;
+                                seen.refused += 1;
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                continue;
+                            }
                             Ok(r) => {
                                 let status = r.status();
                                 Err(format!("{status}: {}", r.text().await.unwrap_or_default()))
@@ -134,8 +145,10 @@ async fn killed_under_load(kind: &str) {
     restarted_tx.send(Some(second.url.clone())).unwrap();
     let mut acked = Vec::new();
     let mut unexpected = Vec::new();
+    let mut refused = 0;
     for c in clients {
         let seen = c.await.unwrap();
+        refused += seen.refused;
         acked.extend(seen.acked);
         unexpected.extend(seen.unexpected);
     }
@@ -174,7 +187,7 @@ async fn killed_under_load(kind: &str) {
     }
     let taken_over = all.iter().filter(|r| r.lease_token > 1).count();
     eprintln!(
-        "durable_load: {what}: {} runs stored, all completed, {} acknowledged; {taken_over} taken over by the restarted service; {:?} in all",
+        "durable_load: {what}: {} runs stored, all completed, {} acknowledged ({refused} starts refused with a 503 and posted again); {taken_over} taken over by the restarted service; {:?} in all",
         all.len(),
         acked.len(),
         began.elapsed()
