@@ -15,14 +15,14 @@ use crate::service::{Server, asking_stub, get, post, settled, sse};
 
 /// A SQLite file in `dir`, or a fresh PostgreSQL database (`None` when there is no server: the
 /// PostgreSQL half skips, as `store::fresh_postgres` says).
-async fn store_url(kind: &str, dir: &tempfile::TempDir) -> Option<String> {
+pub(crate) async fn store_url(kind: &str, dir: &tempfile::TempDir) -> Option<String> {
     match kind {
         "sqlite" => Some(format!("sqlite://{}", dir.path().join("fabric.db").display())),
         _ => crate::store::fresh_postgres().await,
     }
 }
 
-fn triage(k: usize) -> Value {
+pub(crate) fn triage(k: usize) -> Value {
     json!({"route_id": "support-triage", "goal": {"ticket": format!("ticket {k}")}, "model_profile": "default"})
 }
 

@@ -6,6 +6,7 @@ mod catalogue;
 mod cli;
 mod decision_loop;
 mod durable;
+mod durable_load;
 mod events;
 mod faults;
 mod hostile;

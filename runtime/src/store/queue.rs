@@ -38,6 +38,12 @@ pub(crate) trait Dialect {
     /// Appended to the select of a claim: rows another claimer holds are skipped, not waited
     /// for (empty where a write locks the whole database).
     const SKIP_LOCKED: &'static str;
+    /// Appended to a select that locks the rows of many runs at once, `ORDER BY run_id`: every
+    /// statement that updates several runs' rows (the writer's fence, the lease renewal) takes
+    /// their locks in one order, so two of them never wait for each other (PostgreSQL's
+    /// `deadlock detected`, which failed the writer's transaction and refused starts with a 503
+    /// under load: `tests/e2e/durable_load.rs`). Empty where a write locks the whole database.
+    const LOCK_ROWS: &'static str;
     /// Placeholders numbered (`$1, $2`) or anonymous (`?`, bound in the order they appear).
     /// SQLite takes both, but sqlx looks each numbered one up by name, a cost that grows with
     /// the square of a statement's parameters: the writer's large statements use `?` there.
@@ -47,12 +53,14 @@ pub(crate) trait Dialect {
 impl Dialect for sqlx::Sqlite {
     const NOW_MS: &'static str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
     const SKIP_LOCKED: &'static str = "";
+    const LOCK_ROWS: &'static str = "";
     const NUMBERED: bool = false;
 }
 
 impl Dialect for sqlx::Postgres {
     const NOW_MS: &'static str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const LOCK_ROWS: &'static str = " FOR UPDATE";
     const NUMBERED: bool = true;
 }
 
@@ -626,7 +634,19 @@ where
         // made for those runs only.
         let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
         let ends: HashMap<&str, &End> = rows.ends.iter().map(|e| (e.run_id, e)).collect();
-        for chunk in rows.leases.chunks(per_insert / 4) {
+        // In the order of their ids, as the lease renewal locks them (`Dialect::LOCK_ROWS`).
+        let mut leases: Vec<(&str, i64)> = rows.leases.clone();
+        leases.sort_unstable();
+        for chunk in leases.chunks(per_insert / 4) {
+            if !DB::LOCK_ROWS.is_empty() {
+                let sql =
+                    format!("SELECT run_id FROM runs WHERE run_id IN ({}) ORDER BY run_id{}", rows_sql("", "?", chunk.len(), 1, DB::NUMBERED), DB::LOCK_ROWS);
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for (run_id, _) in chunk {
+                    q = q.bind(*run_id);
+                }
+                q.fetch_all(&mut *tx).await.map_err(failed)?;
+            }
             let values = rows_sql("", "(?, ?, ?, ?, ?, ?, ?)", chunk.len(), 2, DB::NUMBERED);
             let at_mark = if DB::NUMBERED { "$1" } else { "?" };
             // No end in this batch (the run goes on): the row keeps its result and lease.

@@ -265,12 +265,17 @@ where
             let mut lost = Vec::new();
             for chunk in leases.chunks(500) {
                 // `updated_at` too: a replica of the version before leases judges liveness by it.
-                let mut sql = format!("UPDATE runs SET lease_until = {} + $1, updated_at = $3 WHERE lease_owner = $2 AND status = 'running' AND (", DB::NOW_MS);
+                // The rows locked in the order of their ids, as the writer's fence locks them
+                // (`Dialect::LOCK_ROWS`): two such statements never wait for each other.
+                let mut sql = format!(
+                    "UPDATE runs SET lease_until = {} + $1, updated_at = $3 FROM (SELECT run_id AS locked FROM runs WHERE lease_owner = $2 AND status = 'running' AND (",
+                    DB::NOW_MS
+                );
                 for k in 0..chunk.len() {
                     let sep = if k > 0 { " OR " } else { "" };
                     sql.push_str(&format!("{sep}(run_id = ${} AND lease_token = ${})", 2 * k + 4, 2 * k + 5));
                 }
-                sql.push_str(") RETURNING run_id");
+                sql.push_str(&format!(") ORDER BY run_id{}) AS l WHERE runs.run_id = l.locked RETURNING runs.run_id", DB::LOCK_ROWS));
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(holder.lease_ms()).bind(holder.owner.as_str()).bind(now());
                 let began = Instant::now();
                 for l in chunk {
