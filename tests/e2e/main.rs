@@ -15,6 +15,7 @@ mod layers;
 mod llama;
 mod newcomer;
 mod parity;
+mod prompts;
 mod providers;
 mod run;
 mod service;

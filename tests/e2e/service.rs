@@ -754,6 +754,8 @@ async fn a_run_record_holds_its_prompts_user_messages_and_replies_as_received() 
         }
         assert!(!r["system"].as_str().unwrap().is_empty());
     }
+    // The whole prompt, though the store keeps it once for every run (by digest).
+    assert_eq!(replies[1]["system"], "Write one short knowledge-base search query for the customer's problem.\n");
     assert!(replies[0]["user"].as_str().unwrap().contains("<script>alert(1)</script>"), "the user message as sent");
     let completed = entries.iter().filter(|e| e["entry"] == "stage_completed").count();
     assert_eq!(completed, 3);

@@ -35,7 +35,7 @@ fn uuid_like() -> String {
 }
 
 /// Every store to test: (name, URL), and what keeps the SQLite file alive.
-async fn stores() -> (Vec<(&'static str, String)>, tempfile::TempDir) {
+pub(crate) async fn stores() -> (Vec<(&'static str, String)>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut out = vec![("sqlite", format!("sqlite://{}", dir.path().join("fabric.db").display()))];
     if let Some(url) = fresh_postgres().await {
@@ -44,7 +44,7 @@ async fn stores() -> (Vec<(&'static str, String)>, tempfile::TempDir) {
     (out, dir)
 }
 
-fn runtime(store: Arc<dyn RunStore>, stub: &std::path::Path) -> Runtime {
+pub(crate) fn runtime(store: Arc<dyn RunStore>, stub: &std::path::Path) -> Runtime {
     let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
     Runtime::builder()
         .settings(settings)
@@ -56,7 +56,7 @@ fn runtime(store: Arc<dyn RunStore>, stub: &std::path::Path) -> Runtime {
         .unwrap()
 }
 
-fn start(route: &str, goal: Value) -> StartRequest {
+pub(crate) fn start(route: &str, goal: Value) -> StartRequest {
     serde_json::from_value(json!({"route_id": route, "goal": goal, "model_profile": "default"})).unwrap()
 }
 
@@ -322,7 +322,7 @@ async fn a_database_migrated_by_a_newer_runtime_is_refused_by_every_store() {
             pool.close().await;
         }
         let err = fabric::store::open(&url).await.unwrap_err();
-        assert!(matches!(err, StoreError::TooNew { found: 999, known: 3 }), "{name}: {err}");
+        assert!(matches!(err, StoreError::TooNew { found: 999, known: 4 }), "{name}: {err}");
     }
 }
 
@@ -335,7 +335,7 @@ async fn replicas_opening_one_new_postgres_database_together_migrate_it_once() {
     }
     let pool = sqlx::postgres::PgPoolOptions::new().connect(&url).await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM fabric_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [1, 2, 3]);
+    assert_eq!(versions, [1, 2, 3, 4]);
 }
 
 #[test]

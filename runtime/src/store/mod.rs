@@ -13,6 +13,7 @@
 mod health;
 mod migrations;
 pub mod postgres;
+mod prompts;
 mod queue;
 pub mod sql;
 pub mod sqlite;

@@ -19,6 +19,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/postgres/0001_runs.sql")),
     (2, include_str!("migrations/postgres/0002_leases.sql")),
     (3, include_str!("migrations/postgres/0003_health.sql")),
+    (4, include_str!("migrations/postgres/0004_prompts.sql")),
 ];
 
 /// How long connecting, or waiting for a connection of the pool, may take.
@@ -60,7 +61,7 @@ impl PgStore {
             .map_err(|e| StoreError::Unavailable(format!("cannot connect to {here}: {}", describe(&e))))?;
         migrate(&pool).await?;
         let health = Arc::new(Health::new(true));
-        let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone() };
+        let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone(), known: Default::default() };
         tokio::spawn(writer.clone().heal(None));
         let queue = WriteQueue::start(writer, WRITERS, health.clone());
         Ok(SqlStore::new(pool, queue, health))

@@ -12,6 +12,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 use tokio::sync::{mpsc, oneshot};
 
 use super::health::Health;
+use super::prompts::{self, Known, Prompt, StoredEntry};
 use super::{Lease, StoreError, StoredRun, StoredStatus, now};
 use crate::exec::{JournalBatch, RunStatus};
 use crate::failure::BoxFuture;
@@ -76,7 +77,7 @@ pub(crate) enum Write {
 pub(crate) struct Prepared {
     /// (seq, kind, body).
     events: Vec<(i64, &'static str, String)>,
-    entries: Vec<String>,
+    entries: Vec<StoredEntry>,
     end: Option<PreparedEnd>,
 }
 
@@ -101,7 +102,8 @@ impl Prepared {
                 (e.seq as i64, e.kind.as_str(), String::from_utf8(body).unwrap_or_default())
             })
             .collect();
-        let entries = batch.entries.iter().map(|e| serde_json::to_string(e).unwrap_or_default()).collect();
+        // A model reply's system prompt goes to its own row, once per prompt (`super::prompts`).
+        let entries = batch.entries.iter().map(prompts::split).collect();
         // Between stages only the next `seq` changes, and the events' rows already say it.
         let end = batch.end.as_ref().map(|result| PreparedEnd {
             status: match result.status() {
@@ -151,14 +153,19 @@ pub(crate) struct Rows<'a> {
     pub leases: Vec<(&'a str, i64)>,
     /// (run_id, seq, kind, body).
     pub events: Vec<(&'a str, i64, &'a str, &'a str)>,
-    /// (run_id, entry).
-    pub entries: Vec<(&'a str, &'a str)>,
+    /// (run_id, entry, the digest of the prompt it names).
+    pub entries: Vec<(&'a str, &'a str, Option<&'a str>)>,
+    /// (run_id, prompt): the prompts the entries name, for the runs that hold their lease, in
+    /// the order of their digests (PostgreSQL writers inserting the same new keys in one order
+    /// never wait for each other in a cycle).
+    pub prompts: Vec<(&'a str, &'a Prompt)>,
     pub ends: Vec<End<'a>>,
 }
 
 impl<'a> Rows<'a> {
     fn of(jobs: &'a [Job]) -> Rows<'a> {
-        let mut rows = Rows { at: now(), creates: Vec::new(), leases: Vec::new(), events: Vec::new(), entries: Vec::new(), ends: Vec::new() };
+        let mut rows =
+            Rows { at: now(), creates: Vec::new(), leases: Vec::new(), events: Vec::new(), entries: Vec::new(), prompts: Vec::new(), ends: Vec::new() };
         let mut seen = HashSet::new();
         for (job, _) in jobs {
             match job {
@@ -171,14 +178,28 @@ impl<'a> Rows<'a> {
                         rows.leases.push((run_id.as_str(), lease.token));
                     }
                     rows.events.extend(batch.events.iter().map(|(seq, kind, body)| (run_id.as_str(), *seq, *kind, body.as_str())));
-                    rows.entries.extend(batch.entries.iter().map(|e| (run_id.as_str(), e.as_str())));
+                    for e in &batch.entries {
+                        rows.entries.push((run_id.as_str(), e.json.as_str(), e.prompt.as_ref().map(|p| p.digest.as_str())));
+                        if let Some(p) = &e.prompt {
+                            rows.prompts.push((run_id.as_str(), p));
+                        }
+                    }
                     if let Some(end) = &batch.end {
                         rows.ends.push(End { run_id, token: lease.token, end });
                     }
                 }
             }
         }
+        rows.prompts.sort_unstable_by(|a, b| a.1.digest.cmp(&b.1.digest));
         rows
+    }
+
+    /// The prompts to write for the runs in `holding`, each once, leaving out those `known`.
+    pub fn new_prompts(&self, holding: &HashSet<&str>, known: &Known) -> Vec<&'a Prompt> {
+        let mut new: Vec<&Prompt> = self.prompts.iter().filter(|(run, p)| holding.contains(run) && !known.has(&p.digest)).map(|(_, p)| *p).collect();
+        // Sorted already: equal ones are neighbours.
+        new.dedup_by(|a, b| a.digest == b.digest);
+        new
     }
 }
 
@@ -512,12 +533,14 @@ pub(crate) struct PoolWriter<DB: sqlx::Database> {
     pub pool: sqlx::Pool<DB>,
     pub per_insert: usize,
     pub health: Arc<Health>,
+    /// The prompts known to be committed (shared by the store's writers).
+    pub known: Arc<Known>,
 }
 
 // By hand: a derive would ask `DB: Clone`, which the databases' marker types are not.
 impl<DB: sqlx::Database> Clone for PoolWriter<DB> {
     fn clone(&self) -> Self {
-        PoolWriter { pool: self.pool.clone(), per_insert: self.per_insert, health: self.health.clone() }
+        PoolWriter { pool: self.pool.clone(), per_insert: self.per_insert, health: self.health.clone(), known: self.known.clone() }
     }
 }
 
@@ -700,19 +723,32 @@ where
             }
             q.execute(&mut *tx).await.map_err(failed)?;
         }
+        // Content-addressed: a prompt another transaction wrote meanwhile is the same row.
+        let prompts = rows.new_prompts(&holding, &self.known);
+        for chunk in prompts.chunks(per_insert) {
+            let values = rows_sql("", "(?, ?)", chunk.len(), 1, DB::NUMBERED);
+            let sql = format!("INSERT INTO run_prompts (digest, body) VALUES {values} ON CONFLICT (digest) DO NOTHING");
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for p in chunk {
+                q = q.bind(p.digest.as_str()).bind(p.body.as_str());
+            }
+            q.execute(&mut *tx).await.map_err(failed)?;
+        }
         let entries: Vec<_> = rows.entries.iter().filter(|e| holding.contains(e.0)).collect();
         for chunk in entries.chunks(per_insert) {
             // In the order given (the journal's order is its ids'), whatever the plan.
-            let values = rows_sql("", "(?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
-            let sql =
-                format!("INSERT INTO run_journal (run_id, entry) SELECT v.column1, v.column3 FROM (VALUES {values}) AS v WHERE {holds} ORDER BY v.column4");
+            let values = rows_sql("", "(?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
+            let sql = format!(
+                "INSERT INTO run_journal (run_id, entry, prompt) SELECT v.column1, v.column3, v.column5 FROM (VALUES {values}) AS v WHERE {holds} ORDER BY v.column4"
+            );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (k, (run_id, entry)) in chunk.iter().enumerate() {
-                q = q.bind(*run_id).bind(tokens[run_id]).bind(*entry).bind(k as i64);
+            for (k, (run_id, entry, prompt)) in chunk.iter().enumerate() {
+                q = q.bind(*run_id).bind(tokens[run_id]).bind(*entry).bind(k as i64).bind(*prompt);
             }
             q.execute(&mut *tx).await.map_err(failed)?;
         }
         tx.commit().await.map_err(|e| ConnFailure { in_doubt: in_doubt(&e), ..failed(e) })?;
+        self.known.add(prompts.iter().map(|p| p.digest.as_str()));
         Ok(fenced)
     }
 }
@@ -1002,7 +1038,7 @@ mod tests {
     #[tokio::test]
     async fn a_real_database_says_whether_a_transaction_committed() {
         let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
-        let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)) };
+        let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)), known: Default::default() };
         let holder = super::super::Holder::new(Duration::from_secs(30));
         let create = |run: &str| Write::Create { run_id: run.into(), route_id: "r".into(), request: "{}".into(), claim: Some((holder.owner.clone(), 30_000)) };
         let commit = |run: &str, seq| Write::Commit { lease: lease(run), batch: Box::new(Prepared::of(batch(run, seq))) };
@@ -1035,7 +1071,7 @@ mod tests {
         store.release(&stale).await.unwrap();
         let taken = store.claim_runs(&holder, &["r".to_owned()], 1).await.unwrap();
         let live = Lease { run_id: "a".into(), token: taken[0].token };
-        let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)) };
+        let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)), known: Default::default() };
         let queue = WriteQueue::start(writer, 1, Arc::new(Health::new(false)));
         // Queued together, before the writer has seen either.
         let (old, new) = tokio::join!(queue.append(&stale, batch("a", 9)), queue.commit(&live, batch("a", 2)));

@@ -171,11 +171,14 @@ where
             if impossible(run_id) {
                 return Ok(Vec::new());
             }
-            let rows = sqlx::query("SELECT entry FROM run_journal WHERE run_id = $1 ORDER BY id").bind(run_id).fetch_all(&self.pool).await.map_err(db)?;
+            // A model reply's system prompt is a row of its own (`super::prompts`), joined back.
+            let sql = "SELECT j.entry, j.prompt, p.body FROM run_journal j LEFT JOIN run_prompts p ON p.digest = j.prompt WHERE j.run_id = $1 ORDER BY j.id";
+            let rows = sqlx::query(sql).bind(run_id).fetch_all(&self.pool).await.map_err(db)?;
             rows.iter()
                 .map(|r| {
-                    let text: String = r.try_get("entry").map_err(db)?;
-                    serde_json::from_str(&text).map_err(|e| StoreError::Database(format!("a journal entry of run {run_id} does not read: {e}")))
+                    let (entry, prompt, body): (String, Option<String>, Option<String>) =
+                        (r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?, r.try_get(2).map_err(db)?);
+                    super::prompts::join(run_id, &entry, prompt.as_deref(), body.as_deref())
                 })
                 .collect()
         })

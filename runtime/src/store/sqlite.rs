@@ -22,6 +22,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/sqlite/0001_runs.sql")),
     (2, include_str!("migrations/sqlite/0002_leases.sql")),
     (3, include_str!("migrations/sqlite/0003_health.sql")),
+    (4, include_str!("migrations/sqlite/0004_prompts.sql")),
 ];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).
@@ -56,7 +57,7 @@ impl SqliteStore {
             .await
             .map_err(|e| StoreError::Database(format!("cannot open {}: {}", crate::redact::redact_url(url), describe(&e))))?;
         migrate(&pool).await?;
-        let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone() };
+        let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone(), known: Default::default() };
         let watch = if memory { None } else { FileWatch::open(options.get_filename()).ok() };
         tokio::spawn(writer.clone().heal(watch));
         // An in-memory database is the pool's one connection: its writes go through it. A

@@ -17,13 +17,14 @@ use rusqlite::{Connection, OpenFlags, params};
 
 use super::StoreError;
 use super::health::Health;
+use super::prompts::Known;
 use super::queue::{Dialect, Rows, WriteFailure, WriteRows};
 use crate::failure::BoxFuture;
 
 /// The database's clock in milliseconds (the same expression the other statements use).
 const NOW_MS: &str = <sqlx::Sqlite as Dialect>::NOW_MS;
 
-/// Prepared statements kept per connection: the writer uses five.
+/// Prepared statements kept per connection: the writer uses six.
 const STATEMENTS: usize = 16;
 
 /// The writer's connection, opened on first use and again after a failure (a connection that
@@ -34,6 +35,8 @@ pub(crate) struct SqliteWriter {
     /// The connection and when it was opened.
     conn: Arc<Mutex<Option<(Connection, Instant)>>>,
     health: Arc<Health>,
+    /// The prompts known to be committed.
+    known: Arc<Known>,
 }
 
 impl std::fmt::Debug for SqliteWriter {
@@ -44,7 +47,7 @@ impl std::fmt::Debug for SqliteWriter {
 
 impl SqliteWriter {
     pub(crate) fn new(path: PathBuf, health: Arc<Health>) -> SqliteWriter {
-        SqliteWriter { path, conn: Arc::new(Mutex::new(None)), health }
+        SqliteWriter { path, conn: Arc::new(Mutex::new(None)), health, known: Default::default() }
     }
 
     fn open(&self) -> Result<Connection, rusqlite::Error> {
@@ -91,8 +94,9 @@ impl SqliteWriter {
 
 /// Writes a transaction's rows: the new runs; the fence with the ends (one UPDATE per run
 /// committed for, under the database's write lock that `BEGIN IMMEDIATE` took, so no claim can
-/// come between it and the rows below); then the events and entries of the runs that hold.
-fn write(tx: &rusqlite::Transaction<'_>, rows: &Rows<'_>) -> Result<HashSet<String>, rusqlite::Error> {
+/// come between it and the rows below); then the events, prompts and entries of the runs that
+/// hold. Returns the fenced runs, and the digests of the prompts written.
+fn write<'a>(tx: &rusqlite::Transaction<'_>, rows: &Rows<'a>, known: &Known) -> Result<(HashSet<String>, Vec<&'a str>), rusqlite::Error> {
     let at = rows.at.as_str();
     if !rows.creates.is_empty() {
         let mut create = tx.prepare_cached(&format!(
@@ -146,15 +150,23 @@ fn write(tx: &rusqlite::Transaction<'_>, rows: &Rows<'_>) -> Result<HashSet<Stri
         };
         insert.execute(params![run_id, seq, kind, body])?;
     }
+    let prompts = rows.new_prompts(&holding, known);
+    if !prompts.is_empty() {
+        // Content-addressed: one already there is the same row.
+        let mut insert = tx.prepare_cached("INSERT INTO run_prompts (digest, body) VALUES (?1, ?2) ON CONFLICT (digest) DO NOTHING")?;
+        for p in &prompts {
+            insert.execute(params![p.digest, p.body])?;
+        }
+    }
     let mut entries = None;
-    for (run_id, entry) in rows.entries.iter().filter(|e| holding.contains(e.0)) {
+    for (run_id, entry, prompt) in rows.entries.iter().filter(|e| holding.contains(e.0)) {
         let insert = match &mut entries {
             Some(s) => s,
-            None => entries.insert(tx.prepare_cached("INSERT INTO run_journal (run_id, entry) VALUES (?1, ?2)")?),
+            None => entries.insert(tx.prepare_cached("INSERT INTO run_journal (run_id, entry, prompt) VALUES (?1, ?2, ?3)")?),
         };
-        insert.execute(params![run_id, entry])?;
+        insert.execute(params![run_id, entry, prompt])?;
     }
-    Ok(fenced)
+    Ok((fenced, prompts.into_iter().map(|p| p.digest.as_str()).collect()))
 }
 
 /// [`WriteRows::committed`]: which runs of `rows` are fenced now, and whether its rows are there.
@@ -188,7 +200,12 @@ impl WriteRows for SqliteWriter {
     fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>> {
         // Synchronous: this writer runs on a thread of its own (`WriteQueue::start_on_thread`).
         // A SQLite error is the engine's own answer: nothing is in doubt.
-        let done = self.with_tx(|tx| write(tx, rows)).map_err(|f| WriteFailure { error: f.error, in_doubt: false });
+        let done = self.with_tx(|tx| write(tx, rows, &self.known)).map_err(|f| WriteFailure { error: f.error, in_doubt: false });
+        let done = done.map(|(fenced, prompts)| {
+            // Committed: known from now on.
+            self.known.add(prompts);
+            fenced
+        });
         Box::pin(std::future::ready(done))
     }
 
