@@ -27,7 +27,7 @@ use crate::hydrate::Route;
 use crate::llm::providers::backend_for;
 use crate::llm::stub::StubLlm;
 use crate::llm::{Llm, LlmError, LlmRequest, ModelInfo, OutputSpec, ReplyValue, stack};
-use crate::store::{Fenced, Holder, Lease, RunStore, StoreError, StoredStatus};
+use crate::store::{Fenced, Holder, IdempotencyKey, Keyed, Lease, RunStore, StoreError, StoredRun, StoredStatus};
 use crate::tools::{HttpPort, Tool};
 
 /// Where stub scripts are read from when no directory is given.
@@ -471,17 +471,48 @@ impl Runtime {
     /// `here`, the run is claimed by this process at once ([`Runtime::execute`] runs it);
     /// without, it is `queued` for whichever process claims it first ([`Runtime::claim_runs`]).
     pub async fn accept(&self, req: &StartRequest, here: bool) -> Result<AcceptedRun, AcceptError> {
+        let store = self.check_start(req)?;
+        let run_id = self.runner.new_id();
+        let request = serde_json::to_value(req).unwrap_or(Value::Null);
+        let lease = store.create_run(&run_id, &req.route_id, &request, here.then_some(&self.holder)).await?;
+        Ok(AcceptedRun { run_id, lease })
+    }
+
+    /// Every start check; the store a run is accepted into.
+    fn check_start(&self, req: &StartRequest) -> Result<&Arc<dyn RunStore>, AcceptError> {
         self.check_route(&req.route_id)?;
         if let Some(p) = &req.model_profile
             && !self.catalogue().profiles().any(|(name, _)| name == p)
         {
             return Err(AcceptError::UnknownProfile(p.clone()));
         }
-        let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
-        let run_id = self.runner.new_id();
+        self.store.as_ref().ok_or(AcceptError::NoStore)
+    }
+
+    /// [`Runtime::accept`] once per idempotency key: the first start with `key` accepts its run;
+    /// any later one with the same start contract (compared as parsed, not as bytes) gets that
+    /// run as it is now ([`Started::Replayed`]), on any process of the store; one with another
+    /// contract is [`AcceptError::KeyReused`]. The store's constraint decides a race.
+    pub async fn accept_once(&self, req: &StartRequest, here: bool, key: &IdempotencyKey) -> Result<Started, AcceptError> {
         let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        let lease = store.create_run(&run_id, &req.route_id, &request, here.then_some(&self.holder)).await?;
-        Ok(AcceptedRun { run_id, lease })
+        let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
+        // A retry is answered without the start checks: its run was accepted already (the
+        // route may have gone since).
+        let existing = match store.run_of_key(key).await? {
+            Some(run) => run,
+            None => {
+                let store = self.check_start(req)?;
+                let run_id = self.runner.new_id();
+                match store.create_keyed_run(&run_id, &req.route_id, &request, here.then_some(&self.holder), key).await? {
+                    Keyed::Created(lease) => return Ok(Started::New(AcceptedRun { run_id, lease })),
+                    Keyed::Existing(run) => *run,
+                }
+            }
+        };
+        if existing.request != request {
+            return Err(AcceptError::KeyReused { run_id: existing.run_id });
+        }
+        Ok(Started::Replayed(Box::new(existing)))
     }
 
     /// Runs an accepted run this process holds, recording it in the store as it goes (every
@@ -779,6 +810,9 @@ pub enum AcceptError {
     NoStore,
     #[error("the store did not let this process claim the run it accepted")]
     NotClaimed,
+    /// The idempotency key started run `run_id` with another start contract.
+    #[error("this idempotency key started run {run_id} with another start contract; use a new key for a new run")]
+    KeyReused { run_id: String },
 }
 
 /// Why a reply was refused.
@@ -815,6 +849,14 @@ impl ClaimedReply {
     pub fn lease(&self) -> &Lease {
         &self.lease
     }
+}
+
+/// What a keyed start ([`Runtime::accept_once`]) did: accepted a new run, or found the run the
+/// first start with its key accepted.
+#[derive(Debug, Clone)]
+pub enum Started {
+    New(AcceptedRun),
+    Replayed(Box<StoredRun>),
 }
 
 /// An accepted run: its id, and its lease when this process claimed it at once.

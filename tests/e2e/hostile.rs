@@ -14,7 +14,7 @@ use fabric::exec::{JournalBatch, JournalEntry, RunRequest, RunResult, RunStatus,
 use fabric::failure::BoxFuture;
 use fabric::llm::providers::{DEFAULT_MAX_REPLY_BYTES, HttpBackend, backend_for, shared_client};
 use fabric::llm::stub::StubLlm;
-use fabric::store::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
+use fabric::store::{Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -717,6 +717,19 @@ impl RunStore for Watched {
         holder: Option<&'a Holder>,
     ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         self.inner.create_run(run_id, route_id, request, holder)
+    }
+    fn create_keyed_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        route_id: &'a str,
+        request: &'a Value,
+        holder: Option<&'a Holder>,
+        key: &'a IdempotencyKey,
+    ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
+        self.inner.create_keyed_run(run_id, route_id, request, holder, key)
+    }
+    fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
+        self.inner.run_of_key(key)
     }
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
         self.note(run_id);

@@ -11,6 +11,7 @@ mod events;
 mod faults;
 mod hostile;
 mod hydrate;
+mod idempotency;
 mod layers;
 mod llama;
 mod newcomer;

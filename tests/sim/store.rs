@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use fabric::exec::{JournalBatch, JournalEntry};
 use fabric::failure::BoxFuture;
-use fabric::store::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
+use fabric::store::{Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
 use serde_json::Value;
 
 use crate::faults::Faults;
@@ -281,6 +281,35 @@ impl RunStore for SimStore {
             ));
             made
         })
+    }
+
+    fn create_keyed_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        route_id: &'a str,
+        request: &'a Value,
+        holder: Option<&'a Holder>,
+        key: &'a IdempotencyKey,
+    ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
+        Box::pin(async move {
+            let (store, id, route, req, holder, key) =
+                (self.real.store.clone(), run_id.to_owned(), route_id.to_owned(), request.clone(), holder.cloned(), key.clone());
+            let made = self.call("create", async move { store.create_keyed_run(&id, &route, &req, holder.as_ref(), &key).await }).await;
+            if let Ok(Keyed::Created(Some(lease))) = &made {
+                self.note_token(run_id, lease.token);
+            }
+            self.trace.log(format!(
+                "p{} create keyed {run_id} {route_id}: {}",
+                self.process,
+                made.as_ref().map(|k| format!("{k:?}")).unwrap_or_else(|e| e.to_string())
+            ));
+            made
+        })
+    }
+
+    fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
+        let (store, key) = (self.real.store.clone(), key.clone());
+        Box::pin(self.call("get", async move { store.run_of_key(&key).await }))
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {

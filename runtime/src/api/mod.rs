@@ -10,6 +10,7 @@
 mod body;
 mod follow;
 mod inspect;
+mod keyed;
 mod live;
 pub mod metrics;
 pub mod openapi;
@@ -44,7 +45,7 @@ use crate::cancel::Cancel;
 use crate::catalogue::{RouteEntry, RouteLookupError};
 use crate::events::EventSink;
 use crate::exec::StartError;
-use crate::runtime::{AcceptError, ReplyError, Runtime, StartRequest};
+use crate::runtime::{AcceptError, ReplyError, Runtime, StartRequest, Started};
 use crate::store::{RunFilter, RunId, StoredRun, StoredStatus};
 
 /// The service's limits and access.
@@ -689,27 +690,30 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
 }
 
 /// Starts a run.
-#[utoipa::path(post, path = "/v1/runs", request_body = StartBody, params(WaitParam),
+#[utoipa::path(post, path = "/v1/runs", request_body = StartBody, params(WaitParam, ("Idempotency-Key" = Option<String>, Header,
+        description = "1 to 255 visible ASCII characters. The first start with a key starts the run; a later one with the same key and the same start contract (compared as parsed JSON) answers 200 with that run (`Idempotent-Replayed: true`, the same `Location`; with `wait=true` once it ended or asked), on any replica; another contract is `422 idempotency_key_reused`. Kept as long as its run")),
     responses(
         (status = 201, description = "Accepted; the run executes (see `Location`)", body = Accepted),
-        (status = 200, description = "With `wait=true`: the run once it ended or asked", body = RunView),
+        (status = 200, description = "With `wait=true`: the run once it ended or asked. With an `Idempotency-Key` already used for this contract: that run (`Idempotent-Replayed: true`, `Location`)", body = RunView),
         (status = 404, description = "Unknown route", body = ErrorBody),
         (status = 409, description = "The route is served by another fleet", body = ErrorBody),
         (status = 413, description = "Body, goal or prefetch too large", body = ErrorBody),
         (status = 408, description = "The body did not arrive within the body timeout (`FABRIC_BODY_TIMEOUT_S`); the connection is closed", body = ErrorBody),
         (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody),
-        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; an unknown profile; a route that cannot start (`broken_route`, `cannot_start`)", body = ErrorBody),
+        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; an unknown profile; a route that cannot start (`broken_route`, `cannot_start`); `idempotency_key_reused`: the key started another contract's run", body = ErrorBody),
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
-        (status = 400, description = "A query string that does not parse", body = ErrorBody),
+        (status = 400, description = "A query string that does not parse; an `Idempotency-Key` that is not 1 to 255 visible ASCII characters, or sent twice", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 503, description = "`store_unavailable` (with `Retry-After`): the run store cannot take writes now, nothing was recorded; `store_error`; or `timeout`", body = ErrorBody)),
     security(("bearer" = [])))]
 async fn start_run(
     State(state): State<AppState>,
+    headers: HeaderMap,
     wait: Result<Query<WaitParam>, QueryRejection>,
     body: Result<JsonBody<StartBody>, ApiError>,
 ) -> Result<Response, ApiError> {
     let wait = query(wait)?;
+    let key = keyed::idempotency_key(&headers)?;
     let config = &state.inner.config;
     let JsonBody(body) = body?;
     let Value::Object(goal) = body.goal else {
@@ -740,6 +744,12 @@ async fn start_run(
     let req = StartRequest { route_id: body.route_id, goal, model_profile: Some(body.model_profile), prefetch, session_id: body.session_id };
     // Room here: the run is claimed by this process as it is accepted. None: it is queued in
     // the store for any replica with room, up to the queue's bound.
+    // A retry of a keyed start is answered before any bound: it starts nothing.
+    if let Some(key) = &key
+        && let Some(run) = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.run_of_key(key).await.map_err(store_error)?
+    {
+        return keyed::replayed(&state, &req, run, wait.wait).await;
+    }
     let permit = state.inner.in_flight.clone().try_acquire_owned().ok();
     if permit.is_none() {
         let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
@@ -752,15 +762,14 @@ async fn start_run(
             return Err(e);
         }
     }
-    let accepted = state.inner.runtime.accept(&req, permit.is_some()).await.map_err(|e| match e {
-        AcceptError::Start(s) => start_error(s),
-        AcceptError::UnknownProfile(p) => {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("model profile `{}` is not defined", echo_id(&p)))
-        }
-        AcceptError::Store(s) => store_error(s),
-        AcceptError::NoStore => store_error("no store"),
-        AcceptError::NotClaimed => store_error("the run could not be claimed"),
-    })?;
+    let accepted = match &key {
+        None => state.inner.runtime.accept(&req, permit.is_some()).await.map_err(accept_error)?,
+        Some(key) => match state.inner.runtime.accept_once(&req, permit.is_some(), key).await.map_err(accept_error)? {
+            Started::New(accepted) => accepted,
+            // Another replica's start with this key won the race.
+            Started::Replayed(run) => return keyed::replayed(&state, &req, *run, wait.wait).await,
+        },
+    };
     let run_id = accepted.run_id.clone();
     let status = match (permit, accepted.lease) {
         (Some(permit), Some(lease)) => {
@@ -778,6 +787,20 @@ async fn start_run(
         response.headers_mut().insert(header::LOCATION, v);
     }
     Ok(response)
+}
+
+/// A start refused by the facade, as the API answers it.
+fn accept_error(e: AcceptError) -> ApiError {
+    match e {
+        AcceptError::Start(s) => start_error(s),
+        AcceptError::UnknownProfile(p) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("model profile `{}` is not defined", echo_id(&p)))
+        }
+        AcceptError::Store(s) => store_error(s),
+        AcceptError::NoStore => store_error("no store"),
+        AcceptError::NotClaimed => store_error("the run could not be claimed"),
+        e @ AcceptError::KeyReused { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused", e.to_string()),
+    }
 }
 
 /// Executes a run segment (a start, or a reply's continuation) in the background while holding

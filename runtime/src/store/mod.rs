@@ -49,6 +49,49 @@ pub enum StoreError {
     /// A store that is read (`fabric runs`, `replay`) does not exist: nothing was created.
     #[error("{0}")]
     Missing(String),
+    /// A new run was not written: another run has its idempotency key (the writer's answer,
+    /// which [`RunStore::create_keyed_run`] turns into that run).
+    #[error("the idempotency key is another run's")]
+    KeyTaken,
+}
+
+/// A start's idempotency key as a client sends it (`Idempotency-Key`): 1 to 255 visible ASCII
+/// characters (`!` to `~`), so it is safe as a header, in a log and in any database.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+/// Why a text is no idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadKey {
+    #[error("an idempotency key has 1 to 255 characters; this one has {0}")]
+    Length(usize),
+    /// The 1-based position of the first character that is not `!` to `~`.
+    #[error("an idempotency key is visible ASCII (`!` to `~`); character {0} is not")]
+    NotVisible(usize),
+}
+
+impl IdempotencyKey {
+    pub fn parse(s: &str) -> Result<IdempotencyKey, BadKey> {
+        if s.is_empty() || s.len() > 255 {
+            return Err(BadKey::Length(s.chars().count()));
+        }
+        match s.char_indices().find(|(_, c)| !c.is_ascii_graphic()) {
+            Some((at, _)) => Err(BadKey::NotVisible(s[..at].chars().count() + 1)),
+            None => Ok(IdempotencyKey(s.to_owned())),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a keyed start found: its run created (claimed or queued, as `create_run`), or the run
+/// another start with the same key created, as it is now.
+#[derive(Debug, Clone)]
+pub enum Keyed {
+    Created(Option<Lease>),
+    Existing(Box<StoredRun>),
 }
 
 /// Where a run stands in the store (and in the API's views of a run, by the same names).
@@ -211,6 +254,18 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
         request: &'a Value,
         holder: Option<&'a Holder>,
     ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>>;
+    /// `create_run` unless a run with `key` exists, decided by a constraint of the store (two
+    /// processes racing on one key create one run): then that run, untouched.
+    fn create_keyed_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        route_id: &'a str,
+        request: &'a Value,
+        holder: Option<&'a Holder>,
+        key: &'a IdempotencyKey,
+    ) -> BoxFuture<'a, Result<Keyed, StoreError>>;
+    /// The run started with `key`, if any.
+    fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>>;
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>>;
     fn list_runs<'a>(&'a self, filter: &'a RunFilter) -> BoxFuture<'a, Result<Vec<StoredRun>, StoreError>>;
     fn events_after<'a>(&'a self, run_id: &'a str, after_seq: u64) -> BoxFuture<'a, Result<Vec<StoredEvent>, StoreError>>;
@@ -316,7 +371,19 @@ pub(crate) fn now() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::RunId;
+    use super::{IdempotencyKey, RunId};
+
+    #[test]
+    fn idempotency_keys_are_1_to_255_visible_ascii_characters() {
+        for good in ["a", "order-42/retry:1", "~!", &"k".repeat(255)] {
+            assert_eq!(IdempotencyKey::parse(good).unwrap().as_str(), good);
+        }
+        for bad in ["", " ", "a b", "tab\t", "caf\u{e9}", "nul\0", &"k".repeat(256)] {
+            assert!(IdempotencyKey::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(IdempotencyKey::parse("ab c"), Err(super::BadKey::NotVisible(3)));
+        assert!(IdempotencyKey::parse("ab c").unwrap_err().to_string().contains("character 3"));
+    }
 
     #[test]
     fn only_canonical_lowercase_uuids_are_run_ids() {

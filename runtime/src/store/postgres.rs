@@ -20,6 +20,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("migrations/postgres/0002_leases.sql")),
     (3, include_str!("migrations/postgres/0003_health.sql")),
     (4, include_str!("migrations/postgres/0004_prompts.sql")),
+    (5, include_str!("migrations/postgres/0005_idempotency.sql")),
 ];
 
 /// How long connecting, or waiting for a connection of the pool, may take.

@@ -68,8 +68,18 @@ impl Dialect for sqlx::Postgres {
 /// What the writer does: a new run's row (claimed by `owner` for `lease_ms`, or queued), or a
 /// claimed run's commit.
 pub(crate) enum Write {
-    Create { run_id: String, route_id: String, request: String, claim: Option<(String, i64)> },
-    Commit { lease: Lease, batch: Box<Prepared> },
+    /// With a `key` (an idempotency key), the row is written only when no run has that key.
+    Create {
+        run_id: String,
+        route_id: String,
+        request: String,
+        claim: Option<(String, i64)>,
+        key: Option<String>,
+    },
+    Commit {
+        lease: Lease,
+        batch: Box<Prepared>,
+    },
 }
 
 /// A batch as rows: serialized by the run that hands it over (on its own thread), so the
@@ -141,8 +151,15 @@ pub(crate) struct End<'a> {
     pub end: &'a PreparedEnd,
 }
 
-/// A new run's row: (run_id, route_id, request, claimed by (owner, lease_ms)).
-pub(crate) type Create<'a> = (&'a str, &'a str, &'a str, Option<(&'a str, i64)>);
+/// A new run's row.
+pub(crate) struct Create<'a> {
+    pub run_id: &'a str,
+    pub route_id: &'a str,
+    pub request: &'a str,
+    /// Claimed by (owner, lease_ms), or queued.
+    pub claim: Option<(&'a str, i64)>,
+    pub key: Option<&'a str>,
+}
 
 /// What one transaction writes, table by table, in the order the jobs came.
 pub(crate) struct Rows<'a> {
@@ -169,8 +186,8 @@ impl<'a> Rows<'a> {
         let mut seen = HashSet::new();
         for (job, _) in jobs {
             match job {
-                Write::Create { run_id, route_id, request, claim } => {
-                    rows.creates.push((run_id, route_id, request, claim.as_ref().map(|(o, ms)| (o.as_str(), *ms))))
+                Write::Create { run_id, route_id, request, claim, key } => {
+                    rows.creates.push(Create { run_id, route_id, request, claim: claim.as_ref().map(|(o, ms)| (o.as_str(), *ms)), key: key.as_deref() })
                 }
                 Write::Commit { lease, batch } => {
                     let run_id = &lease.run_id;
@@ -204,7 +221,8 @@ impl<'a> Rows<'a> {
 }
 
 /// How one database writes a transaction's rows (all of them, or none): the rows of runs that
-/// hold their lease; the ids of those that do not (fenced) are returned.
+/// hold their lease; the ids of those that do not (fenced) are returned, and so are those of
+/// new runs whose idempotency key another run has (not written either).
 pub(crate) trait WriteRows: Send + Sync + 'static {
     fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>>;
     /// Whether the transaction of `rows` committed after all (its connection broke before it
@@ -467,8 +485,13 @@ fn holds_as(holders: &mut HashMap<String, i64>, job: &Write) -> bool {
     }
 }
 
+/// A refused job: a commit whose lease was lost, or a new run whose idempotency key is taken.
 fn outcome(job: &Write, fenced: &HashSet<String>) -> Result<(), StoreError> {
-    if fenced.contains(job.run_id()) { Err(StoreError::LeaseLost(job.run_id().to_owned())) } else { Ok(()) }
+    match job {
+        _ if !fenced.contains(job.run_id()) => Ok(()),
+        Write::Create { .. } => Err(StoreError::KeyTaken),
+        Write::Commit { .. } => Err(StoreError::LeaseLost(job.run_id().to_owned())),
+    }
 }
 
 /// Writes the jobs' rows, trying again for as long as the database cannot write for a reason
@@ -584,13 +607,29 @@ where
         }
         let witness = if let Some((run_id, seq, ..)) = rows.events.iter().find(|e| !fenced.contains(e.0)) {
             sqlx::query("SELECT run_id FROM run_events WHERE run_id = $1 AND seq = $2").bind(*run_id).bind(*seq).fetch_optional(&mut *conn).await
-        } else if let Some((run_id, ..)) = rows.creates.first() {
-            sqlx::query("SELECT run_id FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await
+        } else if !rows.creates.is_empty() {
+            // Any new run's row says (one whose key another run has was never written).
+            let sql = format!("SELECT run_id FROM runs WHERE run_id IN ({}) LIMIT 1", rows_sql("", "?", rows.creates.len(), 1, DB::NUMBERED));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for c in &rows.creates {
+                q = q.bind(c.run_id);
+            }
+            q.fetch_optional(&mut *conn).await
         } else {
             // Every run it wrote for is fenced now: whether it committed changes nothing.
             return Ok(Some(fenced));
         };
-        Ok(witness.map_err(failed)?.map(|_| fenced))
+        if witness.map_err(failed)?.is_none() {
+            return Ok(None);
+        }
+        // Committed: a keyed new run whose row is not there found its key taken.
+        for c in rows.creates.iter().filter(|c| c.key.is_some()) {
+            let row = sqlx::query("SELECT run_id FROM runs WHERE run_id = $1").bind(c.run_id).fetch_optional(&mut *conn).await.map_err(failed)?;
+            if row.is_none() {
+                fenced.insert(c.run_id.to_owned());
+            }
+        }
+        Ok(Some(fenced))
     }
 
     /// Heals what no write would: while writes fail, a probe every [`HEAL_EVERY`] finds out
@@ -639,16 +678,22 @@ where
         let per_insert = self.per_insert;
         let at = rows.at.as_str();
         let mut tx = sqlx::Connection::begin(&mut **conn).await.map_err(failed)?;
+        // New runs whose idempotency key another run has: not written, and returned with the fenced.
+        let mut refused = HashSet::new();
         for chunk in rows.creates.chunks(per_insert) {
-            let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, lease_until) VALUES ";
-            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)));
-            for (run_id, route_id, request, claim) in chunk {
-                let status = if claim.is_some() { "running" } else { "queued" };
-                let (owner, token, ms) = claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
-                q = q.bind(status).bind(*run_id).bind(*route_id).bind(*request).bind(at).bind(at).bind(owner).bind(token).bind(ms);
+            let head =
+                "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, lease_until) VALUES ";
+            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
+            let sql = format!("{} ON CONFLICT (idempotency_key) DO NOTHING RETURNING run_id", rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for c in chunk {
+                let status = if c.claim.is_some() { "running" } else { "queued" };
+                let (owner, token, ms) = c.claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
+                q = q.bind(status).bind(c.run_id).bind(c.route_id).bind(c.request).bind(at).bind(at).bind(owner).bind(token).bind(c.key).bind(ms);
             }
-            q.execute(&mut *tx).await.map_err(failed)?;
+            let written: HashSet<String> =
+                q.fetch_all(&mut *tx).await.map_err(failed)?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>().map_err(failed)?;
+            refused.extend(chunk.iter().filter(|c| !written.contains(c.run_id)).map(|c| c.run_id.to_owned()));
         }
         // The fence and the ends, in one statement: the runs still `running` under the
         // token their writer holds get their row updated (an end: status, result, the lease let
@@ -704,7 +749,8 @@ where
                 }
             }
         }
-        let fenced: HashSet<String> = rows.leases.iter().filter(|(r, _)| !holding.contains(r)).map(|(r, _)| (*r).to_owned()).collect();
+        let mut fenced: HashSet<String> = rows.leases.iter().filter(|(r, _)| !holding.contains(r)).map(|(r, _)| (*r).to_owned()).collect();
+        fenced.extend(refused);
         // Each row carries its writer's token, checked again by the statement that writes it
         // (under the lock the fence took, so it cannot have moved on since).
         let tokens: HashMap<&str, i64> = rows.leases.iter().copied().collect();
@@ -1040,7 +1086,13 @@ mod tests {
         let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
         let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)), known: Default::default() };
         let holder = super::super::Holder::new(Duration::from_secs(30));
-        let create = |run: &str| Write::Create { run_id: run.into(), route_id: "r".into(), request: "{}".into(), claim: Some((holder.owner.clone(), 30_000)) };
+        let create = |run: &str| Write::Create {
+            run_id: run.into(),
+            route_id: "r".into(),
+            request: "{}".into(),
+            claim: Some((holder.owner.clone(), 30_000)),
+            key: None,
+        };
         let commit = |run: &str, seq| Write::Commit { lease: lease(run), batch: Box::new(Prepared::of(batch(run, seq))) };
         let jobs: Vec<Job> = vec![(create("a"), None), (create("b"), None), (commit("a", 1), None), (commit("b", 1), None)];
         let never: Vec<Job> = vec![(commit("a", 2), None)];
@@ -1137,7 +1189,7 @@ mod tests {
     async fn a_start_refused_while_its_jobs_are_tried_one_by_one_stops_no_writer() {
         let db = Arc::new(Flaky { poison: Some("bad"), creates_away: true, ..Flaky::default() });
         let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
-        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None };
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None };
         // Queued together: one transaction, which the bad run's rows make fail.
         queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
         let refused = queue.write(create).await;
@@ -1161,7 +1213,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(health.failing());
-        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None };
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None };
         let refused = tokio::time::timeout(Duration::from_secs(1), queue.write(create)).await.expect("refused within a second, not held");
         assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
         let second = tokio::spawn({

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::health::Health;
 use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, rows_sql, run_of, write_error};
-use super::{Claimed, Holder, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
+use super::{Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
 use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
 
@@ -104,8 +104,49 @@ where
             // work again); it is never acknowledged without its row committed.
             self.health.check()?;
             let claim = holder.map(|h| (h.owner.clone(), h.lease_ms()));
-            self.queue.write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string(), claim }).await?;
+            self.queue
+                .write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string(), claim, key: None })
+                .await?;
             Ok(holder.map(|_| Lease { run_id: run_id.to_owned(), token: 1 }))
+        })
+    }
+
+    fn create_keyed_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        route_id: &'a str,
+        request: &'a Value,
+        holder: Option<&'a Holder>,
+        key: &'a IdempotencyKey,
+    ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
+        Box::pin(async move {
+            self.health.check()?;
+            let claim = holder.map(|h| (h.owner.clone(), h.lease_ms()));
+            let create = Write::Create {
+                run_id: run_id.to_owned(),
+                route_id: route_id.to_owned(),
+                request: request.to_string(),
+                claim,
+                key: Some(key.as_str().to_owned()),
+            };
+            match self.queue.write(create).await {
+                Ok(()) => Ok(Keyed::Created(holder.map(|_| Lease { run_id: run_id.to_owned(), token: 1 }))),
+                // The key's run is committed (the constraint saw it): read it.
+                Err(StoreError::KeyTaken) => self
+                    .run_of_key(key)
+                    .await?
+                    .map(|run| Keyed::Existing(Box::new(run)))
+                    .ok_or_else(|| StoreError::Database("the run of this idempotency key was removed while it was being read; start again".into())),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
+        Box::pin(async move {
+            let sql = sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = $1"));
+            let row = sqlx::query(sql).bind(key.as_str()).fetch_optional(&self.pool).await.map_err(db)?;
+            row.as_ref().map(run_of).transpose()
         })
     }
 

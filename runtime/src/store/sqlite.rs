@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("migrations/sqlite/0002_leases.sql")),
     (3, include_str!("migrations/sqlite/0003_health.sql")),
     (4, include_str!("migrations/sqlite/0004_prompts.sql")),
+    (5, include_str!("migrations/sqlite/0005_idempotency.sql")),
 ];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).

@@ -98,18 +98,21 @@ impl SqliteWriter {
 /// hold. Returns the fenced runs, and the digests of the prompts written.
 fn write<'a>(tx: &rusqlite::Transaction<'_>, rows: &Rows<'a>, known: &Known) -> Result<(HashSet<String>, Vec<&'a str>), rusqlite::Error> {
     let at = rows.at.as_str();
+    let mut fenced = HashSet::new();
     if !rows.creates.is_empty() {
+        // A new run whose idempotency key another run has is not written (and is returned).
         let mut create = tx.prepare_cached(&format!(
-            "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, lease_until) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, {NOW_MS} + ?8)"
+            "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, lease_until) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, ?8, {NOW_MS} + ?9) ON CONFLICT (idempotency_key) DO NOTHING"
         ))?;
-        for (run_id, route_id, request, claim) in &rows.creates {
-            let status = if claim.is_some() { "running" } else { "queued" };
-            let (owner, token, ms) = claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
-            create.execute(params![status, run_id, route_id, request, at, owner, token, ms])?;
+        for c in &rows.creates {
+            let status = if c.claim.is_some() { "running" } else { "queued" };
+            let (owner, token, ms) = c.claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
+            if create.execute(params![status, c.run_id, c.route_id, c.request, at, owner, token, c.key, ms])? == 0 {
+                fenced.insert(c.run_id.to_owned());
+            }
         }
     }
-    let mut fenced = HashSet::new();
     let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
     if !rows.leases.is_empty() {
         // No end in this batch (the run goes on): the row keeps its result and lease.
@@ -169,7 +172,8 @@ fn write<'a>(tx: &rusqlite::Transaction<'_>, rows: &Rows<'a>, known: &Known) -> 
     Ok((fenced, prompts.into_iter().map(|p| p.digest.as_str()).collect()))
 }
 
-/// [`WriteRows::committed`]: which runs of `rows` are fenced now, and whether its rows are there.
+/// [`WriteRows::committed`]: which runs of `rows` are fenced now (or, new, found their key
+/// taken), and whether its rows are there.
 fn committed(tx: &rusqlite::Transaction<'_>, rows: &Rows<'_>) -> Result<Option<HashSet<String>>, rusqlite::Error> {
     let mut fenced = HashSet::new();
     let mut token = tx.prepare_cached("SELECT lease_token FROM runs WHERE run_id = ?1")?;
@@ -179,14 +183,23 @@ fn committed(tx: &rusqlite::Transaction<'_>, rows: &Rows<'_>) -> Result<Option<H
             fenced.insert((*run_id).to_owned());
         }
     }
+    let mut created = Vec::with_capacity(rows.creates.len());
+    for c in &rows.creates {
+        created.push(token.query_row([c.run_id], |_| Ok(())).map(Some).or_else(none_if_no_rows)?.is_some());
+    }
     let witness = if let Some((run_id, seq, ..)) = rows.events.iter().find(|e| !fenced.contains(e.0)) {
         tx.query_row("SELECT 1 FROM run_events WHERE run_id = ?1 AND seq = ?2", params![run_id, seq], |_| Ok(())).map(Some).or_else(none_if_no_rows)?
-    } else if let Some((run_id, ..)) = rows.creates.first() {
-        tx.query_row("SELECT 1 FROM runs WHERE run_id = ?1", [run_id], |_| Ok(())).map(Some).or_else(none_if_no_rows)?
+    } else if !rows.creates.is_empty() {
+        // Any new run's row says (one whose key another run has was never written).
+        created.contains(&true).then_some(())
     } else {
         return Ok(Some(fenced));
     };
-    Ok(witness.map(|()| fenced))
+    if witness.is_none() {
+        return Ok(None);
+    }
+    fenced.extend(rows.creates.iter().zip(&created).filter(|(_, c)| !**c).map(|(c, _)| c.run_id.to_owned()));
+    Ok(Some(fenced))
 }
 
 fn none_if_no_rows<T>(e: rusqlite::Error) -> Result<Option<T>, rusqlite::Error> {
