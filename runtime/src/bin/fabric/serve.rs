@@ -148,8 +148,8 @@ pub async fn serve(
 }
 
 /// The listen backlog of the HTTP listener: room for a burst of 1,000-odd clients connecting at
-/// once (std's 128 drops their SYNs, and each dropped one waits out a 1 s retransmission). The
-/// kernel caps it at `net.core.somaxconn` (docs/operations.md).
+/// once (tokio's `bind` listens with std's 128, which drops their SYNs: each dropped one waits
+/// out a 1 s retransmission). The kernel caps it at `net.core.somaxconn` (docs/operations.md).
 const LISTEN_BACKLOG: i32 = 4096;
 
 /// The HTTP listener on `addr`: bound as std binds one (`SO_REUSEADDR`, so a restart need not
