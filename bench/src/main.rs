@@ -112,7 +112,7 @@ async fn run(opts: BenchOptions, fabric: &Path) -> Result<(), String> {
                 }
                 out
             }
-            Scenario::S => vec![service::service(fabric, opts.clients, opts.requests, latency).await?],
+            Scenario::S => vec![service::service(fabric, opts.clients, opts.requests, latency, opts.journal.as_deref()).await?],
         };
         for r in &results {
             output::emit(r)?;

@@ -45,7 +45,7 @@ pub struct Cli {
     /// Scenario S: requests each client makes, one after the other.
     #[arg(long, default_value_t = 3)]
     requests: usize,
-    /// The run store of scenarios A2 and C2 (default a fresh SQLite file) and R (needed): a
+    /// The run store of scenarios A2, C2 and S (default a fresh SQLite file) and R (needed): a
     /// store URL (e.g. postgres://…, whose runs it adds to).
     #[arg(long)]
     journal: Option<String>,
@@ -121,7 +121,7 @@ pub struct BenchOptions {
     /// Scenario S: concurrent clients, and requests each makes.
     pub clients: usize,
     pub requests: usize,
-    /// The store URL of scenarios A2 and C2 (`None`: a fresh SQLite file) and R (required:
+    /// The store URL of scenarios A2, C2 and S (`None`: a fresh SQLite file) and R (required:
     /// replicas share one database).
     pub journal: Option<String>,
     /// Scenario R: replica counts, and the runs they share.

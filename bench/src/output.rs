@@ -75,15 +75,18 @@ fn table_line(v: &Value) -> String {
                 .unwrap_or_default()
         }
         "S" => format!(
-            "S       runs {:>6}  ({} clients)  {:>8.0} runs/s  latency p50 {:.1} ms  p99 {:.1} ms  errors {}  server peak RSS {:.1} MiB  {:.1} KiB/in-flight run",
+            "S       runs {:>6}  ({} clients)  {:>8.0} runs/s  latency p50 {:.1} ms  p99 {:.1} ms  errors {}  server RSS idle {:.1} MiB, peak {:.1} MiB: {:.1} KiB/in-flight run  stored {}  ({} journal)",
             v["runs"].as_u64().unwrap_or(0),
             v["clients"].as_u64().unwrap_or(0),
             v["runs_per_s"].as_f64().unwrap_or(0.0),
             v["latency_ms"]["p50"].as_f64().unwrap_or(0.0),
             v["latency_ms"]["p99"].as_f64().unwrap_or(0.0),
             v["errors"].as_u64().unwrap_or(0),
+            v["server_idle_rss_mib"].as_f64().unwrap_or(0.0),
             v["server_peak_rss_mib"].as_f64().unwrap_or(0.0),
-            v["server_rss_kib_per_inflight_run"].as_f64().unwrap_or(0.0)
+            v["server_rss_kib_per_inflight_run"].as_f64().unwrap_or(0.0),
+            v["stored_bytes_per_run"].as_f64().map_or("n/a".to_owned(), |b| format!("{b:.0} B/run")),
+            v["journal"].as_str().unwrap_or("?")
         ),
         "H" => format!(
             "H       routes {:>5}  load+validate+hydrate {:.1} ms  {:.1} µs/route",

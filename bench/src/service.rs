@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -63,6 +64,13 @@ impl FabricProcess {
             .map_err(|_| format!("{what} did not start in 20 s"))?
             .map_err(|e| format!("reading the address of {what}: {e}"))?;
         Ok(FabricProcess { child, url: line.trim().to_owned() })
+    }
+}
+
+impl FabricProcess {
+    /// Kills the process and waits until it is gone (its files closed).
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
     }
 }
 
@@ -149,28 +157,43 @@ fn serve_command(exe: &Path, dir: &Path, latency_ms: u64, database_url: &str) ->
     Ok(cmd)
 }
 
-/// S: `fabric serve` (stub at 50 ms, SQLite journal) in its own process, loaded from this one:
-/// `clients` connections each posting `POST /v1/runs?wait=true` `requests` times.
-pub async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u64) -> Result<Value, String> {
+/// S: `fabric serve` (stub at 50 ms) in its own process over `journal` (`--journal URL`; a fresh
+/// SQLite file when absent), loaded from this one: `clients` connections each posting
+/// `POST /v1/runs?wait=true` `requests` times. Besides speed, what the runs cost the store
+/// ([`stored_bytes`] before the service starts and after it stopped, per run it completed) and
+/// the service's memory (its peak RSS over its idle one, per client: one run in flight each).
+pub async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u64, journal: Option<&str>) -> Result<Value, String> {
     let dir = std::env::temp_dir().join(format!("fabric-bench-s-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let token = BENCH_TOKEN;
-    let mut cmd = serve_command(exe, &dir, latency_ms, &format!("sqlite://{}/s.db", dir.display()))?;
+    let url = journal.map_or_else(|| format!("sqlite://{}/s.db", dir.display()), |u| u.trim().to_owned());
+    let kind = match url.split_once(':').map(|(scheme, _)| scheme) {
+        Some("sqlite") => "sqlite",
+        Some("postgres" | "postgresql") => "postgres",
+        _ => return Err(format!("--journal `{}` is not a store URL; use sqlite://PATH or postgres://…", fabric::redact::redact_url(&url))),
+    };
+    let stored_before = stored_bytes(&url).await?;
+    let mut cmd = serve_command(exe, &dir, latency_ms, &url)?;
     cmd.env("FABRIC_MAX_RUNS_IN_FLIGHT", (clients * 2).to_string());
     let server = FabricProcess::spawn(cmd, "the service").await?;
     let pid = server.child.id().unwrap_or(0);
     let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build().map_err(|e| e.to_string())?;
-    let url = format!("{}/v1/runs?wait=true", server.url);
+    let runs_url = format!("{}/v1/runs?wait=true", server.url);
     let body = json!({"route_id": "staged", "goal": goal(), "model_profile": "bench"});
     // Warm the server's connections and the store.
+    let mut warm = 0;
     for _ in 0..5 {
-        let _ = client.post(&url).bearer_auth(token).json(&body).send().await;
+        if let Ok(r) = client.post(&runs_url).bearer_auth(token).json(&body).send().await
+            && r.json::<Value>().await.is_ok_and(|v| v["status"] == "completed")
+        {
+            warm += 1;
+        }
     }
     let rss_before = proc_kib(pid, "VmRSS:").unwrap_or(0);
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(clients);
     for _ in 0..clients {
-        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        let (client, url, body) = (client.clone(), runs_url.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::with_capacity(requests);
             let mut errors = 0;
@@ -197,13 +220,74 @@ pub async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u6
     }
     let wall = start.elapsed().as_secs_f64();
     let peak = proc_kib(pid, "VmHWM:").unwrap_or(0);
-    drop(server);
+    server.stop().await;
+    let stored_after = stored_bytes(&url).await;
     let _ = std::fs::remove_dir_all(&dir);
     let done = latencies.len();
+    // The runs the store holds from this scenario: the warm-up's and the measured ones.
+    let stored_runs = done + warm;
+    let stored = match (stored_before, stored_after?) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
     Ok(json!({
-        "scenario": "S", "clients": clients, "requests_per_client": requests, "runs": done, "errors": errors, "stub_latency_ms": latency_ms, "journal": "sqlite",
+        "scenario": "S", "clients": clients, "requests_per_client": requests, "runs": done, "errors": errors, "stub_latency_ms": latency_ms, "journal": kind,
         "wall_ms": round2(wall * 1e3), "runs_per_s": round2(done as f64 / wall), "latency_ms": stats(latencies),
-        "server_peak_rss_mib": round2(peak as f64 / 1024.0), "server_rss_kib_per_inflight_run": round2(peak.saturating_sub(rss_before) as f64 / clients as f64),
+        "server_idle_rss_mib": round2(rss_before as f64 / 1024.0), "server_peak_rss_mib": round2(peak as f64 / 1024.0),
+        "server_rss_kib_per_inflight_run": round2(peak.saturating_sub(rss_before) as f64 / clients as f64),
+        "stored_runs": stored_runs, "stored_bytes": stored,
+        "stored_bytes_per_run": stored.map(|b| round2(b as f64 / stored_runs.max(1) as f64)),
         "meta": meta(),
     }))
+}
+
+/// What the store at `url` holds, in bytes: a SQLite file with its `-wal` once the WAL is
+/// checkpointed into it (`PRAGMA wal_checkpoint(TRUNCATE)`; 0 when there is no file yet; run
+/// it only while no service has the file open), a PostgreSQL database's
+/// `pg_database_size(current_database())`; `None` for an in-memory SQLite store, which lives
+/// and dies in the service's process. Errors name the store without its credentials.
+async fn stored_bytes(url: &str) -> Result<Option<u64>, String> {
+    use sqlx::{ConnectOptions, Connection};
+    let here = fabric::redact::redact_url(url);
+    if url.starts_with("sqlite:") {
+        if url.contains(":memory:") {
+            return Ok(None);
+        }
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url).map_err(|e| format!("`{here}`: {e}"))?;
+        let file = options.get_filename().to_owned();
+        if !file.exists() {
+            return Ok(Some(0));
+        }
+        let mut conn = options.create_if_missing(false).connect().await.map_err(|e| format!("cannot open {}: {e}", file.display()))?;
+        // A process that just let go of the file (a killed replica of R) may hold it a moment.
+        let mut tries = 0;
+        loop {
+            let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| format!("checkpointing the WAL of {}: {e}", file.display()))?;
+            if busy == 0 {
+                break;
+            }
+            tries += 1;
+            if tries == 50 {
+                return Err(format!("the WAL checkpoint of {} was blocked for 5 s (is a service still using the file?)", file.display()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        conn.close().await.map_err(|e| format!("closing {}: {e}", file.display()))?;
+        let mut wal = file.clone().into_os_string();
+        wal.push("-wal");
+        let size = |p: &Path| std::fs::metadata(p).map(|m| m.len());
+        let db = size(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let wal = size(Path::new(&wal)).unwrap_or(0);
+        return Ok(Some(db + wal));
+    }
+    let mut conn = sqlx::PgConnection::connect(url).await.map_err(|e| format!("cannot connect to {here}: {e}"))?;
+    let size: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())")
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| format!("the size of the database at {here}: {e}"))?;
+    let _ = conn.close().await;
+    Ok(Some(u64::try_from(size).unwrap_or(0)))
 }

@@ -305,6 +305,10 @@ fn bench_prints_every_scenario() {
             "S" => {
                 assert_eq!((l["runs"].as_u64(), l["errors"].as_u64()), (Some(16), Some(0)), "{l}");
                 assert!(l["latency_ms"]["p50"].as_f64().unwrap() >= 3.0, "three stub calls of 1 ms: {l}");
+                // The store of --journal, and what the runs added to it (the warm-up's 5 too).
+                assert_eq!((l["journal"].as_str(), l["stored_runs"].as_u64()), (Some("sqlite"), Some(21)), "{l}");
+                assert!(l["stored_bytes_per_run"].as_f64().unwrap() > 0.0, "{l}");
+                assert!(l["server_rss_kib_per_inflight_run"].as_f64().is_some(), "{l}");
             }
             _ => unreachable!(),
         }

@@ -106,7 +106,7 @@ pub async fn serve(
     let state = AppState::new(runtime, config);
     // This process's share of the fleet's work: leases renewed, queued and orphaned runs claimed.
     tokio::spawn(state.clone().keep_leases());
-    let listener = match tokio::net::TcpListener::bind(addr).await {
+    let listener = match listen_on(addr) {
         Ok(l) => l,
         Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
     };
@@ -145,6 +145,23 @@ pub async fn serve(
     };
     fabric::api::serve(listener, state, shutdown).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The listen backlog of the HTTP listener: room for a burst of 1,000-odd clients connecting at
+/// once (tokio's `bind` listens with std's 128, which drops their SYNs: each dropped one waits
+/// out a 1 s retransmission). The kernel caps it at `net.core.somaxconn` (docs/operations.md).
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// The HTTP listener on `addr`: bound as std binds one (`SO_REUSEADDR`, so a restart need not
+/// wait out the old sockets' TIME_WAIT), with a backlog of [`LISTEN_BACKLOG`].
+fn listen_on(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(socket.into())
 }
 
 /// The shortest `FABRIC_API_TOKEN` accepted on an address that is not loopback (32 characters:
