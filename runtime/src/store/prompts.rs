@@ -8,8 +8,8 @@
 //! DO NOTHING` and may skip one they know is committed ([`Known`]). Whatever removes runs
 //! (retention) must keep every prompt a remaining journal row names, and forget [`Known`].
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -20,7 +20,7 @@ use crate::exec::JournalEntry;
 /// A journal entry as its row holds it: the JSON, and the digest of the prompt it left out.
 pub(crate) struct StoredEntry {
     pub json: String,
-    pub prompt: Option<Prompt>,
+    pub prompt: Option<Arc<Prompt>>,
 }
 
 /// A prompt's row: its digest (hex SHA-256 of the text) and its body, the text as a JSON string
@@ -61,13 +61,31 @@ fn digest(text: &str) -> String {
     })
 }
 
+/// The prompts made so far, by their text: a run's model replies repeat a few prompts, and a
+/// SHA-256 of each per reply was a third of what preparing a run's rows cost (callgrind, A2:
+/// +39,000 instructions per run before this cache, docs/performance.md).
+static PROMPTS: LazyLock<Mutex<HashMap<String, Arc<Prompt>>>> = LazyLock::new(Default::default);
+
+/// `system` as its row.
+fn prompt_of(system: &str) -> Arc<Prompt> {
+    let mut prompts = PROMPTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = prompts.get(system) {
+        return p.clone();
+    }
+    if prompts.len() >= KNOWN_MAX {
+        prompts.clear();
+    }
+    let prompt = Arc::new(Prompt { digest: digest(system), body: serde_json::to_string(system).unwrap_or_default() });
+    prompts.insert(system.to_owned(), prompt.clone());
+    prompt
+}
+
 /// `entry` as its row: a model reply without its system prompt, which becomes a [`Prompt`].
 pub(crate) fn split(entry: &JournalEntry) -> StoredEntry {
     match entry {
         JournalEntry::ModelReply { stage_id, turn, system, user, raw, value } => {
             let row = ReplyRow { stage_id, turn: *turn, user, raw, value };
-            let prompt = Prompt { digest: digest(system), body: serde_json::to_string(system).unwrap_or_default() };
-            StoredEntry { json: serde_json::to_string(&row).unwrap_or_default(), prompt: Some(prompt) }
+            StoredEntry { json: serde_json::to_string(&row).unwrap_or_default(), prompt: Some(prompt_of(system)) }
         }
         other => StoredEntry { json: serde_json::to_string(other).unwrap_or_default(), prompt: None },
     }
@@ -151,7 +169,7 @@ mod tests {
     #[test]
     fn a_missing_prompt_is_an_error_naming_the_run_and_digest() {
         let stored = split(&reply("p"));
-        let d = stored.prompt.unwrap().digest;
+        let d = stored.prompt.unwrap().digest.clone();
         let e = join("run-9", &stored.json, Some(&d), None).unwrap_err().to_string();
         assert!(e.contains("run-9") && e.contains(&d), "{e}");
     }

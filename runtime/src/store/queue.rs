@@ -684,7 +684,10 @@ where
             let head =
                 "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, lease_until) VALUES ";
             let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
-            let sql = format!("{} ON CONFLICT (idempotency_key) DO NOTHING RETURNING run_id", rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED));
+            let sql = format!(
+                "{} ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING run_id",
+                rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)
+            );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
             for c in chunk {
                 let status = if c.claim.is_some() { "running" } else { "queued" };

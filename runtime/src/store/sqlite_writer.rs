@@ -103,7 +103,7 @@ fn write<'a>(tx: &rusqlite::Transaction<'_>, rows: &Rows<'a>, known: &Known) -> 
         // A new run whose idempotency key another run has is not written (and is returned).
         let mut create = tx.prepare_cached(&format!(
             "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, lease_until) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, ?8, {NOW_MS} + ?9) ON CONFLICT (idempotency_key) DO NOTHING"
+             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, ?8, {NOW_MS} + ?9) ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
         ))?;
         for c in &rows.creates {
             let status = if c.claim.is_some() { "running" } else { "queued" };
