@@ -40,14 +40,17 @@ class Runtime:
         self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None, cancel: CancelToken | None = None
     ) -> dict[str, Any]:
         """Runs a route to its end with the GIL released; the result object of ``fabric run``,
-        with its ``events``. Ctrl-C (on the main thread) or ``cancel`` interrupts it. Raises
+        with its ``events``. Ctrl-C (on the main thread) interrupts it (``interrupted``);
+        ``cancel`` cancels it (status ``cancelled``). Raises
         ``StartError`` when the run cannot start (``invalid_goal`` for a goal that is not a JSON
         object)."""
     def routes(self) -> list[str]:
         """The routes that can run here."""
 
 class CancelToken:
-    """Interrupts the run it is given to: the run ends ``interrupted``, keeping what it did."""
+    """Cancels the run it is given to: the run ends with the status ``cancelled`` (reason class
+    ``cancelled``, a last ``run.cancelled`` event with the reason), its call in flight aborted,
+    keeping what it did. Thread-safe; the first reason stays."""
 
     def __init__(self) -> None: ...
     def cancel(self, reason: str = "cancelled") -> None: ...

@@ -291,8 +291,10 @@ impl Runtime {
     }
 }
 
-/// Cancels the run it is given to (`run(..., cancel=token)`): the run ends `interrupted`,
-/// keeping what it did. Thread-safe; cancelling twice is harmless.
+/// Cancels the run it is given to (`run(..., cancel=token)`): the run ends with the status
+/// `cancelled` (reason class `cancelled`, a last `run.cancelled` event), its model or tool call in
+/// flight aborted, keeping what it did. Thread-safe; cancelling twice is harmless (the first
+/// reason stays). Ctrl-C is not a cancel: it interrupts (`interrupted`).
 #[pyclass(module = "fabric_runtime._native", frozen)]
 struct CancelToken {
     handle: CancelHandle,
@@ -307,7 +309,7 @@ impl CancelToken {
 
     #[pyo3(signature = (reason = "cancelled".to_owned()))]
     fn cancel(&self, reason: String) {
-        self.handle.cancel(&reason);
+        self.handle.cancel_run(&reason);
     }
 }
 

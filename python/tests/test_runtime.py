@@ -197,6 +197,24 @@ def test_cancelling_run_async_interrupts_the_run():
     assert time.monotonic() - started < 10
 
 
+def test_a_cancel_token_cancels_the_run_with_its_reason():
+    from fabric_runtime import CancelToken
+
+    rt = runtime(llm_stub_latency_ms=5000)
+    token = CancelToken()
+    timer = threading.Timer(0.3, lambda: token.cancel("the user left"))
+    timer.start()
+    started = time.monotonic()
+    result = rt.run("support-triage", {"ticket": "x"}, cancel=token)
+    # Ended at once (the model call in flight aborted), not after the run's 15 s of calls.
+    assert time.monotonic() - started < 10
+    assert result["status"] == "cancelled", result
+    assert result["error"]["reason_class"] == "cancelled"
+    assert result["error"]["message"] == "the user left"
+    last = result["events"][-1]
+    assert (last["type"], last["reason"]) == ("run.cancelled", "the user left")
+
+
 def test_a_python_tool_that_takes_too_long_times_out_and_the_loop_goes_on():
     done = threading.Event()
 

@@ -1,8 +1,10 @@
-//! Cancelling runs from outside: a signal to the CLI, a shutdown of the service.
+//! Stopping runs from outside: a signal to the CLI, a shutdown of the service, a cancel request.
 //!
-//! A [`CancelHandle`] fires once with a reason (`SIGTERM`, `shutdown`); every [`Cancel`] cloned
-//! from it then resolves. Model and tool calls race their work against it, so a cancelled run
-//! ends at once with the `interrupted` reason class and a result that keeps everything done.
+//! A [`CancelHandle`] fires once with a reason (`SIGTERM`, `shutdown`, a client's words); every
+//! [`Cancel`] cloned from it then resolves. Model and tool calls race their work against it, so
+//! the run ends at once with a result that keeps everything done: `interrupted` when it was
+//! stopped ([`CancelHandle::cancel`]), status `cancelled` when it was cancelled on request
+//! ([`CancelHandle::cancel_run`]).
 
 use tokio::sync::watch;
 
@@ -14,14 +16,22 @@ pub struct Cancelled {
     pub reason: String,
 }
 
+/// How a token fired: its reason, and whether the run was cancelled on request (it then ends
+/// `cancelled`) rather than stopped (it ends `interrupted`, or is handed over).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stop {
+    reason: String,
+    requested: bool,
+}
+
 /// The sending side: fires once; later fires are ignored (the first reason stays).
 #[derive(Debug, Clone)]
-pub struct CancelHandle(watch::Sender<Option<String>>);
+pub struct CancelHandle(watch::Sender<Option<Stop>>);
 
 /// The receiving side, cheap to clone; one per run. `None`: a token that never fires, which
 /// costs nothing to make or to wait on (every model and tool call races against its token).
 #[derive(Debug, Clone)]
-pub struct Cancel(Option<watch::Receiver<Option<String>>>);
+pub struct Cancel(Option<watch::Receiver<Option<Stop>>>);
 
 impl CancelHandle {
     pub fn new() -> (CancelHandle, Cancel) {
@@ -29,13 +39,24 @@ impl CancelHandle {
         (CancelHandle(tx), Cancel(Some(rx)))
     }
 
-    /// Cancels every run holding a [`Cancel`] of this handle, giving `reason`.
+    /// Stops every run holding a [`Cancel`] of this handle, giving `reason` (it ends
+    /// `interrupted`).
     pub fn cancel(&self, reason: &str) {
+        self.fire(reason, false);
+    }
+
+    /// Cancels every run holding a [`Cancel`] of this handle on request, giving `reason`: it
+    /// ends with the status `cancelled`.
+    pub fn cancel_run(&self, reason: &str) {
+        self.fire(reason, true);
+    }
+
+    fn fire(&self, reason: &str, requested: bool) {
         self.0.send_if_modified(|r| {
             if r.is_some() {
                 return false;
             }
-            *r = Some(reason.to_owned());
+            *r = Some(Stop { reason: reason.to_owned(), requested });
             true
         });
     }
@@ -51,9 +72,14 @@ impl Cancel {
         Cancel(None)
     }
 
-    /// The reason, once cancelled.
+    /// The reason, once cancelled or stopped.
     pub fn reason(&self) -> Option<String> {
-        self.0.as_ref().and_then(|rx| rx.borrow().clone())
+        self.0.as_ref().and_then(|rx| rx.borrow().as_ref().map(|s| s.reason.clone()))
+    }
+
+    /// The reason, once cancelled on request ([`CancelHandle::cancel_run`]).
+    pub fn requested(&self) -> Option<String> {
+        self.0.as_ref().and_then(|rx| rx.borrow().as_ref().filter(|s| s.requested).map(|s| s.reason.clone()))
     }
 
     /// `work`'s outcome, or the reason when the run is cancelled first (checked first at every
@@ -75,7 +101,7 @@ impl Cancel {
     pub async fn cancelled(&self) -> String {
         let Some(rx) = &self.0 else { return std::future::pending().await };
         let mut rx = rx.clone();
-        let reason = rx.wait_for(Option::is_some).await.ok().and_then(|r| r.clone());
+        let reason = rx.wait_for(Option::is_some).await.ok().and_then(|r| r.as_ref().map(|s| s.reason.clone()));
         match reason {
             Some(reason) => reason,
             // The handle is gone without firing: nothing can cancel any more.
@@ -96,6 +122,11 @@ mod tests {
         handle.cancel("SIGINT");
         assert_eq!(cancel.cancelled().await, "SIGTERM");
         assert_eq!(handle.token().reason().as_deref(), Some("SIGTERM"));
+        assert_eq!(cancel.requested(), None);
+        let (asked, token) = CancelHandle::new();
+        asked.cancel_run("the user left");
+        asked.cancel("SIGTERM");
+        assert_eq!((token.reason().as_deref(), token.requested().as_deref()), (Some("the user left"), Some("the user left")));
         let never = Cancel::never();
         assert!(tokio::time::timeout(std::time::Duration::from_millis(20), never.cancelled()).await.is_err());
     }

@@ -55,8 +55,11 @@ pub enum ReasonClass {
     ToolResponseTooLarge,
     NoBranchMatched,
     ChildRunFailed,
-    /// The run was cancelled from outside (a signal, a service shutdown).
+    /// The run was stopped from outside without being cancelled (a signal, a service shutdown).
     Interrupted,
+    /// The run was cancelled on request (`POST /v1/runs/{id}/cancel`, `fabric runs cancel`, a
+    /// Python `CancelToken`): its terminal status is `cancelled`.
+    Cancelled,
     /// The run's record could not be written to the run store; the run stops there.
     StoreError,
     /// A replay (`fabric replay`) reached a model call or a tool call its journal has no entry
@@ -88,6 +91,7 @@ impl ReasonClass {
             ReasonClass::NoBranchMatched => "no_branch_matched",
             ReasonClass::ChildRunFailed => "child_run_failed",
             ReasonClass::Interrupted => "interrupted",
+            ReasonClass::Cancelled => "cancelled",
             ReasonClass::StoreError => "store_error",
             ReasonClass::ReplayDiverged => "replay_diverged",
         }

@@ -384,6 +384,9 @@ pub struct Probe {
 }
 
 /// The embeddable runtime (see the module docs).
+mod cancelling;
+pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON, cancel_reason};
+
 pub struct Runtime {
     runner: Runner,
     settings: Settings,
@@ -541,7 +544,8 @@ impl Runtime {
 
     /// Renews `leases` every third of the lease for as long as it is polled: in the same task as
     /// the run it holds (no task of its own to outlive it), dropped with the run. A lease another
-    /// process took anyway cancels `handle` ("lease lost").
+    /// process took anyway stops `handle` ("lease lost"); a cancel request on the run, found at
+    /// the same beat, cancels it (it ends `cancelled`).
     async fn hold_leases(&self, leases: &[Lease], handle: &CancelHandle) -> std::convert::Infallible {
         let mut tick = tokio::time::interval(self.holder.lease / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -550,6 +554,11 @@ impl Runtime {
             tick.tick().await;
             if self.renew(leases).await.is_ok_and(|lost| !lost.is_empty()) {
                 handle.cancel("lease lost");
+            }
+            if let Ok(asked) = self.cancel_requests().await
+                && let Some((_, reason)) = asked.iter().find(|(l, _)| leases.contains(l))
+            {
+                handle.cancel_run(reason);
             }
         }
     }
@@ -598,7 +607,8 @@ impl Runtime {
             .into_iter()
             .map(|claimed| {
                 let request = serde_json::from_value::<StartRequest>(claimed.run.request);
-                ClaimedRun { lease: Lease { run_id: claimed.run.run_id, token: claimed.token }, route_id: claimed.run.route_id, request }
+                let (lease, cancel) = (Lease { run_id: claimed.run.run_id, token: claimed.token }, claimed.run.cancel_reason);
+                ClaimedRun { lease, route_id: claimed.run.route_id, request, cancel }
             })
             .collect())
     }
@@ -610,8 +620,15 @@ impl Runtime {
     /// did. When its journal cannot be read the run is let go for another claim, and the
     /// outcome says `store_error` (nothing recorded).
     pub async fn resume(&self, claimed: ClaimedRun, sink: Arc<dyn EventSink>, cancel: Cancel) -> RunOutcome {
-        let ClaimedRun { lease, route_id, request } = claimed;
+        let ClaimedRun { lease, route_id, request, cancel: asked } = claimed;
         let done = |result| RunOutcome { result, unused_script_lines: Vec::new() };
+        // Someone asked to cancel it (its holder died first, or it was let go): it ends so.
+        if let Some(reason) = asked {
+            return match self.end_cancelled(&lease, &route_id, &reason, sink).await {
+                Ok(result) => done(result),
+                Err(e) => done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, &e.to_string())),
+            };
+        }
         let Some(store) = self.store.as_deref() else {
             return done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, "this runtime has no run store"));
         };
@@ -873,6 +890,8 @@ pub struct ClaimedRun {
     route_id: String,
     /// The start contract, or why it does not read.
     request: Result<StartRequest, serde_json::Error>,
+    /// A cancel request's reason: the run is ended `cancelled`, not resumed.
+    cancel: Option<String>,
 }
 
 impl ClaimedRun {

@@ -266,6 +266,33 @@ async fn support_triage_started_from_its_route_page_completes_live_with_its_time
 }
 
 #[tokio::test]
+async fn the_cancel_button_cancels_a_running_run() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "30000")]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    let id = s.start_from_route_page("support-triage", r#"{"ticket": "charged twice"}"#).await;
+    s.run_reaches(&id, "running").await;
+    b.wait_displayed("button#run-cancel").await;
+    b.find("button#run-cancel").await.unwrap().click().await.unwrap();
+    s.run_reaches(&id, "cancelled").await;
+    b.wait_for("the reason on the page", async || {
+        b.find("#failure")
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+            .filter(|t| t.contains("Cancelled") && t.contains("cancelled in the run inspector") && !t.contains("null"))
+    })
+    .await;
+    b.wait_for("the Cancel button to go away", async || gone(b, "button#run-cancel").await.then_some(())).await;
+    let done = settled(&s.server, &id).await;
+    assert_eq!((done["status"].as_str(), done["error"]["reason_class"].as_str()), (Some("cancelled"), Some("cancelled")), "{done}");
+    b.screenshot("run-cancelled").await;
+}
+
+#[tokio::test]
 async fn support_agent_asks_the_reader_and_completes_live_after_the_reply() {
     let stub = asking_stub();
     let Some(s) = setup(stub.path(), &[SLOW]).await else { return };

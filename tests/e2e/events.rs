@@ -268,6 +268,19 @@ async fn every_event_type_keeps_its_wire_form() {
     triage.abandon("gone-route", history, ReasonClass::StoreError, "the route `gone-route` is not in the catalogue", c.sink.clone(), &Discard).await;
     record.add("a recovered run given up", &c);
 
+    // A run cancelled on request before its first stage, and a queued run cancelled (ended
+    // without a walk).
+    let c = capture();
+    let (asked, token) = fabric::cancel::CancelHandle::new();
+    asked.cancel_run("the user left");
+    let req = request("support-triage", ticket(), vec![]);
+    triage.execute(req, fabric::exec::Begin::New { run_id: fabric::exec::new_run_id() }, c.sink.clone(), token, None).await.unwrap();
+    record.add("a run cancelled on request", &c);
+    let c = capture();
+    let history = RunHistory { run_id: fabric::exec::new_run_id(), entries: Vec::new(), next_seq: 1 };
+    triage.end_cancelled("support-triage", history, "cancelled by request", c.sink.clone(), &Discard).await;
+    record.add("a queued run cancelled", &c);
+
     // A run that asks, continued after the reply, through a SQLite store: the store's rows are
     // the lines.
     let dir = tempfile::tempdir().unwrap();

@@ -14,7 +14,7 @@ use fabric::exec::{JournalBatch, JournalEntry, RunRequest, RunResult, RunStatus,
 use fabric::failure::BoxFuture;
 use fabric::llm::providers::{DEFAULT_MAX_REPLY_BYTES, HttpBackend, backend_for, shared_client};
 use fabric::llm::stub::StubLlm;
-use fabric::store::{Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
+use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -730,6 +730,13 @@ impl RunStore for Watched {
     }
     fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
         self.inner.run_of_key(key)
+    }
+    fn request_cancel<'a>(&'a self, run_id: &'a str, reason: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<CancelAsk, StoreError>> {
+        self.note(run_id);
+        self.inner.request_cancel(run_id, reason, holder)
+    }
+    fn cancel_requests<'a>(&'a self, holder: &'a Holder) -> BoxFuture<'a, Result<Vec<(Lease, String)>, StoreError>> {
+        self.inner.cancel_requests(holder)
     }
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
         self.note(run_id);

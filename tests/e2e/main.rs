@@ -2,6 +2,7 @@
 
 mod architecture;
 mod browser;
+mod cancel;
 mod catalogue;
 mod cli;
 mod decision_loop;

@@ -349,5 +349,6 @@ pub fn bare_data(kind: fabric::events::EventKind) -> fabric::events::EventData {
         K::RunFailed => D::RunFailed { reason_class: "interrupted", message: s(), duration_ms: Some(ms), decisions: None },
         K::RunAwaitingInput => D::RunAwaitingInput { question: s(), duration_ms: ms },
         K::RunResumed => D::RunResumed { reply: s() },
+        K::RunCancelled => D::RunCancelled { reason: s(), duration_ms: Some(ms) },
     }
 }

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use fabric::exec::{JournalBatch, JournalEntry};
 use fabric::failure::BoxFuture;
-use fabric::store::{Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
+use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
 use serde_json::Value;
 
 use crate::faults::Faults;
@@ -349,6 +349,22 @@ impl RunStore for SimStore {
             }
             claimed
         })
+    }
+
+    fn request_cancel<'a>(&'a self, run_id: &'a str, reason: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<CancelAsk, StoreError>> {
+        Box::pin(async move {
+            let (store, id, why, holder) = (self.real.store.clone(), run_id.to_owned(), reason.to_owned(), holder.clone());
+            let asked = self.call("cancel", async move { store.request_cancel(&id, &why, &holder).await }).await;
+            if let Ok(CancelAsk::Claimed { lease, .. }) = &asked {
+                self.note_token(run_id, lease.token);
+            }
+            asked
+        })
+    }
+
+    fn cancel_requests<'a>(&'a self, holder: &'a Holder) -> BoxFuture<'a, Result<Vec<(Lease, String)>, StoreError>> {
+        let (store, holder) = (self.real.store.clone(), holder.clone());
+        Box::pin(self.call("get", async move { store.cancel_requests(&holder).await }))
     }
 
     fn claim_reply<'a>(&'a self, run_id: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {

@@ -800,6 +800,7 @@ mod tests {
                 match result.status() {
                     RunStatus::Completed => ends[0] += 1,
                     RunStatus::AwaitingInput => ends[2] += 1,
+                    RunStatus::Cancelled => panic!("seed {seed}: {} was cancelled, and nothing cancels it here", start.route_id),
                     RunStatus::Failed => {
                         let failure = result.error().unwrap();
                         assert!(allowed.contains(&failure.reason_class), "seed {seed}: {} failed: {failure:?}\n{}", start.route_id, dump(&w));

@@ -75,15 +75,35 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 
     async fn from_request(request: Request, state: &AppState) -> Result<JsonBody<T>, ApiError> {
         media_type(request.headers())?;
-        let limit = state.inner.config.max_body_bytes;
-        let bytes = Bytes::from_request(request, state).await.map_err(|e| match e.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("the request body is larger than {limit} bytes"))
-            }
-            _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "the request body could not be read"),
-        })?;
-        parse_json(&bytes).map(JsonBody)
+        parse_json(&body_bytes(request, state).await?).map(JsonBody)
     }
+}
+
+/// A body that may be left out: no bytes at all is `None` (whatever the headers say); any
+/// other body is read as a [`JsonBody`] is.
+pub(super) struct MaybeJsonBody<T>(pub Option<T>);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for MaybeJsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<MaybeJsonBody<T>, ApiError> {
+        let headers = request.headers().clone();
+        let bytes = body_bytes(request, state).await?;
+        if bytes.is_empty() {
+            return Ok(MaybeJsonBody(None));
+        }
+        media_type(&headers)?;
+        parse_json(&bytes).map(|v| MaybeJsonBody(Some(v)))
+    }
+}
+
+/// The body's bytes within the body limit (413 beyond it).
+async fn body_bytes(request: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    let limit = state.inner.config.max_body_bytes;
+    Bytes::from_request(request, state).await.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("the request body is larger than {limit} bytes")),
+        _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "the request body could not be read"),
+    })
 }
 
 fn unsupported(message: &str) -> ApiError {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::cancel::{Cancel, CancelHandle};
-use crate::events::{Event, EventKind, EventSink};
+use crate::events::{Event, EventSink};
 use crate::store::Lease;
 
 /// An event as the live tail keeps it: ready to send.
@@ -56,6 +56,12 @@ impl LiveRun {
         self.stop.cancel(reason);
     }
 
+    /// Cancels the segment on request: unlike [`LiveRun::stop`], the run is still this
+    /// process's, and its end (`cancelled`) is recorded and shown like any end.
+    pub fn cancel(&self, reason: &str) {
+        self.stop.cancel_run(reason);
+    }
+
     pub fn is_stopped(&self) -> bool {
         self.stopped.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -99,7 +105,7 @@ impl EventSink for LiveRun {
         }
         // A run's end is streamed from the store once recorded, never from here: a segment whose
         // end could not be recorded (its lease lost) must not tell a client the run ended.
-        if matches!(event.kind, EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunAwaitingInput) {
+        if event.kind.ends_run() {
             self.tick.send_modify(|t| *t += 1);
             return;
         }

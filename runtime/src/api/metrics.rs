@@ -76,6 +76,7 @@ impl EventSink for Metrics {
             EventData::RunCompleted { .. } => finished(&mut c, route, "completed"),
             EventData::RunFailed { .. } => finished(&mut c, route, "failed"),
             EventData::RunAwaitingInput { .. } => finished(&mut c, route, "awaiting_input"),
+            EventData::RunCancelled { .. } => finished(&mut c, route, "cancelled"),
             EventData::StageCompleted { duration_ms, .. } | EventData::StageFailed { duration_ms, .. } => {
                 c.stage_seconds.entry(route).or_default().observe(duration_ms / 1000.0);
             }

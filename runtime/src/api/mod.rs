@@ -8,6 +8,7 @@
 //! runtime, and answers.
 
 mod body;
+mod cancel;
 mod follow;
 mod inspect;
 mod keyed;
@@ -163,8 +164,10 @@ impl AppState {
     /// journal. Apart, so that slow claims never delay a renewal past the lease.
     pub async fn keep_leases(self) {
         let claims = tokio::spawn(self.clone().claim_work());
+        let cancels = tokio::spawn(self.clone().watch_cancels());
         self.renew_leases().await;
         claims.abort();
+        cancels.abort();
     }
 
     async fn renew_leases(self) {
@@ -543,6 +546,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runs/{run_id}", get(get_run))
         .route("/v1/runs/{run_id}/record", get(inspect::run_record))
         .route("/v1/runs/{run_id}/reply", post(reply))
+        .route("/v1/runs/{run_id}/cancel", post(cancel::cancel_run))
         .route("/v1/routes", get(list_routes))
         .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
         .route("/metrics", get(metrics))
@@ -915,7 +919,7 @@ fn parse_status(status: Option<&str>) -> Result<Option<StoredStatus>, ApiError> 
                 ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "invalid_request",
-                    format!("`status` `{}` is not one of queued, running, completed, failed, awaiting_input", echo_id(s)),
+                    format!("`status` `{}` is not one of queued, running, completed, failed, awaiting_input, cancelled", echo_id(s)),
                 )
             })
         })

@@ -26,10 +26,11 @@ pub enum EventKind {
     RunFailed,
     RunAwaitingInput,
     RunResumed,
+    RunCancelled,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 15] = [
+    pub const ALL: [EventKind; 16] = [
         EventKind::RunStarted,
         EventKind::StageStarted,
         EventKind::StageCompleted,
@@ -45,6 +46,7 @@ impl EventKind {
         EventKind::RunFailed,
         EventKind::RunAwaitingInput,
         EventKind::RunResumed,
+        EventKind::RunCancelled,
     ];
 
     /// The wire name, the event's `type`.
@@ -65,6 +67,7 @@ impl EventKind {
             EventKind::RunFailed => "run.failed",
             EventKind::RunAwaitingInput => "run.awaiting_input",
             EventKind::RunResumed => "run.resumed",
+            EventKind::RunCancelled => "run.cancelled",
         }
     }
 
@@ -73,9 +76,9 @@ impl EventKind {
         EventKind::ALL.into_iter().find(|k| k.as_str() == name)
     }
 
-    /// A run's last event: completed, failed or awaiting input.
+    /// A run's last event: completed, failed, cancelled or awaiting input.
     pub fn ends_run(self) -> bool {
-        matches!(self, EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunAwaitingInput)
+        matches!(self, EventKind::RunCompleted | EventKind::RunFailed | EventKind::RunCancelled | EventKind::RunAwaitingInput)
     }
 }
 
@@ -204,6 +207,12 @@ pub enum EventData {
     RunResumed {
         reply: String,
     },
+    RunCancelled {
+        /// Why, as the request gave it (or the default `cancelled by request`).
+        reason: String,
+        /// None for a run ended without a walk (queued, awaiting input, or taken over).
+        duration_ms: Option<f64>,
+    },
 }
 
 impl EventData {
@@ -224,6 +233,7 @@ impl EventData {
             EventData::RunFailed { .. } => EventKind::RunFailed,
             EventData::RunAwaitingInput { .. } => EventKind::RunAwaitingInput,
             EventData::RunResumed { .. } => EventKind::RunResumed,
+            EventData::RunCancelled { .. } => EventKind::RunCancelled,
         }
     }
 
@@ -237,7 +247,7 @@ impl EventData {
             | EventData::ToolCompleted { duration_ms, .. }
             | EventData::RunCompleted { duration_ms, .. }
             | EventData::RunAwaitingInput { duration_ms, .. } => Some(*duration_ms),
-            EventData::RunFailed { duration_ms, .. } => *duration_ms,
+            EventData::RunFailed { duration_ms, .. } | EventData::RunCancelled { duration_ms, .. } => *duration_ms,
             _ => None,
         }
     }
@@ -342,6 +352,13 @@ impl Serialize for EventData {
                 m.serialize_entry("duration_ms", duration_ms)?;
             }
             EventData::RunResumed { reply } => m.serialize_entry("reply", reply)?,
+            EventData::RunCancelled { reason, duration_ms } => {
+                m.serialize_entry("reason_class", "cancelled")?;
+                m.serialize_entry("reason", reason)?;
+                if let Some(d) = duration_ms {
+                    m.serialize_entry("duration_ms", d)?;
+                }
+            }
         }
         m.end()
     }

@@ -32,7 +32,7 @@ use opentelemetry::Context;
 use serde_json::{Map, Value};
 
 pub use journal::{JournalBatch, JournalEntry, JournalError, RunHistory, RunJournal};
-pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, result_from_journal};
+pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, ended_from_journal, result_from_journal};
 use source::ReplySource;
 use state::{Run, RunState};
 
@@ -258,7 +258,8 @@ impl Runner {
 
     /// Runs `req` from where `begin` says, to its end or its question: the one way into the walk.
     /// With `journal`, the run's record is committed as it goes; when `cancel` fires, the call in
-    /// flight ends and the run fails with `interrupted`, keeping what it did. A replay neither
+    /// flight ends and the run fails with `interrupted` (stopped) or ends `cancelled` (cancelled
+    /// on request), keeping what it did. A replay neither
     /// records nor emits (its `journal` and `sink` are not used).
     pub async fn execute(
         &self,
@@ -313,16 +314,31 @@ impl Runner {
         journal: &dyn RunJournal,
     ) -> RunResult {
         let result = result_from_journal(&history.run_id, route_id, &history.entries, class, message);
-        let events = RunEvents::new(&history.run_id, route_id, None, sink).recording(history.next_seq);
-        events.emit(None, || EventData::RunFailed { reason_class: class.as_str(), message: message.to_owned(), duration_ms: None, decisions: None });
-        let batch = JournalBatch { events: events.take_recorded(), entries: Vec::new(), end: Some(result.clone()) };
-        if let Err(e) = journal.commit(&history.run_id, batch).await {
-            let mut failed = result;
-            failed.fail(ReasonClass::StoreError, format!("the run's record could not be written: {e}"));
-            return failed;
-        }
-        result
+        let last = EventData::RunFailed { reason_class: class.as_str(), message: message.to_owned(), duration_ms: None, decisions: None };
+        end_without_walk(result, last, history.next_seq, sink, journal).await
     }
+
+    /// Ends a run cancelled on request that is not walking (it was queued, awaiting input, or
+    /// its process died before it saw the request): `cancelled` with `reason`, keeping what its
+    /// journal holds, with a last `run.cancelled` event, committed to `journal`.
+    pub async fn end_cancelled(&self, route_id: &str, history: RunHistory, reason: &str, sink: Arc<dyn EventSink>, journal: &dyn RunJournal) -> RunResult {
+        let result = ended_from_journal(&history.run_id, route_id, &history.entries, RunEnd::cancelled(reason));
+        let last = EventData::RunCancelled { reason: reason.to_owned(), duration_ms: None };
+        end_without_walk(result, last, history.next_seq, sink, journal).await
+    }
+}
+
+/// Commits `result` with `last` as its only event (numbered `next_seq`).
+async fn end_without_walk(result: RunResult, last: EventData, next_seq: u64, sink: Arc<dyn EventSink>, journal: &dyn RunJournal) -> RunResult {
+    let events = RunEvents::new(&result.run_id, result.route_id.as_str(), None, sink).recording(next_seq);
+    events.emit(None, || last);
+    let batch = JournalBatch { events: events.take_recorded(), entries: Vec::new(), end: Some(result.clone()) };
+    if let Err(e) = journal.commit(&result.run_id, batch).await {
+        let mut failed = result;
+        failed.fail(ReasonClass::StoreError, format!("the run's record could not be written: {e}"));
+        return failed;
+    }
+    result
 }
 
 /// Time-ordered run ids (UUIDv7), so ids sort by start time.

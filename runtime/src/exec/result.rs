@@ -19,6 +19,8 @@ pub enum RunStatus {
     Completed,
     Failed,
     AwaitingInput,
+    /// Cancelled on request: terminal, never resumed or taken over.
+    Cancelled,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -33,12 +35,14 @@ pub struct RunFailure {
 pub type Slots = IndexMap<String, String, foldhash::fast::RandomState>;
 
 /// How a run ended, with what only that end has: a completed run's output (absent when its last
-/// stage gave none), a failed run's failure, the question of a run that asked.
+/// stage gave none), a failed run's failure, the question of a run that asked, a cancelled run's
+/// reason (a failure of the class `cancelled` whose message is the reason).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEnd {
     Completed { output: Option<String> },
     Failed(RunFailure),
     AwaitingInput { question: String },
+    Cancelled(RunFailure),
 }
 
 impl RunEnd {
@@ -47,7 +51,13 @@ impl RunEnd {
             RunEnd::Completed { .. } => RunStatus::Completed,
             RunEnd::Failed(_) => RunStatus::Failed,
             RunEnd::AwaitingInput { .. } => RunStatus::AwaitingInput,
+            RunEnd::Cancelled(_) => RunStatus::Cancelled,
         }
+    }
+
+    /// A cancelled end with the request's `reason`.
+    pub fn cancelled(reason: &str) -> RunEnd {
+        RunEnd::Cancelled(RunFailure { reason_class: ReasonClass::Cancelled, message: reason.to_owned(), stage_id: None })
     }
 }
 
@@ -93,10 +103,10 @@ impl RunResult {
         }
     }
 
-    /// A failed run's failure.
+    /// A failed run's failure; a cancelled run's reason (class `cancelled`).
     pub fn error(&self) -> Option<&RunFailure> {
         match &self.end {
-            RunEnd::Failed(f) => Some(f),
+            RunEnd::Failed(f) | RunEnd::Cancelled(f) => Some(f),
             _ => None,
         }
     }
@@ -121,7 +131,7 @@ impl Serialize for RunResult {
         match &self.end {
             RunEnd::Completed { .. } => {}
             RunEnd::AwaitingInput { question } => m.serialize_entry("question", question)?,
-            RunEnd::Failed(f) => m.serialize_entry("error", f)?,
+            RunEnd::Failed(f) | RunEnd::Cancelled(f) => m.serialize_entry("error", f)?,
         }
         m.end()
     }
@@ -194,11 +204,17 @@ impl From<RunResult> for ReplayReport {
 /// The result of a run that stopped without its process: what its journal holds (slots, notes,
 /// the last output), failed with `class` and `message`.
 pub fn result_from_journal(run_id: &str, route_id: &str, history: &[JournalEntry], class: ReasonClass, message: &str) -> RunResult {
+    let end = RunEnd::Failed(RunFailure { reason_class: class, message: message.to_owned(), stage_id: None });
+    ended_from_journal(run_id, route_id, history, end)
+}
+
+/// A run ended without a walk with `end`, keeping what its journal holds (slots, notes).
+pub fn ended_from_journal(run_id: &str, route_id: &str, history: &[JournalEntry], end: RunEnd) -> RunResult {
     let state = RunState::from_history(&Arc::from(route_id), "", history);
     RunResult {
         run_id: run_id.to_owned(),
         route_id: route_id.to_owned(),
-        end: RunEnd::Failed(RunFailure { reason_class: class, message: message.to_owned(), stage_id: None }),
+        end,
         slots: state.slots,
         notes: state.notes,
         llm_calls: Vec::new(),
@@ -229,6 +245,10 @@ mod tests {
             (
                 RunEnd::Failed(failure),
                 r#""failed","output":null,"slots":{"intake":"a"},"notes":["n"],"error":{"reason_class":"tool_timeout","message":"m","stage_id":"s"}}"#,
+            ),
+            (
+                RunEnd::cancelled("the user left"),
+                r#""cancelled","output":null,"slots":{"intake":"a"},"notes":["n"],"error":{"reason_class":"cancelled","message":"the user left"}}"#,
             ),
         ];
         for (end, tail) in cases {

@@ -167,10 +167,10 @@ impl Runner {
         match result.end {
             RunEnd::Completed { output } => Ok(output.unwrap_or_default()),
             // The parent was interrupted with its child: say so, not "the child failed".
-            RunEnd::Failed(_) if cancel.reason().is_some() => {
+            RunEnd::Failed(_) | RunEnd::Cancelled(_) if cancel.reason().is_some() => {
                 Err(StageFailure::new(ReasonClass::Interrupted, format!("the run was interrupted in child run {} of route `{}`", result.run_id, route.id())))
             }
-            RunEnd::Failed(e) => {
+            RunEnd::Failed(e) | RunEnd::Cancelled(e) => {
                 let why = format!("{}: {}", e.reason_class, e.message);
                 Err(StageFailure::new(ReasonClass::ChildRunFailed, format!("child run {} of route `{}` failed: {why}", result.run_id, route.id())))
             }

@@ -58,7 +58,17 @@ impl Runner {
             let divergences = std::mem::take(&mut state.source).finish();
             let mut llm_calls = std::mem::take(&mut state.llm_calls);
             llm_calls.append(&mut state.child_calls);
+            let cancelled = match &outcome {
+                // A run that got to its end before it saw the request keeps its end.
+                Ok(Finish::Completed) => None,
+                _ => run.cancel.requested(),
+            };
             let end = match outcome {
+                _ if let Some(reason) = cancelled => {
+                    crate::otel::fail_cx(&run_cx, ReasonClass::Cancelled.as_str());
+                    events.emit(None, || EventData::RunCancelled { reason: reason.clone(), duration_ms: Some(duration_ms) });
+                    RunEnd::cancelled(&reason)
+                }
                 Ok(Finish::Completed) => {
                     let output = match state.last_output {
                         Some(Last::Slot(at)) => state.slots.get_index(at).map(|(_, v)| v.clone()),
@@ -111,6 +121,11 @@ impl Runner {
         let mut node = route.entry();
         loop {
             let stage = &route.graph()[node];
+            // A stage that makes no call (a passthrough) does not race the token: checked here,
+            // a stopped run starts no further stage.
+            if let Some(why) = run.cancel.reason() {
+                return Err((Some(stage.id().to_owned()), StageFailure::new(ReasonClass::Interrupted, format!("the run was interrupted ({why})"))));
+            }
             if state.visits.len() <= node.index() {
                 state.visits.resize(route.graph().node_count(), 0);
             }

@@ -49,4 +49,27 @@ mod tests {
         assert!(e.to_string().contains("migration 2 was changed"), "{e}");
         assert_eq!(checksum("").len(), 64);
     }
+
+    /// The checksums of the migrations that landed, as every database that applied them
+    /// recorded them: an edit of one would make the store refuse those databases. A new migration
+    /// is added here in the commit that adds it (0006 included: it ships with this table).
+    const LANDED: &[(i64, &str, &str)] = &[
+        (1, "6c22dca9f7288a384c5e32de5717ac7bff6b355e7fb1eee72246cb3635921580", "277e45e86943af5476a77c0559ce5accbb57e5ddd52286c09c9f14c0aaceeec5"),
+        (2, "fcc3edc4f2e9c7cbe98494306e7d179301897023f578d7899216ec8c3d60b2b4", "f36f6a7ed7a9771ed71f52ec822215e46d9825a6d4eeb3578787cbb8c7fa8116"),
+        (3, "55590e8954f1960753765a8592e00cb09f8d2b8027a4711f62dd898d7b491aeb", "060a92a11a779d53718b8db8abf8e76299adb8107dea7523e1bd9cedf96d68f1"),
+        (4, "a4d7ff86e7f03eaa2b7f1eb3ffec79e267893faad148c663089349ded0da3c1f", "a4d7ff86e7f03eaa2b7f1eb3ffec79e267893faad148c663089349ded0da3c1f"),
+        (5, "abcf37cf83140207b73d853a6eba36afd6cada9c34594fa6716b3d635b3b5b2e", "abcf37cf83140207b73d853a6eba36afd6cada9c34594fa6716b3d635b3b5b2e"),
+        (6, "718fa1d8446fd18cc8c8f3c5b4314ea0d5884c46ec52a9f717ad7c23dc05a82f", "718fa1d8446fd18cc8c8f3c5b4314ea0d5884c46ec52a9f717ad7c23dc05a82f"),
+    ];
+
+    #[test]
+    fn no_landed_migration_is_edited() {
+        for (migrations, column, store) in [(crate::store::sqlite::MIGRATIONS, 1, "sqlite"), (crate::store::postgres::MIGRATIONS, 2, "postgres")] {
+            assert_eq!(migrations.len(), LANDED.len(), "{store}: every migration is in LANDED (add a new one there)");
+            for ((version, sql), landed) in migrations.iter().zip(LANDED) {
+                let want = if column == 1 { landed.1 } else { landed.2 };
+                assert_eq!((*version, checksum(sql).as_str()), (landed.0, want), "{store}: migration {version} was edited after it landed; add a new one");
+            }
+        }
+    }
 }

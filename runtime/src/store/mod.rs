@@ -104,6 +104,8 @@ pub enum StoredStatus {
     Completed,
     Failed,
     AwaitingInput,
+    /// Cancelled on request: terminal, never claimed again.
+    Cancelled,
 }
 
 impl StoredStatus {
@@ -114,6 +116,7 @@ impl StoredStatus {
             StoredStatus::Completed => "completed",
             StoredStatus::Failed => "failed",
             StoredStatus::AwaitingInput => "awaiting_input",
+            StoredStatus::Cancelled => "cancelled",
         }
     }
 
@@ -123,7 +126,7 @@ impl StoredStatus {
     }
 
     pub fn parse(s: &str) -> Option<StoredStatus> {
-        [StoredStatus::Queued, StoredStatus::Running, StoredStatus::Completed, StoredStatus::Failed, StoredStatus::AwaitingInput]
+        [StoredStatus::Queued, StoredStatus::Running, StoredStatus::Completed, StoredStatus::Failed, StoredStatus::AwaitingInput, StoredStatus::Cancelled]
             .into_iter()
             .find(|k| k.as_str() == s)
     }
@@ -175,6 +178,27 @@ pub struct StoredRun {
     /// How many times the run was claimed (its fencing token): 1 for a run executed by the
     /// process that accepted it and never taken over.
     pub lease_token: i64,
+    /// The reason of a cancel request, once one was made ([`RunStore::request_cancel`]).
+    pub cancel_reason: Option<String>,
+}
+
+/// What a cancel request found ([`RunStore::request_cancel`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelAsk {
+    /// The run was queued or awaiting input: it is now claimed by the requester, under this
+    /// lease, to end it `cancelled` (if the requester dies first, the claim expires and whoever
+    /// takes the run over ends it so). Its route, for the end's record.
+    Claimed {
+        lease: Lease,
+        route_id: String,
+    },
+    /// The run is running: the request is recorded, and the process that holds it ends it.
+    Requested,
+    /// Cancelled already.
+    AlreadyCancelled,
+    /// It ended otherwise (completed or failed): it cannot be cancelled.
+    Ended(StoredStatus),
+    NotFound,
 }
 
 /// Which runs to list, newest first.
@@ -279,6 +303,12 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// Ends a lease early (the holder stops the run without an end): any process may claim it
     /// now, and the holder's later writes are refused (the fencing token moves on).
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Records a request to cancel `run_id` with `reason`, atomically: a queued or awaiting run
+    /// is claimed by `holder` at once ([`CancelAsk::Claimed`]); a running one keeps its holder,
+    /// who finds the request through [`RunStore::cancel_requests`]. The first reason stays.
+    fn request_cancel<'a>(&'a self, run_id: &'a str, reason: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<CancelAsk, StoreError>>;
+    /// The runs `holder` executes that someone asked to cancel, with each request's reason.
+    fn cancel_requests<'a>(&'a self, holder: &'a Holder) -> BoxFuture<'a, Result<Vec<(Lease, String)>, StoreError>>;
     /// Extends these leases by the holder's lease length; returns the runs whose lease another
     /// process holds now.
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;

@@ -15,12 +15,13 @@ use super::sql::SqlStore;
 use super::{StoreError, now};
 
 /// The schema versions this binary knows, in order: (version, SQL). Numbered as SQLite's are.
-const MIGRATIONS: &[(i64, &str)] = &[
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/postgres/0001_runs.sql")),
     (2, include_str!("migrations/postgres/0002_leases.sql")),
     (3, include_str!("migrations/postgres/0003_health.sql")),
     (4, include_str!("migrations/postgres/0004_prompts.sql")),
     (5, include_str!("migrations/postgres/0005_idempotency.sql")),
+    (6, include_str!("migrations/postgres/0006_cancel.sql")),
 ];
 
 /// How long connecting, or waiting for a connection of the pool, may take.

@@ -120,6 +120,7 @@ impl Prepared {
                 RunStatus::Completed => StoredStatus::Completed,
                 RunStatus::Failed => StoredStatus::Failed,
                 RunStatus::AwaitingInput => StoredStatus::AwaitingInput,
+                RunStatus::Cancelled => StoredStatus::Cancelled,
             },
             result: serde_json::to_string(result).unwrap_or_default(),
             reason_class: result.error().map(|e| e.reason_class.as_str()),
@@ -976,7 +977,8 @@ pub(crate) fn describe(e: &sqlx::Error) -> String {
 }
 
 /// The columns [`run_of`] reads.
-pub(crate) const RUN_COLUMNS: &str = "run_id, route_id, status, request, result, reason_class, question, next_seq, created_at, updated_at, lease_token";
+pub(crate) const RUN_COLUMNS: &str =
+    "run_id, route_id, status, request, result, reason_class, question, next_seq, created_at, updated_at, lease_token, cancel_reason";
 
 /// A `runs` row (as selected with [`RUN_COLUMNS`]), on any database whose text and integers
 /// decode as `String` and `i64`.
@@ -1004,6 +1006,7 @@ where
         created_at: text("created_at")?,
         updated_at: text("updated_at")?,
         lease_token: row.try_get::<i64, _>("lease_token").map_err(db)?,
+        cancel_reason: opt("cancel_reason")?,
     })
 }
 

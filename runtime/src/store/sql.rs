@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::health::Health;
 use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, rows_sql, run_of, write_error};
-use super::{Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
+use super::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
 use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
 
@@ -302,6 +302,70 @@ where
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<(), StoreError>> {
         // The token moves on: whatever the holder still writes is refused by the fence.
         Box::pin(self.let_go(lease, "lease_token = lease_token + 1, "))
+    }
+
+    fn request_cancel<'a>(&'a self, run_id: &'a str, reason: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<CancelAsk, StoreError>> {
+        Box::pin(async move {
+            self.health.check()?;
+            if impossible(run_id) {
+                return Ok(CancelAsk::NotFound);
+            }
+            // Each step is one conditional UPDATE; a run that moved between two (a claim, a
+            // reply, an end) is looked at again. Every move is towards an end, so this ends.
+            for _ in 0..8 {
+                let began = Instant::now();
+                let sql = format!(
+                    "UPDATE runs SET status = 'running', cancel_reason = $1, lease_owner = $2, lease_token = lease_token + 1, \
+                     lease_until = {} + $3, updated_at = $4 WHERE run_id = $5 AND status IN ('queued', 'awaiting_input') RETURNING lease_token, route_id",
+                    DB::NOW_MS
+                );
+                let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(reason)
+                    .bind(holder.owner.as_str())
+                    .bind(holder.lease_ms())
+                    .bind(now())
+                    .bind(run_id)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(|e| write_error(&self.health, began, e))?;
+                if let Some(row) = row {
+                    let lease = Lease { run_id: run_id.to_owned(), token: row.try_get("lease_token").map_err(db)? };
+                    return Ok(CancelAsk::Claimed { lease, route_id: row.try_get("route_id").map_err(db)? });
+                }
+                let asked = sqlx::query(
+                    "UPDATE runs SET cancel_reason = COALESCE(cancel_reason, $1), updated_at = $2 WHERE run_id = $3 AND status = 'running' RETURNING run_id",
+                )
+                .bind(reason)
+                .bind(now())
+                .bind(run_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| write_error(&self.health, began, e))?;
+                if asked.is_some() {
+                    return Ok(CancelAsk::Requested);
+                }
+                match self.get_run(run_id).await?.map(|r| r.status) {
+                    None => return Ok(CancelAsk::NotFound),
+                    Some(StoredStatus::Cancelled) => return Ok(CancelAsk::AlreadyCancelled),
+                    Some(s @ (StoredStatus::Completed | StoredStatus::Failed)) => return Ok(CancelAsk::Ended(s)),
+                    Some(StoredStatus::Queued | StoredStatus::Running | StoredStatus::AwaitingInput) => continue,
+                }
+            }
+            Err(StoreError::Database(format!("run {run_id} changed status under every attempt to cancel it; try again")))
+        })
+    }
+
+    fn cancel_requests<'a>(&'a self, holder: &'a Holder) -> BoxFuture<'a, Result<Vec<(Lease, String)>, StoreError>> {
+        Box::pin(async move {
+            // The partial index `runs_cancel_requested` holds exactly these rows.
+            let rows =
+                sqlx::query("SELECT run_id, lease_token, cancel_reason FROM runs WHERE lease_owner = $1 AND cancel_reason IS NOT NULL AND status = 'running'")
+                    .bind(holder.owner.as_str())
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db)?;
+            rows.iter().map(|r| Ok((Lease { run_id: r.try_get(0).map_err(db)?, token: r.try_get(1).map_err(db)? }, r.try_get(2).map_err(db)?))).collect()
+        })
     }
 
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {

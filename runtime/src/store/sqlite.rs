@@ -18,12 +18,13 @@ use super::sqlite_writer::SqliteWriter;
 use super::{StoreError, now};
 
 /// The schema versions this binary knows, in order: (version, SQL).
-const MIGRATIONS: &[(i64, &str)] = &[
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/sqlite/0001_runs.sql")),
     (2, include_str!("migrations/sqlite/0002_leases.sql")),
     (3, include_str!("migrations/sqlite/0003_health.sql")),
     (4, include_str!("migrations/sqlite/0004_prompts.sql")),
     (5, include_str!("migrations/sqlite/0005_idempotency.sql")),
+    (6, include_str!("migrations/sqlite/0006_cancel.sql")),
 ];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).

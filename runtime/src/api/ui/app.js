@@ -8,8 +8,10 @@
 
 (function () {
   const TOKEN_KEY = 'fabric-token';
-  const STATUSES = ['queued', 'running', 'completed', 'failed', 'awaiting_input'];
-  const ENDED = ['completed', 'failed', 'awaiting_input'];
+  const STATUSES = ['queued', 'running', 'completed', 'failed', 'awaiting_input', 'cancelled'];
+  const ENDED = ['completed', 'failed', 'awaiting_input', 'cancelled'];
+  // What a Cancel button may still stop.
+  const CANCELLABLE = ['queued', 'running', 'awaiting_input'];
 
   // The current page's resources: aborted when the page changes.
   let page = null;
@@ -617,6 +619,8 @@
     const output = el('pre', { id: 'run-output', class: 'value' });
     const failure = el('div', { id: 'failure', hidden: true });
     const asking = el('div', { id: 'asking', hidden: true });
+    const cancelBtn = el('button', { id: 'run-cancel', type: 'button', hidden: true }, 'Cancel');
+    const cancelErr = el('span', { id: 'cancel-error', class: 'error' });
     const timeline = el('ol', { id: 'timeline' });
     const stagesDiv = el('div', { id: 'stages' });
     const recordNote = el('p', { id: 'record-note', class: 'muted' });
@@ -632,7 +636,20 @@
       el('h3', null, 'Output'),
       output,
     ];
-    section.append(el('h2', null, 'Run ', el('code', null, runId), ' ', status), problem, meta, failure, asking, ...body);
+    section.append(el('h2', null, 'Run ', el('code', null, runId), ' ', status, ' ', cancelBtn, cancelErr), problem, meta, failure, asking, ...body);
+    cancelBtn.addEventListener('click', async () => {
+      cancelBtn.disabled = true;
+      setText(cancelErr, '');
+      try {
+        // The run ends on whichever replica executes it, within about a second.
+        const v = await api('/v1/runs/' + encodeURIComponent(runId) + '/cancel', { method: 'POST', json: { reason: 'cancelled in the run inspector' } });
+        renderView(v);
+        if (!ENDED.includes(v.status)) follow();
+      } catch (e) {
+        cancelBtn.disabled = false;
+        setText(cancelErr, e.message);
+      }
+    });
     view.appendChild(section);
 
     let view_ = null; // the run as GET /v1/runs/{id} answers
@@ -652,6 +669,8 @@
       section.setAttribute('data-status', s);
       setText(status, s);
       status.className = 'status s-' + s;
+      cancelBtn.hidden = !CANCELLABLE.includes(s);
+      if (cancelBtn.hidden) cancelBtn.disabled = false;
     }
 
     function stage(id) {
@@ -796,13 +815,14 @@
           break;
         case 'run.completed':
         case 'run.failed':
+        case 'run.cancelled':
         case 'run.awaiting_input':
           runEnd = t;
           for (const m of [openStage, openLlm, openTool]) {
             for (const s of m.values()) endSpan(s, t);
             m.clear();
           }
-          setStatus(ev.type === 'run.completed' ? 'completed' : ev.type === 'run.failed' ? 'failed' : 'awaiting_input');
+          setStatus(ev.type.slice('run.'.length));
           break;
         default:
           break;
@@ -912,12 +932,14 @@
       setText(output, v.output === undefined || v.output === null ? '' : pretty(v.output));
       // The failure.
       clear(failure);
-      if (v.status === 'failed' && v.error) {
+      if ((v.status === 'failed' || v.status === 'cancelled') && v.error) {
         failure.hidden = false;
         failure.append(
-          el('h3', null, 'Failed'),
+          el('h3', null, v.status === 'failed' ? 'Failed' : 'Cancelled'),
           el('div', null, 'reason class: ', el('span', { class: 'reason-class' }, String(v.error.reason_class || ''))),
-          v.error.stage_id ? el('div', null, 'stage: ', el('span', { class: 'stage-id' }, String(v.error.stage_id))) : null,
+          // A run ended outside a stage (cancelled, its record lost) has no stage: `append(null)`
+          // would show the text "null".
+          v.error.stage_id ? el('div', null, 'stage: ', el('span', { class: 'stage-id' }, String(v.error.stage_id))) : '',
           el('pre', { class: 'message' }, String(v.error.message || '')),
         );
       } else {

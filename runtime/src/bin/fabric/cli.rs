@@ -25,6 +25,8 @@ use crate::term::{print_out, say};
 const EXIT_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_AWAITING: u8 = 3;
+/// The run was cancelled on request (`fabric runs cancel`, the service's cancel).
+const EXIT_CANCELLED: u8 = 5;
 
 #[derive(Debug, Parser)]
 #[command(name = "fabric", version, about = "Run staged LLM routes from a route catalogue")]
@@ -156,6 +158,15 @@ enum RunsAction {
         #[arg(long, value_name = "FILE|-")]
         events_out: Option<String>,
     },
+    /// Cancels a run: queued or awaiting the user, it ends now; running (under `fabric serve` or
+    /// `fabric run --store`), the process that executes it ends it within about a second. Prints
+    /// the run as `runs show` does; exits 0, or 1 when the run completed or failed already.
+    Cancel {
+        run_id: String,
+        /// Why (at most 1,024 bytes); default `cancelled by request`.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+    },
 }
 
 /// A run status as `runs list --status` takes it (the store's spelling).
@@ -167,6 +178,7 @@ enum StatusArg {
     Failed,
     #[value(name = "awaiting_input")]
     AwaitingInput,
+    Cancelled,
 }
 
 impl From<StatusArg> for StoredStatus {
@@ -177,6 +189,7 @@ impl From<StatusArg> for StoredStatus {
             StatusArg::Completed => StoredStatus::Completed,
             StatusArg::Failed => StoredStatus::Failed,
             StatusArg::AwaitingInput => StoredStatus::AwaitingInput,
+            StatusArg::Cancelled => StoredStatus::Cancelled,
         }
     }
 }
@@ -490,6 +503,10 @@ async fn runs_cmd(cli: &Cli, store: Option<&str>, action: &RunsAction) -> std::i
             Some(run_id) => runs_reply(cli, store, &run_id, message, events_out.as_deref()).await,
             None => Ok(no_run(run_id)),
         },
+        RunsAction::Cancel { run_id, reason } => match RunId::parse(run_id) {
+            Some(run_id) => runs_cancel(cli, store, &run_id, reason.as_deref()).await,
+            None => Ok(no_run(run_id)),
+        },
         RunsAction::List { route, status, limit } => runs_list(store, route.clone(), *status, *limit).await,
         RunsAction::Show { run_id, events } => match RunId::parse(run_id) {
             Some(run_id) => runs_show(store, &run_id, *events).await,
@@ -536,6 +553,35 @@ async fn runs_show(store: Option<&str>, run_id: &RunId, events: bool) -> std::io
         }
     }
     print_out(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fabric runs cancel`: the request recorded in the store (a queued or awaiting run ended here).
+async fn runs_cancel(cli: &Cli, store: Option<&str>, run_id: &RunId, reason: Option<&str>) -> std::io::Result<ExitCode> {
+    let (settings, store) = match settings_and_store(store).await {
+        Ok(both) => both,
+        Err(code) => return Ok(code),
+    };
+    let runtime = match build_runtime(cli, settings, Some(store.clone())) {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    let said = match runtime.cancel(run_id.as_str(), reason, Arc::new(fabric::events::NullSink)).await {
+        Ok(fabric::runtime::Cancelling::Ended(_)) => "cancelled",
+        Ok(fabric::runtime::Cancelling::Requested) => "cancel requested: the process that executes it ends it within about a second",
+        Ok(fabric::runtime::Cancelling::Already) => "cancelled already",
+        Err(e @ fabric::runtime::CancelError::NotCancellable { .. }) => {
+            say(format_args!("fabric: {e}"));
+            return Ok(ExitCode::from(EXIT_FAILED));
+        }
+        Err(e) => return Ok(usage(e)),
+    };
+    say(format_args!("fabric: run {run_id}: {said}"));
+    match store.get_run(run_id.as_str()).await {
+        Ok(Some(run)) => print_out(&format!("{}\n", serde_json::to_string(&fabric::api::RunView::of(run)).unwrap_or_default()))?,
+        Ok(None) => return Ok(no_run(run_id.as_str())),
+        Err(e) => return Ok(usage(e)),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -730,6 +776,7 @@ fn finish_run(
         RunStatus::Completed => ExitCode::SUCCESS,
         RunStatus::Failed => ExitCode::from(EXIT_FAILED),
         RunStatus::AwaitingInput => ExitCode::from(EXIT_AWAITING),
+        RunStatus::Cancelled => ExitCode::from(EXIT_CANCELLED),
     })
 }
 

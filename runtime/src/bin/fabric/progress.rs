@@ -38,6 +38,7 @@ impl EventSink for Progress {
             EventData::StageFailed { reason_class, .. } => format!("{indent}  ✗ {stage}: {reason_class}"),
             EventData::RunCompleted { duration_ms, .. } => format!("{indent}✔ completed in {} ms", ms(duration_ms)),
             EventData::RunFailed { reason_class, message, .. } => format!("{indent}✘ failed: {reason_class} — {message}"),
+            EventData::RunCancelled { reason, .. } => format!("{indent}✘ cancelled: {reason}"),
             _ => return,
         };
         say(line);
