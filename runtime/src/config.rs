@@ -61,7 +61,21 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_MAX_QUEUED_RUNS",
     "FABRIC_CLAIM_POLL_MS",
     "FABRIC_BODY_TIMEOUT_S",
+    "FABRIC_RUN_RETENTION",
+    "FABRIC_AWAITING_RETENTION",
 ];
+
+/// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
+/// 100 years. Unset is keep forever.
+fn retention(var: &str, value: Option<&str>) -> Result<Option<Duration>, ConfigError> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
+    let bad = |why: &str| err(var, format!("`{v}` {why}"));
+    let d = humantime::parse_duration(v).map_err(|_| bad("is not a duration such as 30d, 12h or 90m"))?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(100 * 365 * 86_400) {
+        return Err(bad("must be from 1s to 100 years"));
+    }
+    Ok(Some(d))
+}
 
 /// The largest `FABRIC_CONFIG` file read; a bigger one (or a special file) is refused.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
@@ -137,6 +151,12 @@ pub struct ServiceSettings {
     /// `FABRIC_BODY_TIMEOUT_S` (default 10): how long a request's body may take to arrive once
     /// its headers have; past it, 408 and the connection closed.
     pub body_timeout: Duration,
+    /// `FABRIC_RUN_RETENTION` (`30d`, `12h`; unset: forever): how long ended runs are kept
+    /// after their end; the service's sweeper deletes older ones.
+    pub run_retention: Option<Duration>,
+    /// `FABRIC_AWAITING_RETENTION` (unset: forever): how long a run may await the user; the
+    /// sweeper cancels older ones with the reason `expired`.
+    pub awaiting_retention: Option<Duration>,
     /// `FABRIC_LOG`: a `tracing` filter (default `info`).
     pub log_filter: String,
     /// `FABRIC_LOG_FORMAT`: `json` lines or `text`.
@@ -375,6 +395,8 @@ impl Settings {
             },
             claim_poll: Duration::from_millis(whole("FABRIC_CLAIM_POLL_MS", 1000, 60_000)?.max(10)),
             body_timeout: Duration::from_secs(whole("FABRIC_BODY_TIMEOUT_S", 10, 3600)?),
+            run_retention: retention("FABRIC_RUN_RETENTION", get("FABRIC_RUN_RETENTION"))?,
+            awaiting_retention: retention("FABRIC_AWAITING_RETENTION", get("FABRIC_AWAITING_RETENTION"))?,
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };

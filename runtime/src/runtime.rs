@@ -385,7 +385,9 @@ pub struct Probe {
 
 /// The embeddable runtime (see the module docs).
 mod cancelling;
+mod retention;
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON, cancel_reason};
+pub use retention::{EXPIRED_REASON, PRUNE_BATCH};
 
 pub struct Runtime {
     runner: Runner,

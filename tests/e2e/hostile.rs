@@ -735,6 +735,12 @@ impl RunStore for Watched {
         self.note(run_id);
         self.inner.request_cancel(run_id, reason, holder)
     }
+    fn prune<'a>(&'a self, cutoff: &'a str, limit: usize, dry_run: bool) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.prune(cutoff, limit, dry_run)
+    }
+    fn awaiting_since<'a>(&'a self, cutoff: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.awaiting_since(cutoff, limit)
+    }
     fn cancel_requests<'a>(&'a self, holder: &'a Holder) -> BoxFuture<'a, Result<Vec<(Lease, String)>, StoreError>> {
         self.inner.cancel_requests(holder)
     }

@@ -19,6 +19,7 @@ mod newcomer;
 mod parity;
 mod prompts;
 mod providers;
+mod retention;
 mod run;
 mod service;
 mod skip;

@@ -362,6 +362,16 @@ impl RunStore for SimStore {
         })
     }
 
+    fn prune<'a>(&'a self, cutoff: &'a str, limit: usize, dry_run: bool) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let (store, cutoff) = (self.real.store.clone(), cutoff.to_owned());
+        Box::pin(self.call("prune", async move { store.prune(&cutoff, limit, dry_run).await }))
+    }
+
+    fn awaiting_since<'a>(&'a self, cutoff: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let (store, cutoff) = (self.real.store.clone(), cutoff.to_owned());
+        Box::pin(self.call("get", async move { store.awaiting_since(&cutoff, limit).await }))
+    }
+
     fn cancel_requests<'a>(&'a self, holder: &'a Holder) -> BoxFuture<'a, Result<Vec<(Lease, String)>, StoreError>> {
         let (store, holder) = (self.real.store.clone(), holder.clone());
         Box::pin(self.call("get", async move { store.cancel_requests(&holder).await }))

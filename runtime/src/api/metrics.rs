@@ -41,6 +41,8 @@ struct Counts {
     tokens_in: BTreeMap<String, u64>,
     tokens_out: BTreeMap<String, u64>,
     taken_over: BTreeMap<String, u64>,
+    /// Ended runs this process's sweeper deleted (retention).
+    pruned: u64,
 }
 
 const NO_TOKENS: Tokens = Tokens { input: 0, output: 0 };
@@ -95,6 +97,12 @@ impl Metrics {
         *self.counts.lock().unwrap_or_else(|p| p.into_inner()).taken_over.entry(route.to_owned()).or_default() += 1;
     }
 
+    /// `n` ended runs this process's sweeper deleted.
+    pub fn pruned(&self, n: u64) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        c.pruned = c.pruned.saturating_add(n);
+    }
+
     /// The Prometheus text exposition (version 0.0.4), with the runs executing now.
     pub fn render(&self, in_flight: usize) -> String {
         let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
@@ -128,6 +136,11 @@ impl Metrics {
         counter(&mut out, "fabric_model_input_tokens_total", "Tokens sent to models, by route.", &c.tokens_in);
         counter(&mut out, "fabric_model_output_tokens_total", "Tokens received from models, by route.", &c.tokens_out);
         counter(&mut out, "fabric_runs_taken_over_total", "Runs this process took over from a process that stopped, by route.", &c.taken_over);
+        let _ = writeln!(
+            out,
+            "# HELP fabric_runs_pruned_total Ended runs this process deleted past FABRIC_RUN_RETENTION.\n# TYPE fabric_runs_pruned_total counter\nfabric_runs_pruned_total {}",
+            c.pruned
+        );
         let _ = writeln!(out, "# HELP fabric_runs_in_flight Runs executing now.\n# TYPE fabric_runs_in_flight gauge\nfabric_runs_in_flight {in_flight}");
         out
     }

@@ -16,6 +16,7 @@ mod live;
 pub mod metrics;
 pub mod openapi;
 mod server;
+mod sweep;
 mod ui;
 
 use std::convert::Infallible;
@@ -165,9 +166,11 @@ impl AppState {
     pub async fn keep_leases(self) {
         let claims = tokio::spawn(self.clone().claim_work());
         let cancels = tokio::spawn(self.clone().watch_cancels());
+        let sweeps = tokio::spawn(self.clone().sweep());
         self.renew_leases().await;
         claims.abort();
         cancels.abort();
+        sweeps.abort();
     }
 
     async fn renew_leases(self) {

@@ -309,6 +309,14 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn request_cancel<'a>(&'a self, run_id: &'a str, reason: &'a str, holder: &'a Holder) -> BoxFuture<'a, Result<CancelAsk, StoreError>>;
     /// The runs `holder` executes that someone asked to cancel, with each request's reason.
     fn cancel_requests<'a>(&'a self, holder: &'a Holder) -> BoxFuture<'a, Result<Vec<(Lease, String)>, StoreError>>;
+    /// Deletes up to `limit` ended runs (completed, failed, cancelled) whose last change is
+    /// before `cutoff` (a time as stored), with their events and journal entries (their
+    /// idempotency keys are columns of their rows), in one short transaction; returns how many.
+    /// With `dry_run`, deletes nothing and counts every such run. One sweep at a time across
+    /// processes: while another holds the sweep, 0.
+    fn prune<'a>(&'a self, cutoff: &'a str, limit: usize, dry_run: bool) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// Up to `limit` runs awaiting input since before `cutoff`, oldest first.
+    fn awaiting_since<'a>(&'a self, cutoff: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
     /// Extends these leases by the holder's lease length; returns the runs whose lease another
     /// process holds now.
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;

@@ -49,6 +49,10 @@ pub(crate) trait Dialect {
     /// SQLite takes both, but sqlx looks each numbered one up by name, a cost that grows with
     /// the square of a statement's parameters: the writer's large statements use `?` there.
     const NUMBERED: bool;
+    /// One `BIGINT`, 1 when this transaction may sweep old runs and 0 when another replica's
+    /// sweep holds the lock (PostgreSQL's advisory lock, let go at the commit); 1 where a write
+    /// locks the whole database anyway.
+    const SWEEP_LOCK: &'static str;
 }
 
 impl Dialect for sqlx::Sqlite {
@@ -56,6 +60,7 @@ impl Dialect for sqlx::Sqlite {
     const SKIP_LOCKED: &'static str = "";
     const LOCK_ROWS: &'static str = "";
     const NUMBERED: bool = false;
+    const SWEEP_LOCK: &'static str = "SELECT 1";
 }
 
 impl Dialect for sqlx::Postgres {
@@ -63,6 +68,8 @@ impl Dialect for sqlx::Postgres {
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const LOCK_ROWS: &'static str = " FOR UPDATE";
     const NUMBERED: bool = true;
+    // The key is the sweep's own (`fabric` sweep, in ASCII), apart from the migrations' lock.
+    const SWEEP_LOCK: &'static str = "SELECT CAST(CASE WHEN pg_try_advisory_xact_lock(6661735247) THEN 1 ELSE 0 END AS BIGINT)";
 }
 
 /// What the writer does: a new run's row (claimed by `owner` for `lease_ms`, or queued), or a

@@ -368,6 +368,66 @@ where
         })
     }
 
+    fn prune<'a>(&'a self, cutoff: &'a str, limit: usize, dry_run: bool) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            // `created_at <= updated_at`: the first bound lets `runs_by_status` narrow the scan.
+            const ENDED: &str = "status IN ('completed', 'failed', 'cancelled') AND created_at < $1 AND updated_at < $1";
+            if dry_run {
+                let sql = format!("SELECT COUNT(*) FROM runs WHERE {ENDED}");
+                let n: i64 = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(cutoff).fetch_one(&self.pool).await.map_err(db)?.try_get(0).map_err(db)?;
+                return Ok(n.max(0) as u64);
+            }
+            self.health.check()?;
+            // Chosen before the transaction: on SQLite its first statement is then a write, which
+            // waits for the writer's lock (a read first would make the upgrade fail at once).
+            // Ended runs never change again, so the rows chosen stay the rows to delete. A
+            // sweep's own failure is only the sweep's: it does not mark the store unhealthy.
+            let sql = format!("SELECT run_id FROM runs WHERE {ENDED} ORDER BY created_at LIMIT $2");
+            let ids: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(cutoff)
+                .bind(limit.clamp(1, 1000) as i64)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<Result<_, _>>()
+                .map_err(db)?;
+            if ids.is_empty() {
+                return Ok(0);
+            }
+            let mut tx = self.pool.begin().await.map_err(db)?;
+            let free: i64 = sqlx::query(DB::SWEEP_LOCK).fetch_one(&mut *tx).await.map_err(db)?.try_get(0).map_err(db)?;
+            if free != 1 {
+                return Ok(0);
+            }
+            let list = rows_sql("", "?", ids.len(), 1, true);
+            for table in ["run_events", "run_journal"] {
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE run_id IN ({list})")));
+                for id in &ids {
+                    q = q.bind(id.as_str());
+                }
+                q.execute(&mut *tx).await.map_err(db)?;
+            }
+            // Counted by what this sweep deleted: one that overlapped another deletes nothing twice.
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM runs WHERE run_id IN ({list}) RETURNING run_id")));
+            for id in &ids {
+                q = q.bind(id.as_str());
+            }
+            let deleted = q.fetch_all(&mut *tx).await.map_err(db)?.len();
+            tx.commit().await.map_err(db)?;
+            Ok(deleted as u64)
+        })
+    }
+
+    fn awaiting_since<'a>(&'a self, cutoff: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let sql = "SELECT run_id FROM runs WHERE status = 'awaiting_input' AND created_at < $1 AND updated_at < $1 ORDER BY created_at LIMIT $2";
+            let rows = sqlx::query(sql).bind(cutoff).bind(limit.clamp(1, 1000) as i64).fetch_all(&self.pool).await.map_err(db)?;
+            rows.iter().map(|r| r.try_get(0).map_err(db)).collect()
+        })
+    }
+
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
             let mut lost = Vec::new();

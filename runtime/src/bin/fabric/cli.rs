@@ -158,6 +158,17 @@ enum RunsAction {
         #[arg(long, value_name = "FILE|-")]
         events_out: Option<String>,
     },
+    /// Deletes the ended runs (completed, failed, cancelled) whose last change is older than
+    /// DUR, with their events and journal, as the service's sweeper does with
+    /// FABRIC_RUN_RETENTION; prints how many. Runs queued, running or awaiting stay.
+    Prune {
+        /// A duration: `30d`, `12h`, `90m`.
+        #[arg(long, value_name = "DUR")]
+        older_than: String,
+        /// Count them, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Cancels a run: queued or awaiting the user, it ends now; running (under `fabric serve` or
     /// `fabric run --store`), the process that executes it ends it within about a second. Prints
     /// the run as `runs show` does; exits 0, or 1 when the run completed or failed already.
@@ -503,6 +514,7 @@ async fn runs_cmd(cli: &Cli, store: Option<&str>, action: &RunsAction) -> std::i
             Some(run_id) => runs_reply(cli, store, &run_id, message, events_out.as_deref()).await,
             None => Ok(no_run(run_id)),
         },
+        RunsAction::Prune { older_than, dry_run } => runs_prune(cli, store, older_than, *dry_run).await,
         RunsAction::Cancel { run_id, reason } => match RunId::parse(run_id) {
             Some(run_id) => runs_cancel(cli, store, &run_id, reason.as_deref()).await,
             None => Ok(no_run(run_id)),
@@ -553,6 +565,28 @@ async fn runs_show(store: Option<&str>, run_id: &RunId, events: bool) -> std::io
         }
     }
     print_out(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fabric runs prune`: ended runs past the age deleted (or counted) on the store.
+async fn runs_prune(cli: &Cli, store: Option<&str>, older_than: &str, dry_run: bool) -> std::io::Result<ExitCode> {
+    let age = match humantime::parse_duration(older_than.trim()) {
+        Ok(d) if d >= std::time::Duration::from_secs(1) => d,
+        _ => return Ok(usage(format_args!("--older-than: `{older_than}` is not a duration of at least a second, such as 30d, 12h or 90m"))),
+    };
+    let (settings, store) = match settings_and_store(store).await {
+        Ok(both) => both,
+        Err(code) => return Ok(code),
+    };
+    let runtime = match build_runtime(cli, settings, Some(store)) {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    match runtime.prune(age, dry_run).await {
+        Ok(n) if dry_run => print_out(&format!("would prune {n} runs\n"))?,
+        Ok(n) => print_out(&format!("pruned {n} runs\n"))?,
+        Err(e) => return Ok(usage(e)),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -866,6 +900,12 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         svc.wait_max.as_secs(),
         svc.body_timeout.as_secs(),
         svc.shutdown_grace.as_secs()
+    ));
+    let kept = |d: Option<std::time::Duration>| d.map_or("forever".to_owned(), |d| humantime::format_duration(d).to_string());
+    out.push_str(&format!(
+        "retention: ended runs kept {} (FABRIC_RUN_RETENTION); awaiting runs kept {} (FABRIC_AWAITING_RETENTION)\n",
+        kept(svc.run_retention),
+        kept(svc.awaiting_retention)
     ));
     let hint = first_run_hint(&settings);
     // Each directory of each layered setting, in the order they are read, before the build
