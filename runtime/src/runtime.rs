@@ -682,6 +682,12 @@ impl Runtime {
         if run.status != StoredStatus::AwaitingInput {
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: run.status.as_str() });
         }
+        // Someone asked to cancel it while it was running, and it asked before its holder saw
+        // the request: the request stands, so the run ends `cancelled` now instead of going on.
+        if let Some(reason) = &run.cancel_reason {
+            let _ = self.cancel(run_id, Some(reason), Arc::new(NullSink)).await;
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: StoredStatus::Cancelled.as_str() });
+        }
         // Everything that could stop the continuation is checked before the run is claimed: a
         // claimed run that cannot go on would be stuck `running`.
         let request: StartRequest =

@@ -288,3 +288,38 @@ async fn fabric_runs_cancel_ends_a_recorded_run_in_another_process() {
     let o = fabric_cli(&["runs", "list", "--status", "cancelled", "--store", &db], &env).await;
     assert!(String::from_utf8_lossy(&o.stdout).contains(&id), "{}", String::from_utf8_lossy(&o.stdout));
 }
+
+/// A run that asked before its holder saw a cancel request made while it ran: the request stands.
+/// A reply ends it `cancelled` (409) instead of continuing it, and a second cancel keeps the
+/// first reason.
+#[tokio::test]
+async fn a_request_made_while_a_run_ran_stands_after_it_asks_on_every_store() {
+    let (stores, _dir) = crate::store::stores().await;
+    let stub = asking_stub();
+    for (name, url) in stores {
+        let store = fabric::store::open(&url).await.unwrap();
+        let rt = crate::store::runtime(store.clone(), stub.path());
+        let other = crate::store::runtime(store.clone(), stub.path());
+        for then_reply in [true, false] {
+            let req = crate::store::start("support-agent", json!({"question": "refund?"}));
+            let accepted = rt.accept(&req, true).await.unwrap();
+            let lease = accepted.lease.unwrap();
+            let id = accepted.run_id.clone();
+            let asked = other.cancel(&id, Some("first"), std::sync::Arc::new(fabric::events::NullSink)).await.unwrap();
+            assert!(matches!(asked, Cancelling::Requested), "{name}: {asked:?}");
+            // Its holder never polls here: the run asks, with the request on it.
+            let out = rt.execute(&lease, &req, std::sync::Arc::new(fabric::events::NullSink), fabric::cancel::Cancel::never()).await.unwrap();
+            assert_eq!(out.result.status(), fabric::exec::RunStatus::AwaitingInput, "{name}");
+            if then_reply {
+                let refused = rt.claim_reply(&id, "order 42".into()).await.unwrap_err();
+                assert!(matches!(&refused, fabric::runtime::ReplyError::NotWaiting { status: "cancelled", .. }), "{name}: {refused}");
+            } else {
+                let second = rt.cancel(&id, Some("second"), std::sync::Arc::new(fabric::events::NullSink)).await.unwrap();
+                assert!(matches!(second, Cancelling::Ended(_)), "{name}: {second:?}");
+            }
+            let run = store.get_run(&id).await.unwrap().unwrap();
+            let message = run.result.as_ref().and_then(|r| r["error"]["message"].as_str().map(str::to_owned));
+            assert_eq!((run.status.as_str(), message.as_deref()), ("cancelled", Some("first")), "{name}: the first reason stays");
+        }
+    }
+}

@@ -149,7 +149,8 @@ async fn sweeper(kind: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let view = loop {
         let v: Value = client().get(format!("{}/v1/runs/{asking}", b.url)).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
-        if v["status"] != "awaiting_input" || Instant::now() > deadline {
+        // `running` for the moment the expiry holds it to end it.
+        if !matches!(v["status"].as_str(), Some("awaiting_input" | "running")) || Instant::now() > deadline {
             break v;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -68,7 +68,7 @@ impl Runtime {
         }
         let store = self.store.as_deref().ok_or(CancelError::NoStore)?;
         match store.request_cancel(run_id, reason, &self.holder).await? {
-            CancelAsk::Claimed { lease, route_id } => Ok(Cancelling::Ended(Box::new(self.end_cancelled(&lease, &route_id, reason, sink).await?))),
+            CancelAsk::Claimed { lease, route_id, reason } => Ok(Cancelling::Ended(Box::new(self.end_cancelled(&lease, &route_id, &reason, sink).await?))),
             CancelAsk::Requested => Ok(Cancelling::Requested),
             CancelAsk::AlreadyCancelled => Ok(Cancelling::Already),
             CancelAsk::Ended(status) => Err(CancelError::NotCancellable { run_id: run_id.to_owned(), status: status.as_str() }),

@@ -187,10 +187,13 @@ pub struct StoredRun {
 pub enum CancelAsk {
     /// The run was queued or awaiting input: it is now claimed by the requester, under this
     /// lease, to end it `cancelled` (if the requester dies first, the claim expires and whoever
-    /// takes the run over ends it so). Its route, for the end's record.
+    /// takes the run over ends it so). Its route, for the end's record, and the request's
+    /// reason: the first one made (a request made while the run ran, which asked before its
+    /// holder saw the request, stays the reason).
     Claimed {
         lease: Lease,
         route_id: String,
+        reason: String,
     },
     /// The run is running: the request is recorded, and the process that holds it ends it.
     Requested,

@@ -315,8 +315,9 @@ where
             for _ in 0..8 {
                 let began = Instant::now();
                 let sql = format!(
-                    "UPDATE runs SET status = 'running', cancel_reason = $1, lease_owner = $2, lease_token = lease_token + 1, \
-                     lease_until = {} + $3, updated_at = $4 WHERE run_id = $5 AND status IN ('queued', 'awaiting_input') RETURNING lease_token, route_id",
+                    "UPDATE runs SET status = 'running', cancel_reason = COALESCE(cancel_reason, $1), lease_owner = $2, lease_token = lease_token + 1, \
+                     lease_until = {} + $3, updated_at = $4 WHERE run_id = $5 AND status IN ('queued', 'awaiting_input') \
+                     RETURNING lease_token, route_id, cancel_reason",
                     DB::NOW_MS
                 );
                 let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -330,7 +331,8 @@ where
                     .map_err(|e| write_error(&self.health, began, e))?;
                 if let Some(row) = row {
                     let lease = Lease { run_id: run_id.to_owned(), token: row.try_get("lease_token").map_err(db)? };
-                    return Ok(CancelAsk::Claimed { lease, route_id: row.try_get("route_id").map_err(db)? });
+                    let (route_id, reason) = (row.try_get("route_id").map_err(db)?, row.try_get("cancel_reason").map_err(db)?);
+                    return Ok(CancelAsk::Claimed { lease, route_id, reason });
                 }
                 let asked = sqlx::query(
                     "UPDATE runs SET cancel_reason = COALESCE(cancel_reason, $1), updated_at = $2 WHERE run_id = $3 AND status = 'running' RETURNING run_id",
