@@ -66,8 +66,8 @@ pub const VARIABLES: &[&str] = &[
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
-/// 100 years. Unset is keep forever.
-fn retention(var: &str, value: Option<&str>) -> Result<Option<Duration>, ConfigError> {
+/// 100 years. Unset (or empty) is keep forever. Also `fabric runs prune --older-than`'s reading.
+pub fn parse_retention(var: &str, value: Option<&str>) -> Result<Option<Duration>, ConfigError> {
     let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
     let bad = |why: &str| err(var, format!("`{v}` {why}"));
     let d = humantime::parse_duration(v).map_err(|_| bad("is not a duration such as 30d, 12h or 90m"))?;
@@ -395,8 +395,8 @@ impl Settings {
             },
             claim_poll: Duration::from_millis(whole("FABRIC_CLAIM_POLL_MS", 1000, 60_000)?.max(10)),
             body_timeout: Duration::from_secs(whole("FABRIC_BODY_TIMEOUT_S", 10, 3600)?),
-            run_retention: retention("FABRIC_RUN_RETENTION", get("FABRIC_RUN_RETENTION"))?,
-            awaiting_retention: retention("FABRIC_AWAITING_RETENTION", get("FABRIC_AWAITING_RETENTION"))?,
+            run_retention: parse_retention("FABRIC_RUN_RETENTION", get("FABRIC_RUN_RETENTION"))?,
+            awaiting_retention: parse_retention("FABRIC_AWAITING_RETENTION", get("FABRIC_AWAITING_RETENTION"))?,
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };

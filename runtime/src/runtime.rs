@@ -386,7 +386,7 @@ pub struct Probe {
 /// The embeddable runtime (see the module docs).
 mod cancelling;
 mod retention;
-pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON, cancel_reason};
+pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
 pub use retention::{EXPIRED_REASON, PRUNE_BATCH};
 
 pub struct Runtime {
@@ -634,16 +634,14 @@ impl Runtime {
         let Some(store) = self.store.as_deref() else {
             return done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, "this runtime has no run store"));
         };
-        let read = async { Ok::<_, StoreError>((store.journal(&lease.run_id).await?, store.next_seq(&lease.run_id).await?)) };
-        let (history, next_seq) = match read.await {
-            Ok(r) => r,
+        let history = match read_history(store, &lease.run_id).await {
+            Ok(h) => h,
             Err(e) => {
                 let _ = store.release(&lease).await;
                 let why = format!("the run's record could not be read: {e}");
                 return done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, &why));
             }
         };
-        let history = RunHistory { run_id: lease.run_id.clone(), entries: history, next_seq };
         let fenced = Fenced { store, lease: &lease };
         let why = match request {
             Ok(_) if lease.token > MAX_TAKEOVERS => format!("it was taken over {} times", lease.token - 1),
@@ -701,11 +699,8 @@ impl Runtime {
         };
         // Read after the claim: between a read and the claim another process could have
         // continued the run and seen it ask again, and this claim would go on from stale history.
-        let claimed = async { Ok::<_, StoreError>((store.journal(run_id).await?, store.next_seq(run_id).await?)) };
-        match claimed.await {
-            Ok((history, next_seq)) => {
-                Ok(ClaimedReply { request, lease, history: RunHistory { run_id: run_id.to_owned(), entries: history, next_seq }, reply: message })
-            }
+        match read_history(store.as_ref(), run_id).await {
+            Ok(history) => Ok(ClaimedReply { request, lease, history, reply: message }),
             Err(e) => {
                 let _ = store.reopen_reply(&lease).await;
                 Err(e.into())
@@ -915,6 +910,11 @@ impl ClaimedRun {
     pub fn is_takeover(&self) -> bool {
         self.lease.token > 1
     }
+}
+
+/// A run's journal and the `seq` its next event gets, as a run taken up again needs them.
+async fn read_history(store: &dyn RunStore, run_id: &str) -> Result<RunHistory, StoreError> {
+    Ok(RunHistory { run_id: run_id.to_owned(), entries: store.journal(run_id).await?, next_seq: store.next_seq(run_id).await? })
 }
 
 /// How many times a run may be taken over before the next claim fails it instead: a run that

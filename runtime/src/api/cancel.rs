@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::body::{MaybeJsonBody, RunIdPath, no_run};
 use super::{ApiError, AppState, ErrorBody, RUN_ID_PARAM, RunView, store_error, view};
-use crate::runtime::{CancelError, Cancelling, cancel_reason};
+use crate::runtime::{CancelError, Cancelling};
 
 /// How often a replica looks for cancel requests on the runs it executes (at most; a third of
 /// the lease when that is shorter).
@@ -52,10 +52,11 @@ pub(super) async fn cancel_run(
     let runtime = &state.inner.runtime;
     let status = match runtime.cancel(run_id, reason.as_deref(), state.inner.metrics.clone()).await {
         Ok(Cancelling::Ended(_)) => StatusCode::ACCEPTED,
-        Ok(Cancelling::Requested) => {
-            // Executed here: cancelled at once, not at the next poll.
+        Ok(Cancelling::Requested { reason }) => {
+            // Executed here: cancelled at once, not at the next poll, with the reason the store
+            // keeps (the first request's), as the poll would.
             if let Some(live) = state.inner.live.get(run_id).filter(|l| !l.is_stopped()) {
-                live.cancel(cancel_reason(reason.as_deref()));
+                live.cancel(&reason);
             }
             StatusCode::ACCEPTED
         }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::Runtime;
 use crate::events::EventSink;
-use crate::exec::{RunHistory, RunResult};
+use crate::exec::RunResult;
 use crate::store::{CancelAsk, Fenced, Lease, StoreError};
 
 /// The longest reason a cancel request may give, in bytes.
@@ -21,7 +21,7 @@ pub const MAX_CANCEL_REASON: usize = 1024;
 pub const DEFAULT_CANCEL_REASON: &str = "cancelled by request";
 
 /// The reason a request gives, trimmed, or [`DEFAULT_CANCEL_REASON`] when it gives none.
-pub fn cancel_reason(given: Option<&str>) -> &str {
+fn cancel_reason(given: Option<&str>) -> &str {
     given.map(str::trim).filter(|r| !r.is_empty()).unwrap_or(DEFAULT_CANCEL_REASON)
 }
 
@@ -31,8 +31,9 @@ pub enum Cancelling {
     /// The run was queued or awaiting input: it ended here, `cancelled` (its end is recorded).
     Ended(Box<RunResult>),
     /// The run is running: the request is recorded, and the process that executes it ends it
-    /// (within a second of polling, at once when it is this one).
-    Requested,
+    /// (within a second of polling, at once when it is this one) with `reason`, the request's as
+    /// stored (the first one made).
+    Requested { reason: String },
     /// The run was cancelled already: nothing changed.
     Already,
 }
@@ -69,7 +70,7 @@ impl Runtime {
         let store = self.store.as_deref().ok_or(CancelError::NoStore)?;
         match store.request_cancel(run_id, reason, &self.holder).await? {
             CancelAsk::Claimed { lease, route_id, reason } => Ok(Cancelling::Ended(Box::new(self.end_cancelled(&lease, &route_id, &reason, sink).await?))),
-            CancelAsk::Requested => Ok(Cancelling::Requested),
+            CancelAsk::Requested { reason } => Ok(Cancelling::Requested { reason }),
             CancelAsk::AlreadyCancelled => Ok(Cancelling::Already),
             CancelAsk::Ended(status) => Err(CancelError::NotCancellable { run_id: run_id.to_owned(), status: status.as_str() }),
             CancelAsk::NotFound => Err(CancelError::NotFound(run_id.to_owned())),
@@ -81,15 +82,13 @@ impl Runtime {
     /// let go, so whoever claims the run next ends it (the request stays in the store).
     pub(super) async fn end_cancelled(&self, lease: &Lease, route_id: &str, reason: &str, sink: Arc<dyn EventSink>) -> Result<RunResult, StoreError> {
         let store = self.run_store()?;
-        let read = async { Ok::<_, StoreError>((store.journal(&lease.run_id).await?, store.next_seq(&lease.run_id).await?)) };
-        let (entries, next_seq) = match read.await {
-            Ok(r) => r,
+        let history = match super::read_history(store.as_ref(), &lease.run_id).await {
+            Ok(h) => h,
             Err(e) => {
                 let _ = store.release(lease).await;
                 return Err(e);
             }
         };
-        let history = RunHistory { run_id: lease.run_id.clone(), entries, next_seq };
         let result = self.runner.end_cancelled(route_id, history, reason, sink, &Fenced { store: store.as_ref(), lease }).await;
         if result.status() != crate::exec::RunStatus::Cancelled {
             let _ = store.release(lease).await;

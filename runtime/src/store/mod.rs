@@ -195,8 +195,11 @@ pub enum CancelAsk {
         route_id: String,
         reason: String,
     },
-    /// The run is running: the request is recorded, and the process that holds it ends it.
-    Requested,
+    /// The run is running: the request is recorded, and the process that holds it ends it with
+    /// `reason`, the first request's.
+    Requested {
+        reason: String,
+    },
     /// Cancelled already.
     AlreadyCancelled,
     /// It ended otherwise (completed or failed): it cannot be cancelled.

@@ -335,7 +335,7 @@ where
                     return Ok(CancelAsk::Claimed { lease, route_id, reason });
                 }
                 let asked = sqlx::query(
-                    "UPDATE runs SET cancel_reason = COALESCE(cancel_reason, $1), updated_at = $2 WHERE run_id = $3 AND status = 'running' RETURNING run_id",
+                    "UPDATE runs SET cancel_reason = COALESCE(cancel_reason, $1), updated_at = $2 WHERE run_id = $3 AND status = 'running' RETURNING cancel_reason",
                 )
                 .bind(reason)
                 .bind(now())
@@ -343,8 +343,8 @@ where
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|e| write_error(&self.health, began, e))?;
-                if asked.is_some() {
-                    return Ok(CancelAsk::Requested);
+                if let Some(row) = asked {
+                    return Ok(CancelAsk::Requested { reason: row.try_get("cancel_reason").map_err(db)? });
                 }
                 match self.get_run(run_id).await?.map(|r| r.status) {
                     None => return Ok(CancelAsk::NotFound),

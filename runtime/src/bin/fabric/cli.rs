@@ -570,9 +570,10 @@ async fn runs_show(store: Option<&str>, run_id: &RunId, events: bool) -> std::io
 
 /// `fabric runs prune`: ended runs past the age deleted (or counted) on the store.
 async fn runs_prune(cli: &Cli, store: Option<&str>, older_than: &str, dry_run: bool) -> std::io::Result<ExitCode> {
-    let age = match humantime::parse_duration(older_than.trim()) {
-        Ok(d) if d >= std::time::Duration::from_secs(1) => d,
-        _ => return Ok(usage(format_args!("--older-than: `{older_than}` is not a duration of at least a second, such as 30d, 12h or 90m"))),
+    let age = match fabric::config::parse_retention("--older-than", Some(older_than)) {
+        Ok(Some(d)) => d,
+        Ok(None) => return Ok(usage("--older-than: the duration is empty; give one such as 30d, 12h or 90m")),
+        Err(e) => return Ok(usage(e)),
     };
     let (settings, store) = match settings_and_store(store).await {
         Ok(both) => both,
@@ -602,7 +603,7 @@ async fn runs_cancel(cli: &Cli, store: Option<&str>, run_id: &RunId, reason: Opt
     };
     let said = match runtime.cancel(run_id.as_str(), reason, Arc::new(fabric::events::NullSink)).await {
         Ok(fabric::runtime::Cancelling::Ended(_)) => "cancelled",
-        Ok(fabric::runtime::Cancelling::Requested) => "cancel requested: the process that executes it ends it within about a second",
+        Ok(fabric::runtime::Cancelling::Requested { .. }) => "cancel requested: the process that executes it ends it within about a second",
         Ok(fabric::runtime::Cancelling::Already) => "cancelled already",
         Err(e @ fabric::runtime::CancelError::NotCancellable { .. }) => {
             say(format_args!("fabric: {e}"));
