@@ -128,7 +128,7 @@ async fn recorded_run(runtime: &Runtime, req: &StartRequest, sink: Arc<dyn Event
 }
 
 fn staged_start() -> StartRequest {
-    StartRequest { route_id: "staged".into(), goal: goal(), model_profile: None, prefetch: vec![], session_id: None }
+    StartRequest { route_id: "staged".into(), goal: goal(), ..StartRequest::default() }
 }
 
 /// A2: scenario A with every run recorded in a run store (a fresh SQLite file, or `--journal URL`), as the service

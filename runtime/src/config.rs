@@ -20,6 +20,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod webhook;
+pub use webhook::{WebhookRefused, WebhookSecret, WebhookSettings};
+
 use figment::providers::{Format, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
@@ -63,6 +66,12 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_BODY_TIMEOUT_S",
     "FABRIC_RUN_RETENTION",
     "FABRIC_AWAITING_RETENTION",
+    "FABRIC_WEBHOOK_URL",
+    "FABRIC_WEBHOOK_ALLOWED_ORIGINS",
+    "FABRIC_WEBHOOK_SECRET",
+    "FABRIC_WEBHOOK_MAX_ATTEMPTS",
+    "FABRIC_WEBHOOK_BACKOFF_BASE_S",
+    "FABRIC_WEBHOOK_BACKOFF_MAX_S",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -157,6 +166,8 @@ pub struct ServiceSettings {
     /// `FABRIC_AWAITING_RETENTION` (unset: forever): how long a run may await the user; the
     /// sweeper cancels older ones with the reason `expired`.
     pub awaiting_retention: Option<Duration>,
+    /// `FABRIC_WEBHOOK_*`: the completion webhooks.
+    pub webhooks: WebhookSettings,
     /// `FABRIC_LOG`: a `tracing` filter (default `info`).
     pub log_filter: String,
     /// `FABRIC_LOG_FORMAT`: `json` lines or `text`.
@@ -397,6 +408,7 @@ impl Settings {
             body_timeout: Duration::from_secs(whole("FABRIC_BODY_TIMEOUT_S", 10, 3600)?),
             run_retention: parse_retention("FABRIC_RUN_RETENTION", get("FABRIC_RUN_RETENTION"))?,
             awaiting_retention: parse_retention("FABRIC_AWAITING_RETENTION", get("FABRIC_AWAITING_RETENTION"))?,
+            webhooks: WebhookSettings::load(&|k: &str| get(k).map(str::to_owned))?,
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };
@@ -507,7 +519,7 @@ impl Settings {
             .iter()
             .filter_map(|v| {
                 let value = self.raw.0.get(*v)?;
-                let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") {
+                let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") || v.ends_with("_SECRET") {
                     "<redacted>".to_owned()
                 } else if v.ends_with("_URL") || v.ends_with("_BASE") || *v == "OLLAMA_HOST" {
                     crate::redact::redact_url(value)

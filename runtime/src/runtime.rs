@@ -476,22 +476,23 @@ impl Runtime {
     /// `here`, the run is claimed by this process at once ([`Runtime::execute`] runs it);
     /// without, it is `queued` for whichever process claims it first ([`Runtime::claim_runs`]).
     pub async fn accept(&self, req: &StartRequest, here: bool) -> Result<AcceptedRun, AcceptError> {
-        let store = self.check_start(req)?;
+        let (store, webhook) = self.check_start(req)?;
         let run_id = self.runner.new_id();
         let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        let lease = store.create_run(&run_id, &req.route_id, &request, here.then_some(&self.holder)).await?;
+        let lease = store.create_run(&run_id, &req.route_id, &request, here.then_some(&self.holder), webhook.as_deref()).await?;
         Ok(AcceptedRun { run_id, lease })
     }
 
-    /// Every start check; the store a run is accepted into.
-    fn check_start(&self, req: &StartRequest) -> Result<&Arc<dyn RunStore>, AcceptError> {
+    /// Every start check; the store a run is accepted into, and where its ends are posted.
+    fn check_start(&self, req: &StartRequest) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
         self.check_route(&req.route_id)?;
         if let Some(p) = &req.model_profile
             && !self.catalogue().profiles().any(|(name, _)| name == p)
         {
             return Err(AcceptError::UnknownProfile(p.clone()));
         }
-        self.store.as_ref().ok_or(AcceptError::NoStore)
+        let webhook = self.settings.service.webhooks.target(req.webhook_url.as_deref())?;
+        Ok((self.store.as_ref().ok_or(AcceptError::NoStore)?, webhook))
     }
 
     /// [`Runtime::accept`] once per idempotency key: the first start with `key` accepts its run;
@@ -506,9 +507,9 @@ impl Runtime {
         let existing = match store.run_of_key(key).await? {
             Some(run) => run,
             None => {
-                let store = self.check_start(req)?;
+                let (store, webhook) = self.check_start(req)?;
                 let run_id = self.runner.new_id();
-                match store.create_keyed_run(&run_id, &req.route_id, &request, here.then_some(&self.holder), key).await? {
+                match store.create_keyed_run(&run_id, &req.route_id, &request, here.then_some(&self.holder), key, webhook.as_deref()).await? {
                     Keyed::Created(lease) => return Ok(Started::New(AcceptedRun { run_id, lease })),
                     Keyed::Existing(run) => *run,
                 }
@@ -797,9 +798,9 @@ impl Runtime {
 }
 
 /// The start contract of a run, as a service accepts it: `{route_id, goal, model_profile,
-/// prefetch?, session_id?}`. `model_profile` must name a defined profile and is recorded with
-/// the run; the route's own profile decides the model (as in the Python runtime).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+/// prefetch?, session_id?, webhook_url?}`. `model_profile` must name a defined profile and is
+/// recorded with the run; the route's own profile decides the model (as in the Python runtime).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StartRequest {
     pub route_id: String,
     pub goal: Map<String, Value>,
@@ -809,6 +810,10 @@ pub struct StartRequest {
     pub prefetch: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
+    /// Where this run's ends are posted, instead of the fleet's `FABRIC_WEBHOOK_URL`: its origin
+    /// must be one of `FABRIC_WEBHOOK_ALLOWED_ORIGINS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_url: Option<String>,
 }
 
 impl StartRequest {
@@ -826,6 +831,8 @@ pub enum AcceptError {
     UnknownProfile(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    WebhookNotAllowed(#[from] crate::config::WebhookRefused),
     #[error("this runtime has no run store")]
     NoStore,
     #[error("the store did not let this process claim the run it accepted")]

@@ -44,7 +44,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["redact", "failure", "events", "exec"]),
     ("runtime", &["cancel", "diag", "failure", "events", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // The service: HTTP over the facade.
-    ("api", &["cancel", "failure", "events", "svg", "catalogue", "exec", "store", "runtime"]),
+    ("api", &["redact", "cancel", "failure", "events", "svg", "catalogue", "config", "exec", "store", "runtime"]),
 ];
 
 /// The modules of the `fabric` binary (`runtime/src/bin/fabric/`), in the same way: printing

@@ -715,8 +715,9 @@ impl RunStore for Watched {
         route_id: &'a str,
         request: &'a Value,
         holder: Option<&'a Holder>,
+        webhook: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
-        self.inner.create_run(run_id, route_id, request, holder)
+        self.inner.create_run(run_id, route_id, request, holder, webhook)
     }
     fn create_keyed_run<'a>(
         &'a self,
@@ -725,8 +726,9 @@ impl RunStore for Watched {
         request: &'a Value,
         holder: Option<&'a Holder>,
         key: &'a IdempotencyKey,
+        webhook: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
-        self.inner.create_keyed_run(run_id, route_id, request, holder, key)
+        self.inner.create_keyed_run(run_id, route_id, request, holder, key, webhook)
     }
     fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
         self.inner.run_of_key(key)
@@ -795,6 +797,9 @@ impl RunStore for Watched {
 
     fn health(&self) -> Result<(), StoreError> {
         self.inner.health()
+    }
+    fn webhooks(&self) -> &dyn fabric::store::WebhookOutbox {
+        self.inner.webhooks()
     }
 }
 
@@ -1262,8 +1267,8 @@ async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
     let elsewhere = Holder::new(Duration::from_secs(30));
     let contract = json!({"route_id": "support-triage", "goal": {}, "model_profile": "default", "prefetch": [], "session_id": null});
     let (a, b) = ("0190a000-0000-7000-8000-00000000000a", "0190a000-0000-7000-8000-00000000000b");
-    let lease = store.create_run(a, "support-triage", &contract, Some(&elsewhere)).await.unwrap().unwrap();
-    store.create_run(b, "support-triage", &contract, Some(&elsewhere)).await.unwrap().unwrap();
+    let lease = store.create_run(a, "support-triage", &contract, Some(&elsewhere), None).await.unwrap().unwrap();
+    store.create_run(b, "support-triage", &contract, Some(&elsewhere), None).await.unwrap().unwrap();
     let mut streams = Vec::new();
     for _ in 0..8 {
         let response = app.clone().oneshot(request(&format!("/v1/runs/{a}/events"))).await.unwrap();

@@ -27,4 +27,5 @@ mod store;
 mod support;
 mod telemetry;
 mod webdriver;
+mod webhooks;
 mod wire;

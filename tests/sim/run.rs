@@ -297,13 +297,8 @@ impl Process<'_> {
         let mut live: HashMap<String, u32> = HashMap::new();
         if self.first {
             for (i, start) in self.world.starts.iter().enumerate() {
-                let req = StartRequest {
-                    route_id: start.route_id.clone(),
-                    goal: start.goal.clone(),
-                    model_profile: None,
-                    prefetch: start.prefetch.clone(),
-                    session_id: None,
-                };
+                let req =
+                    StartRequest { route_id: start.route_id.clone(), goal: start.goal.clone(), prefetch: start.prefetch.clone(), ..StartRequest::default() };
                 match self.runtime.accept(&req, true).await {
                     Ok(accepted) => {
                         let Some(lease) = accepted.lease else { continue };

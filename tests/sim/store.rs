@@ -267,10 +267,12 @@ impl RunStore for SimStore {
         route_id: &'a str,
         request: &'a Value,
         holder: Option<&'a Holder>,
+        webhook: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         Box::pin(async move {
             let (store, id, route, req, holder) = (self.real.store.clone(), run_id.to_owned(), route_id.to_owned(), request.clone(), holder.cloned());
-            let made = self.call("create", async move { store.create_run(&id, &route, &req, holder.as_ref()).await }).await;
+            let webhook = webhook.map(str::to_owned);
+            let made = self.call("create", async move { store.create_run(&id, &route, &req, holder.as_ref(), webhook.as_deref()).await }).await;
             if let Ok(Some(lease)) = &made {
                 self.note_token(run_id, lease.token);
             }
@@ -290,11 +292,13 @@ impl RunStore for SimStore {
         request: &'a Value,
         holder: Option<&'a Holder>,
         key: &'a IdempotencyKey,
+        webhook: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
         Box::pin(async move {
             let (store, id, route, req, holder, key) =
                 (self.real.store.clone(), run_id.to_owned(), route_id.to_owned(), request.clone(), holder.cloned(), key.clone());
-            let made = self.call("create", async move { store.create_keyed_run(&id, &route, &req, holder.as_ref(), &key).await }).await;
+            let webhook = webhook.map(str::to_owned);
+            let made = self.call("create", async move { store.create_keyed_run(&id, &route, &req, holder.as_ref(), &key, webhook.as_deref()).await }).await;
             if let Ok(Keyed::Created(Some(lease))) = &made {
                 self.note_token(run_id, lease.token);
             }
@@ -500,5 +504,10 @@ impl RunStore for SimStore {
 
     fn health(&self) -> Result<(), StoreError> {
         self.real.store.health()
+    }
+
+    /// The simulation runs no service, so no sender: the real store's outbox as it is.
+    fn webhooks(&self) -> &dyn fabric::store::WebhookOutbox {
+        self.real.store.webhooks()
     }
 }

@@ -43,6 +43,8 @@ struct Counts {
     taken_over: BTreeMap<String, u64>,
     /// Ended runs this process's sweeper deleted (retention).
     pruned: u64,
+    /// Webhook attempts this process made, by outcome (`delivered`, `retrying`, `failed`).
+    webhooks: BTreeMap<&'static str, u64>,
 }
 
 const NO_TOKENS: Tokens = Tokens { input: 0, output: 0 };
@@ -103,6 +105,12 @@ impl Metrics {
         c.pruned = c.pruned.saturating_add(n);
     }
 
+    /// A webhook attempt this process made: `delivered`, `retrying` (failed, tried again
+    /// later) or `failed` (the last attempt failed).
+    pub fn webhook(&self, outcome: &'static str) {
+        *self.counts.lock().unwrap_or_else(|p| p.into_inner()).webhooks.entry(outcome).or_default() += 1;
+    }
+
     /// The Prometheus text exposition (version 0.0.4), with the runs executing now.
     pub fn render(&self, in_flight: usize) -> String {
         let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
@@ -141,6 +149,14 @@ impl Metrics {
             "# HELP fabric_runs_pruned_total Ended runs this process deleted past FABRIC_RUN_RETENTION.\n# TYPE fabric_runs_pruned_total counter\nfabric_runs_pruned_total {}",
             c.pruned
         );
+        let _ = writeln!(
+            out,
+            "# HELP fabric_webhook_deliveries_total Webhook attempts this process made, by outcome (delivered, retrying, failed).\n\
+             # TYPE fabric_webhook_deliveries_total counter"
+        );
+        for (outcome, v) in &c.webhooks {
+            let _ = writeln!(out, "fabric_webhook_deliveries_total{{outcome=\"{outcome}\"}} {v}");
+        }
         let _ = writeln!(out, "# HELP fabric_runs_in_flight Runs executing now.\n# TYPE fabric_runs_in_flight gauge\nfabric_runs_in_flight {in_flight}");
         out
     }

@@ -18,6 +18,7 @@ pub mod openapi;
 mod server;
 mod sweep;
 mod ui;
+mod webhooks;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -127,6 +128,8 @@ struct Shared {
     feeds: Arc<follow::Feeds>,
     /// The run event streams open, per run and in all (the caps).
     stream_slots: Arc<follow::StreamSlots>,
+    /// Wakes the webhook sender: a run ended or asked here.
+    webhook_wake: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for AppState {
@@ -154,6 +157,7 @@ impl AppState {
                 closing,
                 feeds: Arc::default(),
                 stream_slots: Arc::default(),
+                webhook_wake: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -167,10 +171,12 @@ impl AppState {
         let claims = tokio::spawn(self.clone().claim_work());
         let cancels = tokio::spawn(self.clone().watch_cancels());
         let sweeps = tokio::spawn(self.clone().sweep());
+        let webhooks = tokio::spawn(self.clone().deliver_webhooks());
         self.renew_leases().await;
         claims.abort();
         cancels.abort();
         sweeps.abort();
+        webhooks.abort();
     }
 
     async fn renew_leases(self) {
@@ -315,7 +321,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`, `request_timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`, `request_timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -398,6 +404,11 @@ pub struct StartBody {
     pub prefetch: Option<Vec<String>>,
     #[serde(default)]
     pub session_id: Option<String>,
+    /// Where this run's ends (and questions) are posted, signed, instead of the fleet's
+    /// `FABRIC_WEBHOOK_URL`; its origin must be one of `FABRIC_WEBHOOK_ALLOWED_ORIGINS`, else
+    /// `422 webhook_not_allowed`.
+    #[serde(default)]
+    pub webhook_url: Option<String>,
 }
 
 /// A run accepted (201), or accepted again by a reply (202).
@@ -550,6 +561,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runs/{run_id}/record", get(inspect::run_record))
         .route("/v1/runs/{run_id}/reply", post(reply))
         .route("/v1/runs/{run_id}/cancel", post(cancel::cancel_run))
+        .route("/v1/runs/{run_id}/webhooks", get(webhooks::run_webhooks))
         .route("/v1/routes", get(list_routes))
         .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
         .route("/metrics", get(metrics))
@@ -707,7 +719,7 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         (status = 413, description = "Body, goal or prefetch too large", body = ErrorBody),
         (status = 408, description = "The body did not arrive within the body timeout (`FABRIC_BODY_TIMEOUT_S`); the connection is closed", body = ErrorBody),
         (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody),
-        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; an unknown profile; a route that cannot start (`broken_route`, `cannot_start`); `idempotency_key_reused`: the key started another contract's run", body = ErrorBody),
+        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; an unknown profile; a route that cannot start (`broken_route`, `cannot_start`); `idempotency_key_reused`: the key started another contract's run; `webhook_not_allowed`: a `webhook_url` whose origin is not in `FABRIC_WEBHOOK_ALLOWED_ORIGINS`", body = ErrorBody),
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
         (status = 400, description = "A query string that does not parse; an `Idempotency-Key` that is not 1 to 255 visible ASCII characters, or sent twice", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
@@ -748,7 +760,14 @@ async fn start_run(
             ),
         ));
     }
-    let req = StartRequest { route_id: body.route_id, goal, model_profile: Some(body.model_profile), prefetch, session_id: body.session_id };
+    let req = StartRequest {
+        route_id: body.route_id,
+        goal,
+        model_profile: Some(body.model_profile),
+        prefetch,
+        session_id: body.session_id,
+        webhook_url: body.webhook_url,
+    };
     // Room here: the run is claimed by this process as it is accepted. None: it is queued in
     // the store for any replica with room, up to the queue's bound.
     // A retry of a keyed start is answered before any bound: it starts nothing.
@@ -807,6 +826,10 @@ fn accept_error(e: AcceptError) -> ApiError {
         AcceptError::NoStore => store_error("no store"),
         AcceptError::NotClaimed => store_error("the run could not be claimed"),
         e @ AcceptError::KeyReused { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused", e.to_string()),
+        AcceptError::WebhookNotAllowed(e @ crate::config::WebhookRefused::Invalid) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e.to_string())
+        }
+        AcceptError::WebhookNotAllowed(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "webhook_not_allowed", e.to_string()),
     }
 }
 
@@ -848,6 +871,7 @@ async fn finish(state: &AppState, live: &LiveRun, outcome: Result<crate::exec::R
     }
     let stored = view(state, run_id).await.ok().and_then(|v| serde_json::to_value(v).ok()).unwrap_or(Value::Null);
     state.inner.live.finish(live, stored);
+    state.wake_webhooks();
 }
 
 use follow::FOLLOW_POLL;

@@ -12,6 +12,7 @@
 
 mod health;
 mod migrations;
+mod outbox;
 pub mod postgres;
 mod prompts;
 mod queue;
@@ -23,6 +24,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::Value;
+
+pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 
 use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
 use crate::failure::BoxFuture;
@@ -264,7 +267,9 @@ pub struct Claimed {
 }
 
 /// The port to a run store. Contract:
-/// - `create_run` inserts a new run, `queued`, or `running` and claimed by `holder`.
+/// - `create_run` inserts a new run, `queued`, or `running` and claimed by `holder`; with a
+///   `webhook` URL, each end of the run (and each question it asks) adds a delivery to its outbox
+///   ([`WebhookOutbox`]) in the transaction that writes it.
 /// - `claim_runs` claims runnable runs of the given routes, oldest first: `queued` ones, and
 ///   `running` ones whose lease expired (their process died or stalled). Each claim bumps the
 ///   run's fencing token; concurrent claimers never get the same run.
@@ -283,6 +288,7 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
         route_id: &'a str,
         request: &'a Value,
         holder: Option<&'a Holder>,
+        webhook: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>>;
     /// `create_run` unless a run with `key` exists, decided by a constraint of the store (two
     /// processes racing on one key create one run): then that run, untouched.
@@ -293,6 +299,7 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
         request: &'a Value,
         holder: Option<&'a Holder>,
         key: &'a IdempotencyKey,
+        webhook: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Keyed, StoreError>>;
     /// The run started with `key`, if any.
     fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>>;
@@ -340,6 +347,8 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// with it at once; a background probe finds out when writes work again. Also `Unavailable`
     /// for good once a SQLite file was removed or replaced under the store.
     fn health(&self) -> Result<(), StoreError>;
+    /// The outbox of the runs' webhook deliveries, in the same database.
+    fn webhooks(&self) -> &dyn WebhookOutbox;
 }
 
 /// A claimed run's journal: every write carries its lease's fencing token.

@@ -22,6 +22,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("migrations/postgres/0004_prompts.sql")),
     (5, include_str!("migrations/postgres/0005_idempotency.sql")),
     (6, include_str!("migrations/postgres/0006_cancel.sql")),
+    (7, include_str!("migrations/postgres/0007_webhooks.sql")),
 ];
 
 /// How long connecting, or waiting for a connection of the pool, may take.

@@ -82,6 +82,8 @@ pub(crate) enum Write {
         request: String,
         claim: Option<(String, i64)>,
         key: Option<String>,
+        /// Where the run's ends are posted (`runs.webhook_url`).
+        webhook: Option<String>,
     },
     Commit {
         lease: Lease,
@@ -167,6 +169,7 @@ pub(crate) struct Create<'a> {
     /// Claimed by (owner, lease_ms), or queued.
     pub claim: Option<(&'a str, i64)>,
     pub key: Option<&'a str>,
+    pub webhook: Option<&'a str>,
 }
 
 /// What one transaction writes, table by table, in the order the jobs came.
@@ -194,9 +197,14 @@ impl<'a> Rows<'a> {
         let mut seen = HashSet::new();
         for (job, _) in jobs {
             match job {
-                Write::Create { run_id, route_id, request, claim, key } => {
-                    rows.creates.push(Create { run_id, route_id, request, claim: claim.as_ref().map(|(o, ms)| (o.as_str(), *ms)), key: key.as_deref() })
-                }
+                Write::Create { run_id, route_id, request, claim, key, webhook } => rows.creates.push(Create {
+                    run_id,
+                    route_id,
+                    request,
+                    claim: claim.as_ref().map(|(o, ms)| (o.as_str(), *ms)),
+                    key: key.as_deref(),
+                    webhook: webhook.as_deref(),
+                }),
                 Write::Commit { lease, batch } => {
                     let run_id = &lease.run_id;
                     if seen.insert((run_id.as_str(), lease.token)) {
@@ -689,9 +697,8 @@ where
         // New runs whose idempotency key another run has: not written, and returned with the fenced.
         let mut refused = HashSet::new();
         for chunk in rows.creates.chunks(per_insert) {
-            let head =
-                "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, lease_until) VALUES ";
-            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
+            let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, lease_until) VALUES ";
+            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
             let sql = format!(
                 "{} ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING run_id",
                 rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)
@@ -700,7 +707,18 @@ where
             for c in chunk {
                 let status = if c.claim.is_some() { "running" } else { "queued" };
                 let (owner, token, ms) = c.claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
-                q = q.bind(status).bind(c.run_id).bind(c.route_id).bind(c.request).bind(at).bind(at).bind(owner).bind(token).bind(c.key).bind(ms);
+                q = q
+                    .bind(status)
+                    .bind(c.run_id)
+                    .bind(c.route_id)
+                    .bind(c.request)
+                    .bind(at)
+                    .bind(at)
+                    .bind(owner)
+                    .bind(token)
+                    .bind(c.key)
+                    .bind(c.webhook)
+                    .bind(ms);
             }
             let written: HashSet<String> =
                 q.fetch_all(&mut *tx).await.map_err(failed)?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>().map_err(failed)?;
@@ -1105,6 +1123,7 @@ mod tests {
             request: "{}".into(),
             claim: Some((holder.owner.clone(), 30_000)),
             key: None,
+            webhook: None,
         };
         let commit = |run: &str, seq| Write::Commit { lease: lease(run), batch: Box::new(Prepared::of(batch(run, seq))) };
         let jobs: Vec<Job> = vec![(create("a"), None), (create("b"), None), (commit("a", 1), None), (commit("b", 1), None)];
@@ -1131,7 +1150,7 @@ mod tests {
         use super::super::RunStore;
         let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
         let holder = super::super::Holder::new(Duration::from_secs(30));
-        let stale = store.create_run("a", "r", &serde_json::json!({}), Some(&holder)).await.unwrap().unwrap();
+        let stale = store.create_run("a", "r", &serde_json::json!({}), Some(&holder), None).await.unwrap().unwrap();
         store.commit(&stale, batch("a", 1)).await.unwrap();
         store.release(&stale).await.unwrap();
         let taken = store.claim_runs(&holder, &["r".to_owned()], 1).await.unwrap();
@@ -1202,7 +1221,7 @@ mod tests {
     async fn a_start_refused_while_its_jobs_are_tried_one_by_one_stops_no_writer() {
         let db = Arc::new(Flaky { poison: Some("bad"), creates_away: true, ..Flaky::default() });
         let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
-        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None };
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None, webhook: None };
         // Queued together: one transaction, which the bad run's rows make fail.
         queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
         let refused = queue.write(create).await;
@@ -1226,7 +1245,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(health.failing());
-        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None };
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None, webhook: None };
         let refused = tokio::time::timeout(Duration::from_secs(1), queue.write(create)).await.expect("refused within a second, not held");
         assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
         let second = tokio::spawn({

@@ -46,6 +46,15 @@ impl<DB: sqlx::Database> SqlStore<DB> {
         self.health.recovered_ago().is_none_or(|ago| ago > holder.lease / 3 + std::time::Duration::from_secs(2))
     }
 
+    /// The pool, for the store's other ports over the same tables ([`super::outbox`]).
+    pub(super) fn pool_ref(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
+
+    pub(super) fn health_ref(&self) -> &Health {
+        &self.health
+    }
+
     #[cfg(test)]
     pub(crate) fn pool(&self) -> &sqlx::Pool<DB> {
         &self.pool
@@ -98,6 +107,7 @@ where
         route_id: &'a str,
         request: &'a Value,
         holder: Option<&'a Holder>,
+        webhook: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         Box::pin(async move {
             // While writes fail, a start is refused at once (the healer finds out when they
@@ -105,7 +115,14 @@ where
             self.health.check()?;
             let claim = holder.map(|h| (h.owner.clone(), h.lease_ms()));
             self.queue
-                .write(Write::Create { run_id: run_id.to_owned(), route_id: route_id.to_owned(), request: request.to_string(), claim, key: None })
+                .write(Write::Create {
+                    run_id: run_id.to_owned(),
+                    route_id: route_id.to_owned(),
+                    request: request.to_string(),
+                    claim,
+                    key: None,
+                    webhook: webhook.map(str::to_owned),
+                })
                 .await?;
             Ok(holder.map(|_| Lease { run_id: run_id.to_owned(), token: 1 }))
         })
@@ -118,6 +135,7 @@ where
         request: &'a Value,
         holder: Option<&'a Holder>,
         key: &'a IdempotencyKey,
+        webhook: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
         Box::pin(async move {
             self.health.check()?;
@@ -128,6 +146,7 @@ where
                 request: request.to_string(),
                 claim,
                 key: Some(key.as_str().to_owned()),
+                webhook: webhook.map(str::to_owned),
             };
             match self.queue.write(create).await {
                 Ok(()) => Ok(Keyed::Created(holder.map(|_| Lease { run_id: run_id.to_owned(), token: 1 }))),
@@ -404,7 +423,7 @@ where
                 return Ok(0);
             }
             let list = rows_sql("", "?", ids.len(), 1, true);
-            for table in ["run_events", "run_journal"] {
+            for table in ["run_events", "run_journal", "run_webhooks"] {
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE run_id IN ({list})")));
                 for id in &ids {
                     q = q.bind(id.as_str());
@@ -498,6 +517,10 @@ where
 
     fn health(&self) -> Result<(), StoreError> {
         self.health.check()
+    }
+
+    fn webhooks(&self) -> &dyn super::WebhookOutbox {
+        self
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {

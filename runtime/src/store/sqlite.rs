@@ -25,6 +25,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("migrations/sqlite/0004_prompts.sql")),
     (5, include_str!("migrations/sqlite/0005_idempotency.sql")),
     (6, include_str!("migrations/sqlite/0006_cancel.sql")),
+    (7, include_str!("migrations/sqlite/0007_webhooks.sql")),
 ];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).

@@ -694,7 +694,7 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     };
     let outcome = if store.is_some() {
         // Recorded as the service records a run: accepted (a row), then journalled as it goes.
-        let req = StartRequest { route_id: route_id.to_owned(), goal, model_profile: None, prefetch, session_id: None };
+        let req = StartRequest { route_id: route_id.to_owned(), goal, prefetch, ..StartRequest::default() };
         match runtime.run_recorded(&req, sink, &lost_handle, cancel).await {
             Ok(outcome) => Ok(outcome),
             Err(fabric::runtime::AcceptError::Start(e)) => Err(e),
@@ -908,6 +908,22 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         kept(svc.run_retention),
         kept(svc.awaiting_retention)
     ));
+    let hooks = &svc.webhooks;
+    out.push_str(&match &hooks.secret {
+        None => "webhooks: off (FABRIC_WEBHOOK_URL and FABRIC_WEBHOOK_ALLOWED_ORIGINS unset)\n".to_owned(),
+        Some(_) => format!(
+            "webhooks: signed (secret set); fleet URL {}; contract URLs from {}; {} attempts, backoff {} s doubling to {} s\n",
+            hooks.url.as_ref().map_or("(none)".to_owned(), |u| fabric::redact::redact_url(u.as_str())),
+            if hooks.allowed_origins.is_empty() {
+                "no origin (FABRIC_WEBHOOK_ALLOWED_ORIGINS unset: webhook_url refused)".to_owned()
+            } else {
+                hooks.allowed_origins.iter().map(|o| o.ascii_serialization()).collect::<Vec<_>>().join(", ")
+            },
+            hooks.max_attempts,
+            hooks.backoff_base.as_secs(),
+            hooks.backoff_max.as_secs()
+        ),
+    });
     let hint = first_run_hint(&settings);
     // Each directory of each layered setting, in the order they are read, before the build
     // (which stops at a missing one): which one is missing, and where its setting came from.

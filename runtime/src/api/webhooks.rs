@@ -1,0 +1,244 @@
+//! Completion webhooks: each replica's sender, and `GET /v1/runs/{run_id}/webhooks`.
+//!
+//! The store's outbox holds one delivery per end (or question) of a run accepted with a webhook
+//! URL, written with the end itself. A replica's sender claims the due ones under its lease
+//! (`FABRIC_RUN_LEASE_S`), posts each once, signed as Standard Webhooks says (its reference
+//! library signs), and records the attempt: delivered on a 2xx answer; otherwise tried again after
+//! the backoff, with the same `webhook-id`, until `FABRIC_WEBHOOK_MAX_ATTEMPTS`. Redirects are not
+//! followed (the signed body is for the URL the run named). It wakes when a run ends here, and
+//! every [`WEBHOOK_POLL`] for the rest: retries due, and what a replica that died left.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+
+use super::body::{RunIdPath, no_run};
+use super::{ApiError, AppState, ErrorBody, RUN_ID_PARAM, RunView, store_error};
+use crate::config::WebhookSettings;
+use crate::store::{Attempt, Delivery, DeliveryState};
+
+/// How long one attempt may take, connection included; past it, the attempt failed.
+pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a sender looks for due deliveries besides the ends of its own runs.
+pub const WEBHOOK_POLL: Duration = Duration::from_secs(1);
+/// Deliveries claimed (and sent concurrently) at once.
+const CLAIM_BATCH: usize = 32;
+
+/// A delivery's body: `{type, timestamp, data}`, `data` the run as `GET /v1/runs/{id}` shows
+/// it at that end or question.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WebhookPayload {
+    /// `run.completed`, `run.failed`, `run.cancelled` or `run.awaiting_input`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// When the run ended or asked (RFC 3339, UTC).
+    pub timestamp: String,
+    pub data: RunView,
+}
+
+/// One delivery of a run, as `GET /v1/runs/{run_id}/webhooks` lists it.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WebhookView {
+    /// The `webhook-id` header of every attempt (receivers drop duplicates by it).
+    pub webhook_id: String,
+    /// The payload's `type`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Scheme, host, port and path (no credentials, no query).
+    pub url: String,
+    pub state: DeliveryState,
+    pub attempts: u32,
+    /// The HTTP status of the last attempt's answer, if one came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the run ended or asked.
+    pub created_at: String,
+    /// While pending: when the next attempt is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<String>,
+    /// When it was delivered or given up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_at: Option<String>,
+}
+
+/// A run's webhook deliveries.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WebhookList {
+    pub webhooks: Vec<WebhookView>,
+}
+
+/// A run's webhook deliveries, oldest first: attempts, state, the last answer or error.
+#[utoipa::path(get, path = "/v1/runs/{run_id}/webhooks", params(("run_id" = String, Path, description = RUN_ID_PARAM)),
+    responses((status = 200, body = WebhookList), (status = 404, body = ErrorBody), (status = 400, description = "A path that does not parse", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub(super) async fn run_webhooks(State(state): State<AppState>, RunIdPath(run_id): RunIdPath) -> Result<Json<WebhookList>, ApiError> {
+    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+    if store.get_run(run_id.as_str()).await.map_err(store_error)?.is_none() {
+        return Err(no_run(run_id.as_str()));
+    }
+    let records = store.webhooks().deliveries(run_id.as_str()).await.map_err(store_error)?;
+    let webhooks = records
+        .into_iter()
+        .map(|r| WebhookView {
+            webhook_id: r.webhook_id,
+            kind: format!("run.{}", r.status),
+            url: crate::redact::origin_and_path(&r.url),
+            state: r.state,
+            attempts: r.attempts,
+            last_status: r.last_status,
+            last_error: r.last_error,
+            created_at: r.at,
+            next_attempt_at: r.next_attempt_ms.map(|ms| humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)).to_string()),
+            done_at: r.done_at,
+        })
+        .collect();
+    Ok(Json(WebhookList { webhooks }))
+}
+
+/// What signs and sends.
+struct Sender {
+    client: reqwest::Client,
+    signer: standardwebhooks::Webhook,
+    settings: WebhookSettings,
+}
+
+impl AppState {
+    /// For ever, while webhooks are configured (a secret is set): claims the due deliveries and
+    /// sends them, when a run ends here and every [`WEBHOOK_POLL`].
+    pub(super) async fn deliver_webhooks(self) {
+        let settings = self.inner.runtime.settings().service.webhooks.clone();
+        let Some(secret) = &settings.secret else { return };
+        let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(WEBHOOK_TIMEOUT).build();
+        let (client, signer) = match (client, standardwebhooks::Webhook::new(&secret.as_whsec())) {
+            (Ok(c), Ok(s)) => (c, s),
+            (Err(e), _) => return tracing::error!(error = %e.without_url(), "webhooks: the HTTP client could not be built; no webhook is sent"),
+            (_, Err(_)) => return tracing::error!("webhooks: FABRIC_WEBHOOK_SECRET was refused by the signer; no webhook is sent"),
+        };
+        let sender = Sender { client, signer, settings };
+        let store = self.inner.runtime.store().cloned();
+        let Some(store) = store else { return };
+        let holder = self.inner.runtime.holder().clone();
+        loop {
+            tokio::select! {
+                () = self.inner.webhook_wake.notified() => {}
+                () = tokio::time::sleep(WEBHOOK_POLL) => {}
+            }
+            loop {
+                if self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let due = match store.webhooks().claim_deliveries(&holder, CLAIM_BATCH).await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        tracing::error!(error = %e, "run store: claiming webhook deliveries");
+                        break;
+                    }
+                };
+                let full = due.len() == CLAIM_BATCH;
+                let (sender, store, holder, metrics) = (&sender, &store, &holder, &self.inner.metrics);
+                let sent = due.into_iter().map(|d| async move {
+                    let (attempt, outcome) = sender.attempt(&d).await;
+                    metrics.webhook(outcome);
+                    match store.webhooks().record_attempt(holder, d.id, &attempt).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(run_id = d.run.run_id, "webhook: another replica claimed this delivery meanwhile; its attempt is the one recorded")
+                        }
+                        Err(e) => {
+                            tracing::error!(run_id = d.run.run_id, error = %e, "run store: recording a webhook attempt (it is sent again after the lease)")
+                        }
+                    }
+                });
+                futures_util::future::join_all(sent).await;
+                if !full {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Wakes this replica's sender: a run ended or asked here.
+    pub(super) fn wake_webhooks(&self) {
+        self.inner.webhook_wake.notify_one();
+    }
+}
+
+impl Sender {
+    /// One attempt at `d`, and its outcome's metric label.
+    async fn attempt(&self, d: &Delivery) -> (Attempt, &'static str) {
+        let id = d.webhook_id();
+        let payload = WebhookPayload { kind: format!("run.{}", d.run.status.as_str()), timestamp: d.run.updated_at.clone(), data: RunView::of(d.run.clone()) };
+        let made = d.attempts + 1;
+        let failed = |status: Option<u16>, error: String| {
+            let retry_in = (made < self.settings.max_attempts).then(|| self.settings.backoff(made, jitter()));
+            let outcome = if retry_in.is_some() { "retrying" } else { "failed" };
+            tracing::warn!(run_id = d.run.run_id, webhook_id = id, attempt = made, error, "webhook: delivery failed");
+            (Attempt::Failed { status, error, retry_in }, outcome)
+        };
+        let body = match serde_json::to_vec(&payload) {
+            Ok(b) => b,
+            Err(e) => return failed(None, format!("the payload could not be written: {e}")),
+        };
+        let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        let signature = match self.signer.sign(&id, ts, &body) {
+            Ok(s) => s,
+            Err(e) => return failed(None, format!("the payload could not be signed: {e}")),
+        };
+        let sent = self
+            .client
+            .post(&d.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(standardwebhooks::HEADER_WEBHOOK_ID, &id)
+            .header(standardwebhooks::HEADER_WEBHOOK_TIMESTAMP, ts.to_string())
+            .header(standardwebhooks::HEADER_WEBHOOK_SIGNATURE, signature)
+            .body(body)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => {
+                tracing::info!(run_id = d.run.run_id, webhook_id = id, attempt = made, status = r.status().as_u16(), "webhook delivered");
+                (Attempt::Delivered { status: r.status().as_u16() }, "delivered")
+            }
+            Ok(r) if r.status().is_redirection() => failed(Some(r.status().as_u16()), format!("answered {} (a redirect: not followed)", r.status().as_u16())),
+            Ok(r) => failed(Some(r.status().as_u16()), format!("answered {}", r.status().as_u16())),
+            Err(e) => failed(None, describe(&e)),
+        }
+    }
+}
+
+/// A failed request in words, without its URL (which may carry a secret).
+fn describe(e: &reqwest::Error) -> String {
+    let what = if e.is_timeout() {
+        format!("no answer within {} s", WEBHOOK_TIMEOUT.as_secs())
+    } else if e.is_connect() {
+        "could not connect".to_owned()
+    } else {
+        "the request failed".to_owned()
+    };
+    let mut cause = std::error::Error::source(e);
+    let mut last = None;
+    while let Some(c) = cause {
+        last = Some(c.to_string());
+        cause = c.source();
+    }
+    match last {
+        // The innermost cause (refused, reset, DNS): reqwest's own text holds the URL, its
+        // causes (hyper's, the OS's) do not.
+        Some(l) if !e.is_timeout() => format!("{what}: {l}"),
+        _ => what,
+    }
+}
+
+/// A number in [0, 1) that differs between calls: the jitter of the backoff (std's hasher keys
+/// are random per process and per `RandomState`; no generator crate for one number).
+fn jitter() -> f64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}

@@ -1,0 +1,238 @@
+//! The webhook outbox: the deliveries of runs accepted with a webhook URL. A row is added by the
+//! store's own trigger (migration 7) in the transaction that ends the run or makes it ask, so no
+//! statement that changes a run's status can forget it; a sender claims the due rows under a
+//! lease (any process of the store: a dead sender's rows come due again when its lease expires),
+//! makes one attempt each and records it. Delivery is at least once: a sender that dies between
+//! its POST and the record of it is followed by another POST, with the same `webhook-id`.
+
+use std::time::Duration;
+
+use sqlx::Row;
+
+use super::queue::{Dialect, RUN_COLUMNS, db, rows_sql, run_of};
+use super::sql::SqlStore;
+use super::{Holder, StoreError, StoredRun};
+use crate::failure::BoxFuture;
+
+/// A delivery claimed by a sender: the run as it was when the row was added.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// The outbox row.
+    pub id: i64,
+    /// Where it goes (the URL as the run was accepted with it: it may carry a secret).
+    pub url: String,
+    /// Attempts made before this one.
+    pub attempts: u32,
+    /// The run then: its status, result, reason class and question as the end or the question
+    /// left them, and `updated_at` the time of that change.
+    pub run: StoredRun,
+}
+
+impl Delivery {
+    /// The `webhook-id`: the same on every attempt, unique in the store.
+    pub fn webhook_id(&self) -> String {
+        webhook_id(self.id, &self.run.run_id)
+    }
+}
+
+fn webhook_id(id: i64, run_id: &str) -> String {
+    format!("msg_{}_{id}", run_id.replace('-', ""))
+}
+
+/// What one attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// A 2xx answer.
+    Delivered { status: u16 },
+    /// A non-2xx answer (`status`), a timeout or a connection error (`status: None`); `retry_in`
+    /// is when to try again, `None` when no attempt is left.
+    Failed { status: Option<u16>, error: String, retry_in: Option<Duration> },
+}
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryState {
+    /// Not sent yet, or to be tried again.
+    Pending,
+    Delivered,
+    /// Every attempt failed.
+    Failed,
+}
+
+impl DeliveryState {
+    fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Pending => "pending",
+            DeliveryState::Delivered => "delivered",
+            DeliveryState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Option<DeliveryState> {
+        [DeliveryState::Pending, DeliveryState::Delivered, DeliveryState::Failed].into_iter().find(|d| d.as_str() == s)
+    }
+}
+
+/// A delivery as `GET /v1/runs/{id}/webhooks` tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryRecord {
+    pub webhook_id: String,
+    /// The run's status the delivery tells (`completed`, `failed`, `cancelled`, `awaiting_input`).
+    pub status: String,
+    pub url: String,
+    pub state: DeliveryState,
+    pub attempts: u32,
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    /// When the run's status changed (the delivery's `timestamp`).
+    pub at: String,
+    /// When the next attempt is due (milliseconds since the epoch), while pending.
+    pub next_attempt_ms: Option<i64>,
+    /// When it was delivered, or given up.
+    pub done_at: Option<String>,
+}
+
+/// The outbox's port: claims, the record of attempts, and a run's deliveries.
+pub trait WebhookOutbox: std::fmt::Debug + Send + Sync {
+    /// Claims up to `limit` deliveries that are due (and not claimed by a live lease), for
+    /// `holder`'s lease; none while the store's writes fail.
+    fn claim_deliveries<'a>(&'a self, holder: &'a Holder, limit: usize) -> BoxFuture<'a, Result<Vec<Delivery>, StoreError>>;
+    /// Records an attempt on a delivery `holder` claimed; false if its claim was lost (another
+    /// sender claimed it after the lease expired: that one's attempt is the one recorded).
+    fn record_attempt<'a>(&'a self, holder: &'a Holder, id: i64, attempt: &'a Attempt) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// A run's deliveries, oldest first.
+    fn deliveries<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<DeliveryRecord>, StoreError>>;
+}
+
+impl<DB> WebhookOutbox for SqlStore<DB>
+where
+    DB: sqlx::Database + Dialect,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> String: sqlx::Encode<'t, DB> + sqlx::Decode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<&'t str>: sqlx::Encode<'t, DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Decode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<i64>: sqlx::Encode<'t, DB>,
+    for<'r> &'r str: sqlx::ColumnIndex<DB::Row>,
+    for<'r> usize: sqlx::ColumnIndex<DB::Row>,
+{
+    fn claim_deliveries<'a>(&'a self, holder: &'a Holder, limit: usize) -> BoxFuture<'a, Result<Vec<Delivery>, StoreError>> {
+        Box::pin(async move {
+            if limit == 0 || self.health_ref().failing() {
+                return Ok(Vec::new());
+            }
+            let now_ms = DB::NOW_MS;
+            let claim = format!(
+                "UPDATE run_webhooks SET lease_owner = $1, lease_until = {now_ms} + $2 WHERE id IN (SELECT id FROM run_webhooks \
+                 WHERE state = 'pending' AND next_attempt_ms <= {now_ms} AND lease_until < {now_ms} ORDER BY next_attempt_ms, id LIMIT $3{}) \
+                 RETURNING id",
+                DB::SKIP_LOCKED
+            );
+            let ids: Vec<i64> = sqlx::query(sqlx::AssertSqlSafe(claim))
+                .bind(holder.owner.as_str())
+                .bind(holder.lease_ms())
+                .bind(limit.min(1000) as i64)
+                .fetch_all(self.pool_ref())
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<Result<_, _>>()
+                .map_err(db)?;
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            // The run's columns, with the row's snapshot in place of what changed since.
+            let columns = RUN_COLUMNS
+                .split(", ")
+                .map(|c| match c {
+                    "status" | "result" | "reason_class" | "question" => format!("w.{c}"),
+                    "updated_at" => "w.at AS updated_at".to_owned(),
+                    other => format!("r.{other}"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "SELECT w.id, w.url, w.attempts, {columns} FROM run_webhooks w JOIN runs r ON r.run_id = w.run_id WHERE w.id IN ({}) ORDER BY w.id",
+                rows_sql("", "?", ids.len(), 1, true)
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in &ids {
+                q = q.bind(*id);
+            }
+            let rows = q.fetch_all(self.pool_ref()).await.map_err(db)?;
+            rows.iter()
+                .map(|row| {
+                    Ok(Delivery {
+                        id: row.try_get("id").map_err(db)?,
+                        url: row.try_get("url").map_err(db)?,
+                        attempts: row.try_get::<i64, _>("attempts").map_err(db)?.clamp(0, i64::from(u32::MAX)) as u32,
+                        run: run_of(row)?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn record_attempt<'a>(&'a self, holder: &'a Holder, id: i64, attempt: &'a Attempt) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let (state, status, error, retry_ms) = match attempt {
+                Attempt::Delivered { status } => (DeliveryState::Delivered, Some(*status), None, 0),
+                Attempt::Failed { status, error, retry_in: Some(after) } => {
+                    (DeliveryState::Pending, *status, Some(error.as_str()), after.as_millis().min(i64::MAX as u128) as i64)
+                }
+                Attempt::Failed { status, error, retry_in: None } => (DeliveryState::Failed, *status, Some(error.as_str()), 0),
+            };
+            let done_at = (state != DeliveryState::Pending).then(super::now);
+            let sql = format!(
+                "UPDATE run_webhooks SET attempts = attempts + 1, state = $1, last_status = $2, last_error = $3, \
+                 next_attempt_ms = {} + $4, lease_owner = NULL, lease_until = 0, done_at = $5 WHERE id = $6 AND lease_owner = $7 RETURNING id",
+                DB::NOW_MS
+            );
+            let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(state.as_str())
+                .bind(status.map(i64::from))
+                .bind(error)
+                .bind(retry_ms)
+                .bind(done_at.as_deref())
+                .bind(id)
+                .bind(holder.owner.as_str())
+                .fetch_optional(self.pool_ref())
+                .await
+                .map_err(db)?;
+            Ok(done.is_some())
+        })
+    }
+
+    fn deliveries<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<DeliveryRecord>, StoreError>> {
+        Box::pin(async move {
+            if run_id.contains('\0') {
+                return Ok(Vec::new());
+            }
+            let sql = "SELECT id, run_id, status, url, state, attempts, last_status, last_error, at, next_attempt_ms, done_at \
+                       FROM run_webhooks WHERE run_id = $1 ORDER BY id";
+            let rows = sqlx::query(sql).bind(run_id).fetch_all(self.pool_ref()).await.map_err(db)?;
+            rows.iter()
+                .map(|row| {
+                    let text = |k: &str| row.try_get::<String, _>(k).map_err(db);
+                    let state = text("state")?;
+                    let state = DeliveryState::parse(&state).ok_or_else(|| StoreError::Database(format!("unknown webhook state `{state}` in the store")))?;
+                    Ok(DeliveryRecord {
+                        webhook_id: webhook_id(row.try_get("id").map_err(db)?, &text("run_id")?),
+                        status: text("status")?,
+                        url: text("url")?,
+                        state,
+                        attempts: row.try_get::<i64, _>("attempts").map_err(db)?.clamp(0, i64::from(u32::MAX)) as u32,
+                        last_status: row.try_get::<Option<i64>, _>("last_status").map_err(db)?.and_then(|s| u16::try_from(s).ok()),
+                        last_error: row.try_get("last_error").map_err(db)?,
+                        at: text("at")?,
+                        next_attempt_ms: (state == DeliveryState::Pending).then(|| row.try_get("next_attempt_ms")).transpose().map_err(db)?,
+                        done_at: row.try_get("done_at").map_err(db)?,
+                    })
+                })
+                .collect()
+        })
+    }
+}
