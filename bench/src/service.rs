@@ -99,7 +99,7 @@ pub async fn replicated(exe: &Path, replicas: usize, runs: usize, latency_ms: u6
     let request = json!({"route_id": "staged", "goal": goal(), "model_profile": "bench"});
     let start = Instant::now();
     let ids: Vec<String> = (0..runs).map(|_| fabric::exec::new_run_id()).collect();
-    let creates = ids.iter().map(|id| store.create_run(id, "staged", &request, None, None));
+    let creates = ids.iter().map(|id| store.create_run(fabric::store::NewRun::new(id, "staged", &request), None));
     for r in futures_util::future::join_all(creates).await {
         r.map_err(|e| e.to_string())?;
     }

@@ -20,7 +20,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod session;
 mod webhook;
+pub use session::{INTERRUPTED_BY_SESSION, SessionPolicy};
 pub use webhook::{WebhookRefused, WebhookSecret, WebhookSettings};
 
 use figment::providers::{Format, Toml};
@@ -72,6 +74,7 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_WEBHOOK_MAX_ATTEMPTS",
     "FABRIC_WEBHOOK_BACKOFF_BASE_S",
     "FABRIC_WEBHOOK_BACKOFF_MAX_S",
+    "FABRIC_SESSION_POLICY",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -168,6 +171,9 @@ pub struct ServiceSettings {
     pub awaiting_retention: Option<Duration>,
     /// `FABRIC_WEBHOOK_*`: the completion webhooks.
     pub webhooks: WebhookSettings,
+    /// `FABRIC_SESSION_POLICY` (default `allow`): what a start with a `session_id` does while
+    /// another run of that session is live, unless its contract says (`multitask`).
+    pub session_policy: SessionPolicy,
     /// `FABRIC_LOG`: a `tracing` filter (default `info`).
     pub log_filter: String,
     /// `FABRIC_LOG_FORMAT`: `json` lines or `text`.
@@ -409,6 +415,7 @@ impl Settings {
             run_retention: parse_retention("FABRIC_RUN_RETENTION", get("FABRIC_RUN_RETENTION"))?,
             awaiting_retention: parse_retention("FABRIC_AWAITING_RETENTION", get("FABRIC_AWAITING_RETENTION"))?,
             webhooks: WebhookSettings::load(&|k: &str| get(k).map(str::to_owned))?,
+            session_policy: SessionPolicy::load(get("FABRIC_SESSION_POLICY"))?,
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };

@@ -27,7 +27,7 @@ use crate::hydrate::Route;
 use crate::llm::providers::backend_for;
 use crate::llm::stub::StubLlm;
 use crate::llm::{Llm, LlmError, LlmRequest, ModelInfo, OutputSpec, ReplyValue, stack};
-use crate::store::{Fenced, Holder, IdempotencyKey, Keyed, Lease, RunStore, StoreError, StoredRun, StoredStatus};
+use crate::store::{Fenced, Holder, Lease, RunStore, StoreError, StoredRun, StoredStatus};
 use crate::tools::{HttpPort, Tool};
 
 /// Where stub scripts are read from when no directory is given.
@@ -384,6 +384,7 @@ pub struct Probe {
 }
 
 /// The embeddable runtime (see the module docs).
+mod accepting;
 mod cancelling;
 mod retention;
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
@@ -470,55 +471,6 @@ impl Runtime {
     /// This process as it holds runs in the store (a new name at every start).
     pub fn holder(&self) -> &Holder {
         &self.holder
-    }
-
-    /// Accepts a run: every start check, then a new run id and its row in the store. With
-    /// `here`, the run is claimed by this process at once ([`Runtime::execute`] runs it);
-    /// without, it is `queued` for whichever process claims it first ([`Runtime::claim_runs`]).
-    pub async fn accept(&self, req: &StartRequest, here: bool) -> Result<AcceptedRun, AcceptError> {
-        let (store, webhook) = self.check_start(req)?;
-        let run_id = self.runner.new_id();
-        let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        let lease = store.create_run(&run_id, &req.route_id, &request, here.then_some(&self.holder), webhook.as_deref()).await?;
-        Ok(AcceptedRun { run_id, lease })
-    }
-
-    /// Every start check; the store a run is accepted into, and where its ends are posted.
-    fn check_start(&self, req: &StartRequest) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
-        self.check_route(&req.route_id)?;
-        if let Some(p) = &req.model_profile
-            && !self.catalogue().profiles().any(|(name, _)| name == p)
-        {
-            return Err(AcceptError::UnknownProfile(p.clone()));
-        }
-        let webhook = self.settings.service.webhooks.target(req.webhook_url.as_deref())?;
-        Ok((self.store.as_ref().ok_or(AcceptError::NoStore)?, webhook))
-    }
-
-    /// [`Runtime::accept`] once per idempotency key: the first start with `key` accepts its run;
-    /// any later one with the same start contract (compared as parsed, not as bytes) gets that
-    /// run as it is now ([`Started::Replayed`]), on any process of the store; one with another
-    /// contract is [`AcceptError::KeyReused`]. The store's constraint decides a race.
-    pub async fn accept_once(&self, req: &StartRequest, here: bool, key: &IdempotencyKey) -> Result<Started, AcceptError> {
-        let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
-        // A retry is answered without the start checks: its run was accepted already (the
-        // route may have gone since).
-        let existing = match store.run_of_key(key).await? {
-            Some(run) => run,
-            None => {
-                let (store, webhook) = self.check_start(req)?;
-                let run_id = self.runner.new_id();
-                match store.create_keyed_run(&run_id, &req.route_id, &request, here.then_some(&self.holder), key, webhook.as_deref()).await? {
-                    Keyed::Created(lease) => return Ok(Started::New(AcceptedRun { run_id, lease })),
-                    Keyed::Existing(run) => *run,
-                }
-            }
-        };
-        if existing.request != request {
-            return Err(AcceptError::KeyReused { run_id: existing.run_id });
-        }
-        Ok(Started::Replayed(Box::new(existing)))
     }
 
     /// Runs an accepted run this process holds, recording it in the store as it goes (every
@@ -814,6 +766,10 @@ pub struct StartRequest {
     /// must be one of `FABRIC_WEBHOOK_ALLOWED_ORIGINS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_url: Option<String>,
+    /// What this start does while its session has a live run, instead of the fleet's
+    /// `FABRIC_SESSION_POLICY` (only with a `session_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multitask: Option<crate::config::SessionPolicy>,
 }
 
 impl StartRequest {
@@ -840,6 +796,11 @@ pub enum AcceptError {
     /// The idempotency key started run `run_id` with another start contract.
     #[error("this idempotency key started run {run_id} with another start contract; use a new key for a new run")]
     KeyReused { run_id: String },
+    /// `reject`: the session has this live run.
+    #[error("session `{session}` has a live run, {run_id}; its policy (multitask `reject`) refuses another until it ends")]
+    SessionBusy { session: String, run_id: String },
+    #[error("`session_id` {0}")]
+    BadSession(&'static str),
 }
 
 /// Why a reply was refused.
@@ -891,6 +852,8 @@ pub enum Started {
 pub struct AcceptedRun {
     pub run_id: String,
     pub lease: Option<Lease>,
+    /// The session's live runs it interrupted (a cancel is requested on each; `interrupt`).
+    pub interrupted: Vec<String>,
 }
 
 /// A run this process claimed from the store ([`Runtime::claim_runs`]), to [`Runtime::resume`].

@@ -41,7 +41,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Running them.
     ("tools", &["redact", "failure", "defs"]),
     ("exec", &["diag", "cancel", "failure", "events", "structured", "decision", "otel", "defs", "hydrate", "catalogue", "llm", "tools"]),
-    ("store", &["redact", "failure", "events", "exec"]),
+    ("store", &["redact", "failure", "events", "config", "exec"]),
     ("runtime", &["cancel", "diag", "failure", "events", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // The service: HTTP over the facade.
     ("api", &["redact", "cancel", "failure", "events", "svg", "catalogue", "config", "exec", "store", "runtime"]),

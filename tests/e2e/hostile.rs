@@ -14,7 +14,7 @@ use fabric::exec::{JournalBatch, JournalEntry, RunRequest, RunResult, RunStatus,
 use fabric::failure::BoxFuture;
 use fabric::llm::providers::{DEFAULT_MAX_REPLY_BYTES, HttpBackend, backend_for, shared_client};
 use fabric::llm::stub::StubLlm;
-use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
+use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, NewRun, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -709,26 +709,20 @@ impl Watched {
 }
 
 impl RunStore for Watched {
-    fn create_run<'a>(
-        &'a self,
-        run_id: &'a str,
-        route_id: &'a str,
-        request: &'a Value,
-        holder: Option<&'a Holder>,
-        webhook: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
-        self.inner.create_run(run_id, route_id, request, holder, webhook)
+    fn create_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+        self.inner.create_run(run, holder)
     }
-    fn create_keyed_run<'a>(
+    fn create_keyed_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Keyed, StoreError>> {
+        self.inner.create_keyed_run(run, holder, key)
+    }
+    fn create_session_run<'a>(
         &'a self,
-        run_id: &'a str,
-        route_id: &'a str,
-        request: &'a Value,
+        run: NewRun<'a>,
         holder: Option<&'a Holder>,
-        key: &'a IdempotencyKey,
-        webhook: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
-        self.inner.create_keyed_run(run_id, route_id, request, holder, key, webhook)
+        policy: fabric::config::SessionPolicy,
+        key: Option<&'a IdempotencyKey>,
+    ) -> BoxFuture<'a, Result<fabric::store::SessionStart, StoreError>> {
+        self.inner.create_session_run(run, holder, policy, key)
     }
     fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
         self.inner.run_of_key(key)
@@ -1267,8 +1261,8 @@ async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
     let elsewhere = Holder::new(Duration::from_secs(30));
     let contract = json!({"route_id": "support-triage", "goal": {}, "model_profile": "default", "prefetch": [], "session_id": null});
     let (a, b) = ("0190a000-0000-7000-8000-00000000000a", "0190a000-0000-7000-8000-00000000000b");
-    let lease = store.create_run(a, "support-triage", &contract, Some(&elsewhere), None).await.unwrap().unwrap();
-    store.create_run(b, "support-triage", &contract, Some(&elsewhere), None).await.unwrap().unwrap();
+    let lease = store.create_run(NewRun::new(a, "support-triage", &contract), Some(&elsewhere)).await.unwrap().unwrap();
+    store.create_run(NewRun::new(b, "support-triage", &contract), Some(&elsewhere)).await.unwrap().unwrap();
     let mut streams = Vec::new();
     for _ in 0..8 {
         let response = app.clone().oneshot(request(&format!("/v1/runs/{a}/events"))).await.unwrap();

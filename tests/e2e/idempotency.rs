@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fabric::store::{Holder, IdempotencyKey, Keyed};
+use fabric::store::{Holder, IdempotencyKey, Keyed, NewRun};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -126,7 +126,7 @@ async fn racing_keyed_creates_on_two_stores_make_one_run_on_every_store() {
         let ids: Vec<String> = (0..12).map(|_| fabric::exec::new_run_id()).collect();
         let creates = ids.iter().enumerate().map(|(k, id)| {
             let store = if k % 2 == 0 { &one } else { &two };
-            store.create_keyed_run(id, "r", &request, Some(&holder), &key, None)
+            store.create_keyed_run(NewRun::new(id, "r", &request), Some(&holder), &key)
         });
         let outcomes = futures_util::future::join_all(creates).await;
         let created: Vec<&String> = ids.iter().zip(&outcomes).filter(|(_, o)| matches!(o, Ok(Keyed::Created(Some(_))))).map(|(id, _)| id).collect();
@@ -139,10 +139,13 @@ async fn racing_keyed_creates_on_two_stores_make_one_run_on_every_store() {
             }
         }
         // Keyless runs never conflict; another key is another run.
-        one.create_run(&fabric::exec::new_run_id(), "r", &request, None, None).await.unwrap();
-        one.create_run(&fabric::exec::new_run_id(), "r", &request, None, None).await.unwrap();
+        one.create_run(NewRun::new(&fabric::exec::new_run_id(), "r", &request), None).await.unwrap();
+        one.create_run(NewRun::new(&fabric::exec::new_run_id(), "r", &request), None).await.unwrap();
         let other = IdempotencyKey::parse("race-2").unwrap();
-        assert!(matches!(two.create_keyed_run(&fabric::exec::new_run_id(), "r", &request, None, &other, None).await, Ok(Keyed::Created(None))), "{name}");
+        assert!(
+            matches!(two.create_keyed_run(NewRun::new(&fabric::exec::new_run_id(), "r", &request), None, &other).await, Ok(Keyed::Created(None))),
+            "{name}"
+        );
         assert_eq!(one.list_runs(&fabric::store::RunFilter { limit: 100, ..Default::default() }).await.unwrap().len(), 4, "{name}");
         assert_eq!(one.run_of_key(&key).await.unwrap().map(|r| r.run_id).as_ref(), Some(created[0]), "{name}");
     }

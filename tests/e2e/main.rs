@@ -22,6 +22,7 @@ mod providers;
 mod retention;
 mod run;
 mod service;
+mod sessions;
 mod skip;
 mod store;
 mod support;

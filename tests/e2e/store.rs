@@ -9,7 +9,7 @@ use std::time::Duration;
 use fabric::cancel::Cancel;
 use fabric::events::NullSink;
 use fabric::runtime::{Runtime, StartRequest};
-use fabric::store::{Holder, Lease, RunFilter, RunStore, StoreError, StoredStatus};
+use fabric::store::{Holder, Lease, NewRun, RunFilter, RunStore, StoreError, StoredStatus};
 use serde_json::{Value, json};
 
 use crate::support::{fixture_env, packs_dir, repo, routes_dir, skip_unless, stub_dir};
@@ -131,10 +131,10 @@ async fn claims_take_queued_and_expired_runs_and_leave_live_leases_on_every_stor
         let store = fabric::store::open(&url).await.unwrap();
         let a = Holder::new(Duration::from_millis(600));
         let b = Holder::new(Duration::from_secs(30));
-        assert!(store.create_run("q1", "support-triage", &request(), None, None).await.unwrap().is_none(), "{name}");
-        store.create_run("other-route", "support-agent", &request(), None, None).await.unwrap();
-        let dying = store.create_run("dying", "support-triage", &request(), Some(&a), None).await.unwrap().unwrap();
-        let alive = store.create_run("alive", "support-triage", &request(), Some(&a), None).await.unwrap().unwrap();
+        assert!(store.create_run(NewRun::new("q1", "support-triage", &request()), None).await.unwrap().is_none(), "{name}");
+        store.create_run(NewRun::new("other-route", "support-agent", &request()), None).await.unwrap();
+        let dying = store.create_run(NewRun::new("dying", "support-triage", &request()), Some(&a)).await.unwrap().unwrap();
+        let alive = store.create_run(NewRun::new("alive", "support-triage", &request()), Some(&a)).await.unwrap().unwrap();
         assert_eq!(store.queued().await.unwrap(), 2, "{name}");
         // Only the queued run of a route this claimer serves: the leases are live.
         let first = store.claim_runs(&b, &routes, 10).await.unwrap();
@@ -178,7 +178,7 @@ async fn concurrent_claimers_share_the_queued_runs_without_overlap_on_every_stor
         let setup = fabric::store::open(&url).await.unwrap();
         let ids: Vec<String> = (0..200).map(|k| format!("run-{k:03}")).collect();
         for id in &ids {
-            setup.create_run(id, "support-triage", &request(), None, None).await.unwrap();
+            setup.create_run(NewRun::new(id, "support-triage", &request()), None).await.unwrap();
         }
         let mut claimers = Vec::new();
         for _ in 0..4 {
@@ -218,8 +218,9 @@ async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() 
     for (name, url) in stores {
         let store = fabric::store::open(&url).await.unwrap();
         let stalled_holder = Holder::new(Duration::from_millis(300));
-        let stalled = store.create_run("stalled", "support-triage", &request(), Some(&stalled_holder), None).await.unwrap().unwrap();
-        let healthy = store.create_run("healthy", "support-triage", &request(), Some(&Holder::new(Duration::from_secs(30))), None).await.unwrap().unwrap();
+        let stalled = store.create_run(NewRun::new("stalled", "support-triage", &request()), Some(&stalled_holder)).await.unwrap().unwrap();
+        let healthy =
+            store.create_run(NewRun::new("healthy", "support-triage", &request()), Some(&Holder::new(Duration::from_secs(30)))).await.unwrap().unwrap();
         let event = |run: &str, seq: u64, kind| fabric::events::Event {
             kind,
             run_id: run.into(),
@@ -283,7 +284,7 @@ async fn a_write_with_a_lost_lease_is_lease_lost_on_every_store() {
     let routes = ["support-triage".to_owned()];
     for (name, url) in stores {
         let store = fabric::store::open(&url).await.unwrap();
-        let old = store.create_run("lost", "support-triage", &request(), Some(&Holder::new(Duration::from_millis(300))), None).await.unwrap().unwrap();
+        let old = store.create_run(NewRun::new("lost", "support-triage", &request()), Some(&Holder::new(Duration::from_millis(300)))).await.unwrap().unwrap();
         store.commit(&old, JournalBatch::default()).await.unwrap();
         // Its holder stalls past the lease; another process takes the run over.
         tokio::time::sleep(Duration::from_millis(600)).await;
@@ -322,7 +323,7 @@ async fn a_database_migrated_by_a_newer_runtime_is_refused_by_every_store() {
             pool.close().await;
         }
         let err = fabric::store::open(&url).await.unwrap_err();
-        assert!(matches!(err, StoreError::TooNew { found: 999, known: 7 }), "{name}: {err}");
+        assert!(matches!(err, StoreError::TooNew { found: 999, known: 8 }), "{name}: {err}");
     }
 }
 
@@ -335,7 +336,7 @@ async fn replicas_opening_one_new_postgres_database_together_migrate_it_once() {
     }
     let pool = sqlx::postgres::PgPoolOptions::new().connect(&url).await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM fabric_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8]);
 }
 
 #[test]

@@ -20,9 +20,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use fabric::config::SessionPolicy;
 use fabric::exec::{JournalBatch, JournalEntry};
 use fabric::failure::BoxFuture;
-use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun};
+use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, NewRun, RunFilter, RunStore, SessionStart, StoreError, StoredEvent, StoredRun};
 use serde_json::Value;
 
 use crate::faults::Faults;
@@ -260,53 +261,82 @@ fn entries_line(batch: &JournalBatch) -> String {
     format!("{} events [{}]{end}", batch.events.len(), entries.join(", "))
 }
 
+/// A new run's row, owned: what a store call on the store's own runtime takes with it.
+struct OwnedRun {
+    run_id: String,
+    route_id: String,
+    request: Value,
+    webhook: Option<String>,
+    session_id: Option<String>,
+}
+
+impl OwnedRun {
+    fn of(run: &NewRun<'_>) -> OwnedRun {
+        OwnedRun {
+            run_id: run.run_id.to_owned(),
+            route_id: run.route_id.to_owned(),
+            request: run.request.clone(),
+            webhook: run.webhook.map(str::to_owned),
+            session_id: run.session_id.map(str::to_owned),
+        }
+    }
+
+    fn view(&self) -> NewRun<'_> {
+        NewRun { webhook: self.webhook.as_deref(), session_id: self.session_id.as_deref(), ..NewRun::new(&self.run_id, &self.route_id, &self.request) }
+    }
+}
+
 impl RunStore for SimStore {
-    fn create_run<'a>(
-        &'a self,
-        run_id: &'a str,
-        route_id: &'a str,
-        request: &'a Value,
-        holder: Option<&'a Holder>,
-        webhook: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+    fn create_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         Box::pin(async move {
-            let (store, id, route, req, holder) = (self.real.store.clone(), run_id.to_owned(), route_id.to_owned(), request.clone(), holder.cloned());
-            let webhook = webhook.map(str::to_owned);
-            let made = self.call("create", async move { store.create_run(&id, &route, &req, holder.as_ref(), webhook.as_deref()).await }).await;
+            let (store, owned, holder) = (self.real.store.clone(), OwnedRun::of(&run), holder.cloned());
+            let made = self.call("create", async move { store.create_run(owned.view(), holder.as_ref()).await }).await;
             if let Ok(Some(lease)) = &made {
-                self.note_token(run_id, lease.token);
+                self.note_token(run.run_id, lease.token);
             }
             self.trace.log(format!(
-                "p{} create {run_id} {route_id}: {}",
+                "p{} create {} {}: {}",
                 self.process,
+                run.run_id,
+                run.route_id,
                 made.as_ref().map(|l| format!("{:?}", l.as_ref().map(|l| l.token))).unwrap_or_else(|e| e.to_string())
             ));
             made
         })
     }
 
-    fn create_keyed_run<'a>(
-        &'a self,
-        run_id: &'a str,
-        route_id: &'a str,
-        request: &'a Value,
-        holder: Option<&'a Holder>,
-        key: &'a IdempotencyKey,
-        webhook: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
+    fn create_keyed_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Keyed, StoreError>> {
         Box::pin(async move {
-            let (store, id, route, req, holder, key) =
-                (self.real.store.clone(), run_id.to_owned(), route_id.to_owned(), request.clone(), holder.cloned(), key.clone());
-            let webhook = webhook.map(str::to_owned);
-            let made = self.call("create", async move { store.create_keyed_run(&id, &route, &req, holder.as_ref(), &key, webhook.as_deref()).await }).await;
+            let (store, owned, holder, key) = (self.real.store.clone(), OwnedRun::of(&run), holder.cloned(), key.clone());
+            let made = self.call("create", async move { store.create_keyed_run(owned.view(), holder.as_ref(), &key).await }).await;
             if let Ok(Keyed::Created(Some(lease))) = &made {
-                self.note_token(run_id, lease.token);
+                self.note_token(run.run_id, lease.token);
             }
             self.trace.log(format!(
-                "p{} create keyed {run_id} {route_id}: {}",
+                "p{} create keyed {} {}: {}",
                 self.process,
+                run.run_id,
+                run.route_id,
                 made.as_ref().map(|k| format!("{k:?}")).unwrap_or_else(|e| e.to_string())
             ));
+            made
+        })
+    }
+
+    fn create_session_run<'a>(
+        &'a self,
+        run: NewRun<'a>,
+        holder: Option<&'a Holder>,
+        policy: SessionPolicy,
+        key: Option<&'a IdempotencyKey>,
+    ) -> BoxFuture<'a, Result<SessionStart, StoreError>> {
+        Box::pin(async move {
+            let (store, owned, holder, key) = (self.real.store.clone(), OwnedRun::of(&run), holder.cloned(), key.cloned());
+            let made = self.call("create", async move { store.create_session_run(owned.view(), holder.as_ref(), policy, key.as_ref()).await }).await;
+            if let Ok(SessionStart::Created { lease: Some(lease), .. }) = &made {
+                self.note_token(run.run_id, lease.token);
+            }
+            self.trace.log(format!("p{} create session {} {}: {made:?}", self.process, run.run_id, run.route_id));
             made
         })
     }

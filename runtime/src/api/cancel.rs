@@ -49,17 +49,8 @@ pub(super) async fn cancel_run(
     let MaybeJsonBody(body) = body?;
     let reason = body.unwrap_or_default().reason;
     let run_id = run_id.as_str();
-    let runtime = &state.inner.runtime;
-    let status = match runtime.cancel(run_id, reason.as_deref(), state.inner.metrics.clone()).await {
-        Ok(Cancelling::Ended(_)) => StatusCode::ACCEPTED,
-        Ok(Cancelling::Requested { reason }) => {
-            // Executed here: cancelled at once, not at the next poll, with the reason the store
-            // keeps (the first request's), as the poll would.
-            if let Some(live) = state.inner.live.get(run_id).filter(|l| !l.is_stopped()) {
-                live.cancel(&reason);
-            }
-            StatusCode::ACCEPTED
-        }
+    let status = match cancel_here(&state, run_id, reason.as_deref()).await {
+        Ok(Cancelling::Ended(_) | Cancelling::Requested { .. }) => StatusCode::ACCEPTED,
         Ok(Cancelling::Already) => StatusCode::OK,
         Err(CancelError::NotFound(_)) => return Err(no_run(run_id)),
         Err(e @ CancelError::NotCancellable { .. }) => return Err(ApiError::new(StatusCode::CONFLICT, "not_cancellable", e.to_string())),
@@ -68,6 +59,19 @@ pub(super) async fn cancel_run(
         Err(CancelError::NoStore) => return Err(store_error("no store")),
     };
     Ok((status, Json(view(&state, run_id).await?)).into_response())
+}
+
+/// Cancels a run ([`crate::runtime::Runtime::cancel`]); one executed here is cancelled at once,
+/// not at the next poll, with the reason the store keeps (the first request's), as the poll
+/// would.
+pub(super) async fn cancel_here(state: &AppState, run_id: &str, reason: Option<&str>) -> Result<Cancelling, CancelError> {
+    let done = state.inner.runtime.cancel(run_id, reason, state.inner.metrics.clone()).await?;
+    if let Cancelling::Requested { reason } = &done
+        && let Some(live) = state.inner.live.get(run_id).filter(|l| !l.is_stopped())
+    {
+        live.cancel(reason);
+    }
+    Ok(done)
 }
 
 impl AppState {

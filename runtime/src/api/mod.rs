@@ -321,7 +321,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`, `request_timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `session_busy`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`, `request_timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -409,6 +409,13 @@ pub struct StartBody {
     /// `422 webhook_not_allowed`.
     #[serde(default)]
     pub webhook_url: Option<String>,
+    /// With a `session_id`: what this start does while another run of the session is live
+    /// (running, queued or awaiting input), instead of the fleet's `FABRIC_SESSION_POLICY`:
+    /// `allow` (both run), `reject` (`409 session_busy`), `enqueue` (this run waits, queued, until
+    /// the live ones ended) or `interrupt` (they are cancelled, reason `interrupted_by_session`,
+    /// and this run starts once they ended).
+    #[serde(default)]
+    pub multitask: Option<crate::config::SessionPolicy>,
 }
 
 /// A run accepted (201), or accepted again by a reply (202).
@@ -715,7 +722,7 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         (status = 201, description = "Accepted; the run executes (see `Location`)", body = Accepted),
         (status = 200, description = "With `wait=true`: the run once it ended or asked. With an `Idempotency-Key` already used for this contract: that run (`Idempotent-Replayed: true`, `Location`)", body = RunView),
         (status = 404, description = "Unknown route", body = ErrorBody),
-        (status = 409, description = "The route is served by another fleet", body = ErrorBody),
+        (status = 409, description = "`wrong_fleet`: the route is served by another fleet; `session_busy`: the session has a live run and its policy is `reject` (the message names the run)", body = ErrorBody),
         (status = 413, description = "Body, goal or prefetch too large", body = ErrorBody),
         (status = 408, description = "The body did not arrive within the body timeout (`FABRIC_BODY_TIMEOUT_S`); the connection is closed", body = ErrorBody),
         (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody),
@@ -767,6 +774,7 @@ async fn start_run(
         prefetch,
         session_id: body.session_id,
         webhook_url: body.webhook_url,
+        multitask: body.multitask,
     };
     // Room here: the run is claimed by this process as it is accepted. None: it is queued in
     // the store for any replica with room, up to the queue's bound.
@@ -797,6 +805,13 @@ async fn start_run(
         },
     };
     let run_id = accepted.run_id.clone();
+    // `interrupt`: the cancel of each live run of the session was requested with the start; it
+    // ends them now (queued, awaiting; running here) or at their replica's next poll.
+    for old in &accepted.interrupted {
+        if let Err(e) = cancel::cancel_here(&state, old, Some(crate::config::INTERRUPTED_BY_SESSION)).await {
+            tracing::warn!(run_id = old, error = %e, "interrupting a run of the session (its replica ends it at its next poll)");
+        }
+    }
     let status = match (permit, accepted.lease) {
         (Some(permit), Some(lease)) => {
             let held = lease.clone();
@@ -830,6 +845,12 @@ fn accept_error(e: AcceptError) -> ApiError {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e.to_string())
         }
         AcceptError::WebhookNotAllowed(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "webhook_not_allowed", e.to_string()),
+        AcceptError::SessionBusy { session, run_id } => ApiError::new(
+            StatusCode::CONFLICT,
+            "session_busy",
+            format!("session `{}` has a live run, {run_id}; its policy (multitask `reject`) refuses another until it ends", echo_id(&session)),
+        ),
+        e @ AcceptError::BadSession(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e.to_string()),
     }
 }
 
@@ -868,6 +889,16 @@ async fn finish(state: &AppState, live: &LiveRun, outcome: Result<crate::exec::R
         if let Err(e) = state.inner.runtime.release(live.lease()).await {
             tracing::error!(run_id, error = %e, "run store: letting a run go");
         }
+    }
+    // A cancel requested while the run ran, which asked before this replica saw the request (an
+    // interrupting start of its session, say), ends it now rather than leave it asking.
+    if let Some(store) = state.inner.runtime.store()
+        && let Ok(Some(run)) = store.get_run(run_id).await
+        && run.status == StoredStatus::AwaitingInput
+        && let Some(reason) = run.cancel_reason
+        && let Err(e) = cancel::cancel_here(state, run_id, Some(&reason)).await
+    {
+        tracing::warn!(run_id, error = %e, "ending a run that asked after its cancel was requested");
     }
     let stored = view(state, run_id).await.ok().and_then(|v| serde_json::to_value(v).ok()).unwrap_or(Value::Null);
     state.inner.live.finish(live, stored);

@@ -16,6 +16,7 @@ mod outbox;
 pub mod postgres;
 mod prompts;
 mod queue;
+mod session;
 pub mod sql;
 pub mod sqlite;
 mod sqlite_writer;
@@ -162,6 +163,38 @@ impl std::fmt::Display for RunId {
     }
 }
 
+/// A new run's row: its id, route and start contract, where its ends are posted, and its
+/// session.
+#[derive(Debug, Clone, Copy)]
+pub struct NewRun<'a> {
+    pub run_id: &'a str,
+    pub route_id: &'a str,
+    pub request: &'a Value,
+    /// Where each end (and question) of the run is posted ([`WebhookOutbox`]).
+    pub webhook: Option<&'a str>,
+    /// The contract's `session_id`: what a session policy looks at.
+    pub session_id: Option<&'a str>,
+}
+
+impl<'a> NewRun<'a> {
+    /// A run without webhook or session.
+    pub fn new(run_id: &'a str, route_id: &'a str, request: &'a Value) -> NewRun<'a> {
+        NewRun { run_id, route_id, request, webhook: None, session_id: None }
+    }
+}
+
+/// What a start under a session policy found ([`RunStore::create_session_run`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionStart {
+    /// Created: claimed under `lease` (`reject`, with a holder), or queued behind the session's
+    /// live runs; `interrupted` are the live runs a cancel was requested on (`interrupt`).
+    Created { lease: Option<Lease>, interrupted: Vec<String> },
+    /// `reject`: this run of the session is live.
+    Busy { run_id: String },
+    /// The idempotency key's run, untouched.
+    Existing(Box<StoredRun>),
+}
+
 /// A run as the store keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredRun {
@@ -282,25 +315,24 @@ pub struct Claimed {
 ///   cannot both continue a run).
 /// - `renew` extends the leases this process still holds and returns those another process took.
 pub trait RunStore: std::fmt::Debug + Send + Sync {
-    fn create_run<'a>(
-        &'a self,
-        run_id: &'a str,
-        route_id: &'a str,
-        request: &'a Value,
-        holder: Option<&'a Holder>,
-        webhook: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>>;
+    fn create_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>) -> BoxFuture<'a, Result<Option<Lease>, StoreError>>;
     /// `create_run` unless a run with `key` exists, decided by a constraint of the store (two
     /// processes racing on one key create one run): then that run, untouched.
-    fn create_keyed_run<'a>(
+    fn create_keyed_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Keyed, StoreError>>;
+    /// A run of a session (`run.session_id`) under `policy` (not `allow`), decided in one
+    /// transaction that no other start of the session interleaves with (PostgreSQL: an advisory
+    /// lock on the session; SQLite: the write lock): `reject` creates it (claimed by `holder`)
+    /// only if no run of the session is live, else names the live one; `enqueue` creates it
+    /// queued, claimable once every older live run of the session ended; `interrupt` does the
+    /// same and records a cancel request (`interrupted_by_session`) on each live run, returned
+    /// for the caller to end at once. With `key`, as `create_keyed_run`.
+    fn create_session_run<'a>(
         &'a self,
-        run_id: &'a str,
-        route_id: &'a str,
-        request: &'a Value,
+        run: NewRun<'a>,
         holder: Option<&'a Holder>,
-        key: &'a IdempotencyKey,
-        webhook: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Keyed, StoreError>>;
+        policy: crate::config::SessionPolicy,
+        key: Option<&'a IdempotencyKey>,
+    ) -> BoxFuture<'a, Result<SessionStart, StoreError>>;
     /// The run started with `key`, if any.
     fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>>;
     fn get_run<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>>;

@@ -53,6 +53,10 @@ pub(crate) trait Dialect {
     /// sweep holds the lock (PostgreSQL's advisory lock, let go at the commit); 1 where a write
     /// locks the whole database anyway.
     const SWEEP_LOCK: &'static str;
+    /// Run first in a start's transaction under a session policy, with the session as `$1`: it
+    /// waits until no other such transaction of the session is open (PostgreSQL's advisory
+    /// lock, let go at the commit). Empty where a write locks the whole database anyway.
+    const SESSION_LOCK: &'static str;
 }
 
 impl Dialect for sqlx::Sqlite {
@@ -61,6 +65,7 @@ impl Dialect for sqlx::Sqlite {
     const LOCK_ROWS: &'static str = "";
     const NUMBERED: bool = false;
     const SWEEP_LOCK: &'static str = "SELECT 1";
+    const SESSION_LOCK: &'static str = "";
 }
 
 impl Dialect for sqlx::Postgres {
@@ -70,6 +75,7 @@ impl Dialect for sqlx::Postgres {
     const NUMBERED: bool = true;
     // The key is the sweep's own (`fabric` sweep, in ASCII), apart from the migrations' lock.
     const SWEEP_LOCK: &'static str = "SELECT CAST(CASE WHEN pg_try_advisory_xact_lock(6661735247) THEN 1 ELSE 0 END AS BIGINT)";
+    const SESSION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 6661735248))";
 }
 
 /// What the writer does: a new run's row (claimed by `owner` for `lease_ms`, or queued), or a
@@ -84,6 +90,7 @@ pub(crate) enum Write {
         key: Option<String>,
         /// Where the run's ends are posted (`runs.webhook_url`).
         webhook: Option<String>,
+        session: Option<String>,
     },
     Commit {
         lease: Lease,
@@ -143,6 +150,19 @@ impl Prepared {
 }
 
 impl Write {
+    /// A new run's row, claimed by `holder` or queued, with its idempotency key.
+    pub(crate) fn create(run: &super::NewRun<'_>, holder: Option<&super::Holder>, key: Option<&super::IdempotencyKey>) -> Write {
+        Write::Create {
+            run_id: run.run_id.to_owned(),
+            route_id: run.route_id.to_owned(),
+            request: run.request.to_string(),
+            claim: holder.map(|h| (h.owner.clone(), h.lease_ms())),
+            key: key.map(|k| k.as_str().to_owned()),
+            webhook: run.webhook.map(str::to_owned),
+            session: run.session_id.map(str::to_owned),
+        }
+    }
+
     fn run_id(&self) -> &str {
         match self {
             Write::Create { run_id, .. } => run_id,
@@ -170,6 +190,7 @@ pub(crate) struct Create<'a> {
     pub claim: Option<(&'a str, i64)>,
     pub key: Option<&'a str>,
     pub webhook: Option<&'a str>,
+    pub session: Option<&'a str>,
 }
 
 /// What one transaction writes, table by table, in the order the jobs came.
@@ -197,13 +218,14 @@ impl<'a> Rows<'a> {
         let mut seen = HashSet::new();
         for (job, _) in jobs {
             match job {
-                Write::Create { run_id, route_id, request, claim, key, webhook } => rows.creates.push(Create {
+                Write::Create { run_id, route_id, request, claim, key, webhook, session } => rows.creates.push(Create {
                     run_id,
                     route_id,
                     request,
                     claim: claim.as_ref().map(|(o, ms)| (o.as_str(), *ms)),
                     key: key.as_deref(),
                     webhook: webhook.as_deref(),
+                    session: session.as_deref(),
                 }),
                 Write::Commit { lease, batch } => {
                     let run_id = &lease.run_id;
@@ -697,8 +719,8 @@ where
         // New runs whose idempotency key another run has: not written, and returned with the fenced.
         let mut refused = HashSet::new();
         for chunk in rows.creates.chunks(per_insert) {
-            let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, lease_until) VALUES ";
-            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
+            let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, lease_until) VALUES ";
+            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
             let sql = format!(
                 "{} ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING run_id",
                 rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)
@@ -718,6 +740,7 @@ where
                     .bind(token)
                     .bind(c.key)
                     .bind(c.webhook)
+                    .bind(c.session)
                     .bind(ms);
             }
             let written: HashSet<String> =
@@ -1124,6 +1147,7 @@ mod tests {
             claim: Some((holder.owner.clone(), 30_000)),
             key: None,
             webhook: None,
+            session: None,
         };
         let commit = |run: &str, seq| Write::Commit { lease: lease(run), batch: Box::new(Prepared::of(batch(run, seq))) };
         let jobs: Vec<Job> = vec![(create("a"), None), (create("b"), None), (commit("a", 1), None), (commit("b", 1), None)];
@@ -1150,7 +1174,7 @@ mod tests {
         use super::super::RunStore;
         let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
         let holder = super::super::Holder::new(Duration::from_secs(30));
-        let stale = store.create_run("a", "r", &serde_json::json!({}), Some(&holder), None).await.unwrap().unwrap();
+        let stale = store.create_run(super::super::NewRun::new("a", "r", &serde_json::json!({})), Some(&holder)).await.unwrap().unwrap();
         store.commit(&stale, batch("a", 1)).await.unwrap();
         store.release(&stale).await.unwrap();
         let taken = store.claim_runs(&holder, &["r".to_owned()], 1).await.unwrap();
@@ -1221,7 +1245,7 @@ mod tests {
     async fn a_start_refused_while_its_jobs_are_tried_one_by_one_stops_no_writer() {
         let db = Arc::new(Flaky { poison: Some("bad"), creates_away: true, ..Flaky::default() });
         let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
-        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None, webhook: None };
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None, webhook: None, session: None };
         // Queued together: one transaction, which the bad run's rows make fail.
         queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
         let refused = queue.write(create).await;
@@ -1245,7 +1269,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(health.failing());
-        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None, webhook: None };
+        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None, webhook: None, session: None };
         let refused = tokio::time::timeout(Duration::from_secs(1), queue.write(create)).await.expect("refused within a second, not held");
         assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
         let second = tokio::spawn({

@@ -7,7 +7,6 @@
 //! take different runs without waiting for each other; on SQLite the claim is one UPDATE under
 //! the database's write lock, which gives processes on one machine the same guarantee.
 
-use serde_json::Value;
 use sqlx::Row;
 
 use std::sync::Arc;
@@ -15,7 +14,9 @@ use std::time::Instant;
 
 use super::health::Health;
 use super::queue::{Dialect, RUN_COLUMNS, Write, WriteQueue, db, rows_sql, run_of, write_error};
-use super::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, RunFilter, RunStore, StoreError, StoredEvent, StoredRun, StoredStatus, now};
+use super::{
+    CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, NewRun, RunFilter, RunStore, SessionStart, StoreError, StoredEvent, StoredRun, StoredStatus, now,
+};
 use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
 
@@ -101,55 +102,21 @@ where
     for<'r> &'r str: sqlx::ColumnIndex<DB::Row>,
     for<'r> usize: sqlx::ColumnIndex<DB::Row>,
 {
-    fn create_run<'a>(
-        &'a self,
-        run_id: &'a str,
-        route_id: &'a str,
-        request: &'a Value,
-        holder: Option<&'a Holder>,
-        webhook: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
+    fn create_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         Box::pin(async move {
             // While writes fail, a start is refused at once (the healer finds out when they
             // work again); it is never acknowledged without its row committed.
             self.health.check()?;
-            let claim = holder.map(|h| (h.owner.clone(), h.lease_ms()));
-            self.queue
-                .write(Write::Create {
-                    run_id: run_id.to_owned(),
-                    route_id: route_id.to_owned(),
-                    request: request.to_string(),
-                    claim,
-                    key: None,
-                    webhook: webhook.map(str::to_owned),
-                })
-                .await?;
-            Ok(holder.map(|_| Lease { run_id: run_id.to_owned(), token: 1 }))
+            self.queue.write(Write::create(&run, holder, None)).await?;
+            Ok(holder.map(|_| Lease { run_id: run.run_id.to_owned(), token: 1 }))
         })
     }
 
-    fn create_keyed_run<'a>(
-        &'a self,
-        run_id: &'a str,
-        route_id: &'a str,
-        request: &'a Value,
-        holder: Option<&'a Holder>,
-        key: &'a IdempotencyKey,
-        webhook: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Keyed, StoreError>> {
+    fn create_keyed_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Keyed, StoreError>> {
         Box::pin(async move {
             self.health.check()?;
-            let claim = holder.map(|h| (h.owner.clone(), h.lease_ms()));
-            let create = Write::Create {
-                run_id: run_id.to_owned(),
-                route_id: route_id.to_owned(),
-                request: request.to_string(),
-                claim,
-                key: Some(key.as_str().to_owned()),
-                webhook: webhook.map(str::to_owned),
-            };
-            match self.queue.write(create).await {
-                Ok(()) => Ok(Keyed::Created(holder.map(|_| Lease { run_id: run_id.to_owned(), token: 1 }))),
+            match self.queue.write(Write::create(&run, holder, Some(key))).await {
+                Ok(()) => Ok(Keyed::Created(holder.map(|_| Lease { run_id: run.run_id.to_owned(), token: 1 }))),
                 // The key's run is committed (the constraint saw it): read it.
                 Err(StoreError::KeyTaken) => self
                     .run_of_key(key)
@@ -159,6 +126,16 @@ where
                 Err(e) => Err(e),
             }
         })
+    }
+
+    fn create_session_run<'a>(
+        &'a self,
+        run: NewRun<'a>,
+        holder: Option<&'a Holder>,
+        policy: crate::config::SessionPolicy,
+        key: Option<&'a IdempotencyKey>,
+    ) -> BoxFuture<'a, Result<SessionStart, StoreError>> {
+        Box::pin(super::session::session_run(self, run, holder, policy, key))
     }
 
     fn run_of_key<'a>(&'a self, key: &'a IdempotencyKey) -> BoxFuture<'a, Result<Option<StoredRun>, StoreError>> {
@@ -269,11 +246,14 @@ where
             let now_ms = DB::NOW_MS;
             let expired = if self.takeovers_allowed(holder) { format!("status = 'running' AND lease_until < {now_ms}") } else { "1 = 0".to_owned() };
             // Oldest first (ids are UUIDv7): queued runs, and running ones whose holder stopped
-            // renewing its lease.
+            // renewing its lease; a run started under `enqueue` or `interrupt` (its gate) only
+            // once no older run of its session is live.
             let sql = format!(
                 "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {now_ms} + $2, updated_at = $3 \
                  WHERE run_id IN (SELECT run_id FROM runs WHERE (status = 'queued' OR ({expired})) \
-                 AND route_id IN ({}) ORDER BY run_id LIMIT $4{}) RETURNING {RUN_COLUMNS}",
+                 AND route_id IN ({}) AND (session_gate = 0 OR NOT EXISTS (SELECT 1 FROM runs o WHERE o.session_id = runs.session_id \
+                 AND o.run_id < runs.run_id AND o.status IN ('queued', 'running', 'awaiting_input'))) \
+                 ORDER BY run_id LIMIT $4{}) RETURNING {RUN_COLUMNS}",
                 rows_sql("", "?", routes.len(), 5, true),
                 DB::SKIP_LOCKED
             );

@@ -908,6 +908,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         kept(svc.run_retention),
         kept(svc.awaiting_retention)
     ));
+    out.push_str(&format!("sessions: {} (FABRIC_SESSION_POLICY; a start contract's `multitask` overrides it)\n", svc.session_policy.as_str()));
     let hooks = &svc.webhooks;
     out.push_str(&match &hooks.secret {
         None => "webhooks: off (FABRIC_WEBHOOK_URL and FABRIC_WEBHOOK_ALLOWED_ORIGINS unset)\n".to_owned(),

@@ -1,0 +1,104 @@
+//! Accepting a run into the store: the start checks, its webhook URL, its session's policy
+//! (`allow`, `reject`, `enqueue`, `interrupt`, decided by the store in one transaction), and an
+//! idempotency key (a retry gets the key's run).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{AcceptError, AcceptedRun, Runtime, StartRequest, Started};
+use crate::config::SessionPolicy;
+use crate::store::{IdempotencyKey, Keyed, NewRun, RunStore, SessionStart};
+
+/// The longest `session_id`.
+pub const MAX_SESSION_ID: usize = 1024;
+
+/// What one create did: the run (new), or the key's run (a retry).
+enum Made {
+    New(AcceptedRun),
+    Existing(Box<crate::store::StoredRun>),
+}
+
+impl Runtime {
+    /// Accepts a run: every start check, then a new run id and its row in the store. With
+    /// `here`, the run is claimed by this process at once ([`Runtime::execute`] runs it);
+    /// without, it is `queued` for whichever process claims it first ([`Runtime::claim_runs`]).
+    /// Under a session policy (the contract's `multitask`, else `FABRIC_SESSION_POLICY`), a
+    /// start whose session has a live run is refused (`reject`: [`AcceptError::SessionBusy`]) or
+    /// queued behind it (`enqueue`; `interrupt`, which also requests the live runs' cancel, see
+    /// [`AcceptedRun::interrupted`]).
+    pub async fn accept(&self, req: &StartRequest, here: bool) -> Result<AcceptedRun, AcceptError> {
+        let request = serde_json::to_value(req).unwrap_or(Value::Null);
+        match self.create(req, &request, here, None).await? {
+            Made::New(run) => Ok(run),
+            Made::Existing(_) => Err(AcceptError::Store(crate::store::StoreError::Database("a start without a key found an existing run".into()))),
+        }
+    }
+
+    /// [`Runtime::accept`] once per idempotency key: the first start with `key` accepts its run;
+    /// any later one with the same start contract (compared as parsed, not as bytes) gets that
+    /// run as it is now ([`Started::Replayed`]), on any process of the store; one with another
+    /// contract is [`AcceptError::KeyReused`]. The store's constraint decides a race.
+    pub async fn accept_once(&self, req: &StartRequest, here: bool, key: &IdempotencyKey) -> Result<Started, AcceptError> {
+        let request = serde_json::to_value(req).unwrap_or(Value::Null);
+        let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
+        // A retry is answered without the start checks: its run was accepted already (the
+        // route may have gone since).
+        let existing = match store.run_of_key(key).await? {
+            Some(run) => run,
+            None => match self.create(req, &request, here, Some(key)).await? {
+                Made::New(run) => return Ok(Started::New(run)),
+                Made::Existing(run) => *run,
+            },
+        };
+        if existing.request != request {
+            return Err(AcceptError::KeyReused { run_id: existing.run_id });
+        }
+        Ok(Started::Replayed(Box::new(existing)))
+    }
+
+    /// The start checks, then the run's row (or the key's run).
+    async fn create(&self, req: &StartRequest, request: &Value, here: bool, key: Option<&IdempotencyKey>) -> Result<Made, AcceptError> {
+        let (store, webhook) = self.check_start(req)?;
+        let run_id = self.runner.new_id();
+        let holder = here.then_some(&self.holder);
+        let run = NewRun { webhook: webhook.as_deref(), session_id: req.session_id.as_deref(), ..NewRun::new(&run_id, &req.route_id, request) };
+        let policy = req.multitask.unwrap_or(self.settings.service.session_policy);
+        let accepted = |lease, interrupted| Made::New(AcceptedRun { run_id: run_id.clone(), lease, interrupted });
+        if let (Some(session), false) = (req.session_id.as_deref(), policy == SessionPolicy::Allow) {
+            return match store.create_session_run(run, holder, policy, key).await? {
+                SessionStart::Created { lease, interrupted } => Ok(accepted(lease, interrupted)),
+                SessionStart::Busy { run_id } => Err(AcceptError::SessionBusy { session: session.to_owned(), run_id }),
+                SessionStart::Existing(run) => Ok(Made::Existing(run)),
+            };
+        }
+        match key {
+            None => Ok(accepted(store.create_run(run, holder).await?, Vec::new())),
+            Some(key) => match store.create_keyed_run(run, holder, key).await? {
+                Keyed::Created(lease) => Ok(accepted(lease, Vec::new())),
+                Keyed::Existing(run) => Ok(Made::Existing(run)),
+            },
+        }
+    }
+
+    /// Every start check; the store a run is accepted into, and where its ends are posted.
+    fn check_start(&self, req: &StartRequest) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
+        self.check_route(&req.route_id)?;
+        if let Some(p) = &req.model_profile
+            && !self.catalogue().profiles().any(|(name, _)| name == p)
+        {
+            return Err(AcceptError::UnknownProfile(p.clone()));
+        }
+        if let Some(s) = &req.session_id {
+            // A column of the store, which PostgreSQL cannot give a NUL.
+            if s.contains('\0') {
+                return Err(AcceptError::BadSession("must not hold a NUL"));
+            }
+            if s.len() > MAX_SESSION_ID {
+                return Err(AcceptError::BadSession("is longer than 1024 bytes"));
+            }
+        }
+        let webhook = self.settings.service.webhooks.target(req.webhook_url.as_deref())?;
+        Ok((self.store.as_ref().ok_or(AcceptError::NoStore)?, webhook))
+    }
+}
