@@ -293,6 +293,32 @@ async fn the_cancel_button_cancels_a_running_run() {
 }
 
 #[tokio::test]
+async fn the_run_page_shows_its_webhook_deliveries() {
+    // A receiver that is not there: the delivery stays pending, its error on the page.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}/hooks?token=sekrit-query");
+    let env = [
+        ("FABRIC_WEBHOOK_URL", url.as_str()),
+        ("FABRIC_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        ("FABRIC_WEBHOOK_MAX_ATTEMPTS", "3"),
+    ];
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &env).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    let id = s.start_from_route_page("support-triage", r#"{"ticket": "charged twice"}"#).await;
+    s.run_reaches(&id, "completed").await;
+    let text = b
+        .wait_for("the delivery and its error", async || {
+            let t = b.find("#webhooks li.webhook").await.ok()?.text().await.ok()?;
+            (t.contains("run.completed") && t.contains("could not connect") && t.contains(&format!("127.0.0.1:{port}/hooks"))).then_some(t)
+        })
+        .await;
+    assert!(!text.contains("sekrit"), "the URL's query is not shown: {text}");
+    b.screenshot("run-webhooks").await;
+}
+
+#[tokio::test]
 async fn support_agent_asks_the_reader_and_completes_live_after_the_reply() {
     let stub = asking_stub();
     let Some(s) = setup(stub.path(), &[SLOW]).await else { return };

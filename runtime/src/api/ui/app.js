@@ -625,6 +625,7 @@
     const stagesDiv = el('div', { id: 'stages' });
     const recordNote = el('p', { id: 'record-note', class: 'muted' });
     const problem = el('div', { id: 'run-problem' });
+    const hooks = el('ul', { id: 'webhooks' });
     const body = [
       el('h3', null, 'Goal'),
       goal,
@@ -635,6 +636,8 @@
       stagesDiv,
       el('h3', null, 'Output'),
       output,
+      el('h3', null, 'Webhooks'),
+      hooks,
     ];
     section.append(el('h2', null, 'Run ', el('code', null, runId), ' ', status, ' ', cancelBtn, cancelErr), problem, meta, failure, asking, ...body);
     cancelBtn.addEventListener('click', async () => {
@@ -850,7 +853,44 @@
       }
       setText(goal, pretty(record.request && record.request.goal !== undefined ? JSON.stringify(record.request.goal) : ''));
       renderStages();
+      if (view_) renderView(view_);
     }
+
+    // The run's webhook deliveries (GET /v1/runs/{id}/webhooks), read again while any is pending.
+    let hooksTimer = null;
+    p.cleanup.push(() => hooksTimer && clearTimeout(hooksTimer));
+    async function loadWebhooks() {
+      let list;
+      try {
+        list = (await api('/v1/runs/' + encodeURIComponent(runId) + '/webhooks', { signal: p.abort.signal })).webhooks || [];
+      } catch (err) {
+        if (!p.abort.signal.aborted) {
+          clear(hooks);
+          hooks.append(el('li', { class: 'error' }, 'The deliveries could not be read: ' + err.message));
+        }
+        return;
+      }
+      clear(hooks);
+      if (list.length === 0) hooks.append(el('li', { class: 'muted' }, 'none: no webhook URL for this run, or it has not ended or asked yet'));
+      for (const d of list) {
+        const answer = d.last_status !== undefined ? ', last answer ' + d.last_status : '';
+        const error = d.last_error ? ': ' + d.last_error : '';
+        const next = d.state === 'pending' && d.next_attempt_at ? ', next attempt ' + fmtTime(d.next_attempt_at) : '';
+        hooks.append(
+          el(
+            'li',
+            { class: 'webhook', 'data-state': d.state, 'data-webhook-id': d.webhook_id },
+            el('code', null, d.type),
+            ' ',
+            el('span', { class: 'status' }, d.state),
+            ' after ' + d.attempts + ' attempt' + (d.attempts === 1 ? '' : 's') + answer + error + next + ' → ',
+            el('code', null, d.url),
+          ),
+        );
+      }
+      if (list.some((d) => d.state === 'pending')) hooksTimer = setTimeout(loadWebhooks, 2000);
+    }
+    let hooksFor = null; // the status the deliveries were last read for
 
     function field(cls, title, value, missing) {
       const has = value !== undefined && value !== null;
@@ -929,6 +969,13 @@
       add('started', fmtTime(v.created_at));
       add('updated', fmtTime(v.updated_at));
       add('duration', fmtDuration(runDuration(v)));
+      const req = record && record.request;
+      if (req && req.session_id) add('session', el('code', null, String(req.session_id) + (req.multitask ? ' (' + String(req.multitask) + ')' : '')), 'run-session');
+      if (ENDED.includes(v.status) && hooksFor !== v.status) {
+        hooksFor = v.status;
+        if (hooksTimer) clearTimeout(hooksTimer);
+        loadWebhooks();
+      }
       setText(output, v.output === undefined || v.output === null ? '' : pretty(v.output));
       // The failure.
       clear(failure);
