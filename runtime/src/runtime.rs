@@ -488,7 +488,7 @@ impl Runtime {
     /// anyway, `handle` (the one of `cancel`) stops the run with the reason "lease lost". What
     /// `fabric run --store` does.
     pub async fn run_recorded(&self, req: &StartRequest, sink: Arc<dyn EventSink>, handle: &CancelHandle, cancel: Cancel) -> Result<RunOutcome, AcceptError> {
-        let lease = self.accept(req, true).await?.lease.ok_or(AcceptError::NotClaimed)?;
+        let lease = self.accept_here(req).await?.lease.ok_or(AcceptError::NotClaimed)?;
         let leases = [lease.clone()];
         tokio::select! {
             biased;

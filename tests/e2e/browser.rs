@@ -297,11 +297,7 @@ async fn the_run_page_shows_its_webhook_deliveries() {
     // A receiver that is not there: the delivery stays pending, its error on the page.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("http://127.0.0.1:{port}/hooks?token=sekrit-query");
-    let env = [
-        ("FABRIC_WEBHOOK_URL", url.as_str()),
-        ("FABRIC_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
-        ("FABRIC_WEBHOOK_MAX_ATTEMPTS", "3"),
-    ];
+    let env = [("FABRIC_WEBHOOK_URL", url.as_str()), ("FABRIC_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), ("FABRIC_WEBHOOK_MAX_ATTEMPTS", "3")];
     let stub = asking_stub();
     let Some(s) = setup(stub.path(), &env).await else { return };
     let b = &s.browser;

@@ -62,6 +62,8 @@ type Answer = (u16, Option<String>);
 struct Receiver {
     got: Arc<Mutex<Vec<Got>>>,
     answers: Arc<Mutex<Vec<Answer>>>,
+    /// How long each answer takes.
+    delay: Duration,
 }
 
 impl Receiver {
@@ -81,6 +83,7 @@ impl Receiver {
                 let headers = headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned())).collect();
                 me.got.lock().unwrap().push(Got { headers, body: String::from_utf8_lossy(&body).into_owned() });
                 let (status, location) = me.answers.lock().unwrap().pop().unwrap_or((204, None));
+                tokio::time::sleep(me.delay).await;
                 let mut r = axum::response::Response::builder().status(status);
                 if let Some(l) = location {
                     r = r.header("location", l);
@@ -373,4 +376,69 @@ async fn the_example_receiver_verifies_a_real_delivery() {
     assert_eq!((line["type"].as_str(), line["status"].as_str(), line["duplicate"].as_bool()), (Some("run.completed"), Some("completed"), Some(false)));
     let list = deliveries_until(&server, run["run_id"].as_str().unwrap(), Duration::from_secs(10), |l| l[0]["state"] == "delivered").await;
     assert_eq!(list[0]["last_status"], 204, "{list:?}");
+}
+
+#[tokio::test]
+async fn a_slow_answer_is_recorded_once_though_the_run_lease_is_shorter_on_sqlite() {
+    slow_answer("sqlite").await;
+}
+
+#[tokio::test]
+async fn a_slow_answer_is_recorded_once_though_the_run_lease_is_shorter_on_postgres() {
+    slow_answer("postgres").await;
+}
+
+/// A receiver that takes 4 s to answer, two replicas with a 1 s run lease: the delivery's claim
+/// outlasts the attempt (at least its timeout), so the other replica does not send it again.
+async fn slow_answer(kind: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(db) = store_url(kind, &dir).await else { return };
+    let receiver = Receiver { delay: Duration::from_secs(4), ..Receiver::default() };
+    let url = receiver.start().await;
+    let mut env = webhook_env(&format!("{url}/slow"));
+    env.push(("FABRIC_RUN_LEASE_S", "1".to_owned()));
+    let stub = asking_stub();
+    let (a, b) = (Server::start(&db, stub.path(), &pairs(&env)), Server::start(&db, stub.path(), &pairs(&env)));
+    let (_, run) = post(&a, "/v1/runs?wait=true", triage(1)).await;
+    let id = run["run_id"].as_str().unwrap();
+    let list = deliveries_until(&b, id, Duration::from_secs(30), |l| l.first().is_some_and(|d| d["state"] == "delivered")).await;
+    assert_eq!((list[0]["state"].as_str(), list[0]["attempts"].as_u64()), (Some("delivered"), Some(1)), "{kind}: {list:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(receiver.got().len(), 1, "{kind}: sent once");
+}
+
+#[tokio::test]
+async fn a_silent_receiver_holds_up_no_other_delivery_and_cli_runs_post_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_url("sqlite", &dir).await.unwrap();
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = format!("http://{}/never", black_hole.local_addr().unwrap());
+    let fine = Receiver::default();
+    let fine_url = fine.start().await;
+    let mut env = webhook_env(&format!("{fine_url}/fleet"));
+    env.push(("FABRIC_WEBHOOK_ALLOWED_ORIGINS", format!("http://{}", black_hole.local_addr().unwrap())));
+    let stub = asking_stub();
+    let server = Server::start(&db, stub.path(), &pairs(&env));
+    let mut stuck = triage(1);
+    stuck["webhook_url"] = json!(silent);
+    let (status, _) = post(&server, "/v1/runs?wait=true", stuck).await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let began = Instant::now();
+    post(&server, "/v1/runs?wait=true", triage(2)).await;
+    let got = fine.wait_for(1, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 1);
+    assert!(began.elapsed() < Duration::from_secs(5), "delivered {:?} after its run, while the other hangs", began.elapsed());
+
+    // `fabric run --store` sends no webhook, so its runs are given none.
+    let cli_env: Vec<(&str, String)> =
+        env.iter().map(|(k, v)| (*k, v.clone())).chain([("FABRIC_DATABASE_URL", db.clone()), ("FABRIC_LLM_STUB", "1".to_owned())]).collect();
+    let out = crate::support::fabric_cli(&["run", "support-triage", "--store", "--goal", r#"{"ticket": "x"}"#], &cli_env).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let store = fabric::store::open(&db).await.unwrap();
+    let runs = store.list_runs(&fabric::store::RunFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(runs.len(), 3);
+    let newest = &runs[0].run_id;
+    assert_eq!(store.webhooks().deliveries(newest).await.unwrap(), vec![], "the CLI's run has no delivery");
+    drop(black_hole);
 }

@@ -24,8 +24,10 @@ use crate::store::{Attempt, Delivery, DeliveryState};
 pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a sender looks for due deliveries besides the ends of its own runs.
 pub const WEBHOOK_POLL: Duration = Duration::from_secs(1);
-/// Deliveries claimed (and sent concurrently) at once.
-const CLAIM_BATCH: usize = 32;
+/// Deliveries a replica sends at once.
+const IN_FLIGHT: usize = 32;
+/// How much longer than an attempt's timeout a sender's claim on a delivery lasts, at least.
+const WEBHOOK_LEASE_MARGIN: Duration = Duration::from_secs(10);
 
 /// A delivery's body: `{type, timestamp, data}`, `data` the run as `GET /v1/runs/{id}` shows
 /// it at that end or question.
@@ -106,59 +108,57 @@ struct Sender {
     client: reqwest::Client,
     signer: standardwebhooks::Webhook,
     settings: WebhookSettings,
+    store: std::sync::Arc<dyn crate::store::RunStore>,
+    /// This process, with the deliveries' lease: `FABRIC_RUN_LEASE_S`, but never shorter than
+    /// an attempt may take (else a slow answer would be sent again by another replica before
+    /// it is recorded).
+    holder: crate::store::Holder,
+    metrics: std::sync::Arc<super::Metrics>,
 }
 
 impl AppState {
-    /// For ever, while webhooks are configured (a secret is set): claims the due deliveries and
-    /// sends them, when a run ends here and every [`WEBHOOK_POLL`].
+    /// For ever, while webhooks are configured (a secret is set): claims due deliveries and
+    /// sends them, at most [`IN_FLIGHT`] at once, each on its own (a slow receiver holds up only
+    /// its own deliveries); it looks when a run ends here, when an attempt is done, and every
+    /// [`WEBHOOK_POLL`].
     pub(super) async fn deliver_webhooks(self) {
         let settings = self.inner.runtime.settings().service.webhooks.clone();
         let Some(secret) = &settings.secret else { return };
-        let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(WEBHOOK_TIMEOUT).build();
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(WEBHOOK_TIMEOUT)
+            .user_agent(concat!("fabric-runtime/", env!("CARGO_PKG_VERSION"), " (webhooks)"))
+            // Receivers often close idle connections after a few seconds: one kept longer would
+            // fail the next attempt at its first write.
+            .pool_idle_timeout(Duration::from_secs(4))
+            .build();
         let (client, signer) = match (client, standardwebhooks::Webhook::new(&secret.as_whsec())) {
             (Ok(c), Ok(s)) => (c, s),
             (Err(e), _) => return tracing::error!(error = %e.without_url(), "webhooks: the HTTP client could not be built; no webhook is sent"),
             (_, Err(_)) => return tracing::error!("webhooks: FABRIC_WEBHOOK_SECRET was refused by the signer; no webhook is sent"),
         };
-        let sender = Sender { client, signer, settings };
-        let store = self.inner.runtime.store().cloned();
-        let Some(store) = store else { return };
-        let holder = self.inner.runtime.holder().clone();
+        let Some(store) = self.inner.runtime.store().cloned() else { return };
+        let mut holder = self.inner.runtime.holder().clone();
+        holder.lease = holder.lease.max(WEBHOOK_TIMEOUT + WEBHOOK_LEASE_MARGIN);
+        let sender = std::sync::Arc::new(Sender { client, signer, settings, store, holder, metrics: self.inner.metrics.clone() });
+        let mut in_flight = tokio::task::JoinSet::new();
         loop {
+            let room = IN_FLIGHT - in_flight.len();
+            if room > 0 && !self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                match sender.store.webhooks().claim_deliveries(&sender.holder, room).await {
+                    Ok(due) => {
+                        for d in due {
+                            let sender = sender.clone();
+                            in_flight.spawn(async move { sender.deliver(d).await });
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "run store: claiming webhook deliveries"),
+                }
+            }
             tokio::select! {
                 () = self.inner.webhook_wake.notified() => {}
                 () = tokio::time::sleep(WEBHOOK_POLL) => {}
-            }
-            loop {
-                if self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                    return;
-                }
-                let due = match store.webhooks().claim_deliveries(&holder, CLAIM_BATCH).await {
-                    Ok(d) => d,
-                    Err(e) => {
-                        tracing::error!(error = %e, "run store: claiming webhook deliveries");
-                        break;
-                    }
-                };
-                let full = due.len() == CLAIM_BATCH;
-                let (sender, store, holder, metrics) = (&sender, &store, &holder, &self.inner.metrics);
-                let sent = due.into_iter().map(|d| async move {
-                    let (attempt, outcome) = sender.attempt(&d).await;
-                    metrics.webhook(outcome);
-                    match store.webhooks().record_attempt(holder, d.id, &attempt).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            tracing::warn!(run_id = d.run.run_id, "webhook: another replica claimed this delivery meanwhile; its attempt is the one recorded")
-                        }
-                        Err(e) => {
-                            tracing::error!(run_id = d.run.run_id, error = %e, "run store: recording a webhook attempt (it is sent again after the lease)")
-                        }
-                    }
-                });
-                futures_util::future::join_all(sent).await;
-                if !full {
-                    break;
-                }
+                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
             }
         }
     }
@@ -170,6 +170,17 @@ impl AppState {
 }
 
 impl Sender {
+    /// One attempt at `d`, recorded.
+    async fn deliver(&self, d: Delivery) {
+        let (attempt, outcome) = self.attempt(&d).await;
+        self.metrics.webhook(outcome);
+        match self.store.webhooks().record_attempt(&self.holder, d.id, &attempt).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(run_id = d.run.run_id, "webhook: another replica claimed this delivery meanwhile; its attempt is the one recorded"),
+            Err(e) => tracing::error!(run_id = d.run.run_id, error = %e, "run store: recording a webhook attempt (it is sent again after the lease)"),
+        }
+    }
+
     /// One attempt at `d`, and its outcome's metric label.
     async fn attempt(&self, d: &Delivery) -> (Attempt, &'static str) {
         let id = d.webhook_id();

@@ -89,7 +89,9 @@ impl WebhookSettings {
         };
         let mut allowed_origins = Vec::new();
         for entry in get("FABRIC_WEBHOOK_ALLOWED_ORIGINS").unwrap_or_default().split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let bad = |why: &str| err("FABRIC_WEBHOOK_ALLOWED_ORIGINS", format!("`{entry}` {why}"));
+            // Shown without credentials or query values (an entry may hold them by mistake).
+            let shown = crate::redact::redact_url(entry);
+            let bad = |why: &str| err("FABRIC_WEBHOOK_ALLOWED_ORIGINS", format!("`{shown}` {why}"));
             let u = web_url(entry).ok_or_else(|| bad("is not an origin such as https://hooks.example.com or http://127.0.0.1:9000"))?;
             if !u.username().is_empty() || u.password().is_some() || u.query().is_some() || u.fragment().is_some() || u.path() != "/" {
                 return Err(bad("must be an origin alone: a scheme, a host and a port, no path, query or credentials"));
@@ -131,11 +133,12 @@ impl WebhookSettings {
     }
 
     /// The wait before attempt `made + 1`, after `made` failed ones: the base doubled per
-    /// failure, capped, then spread by ±20 % (`jitter` in [0, 1)) so that the deliveries of
-    /// runs that failed together are not retried together. Never past the cap.
+    /// failure, capped, then shortened by up to 20 % (`jitter` in [0, 1)) so that the deliveries
+    /// of runs that failed together are not retried together (spread below the cap, so that
+    /// waits at the cap are spread too).
     pub fn backoff(&self, made: u32, jitter: f64) -> Duration {
         let doubled = self.backoff_base.saturating_mul(1u32 << made.saturating_sub(1).min(20));
-        doubled.min(self.backoff_max).mul_f64(0.8 + 0.4 * jitter.clamp(0.0, 1.0)).min(self.backoff_max)
+        doubled.min(self.backoff_max).mul_f64(1.0 - 0.2 * jitter.clamp(0.0, 1.0))
     }
 }
 
@@ -178,9 +181,10 @@ mod tests {
         assert_eq!(s.target(Some("not a url")), Err(WebhookRefused::Invalid));
         let long = format!("http://127.0.0.1:9000/{}", "a".repeat(MAX_WEBHOOK_URL));
         assert_eq!(s.target(Some(&long)), Err(WebhookRefused::Invalid));
-        for bad in ["https://h.example/path", "https://u@h.example", "h.example", "https://h.example?q=1"] {
+        for bad in ["https://h.example/path", "https://u:SEKRIT@h.example", "h.example", "https://h.example?q=SEKRIT"] {
             let e = load(&[("FABRIC_WEBHOOK_SECRET", SECRET), ("FABRIC_WEBHOOK_ALLOWED_ORIGINS", bad)]).unwrap_err();
             assert_eq!(e.var, "FABRIC_WEBHOOK_ALLOWED_ORIGINS", "{bad}");
+            assert!(!e.to_string().contains("SEKRIT"), "{e}");
         }
         let fleet = load(&[("FABRIC_WEBHOOK_SECRET", SECRET), ("FABRIC_WEBHOOK_URL", "https://fleet.example/h")]).unwrap();
         assert_eq!(fleet.target(None), Ok(Some("https://fleet.example/h".into())));
@@ -191,13 +195,13 @@ mod tests {
     fn the_backoff_doubles_from_the_base_spread_and_capped() {
         let s = load(&[("FABRIC_WEBHOOK_BACKOFF_MAX_S", "10")]).unwrap();
         assert_eq!((s.max_attempts, s.backoff_base), (8, Duration::from_secs(1)));
-        assert_eq!(s.backoff(1, 0.5), Duration::from_secs(1));
-        assert_eq!(s.backoff(2, 0.5), Duration::from_secs(2));
-        assert_eq!(s.backoff(3, 0.0), Duration::from_millis(3200));
-        assert_eq!(s.backoff(4, 0.99), Duration::from_millis(9568));
-        assert_eq!(s.backoff(5, 0.99), Duration::from_secs(10));
-        assert_eq!(s.backoff(60, 0.5), Duration::from_secs(10));
-        assert_eq!(s.backoff(1, 0.0), Duration::from_millis(800));
+        assert_eq!(s.backoff(1, 0.0), Duration::from_secs(1));
+        assert_eq!(s.backoff(2, 0.0), Duration::from_secs(2));
+        assert_eq!(s.backoff(3, 0.5), Duration::from_millis(3600));
+        assert_eq!(s.backoff(4, 0.0), Duration::from_secs(8));
+        assert_eq!(s.backoff(5, 0.0), Duration::from_secs(10));
+        assert_eq!(s.backoff(60, 0.5), Duration::from_secs(9));
+        assert_eq!(s.backoff(1, 1.0), Duration::from_millis(800));
         assert_eq!(load(&[("FABRIC_WEBHOOK_BACKOFF_BASE_S", "20"), ("FABRIC_WEBHOOK_BACKOFF_MAX_S", "10")]).unwrap_err().var, "FABRIC_WEBHOOK_BACKOFF_MAX_S");
         assert_eq!(load(&[("FABRIC_WEBHOOK_MAX_ATTEMPTS", "0")]).unwrap_err().var, "FABRIC_WEBHOOK_MAX_ATTEMPTS");
     }

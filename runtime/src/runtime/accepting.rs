@@ -29,7 +29,18 @@ impl Runtime {
     /// [`AcceptedRun::interrupted`]).
     pub async fn accept(&self, req: &StartRequest, here: bool) -> Result<AcceptedRun, AcceptError> {
         let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        match self.create(req, &request, here, None).await? {
+        self.made(self.create(req, &request, here, None, true).await?)
+    }
+
+    /// [`Runtime::accept`] of a run executed here by a process that sends no webhooks
+    /// (`fabric run --store`): its ends are posted nowhere, whatever the fleet's URL.
+    pub(super) async fn accept_here(&self, req: &StartRequest) -> Result<AcceptedRun, AcceptError> {
+        let request = serde_json::to_value(req).unwrap_or(Value::Null);
+        self.made(self.create(req, &request, true, None, false).await?)
+    }
+
+    fn made(&self, made: Made) -> Result<AcceptedRun, AcceptError> {
+        match made {
             Made::New(run) => Ok(run),
             Made::Existing(_) => Err(AcceptError::Store(crate::store::StoreError::Database("a start without a key found an existing run".into()))),
         }
@@ -46,7 +57,7 @@ impl Runtime {
         // route may have gone since).
         let existing = match store.run_of_key(key).await? {
             Some(run) => run,
-            None => match self.create(req, &request, here, Some(key)).await? {
+            None => match self.create(req, &request, here, Some(key), true).await? {
                 Made::New(run) => return Ok(Started::New(run)),
                 Made::Existing(run) => *run,
             },
@@ -57,9 +68,10 @@ impl Runtime {
         Ok(Started::Replayed(Box::new(existing)))
     }
 
-    /// The start checks, then the run's row (or the key's run).
-    async fn create(&self, req: &StartRequest, request: &Value, here: bool, key: Option<&IdempotencyKey>) -> Result<Made, AcceptError> {
+    /// The start checks, then the run's row (or the key's run); with `hooks`, its webhook URL.
+    async fn create(&self, req: &StartRequest, request: &Value, here: bool, key: Option<&IdempotencyKey>, hooks: bool) -> Result<Made, AcceptError> {
         let (store, webhook) = self.check_start(req)?;
+        let webhook = webhook.filter(|_| hooks);
         let run_id = self.runner.new_id();
         let holder = here.then_some(&self.holder);
         let run = NewRun { webhook: webhook.as_deref(), session_id: req.session_id.as_deref(), ..NewRun::new(&run_id, &req.route_id, request) };

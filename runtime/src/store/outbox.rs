@@ -87,7 +87,8 @@ pub struct DeliveryRecord {
     pub last_error: Option<String>,
     /// When the run's status changed (the delivery's `timestamp`).
     pub at: String,
-    /// When the next attempt is due (milliseconds since the epoch), while pending.
+    /// When the next attempt is due (milliseconds since the epoch), while pending after a
+    /// failed attempt.
     pub next_attempt_ms: Option<i64>,
     /// When it was delivered, or given up.
     pub done_at: Option<String>,
@@ -99,7 +100,8 @@ pub trait WebhookOutbox: std::fmt::Debug + Send + Sync {
     /// `holder`'s lease; none while the store's writes fail.
     fn claim_deliveries<'a>(&'a self, holder: &'a Holder, limit: usize) -> BoxFuture<'a, Result<Vec<Delivery>, StoreError>>;
     /// Records an attempt on a delivery `holder` claimed; false if its claim was lost (another
-    /// sender claimed it after the lease expired: that one's attempt is the one recorded).
+    /// sender claimed it after the lease expired: that one's attempt is the one recorded). A
+    /// delivery is recorded delivered whoever holds it, while it is pending: a 2xx is final.
     fn record_attempt<'a>(&'a self, holder: &'a Holder, id: i64, attempt: &'a Attempt) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// A run's deliveries, oldest first.
     fn deliveries<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<DeliveryRecord>, StoreError>>;
@@ -188,7 +190,7 @@ where
             let done_at = (state != DeliveryState::Pending).then(super::now);
             let sql = format!(
                 "UPDATE run_webhooks SET attempts = attempts + 1, state = $1, last_status = $2, last_error = $3, \
-                 next_attempt_ms = {} + $4, lease_owner = NULL, lease_until = 0, done_at = $5 WHERE id = $6 AND lease_owner = $7 RETURNING id",
+                 next_attempt_ms = {} + $4, lease_owner = NULL, lease_until = 0, done_at = $5 WHERE id = $6 AND state = 'pending' AND (lease_owner = $7 OR $1 = 'delivered') RETURNING id",
                 DB::NOW_MS
             );
             let done = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -228,7 +230,10 @@ where
                         last_status: row.try_get::<Option<i64>, _>("last_status").map_err(db)?.and_then(|s| u16::try_from(s).ok()),
                         last_error: row.try_get("last_error").map_err(db)?,
                         at: text("at")?,
-                        next_attempt_ms: (state == DeliveryState::Pending).then(|| row.try_get("next_attempt_ms")).transpose().map_err(db)?,
+                        next_attempt_ms: {
+                            let attempts: i64 = row.try_get("attempts").map_err(db)?;
+                            (state == DeliveryState::Pending && attempts > 0).then(|| row.try_get("next_attempt_ms")).transpose().map_err(db)?
+                        },
                         done_at: row.try_get("done_at").map_err(db)?,
                     })
                 })

@@ -24,6 +24,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("migrations/postgres/0006_cancel.sql")),
     (7, include_str!("migrations/postgres/0007_webhooks.sql")),
     (8, include_str!("migrations/postgres/0008_sessions.sql")),
+    (9, include_str!("migrations/postgres/0009_webhook_reopen.sql")),
 ];
 
 /// How long connecting, or waiting for a connection of the pool, may take.

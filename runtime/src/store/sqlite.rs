@@ -27,6 +27,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("migrations/sqlite/0006_cancel.sql")),
     (7, include_str!("migrations/sqlite/0007_webhooks.sql")),
     (8, include_str!("migrations/sqlite/0008_sessions.sql")),
+    (9, include_str!("migrations/sqlite/0009_webhook_reopen.sql")),
 ];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).

@@ -115,29 +115,23 @@ fn write<'a>(tx: &rusqlite::Transaction<'_>, rows: &Rows<'a>, known: &Known) -> 
     }
     let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
     if !rows.leases.is_empty() {
-        // No end in this batch (the run goes on): the row keeps its result and lease.
-        let mut fence = tx.prepare_cached(
-            "UPDATE runs SET updated_at = ?1, status = COALESCE(?4, status), \
-             result = CASE WHEN ?4 IS NULL THEN result ELSE ?5 END, \
-             reason_class = CASE WHEN ?4 IS NULL THEN reason_class ELSE ?6 END, \
-             question = CASE WHEN ?4 IS NULL THEN question ELSE ?7 END, \
-             next_seq = COALESCE(?8, next_seq), \
-             lease_owner = CASE WHEN ?4 IS NULL THEN lease_owner ELSE NULL END, \
-             lease_until = CASE WHEN ?4 IS NULL THEN lease_until ELSE 0 END \
+        // Two statements: a commit that ends the run sets its status, result and lease; one
+        // that does not (the run goes on) touches only `updated_at`, so the webhook trigger on
+        // `status` is not even looked at for it (it would be on every stage commit).
+        let mut fence = tx.prepare_cached("UPDATE runs SET updated_at = ?1 WHERE run_id = ?2 AND lease_token = ?3 AND status = 'running'")?;
+        let mut fence_end = tx.prepare_cached(
+            "UPDATE runs SET updated_at = ?1, status = ?4, result = ?5, reason_class = ?6, question = ?7, \
+             next_seq = COALESCE(?8, next_seq), lease_owner = NULL, lease_until = 0 \
              WHERE run_id = ?2 AND lease_token = ?3 AND status = 'running'",
         )?;
         for (run_id, token) in &rows.leases {
             let end = rows.ends.iter().find(|e| e.run_id == *run_id && e.token == *token).map(|e| e.end);
-            let changed = fence.execute(params![
-                at,
-                run_id,
-                token,
-                end.map(|e| e.status.as_str()),
-                end.map(|e| e.result.as_str()),
-                end.and_then(|e| e.reason_class),
-                end.and_then(|e| e.question.as_deref()),
-                end.and_then(|e| e.next_seq),
-            ])?;
+            let changed = match end {
+                None => fence.execute(params![at, run_id, token])?,
+                Some(e) => {
+                    fence_end.execute(params![at, run_id, token, e.status.as_str(), e.result.as_str(), e.reason_class, e.question.as_deref(), e.next_seq])?
+                }
+            };
             if changed == 1 {
                 holding.insert(run_id);
             } else {

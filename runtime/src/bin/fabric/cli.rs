@@ -159,7 +159,7 @@ enum RunsAction {
         events_out: Option<String>,
     },
     /// Deletes the ended runs (completed, failed, cancelled) whose last change is older than
-    /// DUR, with their events and journal, as the service's sweeper does with
+    /// DUR, with their events, journal and webhook deliveries, as the service's sweeper does with
     /// FABRIC_RUN_RETENTION; prints how many. Runs queued, running or awaiting stay.
     Prune {
         /// A duration: `30d`, `12h`, `90m`.
