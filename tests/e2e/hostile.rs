@@ -795,6 +795,9 @@ impl RunStore for Watched {
     fn webhooks(&self) -> &dyn fabric::store::WebhookOutbox {
         self.inner.webhooks()
     }
+    fn pending_cancels(&self, limit: usize) -> BoxFuture<'_, Result<Vec<(String, String)>, StoreError>> {
+        self.inner.pending_cancels(limit)
+    }
 }
 
 /// A request with a raw body and the token.

@@ -536,6 +536,11 @@ impl RunStore for SimStore {
         self.real.store.health()
     }
 
+    fn pending_cancels(&self, limit: usize) -> BoxFuture<'_, Result<Vec<(String, String)>, StoreError>> {
+        let store = self.real.store.clone();
+        Box::pin(self.call("get", async move { store.pending_cancels(limit).await }))
+    }
+
     /// The simulation runs no service, so no sender: the real store's outbox as it is.
     fn webhooks(&self) -> &dyn fabric::store::WebhookOutbox {
         self.real.store.webhooks()

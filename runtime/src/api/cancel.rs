@@ -1,7 +1,7 @@
 //! Cancel on request (`POST /v1/runs/{run_id}/cancel`) and the watch that makes a request made on
 //! any replica reach the one that executes the run: every [`CANCEL_POLL`] each replica asks the
 //! store for the requests on its runs and cancels their segments (a request made here reaches a
-//! segment here at once).
+//! segment here at once), and ends queued or awaiting runs whose request no one acted on.
 
 use std::time::Duration;
 
@@ -83,6 +83,18 @@ impl AppState {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            // Requests on runs not running, no one acted on: end them (any replica may; the
+            // store lets one claim each).
+            match runtime.pending_cancels().await {
+                Ok(pending) => {
+                    for (run_id, reason) in pending {
+                        if let Err(e) = cancel_here(&self, &run_id, Some(&reason)).await {
+                            tracing::warn!(run_id, error = %e, "ending a run with a cancel request on it");
+                        }
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "run store: looking for cancel requests on runs not running"),
+            }
             if self.inner.live.is_empty() {
                 continue;
             }

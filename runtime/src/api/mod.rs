@@ -807,10 +807,17 @@ async fn start_run(
     let run_id = accepted.run_id.clone();
     // `interrupt`: the cancel of each live run of the session was requested with the start; it
     // ends them now (queued, awaiting; running here) or at their replica's next poll.
-    for old in &accepted.interrupted {
-        if let Err(e) = cancel::cancel_here(&state, old, Some(crate::config::INTERRUPTED_BY_SESSION)).await {
-            tracing::warn!(run_id = old, error = %e, "interrupting a run of the session (its replica ends it at its next poll)");
-        }
+    // In a task of its own: a client that goes away does not stop it (and should it stop, each
+    // replica's poll ends them: the requests are recorded).
+    if !accepted.interrupted.is_empty() {
+        let (state, olds) = (state.clone(), accepted.interrupted.clone());
+        tokio::spawn(async move {
+            for old in &olds {
+                if let Err(e) = cancel::cancel_here(&state, old, Some(crate::config::INTERRUPTED_BY_SESSION)).await {
+                    tracing::warn!(run_id = old, error = %e, "interrupting a run of the session (a replica's poll ends it)");
+                }
+            }
+        });
     }
     let status = match (permit, accepted.lease) {
         (Some(permit), Some(lease)) => {

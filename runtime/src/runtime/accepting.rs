@@ -74,10 +74,12 @@ impl Runtime {
         let webhook = webhook.filter(|_| hooks);
         let run_id = self.runner.new_id();
         let holder = here.then_some(&self.holder);
-        let run = NewRun { webhook: webhook.as_deref(), session_id: req.session_id.as_deref(), ..NewRun::new(&run_id, &req.route_id, request) };
+        // An empty session is none (a client's unset field, not one session of every client).
+        let session = req.session_id.as_deref().filter(|s| !s.is_empty());
+        let run = NewRun { webhook: webhook.as_deref(), session_id: session, ..NewRun::new(&run_id, &req.route_id, request) };
         let policy = req.multitask.unwrap_or(self.settings.service.session_policy);
         let accepted = |lease, interrupted| Made::New(AcceptedRun { run_id: run_id.clone(), lease, interrupted });
-        if let (Some(session), false) = (req.session_id.as_deref(), policy == SessionPolicy::Allow) {
+        if let (Some(session), false) = (session, policy == SessionPolicy::Allow) {
             return match store.create_session_run(run, holder, policy, key).await? {
                 SessionStart::Created { lease, interrupted } => Ok(accepted(lease, interrupted)),
                 SessionStart::Busy { run_id } => Err(AcceptError::SessionBusy { session: session.to_owned(), run_id }),
@@ -100,6 +102,9 @@ impl Runtime {
             && !self.catalogue().profiles().any(|(name, _)| name == p)
         {
             return Err(AcceptError::UnknownProfile(p.clone()));
+        }
+        if req.multitask.is_some_and(|p| p != SessionPolicy::Allow) && req.session_id.as_deref().is_none_or(str::is_empty) {
+            return Err(AcceptError::BadSession("is needed with `multitask` (a policy applies to a session's runs)"));
         }
         if let Some(s) = &req.session_id {
             // A column of the store, which PostgreSQL cannot give a NUL.

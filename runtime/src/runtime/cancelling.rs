@@ -103,4 +103,10 @@ impl Runtime {
     pub async fn cancel_requests(&self) -> Result<Vec<(Lease, String)>, StoreError> {
         self.run_store()?.cancel_requests(&self.holder).await
     }
+
+    /// Queued or awaiting runs with a cancel request no one acted on (see
+    /// [`crate::store::RunStore::pending_cancels`]), to end with [`Runtime::cancel`].
+    pub async fn pending_cancels(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.run_store()?.pending_cancels(64).await
+    }
 }

@@ -359,6 +359,10 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// idempotency keys are columns of their rows), in one short transaction; returns how many.
     /// With `dry_run`, deletes nothing and counts every such run. One sweep at a time across
     /// processes: while another holds the sweep, 0.
+    /// Runs queued or awaiting input with a cancel request on them (left by an interrupting
+    /// start that did not end them: its replica died, or its client went away), oldest first:
+    /// (run id, reason), for any process to end.
+    fn pending_cancels(&self, limit: usize) -> BoxFuture<'_, Result<Vec<(String, String)>, StoreError>>;
     fn prune<'a>(&'a self, cutoff: &'a str, limit: usize, dry_run: bool) -> BoxFuture<'a, Result<u64, StoreError>>;
     /// Up to `limit` runs awaiting input since before `cutoff`, oldest first.
     fn awaiting_since<'a>(&'a self, cutoff: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;

@@ -25,6 +25,8 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("migrations/postgres/0007_webhooks.sql")),
     (8, include_str!("migrations/postgres/0008_sessions.sql")),
     (9, include_str!("migrations/postgres/0009_webhook_reopen.sql")),
+    (10, include_str!("migrations/postgres/0010_webhook_writer.sql")),
+    (11, include_str!("migrations/postgres/0011_session_order.sql")),
 ];
 
 /// How long connecting, or waiting for a connection of the pool, may take.

@@ -754,6 +754,7 @@ where
         // made for those runs only.
         let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
         let ends: HashMap<&str, &End> = rows.ends.iter().map(|e| (e.run_id, e)).collect();
+        let mut hooks: Vec<(&End, String)> = Vec::new();
         // In the order of their ids, as the lease renewal locks them (`Dialect::LOCK_ROWS`).
         let mut leases: Vec<(&str, i64)> = rows.leases.clone();
         leases.sort_unstable();
@@ -780,7 +781,7 @@ where
                  lease_owner = CASE WHEN {going_on} THEN runs.lease_owner ELSE NULL END, \
                  lease_until = CASE WHEN {going_on} THEN runs.lease_until ELSE 0 END \
                  FROM (VALUES {values}) AS v WHERE runs.run_id = v.column1 AND runs.lease_token = v.column2 AND runs.status = 'running' \
-                 RETURNING run_id"
+                 RETURNING runs.run_id, runs.webhook_url"
             );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(at);
             for (run_id, token) in chunk {
@@ -796,10 +797,29 @@ where
             }
             for row in q.fetch_all(&mut *tx).await.map_err(failed)? {
                 let id: String = row.try_get(0).map_err(failed)?;
-                if let Some((run_id, _)) = chunk.iter().find(|(r, _)| *r == id) {
+                if let Some((run_id, token)) = chunk.iter().find(|(r, _)| *r == id) {
                     holding.insert(run_id);
+                    if let (Some(end), Some(url)) = (ends.get(run_id).filter(|e| e.token == *token), row.try_get::<Option<String>, _>(1).map_err(failed)?) {
+                        hooks.push((end, url));
+                    }
                 }
             }
+        }
+        // The webhook deliveries of the runs that ended (or asked) here, in the same transaction.
+        for chunk in hooks.chunks(per_insert) {
+            let head = "INSERT INTO run_webhooks (run_id, status, result, reason_class, question, at, url) VALUES ";
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "(?, ?, ?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED)));
+            for (e, url) in chunk {
+                q = q
+                    .bind(e.run_id)
+                    .bind(e.end.status.as_str())
+                    .bind(e.end.result.as_str())
+                    .bind(e.end.reason_class)
+                    .bind(e.end.question.as_deref())
+                    .bind(at)
+                    .bind(url.as_str());
+            }
+            q.execute(&mut *tx).await.map_err(failed)?;
         }
         let mut fenced: HashSet<String> = rows.leases.iter().filter(|(r, _)| !holding.contains(r)).map(|(r, _)| (*r).to_owned()).collect();
         fenced.extend(refused);

@@ -64,8 +64,10 @@ where
         if policy == SessionPolicy::Reject { format!("NOT EXISTS (SELECT 1 FROM runs WHERE session_id = $11 AND {LIVE})") } else { "1 = 1".into() };
     // SQLite reads `INSERT … SELECT … ON CONFLICT` only with a WHERE in the SELECT.
     let sql = format!(
-        "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, session_gate, lease_until) \
-             SELECT $1, $2, $3, $4, $5, $5, $6, $7, $8, $9, $11, $10, {} + $12 WHERE {only_if_free} \
+        "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, session_gate, \
+             session_seq, lease_until) \
+             SELECT $1, $2, $3, $4, $5, $5, $6, $7, $8, $9, $11, $10, \
+             (SELECT COALESCE(MAX(s.session_seq), 0) + 1 FROM runs s WHERE s.session_id = $11 AND s.session_seq IS NOT NULL), {} + $12 WHERE {only_if_free} \
              ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING run_id",
         DB::NOW_MS
     );

@@ -247,12 +247,14 @@ where
             let expired = if self.takeovers_allowed(holder) { format!("status = 'running' AND lease_until < {now_ms}") } else { "1 = 0".to_owned() };
             // Oldest first (ids are UUIDv7): queued runs, and running ones whose holder stopped
             // renewing its lease; a run started under `enqueue` or `interrupt` (its gate) only
-            // once no older run of its session is live.
+            // once no run of its session started before it (in the store's order of the
+            // session's starts, `session_seq`), nor any started under `allow`, is live.
             let sql = format!(
                 "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {now_ms} + $2, updated_at = $3 \
                  WHERE run_id IN (SELECT run_id FROM runs WHERE (status = 'queued' OR ({expired})) \
-                 AND route_id IN ({}) AND (session_gate = 0 OR NOT EXISTS (SELECT 1 FROM runs o WHERE o.session_id = runs.session_id \
-                 AND o.run_id < runs.run_id AND o.status IN ('queued', 'running', 'awaiting_input'))) \
+                 AND route_id IN ({}) AND (session_gate = 0 OR status = 'running' OR NOT EXISTS (SELECT 1 FROM runs o WHERE o.session_id = runs.session_id \
+                 AND o.run_id <> runs.run_id AND o.status IN ('queued', 'running', 'awaiting_input') \
+                 AND (o.session_seq IS NULL OR o.session_seq < runs.session_seq))) \
                  ORDER BY run_id LIMIT $4{}) RETURNING {RUN_COLUMNS}",
                 rows_sql("", "?", routes.len(), 5, true),
                 DB::SKIP_LOCKED
@@ -366,6 +368,20 @@ where
                     .await
                     .map_err(db)?;
             rows.iter().map(|r| Ok((Lease { run_id: r.try_get(0).map_err(db)?, token: r.try_get(1).map_err(db)? }, r.try_get(2).map_err(db)?))).collect()
+        })
+    }
+
+    fn pending_cancels(&self, limit: usize) -> BoxFuture<'_, Result<Vec<(String, String)>, StoreError>> {
+        Box::pin(async move {
+            // The partial index `runs_cancel_pending` holds exactly these rows.
+            let rows = sqlx::query(
+                "SELECT run_id, cancel_reason FROM runs WHERE cancel_reason IS NOT NULL AND status IN ('queued', 'awaiting_input') ORDER BY run_id LIMIT $1",
+            )
+            .bind(limit.clamp(1, 1000) as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+            rows.iter().map(|r| Ok((r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?))).collect()
         })
     }
 

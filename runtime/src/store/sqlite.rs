@@ -28,6 +28,8 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("migrations/sqlite/0007_webhooks.sql")),
     (8, include_str!("migrations/sqlite/0008_sessions.sql")),
     (9, include_str!("migrations/sqlite/0009_webhook_reopen.sql")),
+    (10, include_str!("migrations/sqlite/0010_webhook_writer.sql")),
+    (11, include_str!("migrations/sqlite/0011_session_order.sql")),
 ];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).
