@@ -24,12 +24,14 @@ __version__: str = _native.__version__
 class Runtime(_native.Runtime):
     """A catalogue of routes with its prompt packs and settings (see ``fabric_runtime._native``)."""
 
-    async def run_async(self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None) -> dict[str, Any]:
+    async def run_async(
+        self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
         """``run`` on a worker thread: the event loop goes on while the run executes. Cancelling
         the awaiting task (``wait_for``, ``TaskGroup``) interrupts the run itself."""
         token = CancelToken()
         try:
-            return await asyncio.to_thread(self.run, route_id, goal, prefetch=prefetch, cancel=token)
+            return await asyncio.to_thread(self.run, route_id, goal, prefetch=prefetch, cancel=token, idempotency_key=idempotency_key)
         except asyncio.CancelledError:
             token.cancel("cancelled")
             raise

@@ -25,6 +25,7 @@ class Runtime:
         *,
         stub_dir: str | os.PathLike[str] | None = None,
         tools: dict[str, Callable[..., Any]] | None = None,
+        store: str | None = None,
         **settings: Any,
     ) -> None:
         """Loads the catalogue. ``catalogue`` and ``prompt_packs`` are layered directories, later
@@ -35,15 +36,25 @@ class Runtime:
         (``OLLAMA_MODEL="ollama:qwen"``); the process environment fills in the rest, as for
         ``fabric``. ``tools`` maps catalogue capabilities without ``invoke`` to Python callables
         (sync or async), called with the arguments as keywords, returning a JSON value. A setting
-        that is not one raises ``ConfigError``."""
+        that is not one raises ``ConfigError``. ``store`` is a run store URL
+        (``sqlite://runs.db``, ``postgres://...``), needed by ``idempotency_key``."""
     def run(
-        self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None, cancel: CancelToken | None = None
+        self,
+        route_id: str,
+        goal: dict[str, Any],
+        *,
+        prefetch: list[str] | None = None,
+        cancel: CancelToken | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Runs a route to its end with the GIL released; the result object of ``fabric run``,
         with its ``events``. Ctrl-C (on the main thread) interrupts it (``interrupted``);
-        ``cancel`` cancels it (status ``cancelled``). Raises
-        ``StartError`` when the run cannot start (``invalid_goal`` for a goal that is not a JSON
-        object)."""
+        ``cancel`` cancels it (status ``cancelled``). With ``idempotency_key`` (1 to 255 visible
+        ASCII characters; needs ``store``) the run is recorded in the store, once per key: a later
+        call with the same key and arguments, from this or any process of the store, runs nothing
+        and returns that run once it ended or asked (``idempotent_replayed`` true); other
+        arguments raise ``StartError`` (``idempotency_key_reused``). Raises ``StartError`` when the
+        run cannot start (``invalid_goal`` for a goal that is not a JSON object)."""
     def routes(self) -> list[str]:
         """The routes that can run here."""
 

@@ -176,16 +176,102 @@ impl Drop for Runtime {
     }
 }
 
+impl Runtime {
+    /// `run(..., idempotency_key=key)`: recorded in the store, once per key
+    /// ([`Core::run_recorded_once`]); a repeat gets the key's run, `idempotent_replayed: True`.
+    fn run_once<'py>(
+        &self,
+        py: Python<'py>,
+        route_id: String,
+        goal: Map<String, Value>,
+        prefetch: Option<Vec<String>>,
+        cancel: Option<PyRef<'py, CancelToken>>,
+        key: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let key = fabric::store::IdempotencyKey::parse(key).map_err(|e| error::<StartError>(py, "invalid_idempotency_key", format!("idempotency_key {e}")))?;
+        let core = self.core.clone();
+        let Some(store) = core.store().cloned() else {
+            return Err(error::<StartError>(py, "no_store", "idempotency_key needs a run store: Runtime(..., store=\"sqlite://runs.db\")".into()));
+        };
+        let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
+        let sink = Arc::new(MemorySink::default());
+        let events: Arc<dyn EventSink> = sink.clone();
+        let req = fabric::runtime::StartRequest { route_id, goal, prefetch: prefetch.unwrap_or_default(), ..Default::default() };
+        let (handle, token) = match cancel {
+            Some(token) => (token.handle.clone(), token.handle.token()),
+            None => CancelHandle::new(),
+        };
+        let done = py.detach(move || {
+            tokio.block_on(async move {
+                let done = core.run_recorded_once(&req, &key, events, &handle, token).await;
+                match done {
+                    Ok(fabric::runtime::RecordedOnce::Replayed(run)) => {
+                        let stored = store.events_after(&run.run_id, 0).await.unwrap_or_default();
+                        Ok((None, Some((run, stored))))
+                    }
+                    Ok(fabric::runtime::RecordedOnce::Ran(outcome)) => Ok((Some(outcome), None)),
+                    Err(e) => Err(e),
+                }
+            })
+        });
+        let accept_error = |e: fabric::runtime::AcceptError| {
+            let class = match &e {
+                fabric::runtime::AcceptError::Start(s) => s.code(),
+                fabric::runtime::AcceptError::KeyReused { .. } => "idempotency_key_reused",
+                fabric::runtime::AcceptError::Store(_) => "store_error",
+                _ => "cannot_start",
+            };
+            error::<StartError>(py, class, e.to_string())
+        };
+        let mut result = match done.map_err(accept_error)? {
+            (Some(outcome), _) => {
+                let mut r = serde_json::to_value(&outcome.result).unwrap_or(Value::Null);
+                if let Value::Object(map) = &mut r {
+                    map.insert("events".into(), Value::Array(event_lines(&sink)));
+                }
+                r
+            }
+            (None, Some((run, stored))) => {
+                let mut r = run.result.clone().unwrap_or_else(|| serde_json::json!({"run_id": run.run_id, "status": run.status.as_str()}));
+                if let Value::Object(map) = &mut r {
+                    let events = stored.iter().map(|e| serde_json::from_str(&e.body).unwrap_or(Value::Null)).collect();
+                    map.insert("events".into(), Value::Array(events));
+                    map.insert("idempotent_replayed".into(), Value::Bool(true));
+                }
+                r
+            }
+            (None, None) => Value::Null,
+        };
+        if let Value::Object(map) = &mut result {
+            map.entry("idempotent_replayed").or_insert(Value::Bool(false));
+        }
+        from_json(py, &result.to_string())
+    }
+}
+
+/// The events a memory sink kept, as JSON lines read back.
+fn event_lines(sink: &MemorySink) -> Vec<Value> {
+    sink.events()
+        .iter()
+        .map(|e| {
+            let mut line = Vec::with_capacity(256);
+            e.write_json_line(&mut line);
+            serde_json::from_slice(&line).unwrap_or(Value::Null)
+        })
+        .collect()
+}
+
 #[pymethods]
 impl Runtime {
     #[new]
-    #[pyo3(signature = (catalogue = None, prompt_packs = None, *, stub_dir = None, tools = None, **settings))]
+    #[pyo3(signature = (catalogue = None, prompt_packs = None, *, stub_dir = None, tools = None, store = None, **settings))]
     fn new(
         py: Python<'_>,
         catalogue: Option<&Bound<'_, PyAny>>,
         prompt_packs: Option<&Bound<'_, PyAny>>,
         stub_dir: Option<PathBuf>,
         tools: Option<&Bound<'_, PyDict>>,
+        store: Option<String>,
         settings: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let settings = settings_from(py, settings)?;
@@ -199,6 +285,13 @@ impl Runtime {
         let mut builder = Core::builder().settings(settings).catalogue_dirs(catalogue, prompt_packs);
         if let Some(dir) = stub_dir {
             builder = builder.stub_dir(dir);
+        }
+        if let Some(url) = store {
+            // The URL's credentials never reach the message.
+            let opened = tokio
+                .block_on(fabric::store::open(&url))
+                .map_err(|e| error::<ConfigError>(py, "config", format!("store {}: {e}", fabric::redact::redact_url(&url))))?;
+            builder = builder.store(opened);
         }
         for (name, function) in tools.map(|t| t.iter().collect::<Vec<_>>()).unwrap_or_default() {
             let name: String = name.extract()?;
@@ -216,7 +309,7 @@ impl Runtime {
     /// Runs `route_id` with `goal` to its end; the result object of `fabric run`, with its
     /// `events`. A run that fails is a result (`status` `failed`); a run that cannot start
     /// raises `StartError`.
-    #[pyo3(signature = (route_id, goal, *, prefetch = None, cancel = None))]
+    #[pyo3(signature = (route_id, goal, *, prefetch = None, cancel = None, idempotency_key = None))]
     fn run<'py>(
         &self,
         py: Python<'py>,
@@ -224,10 +317,14 @@ impl Runtime {
         goal: &Bound<'py, PyAny>,
         prefetch: Option<Vec<String>>,
         cancel: Option<PyRef<'py, CancelToken>>,
+        idempotency_key: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let Value::Object(goal) = to_json::<StartError>(py, goal, "invalid_goal")? else {
             return Err(error::<StartError>(py, "invalid_goal", "`goal` must be a dict".into()));
         };
+        if let Some(key) = idempotency_key {
+            return self.run_once(py, route_id, goal, prefetch, cancel, &key);
+        }
         let core = self.core.clone();
         let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
         let sink = Arc::new(MemorySink::default());
@@ -263,15 +360,7 @@ impl Runtime {
         }
         let outcome = outcome.map_err(|e| error::<StartError>(py, e.code(), e.to_string()))?;
         let mut result = serde_json::to_value(&outcome.result).unwrap_or(Value::Null);
-        let lines: Vec<Value> = sink
-            .events()
-            .iter()
-            .map(|e| {
-                let mut line = Vec::with_capacity(256);
-                e.write_json_line(&mut line);
-                serde_json::from_slice(&line).unwrap_or(Value::Null)
-            })
-            .collect();
+        let lines = event_lines(&sink);
         if let Value::Object(map) = &mut result {
             map.insert("events".into(), Value::Array(lines));
             if !outcome.unused_script_lines.is_empty() {

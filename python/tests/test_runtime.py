@@ -299,3 +299,34 @@ def test_a_missing_directory_is_refused_when_the_runtime_is_built(tmp_path):
     with pytest.raises(ConfigError) as e:
         Runtime(REPO / "routes", [REPO / "prompt-packs", missing], llm_stub=True)
     assert str(e.value) == f"prompt pack directory `{missing}` does not exist (the `prompt_packs` argument of Runtime)"
+
+
+def test_an_idempotency_key_runs_once_per_store_across_runtimes(tmp_path):
+    store = f"sqlite://{tmp_path / 'runs.db'}"
+    first = runtime(store=store).run("support-triage", {"ticket": "charged twice"}, idempotency_key="ticket-7")
+    assert first["status"] == "completed", first
+    assert first["idempotent_replayed"] is False
+    # Another Runtime on the same store (another process would do the same): nothing runs again.
+    again = runtime(store=store).run("support-triage", {"ticket": "charged twice"}, idempotency_key="ticket-7")
+    assert again["idempotent_replayed"] is True
+    assert (again["run_id"], again["status"], again["output"]) == (first["run_id"], "completed", first["output"])
+    assert [e["type"] for e in again["events"]] == [e["type"] for e in first["events"]]
+    with pytest.raises(StartError) as e:
+        runtime(store=store).run("support-triage", {"ticket": "another"}, idempotency_key="ticket-7")
+    assert e.value.reason_class == "idempotency_key_reused"
+    assert first["run_id"] in str(e.value)
+    other = runtime(store=store).run("support-triage", {"ticket": "charged twice"}, idempotency_key="ticket-8")
+    assert other["run_id"] != first["run_id"]
+
+
+def test_an_idempotency_key_needs_a_store_and_a_valid_key(tmp_path):
+    with pytest.raises(StartError) as e:
+        runtime().run("support-triage", {"ticket": "x"}, idempotency_key="k")
+    assert e.value.reason_class == "no_store"
+    with pytest.raises(StartError) as e:
+        runtime(store=f"sqlite://{tmp_path / 'r.db'}").run("support-triage", {"ticket": "x"}, idempotency_key="has space")
+    assert e.value.reason_class == "invalid_idempotency_key"
+    assert "has space" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        Runtime(str(ROUTES), str(PACKS), store="postgres://u:Pw8SECRET@127.0.0.1:1/db", llm_stub=True)
+    assert "Pw8SECRET" not in str(e.value)

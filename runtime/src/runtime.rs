@@ -27,7 +27,7 @@ use crate::hydrate::Route;
 use crate::llm::providers::backend_for;
 use crate::llm::stub::StubLlm;
 use crate::llm::{Llm, LlmError, LlmRequest, ModelInfo, OutputSpec, ReplyValue, stack};
-use crate::store::{Fenced, Holder, Lease, RunStore, StoreError, StoredRun, StoredStatus};
+use crate::store::{Fenced, Holder, IdempotencyKey, Lease, RunStore, StoreError, StoredRun, StoredStatus};
 use crate::tools::{HttpPort, Tool};
 
 /// Where stub scripts are read from when no directory is given.
@@ -497,6 +497,42 @@ impl Runtime {
         }
     }
 
+    /// [`Runtime::run_recorded`] once per idempotency key: the first call with `key` runs the
+    /// route here (recorded, holding its lease); a later one with the same contract, from any
+    /// process of the store, runs nothing and gets that run once it ended or asked (waiting for
+    /// one still running elsewhere, until `cancel`); another contract is
+    /// [`AcceptError::KeyReused`]. What the Python package's `run(..., idempotency_key=)` does.
+    pub async fn run_recorded_once(
+        &self,
+        req: &StartRequest,
+        key: &IdempotencyKey,
+        sink: Arc<dyn EventSink>,
+        handle: &CancelHandle,
+        cancel: Cancel,
+    ) -> Result<RecordedOnce, AcceptError> {
+        let mut run = match self.accept_once_here(req, key).await? {
+            Started::New(accepted) => {
+                let lease = accepted.lease.ok_or(AcceptError::NotClaimed)?;
+                let leases = [lease.clone()];
+                return tokio::select! {
+                    biased;
+                    outcome = self.execute(&lease, req, sink, cancel) => Ok(RecordedOnce::Ran(Box::new(outcome?))),
+                    never = self.hold_leases(&leases, handle) => match never {},
+                };
+            }
+            Started::Replayed(run) => run,
+        };
+        let store = self.run_store()?;
+        // Queued or running on another process: its end (or question) is what this call answers.
+        while matches!(run.status, StoredStatus::Queued | StoredStatus::Running) && cancel.requested().is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            run = Box::new(
+                store.get_run(&run.run_id).await?.ok_or_else(|| StoreError::Database(format!("run {} was removed while it was awaited", run.run_id)))?,
+            );
+        }
+        Ok(RecordedOnce::Replayed(run))
+    }
+
     /// Renews `leases` every third of the lease for as long as it is polled: in the same task as
     /// the run it holds (no task of its own to outlive it), dropped with the run. A lease another
     /// process took anyway stops `handle` ("lease lost"); a cancel request on the run, found at
@@ -844,6 +880,14 @@ impl ClaimedReply {
 #[derive(Debug, Clone)]
 pub enum Started {
     New(AcceptedRun),
+    Replayed(Box<StoredRun>),
+}
+
+/// What [`Runtime::run_recorded_once`] did: ran the route, or found the key's run (as it is now:
+/// ended or asking, unless the call was cancelled while it waited).
+#[derive(Debug)]
+pub enum RecordedOnce {
+    Ran(Box<RunOutcome>),
     Replayed(Box<StoredRun>),
 }
 

@@ -51,13 +51,22 @@ impl Runtime {
     /// run as it is now ([`Started::Replayed`]), on any process of the store; one with another
     /// contract is [`AcceptError::KeyReused`]. The store's constraint decides a race.
     pub async fn accept_once(&self, req: &StartRequest, here: bool, key: &IdempotencyKey) -> Result<Started, AcceptError> {
+        self.keyed(req, here, key, true).await
+    }
+
+    /// [`Runtime::accept_once`] of a run executed here by a process that sends no webhooks.
+    pub(super) async fn accept_once_here(&self, req: &StartRequest, key: &IdempotencyKey) -> Result<Started, AcceptError> {
+        self.keyed(req, true, key, false).await
+    }
+
+    async fn keyed(&self, req: &StartRequest, here: bool, key: &IdempotencyKey, hooks: bool) -> Result<Started, AcceptError> {
         let request = serde_json::to_value(req).unwrap_or(Value::Null);
         let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
         // A retry is answered without the start checks: its run was accepted already (the
         // route may have gone since).
         let existing = match store.run_of_key(key).await? {
             Some(run) => run,
-            None => match self.create(req, &request, here, Some(key), true).await? {
+            None => match self.create(req, &request, here, Some(key), hooks).await? {
                 Made::New(run) => return Ok(Started::New(run)),
                 Made::Existing(run) => *run,
             },
