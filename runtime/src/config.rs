@@ -20,6 +20,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod flow;
 mod session;
 mod webhook;
 pub use session::{INTERRUPTED_BY_SESSION, SessionPolicy};
@@ -75,6 +76,9 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_WEBHOOK_BACKOFF_BASE_S",
     "FABRIC_WEBHOOK_BACKOFF_MAX_S",
     "FABRIC_SESSION_POLICY",
+    "FABRIC_LLM_MAX_CONCURRENCY",
+    "FABRIC_LLM_RPM",
+    "FABRIC_LLM_TPM",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -133,6 +137,9 @@ pub struct Settings {
     pub warnings: Vec<String>,
     /// The run store and the service (`fabric serve`).
     pub service: ServiceSettings,
+    /// The limits on model calls (`FABRIC_LLM_MAX_CONCURRENCY`, `_RPM`, `_TPM`, the file's
+    /// `[llm_limits]`).
+    pub flow: crate::llm::flow::FlowPlan,
     raw: RawVars,
     origins: BTreeMap<String, String>,
     env: EnvLookup,
@@ -301,9 +308,14 @@ impl Settings {
         let dict: BTreeMap<String, Value> = figment.extract().map_err(|e| err("FABRIC_CONFIG", e.to_string()))?;
         let mut raw = BTreeMap::new();
         let mut origins = BTreeMap::new();
+        let mut llm_limits = None;
         for (key, value) in &dict {
             let upper = key.to_ascii_uppercase();
-
+            // The one table of the file: limits per model, which no single variable can say.
+            if upper == "LLM_LIMITS" {
+                llm_limits = Some(value);
+                continue;
+            }
             if !VARIABLES.contains(&upper.as_str()) {
                 return Err(err("FABRIC_CONFIG", format!("unknown setting `{key}`; known: {}", VARIABLES.join(", "))));
             }
@@ -321,7 +333,11 @@ impl Settings {
             origins.insert(upper.clone(), source);
             raw.insert(upper, s);
         }
-        Settings::from_raw(raw, origins, EnvLookup(std::sync::Arc::new(get)))
+        let mut settings = Settings::from_raw(raw, origins, EnvLookup(std::sync::Arc::new(get)))?;
+        if let Some(v) = llm_limits {
+            settings.flow.models = flow::models(v)?;
+        }
+        Ok(settings)
     }
 
     fn from_raw(raw: BTreeMap<String, String>, origins: BTreeMap<String, String>, env: EnvLookup) -> Result<Settings, ConfigError> {
@@ -419,7 +435,9 @@ impl Settings {
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };
+        let flow = flow::plan(&|k: &str| get(k).map(str::to_owned), None)?;
         let mut settings = Settings {
+            flow,
             stub,
             stub_latency,
             stub_strict,

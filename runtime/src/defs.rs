@@ -242,6 +242,8 @@ pub struct RouteDef {
     pub prompt_pack: Option<Ref>,
     pub activation_target: Option<String>,
     pub max_loop_steps: u32,
+    /// At a model's gate, 0 to 9, higher first (with a floor: lower ones still advance).
+    pub priority: u8,
     pub conversation: Conversation,
     pub body: Option<RouteBodyDef>,
 }

@@ -147,6 +147,7 @@ pub struct Route {
     model_profile: String,
     activation_target: Option<String>,
     max_loop_steps: u32,
+    priority: u8,
     conversation: Conversation,
     pack: Arc<PromptPack>,
     path: RoutePath,
@@ -181,6 +182,11 @@ impl Route {
 
     pub fn max_loop_steps(&self) -> u32 {
         self.max_loop_steps
+    }
+
+    /// At a model's gate: 0 to 9, higher first.
+    pub fn priority(&self) -> u8 {
+        self.priority
     }
 
     pub fn conversation(&self) -> Conversation {
@@ -413,6 +419,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
         model_profile: def.model_profile.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
         activation_target: def.activation_target.clone(),
         max_loop_steps: def.max_loop_steps,
+        priority: def.priority,
         conversation: def.conversation,
         pack,
         path: route_path,

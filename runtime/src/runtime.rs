@@ -23,7 +23,8 @@ use crate::diag::{Diagnostic, Pos, Severity};
 use crate::events::{EventSink, NullSink, RunEvents};
 use crate::exec::{Begin, Problems, ProfileError, ProfileStack, RunHistory, RunRequest, RunResult, Runner, StartError, VarLookup};
 use crate::failure::ReasonClass;
-use crate::hydrate::Route;
+use crate::hydrate::{NodeKind, Route};
+use crate::llm::flow::Flow;
 use crate::llm::providers::backend_for;
 use crate::llm::stub::StubLlm;
 use crate::llm::{Llm, LlmError, LlmRequest, ModelInfo, OutputSpec, ReplyValue, stack};
@@ -176,8 +177,10 @@ impl RuntimeBuilder {
         };
         let mut stub = None;
         let mut profile_llms = HashMap::new();
+        let flow = Flow::new(settings.flow.clone());
         let llm = if let Some(backend) = self.backend {
-            stack::build(backend, settings.retry)
+            let gate = flow.gate(&backend.info(), false);
+            stack::gated(backend, settings.retry, gate)
         } else if settings.stub || self.stub.is_some() {
             // A stub given by the embedder is used as it is; one read from scripts takes the
             // latency and strictness of the settings.
@@ -198,14 +201,16 @@ impl RuntimeBuilder {
                 }
             };
             stub = Some(s.clone());
-            stack::build(s, settings.retry)
+            let gate = flow.gate(&s.info(), false);
+            stack::gated(s, settings.retry, gate)
         } else {
             let client = stack::client().map_err(BuildError::Client)?;
             if settings.honor_model_profile {
-                profile_llms = profile_stacks(&settings, &client, catalogue.profiles());
+                profile_llms = profile_stacks(&settings, &client, catalogue.profiles(), &flow);
             }
-            provider_stack(&settings, &client)?
+            provider_stack(&settings, &client, &flow)?
         };
+        check_tpm(&flow, &catalogue, &llm, &profile_llms)?;
         let vars = self.vars.unwrap_or_else(|| Arc::new(|k: &str| std::env::var(k).ok()));
         let runner = match self.http {
             Some(http) => Runner::with_port(catalogue, llm, vars, http),
@@ -219,7 +224,7 @@ impl RuntimeBuilder {
             runner = runner.with_tool(&name, tool);
         }
         let holder = Holder::new(settings.service.run_lease);
-        Ok(Runtime { runner, settings, stub, warnings, store: self.store, holder })
+        Ok(Runtime { runner, settings, stub, warnings, store: self.store, holder, flow })
     }
 }
 
@@ -281,9 +286,50 @@ fn load_stub(dir: &Path) -> Result<StubLlm, BuildError> {
 }
 
 /// The default provider stack of the configuration (`FABRIC_LLM_MODEL` / `OLLAMA_MODEL`).
-fn provider_stack(settings: &Settings, client: &reqwest::Client) -> Result<Arc<dyn Llm>, ConfigError> {
+fn provider_stack(settings: &Settings, client: &reqwest::Client, flow: &Flow) -> Result<Arc<dyn Llm>, ConfigError> {
     let target = settings.target.clone().ok_or_else(|| ConfigError { var: settings.model_string.1.to_owned(), message: "no provider is configured".into() })?;
-    Ok(stack::build(backend_for(client.clone(), target, Tuning::default(), settings.max_reply_bytes), settings.retry))
+    Ok(hosted_stack(settings, client, target, Tuning::default(), flow))
+}
+
+/// A provider backend in its stack, through its model's gate.
+fn hosted_stack(settings: &Settings, client: &reqwest::Client, target: ProviderTarget, tuning: Tuning, flow: &Flow) -> Arc<dyn Llm> {
+    let backend = backend_for(client.clone(), target, tuning, settings.max_reply_bytes);
+    let gate = flow.gate(&backend.info(), true);
+    stack::gated(backend, settings.retry, gate)
+}
+
+/// A TPM limit below one call's input could never let that call through: refused at start,
+/// naming the limit, the model, and the route and stage whose system prompt alone exceeds it.
+fn check_tpm(flow: &Flow, catalogue: &Catalogue, llm: &Arc<dyn Llm>, profiles: &HashMap<String, ProfileStack>) -> Result<(), ConfigError> {
+    let plan = flow.plan();
+    if !plan.any() {
+        return Ok(());
+    }
+    for route in catalogue.routes().filter_map(|r| if let RouteEntry::Ready(r) = r { Some(r) } else { None }) {
+        let llm = match profiles.get(route.model_profile()) {
+            Some(Ok(l)) => l,
+            Some(Err(_)) => continue,
+            None => llm,
+        };
+        let key = crate::llm::flow::key_of(&llm.info());
+        let Some(tpm) = plan.limits(&key).tpm else { continue };
+        let model_stages = route.nodes().map(|(_, n)| n).filter(|n| n.role() != crate::defs::LlmRole::None || matches!(n.kind(), NodeKind::Decision));
+        for stage in model_stages {
+            let need = stage.prompt().system_text().len().div_ceil(4) as u64;
+            if need > tpm {
+                let var = if plan.models.get(&key).is_some_and(|l| l.tpm.is_some()) { "FABRIC_CONFIG" } else { "FABRIC_LLM_TPM" };
+                return Err(ConfigError {
+                    var: var.to_owned(),
+                    message: format!(
+                        "a TPM of {tpm} for {key} can never let a call of route `{}` stage `{}` through: its system prompt alone is about {need} tokens",
+                        route.id(),
+                        stage.id()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where a model profile sends its calls when profiles are honoured
@@ -322,11 +368,11 @@ fn profile_stacks<'a>(
     settings: &Settings,
     client: &reqwest::Client,
     profiles: impl Iterator<Item = (&'a String, &'a ProfileDef)>,
+    flow: &Flow,
 ) -> HashMap<String, ProfileStack> {
     profiles
         .map(|(name, profile)| {
-            let stack = profile_target(settings, name, profile)
-                .map(|(target, tuning)| stack::build(backend_for(client.clone(), target, tuning, settings.max_reply_bytes), settings.retry));
+            let stack = profile_target(settings, name, profile).map(|(target, tuning)| hosted_stack(settings, client, target, tuning, flow));
             (name.clone(), stack)
         })
         .collect()
@@ -398,6 +444,8 @@ pub struct Runtime {
     store: Option<Arc<dyn RunStore>>,
     /// This process as the store's claims name it.
     holder: Holder,
+    /// The gates of the models this process calls.
+    flow: Arc<Flow>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -469,6 +517,11 @@ impl Runtime {
     }
 
     /// This process as it holds runs in the store (a new name at every start).
+    /// The gates of the models this process calls: their limits, waiters and pauses.
+    pub fn flow(&self) -> &Arc<Flow> {
+        &self.flow
+    }
+
     pub fn holder(&self) -> &Holder {
         &self.holder
     }
@@ -751,7 +804,7 @@ impl Runtime {
             return Vec::new();
         }
         let Ok(client) = stack::client() else { return Vec::new() };
-        let mut out: Vec<ProfileStatus> = profile_stacks(&self.settings, &client, self.catalogue().profiles())
+        let mut out: Vec<ProfileStatus> = profile_stacks(&self.settings, &client, self.catalogue().profiles(), &self.flow)
             .into_iter()
             .map(|(name, stack)| ProfileStatus { name, model: stack.map(|l| l.info()) })
             .collect();
@@ -771,6 +824,7 @@ impl Runtime {
             route_id: "doctor",
             stage_id: "probe",
             turn: 0,
+            priority: 0,
             system: "Reply with JSON only.",
             user: "Reply with {\"ok\": true}.",
             output: &output,

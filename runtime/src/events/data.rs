@@ -16,6 +16,7 @@ pub enum EventKind {
     StageCompleted,
     StageFailed,
     LlmStarted,
+    LlmWaiting,
     LlmRetrying,
     LlmCompleted,
     LlmFailed,
@@ -30,12 +31,13 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 16] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::RunStarted,
         EventKind::StageStarted,
         EventKind::StageCompleted,
         EventKind::StageFailed,
         EventKind::LlmStarted,
+        EventKind::LlmWaiting,
         EventKind::LlmRetrying,
         EventKind::LlmCompleted,
         EventKind::LlmFailed,
@@ -57,6 +59,7 @@ impl EventKind {
             EventKind::StageCompleted => "run.stage.completed",
             EventKind::StageFailed => "run.stage.failed",
             EventKind::LlmStarted => "run.llm.started",
+            EventKind::LlmWaiting => "run.llm.waiting",
             EventKind::LlmRetrying => "run.llm.retrying",
             EventKind::LlmCompleted => "run.llm.completed",
             EventKind::LlmFailed => "run.llm.failed",
@@ -152,6 +155,11 @@ pub enum EventData {
         turn: u32,
         structured: bool,
     },
+    /// A call waited for room at its model's gate (`limit`: what held it).
+    LlmWaiting {
+        limit: &'static str,
+        waited_ms: u64,
+    },
     LlmRetrying {
         attempt: u32,
         delay_ms: u64,
@@ -223,6 +231,7 @@ impl EventData {
             EventData::StageCompleted { .. } => EventKind::StageCompleted,
             EventData::StageFailed { .. } => EventKind::StageFailed,
             EventData::LlmStarted { .. } => EventKind::LlmStarted,
+            EventData::LlmWaiting { .. } => EventKind::LlmWaiting,
             EventData::LlmRetrying { .. } => EventKind::LlmRetrying,
             EventData::LlmCompleted { .. } => EventKind::LlmCompleted,
             EventData::LlmFailed { .. } => EventKind::LlmFailed,
@@ -290,6 +299,10 @@ impl Serialize for EventData {
                 m.serialize_entry("model", model)?;
                 m.serialize_entry("turn", turn)?;
                 m.serialize_entry("structured", structured)?;
+            }
+            EventData::LlmWaiting { limit, waited_ms } => {
+                m.serialize_entry("limit", limit)?;
+                m.serialize_entry("waited_ms", waited_ms)?;
             }
             EventData::LlmRetrying { attempt, delay_ms, reason_class, message } => {
                 m.serialize_entry("attempt", attempt)?;

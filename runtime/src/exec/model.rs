@@ -30,6 +30,7 @@ impl Runner {
             route_id: route.id(),
             stage_id: stage.id(),
             turn: *turn,
+            priority: route.priority(),
             system: stage.prompt().system_text(),
             user: &user,
             output: stage.output(),

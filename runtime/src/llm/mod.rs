@@ -5,9 +5,10 @@
 //! [`crate::structured::decode_reply`]), or an [`LlmError`] whose [`ReasonClass`] says whether a
 //! retry could help. Implementations never emit run/stage events; decorators emit `run.llm.*`.
 //!
-//! The stack is built in one place, [`stack`]: `TelemetryLlm(RetryLlm(backend))`, where the
+//! The stack is built in one place, [`stack`]: `TelemetryLlm(RetryLlm(FlowLlm(backend)))`, where the
 //! backend is the seeded stub or a real provider ([`providers`]).
 
+pub mod flow;
 pub mod model;
 pub mod providers;
 pub mod retry;
@@ -33,6 +34,8 @@ pub struct LlmRequest<'a> {
     pub stage_id: &'a str,
     /// How many calls this stage already made in this run (0 for the first).
     pub turn: u32,
+    /// The route's catalogue `priority` (0 to 9, higher first) at a model's gate.
+    pub priority: u8,
     pub system: &'a str,
     pub user: &'a str,
     pub output: &'a OutputSpec,

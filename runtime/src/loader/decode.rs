@@ -370,6 +370,7 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
     let prompt_pack = f.require(ctx, "prompt_pack").and_then(|n| reference(ctx, n, "`prompt_pack`"));
     let activation_target = f.get("activation_target").and_then(|n| ctx.ident(n, "`activation_target`"));
     let max_loop_steps = f.get("max_loop_steps").map_or(Some(DEFAULT_MAX_LOOP_STEPS as u64), |n| ctx.uint(n, "`max_loop_steps`", 1, 1000));
+    let priority = f.get("priority").map_or(Some(0), |n| ctx.uint(n, "`priority`", 0, 9));
     let conversation = match f.get("conversation") {
         None => Conversation::None,
         Some(n) => match ctx.string(n, "`conversation`").as_deref() {
@@ -422,6 +423,7 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
         prompt_pack,
         activation_target,
         max_loop_steps: max_loop_steps.unwrap_or(DEFAULT_MAX_LOOP_STEPS as u64) as u32,
+        priority: priority.unwrap_or(0) as u8,
         conversation,
         body,
     })

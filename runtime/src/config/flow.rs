@@ -1,0 +1,115 @@
+//! The limits on model calls: `FABRIC_LLM_MAX_CONCURRENCY`, `FABRIC_LLM_RPM`, `FABRIC_LLM_TPM`,
+//! and per `provider:model` the config file's `[llm_limits."provider:model"]` table.
+
+use std::collections::BTreeMap;
+
+use figment::value::Value;
+
+use crate::llm::flow::{FlowPlan, Limits};
+use crate::vocab::{ConfigError, choose_model, err};
+
+/// The largest limit of each kind accepted: far past any provider's quota, small enough that a
+/// typo of many digits is refused rather than read as "no limit".
+const MAX_CONCURRENCY: u64 = 100_000;
+const MAX_RPM: u64 = 100_000_000;
+const MAX_TPM: u64 = 1_000_000_000_000;
+
+/// One limit: a whole number from 1 to `max`; a zero, a negative number or anything else is
+/// refused, naming `what`.
+fn limit(what: &str, value: Option<&str>, max: u64) -> Result<Option<u64>, ConfigError> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
+    match v.parse::<u64>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
+        _ => Err(err(what, format!("`{v}` must be a whole number from 1 to {max} (unset: no limit)"))),
+    }
+}
+
+/// The defaults, from the variables.
+pub(super) fn defaults(get: &dyn Fn(&str) -> Option<String>) -> Result<Limits, ConfigError> {
+    Ok(Limits {
+        max_concurrency: limit("FABRIC_LLM_MAX_CONCURRENCY", get("FABRIC_LLM_MAX_CONCURRENCY").as_deref(), MAX_CONCURRENCY)?.map(|n| n as u32),
+        rpm: limit("FABRIC_LLM_RPM", get("FABRIC_LLM_RPM").as_deref(), MAX_RPM)?.map(|n| n as u32),
+        tpm: limit("FABRIC_LLM_TPM", get("FABRIC_LLM_TPM").as_deref(), MAX_TPM)?,
+    })
+}
+
+/// The file's `[llm_limits]`: a table per `provider:model` (as `FABRIC_LLM_MODEL` spells it) of
+/// `max_concurrency`, `rpm` and `tpm`. Every error names `FABRIC_CONFIG` and the key.
+pub(super) fn models(value: &Value) -> Result<BTreeMap<String, Limits>, ConfigError> {
+    let bad = |m: String| err("FABRIC_CONFIG", m);
+    let Value::Dict(_, dict) = value else { return Err(bad("`llm_limits` must be a table of `[llm_limits.\"provider:model\"]` tables".into())) };
+    let mut out = BTreeMap::new();
+    for (model, table) in dict {
+        let choice = choose_model("FABRIC_CONFIG", model).map_err(|e| bad(format!("`llm_limits.\"{model}\"`: {}", e.message)))?;
+        let key = format!("{}:{}", choice.provider.key(), choice.model);
+        let Value::Dict(_, fields) = table else { return Err(bad(format!("`llm_limits.\"{model}\"` must be a table of max_concurrency, rpm, tpm"))) };
+        let mut limits = Limits::default();
+        for (field, v) in fields {
+            let what = format!("FABRIC_CONFIG `llm_limits.\"{model}\".{field}`");
+            let text = super::value_to_string(v);
+            let max = match field.as_str() {
+                "max_concurrency" => MAX_CONCURRENCY,
+                "rpm" => MAX_RPM,
+                "tpm" => MAX_TPM,
+                other => return Err(bad(format!("`llm_limits.\"{model}\"`: unknown limit `{other}`; known: max_concurrency, rpm, tpm"))),
+            };
+            let n = limit(&what, Some(text.as_deref().unwrap_or("?")), max)?;
+            match field.as_str() {
+                "max_concurrency" => limits.max_concurrency = n.map(|n| n as u32),
+                "rpm" => limits.rpm = n.map(|n| n as u32),
+                _ => limits.tpm = n,
+            }
+        }
+        out.insert(key, limits);
+    }
+    Ok(out)
+}
+
+/// The plan of the variables and the file's tables.
+pub(super) fn plan(get: &dyn Fn(&str) -> Option<String>, file: Option<&Value>) -> Result<FlowPlan, ConfigError> {
+    Ok(FlowPlan { default: defaults(get)?, models: file.map(models).transpose()?.unwrap_or_default() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::providers::Format;
+
+    fn get(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn zero_negative_and_words_are_refused_naming_the_variable() {
+        for bad in ["0", "-3", "ten", "1.5", "100001"] {
+            let vars: &'static [(&str, &str)] = Box::leak(Box::new([("FABRIC_LLM_MAX_CONCURRENCY", bad)]));
+            let e = defaults(&get(vars)).unwrap_err();
+            assert_eq!(e.var, "FABRIC_LLM_MAX_CONCURRENCY", "{bad}");
+            assert!(e.message.contains(bad), "{e:?}");
+        }
+        assert_eq!(defaults(&get(&[("FABRIC_LLM_RPM", "0")])).unwrap_err().var, "FABRIC_LLM_RPM");
+        assert_eq!(defaults(&get(&[("FABRIC_LLM_TPM", "-1")])).unwrap_err().var, "FABRIC_LLM_TPM");
+        let l = defaults(&get(&[("FABRIC_LLM_MAX_CONCURRENCY", " 8 "), ("FABRIC_LLM_RPM", "600"), ("FABRIC_LLM_TPM", "")])).unwrap();
+        assert_eq!(l, Limits { max_concurrency: Some(8), rpm: Some(600), tpm: None });
+    }
+
+    #[test]
+    fn file_tables_are_per_model_over_the_defaults() {
+        let toml = "[llm_limits.\"openai:gpt-4o\"]\nrpm = 500\n[llm_limits.\"google_genai:gemini-2.5-flash\"]\nmax_concurrency = 4\ntpm = 100000\n";
+        let dict: BTreeMap<String, Value> = figment::Figment::from(figment::providers::Toml::string(toml)).extract().unwrap();
+        let p = plan(&get(&[("FABRIC_LLM_MAX_CONCURRENCY", "16")]), dict.get("llm_limits")).unwrap();
+        assert_eq!(p.limits("openai:gpt-4o"), Limits { max_concurrency: Some(16), rpm: Some(500), tpm: None });
+        assert_eq!(p.limits("google_genai:gemini-2.5-flash"), Limits { max_concurrency: Some(4), rpm: None, tpm: Some(100_000) });
+        assert_eq!(p.limits("anthropic:claude"), Limits { max_concurrency: Some(16), rpm: None, tpm: None });
+        for (toml, needle) in [
+            ("[llm_limits.\"openai:x\"]\nrpm = 0\n", "rpm"),
+            ("[llm_limits.\"openai:x\"]\nburst = 3\n", "unknown limit `burst`"),
+            ("[llm_limits.\"openai:x\"]\ntpm = \"lots\"\n", "lots"),
+            ("llm_limits = 3\n", "must be a table"),
+        ] {
+            let dict: BTreeMap<String, Value> = figment::Figment::from(figment::providers::Toml::string(toml)).extract().unwrap();
+            let e = plan(&get(&[]), dict.get("llm_limits")).unwrap_err();
+            assert!(e.var.starts_with("FABRIC_CONFIG") && (e.message.contains(needle) || e.var.contains(needle)), "{toml}: {e:?}");
+        }
+    }
+}
