@@ -431,8 +431,10 @@ pub struct Probe {
 
 /// The embeddable runtime (see the module docs).
 mod accepting;
+mod flow;
 mod cancelling;
 mod retention;
+pub use crate::llm::flow::GateStatus;
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
 pub use retention::{EXPIRED_REASON, PRUNE_BATCH};
 
@@ -520,6 +522,11 @@ impl Runtime {
     /// The gates of the models this process calls: their limits, waiters and pauses.
     pub fn flow(&self) -> &Arc<Flow> {
         &self.flow
+    }
+
+    /// Each gate as it is now (metrics, `fabric doctor`).
+    pub fn flow_status(&self) -> Vec<GateStatus> {
+        self.flow.gates().iter().map(|g| g.status()).collect()
     }
 
     pub fn holder(&self) -> &Holder {

@@ -99,9 +99,9 @@ fn normalise(line: &str, ids: &mut Vec<String>) -> String {
         } else if line[i..].starts_with("\"ts\":\"") {
             out.push_str("\"ts\":\"<ts>\"");
             i += 6 + 24 + 1;
-        } else if line[i..].starts_with("\"duration_ms\":") {
-            out.push_str("\"duration_ms\":");
-            i += 14;
+        } else if let Some(field) = ["\"duration_ms\":", "\"waited_ms\":"].into_iter().find(|f| line[i..].starts_with(f)) {
+            out.push_str(field);
+            i += field.len();
             let end = line[i..].find([',', '}']).map_or(line.len(), |e| i + e);
             let number = &line[i..end];
             if number.parse::<f64>().is_ok() {
@@ -253,6 +253,23 @@ async fn every_event_type_keeps_its_wire_form() {
     let flaky = Flaky { inner: fixture_stub(), failed: Mutex::new(false) };
     let flaky = runner(shipped(), fabric::llm::stack::build(flaky, RetryPolicy::default()), None);
     run(&mut record, "a retried call", &flaky, request("support-triage", ticket(), vec![])).await;
+
+    // A call that waited for room at its model's gate: one call at a time, the room held here.
+    use fabric::llm::flow::{Flow, FlowPlan, Limits};
+    let flow = Flow::new(FlowPlan { default: Limits { max_concurrency: Some(1), ..Limits::default() }, ..FlowPlan::default() });
+    let stub = fixture_stub();
+    let gate = flow.gate(&stub.info(), false).unwrap();
+    let (held, _) = gate.acquire("elsewhere", 0, 0, std::time::Duration::from_secs(60)).await.unwrap();
+    let gated = runner(shipped(), fabric::llm::stack::gated(stub, RetryPolicy::default(), Some(gate.clone())), None);
+    // Given back once the run's call waits (not after a time: a busy machine may start it late).
+    let release = tokio::spawn(async move {
+        while gate.status().waiting.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        drop(held);
+    });
+    run(&mut record, "a call that waited for room", &gated, request("ticket-router", ticket(), vec![])).await;
+    release.await.unwrap();
 
     // A child run.
     let cat = catalogue_with(

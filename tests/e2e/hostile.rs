@@ -221,6 +221,7 @@ async fn replies_cut_at_the_token_limit_fail_on_every_provider() {
         route_id: "x",
         stage_id: "policy",
         turn: 0,
+        priority: 0,
         system: "s",
         user: "u",
         output: &fabric::llm::OutputSpec::Text,

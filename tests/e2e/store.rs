@@ -336,7 +336,7 @@ async fn replicas_opening_one_new_postgres_database_together_migrate_it_once() {
     }
     let pool = sqlx::postgres::PgPoolOptions::new().connect(&url).await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM fabric_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
 }
 
 #[test]

@@ -339,6 +339,7 @@ pub fn bare_data(kind: fabric::events::EventKind) -> fabric::events::EventData {
         K::StageCompleted => D::StageCompleted { duration_ms: ms, output: s(), output_chars: 0 },
         K::StageFailed => D::StageFailed { reason_class: "interrupted", message: s(), duration_ms: ms },
         K::LlmStarted => D::LlmStarted { provider: s(), model: s(), turn: 0, structured: false },
+        K::LlmWaiting => D::LlmWaiting { limit: "concurrency", waited_ms: 0 },
         K::LlmRetrying => D::LlmRetrying { attempt: 2, delay_ms: 0, reason_class: "timeout", message: s() },
         K::LlmCompleted => D::LlmCompleted { duration_ms: ms, tokens: None },
         K::LlmFailed => D::LlmFailed { reason_class: "interrupted", message: s(), duration_ms: ms, reply: None },

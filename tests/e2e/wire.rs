@@ -191,7 +191,7 @@ async fn call(backend: &dyn Llm, stage_id: &str, system: &str, user: &str, outpu
     let events = fabric::events::RunEvents::new("wire", "wire", None, Arc::new(fabric::events::NullSink));
     let never = fabric::cancel::Cancel::never();
     let cx = opentelemetry::Context::current();
-    let req = LlmRequest { events: &events, route_id: "wire", stage_id, turn: 0, system, user, output, cx: &cx, cancel: &never };
+    let req = LlmRequest { events: &events, route_id: "wire", stage_id, turn: 0, priority: 0, system, user, output, cx: &cx, cancel: &never };
     backend.complete(&req).await.map(|reply| reply.value)
 }
 

@@ -20,6 +20,7 @@ const FIELDS: &[(&str, &[&str])] = &[
     ("run.started", &["model_profile", "path"]),
     ("run.stage.started", &["llm_role", "stage_idx", "kind"]),
     ("run.llm.started", &["provider", "model", "turn", "structured"]),
+    ("run.llm.waiting", &["limit", "waited_ms"]),
     ("run.llm.retrying", &["attempt", "delay_ms", "reason_class", "message"]),
     ("run.llm.completed", &["duration_ms"]),
     ("run.llm.failed", &["reason_class", "message", "duration_ms"]),

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 
 use crate::events::{Event, EventData, EventSink, Tokens};
+use crate::runtime::GateStatus;
 
 /// Histogram buckets in seconds (stages and model calls: milliseconds to minutes).
 const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
@@ -37,6 +38,8 @@ struct Counts {
     finished: BTreeMap<(String, String), u64>,
     stage_seconds: BTreeMap<String, Histogram>,
     llm_seconds: BTreeMap<String, Histogram>,
+    /// How long model calls waited for room at their model's gate, by route.
+    wait_seconds: BTreeMap<String, Histogram>,
     retries: BTreeMap<String, u64>,
     tokens_in: BTreeMap<String, u64>,
     tokens_out: BTreeMap<String, u64>,
@@ -88,6 +91,7 @@ impl EventSink for Metrics {
             // A failed call reports no tokens.
             EventData::LlmFailed { duration_ms, .. } => c.model_call(route, *duration_ms, NO_TOKENS),
             EventData::LlmRetrying { .. } => *c.retries.entry(route).or_default() += 1,
+            EventData::LlmWaiting { waited_ms, .. } => c.wait_seconds.entry(route).or_default().observe(*waited_ms as f64 / 1000.0),
             _ => {}
         }
     }
@@ -111,8 +115,9 @@ impl Metrics {
         *self.counts.lock().unwrap_or_else(|p| p.into_inner()).webhooks.entry(outcome).or_default() += 1;
     }
 
-    /// The Prometheus text exposition (version 0.0.4), with the runs executing now.
-    pub fn render(&self, in_flight: usize) -> String {
+    /// The Prometheus text exposition (version 0.0.4), with the runs executing now and the
+    /// models' gates as they are now.
+    pub fn render(&self, in_flight: usize, gates: &[GateStatus]) -> String {
         let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, rows: &BTreeMap<String, u64>| {
@@ -141,6 +146,8 @@ impl Metrics {
         histogram(&mut out, "fabric_stage_duration_seconds", "Stage durations, by route.", &c.stage_seconds);
         histogram(&mut out, "fabric_model_call_duration_seconds", "Model-call durations (all attempts), by route.", &c.llm_seconds);
         counter(&mut out, "fabric_model_retries_total", "Model-call retries, by route.", &c.retries);
+        histogram(&mut out, "fabric_model_wait_seconds", "How long model calls waited for room under the model limits or a pause, by route.", &c.wait_seconds);
+        gate_metrics(&mut out, gates);
         counter(&mut out, "fabric_model_input_tokens_total", "Tokens sent to models, by route.", &c.tokens_in);
         counter(&mut out, "fabric_model_output_tokens_total", "Tokens received from models, by route.", &c.tokens_out);
         counter(&mut out, "fabric_runs_taken_over_total", "Runs this process took over from a process that stopped, by route.", &c.taken_over);
@@ -159,5 +166,38 @@ impl Metrics {
         }
         let _ = writeln!(out, "# HELP fabric_runs_in_flight Runs executing now.\n# TYPE fabric_runs_in_flight gauge\nfabric_runs_in_flight {in_flight}");
         out
+    }
+}
+
+/// The gates' own figures: calls waiting by route, 429s by provider, and per model the calls in
+/// flight and this replica's share of the fleet's limits.
+fn gate_metrics(out: &mut String, gates: &[GateStatus]) {
+    let mut waiting: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut limited: BTreeMap<&str, u64> = BTreeMap::new();
+    for g in gates {
+        for (route, n) in &g.waiting {
+            *waiting.entry(route).or_default() += n;
+        }
+        *limited.entry(g.key.split_once(':').map_or(&*g.key, |(p, _)| p)).or_default() += g.rate_limited;
+    }
+    let _ = writeln!(out, "# HELP fabric_model_calls_waiting Model calls waiting for room now, by route.\n# TYPE fabric_model_calls_waiting gauge");
+    for (route, n) in waiting {
+        let _ = writeln!(out, "fabric_model_calls_waiting{{route=\"{}\"}} {n}", label(route));
+    }
+    let _ = writeln!(out, "# HELP fabric_model_rate_limited_total 429s from model providers, by provider.\n# TYPE fabric_model_rate_limited_total counter");
+    for (provider, n) in limited {
+        let _ = writeln!(out, "fabric_model_rate_limited_total{{provider=\"{}\"}} {n}", label(provider));
+    }
+    let _ = writeln!(out, "# HELP fabric_model_calls_in_flight Model calls in flight now, by model.\n# TYPE fabric_model_calls_in_flight gauge");
+    for g in gates {
+        let _ = writeln!(out, "fabric_model_calls_in_flight{{model=\"{}\"}} {}", label(&g.key), g.in_flight);
+    }
+    let _ = writeln!(
+        out,
+        "# HELP fabric_model_fleet_share This replica's share of the model's limits (1: all of them; a fleet on PostgreSQL shares them).\n\
+         # TYPE fabric_model_fleet_share gauge"
+    );
+    for g in gates.iter().filter(|g| g.limits.any()) {
+        let _ = writeln!(out, "fabric_model_fleet_share{{model=\"{}\"}} {}", label(&g.key), g.share);
     }
 }

@@ -172,7 +172,9 @@ impl AppState {
         let cancels = tokio::spawn(self.clone().watch_cancels());
         let sweeps = tokio::spawn(self.clone().sweep());
         let webhooks = tokio::spawn(self.clone().deliver_webhooks());
+        let flow = tokio::spawn(self.inner.runtime.clone().share_flow());
         self.renew_leases().await;
+        flow.abort();
         claims.abort();
         cancels.abort();
         sweeps.abort();
@@ -277,6 +279,7 @@ impl AppState {
                 live.stop("handed over");
             }
         }
+        self.inner.runtime.leave_fleet().await;
         // The streams have shown what the grace period let finish; they end now, cleanly, so
         // that their connections close and the process can stop. After a handover, a little
         // later: a stream following a handed-over run then shows its end too when the replica
@@ -1341,7 +1344,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn metrics(State(state): State<AppState>) -> Response {
-    let mut text = state.inner.metrics.render(state.runs_in_flight());
+    let mut text = state.inner.metrics.render(state.runs_in_flight(), &state.inner.runtime.flow_status());
     // The event streams' share of the load: streams open, and the store pollers they share.
     text.push_str(&format!(
         "# HELP fabric_event_streams Run event streams open.\n# TYPE fabric_event_streams gauge\nfabric_event_streams {}\n",

@@ -10,6 +10,7 @@
 //! stage and once at its end. SQL and its row types stay inside the implementations. Schema
 //! versions are numbered; a store refuses a database whose schema is newer than it knows.
 
+mod flow;
 mod health;
 mod migrations;
 mod outbox;
@@ -27,6 +28,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
+pub use flow::{FleetBudget, FleetView, ShareBeat};
 
 use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
 use crate::failure::BoxFuture;
@@ -385,6 +387,11 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn health(&self) -> Result<(), StoreError>;
     /// The outbox of the runs' webhook deliveries, in the same database.
     fn webhooks(&self) -> &dyn WebhookOutbox;
+    /// The fleet's shared budget of model calls, where the store can hold one for many
+    /// replicas (PostgreSQL); `None` where the limits hold per process (SQLite).
+    fn fleet(&self) -> Option<&dyn FleetBudget> {
+        None
+    }
 }
 
 /// A claimed run's journal: every write carries its lease's fencing token.

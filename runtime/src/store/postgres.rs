@@ -27,6 +27,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("migrations/postgres/0009_webhook_reopen.sql")),
     (10, include_str!("migrations/postgres/0010_webhook_writer.sql")),
     (11, include_str!("migrations/postgres/0011_session_order.sql")),
+    (12, include_str!("migrations/postgres/0012_llm_shares.sql")),
 ];
 
 /// How long connecting, or waiting for a connection of the pool, may take.

@@ -519,6 +519,10 @@ where
         self
     }
 
+    fn fleet(&self) -> Option<&dyn super::FleetBudget> {
+        (self as &dyn std::any::Any).downcast_ref::<SqlStore<sqlx::Postgres>>().map(|s| s as &dyn super::FleetBudget)
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db)?;

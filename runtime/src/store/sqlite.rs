@@ -30,6 +30,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("migrations/sqlite/0009_webhook_reopen.sql")),
     (10, include_str!("migrations/sqlite/0010_webhook_writer.sql")),
     (11, include_str!("migrations/sqlite/0011_session_order.sql")),
+    (12, include_str!("migrations/sqlite/0012_llm_shares.sql")),
 ];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).

@@ -781,6 +781,14 @@
         case 'run.llm.started':
           openLlm.set(sid, addSpan('llm', 'model ' + (ev.provider || '') + '/' + (ev.model || '') + (ev.turn ? ' turn ' + ev.turn : ''), t, 1));
           break;
+        case 'run.llm.waiting': {
+          // Emitted when the wait ends: the span runs back from then.
+          const waited = ev.waited_ms || 0;
+          const s = addSpan('wait', 'waited ' + waited + ' ms for room (' + (ev.limit || '') + ')', t !== null ? t - waited : t, 2);
+          s.end = t;
+          s.li.setAttribute('data-limit', ev.limit || '');
+          break;
+        }
         case 'run.llm.retrying': {
           const s = addSpan('retry', 'retry: attempt ' + ev.attempt + ' after ' + (ev.reason_class || ''), t, 2, { delay: ev.delay_ms });
           s.end = t !== null && ev.delay_ms ? t + ev.delay_ms : t;

@@ -847,6 +847,31 @@ async fn runs_reply(cli: &Cli, store: Option<&str>, run_id: &RunId, message: &st
     }
 }
 
+/// The limits on model calls `doctor` shows: the defaults and each model's table, and how a
+/// fleet shares them.
+fn flow_lines(settings: &Settings) -> String {
+    let plan = &settings.flow;
+    let show = |l: &fabric::llm::flow::Limits| {
+        let part = |name: &str, v: Option<u64>| v.map(|v| format!("{name} {v}"));
+        let parts: Vec<String> =
+            [part("max concurrency", l.max_concurrency.map(u64::from)), part("rpm", l.rpm.map(u64::from)), part("tpm", l.tpm)].into_iter().flatten().collect();
+        if parts.is_empty() { "none".to_owned() } else { parts.join(", ") }
+    };
+    let mut out = format!("model limits: {} (FABRIC_LLM_MAX_CONCURRENCY, FABRIC_LLM_RPM, FABRIC_LLM_TPM)\n", show(&plan.default));
+    for (model, limits) in &plan.models {
+        out.push_str(&format!("  {model}: {} (FABRIC_CONFIG [llm_limits])\n", show(&limits.over(plan.default))));
+    }
+    if plan.any() {
+        let pg = settings.service.database_url.starts_with("postgres");
+        out.push_str(if pg {
+            "  shared by the fleet's replicas through the store (fabric serve on PostgreSQL)\n"
+        } else {
+            "  held per process (the store is not PostgreSQL)\n"
+        });
+    }
+    out
+}
+
 async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let settings = match Settings::from_env() {
         Ok(s) => s,
@@ -925,6 +950,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
             hooks.backoff_max.as_secs()
         ),
     });
+    out.push_str(&flow_lines(&settings));
     let hint = first_run_hint(&settings);
     // Each directory of each layered setting, in the order they are read, before the build
     // (which stops at a missing one): which one is missing, and where its setting came from.

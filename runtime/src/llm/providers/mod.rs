@@ -8,6 +8,7 @@
 pub mod anthropic;
 pub mod gemini;
 pub mod ollama;
+pub mod limits;
 pub mod openai;
 
 use std::time::Duration;
@@ -264,7 +265,7 @@ impl<C: Codec> Llm for HttpBackend<C> {
             // error code is kept (its text may quote a key or the prompt).
             let code = body.as_deref().and_then(|b| self.codec.error_code(b)).map_or(String::new(), |c| format!(" ({c})"));
             let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}{code}"));
-            e.retry_after = wait;
+            e.retry_after = if status == 429 { limits::rate_limit_hint(response.headers(), body.as_deref(), std::time::SystemTime::now()) } else { wait };
             return Err(e);
         }
         let Some(bytes) = body else {
