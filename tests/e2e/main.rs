@@ -10,6 +10,7 @@ mod durable;
 mod durable_load;
 mod events;
 mod faults;
+mod flow;
 mod hostile;
 mod hydrate;
 mod idempotency;

@@ -65,7 +65,8 @@ async fn beat(store: &dyn RunStore, fleet: &str, replica: &str, lease: Duration,
             })
             .collect();
         let mut hungry = false;
-        match budget.beat(fleet, replica, lease, &shares).await {
+        let lower = |key: &str, grant: u32| gates.iter().find(|g| **g.key() == *key).map_or(0, |g| g.lower_to(grant));
+        match budget.beat(fleet, replica, lease, &shares, &lower).await {
             Ok(view) => {
                 last_ok = tokio::time::Instant::now();
                 for (g, (key, grant)) in gates.iter().zip(view.grants) {

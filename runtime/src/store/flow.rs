@@ -43,8 +43,12 @@ pub struct FleetView {
 
 /// The port of a fleet's budget (PostgreSQL only: [`super::RunStore::fleet`]).
 pub trait FleetBudget: std::fmt::Debug + Send + Sync {
-    /// One heartbeat of `replica` in `fleet`, its rows kept alive for `lease`.
-    fn beat<'a>(&'a self, fleet: &'a str, replica: &'a str, lease: Duration, shares: &'a [ShareBeat]) -> BoxFuture<'a, Result<FleetView, StoreError>>;
+    /// One heartbeat of `replica` in `fleet`, its rows kept alive for `lease`. Before a grant
+    /// lower than the one recorded is committed, `lower(key, grant)` holds the replica to it
+    /// and says its calls in flight then (recorded if more): no moment when another replica may
+    /// use units this one still does. Raises take effect after the commit (the caller sets the
+    /// view's grants).
+    fn beat<'a>(&'a self, fleet: &'a str, replica: &'a str, lease: Duration, shares: &'a [ShareBeat], lower: &'a Lower<'a>) -> BoxFuture<'a, Result<FleetView, StoreError>>;
     /// A 429 paused `key` for `pause`: every replica of the fleet pauses it (told at once
     /// through `NOTIFY`, and at its next beat otherwise).
     fn pause<'a>(&'a self, fleet: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, Result<(), StoreError>>;
@@ -54,6 +58,9 @@ pub trait FleetBudget: std::fmt::Debug + Send + Sync {
     /// A replica that stops gives its shares back at once.
     fn leave<'a>(&'a self, fleet: &'a str, replica: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 }
+
+/// Holds a replica to a lower grant of a key at once; returns its calls in flight.
+pub type Lower<'l> = dyn Fn(&str, u32) -> u32 + Send + Sync + 'l;
 
 /// The channel of pause notifications; the payload is `fleet \t key \t remaining_ms`.
 const PAUSE_CHANNEL: &str = "fabric_llm_pause";
@@ -97,7 +104,7 @@ pub fn next_grant(target: u32, held_by_others: u32, units: u32, in_flight: u32) 
 }
 
 impl FleetBudget for SqlStore<sqlx::Postgres> {
-    fn beat<'a>(&'a self, fleet: &'a str, replica: &'a str, lease: Duration, shares: &'a [ShareBeat]) -> BoxFuture<'a, Result<FleetView, StoreError>> {
+    fn beat<'a>(&'a self, fleet: &'a str, replica: &'a str, lease: Duration, shares: &'a [ShareBeat], lower: &'a Lower<'a>) -> BoxFuture<'a, Result<FleetView, StoreError>> {
         Box::pin(async move {
             let now_ms = <sqlx::Postgres as Dialect>::NOW_MS;
             let mut tx = self.pool_ref().begin().await.map_err(db)?;
@@ -146,8 +153,12 @@ impl FleetBudget for SqlStore<sqlx::Postgres> {
                 let targets = water_fill(s.units, &caps);
                 let me = of_key.iter().position(|(r, _, _)| r == replica);
                 let target = me.map_or(0, |i| targets[i]);
+                let held = me.map_or(0, |i| of_key[i].2);
                 let others: u32 = of_key.iter().filter(|(r, _, _)| r != replica).map(|(_, _, g)| *g).sum();
-                let (grant, recorded) = next_grant(target, others, s.units, s.in_flight);
+                let (grant, _) = next_grant(target, others, s.units, s.in_flight);
+                // Lowered here first, so the calls in flight read after it cannot grow.
+                let in_flight = if grant < held { lower(&s.key, grant) } else { s.in_flight };
+                let recorded = grant.max(in_flight);
                 sqlx::query("UPDATE llm_shares SET granted = $4 WHERE fleet = $1 AND model_key = $2 AND replica = $3")
                     .bind(fleet)
                     .bind(&s.key)

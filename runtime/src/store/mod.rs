@@ -28,7 +28,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
-pub use flow::{FleetBudget, FleetView, ShareBeat};
+pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
 
 use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
 use crate::failure::BoxFuture;

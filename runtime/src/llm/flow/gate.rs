@@ -485,6 +485,18 @@ impl Gate {
         self.wake.notify_one();
     }
 
+    /// Holds this replica to at most `units` of the fleet's budget at once (a grant about to be
+    /// lowered in the store); returns the calls in flight then.
+    pub fn lower_to(&self, units: u32) -> u32 {
+        let mut st = self.lock();
+        let lowered = st.granted.map_or(units, |g| g.min(units));
+        if st.granted != Some(lowered) {
+            st.granted = Some(lowered);
+            st.rates(Instant::now());
+        }
+        st.in_flight
+    }
+
     /// (calls waiting and in flight, calls in flight, the budget's units) for the fleet.
     pub fn demand(&self) -> (u32, u32, u32) {
         let mut st = self.lock();
