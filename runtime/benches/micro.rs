@@ -72,6 +72,7 @@ fn micro(c: &mut Criterion) {
                 route_id: "support-triage",
                 stage_id: "intake",
                 turn: 0,
+                priority: 0,
                 system: "You classify.",
                 user: &user,
                 output: &output,
@@ -81,6 +82,36 @@ fn micro(c: &mut Criterion) {
             rt.block_on(stub.complete(black_box(&req))).unwrap()
         })
     });
+
+    // Flow control's cost per call: a gate with every limit set, never full (what a call pays
+    // when there is room), alone and as the layer of a stack over the stub.
+    use fabric::llm::flow::{Flow, FlowPlan, Limits};
+    let limits = Limits { max_concurrency: Some(100_000), rpm: Some(100_000_000), tpm: Some(1_000_000_000_000) };
+    let flow = Flow::new(FlowPlan { default: limits, ..FlowPlan::default() });
+    let gate = flow.gate(&stub.info(), false).unwrap();
+    c.bench_function("gate_acquire_release", |b| {
+        b.iter(|| rt.block_on(async { drop(gate.acquire(black_box("support-triage"), 0, 120, std::time::Duration::from_secs(60)).await.unwrap()) }))
+    });
+    for (name, gated) in [("stack_call_ungated", None), ("stack_call_gated", Some(gate.clone()))] {
+        let llm = fabric::llm::stack::gated(stub.clone(), fabric::llm::model::RetryPolicy::default(), gated);
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let req = LlmRequest {
+                    events: &quiet,
+                    route_id: "support-triage",
+                    stage_id: "intake",
+                    turn: 0,
+                    priority: 0,
+                    system: "You classify.",
+                    user: &user,
+                    output: &output,
+                    cx: &cx,
+                    cancel: &never,
+                };
+                rt.block_on(llm.complete(black_box(&req))).unwrap()
+            })
+        });
+    }
 }
 
 criterion_group!(benches, micro);

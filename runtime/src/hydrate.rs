@@ -662,6 +662,19 @@ mod tests {
     }
 
     #[test]
+    fn a_route_priority_is_0_to_9_and_0_by_default() {
+        let yaml = |extra: &str| format!("{CAPS}routes:\n  r: {{model_profile: p, prompt_pack: pack, decision_loop: {{tools: [t]}}{extra}}}\n");
+        assert_eq!(route(&yaml(""), "r").priority(), 0);
+        assert_eq!(route(&yaml(", priority: 9"), "r").priority(), 9);
+        for bad in ["10", "-1", "high"] {
+            let files = [SourceFile { path: "t/c.yaml".into(), text: format!("profiles: {{p: {{}}}}\n{}", yaml(&format!(", priority: {bad}"))) }];
+            let packs = [SourceFile { path: "t/pack.yaml".into(), text: "host: HOST\nagent: A\n".into() }];
+            let cat = load_from_texts(&files, &packs);
+            assert!(cat.diagnostics().iter().any(|d| d.message.contains("`priority`")), "{bad}: {:?}", cat.diagnostics());
+        }
+    }
+
+    #[test]
     fn a_decision_loop_has_one_list_of_tools() {
         let r = route(&format!("{CAPS}routes:\n  r: {{model_profile: p, prompt_pack: pack, decision_loop: {{tools: [t]}}}}\n"), "r");
         assert_eq!(r.path(), RoutePath::DecisionLoop);

@@ -359,3 +359,38 @@ async fn a_killed_replicas_share_goes_to_the_others_on_postgres() {
     assert!(view.to_string().contains("\"x\""), "{view}");
     b.stop();
 }
+
+/// Bad limits stop `fabric run`, `fabric serve` and `fabric doctor` at start, naming the
+/// variable; a TPM below what one call's system prompt alone needs is one of them.
+#[tokio::test]
+async fn bad_limits_are_refused_at_start_naming_the_variable() {
+    let stub = ("FABRIC_LLM_STUB", "1".to_owned());
+    let goal = r#"{"ticket": "refund?"}"#;
+    for (var, value) in [("FABRIC_LLM_MAX_CONCURRENCY", "0"), ("FABRIC_LLM_RPM", "-5"), ("FABRIC_LLM_TPM", "lots"), ("FABRIC_LLM_TPM", "10")] {
+        let o = crate::support::fabric_cli(&["run", "support-triage", "--goal", goal], &[stub.clone(), (var, value.to_owned())]).await;
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(var), "{var}={value}: {err}");
+        if value == "10" {
+            assert!(err.contains("route `") && err.contains("stage `") && err.contains("system prompt"), "the route and stage it cannot meet: {err}");
+        }
+        let o = crate::support::fabric_cli(&["doctor"], &[stub.clone(), (var, value.to_owned())]).await;
+        let out = String::from_utf8_lossy(&o.stdout);
+        if value != "10" {
+            assert!(!o.status.success() && out.contains(var), "doctor, {var}={value}: {out}");
+        }
+    }
+    // A file's table: named by FABRIC_CONFIG and the key.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fabric.toml");
+    std::fs::write(&file, "[llm_limits.\"openai:gpt-4o\"]\nrpm = 0\n").unwrap();
+    let config = ("FABRIC_CONFIG", file.to_str().unwrap().to_owned());
+    let o = crate::support::fabric_cli(&["run", "support-triage", "--goal", goal], &[stub.clone(), config.clone()]).await;
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("FABRIC_CONFIG") && err.contains("llm_limits.\"openai:gpt-4o\".rpm"), "{err}");
+    // Good limits: doctor shows them.
+    std::fs::write(&file, "[llm_limits.\"openai:gpt-4o\"]\nrpm = 500\n").unwrap();
+    let o = crate::support::fabric_cli(&["doctor"], &[stub, config, ("FABRIC_LLM_MAX_CONCURRENCY", "8".into())]).await;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("model limits: max concurrency 8"), "{out}");
+    assert!(out.contains("openai:gpt-4o: max concurrency 8, rpm 500"), "{out}");
+}

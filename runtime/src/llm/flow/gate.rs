@@ -345,6 +345,14 @@ impl Gate {
     /// when the wait ran out.
     pub async fn acquire(self: &Arc<Self>, route: &str, priority: u8, estimate: u64, max_wait: Duration) -> Result<(Permit, Option<(Held, Duration)>), (Held, Duration)> {
         let started = Instant::now();
+        // Most calls find room and no one waiting: no queue, no channel.
+        {
+            let mut st = self.lock();
+            if st.levels.is_empty() && st.blocked(estimate, started).is_none() {
+                st.take(estimate);
+                return Ok((Permit { gate: self.clone(), estimate, used: None, armed: true, held: Held::Concurrency }, None));
+            }
+        }
         let (tx, mut rx) = oneshot::channel();
         let held = {
             let mut st = self.lock();
