@@ -431,8 +431,8 @@ pub struct Probe {
 
 /// The embeddable runtime (see the module docs).
 mod accepting;
-mod flow;
 mod cancelling;
+mod flow;
 mod retention;
 pub use crate::llm::flow::GateStatus;
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};

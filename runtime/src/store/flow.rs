@@ -48,7 +48,14 @@ pub trait FleetBudget: std::fmt::Debug + Send + Sync {
     /// and says its calls in flight then (recorded if more): no moment when another replica may
     /// use units this one still does. Raises take effect after the commit (the caller sets the
     /// view's grants).
-    fn beat<'a>(&'a self, fleet: &'a str, replica: &'a str, lease: Duration, shares: &'a [ShareBeat], lower: &'a Lower<'a>) -> BoxFuture<'a, Result<FleetView, StoreError>>;
+    fn beat<'a>(
+        &'a self,
+        fleet: &'a str,
+        replica: &'a str,
+        lease: Duration,
+        shares: &'a [ShareBeat],
+        lower: &'a Lower<'a>,
+    ) -> BoxFuture<'a, Result<FleetView, StoreError>>;
     /// A 429 paused `key` for `pause`: every replica of the fleet pauses it (told at once
     /// through `NOTIFY`, and at its next beat otherwise).
     fn pause<'a>(&'a self, fleet: &'a str, key: &'a str, pause: Duration) -> BoxFuture<'a, Result<(), StoreError>>;
@@ -104,7 +111,14 @@ pub fn next_grant(target: u32, held_by_others: u32, units: u32, in_flight: u32) 
 }
 
 impl FleetBudget for SqlStore<sqlx::Postgres> {
-    fn beat<'a>(&'a self, fleet: &'a str, replica: &'a str, lease: Duration, shares: &'a [ShareBeat], lower: &'a Lower<'a>) -> BoxFuture<'a, Result<FleetView, StoreError>> {
+    fn beat<'a>(
+        &'a self,
+        fleet: &'a str,
+        replica: &'a str,
+        lease: Duration,
+        shares: &'a [ShareBeat],
+        lower: &'a Lower<'a>,
+    ) -> BoxFuture<'a, Result<FleetView, StoreError>> {
         Box::pin(async move {
             let now_ms = <sqlx::Postgres as Dialect>::NOW_MS;
             let mut tx = self.pool_ref().begin().await.map_err(db)?;
@@ -136,12 +150,13 @@ impl FleetBudget for SqlStore<sqlx::Postgres> {
                     .await
                     .map_err(db)?;
             }
-            let rows = sqlx::query("SELECT model_key, replica, demand, granted FROM llm_shares WHERE fleet = $1 AND model_key = ANY($2) ORDER BY model_key, replica")
-                .bind(fleet)
-                .bind(&keys)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db)?;
+            let rows =
+                sqlx::query("SELECT model_key, replica, demand, granted FROM llm_shares WHERE fleet = $1 AND model_key = ANY($2) ORDER BY model_key, replica")
+                    .bind(fleet)
+                    .bind(&keys)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db)?;
             let mut grants = Vec::with_capacity(shares.len());
             for s in shares {
                 let of_key: Vec<(String, u32, u32)> = rows
@@ -149,7 +164,18 @@ impl FleetBudget for SqlStore<sqlx::Postgres> {
                     .filter(|r| r.get::<String, _>("model_key") == s.key)
                     .map(|r| (r.get::<String, _>("replica"), clamp(r.get("demand")), clamp(r.get("granted"))))
                     .collect();
-                let caps: Vec<u32> = of_key.iter().map(|(_, d, _)| if s.concurrency { (*d).min(s.units) } else if *d > 0 { s.units } else { 0 }).collect();
+                let caps: Vec<u32> = of_key
+                    .iter()
+                    .map(|(_, d, _)| {
+                        if s.concurrency {
+                            (*d).min(s.units)
+                        } else if *d > 0 {
+                            s.units
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
                 let targets = water_fill(s.units, &caps);
                 let me = of_key.iter().position(|(r, _, _)| r == replica);
                 let target = me.map_or(0, |i| targets[i]);

@@ -27,8 +27,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
+pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 
 use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
 use crate::failure::BoxFuture;

@@ -343,7 +343,13 @@ impl Gate {
     /// Room for one call of about `estimate` tokens of `route` at `priority`, waiting at most
     /// `max_wait`. `Ok` with what held it and for how long if it waited; `Err` with the same
     /// when the wait ran out.
-    pub async fn acquire(self: &Arc<Self>, route: &str, priority: u8, estimate: u64, max_wait: Duration) -> Result<(Permit, Option<(Held, Duration)>), (Held, Duration)> {
+    pub async fn acquire(
+        self: &Arc<Self>,
+        route: &str,
+        priority: u8,
+        estimate: u64,
+        max_wait: Duration,
+    ) -> Result<(Permit, Option<(Held, Duration)>), (Held, Duration)> {
         let started = Instant::now();
         // Most calls find room and no one waiting: no queue, no channel.
         {

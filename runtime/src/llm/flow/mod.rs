@@ -35,11 +35,7 @@ impl Limits {
 
     /// These limits, each unset one taken from `under`.
     pub fn over(self, under: Limits) -> Limits {
-        Limits {
-            max_concurrency: self.max_concurrency.or(under.max_concurrency),
-            rpm: self.rpm.or(under.rpm),
-            tpm: self.tpm.or(under.tpm),
-        }
+        Limits { max_concurrency: self.max_concurrency.or(under.max_concurrency), rpm: self.rpm.or(under.rpm), tpm: self.tpm.or(under.tpm) }
     }
 }
 
@@ -98,13 +94,16 @@ pub fn key_of(info: &ModelInfo) -> String {
     format!("{}:{}", info.provider, info.model)
 }
 
+/// The pauses this process's 429s put on its models, `(key, pause)`, as the fleet is told them.
+pub type Pauses = mpsc::UnboundedReceiver<(Arc<str>, Duration)>;
+
 /// A process's gates, one per model key.
 #[derive(Debug)]
 pub struct Flow {
     plan: FlowPlan,
     gates: Mutex<BTreeMap<String, Arc<Gate>>>,
     pauses_tx: mpsc::UnboundedSender<(Arc<str>, Duration)>,
-    pauses_rx: Mutex<Option<mpsc::UnboundedReceiver<(Arc<str>, Duration)>>>,
+    pauses_rx: Mutex<Option<Pauses>>,
 }
 
 impl Flow {
@@ -136,7 +135,7 @@ impl Flow {
     }
 
     /// The pauses this process's 429s caused, `(key, pause)`, for the fleet (taken once).
-    pub fn take_pauses(&self) -> Option<mpsc::UnboundedReceiver<(Arc<str>, Duration)>> {
+    pub fn take_pauses(&self) -> Option<Pauses> {
         self.pauses_rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
     }
 }

@@ -134,7 +134,7 @@ async fn higher_priority_goes_first_but_lower_still_advances() {
     let order = order.lock().unwrap();
     let first: Vec<&str> = order.iter().take(FLOOR as usize * 3).copied().collect();
     let low = first.iter().filter(|r| **r == "low").count();
-    assert!(low >= 2 && low <= 4, "one in {FLOOR} is low priority while high waits: {first:?}");
+    assert!((2..=4).contains(&low), "one in {FLOOR} is low priority while high waits: {first:?}");
     assert_eq!(first[0], "high");
 }
 
@@ -192,7 +192,8 @@ async fn the_decorator_pauses_its_gate_on_a_429_and_says_what_held_a_call() {
     let events = crate::events::RunEvents::new("run", "r", None, sink.clone());
     let (cx, never) = (opentelemetry::Context::current(), crate::cancel::Cancel::never());
     let output = crate::llm::OutputSpec::Text;
-    let req = LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never };
+    let req =
+        LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never };
     let e = llm.call(&req).await.unwrap_err();
     assert_eq!(e.class, ReasonClass::RateLimited);
     assert!(gate.status().paused_for.is_some());

@@ -7,8 +7,8 @@
 
 pub mod anthropic;
 pub mod gemini;
-pub mod ollama;
 pub mod limits;
+pub mod ollama;
 pub mod openai;
 
 use std::time::Duration;
