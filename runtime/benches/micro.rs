@@ -65,20 +65,21 @@ fn micro(c: &mut Criterion) {
     let cx = opentelemetry::Context::new();
     let never = fabric::cancel::Cancel::never();
     let user = user_message(&g, &[], &[]);
+    let request = || LlmRequest {
+        events: &quiet,
+        route_id: "support-triage",
+        stage_id: "intake",
+        turn: 0,
+        priority: 0,
+        system: "You classify.",
+        user: &user,
+        output: &output,
+        cx: &cx,
+        cancel: &never,
+    };
     c.bench_function("stub_call_structured", |b| {
         b.iter(|| {
-            let req = LlmRequest {
-                events: &quiet,
-                route_id: "support-triage",
-                stage_id: "intake",
-                turn: 0,
-                priority: 0,
-                system: "You classify.",
-                user: &user,
-                output: &output,
-                cx: &cx,
-                cancel: &never,
-            };
+            let req = request();
             rt.block_on(stub.complete(black_box(&req))).unwrap()
         })
     });
@@ -96,18 +97,7 @@ fn micro(c: &mut Criterion) {
         let llm = fabric::llm::stack::gated(stub.clone(), fabric::llm::model::RetryPolicy::default(), gated);
         c.bench_function(name, |b| {
             b.iter(|| {
-                let req = LlmRequest {
-                    events: &quiet,
-                    route_id: "support-triage",
-                    stage_id: "intake",
-                    turn: 0,
-                    priority: 0,
-                    system: "You classify.",
-                    user: &user,
-                    output: &output,
-                    cx: &cx,
-                    cancel: &never,
-                };
+                let req = request();
                 rt.block_on(llm.complete(black_box(&req))).unwrap()
             })
         });

@@ -81,42 +81,15 @@ async fn a_429_pauses_every_call_for_its_hint_and_backs_off_without_one() {
     assert_eq!(g.status().rate_limited, 4 + 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn routes_are_served_round_robin() {
+/// Queues `(route, priority, count)` in that order behind a held one-call gate, lets it go, and
+/// returns the routes in the order they were served.
+async fn served_order(batches: &[(&'static str, u8, usize)]) -> Vec<&'static str> {
     let g = gate(Limits { max_concurrency: Some(1), ..Limits::default() });
-    let (hold, _) = g.acquire("x", 0, 1, LONG).await.unwrap();
+    let (hold, _) = g.acquire("first", 0, 1, LONG).await.unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    // 50 of X queue first, then 5 of Y.
-    for (route, n) in [("x", 50), ("y", 5)] {
+    for &(route, priority, n) in batches {
         for _ in 0..n {
-            let (g, order) = (g.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
-                let (p, _) = g.acquire(route, 0, 1, LONG).await.unwrap();
-                order.lock().unwrap().push(route);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                drop(p);
-            }));
-            tokio::task::yield_now().await;
-        }
-    }
-    drop(hold);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let order = order.lock().unwrap();
-    let last_y = order.iter().rposition(|r| *r == "y").unwrap();
-    assert!(last_y < 12, "Y is served between X's calls, not after them: {order:?}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn higher_priority_goes_first_but_lower_still_advances() {
-    let g = gate(Limits { max_concurrency: Some(1), ..Limits::default() });
-    let (hold, _) = g.acquire("low", 0, 1, LONG).await.unwrap();
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for (route, priority) in [("low", 0u8), ("high", 5u8)] {
-        for _ in 0..20 {
             let (g, order) = (g.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
                 let (p, _) = g.acquire(route, priority, 1, LONG).await.unwrap();
@@ -131,7 +104,20 @@ async fn higher_priority_goes_first_but_lower_still_advances() {
     for t in tasks {
         t.await.unwrap();
     }
-    let order = order.lock().unwrap();
+    order.lock().unwrap().clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn routes_are_served_round_robin() {
+    // 50 of X queue first, then 5 of Y.
+    let order = served_order(&[("x", 0, 50), ("y", 0, 5)]).await;
+    let last_y = order.iter().rposition(|r| *r == "y").unwrap();
+    assert!(last_y < 12, "Y is served between X's calls, not after them: {order:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn higher_priority_goes_first_but_lower_still_advances() {
+    let order = served_order(&[("low", 0, 20), ("high", 5, 20)]).await;
     let first: Vec<&str> = order.iter().take(FLOOR as usize * 3).copied().collect();
     let low = first.iter().filter(|r| **r == "low").count();
     assert!((2..=4).contains(&low), "one in {FLOOR} is low priority while high waits: {first:?}");
