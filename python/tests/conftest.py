@@ -9,3 +9,12 @@ def pytest_terminal_summary(terminalreporter):
         if isinstance(counts, dict):
             for name, n in sorted(counts.items()):
                 terminalreporter.write_line(f"parity: {n} {name} cases compared with the Python reference")
+
+
+def pytest_configure(config):
+    # A process started in the background by a shell without job control inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler; the Ctrl-C tests need
+    # Python's own handler whatever started them.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
