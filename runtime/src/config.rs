@@ -24,7 +24,7 @@ mod flow;
 mod session;
 mod webhook;
 pub use session::{INTERRUPTED_BY_SESSION, SessionPolicy};
-pub use webhook::{WebhookRefused, WebhookSecret, WebhookSettings};
+pub use webhook::{WebhookRefused, WebhookSecret, WebhookSettings, web_url};
 
 use figment::providers::{Format, Toml};
 use figment::value::{Dict, Map, Value};
@@ -79,16 +79,19 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_LLM_MAX_CONCURRENCY",
     "FABRIC_LLM_RPM",
     "FABRIC_LLM_TPM",
+    "FABRIC_LLM_MAX_PAUSE_S",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
-/// 100 years. Unset (or empty) is keep forever. Also `fabric runs prune --older-than`'s reading.
+/// 100 years as humantime counts them (`100y`: a year is 365.25 days). Unset (or empty) is keep
+/// forever. Also `fabric runs prune --older-than`'s reading.
 pub fn parse_retention(var: &str, value: Option<&str>) -> Result<Option<Duration>, ConfigError> {
     let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
     let bad = |why: &str| err(var, format!("`{v}` {why}"));
     let d = humantime::parse_duration(v).map_err(|_| bad("is not a duration such as 30d, 12h or 90m"))?;
-    if d < Duration::from_secs(1) || d > Duration::from_secs(100 * 365 * 86_400) {
-        return Err(bad("must be from 1s to 100 years"));
+    // humantime's `y` is 365.25 days, so the bound is `100y` itself.
+    if d < Duration::from_secs(1) || d > Duration::from_secs(100 * 31_557_600) {
+        return Err(bad("must be from 1s to 100y (humantime's year: 365.25 days)"));
     }
     Ok(Some(d))
 }
@@ -560,6 +563,16 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retention_of_100y_is_taken_as_its_bound_says() {
+        let y100 = parse_retention("FABRIC_RUN_RETENTION", Some("100y")).unwrap().unwrap();
+        assert_eq!(y100, Duration::from_secs(100 * 31_557_600), "humantime's year: 365.25 days");
+        assert!(parse_retention("FABRIC_RUN_RETENTION", Some("36500d")).unwrap().is_some());
+        let e = parse_retention("FABRIC_RUN_RETENTION", Some("101y")).unwrap_err();
+        assert!(e.message.contains("from 1s to 100y"), "{e}");
+        assert!(parse_retention("FABRIC_RUN_RETENTION", Some("0s")).is_err());
+    }
 
     fn load(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
         let map: BTreeMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

@@ -124,6 +124,42 @@ fn every_shipped_route_loads_without_problems() {
     }
 }
 
+/// The tests never read `routes/` or `prompt-packs/`, where a user's own routes and packs go,
+/// except the test above, which loads the shipped examples there by name: a layer spec that
+/// starts with them (`routes:…`), a path joined onto the repository, a runtime built on them. A
+/// user's route there defining a capability named like a test's once failed three tests.
+#[test]
+fn no_test_reads_the_users_routes() {
+    // Spelled in pieces, so that this test's own lines do not match.
+    let patterns = [
+        concat!("repo().join(\"rou", "tes"),
+        concat!("repo().join(\"prompt", "-packs"),
+        concat!("\"rou", "tes:{"),
+        concat!("\"rou", "tes:r"),
+        concat!("\"rou", "tes:n"),
+        concat!("\"prompt", "-packs:{"),
+        concat!("\"prompt", "-packs:p"),
+    ];
+    let allowed = ["let cat = catalogue::load(&repo().join(\"routes\"), &repo().join(\"prompt-packs\"));"];
+    let mut found = Vec::new();
+    for dir in ["tests/e2e", "tests/e2e/hostile", "tests/sim", "bench/src", "python/src"] {
+        let Ok(entries) = std::fs::read_dir(repo().join(dir)) else { continue };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                if patterns.iter().any(|p| line.contains(p)) && !allowed.contains(&line.trim()) {
+                    found.push(format!("{}:{}: {}", path.strip_prefix(repo()).unwrap().display(), i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "tests that read the user's routes/ (use support::routes_dir() and packs_dir(), the fixture copy):\n{}", found.join("\n"));
+}
+
 /// Every source module says what it is for (rust-analyzer's tidy rule).
 /// Inputs the fuzzers once broke: each loads (or parses) to diagnostics, never a panic.
 #[test]

@@ -487,17 +487,19 @@ fn a_missing_catalogue_or_pack_directory_names_its_setting() {
     let catalogue = "fabric: catalogue directory `nowhere` does not exist (set by --catalogue or FABRIC_CATALOGUE_DIR; default `routes`)\n";
     let packs = "fabric: prompt pack directory `no-packs` does not exist (set by --prompt-packs or FABRIC_PROMPT_PACKS_DIR; default `prompt-packs`)\n";
     for args in [&["routes", "list"][..], &["routes", "check"], &["hydrate", "support-triage"], &["run", "support-triage", "--goal", GOAL]] {
-        let out = fabric(&[&["--catalogue", "routes:nowhere"][..], args].concat(), &[STUB]);
+        let out = fabric(&[&["--catalogue", "tests/fixtures/catalogue/routes:nowhere"][..], args].concat(), &[STUB]);
         assert_eq!((out.status.code(), stderr(&out).as_str(), stdout(&out).as_str()), (Some(2), catalogue, ""), "{args:?}");
         // Both at once, and through the variables too.
         let out = fabric(args, &[STUB, ("FABRIC_CATALOGUE_DIR", "nowhere"), ("FABRIC_PROMPT_PACKS_DIR", "no-packs")]);
         assert_eq!((out.status.code(), stderr(&out)), (Some(2), format!("{catalogue}{packs}")), "{args:?}");
     }
     // `doctor` marks the missing directory among the others.
-    let out = fabric(&["--catalogue", "routes:nowhere", "doctor"], &[STUB]);
+    let out = fabric(&["--catalogue", "tests/fixtures/catalogue/routes:nowhere", "doctor"], &[STUB]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stdout(&out).contains("catalogue directories:\n  routes\n  nowhere: MISSING: catalogue directory `nowhere` does not exist (set by --catalogue"),
+        stdout(&out).contains(
+            "catalogue directories:\n  tests/fixtures/catalogue/routes\n  nowhere: MISSING: catalogue directory `nowhere` does not exist (set by --catalogue"
+        ),
         "{}",
         stdout(&out)
     );

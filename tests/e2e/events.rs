@@ -156,7 +156,7 @@ impl Llm for Flaky {
         Box::pin(async move {
             if req.stage_id == "answer" && !std::mem::replace(&mut *self.failed.lock().unwrap(), true) {
                 let mut e = LlmError::new(ReasonClass::ServerError, "HTTP 503 from stub");
-                e.retry_after = Some(std::time::Duration::from_millis(1));
+                e.retry_after = Some(fabric::llm::Wait { after: std::time::Duration::from_millis(1), from: "retry-after" });
                 return Err(e);
             }
             let mut reply = self.inner.complete(req).await?;

@@ -148,6 +148,14 @@ async fn a_full_disk_acknowledges_nothing_it_cannot_keep_and_heals_when_space_re
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(refused > 0 && not_ready > 0, "refused {refused}, not ready {not_ready} while full\n{}", server.logs());
+    // The state change is logged once; each refusal is counted, not logged (issue 46: a line per
+    // refused request wrote 1.4 MB in 90 s).
+    let logs = server.logs();
+    assert_eq!(logs.matches("request refused").count(), 0, "{logs}");
+    assert!(logs.matches("writes fail").count() <= 20, "a line per change of state, not per request: {logs}");
+    let metrics = client().get(format!("{}/metrics", server.url)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
+    let counted: u64 = metrics.lines().find_map(|l| l.strip_prefix("fabric_store_refusals_total ")).and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(counted >= refused, "fabric_store_refusals_total {counted} < {refused} refused\n{metrics}");
     fs.resize("50m");
     let (status, body) = readiness_becomes(&server, 200, Duration::from_secs(30)).await;
     assert_eq!(status, 200, "ready again by itself once space returned: {body}\n{}", server.logs());

@@ -366,7 +366,9 @@ async fn a_killed_replicas_share_goes_to_the_others_on_postgres() {
 async fn bad_limits_are_refused_at_start_naming_the_variable() {
     let stub = ("FABRIC_LLM_STUB", "1".to_owned());
     let goal = r#"{"ticket": "refund?"}"#;
-    for (var, value) in [("FABRIC_LLM_MAX_CONCURRENCY", "0"), ("FABRIC_LLM_RPM", "-5"), ("FABRIC_LLM_TPM", "lots"), ("FABRIC_LLM_TPM", "10")] {
+    for (var, value) in
+        [("FABRIC_LLM_MAX_CONCURRENCY", "0"), ("FABRIC_LLM_RPM", "-5"), ("FABRIC_LLM_TPM", "lots"), ("FABRIC_LLM_TPM", "10"), ("FABRIC_LLM_MAX_PAUSE_S", "601")]
+    {
         let o = crate::support::fabric_cli(&["run", "support-triage", "--goal", goal], &[stub.clone(), (var, value.to_owned())]).await;
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success() && err.contains(var), "{var}={value}: {err}");
@@ -387,10 +389,16 @@ async fn bad_limits_are_refused_at_start_naming_the_variable() {
     let o = crate::support::fabric_cli(&["run", "support-triage", "--goal", goal], &[stub.clone(), config.clone()]).await;
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("FABRIC_CONFIG") && err.contains("llm_limits.\"openai:gpt-4o\".rpm"), "{err}");
+    // Two tables of one model (issue 46): refused, naming both spellings.
+    std::fs::write(&file, "[llm_limits.\"gpt-4o\"]\nrpm = 1\n[llm_limits.\"openai:gpt-4o\"]\nrpm = 2\n").unwrap();
+    let o = crate::support::fabric_cli(&["run", "support-triage", "--goal", goal], &[stub.clone(), config.clone()]).await;
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("already limited by `llm_limits.\"gpt-4o\"`") && err.contains("openai:gpt-4o"), "{err}");
     // Good limits: doctor shows them.
     std::fs::write(&file, "[llm_limits.\"openai:gpt-4o\"]\nrpm = 500\n").unwrap();
     let o = crate::support::fabric_cli(&["doctor"], &[stub, config, ("FABRIC_LLM_MAX_CONCURRENCY", "8".into())]).await;
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("model limits: max concurrency 8"), "{out}");
     assert!(out.contains("openai:gpt-4o: max concurrency 8, rpm 500"), "{out}");
+    assert!(out.contains("longest pause after a provider's 429: 60 s (FABRIC_LLM_MAX_PAUSE_S"), "{out}");
 }

@@ -150,3 +150,53 @@ async fn racing_keyed_creates_on_two_stores_make_one_run_on_every_store() {
         assert_eq!(one.run_of_key(&key).await.unwrap().map(|r| r.run_id).as_ref(), Some(created[0]), "{name}");
     }
 }
+
+/// A retry is compared with its key's run as the service reads a start, not as it was written
+/// (issue 46): an empty `session_id` is none, `multitask: allow` without a session is none, and
+/// a `webhook_url` is the URL the service parses (the scheme's case, blanks, `/./`). What
+/// differs in what the service does is still refused.
+#[tokio::test]
+async fn a_retry_written_otherwise_but_read_alike_is_the_same_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let env = [
+        ("FABRIC_LOG", "warn"),
+        ("FABRIC_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        ("FABRIC_WEBHOOK_ALLOWED_ORIGINS", "http://127.0.0.1:9"),
+        ("FABRIC_WEBHOOK_MAX_ATTEMPTS", "1"),
+    ];
+    let server = Server::start(&db, stub.path(), &env);
+    let with = |extra: Value| {
+        let mut body = triage(7);
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let alike = [
+        (json!({"session_id": ""}), json!({})),
+        (json!({}), json!({"session_id": ""})),
+        (json!({"multitask": "allow"}), json!({})),
+        (json!({"session_id": "s-1", "multitask": "allow"}), json!({"session_id": "s-1"})),
+        (json!({"webhook_url": "HTTP://127.0.0.1:9/h"}), json!({"webhook_url": " http://127.0.0.1:9/./h"})),
+    ];
+    for (k, (first, retry)) in alike.into_iter().enumerate() {
+        let key = format!("alike-{k}");
+        let (status, _, _, run) = start(&server, "/v1/runs?wait=true", &key, &with(first.clone())).await;
+        assert_eq!(status, 200, "{first}: {run}");
+        let (status, replayed, _, again) = start(&server, "/v1/runs?wait=true", &key, &with(retry.clone())).await;
+        assert_eq!((status, replayed.as_deref()), (200, Some("true")), "{first} then {retry}: {again}");
+        assert_eq!(again["run_id"], run["run_id"]);
+    }
+    let unlike = [
+        (json!({"session_id": "s-2"}), json!({})),
+        (json!({"session_id": "s-3", "multitask": "reject"}), json!({"session_id": "s-3"})),
+        (json!({"webhook_url": "http://127.0.0.1:9/h"}), json!({"webhook_url": "http://127.0.0.1:9/other"})),
+    ];
+    for (k, (first, retry)) in unlike.into_iter().enumerate() {
+        let key = format!("unlike-{k}");
+        let (status, _, _, run) = start(&server, "/v1/runs?wait=true", &key, &with(first.clone())).await;
+        assert_eq!(status, 200, "{first}: {run}");
+        let (status, _, _, refused) = start(&server, "/v1/runs", &key, &with(retry.clone())).await;
+        assert_eq!((status, refused["error"]["code"].as_str()), (422, Some("idempotency_key_reused")), "{first} then {retry}: {refused}");
+    }
+}

@@ -9,6 +9,12 @@ use serde_json::Value;
 
 use crate::support::{fabric_cli, repo};
 
+/// The shipped profiles and packs the team's layer goes on: the fixture copy, relative to the
+/// repository (where `fabric_cli` runs), never `routes/`, where a user's own routes go (a
+/// capability of theirs named like the team's would fail these tests).
+const SHIPPED_ROUTES: &str = "tests/fixtures/catalogue/routes";
+const SHIPPED_PACKS: &str = "tests/fixtures/catalogue/prompt-packs";
+
 /// A team's directory: one route on the shipped `default` profile with its own capability,
 /// workflow and prompt pack, and its stub script.
 struct Team {
@@ -56,8 +62,8 @@ fn at(file: &Path, needle: &str) -> String {
 #[tokio::test]
 async fn a_team_route_runs_beside_the_shipped_profiles() {
     let team = Team::new();
-    let catalogue = format!("routes:{}", team.path("routes"));
-    let packs = format!("prompt-packs:{}", team.path("packs"));
+    let catalogue = format!("{SHIPPED_ROUTES}:{}", team.path("routes"));
+    let packs = format!("{SHIPPED_PACKS}:{}", team.path("packs"));
     let stub = ("FABRIC_LLM_STUB", "1".to_owned());
     let args = ["--catalogue", &catalogue, "--prompt-packs", &packs, "--stub-dir", &team.path("stub")];
     let run = |extra: &'static [&'static str]| {
@@ -84,7 +90,11 @@ async fn a_team_route_runs_beside_the_shipped_profiles() {
     // `doctor` shows each directory in the order it is read.
     let o = fabric_cli(&["doctor"], &env).await;
     let doctor = text(&o.stdout);
-    let dirs = format!("catalogue directories:\n  routes\n  {}\nprompt packs directories:\n  prompt-packs\n  {}\n", team.path("routes"), team.path("packs"));
+    let dirs = format!(
+        "catalogue directories:\n  {SHIPPED_ROUTES}\n  {}\nprompt packs directories:\n  {SHIPPED_PACKS}\n  {}\n",
+        team.path("routes"),
+        team.path("packs")
+    );
     assert!(doctor.contains(&dirs), "{doctor}");
     // Alone, the team's directory has no profile: what layering is for.
     let o = fabric_cli(&["--catalogue", &team.path("routes"), "--prompt-packs", &packs, "run", "team-faq", "--goal", "{}"], &[stub]).await;
@@ -100,8 +110,8 @@ async fn a_name_defined_in_two_layers_is_refused_with_both_places() {
         "routes:\n  support-triage:\n    model_profile: default\n    prompt_pack: team\n    workflow: team-faq\n\
          profiles:\n  default: {description: copied from the shipped profiles}\n",
     );
-    let catalogue = format!("routes:{}", team.path("routes"));
-    let packs = format!("prompt-packs:{}", team.path("packs"));
+    let catalogue = format!("{SHIPPED_ROUTES}:{}", team.path("routes"));
+    let packs = format!("{SHIPPED_PACKS}:{}", team.path("packs"));
     let o = fabric_cli(&["--catalogue", &catalogue, "--prompt-packs", &packs, "routes", "check"], &[]).await;
     assert_eq!(o.status.code(), Some(2));
     let check = text(&o.stdout);
@@ -112,7 +122,7 @@ async fn a_name_defined_in_two_layers_is_refused_with_both_places() {
     assert!(check.contains(&route_line), "{check}");
     let profile_line = format!(
         "{dup}:7:3: model profile `default` is already defined at {}; a name may be defined once (neither definition is used)",
-        at(&repo().join("routes/profiles.yaml"), "default:")
+        at(&repo().join(SHIPPED_ROUTES).join("profiles.yaml"), "default:")
     );
     assert!(check.contains(&profile_line), "{check}");
     // Neither definition runs; the run says where both are.
@@ -124,11 +134,11 @@ async fn a_name_defined_in_two_layers_is_refused_with_both_places() {
 
 /// Where the shipped catalogue defines the route `support-triage` (under `routes:`).
 fn route_place() -> String {
-    let file = repo().join("routes/support-triage.yaml");
+    let file = repo().join(SHIPPED_ROUTES).join("support-triage.yaml");
     let text = std::fs::read_to_string(&file).unwrap();
     let section = text.lines().position(|l| l == "routes:").unwrap();
     let line = section + text.lines().skip(section).position(|l| l == "  support-triage:").unwrap() + 1;
-    format!("routes/support-triage.yaml:{line}:3")
+    format!("{SHIPPED_ROUTES}/support-triage.yaml:{line}:3")
 }
 
 #[tokio::test]
@@ -136,20 +146,20 @@ async fn prompt_packs_are_layered_the_same_way() {
     let team = Team::new();
     // A pack of the team's with the name of a shipped one: neither is used.
     team.write("packs/support.yaml", "host: The team's support desk.\n");
-    let packs = format!("prompt-packs:{}", team.path("packs"));
+    let packs = format!("{SHIPPED_PACKS}:{}", team.path("packs"));
     let o = fabric_cli(&["--prompt-packs", &packs, "routes", "check"], &[]).await;
     assert_eq!(o.status.code(), Some(2));
     let check = text(&o.stdout);
     let line = format!(
-        "{}/support.yaml:1:1: prompt pack `support` is already defined at prompt-packs/support.yaml:1:1; a pack name may be used once (neither pack is used)",
+        "{}/support.yaml:1:1: prompt pack `support` is already defined at {SHIPPED_PACKS}/support.yaml:1:1; a pack name may be used once (neither pack is used)",
         team.path("packs")
     );
     assert!(check.contains(&line), "{check}");
     assert!(check.contains("prompt pack `support` has errors"), "the routes on it are broken: {check}");
     // The library reads the same layers.
     let cat = catalogue::load_layers(
-        &Layers::parse(&format!("{}:{}", repo().join("routes").display(), team.path("routes"))).unwrap(),
-        &Layers::new(vec![repo().join("prompt-packs"), team.path("packs").into()]).unwrap(),
+        &Layers::parse(&format!("{}:{}", crate::support::routes_dir().display(), team.path("routes"))).unwrap(),
+        &Layers::new(vec![crate::support::packs_dir(), team.path("packs").into()]).unwrap(),
     );
     assert!(matches!(cat.get("team-faq"), Some(RouteEntry::Ready(_))));
     assert!(matches!(cat.get("support-triage"), Some(RouteEntry::Broken(_))));
@@ -157,11 +167,13 @@ async fn prompt_packs_are_layered_the_same_way() {
 
 #[tokio::test]
 async fn a_directory_given_twice_is_read_once_and_an_empty_entry_is_refused() {
-    let o = fabric_cli(&["--catalogue", "routes:routes:./routes", "--prompt-packs", "prompt-packs:prompt-packs", "routes", "check"], &[]).await;
+    let twice = format!("{SHIPPED_ROUTES}:{SHIPPED_ROUTES}:./{SHIPPED_ROUTES}");
+    let o = fabric_cli(&["--catalogue", &twice, "--prompt-packs", &format!("{SHIPPED_PACKS}:{SHIPPED_PACKS}"), "routes", "check"], &[]).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", text(&o.stdout), text(&o.stderr));
-    let o = fabric_cli(&["--catalogue", "routes:", "routes", "check"], &[]).await;
+    let stray = format!("{SHIPPED_ROUTES}:");
+    let o = fabric_cli(&["--catalogue", &stray, "routes", "check"], &[]).await;
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o.stderr).contains("`routes:`: directory 2 of 2 is empty (a stray `:`?)"), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains(&format!("`{stray}`: directory 2 of 2 is empty (a stray `:`?)")), "{}", text(&o.stderr));
 }
 
 #[tokio::test]
@@ -170,7 +182,7 @@ async fn the_service_serves_a_layered_catalogue() {
     let team = Team::new();
     let db = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", db.path().join("fabric.db").display());
-    let (catalogue, packs) = (format!("routes:{}", team.path("routes")), format!("prompt-packs:{}", team.path("packs")));
+    let (catalogue, packs) = (format!("{SHIPPED_ROUTES}:{}", team.path("routes")), format!("{SHIPPED_PACKS}:{}", team.path("packs")));
     let server = Server::start(&store, &team.dir.path().join("stub"), &[("FABRIC_CATALOGUE_DIR", &catalogue), ("FABRIC_PROMPT_PACKS_DIR", &packs)]);
     let routes = get(&server, "/v1/routes").await;
     let ids: Vec<&str> = routes.as_array().unwrap().iter().filter_map(|r| r["id"].as_str()).collect();

@@ -193,3 +193,56 @@ async fn a_sqlite_store_under_steady_load_with_retention_stops_growing() {
     eprintln!("store size after each round of 2,500 runs, pruned: {sizes:?}");
     assert!(sizes[7] <= sizes[1] + sizes[1] / 10, "the file grew under retention: {sizes:?}");
 }
+
+/// A run whose webhook delivery is still being retried is kept past `FABRIC_RUN_RETENTION`
+/// until the delivery ends (issue 46: a retention of 3 s dropped a pending delivery after 2 of
+/// its 8 attempts, and no log said so); then it goes.
+#[tokio::test]
+async fn a_run_with_a_pending_webhook_stays_until_its_delivery_ends() {
+    let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = attempts.clone();
+    let receiver = crate::support::serve(axum::Router::new().fallback(move || {
+        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let hook = format!("{receiver}/hook");
+    let env = [
+        ("FABRIC_RUN_RETENTION", "2s"),
+        ("FABRIC_WEBHOOK_URL", hook.as_str()),
+        ("FABRIC_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        ("FABRIC_WEBHOOK_MAX_ATTEMPTS", "6"),
+        ("FABRIC_WEBHOOK_BACKOFF_BASE_S", "1"),
+        ("FABRIC_WEBHOOK_BACKOFF_MAX_S", "2"),
+        ("FABRIC_LOG", "warn"),
+    ];
+    let server = Server::start(&db, stub.path(), &env);
+    let (status, run) = post(&server, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "x"}, "model_profile": "default"})).await;
+    assert_eq!((status, run["status"].as_str()), (200, Some("completed")), "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let view = |id: String| {
+        let url = format!("{}/v1/runs/{id}", server.url);
+        async move { client().get(url).bearer_auth(TOKEN).send().await.unwrap().status().as_u16() }
+    };
+    let started = Instant::now();
+    // Past the retention, while attempts go on: the run and its delivery are kept.
+    while attempts.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+        assert!(started.elapsed() < Duration::from_secs(30), "attempts: {attempts:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(started.elapsed() > Duration::from_secs(2));
+    assert_eq!(view(id.clone()).await, 200, "kept while its delivery is pending\n{}", server.logs());
+    // Every attempt made and recorded, then the run goes with the next sweep.
+    loop {
+        if view(id.clone()).await == 404 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "never pruned\n{}", server.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 6, "all six attempts were made before the run went");
+    assert!(!server.logs().contains("deleted meanwhile"), "{}", server.logs());
+}

@@ -407,16 +407,32 @@ async fn slow_answer(kind: &str) {
     assert_eq!(receiver.got().len(), 1, "{kind}: sent once");
 }
 
+/// A receiver that accepts connections and never answers (a listener nobody accepts on: the
+/// kernel completes the handshakes), its URL, and the settings of a fleet whose own receiver is
+/// `fine` and which allows the silent one's origin.
+struct Silent {
+    _listener: std::net::TcpListener,
+    url: String,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Silent {
+    fn beside(fine_url: &str) -> Silent {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut env = webhook_env(&format!("{fine_url}/fleet"));
+        env.push(("FABRIC_WEBHOOK_ALLOWED_ORIGINS", format!("http://{addr}")));
+        Silent { _listener: listener, url: format!("http://{addr}/never"), env }
+    }
+}
+
 #[tokio::test]
 async fn a_silent_receiver_holds_up_no_other_delivery_and_cli_runs_post_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = store_url("sqlite", &dir).await.unwrap();
-    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let silent = format!("http://{}/never", black_hole.local_addr().unwrap());
     let fine = Receiver::default();
-    let fine_url = fine.start().await;
-    let mut env = webhook_env(&format!("{fine_url}/fleet"));
-    env.push(("FABRIC_WEBHOOK_ALLOWED_ORIGINS", format!("http://{}", black_hole.local_addr().unwrap())));
+    let black_hole = Silent::beside(&fine.start().await);
+    let (silent, env) = (black_hole.url.clone(), black_hole.env.clone());
     let stub = asking_stub();
     let server = Server::start(&db, stub.path(), &pairs(&env));
     let mut stuck = triage(1);
@@ -440,5 +456,37 @@ async fn a_silent_receiver_holds_up_no_other_delivery_and_cli_runs_post_nothing(
     assert_eq!(runs.len(), 3);
     let newest = &runs[0].run_id;
     assert_eq!(store.webhooks().deliveries(newest).await.unwrap(), vec![], "the CLI's run has no delivery");
+    drop(black_hole);
+}
+
+/// A receiver that never answers, with 40 deliveries due to it, holds at most half of a
+/// replica's attempts in flight: another receiver's delivery goes out at once (issue 46: 32
+/// silent deliveries took every one of the 32 places, and the others waited up to 10 s).
+#[tokio::test]
+async fn one_silent_origin_takes_at_most_half_of_the_senders_places() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_url("sqlite", &dir).await.unwrap();
+    let fine = Receiver::default();
+    let black_hole = Silent::beside(&fine.start().await);
+    let (silent, mut env) = (black_hole.url.clone(), black_hole.env.clone());
+    env.push(("FABRIC_LOG", "warn".to_owned()));
+    let stub = asking_stub();
+    let server = Server::start(&db, stub.path(), &pairs(&env));
+    let stuck: Vec<Value> = (0..40)
+        .map(|k| {
+            let mut body = triage(k);
+            body["webhook_url"] = json!(silent);
+            body
+        })
+        .collect();
+    futures_util::future::join_all(stuck.into_iter().map(|b| post(&server, "/v1/runs?wait=true", b))).await;
+    // Every silent attempt is out (each holds its place for 10 s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let began = Instant::now();
+    let (status, _) = post(&server, "/v1/runs?wait=true", triage(99)).await;
+    assert_eq!(status, 200);
+    let got = fine.wait_for(1, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 1);
+    assert!(began.elapsed() < Duration::from_secs(5), "delivered {:?} after its run, while 40 others hang", began.elapsed());
     drop(black_hole);
 }

@@ -74,7 +74,7 @@ impl SimModel {
             Some(Fault::RateLimited) => return err(ReasonClass::RateLimited, "sim: HTTP 429"),
             Some(Fault::RateLimitedAfter) => {
                 let mut e = LlmError::new(ReasonClass::RateLimited, "sim: HTTP 429, Retry-After: 3");
-                e.retry_after = Some(Duration::from_secs(3));
+                e.retry_after = Some(fabric::llm::Wait { after: Duration::from_secs(3), from: "retry-after" });
                 return Err(e);
             }
             Some(Fault::ServerError) => return err(ReasonClass::ServerError, "sim: HTTP 503"),

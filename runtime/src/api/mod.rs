@@ -382,9 +382,15 @@ impl StoreProblem for crate::store::StoreError {
 /// How long a client waits before trying again while the store cannot write.
 const STORE_RETRY_AFTER_S: u64 = 2;
 
+/// Requests refused because the store could not take writes (`fabric_store_refusals_total`).
+/// One process-wide count: the store's health logs the change of state once (`store::health`),
+/// and a line per refused request wrote thousands of lines a minute while a disk was full.
+static STORE_REFUSALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn store_error(e: impl StoreProblem) -> ApiError {
     if e.unavailable() {
-        tracing::warn!(error = %e, "run store unavailable: request refused");
+        STORE_REFUSALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(error = %e, "run store unavailable: request refused");
         let mut refused = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the run store cannot take writes now; retry shortly");
         refused.retry_after = Some(STORE_RETRY_AFTER_S);
         return refused;
@@ -1026,8 +1032,12 @@ async fn run_events(
     })?;
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     let follower = state.clone();
-    tokio::spawn(async move {
-        let _slot = slot;
+    // The stream's slot is given back when the client goes, whatever the task waits on then (a
+    // live run's next event, a poller's next read): hyper drops the body, `rx` with it, as soon
+    // as it reads the connection's end, and `closed` fires. Waiting only on sends held the slot
+    // of a gone client for as long as its run made no event (issue 46).
+    let gone = tx.clone();
+    let stream = async move {
         let sse = |seq: u64, kind: &str, json: &str| SseEvent::default().id(seq.to_string()).event(kind).data(json);
         let mut last = after;
         loop {
@@ -1086,6 +1096,13 @@ async fn run_events(
                 Followed::Ended => return,
                 Followed::Again => continue,
             }
+        }
+    };
+    tokio::spawn(async move {
+        let _slot = slot;
+        tokio::select! {
+            () = stream => {}
+            () = gone.closed() => {}
         }
     });
     Ok(Sse::new(until_closing(&state, rx)).keep_alive(KeepAlive::default()))
@@ -1349,6 +1366,10 @@ async fn metrics(State(state): State<AppState>) -> Response {
     text.push_str(&format!(
         "# HELP fabric_event_streams Run event streams open.\n# TYPE fabric_event_streams gauge\nfabric_event_streams {}\n",
         state.inner.stream_slots.open()
+    ));
+    text.push_str(&format!(
+        "# HELP fabric_store_refusals_total Requests refused (503 store_unavailable) while the run store could not take writes.\n# TYPE fabric_store_refusals_total counter\nfabric_store_refusals_total {}\n",
+        STORE_REFUSALS.load(std::sync::atomic::Ordering::Relaxed)
     ));
     text.push_str(&format!(
         "# HELP fabric_event_stream_pollers Store pollers of runs followed through the store (one per run, shared by its streams).\n# TYPE fabric_event_stream_pollers gauge\nfabric_event_stream_pollers {}\n",

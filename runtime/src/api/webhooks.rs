@@ -25,7 +25,15 @@ pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a sender looks for due deliveries besides the ends of its own runs.
 pub const WEBHOOK_POLL: Duration = Duration::from_secs(1);
 /// Deliveries a replica sends at once.
-const IN_FLIGHT: usize = 32;
+const IN_FLIGHT: usize = 64;
+/// Deliveries to one origin a replica sends at once: half of [`IN_FLIGHT`], so that a receiver
+/// that never answers (each of its attempts held for [`WEBHOOK_TIMEOUT`]) leaves the other half
+/// to every other receiver, while a fleet with one receiver still sends 32 at once, as before
+/// this bound (issue 46). Claims are taken [`CLAIM_BATCH`] at a time, so an origin goes past it
+/// by less than a batch.
+const PER_ORIGIN: usize = 32;
+/// Deliveries claimed at once.
+const CLAIM_BATCH: usize = 8;
 /// How much longer than an attempt's timeout a sender's claim on a delivery lasts, at least.
 const WEBHOOK_LEASE_MARGIN: Duration = Duration::from_secs(10);
 
@@ -118,9 +126,9 @@ struct Sender {
 
 impl AppState {
     /// For ever, while webhooks are configured (a secret is set): claims due deliveries and
-    /// sends them, at most [`IN_FLIGHT`] at once, each on its own (a slow receiver holds up only
-    /// its own deliveries); it looks when a run ends here, when an attempt is done, and every
-    /// [`WEBHOOK_POLL`].
+    /// sends them, at most [`IN_FLIGHT`] at once and [`PER_ORIGIN`] to one origin, each on its
+    /// own (a slow receiver holds up only its own deliveries); it looks when a run ends here,
+    /// when an attempt is done, and every [`WEBHOOK_POLL`].
     pub(super) async fn deliver_webhooks(self) {
         let settings = self.inner.runtime.settings().service.webhooks.clone();
         let Some(secret) = &settings.secret else { return };
@@ -142,18 +150,32 @@ impl AppState {
         holder.lease = holder.lease.max(WEBHOOK_TIMEOUT + WEBHOOK_LEASE_MARGIN);
         let sender = std::sync::Arc::new(Sender { client, signer, settings, store, holder, metrics: self.inner.metrics.clone() });
         let mut in_flight = tokio::task::JoinSet::new();
+        // Attempts in flight per origin; an origin's entry goes with its last attempt.
+        let origins = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<String, usize>::new()));
         loop {
             let room = IN_FLIGHT - in_flight.len();
+            let mut claimed_all = false;
             if room > 0 && !self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                match sender.store.webhooks().claim_deliveries(&sender.holder, room).await {
+                let busy: Vec<String> =
+                    origins.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|(_, n)| **n >= PER_ORIGIN).map(|(o, _)| o.clone()).collect();
+                let batch = room.min(CLAIM_BATCH);
+                match sender.store.webhooks().claim_deliveries(&sender.holder, batch, &busy).await {
                     Ok(due) => {
+                        claimed_all = due.len() == batch;
                         for d in due {
-                            let sender = sender.clone();
-                            in_flight.spawn(async move { sender.deliver(d).await });
+                            let (sender, slot) = (sender.clone(), OriginSlot::take(&origins, origin_of(&d.url)));
+                            in_flight.spawn(async move {
+                                let _slot = slot;
+                                sender.deliver(d).await
+                            });
                         }
                     }
                     Err(e) => tracing::error!(error = %e, "run store: claiming webhook deliveries"),
                 }
+            }
+            if claimed_all {
+                // More may be due: claim again before waiting.
+                continue;
             }
             tokio::select! {
                 () = self.inner.webhook_wake.notified() => {}
@@ -169,6 +191,36 @@ impl AppState {
     }
 }
 
+/// The origin of a delivery's URL (`scheme://host[:port]`), as the claims skip it.
+fn origin_of(url: &str) -> String {
+    url::Url::parse(url).map_or_else(|_| url.to_owned(), |u| u.origin().ascii_serialization())
+}
+
+/// One attempt's place among its origin's; given back when the attempt's task ends, however.
+struct OriginSlot {
+    origins: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    origin: String,
+}
+
+impl OriginSlot {
+    fn take(origins: &std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>, origin: String) -> OriginSlot {
+        *origins.lock().unwrap_or_else(|p| p.into_inner()).entry(origin.clone()).or_default() += 1;
+        OriginSlot { origins: origins.clone(), origin }
+    }
+}
+
+impl Drop for OriginSlot {
+    fn drop(&mut self) {
+        let mut origins = self.origins.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = origins.get_mut(&self.origin) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                origins.remove(&self.origin);
+            }
+        }
+    }
+}
+
 impl Sender {
     /// One attempt at `d`, recorded.
     async fn deliver(&self, d: Delivery) {
@@ -176,7 +228,12 @@ impl Sender {
         self.metrics.webhook(outcome);
         match self.store.webhooks().record_attempt(&self.holder, d.id, &attempt).await {
             Ok(true) => {}
-            Ok(false) => tracing::warn!(run_id = d.run.run_id, "webhook: another replica claimed this delivery meanwhile; its attempt is the one recorded"),
+            // Its lease ran out and another sender took it, or an operator's `fabric runs prune`
+            // deleted the ended run: this attempt is not the recorded one.
+            Ok(false) => tracing::warn!(
+                run_id = d.run.run_id,
+                "webhook: this delivery was taken over by another sender (its lease ran out) or deleted meanwhile; this attempt is not recorded"
+            ),
             Err(e) => tracing::error!(run_id = d.run.run_id, error = %e, "run store: recording a webhook attempt (it is sent again after the lease)"),
         }
     }

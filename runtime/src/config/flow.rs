@@ -1,11 +1,14 @@
 //! The limits on model calls: `FABRIC_LLM_MAX_CONCURRENCY`, `FABRIC_LLM_RPM`, `FABRIC_LLM_TPM`,
-//! and per `provider:model` the config file's `[llm_limits."provider:model"]` table.
+//! and per `provider:model` the config file's `[llm_limits."provider:model"]` table; and
+//! `FABRIC_LLM_MAX_PAUSE_S`, the longest pause a provider's 429 may put on a model.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::time::Duration;
 
 use figment::value::Value;
 
-use crate::llm::flow::{FlowPlan, Limits};
+use crate::llm::flow::{DEFAULT_MAX_PAUSE, FlowPlan, Limits, MAX_PAUSE};
 use crate::vocab::{ConfigError, choose_model, err};
 
 /// The largest limit of each kind accepted: far past any provider's quota, small enough that a
@@ -39,9 +42,21 @@ pub(super) fn models(value: &Value) -> Result<BTreeMap<String, Limits>, ConfigEr
     let bad = |m: String| err("FABRIC_CONFIG", m);
     let Value::Dict(_, dict) = value else { return Err(bad("`llm_limits` must be a table of `[llm_limits.\"provider:model\"]` tables".into())) };
     let mut out = BTreeMap::new();
+    // Each key's spelling in the file, for the message of a second one.
+    let mut spelled: BTreeMap<String, String> = BTreeMap::new();
     for (model, table) in dict {
         let choice = choose_model("FABRIC_CONFIG", model).map_err(|e| bad(format!("`llm_limits.\"{model}\"`: {}", e.message)))?;
         let key = format!("{}:{}", choice.provider.key(), choice.model);
+        // Two spellings of one model (`gpt-4o-mini` beside `openai:gpt-4o-mini`, or a space
+        // more) would otherwise have one silently win.
+        let slot = match out.entry(key) {
+            Entry::Vacant(slot) => slot,
+            Entry::Occupied(taken) => {
+                let first = spelled.get(taken.key()).map_or(String::new(), |k| format!(" by `llm_limits.\"{k}\"`"));
+                return Err(bad(format!("`llm_limits.\"{model}\"` names the model `{}`, already limited{first}; keep one table per model", taken.key())));
+            }
+        };
+        spelled.insert(slot.key().clone(), model.clone());
         let Value::Dict(_, fields) = table else { return Err(bad(format!("`llm_limits.\"{model}\"` must be a table of max_concurrency, rpm, tpm"))) };
         let mut limits = Limits::default();
         for (field, v) in fields {
@@ -60,18 +75,44 @@ pub(super) fn models(value: &Value) -> Result<BTreeMap<String, Limits>, ConfigEr
                 _ => limits.tpm = n,
             }
         }
-        out.insert(key, limits);
+        slot.insert(limits);
     }
     Ok(out)
 }
 
+/// `FABRIC_LLM_MAX_PAUSE_S`: seconds, from 0 (a 429 that names a wait fails its call at once)
+/// to [`MAX_PAUSE`]; unset, [`DEFAULT_MAX_PAUSE`].
+pub(super) fn max_pause(value: Option<&str>) -> Result<Duration, ConfigError> {
+    const VAR: &str = "FABRIC_LLM_MAX_PAUSE_S";
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(DEFAULT_MAX_PAUSE) };
+    match v.parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.0..=MAX_PAUSE.as_secs_f64()).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        _ => Err(err(VAR, format!("`{v}` must be a number of seconds from 0 to {} (unset: {})", MAX_PAUSE.as_secs(), DEFAULT_MAX_PAUSE.as_secs()))),
+    }
+}
+
 /// The plan of the variables and the file's tables.
 pub(super) fn plan(get: &dyn Fn(&str) -> Option<String>, file: Option<&Value>) -> Result<FlowPlan, ConfigError> {
-    Ok(FlowPlan { default: defaults(get)?, models: file.map(models).transpose()?.unwrap_or_default() })
+    Ok(FlowPlan {
+        default: defaults(get)?,
+        models: file.map(models).transpose()?.unwrap_or_default(),
+        max_pause: max_pause(get("FABRIC_LLM_MAX_PAUSE_S").as_deref())?,
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_longest_pause_is_bounded_and_zero_is_allowed() {
+        assert_eq!(super::max_pause(None).unwrap(), super::DEFAULT_MAX_PAUSE);
+        assert_eq!(super::max_pause(Some(" 0 ")).unwrap(), super::Duration::ZERO);
+        assert_eq!(super::max_pause(Some("2.5")).unwrap(), super::Duration::from_millis(2500));
+        for bad in ["-1", "601", "NaN", "inf", "soon", "1e308"] {
+            let e = super::max_pause(Some(bad)).unwrap_err();
+            assert!(e.var == "FABRIC_LLM_MAX_PAUSE_S" && e.message.contains(bad), "{bad}: {e:?}");
+        }
+    }
+
     use super::*;
     use figment::providers::Format;
 
@@ -106,6 +147,8 @@ mod tests {
             ("[llm_limits.\"openai:x\"]\nburst = 3\n", "unknown limit `burst`"),
             ("[llm_limits.\"openai:x\"]\ntpm = \"lots\"\n", "lots"),
             ("llm_limits = 3\n", "must be a table"),
+            ("[llm_limits.\"gpt-4o-mini\"]\nrpm = 1\n[llm_limits.\"openai:gpt-4o-mini\"]\nrpm = 2\n", "already limited"),
+            ("[llm_limits.\"openai:x\"]\nrpm = 1\n[llm_limits.\" openai:x \"]\nrpm = 2\n", "`openai:x`, already limited by `llm_limits.\" openai:x \"`"),
         ] {
             let dict: BTreeMap<String, Value> = figment::Figment::from(figment::providers::Toml::string(toml)).extract().unwrap();
             let e = plan(&get(&[]), dict.get("llm_limits")).unwrap_err();

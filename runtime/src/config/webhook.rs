@@ -73,8 +73,9 @@ pub enum WebhookRefused {
 /// The longest `webhook_url` a start contract may give.
 pub const MAX_WEBHOOK_URL: usize = 2048;
 
-/// An http(s) URL with a host.
-fn web_url(text: &str) -> Option<Url> {
+/// An http(s) URL with a host (also how a start contract's `webhook_url` is compared with a
+/// retry's: as the service reads it).
+pub fn web_url(text: &str) -> Option<Url> {
     Url::parse(text.trim()).ok().filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
 }
 
@@ -92,6 +93,10 @@ impl WebhookSettings {
             // Shown without credentials or query values (an entry may hold them by mistake).
             let shown = crate::redact::redact_url(entry);
             let bad = |why: &str| err("FABRIC_WEBHOOK_ALLOWED_ORIGINS", format!("`{shown}` {why}"));
+            // The URL parser takes `*` as a host's letter: the entry would be listed, and never match.
+            if entry.contains('*') {
+                return Err(bad("holds a `*`: wildcards are not supported; list each origin (scheme, host and port) on its own"));
+            }
             let u = web_url(entry).ok_or_else(|| bad("is not an origin such as https://hooks.example.com or http://127.0.0.1:9000"))?;
             if !u.username().is_empty() || u.password().is_some() || u.query().is_some() || u.fragment().is_some() || u.path() != "/" {
                 return Err(bad("must be an origin alone: a scheme, a host and a port, no path, query or credentials"));
@@ -185,6 +190,11 @@ mod tests {
             let e = load(&[("FABRIC_WEBHOOK_SECRET", SECRET), ("FABRIC_WEBHOOK_ALLOWED_ORIGINS", bad)]).unwrap_err();
             assert_eq!(e.var, "FABRIC_WEBHOOK_ALLOWED_ORIGINS", "{bad}");
             assert!(!e.to_string().contains("SEKRIT"), "{e}");
+        }
+        // A wildcard would be listed and match nothing (issue 46): refused, saying so.
+        for wild in ["http://*.example.com", "https://hooks.example.com, https://*"] {
+            let e = load(&[("FABRIC_WEBHOOK_SECRET", SECRET), ("FABRIC_WEBHOOK_ALLOWED_ORIGINS", wild)]).unwrap_err();
+            assert!(e.var == "FABRIC_WEBHOOK_ALLOWED_ORIGINS" && e.message.contains("wildcards are not supported"), "{wild}: {e}");
         }
         let fleet = load(&[("FABRIC_WEBHOOK_SECRET", SECRET), ("FABRIC_WEBHOOK_URL", "https://fleet.example/h")]).unwrap();
         assert_eq!(fleet.target(None), Ok(Some("https://fleet.example/h".into())));

@@ -51,6 +51,21 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
+impl Usage {
+    /// Both counts; saturating, since they are what a provider says (a proxy may report garbage).
+    pub fn total(self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+}
+
+/// A wait a provider named in its answer: how long (read up to a day) and where it said so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    pub after: Duration,
+    /// The header or body field it came from (`retry-after`, `x-ratelimit-reset-tokens`, ...).
+    pub from: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReplyValue {
     Text(String),
@@ -143,8 +158,11 @@ impl LlmReply {
 pub struct LlmError {
     pub class: ReasonClass,
     pub message: String,
-    /// A provider's `Retry-After`, when it sent one.
-    pub retry_after: Option<Duration>,
+    /// The wait a provider's answer named (`Retry-After`, or a 429's rate-limit headers).
+    pub retry_after: Option<Wait>,
+    /// Retrying cannot help within the operator's bounds (a provider asked for a pause longer
+    /// than `FABRIC_LLM_MAX_PAUSE_S`): the retry layer gives up at once, whatever the class.
+    pub give_up: bool,
     /// What the reply said about itself, when one came but could not be used (a validation
     /// failure still used tokens).
     pub reply: Option<Box<ReplyMeta>>,
@@ -155,7 +173,7 @@ pub struct LlmError {
 
 impl LlmError {
     pub fn new(class: ReasonClass, message: impl Into<String>) -> LlmError {
-        LlmError { class, message: message.into(), retry_after: None, reply: None, raw_reply: None }
+        LlmError { class, message: message.into(), retry_after: None, give_up: false, reply: None, raw_reply: None }
     }
 
     /// The same error, of a reply that came but could not be used: what it said about itself and

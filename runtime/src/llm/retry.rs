@@ -37,7 +37,7 @@ impl<L: Llm> RetryLlm<L> {
         let mut attempt: u32 = 1;
         loop {
             let Some(computed) = delays.next() else { return Err(error) };
-            let delay = error.retry_after.unwrap_or(computed).min(self.policy.max_backoff);
+            let delay = error.retry_after.map_or(computed, |w| w.after).min(self.policy.max_backoff);
             req.events.emit(Some(req.stage_id), || EventData::LlmRetrying {
                 attempt: attempt + 1,
                 delay_ms: delay.as_millis() as u64,
@@ -50,7 +50,7 @@ impl<L: Llm> RetryLlm<L> {
                 Ok(reply) => return Ok(reply),
                 Err(e) => e,
             };
-            if !error.class.is_retryable() || attempt >= self.policy.max_attempts {
+            if !error.class.is_retryable() || error.give_up || attempt >= self.policy.max_attempts {
                 return Err(error);
             }
         }
@@ -67,7 +67,7 @@ impl<L: Llm> Llm for RetryLlm<L> {
         // future of their own, made at the first failure, so the first attempt's is small.
         match self.inner.call(req).await {
             Ok(reply) => Ok(reply),
-            Err(error) if !error.class.is_retryable() || self.policy.max_attempts <= 1 => Err(error),
+            Err(error) if !error.class.is_retryable() || error.give_up || self.policy.max_attempts <= 1 => Err(error),
             Err(error) => Box::pin(self.retry(req, error)).await,
         }
     }

@@ -71,10 +71,29 @@ impl Runtime {
                 Made::Existing(run) => *run,
             },
         };
-        if existing.request != request {
+        if !self.same_start(&existing.request, req) {
             return Err(AcceptError::KeyReused { run_id: existing.run_id });
         }
         Ok(Started::Replayed(Box::new(existing)))
+    }
+
+    /// Whether `req` is the start a key's run was accepted with (`stored`, its start contract):
+    /// compared as the service acts on them, not as written. A stored contract that does not
+    /// read as one is another start.
+    pub fn same_start(&self, stored: &Value, req: &StartRequest) -> bool {
+        serde_json::from_value::<StartRequest>(stored.clone()).is_ok_and(|stored| self.as_acted_on(&stored) == self.as_acted_on(req))
+    }
+
+    /// A start contract as the service acts on it, so that a retry written otherwise is the
+    /// same start (issue 46): an empty `session_id` is none; `multitask` counts only with a
+    /// session, and naming the fleet's own policy is not naming one; a `webhook_url` as the URL
+    /// parser reads it (the scheme's case, blanks around it, `/./`).
+    fn as_acted_on(&self, req: &StartRequest) -> StartRequest {
+        let session_id = req.session_id.clone().filter(|s| !s.is_empty());
+        let fleet = self.settings.service.session_policy;
+        let multitask = req.multitask.filter(|p| session_id.is_some() && *p != fleet);
+        let webhook_url = req.webhook_url.as_deref().map(|u| crate::config::web_url(u).map_or_else(|| u.to_owned(), |u| u.to_string()));
+        StartRequest { session_id, multitask, webhook_url, ..req.clone() }
     }
 
     /// The start checks, then the run's row (or the key's run); with `hooks`, its webhook URL.

@@ -96,8 +96,9 @@ pub struct DeliveryRecord {
 /// The outbox's port: claims, the record of attempts, and a run's deliveries.
 pub trait WebhookOutbox: std::fmt::Debug + Send + Sync {
     /// Claims up to `limit` deliveries that are due (and not claimed by a live lease), for
-    /// `holder`'s lease; none while the store's writes fail.
-    fn claim_deliveries<'a>(&'a self, holder: &'a Holder, limit: usize) -> BoxFuture<'a, Result<Vec<Delivery>, StoreError>>;
+    /// `holder`'s lease, none to the origins in `skip` (`scheme://host[:port]`, as
+    /// `url::Origin::ascii_serialization` writes them); none while the store's writes fail.
+    fn claim_deliveries<'a>(&'a self, holder: &'a Holder, limit: usize, skip: &'a [String]) -> BoxFuture<'a, Result<Vec<Delivery>, StoreError>>;
     /// Records an attempt on a delivery `holder` claimed; false if its claim was lost (another
     /// sender claimed it after the lease expired: that one's attempt is the one recorded). A
     /// delivery is recorded delivered whoever holds it, while it is pending: a 2xx is final.
@@ -119,29 +120,27 @@ where
     for<'r> &'r str: sqlx::ColumnIndex<DB::Row>,
     for<'r> usize: sqlx::ColumnIndex<DB::Row>,
 {
-    fn claim_deliveries<'a>(&'a self, holder: &'a Holder, limit: usize) -> BoxFuture<'a, Result<Vec<Delivery>, StoreError>> {
+    fn claim_deliveries<'a>(&'a self, holder: &'a Holder, limit: usize, skip: &'a [String]) -> BoxFuture<'a, Result<Vec<Delivery>, StoreError>> {
         Box::pin(async move {
             if limit == 0 || self.health_ref().failing() {
                 return Ok(Vec::new());
             }
             let now_ms = DB::NOW_MS;
+            // A URL of an origin starts with the origin and a `/` (the URL parser wrote both),
+            // so a prefix, compared by length, tells it without parsing URLs in SQL; ASCII, so
+            // characters are bytes on both databases.
+            let skipped: String = skip.iter().enumerate().map(|(i, o)| format!(" AND substr(url, 1, {}) <> ${}", o.len() + 1, i + 4)).collect();
             let claim = format!(
                 "UPDATE run_webhooks SET lease_owner = $1, lease_until = {now_ms} + $2 WHERE id IN (SELECT id FROM run_webhooks \
-                 WHERE state = 'pending' AND next_attempt_ms <= {now_ms} AND lease_until < {now_ms} ORDER BY next_attempt_ms, id LIMIT $3{}) \
+                 WHERE state = 'pending' AND next_attempt_ms <= {now_ms} AND lease_until < {now_ms}{skipped} ORDER BY next_attempt_ms, id LIMIT $3{}) \
                  RETURNING id",
                 DB::SKIP_LOCKED
             );
-            let ids: Vec<i64> = sqlx::query(sqlx::AssertSqlSafe(claim))
-                .bind(holder.owner.as_str())
-                .bind(holder.lease_ms())
-                .bind(limit.min(1000) as i64)
-                .fetch_all(self.pool_ref())
-                .await
-                .map_err(db)?
-                .iter()
-                .map(|r| r.try_get(0))
-                .collect::<Result<_, _>>()
-                .map_err(db)?;
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(claim)).bind(holder.owner.as_str()).bind(holder.lease_ms()).bind(limit.min(1000) as i64);
+            for origin in skip {
+                q = q.bind(format!("{origin}/"));
+            }
+            let ids: Vec<i64> = q.fetch_all(self.pool_ref()).await.map_err(db)?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>().map_err(db)?;
             if ids.is_empty() {
                 return Ok(Vec::new());
             }

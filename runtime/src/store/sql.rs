@@ -388,7 +388,11 @@ where
     fn prune<'a>(&'a self, cutoff: &'a str, limit: usize, dry_run: bool) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             // `created_at <= updated_at`: the first bound lets `runs_by_status` narrow the scan.
-            const ENDED: &str = "status IN ('completed', 'failed', 'cancelled') AND created_at < $1 AND updated_at < $1";
+            // A run whose webhook delivery is still pending stays until it is delivered or its
+            // attempts run out: a retention shorter than the retries' horizon would otherwise
+            // drop the delivery unsent and unsaid (issue 46).
+            const ENDED: &str = "status IN ('completed', 'failed', 'cancelled') AND created_at < $1 AND updated_at < $1 \
+                 AND NOT EXISTS (SELECT 1 FROM run_webhooks w WHERE w.run_id = runs.run_id AND w.state = 'pending')";
             if dry_run {
                 let sql = format!("SELECT COUNT(*) FROM runs WHERE {ENDED}");
                 let n: i64 = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(cutoff).fetch_one(&self.pool).await.map_err(db)?.try_get(0).map_err(db)?;

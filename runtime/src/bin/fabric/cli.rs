@@ -861,6 +861,10 @@ fn flow_lines(settings: &Settings) -> String {
     for (model, limits) in &plan.models {
         out.push_str(&format!("  {model}: {} (FABRIC_CONFIG [llm_limits])\n", show(&limits.over(plan.default))));
     }
+    out.push_str(&format!(
+        "longest pause after a provider's 429: {} s (FABRIC_LLM_MAX_PAUSE_S; a longer stated wait fails its call)\n",
+        plan.max_pause.as_secs_f64()
+    ));
     if plan.any() {
         let pg = settings.service.database_url.starts_with("postgres");
         out.push_str(if pg {

@@ -18,16 +18,34 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{Held, Limits};
+use crate::llm::Wait;
+
+/// The pause a 429 put on a gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    /// How long every call of the model waits: at most the gate's longest pause.
+    pub length: Duration,
+    /// The wait the provider named, when it was longer than the gate's longest pause: the call
+    /// that got it fails rather than wait that long.
+    pub refused: Option<Wait>,
+}
 
 /// Of every `FLOOR` calls let through while several priorities wait, at least one is of a
 /// priority below the highest.
 pub const FLOOR: u32 = 4;
 /// The first pause after a 429 that named no wait; it doubles with every further 429 in a row.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-/// The longest pause a 429 without a hint leads to.
+/// The longest pause a 429 without a hint leads to (and never past the gate's longest pause).
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// The longest pause any hint is taken for (a provider's `Retry-After` of a day is read as this).
+/// The longest pause a provider's 429 may put on a model unless the operator says otherwise
+/// (`FABRIC_LLM_MAX_PAUSE_S`): a longer hint fails its call instead of stalling the model.
+pub const DEFAULT_MAX_PAUSE: Duration = Duration::from_secs(60);
+/// The largest `FABRIC_LLM_MAX_PAUSE_S` accepted.
 pub const MAX_PAUSE: Duration = Duration::from_secs(600);
+/// The deepest a token bucket goes into debt, in seconds of its rate: one minute of `tpm`. A
+/// reply claiming absurd usage (a proxy reporting cumulative or garbage counts) then costs the
+/// model at most a minute, not years.
+const MAX_DEBT_S: f64 = 60.0;
 /// Units of a fleet's budget of a model without a concurrency limit: a replica's share of the
 /// rates is its units over these.
 pub const RATE_UNITS: u32 = 100;
@@ -67,6 +85,12 @@ impl Bucket {
         }
         // A millisecond more: a wake that comes a rounding error early does not spin.
         Some(Duration::from_secs_f64((need - self.level) / self.per_s) + Duration::from_millis(1))
+    }
+
+    /// Takes `n` (a negative `n` gives back), within the bucket's bounds: never over a full
+    /// bucket, never deeper in debt than [`MAX_DEBT_S`] of its rate.
+    fn spend(&mut self, n: f64) {
+        self.level = (self.level - n).clamp(-self.per_s * MAX_DEBT_S, self.cap.max(0.0));
     }
 
     fn set_rate(&mut self, per_minute: f64, min_cap: f64, now: Instant) {
@@ -133,6 +157,8 @@ struct State {
     rpm: Option<Bucket>,
     tpm: Option<Bucket>,
     paused_until: Option<Instant>,
+    /// The longest pause a 429 puts on this model (`FABRIC_LLM_MAX_PAUSE_S`).
+    max_pause: Duration,
     backoff: Duration,
     /// Waiting calls by priority, highest last.
     levels: BTreeMap<u8, Level>,
@@ -224,17 +250,17 @@ impl State {
     fn take(&mut self, estimate: u64) {
         self.in_flight += 1;
         if let Some(b) = &mut self.rpm {
-            b.level -= 1.0;
+            b.spend(1.0);
         }
         if let Some(b) = &mut self.tpm {
-            b.level -= estimate as f64;
+            b.spend(estimate as f64);
         }
     }
 
     fn give_back(&mut self, estimate: u64, used: Option<u64>) {
         self.in_flight = self.in_flight.saturating_sub(1);
         if let (Some(b), Some(used)) = (&mut self.tpm, used) {
-            b.level = (b.level + estimate as f64 - used as f64).min(b.cap);
+            b.spend(used as f64 - estimate as f64);
         }
     }
 
@@ -309,7 +335,7 @@ impl Drop for Ticking {
 }
 
 impl Gate {
-    pub(super) fn new(key: Arc<str>, limits: Limits, pauses: Option<mpsc::UnboundedSender<(Arc<str>, Duration)>>) -> Arc<Gate> {
+    pub(super) fn new(key: Arc<str>, limits: Limits, max_pause: Duration, pauses: Option<mpsc::UnboundedSender<(Arc<str>, Duration)>>) -> Arc<Gate> {
         let mut state = State {
             limits,
             granted: None,
@@ -317,6 +343,7 @@ impl Gate {
             rpm: None,
             tpm: None,
             paused_until: None,
+            max_pause: max_pause.min(MAX_PAUSE),
             backoff: FIRST_BACKOFF,
             levels: BTreeMap::new(),
             top_in_a_row: 0,
@@ -443,28 +470,40 @@ impl Gate {
         tokio::spawn(tick(gate, wake, flag));
     }
 
-    /// A 429 came: every call of this model pauses for `hint`, or for the backoff of the 429s
-    /// in a row; the fleet is told. Returns the pause.
-    pub fn rate_limited(&self, hint: Option<Duration>) -> Duration {
+    /// A 429 came: every call of this model pauses for the wait it named, or for the backoff of
+    /// the 429s in a row, at most the gate's longest pause; the fleet is told, and the log. A
+    /// named wait longer than that longest pause is [`Pause::refused`]: its call fails.
+    pub fn rate_limited(&self, hint: Option<Wait>) -> Pause {
         self.rate_limited.fetch_add(1, Ordering::Relaxed);
         let pause = {
             let mut st = self.lock();
+            let max = st.max_pause;
             let pause = match hint {
-                Some(h) => h.min(MAX_PAUSE),
+                Some(w) => Pause { length: w.after.min(max), refused: (w.after > max).then_some(w) },
                 None => {
-                    let b = st.backoff;
-                    st.backoff = (b * 2).min(MAX_BACKOFF);
-                    b
+                    let b = st.backoff.min(max);
+                    st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
+                    Pause { length: b, refused: None }
                 }
             };
-            Self::pause_locked(&mut st, pause);
+            Self::pause_locked(&mut st, pause.length);
             pause
         };
-        if let Some(tx) = &self.pauses {
-            let _ = tx.send((self.key.clone(), pause));
+        let from = hint.map_or("no hint: backoff of the 429s in a row", |w| w.from);
+        let stated_s = hint.map(|w| w.after.as_secs_f64());
+        tracing::warn!(model = %self.key, pause_s = pause.length.as_secs_f64(), from, stated_s, refused = pause.refused.is_some(), "a provider's 429 pauses every call of this model");
+        if let Some(tx) = &self.pauses
+            && !pause.length.is_zero()
+        {
+            let _ = tx.send((self.key.clone(), pause.length));
         }
         self.wake.notify_one();
         pause
+    }
+
+    /// The longest pause a 429 puts on this model.
+    pub fn max_pause(&self) -> Duration {
+        self.lock().max_pause
     }
 
     fn pause_locked(st: &mut State, pause: Duration) {
@@ -479,7 +518,10 @@ impl Gate {
 
     /// A pause another replica of the fleet was told of: `remaining` from now.
     pub fn pause_from_fleet(&self, remaining: Duration) {
-        Self::pause_locked(&mut self.lock(), remaining.min(MAX_PAUSE));
+        let mut st = self.lock();
+        let max = st.max_pause;
+        Self::pause_locked(&mut st, remaining.min(max));
+        drop(st);
         self.wake.notify_one();
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-pub use gate::{Gate, GateStatus, Permit};
+pub use gate::{DEFAULT_MAX_PAUSE, Gate, GateStatus, MAX_PAUSE, Pause, Permit};
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass};
 use crate::events::EventData;
@@ -72,11 +72,19 @@ impl Held {
 }
 
 /// The limits in force: the defaults (`FABRIC_LLM_*`) and, per `provider:model`, the config
-/// file's `[llm_limits."provider:model"]`, field by field over the defaults.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// file's `[llm_limits."provider:model"]`, field by field over the defaults; and the longest
+/// pause a provider's 429 may put on a model (`FABRIC_LLM_MAX_PAUSE_S`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct FlowPlan {
     pub default: Limits,
     pub models: BTreeMap<String, Limits>,
+    pub max_pause: Duration,
+}
+
+impl Default for FlowPlan {
+    fn default() -> FlowPlan {
+        FlowPlan { default: Limits::default(), models: BTreeMap::new(), max_pause: DEFAULT_MAX_PAUSE }
+    }
 }
 
 impl FlowPlan {
@@ -125,7 +133,7 @@ impl Flow {
             return None;
         }
         let mut gates = self.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let gate = gates.entry(key.clone()).or_insert_with(|| Gate::new(key.into(), limits, Some(self.pauses_tx.clone())));
+        let gate = gates.entry(key.clone()).or_insert_with(|| Gate::new(key.into(), limits, self.plan.max_pause, Some(self.pauses_tx.clone())));
         Some(gate.clone())
     }
 
@@ -177,27 +185,43 @@ impl<L: Llm> FlowLlm<L> {
                 return Err(LlmError::new(ReasonClass::RateLimited, message));
             }
         };
-        let result = self.inner.call(req).await;
-        match &result {
+        let mut result = self.inner.call(req).await;
+        match &mut result {
             Ok(reply) => {
                 if let Some(u) = reply.meta.usage {
-                    permit.used(u.input_tokens + u.output_tokens);
+                    permit.used(u.total());
                 }
                 gate.succeeded();
             }
             // Paused before the permit goes back: no call of this model goes out meanwhile.
             Err(e) if e.class == ReasonClass::RateLimited => {
-                gate.rate_limited(e.retry_after);
+                if let Some(named) = gate.rate_limited(e.retry_after).refused {
+                    // Waiting that long is the operator's to allow, not the provider's to impose.
+                    e.give_up = true;
+                    e.message = format!(
+                        "{}: {} asked to wait {} ({}), longer than the longest pause allowed ({} s, FABRIC_LLM_MAX_PAUSE_S); the call fails now instead",
+                        e.message,
+                        gate.key(),
+                        stated(named.after),
+                        named.from,
+                        gate.max_pause().as_secs_f64()
+                    );
+                }
             }
             Err(e) => {
                 if let Some(u) = e.reply.as_ref().and_then(|m| m.usage) {
-                    permit.used(u.input_tokens + u.output_tokens);
+                    permit.used(u.total());
                 }
             }
         }
         drop(permit);
         result
     }
+}
+
+/// A provider's stated wait in words: read up to a day, so a day means "a day or more".
+fn stated(after: Duration) -> String {
+    if after >= crate::llm::providers::MAX_RETRY_AFTER { "a day or more".to_owned() } else { format!("{:.1} s", after.as_secs_f64()) }
 }
 
 impl<L: Llm> Llm for FlowLlm<L> {

@@ -6,11 +6,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::gate::{FIRST_BACKOFF, FLOOR, MAX_PAUSE};
+use super::gate::{FIRST_BACKOFF, FLOOR};
 use super::*;
+use crate::llm::Wait;
 
 fn gate(limits: Limits) -> Arc<Gate> {
-    Gate::new("openai:m".into(), limits, None)
+    Gate::new("openai:m".into(), limits, DEFAULT_MAX_PAUSE, None)
+}
+
+fn hint(s: u64) -> Option<Wait> {
+    Some(Wait { after: Duration::from_secs(s), from: "retry-after" })
 }
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -68,17 +73,59 @@ async fn tpm_takes_the_estimate_and_the_reply_corrects_it() {
 #[tokio::test(start_paused = true)]
 async fn a_429_pauses_every_call_for_its_hint_and_backs_off_without_one() {
     let g = gate(Limits::default());
-    assert_eq!(g.rate_limited(Some(Duration::from_secs(2))), Duration::from_secs(2));
+    assert_eq!(g.rate_limited(hint(2)), Pause { length: Duration::from_secs(2), refused: None });
     let start = Instant::now();
     let (_p, w) = g.acquire("r", 0, 1, LONG).await.unwrap();
     assert_eq!(w.map(|w| w.0), Some(Held::Paused));
     assert!(start.elapsed() >= Duration::from_secs(2));
-    assert_eq!(g.rate_limited(None), FIRST_BACKOFF);
-    assert_eq!(g.rate_limited(None), FIRST_BACKOFF * 2);
+    assert_eq!(g.rate_limited(None).length, FIRST_BACKOFF);
+    assert_eq!(g.rate_limited(None).length, FIRST_BACKOFF * 2);
     g.succeeded();
-    assert_eq!(g.rate_limited(None), FIRST_BACKOFF, "a success starts the backoff again");
-    assert_eq!(g.rate_limited(Some(Duration::from_secs(86_400))), MAX_PAUSE);
-    assert_eq!(g.status().rate_limited, 4 + 1);
+    assert_eq!(g.rate_limited(None).length, FIRST_BACKOFF, "a success starts the backoff again");
+    assert_eq!(g.status().rate_limited, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_named_wait_past_the_longest_pause_is_refused_and_pauses_only_that_long() {
+    let g = Gate::new("openai:m".into(), Limits::default(), Duration::from_secs(5), None);
+    let p = g.rate_limited(hint(86_400));
+    assert_eq!(p, Pause { length: Duration::from_secs(5), refused: hint(86_400) });
+    let start = Instant::now();
+    let (_p, w) = g.acquire("r", 0, 1, LONG).await.unwrap();
+    assert_eq!(w.map(|w| w.0), Some(Held::Paused));
+    assert!(start.elapsed() <= Duration::from_secs(5) + Duration::from_millis(10), "{:?}", start.elapsed());
+    // The backoff without a hint is bounded the same way, and so is a fleet's pause.
+    for _ in 0..10 {
+        assert!(g.rate_limited(None).length <= Duration::from_secs(5));
+    }
+    g.pause_from_fleet(Duration::from_secs(600));
+    assert!(g.status().paused_for.unwrap() <= Duration::from_secs(5));
+    // Zero: a named wait fails its call, and nothing pauses.
+    let z = Gate::new("openai:m".into(), Limits::default(), Duration::ZERO, None);
+    assert_eq!(z.rate_limited(hint(1)), Pause { length: Duration::ZERO, refused: hint(1) });
+    let start = Instant::now();
+    z.acquire("r", 0, 1, LONG).await.unwrap();
+    assert!(start.elapsed().is_zero());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reply_claiming_absurd_usage_costs_at_most_a_minute_of_tokens() {
+    // 6000 a minute: 100 a second.
+    let g = gate(Limits { tpm: Some(6000), ..Limits::default() });
+    let (mut p, _) = g.acquire("r", 0, 10, LONG).await.unwrap();
+    p.used(u64::MAX);
+    drop(p);
+    let start = Instant::now();
+    let (_p, w) = g.acquire("r", 0, 10, LONG).await.unwrap();
+    assert_eq!(w.map(|w| w.0), Some(Held::Tpm));
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(60) && waited <= Duration::from_secs(61), "one minute of debt, then room: {waited:?}");
+    // A request estimated far past the bucket is bounded the same way.
+    let g = gate(Limits { tpm: Some(6000), ..Limits::default() });
+    drop(g.acquire("r", 0, 10_000_000_000, LONG).await.unwrap());
+    let start = Instant::now();
+    g.acquire("r", 0, 1, LONG).await.unwrap();
+    assert!(start.elapsed() <= Duration::from_secs(61), "{:?}", start.elapsed());
 }
 
 /// Queues `(route, priority, count)` in that order behind a held one-call gate, lets it go, and
@@ -156,7 +203,7 @@ impl Llm for Once429 {
         Box::pin(async move {
             if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
                 let mut e = LlmError::new(ReasonClass::RateLimited, "HTTP 429");
-                e.retry_after = Some(Duration::from_secs(2));
+                e.retry_after = Some(Wait { after: Duration::from_secs(2), from: "retry-after" });
                 return Err(e);
             }
             Ok(LlmReply { value: super::super::ReplyValue::Text("ok".into()), meta: Default::default(), raw: None })
@@ -194,4 +241,47 @@ async fn the_decorator_pauses_its_gate_on_a_429_and_says_what_held_a_call() {
     assert!(flow.gate(&ModelInfo { provider: "stub".into(), model: "x".into(), ..ModelInfo::default() }, false).is_some(), "limits apply to all");
     let none = Flow::new(FlowPlan::default());
     assert!(none.gate(&ModelInfo::default(), false).is_none());
+}
+
+/// A backend that always answers 429 naming a wait of a day.
+#[derive(Debug, Default)]
+struct DayLong(AtomicU32);
+
+impl Llm for DayLong {
+    fn complete<'a>(&'a self, _req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
+        Box::pin(async move {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let mut e = LlmError::new(ReasonClass::RateLimited, "HTTP 429 from openai");
+            e.retry_after = Some(Wait { after: crate::llm::providers::MAX_RETRY_AFTER, from: "retry-after" });
+            Err(e)
+        })
+    }
+
+    fn info(&self) -> ModelInfo {
+        ModelInfo { provider: "openai".into(), model: "m".into(), ..ModelInfo::default() }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_told_to_wait_past_the_longest_pause_fails_at_once_and_is_not_retried() {
+    let flow = Flow::new(FlowPlan::default());
+    let backend = DayLong::default();
+    let gate = flow.gate(&backend.info(), true).unwrap();
+    let policy = crate::llm::model::RetryPolicy { jitter_seed: Some(1), ..Default::default() };
+    let llm = crate::llm::retry::RetryLlm::new(FlowLlm::new(backend, Some(gate.clone()), Duration::from_secs(300)), policy);
+    let events = crate::events::RunEvents::new("run", "r", None, Arc::new(crate::events::MemorySink::default()));
+    let (cx, never) = (opentelemetry::Context::current(), crate::cancel::Cancel::never());
+    let output = crate::llm::OutputSpec::Text;
+    let req =
+        LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never };
+    let start = Instant::now();
+    let e = llm.call(&req).await.unwrap_err();
+    assert!(start.elapsed().is_zero(), "failed at once: {:?}", start.elapsed());
+    assert_eq!(e.class, ReasonClass::RateLimited);
+    assert!(e.give_up);
+    for part in ["openai:m asked to wait a day or more (retry-after)", "FABRIC_LLM_MAX_PAUSE_S", "60 s"] {
+        assert!(e.message.contains(part), "{part}: {}", e.message);
+    }
+    assert_eq!(llm.info().model, "m");
+    assert!(gate.status().paused_for.unwrap() <= DEFAULT_MAX_PAUSE, "the model pauses at most the longest pause");
 }

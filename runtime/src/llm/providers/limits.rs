@@ -3,29 +3,36 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{MAX_RETRY_AFTER, retry_after};
+use super::{MAX_RETRY_AFTER, Wait, retry_after};
 
 /// The wait a 429 names: `retry-after-ms`/`retry-after`; else OpenAI's
 /// `x-ratelimit-reset-requests`/`-tokens` (Go durations: `6m0s`, `1.5s`, `20ms`); else
 /// Anthropic's `anthropic-ratelimit-*-reset` (RFC 3339 instants); else Gemini's
 /// `error.details[].retryDelay` in the body (`"2s"`). Of several resets the longest, since the
 /// 429 does not say which limit it hit. Anything unreadable is no hint (the gate backs off).
-pub fn rate_limit_hint(headers: &reqwest::header::HeaderMap, body: Option<&[u8]>, now: SystemTime) -> Option<Duration> {
-    if let Some(d) = retry_after(headers) {
-        return Some(d);
+/// Each is read up to [`MAX_RETRY_AFTER`]; the gate bounds the pause it takes by the
+/// operator's `FABRIC_LLM_MAX_PAUSE_S`.
+pub fn rate_limit_hint(headers: &reqwest::header::HeaderMap, body: Option<&[u8]>, now: SystemTime) -> Option<Wait> {
+    if let Some(w) = retry_after(headers) {
+        return Some(w);
     }
     let text = |k: &str| headers.get(k).and_then(|v| v.to_str().ok()).map(str::trim);
-    let longest = |ds: &mut dyn Iterator<Item = Duration>| ds.max();
-    let openai = ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"];
-    if let Some(d) = longest(&mut openai.iter().filter_map(|k| text(k)).filter_map(go_duration)) {
-        return Some(d.min(MAX_RETRY_AFTER));
+    let longest = |ws: &mut dyn Iterator<Item = Wait>| ws.max_by_key(|w| w.after).map(|w| Wait { after: w.after.min(MAX_RETRY_AFTER), from: w.from });
+    const OPENAI: [&str; 2] = ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"];
+    if let Some(w) = longest(&mut OPENAI.iter().filter_map(|k| Some(Wait { after: go_duration(text(k)?)?, from: k }))) {
+        return Some(w);
     }
-    let anthropic = ["requests", "tokens", "input-tokens", "output-tokens"].map(|k| format!("anthropic-ratelimit-{k}-reset"));
+    const ANTHROPIC: [&str; 4] = [
+        "anthropic-ratelimit-requests-reset",
+        "anthropic-ratelimit-tokens-reset",
+        "anthropic-ratelimit-input-tokens-reset",
+        "anthropic-ratelimit-output-tokens-reset",
+    ];
     let until = |t: &str| humantime::parse_rfc3339_weak(t).ok().map(|at| at.duration_since(now).unwrap_or(Duration::ZERO));
-    if let Some(d) = longest(&mut anthropic.iter().filter_map(|k| text(k)).filter_map(until)) {
-        return Some(d.min(MAX_RETRY_AFTER));
+    if let Some(w) = longest(&mut ANTHROPIC.iter().filter_map(|k| Some(Wait { after: until(text(k)?)?, from: k }))) {
+        return Some(w);
     }
-    body.and_then(gemini_retry_delay).map(|d| d.min(MAX_RETRY_AFTER))
+    body.and_then(gemini_retry_delay).map(|d| Wait { after: d.min(MAX_RETRY_AFTER), from: "error.details[].retryDelay" })
 }
 
 /// A Go duration as OpenAI writes its resets: numbers (maybe fractional) each with a unit of
@@ -81,11 +88,14 @@ mod tests {
     #[test]
     fn each_providers_hint_is_read() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let hint = |h: &[(&str, &str)], body: Option<&str>| rate_limit_hint(&headers(h), body.map(str::as_bytes), now);
+        let hint = |h: &[(&str, &str)], body: Option<&str>| rate_limit_hint(&headers(h), body.map(str::as_bytes), now).map(|w| w.after);
         assert_eq!(hint(&[("retry-after", "2"), ("x-ratelimit-reset-requests", "9s")], None), Some(Duration::from_secs(2)));
         assert_eq!(hint(&[("x-ratelimit-reset-requests", "20ms"), ("x-ratelimit-reset-tokens", "6m0s")], None), Some(Duration::from_secs(360)));
         assert_eq!(hint(&[("x-ratelimit-reset-tokens", "1.5s")], None), Some(Duration::from_millis(1500)));
         assert_eq!(hint(&[("x-ratelimit-reset-requests", "1h2m3s")], None), Some(MAX_RETRY_AFTER.min(Duration::from_secs(3723))));
+        assert_eq!(hint(&[("x-ratelimit-reset-tokens", "99999999h")], None), Some(MAX_RETRY_AFTER), "an hours-long reset is read up to a day");
+        let from = rate_limit_hint(&headers(&[("x-ratelimit-reset-requests", "1s"), ("x-ratelimit-reset-tokens", "6s")]), None, now).map(|w| w.from);
+        assert_eq!(from, Some("x-ratelimit-reset-tokens"), "the header of the longest is named");
         let at = humantime::format_rfc3339(now + Duration::from_secs(7)).to_string();
         assert_eq!(hint(&[("anthropic-ratelimit-tokens-reset", &at)], None), Some(Duration::from_secs(7)));
         let past = humantime::format_rfc3339(now - Duration::from_secs(7)).to_string();

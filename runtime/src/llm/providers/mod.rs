@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta, finish_reply};
+use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta, Wait, finish_reply};
 use crate::failure::ClientError;
 use crate::llm::OutputSpec;
 use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
@@ -171,15 +171,17 @@ fn schema_name(stage_id: &str) -> String {
 
 /// Reads `retry-after-ms` or `retry-after` (seconds, possibly fractional). Any value a peer
 /// sends is safe: negative, non-finite or unreadable values are ignored, and huge ones are read
-/// as [`MAX_RETRY_AFTER`] (the retry layer caps the wait again at its own maximum).
-pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let seconds = |k: &str, scale: f64| -> Option<Duration> {
-        let text = headers.get(k)?.to_str().ok()?;
+/// as [`MAX_RETRY_AFTER`] (the retry layer and the flow gate cap the wait again at their own
+/// maximums, which an operator sets).
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Wait> {
+    let seconds = |from: &'static str, scale: f64| -> Option<Wait> {
+        let text = headers.get(from)?.to_str().ok()?;
         let value = text.trim().parse::<f64>().ok()?;
         if !value.is_finite() || value < 0.0 {
             return None;
         }
-        Some(Duration::try_from_secs_f64(value * scale).map_or(MAX_RETRY_AFTER, |d| d.min(MAX_RETRY_AFTER)))
+        let after = Duration::try_from_secs_f64(value * scale).map_or(MAX_RETRY_AFTER, |d| d.min(MAX_RETRY_AFTER));
+        Some(Wait { after, from })
     };
     seconds("retry-after-ms", 0.001).or_else(|| seconds("retry-after", 1.0))
 }
@@ -378,11 +380,13 @@ mod tests {
 
     #[test]
     fn retry_after_values() {
-        assert_eq!(retry_after(&headers("retry-after", "2")), Some(Duration::from_secs(2)));
-        assert_eq!(retry_after(&headers("retry-after", " 0.25 ")), Some(Duration::from_millis(250)));
-        assert_eq!(retry_after(&headers("retry-after-ms", "1500")), Some(Duration::from_millis(1500)));
-        assert_eq!(retry_after(&headers("retry-after", "1e308")), Some(MAX_RETRY_AFTER));
-        assert_eq!(retry_after(&headers("retry-after-ms", "1e30")), Some(MAX_RETRY_AFTER));
+        let after = |name, value| retry_after(&headers(name, value)).map(|w| (w.after, w.from));
+        assert_eq!(after("retry-after", "2"), Some((Duration::from_secs(2), "retry-after")));
+        assert_eq!(after("retry-after", " 0.25 "), Some((Duration::from_millis(250), "retry-after")));
+        assert_eq!(after("retry-after-ms", "1500"), Some((Duration::from_millis(1500), "retry-after-ms")));
+        assert_eq!(after("retry-after", "1e308"), Some((MAX_RETRY_AFTER, "retry-after")));
+        assert_eq!(after("retry-after-ms", "1e30"), Some((MAX_RETRY_AFTER, "retry-after-ms")));
+        assert_eq!(after("retry-after", "18446744073709551616"), Some((MAX_RETRY_AFTER, "retry-after")));
         for bad in ["-1", "NaN", "inf", "-inf", "soon", "Wed, 21 Oct 2015 07:28:00 GMT", ""] {
             assert_eq!(retry_after(&headers("retry-after", bad)), None, "{bad}");
         }
@@ -405,8 +409,8 @@ mod tests {
         fn any_retry_after_is_safe(value in "\\PC{0,40}", number in proptest::num::f64::ANY, ms in any::<bool>()) {
             let name = if ms { "retry-after-ms" } else { "retry-after" };
             for text in [value, number.to_string(), format!("{number:e}")] {
-                if let Some(d) = retry_after(&headers(name, &text)) {
-                    prop_assert!(d <= MAX_RETRY_AFTER);
+                if let Some(w) = retry_after(&headers(name, &text)) {
+                    prop_assert!(w.after <= MAX_RETRY_AFTER);
                 }
             }
         }
