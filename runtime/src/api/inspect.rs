@@ -52,6 +52,7 @@ pub(super) async fn run_updates(
     // The first read answers errors as errors; later ones end the stream.
     let initial = if reads_store { store.list_runs(&filter).await.map_err(store_error)? } else { Vec::new() };
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
+    let stall = state.inner.config.stream_stall;
     tokio::spawn(async move {
         let _permit = permit;
         let until = Instant::now() + UPDATES_MAX_AGE;
@@ -61,6 +62,9 @@ pub(super) async fn run_updates(
         let mut started = false;
         loop {
             let mut changed = Vec::new();
+            // Only the window's runs are remembered: a long stream over a busy store would
+            // otherwise keep every run it ever saw.
+            seen.retain(|id, _| runs.iter().any(|r| r.run_id == *id));
             for run in runs {
                 let key = (run.status, run.updated_at.clone());
                 match seen.insert(run.run_id.clone(), key.clone()) {
@@ -77,7 +81,10 @@ pub(super) async fn run_updates(
             for run in changed.into_iter().rev() {
                 id += 1;
                 let Ok(data) = serde_json::to_string(&RunView::of(run)) else { continue };
-                if tx.send(SseEvent::default().id(id.to_string()).event("run").data(data)).await.is_err() {
+                // A client that reads nothing ends its stream after `stall`, and the stream's
+                // age is kept even while a send waits.
+                let sent = tokio::time::timeout_at(until.into(), send_within(&tx, SseEvent::default().id(id.to_string()).event("run").data(data), stall));
+                if !matches!(sent.await, Ok(true)) {
                     return;
                 }
             }

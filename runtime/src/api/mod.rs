@@ -81,6 +81,10 @@ pub struct ApiConfig {
     pub max_event_streams: usize,
     /// How long [`serve`]'s shutdown lets the runs in flight finish before it hands them over.
     pub shutdown_grace: Duration,
+    /// How long an event stream may wait for its client to take the next event; past it the
+    /// stream ends (the client reconnects with `Last-Event-ID`). A client that keeps its
+    /// connection open and reads nothing would otherwise hold its stream's place for good.
+    pub stream_stall: Duration,
 }
 
 impl Default for ApiConfig {
@@ -101,6 +105,7 @@ impl Default for ApiConfig {
             max_run_streams: 32,
             max_event_streams: 4096,
             shutdown_grace: Duration::from_secs(30),
+            stream_stall: Duration::from_secs(30),
         }
     }
 }
@@ -794,10 +799,20 @@ async fn start_run(
         return keyed::replayed(&state, &req, run, wait.wait).await;
     }
     let permit = state.inner.in_flight.clone().try_acquire_owned().ok();
-    if permit.is_none() {
+    // A session's `enqueue` or `interrupt` start is stored queued whatever room there is (it
+    // waits behind the session's live runs): the queue's bound holds for it too, or one client
+    // could queue runs without end behind a run that waits on it (issue 46).
+    let policy = req.multitask.unwrap_or(state.inner.runtime.settings().service.session_policy);
+    let queued_start = req.session_id.as_deref().is_some_and(|s| !s.is_empty())
+        && matches!(policy, crate::config::SessionPolicy::Enqueue | crate::config::SessionPolicy::Interrupt);
+    if permit.is_none() || queued_start {
         let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
-        if config.max_queued == 0 {
+        if config.max_queued == 0 && permit.is_none() {
             return Err(too_many());
+        }
+        if config.max_queued == 0 {
+            let why = "FABRIC_MAX_QUEUED_RUNS is 0: no run waits in the queue, and a session's `enqueue` or `interrupt` start always does";
+            return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_runs", why));
         }
         if store.queued().await.map_err(store_error)? >= config.max_queued {
             let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_runs", "the fleet's queue of runs is full; retry shortly");
@@ -935,7 +950,19 @@ async fn waited(state: &AppState, run_id: &str) -> Result<Json<RunView>, ApiErro
         if !v.status.is_pending() || Instant::now() >= deadline {
             return Ok(Json(v));
         }
-        tokio::time::sleep(FOLLOW_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+        // Not executing here: the run's shared poller (one per run, however many wait on it or
+        // stream it), until it ends or asks, or this process executes it; the store is read
+        // again then. Each waiter polling the store itself cost five reads a second.
+        let Some(store) = state.inner.runtime.store().cloned() else {
+            tokio::time::sleep(FOLLOW_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+            continue;
+        };
+        let mut feed = state.inner.feeds.follow(store, run_id);
+        let moved = feed.state.wait_for(|s| s.ended || state.inner.live.get(run_id).is_some());
+        if !matches!(tokio::time::timeout_at(deadline.into(), moved).await, Ok(Ok(_))) {
+            // The poller stopped (a store error: read the store once more) or the wait is over.
+            tokio::time::sleep(FOLLOW_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+        }
     }
 }
 
@@ -1003,7 +1030,7 @@ fn parse_status(status: Option<&str>) -> Result<Option<StoredStatus>, ApiError> 
 /// A run's events as Server-Sent Events: from the start, or after `Last-Event-ID`; live until
 /// the run ends or asks (or a shutdown's grace period is over: then a `: shutting down` comment
 /// ends it). Each event's id is its `seq`.
-#[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = RUN_ID_PARAM), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq")),
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = RUN_ID_PARAM), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq (0 to 9223372036854775807)")),
     responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 400, description = "A `Last-Event-ID` that is not a seq, or a path that does not parse", body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, description = "Too many event streams open, of this run (32) or in all (4096); see `Retry-After`", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn run_events(
@@ -1018,6 +1045,8 @@ async fn run_events(
             .to_str()
             .ok()
             .and_then(|v| v.trim().parse().ok())
+            // A seq is an integer column of the store: past its range, no event is after it.
+            .filter(|n| *n <= i64::MAX as u64)
             .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "`Last-Event-ID` must be the `seq` of an event (a whole number)"))?,
     };
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
@@ -1037,6 +1066,7 @@ async fn run_events(
     // as it reads the connection's end, and `closed` fires. Waiting only on sends held the slot
     // of a gone client for as long as its run made no event (issue 46).
     let gone = tx.clone();
+    let stall = config.stream_stall;
     let stream = async move {
         let sse = |seq: u64, kind: &str, json: &str| SseEvent::default().id(seq.to_string()).event(kind).data(json);
         let mut last = after;
@@ -1054,7 +1084,7 @@ async fn run_events(
             let Ok(stored) = store.events_after(&run_id, last).await else { return };
             for e in stored {
                 last = e.seq;
-                if tx.send(sse(e.seq, &e.kind, &e.body)).await.is_err() {
+                if !send_within(&tx, sse(e.seq, &e.kind, &e.body), stall).await {
                     return;
                 }
             }
@@ -1064,7 +1094,7 @@ async fn run_events(
                     let (events, ended) = live.events_after(last);
                     for e in events {
                         last = e.seq;
-                        if tx.send(sse(e.seq, e.kind, &e.json)).await.is_err() {
+                        if !send_within(&tx, sse(e.seq, e.kind, &e.json), stall).await {
                             return;
                         }
                     }
@@ -1092,7 +1122,7 @@ async fn run_events(
                 return;
             }
             let Some(mut feed) = feed else { continue };
-            match follow_feed(&follower, &run_id, &mut feed, &mut last, &tx, &*store).await {
+            match follow_feed(&follower, &run_id, &mut feed, &mut last, &tx, &*store, stall).await {
                 Followed::Ended => return,
                 Followed::Again => continue,
             }
@@ -1128,23 +1158,26 @@ enum Sent {
 }
 
 /// Sends an event a poller handed on, if it is the next one (`seq` right after `last`).
-async fn send_next(e: &crate::store::StoredEvent, last: &mut u64, tx: &tokio::sync::mpsc::Sender<SseEvent>) -> Sent {
-    if e.seq > *last + 1 {
+async fn send_next(e: &crate::store::StoredEvent, last: &mut u64, tx: &tokio::sync::mpsc::Sender<SseEvent>, stall: Duration) -> Sent {
+    if e.seq > last.saturating_add(1) {
         return Sent::Gap;
     }
-    send_after(e, last, tx).await
+    send_after(e, last, tx, stall).await
 }
 
 /// Sends an event read from the store (the record: whatever its `seq`s), if it is after `last`.
-async fn send_after(e: &crate::store::StoredEvent, last: &mut u64, tx: &tokio::sync::mpsc::Sender<SseEvent>) -> Sent {
+async fn send_after(e: &crate::store::StoredEvent, last: &mut u64, tx: &tokio::sync::mpsc::Sender<SseEvent>, stall: Duration) -> Sent {
     if e.seq <= *last {
         return Sent::Ok;
     }
     *last = e.seq;
-    match tx.send(SseEvent::default().id(e.seq.to_string()).event(&e.kind).data(&e.body)).await {
-        Ok(()) => Sent::Ok,
-        Err(_) => Sent::Gone,
-    }
+    if send_within(tx, SseEvent::default().id(e.seq.to_string()).event(&e.kind).data(&e.body), stall).await { Sent::Ok } else { Sent::Gone }
+}
+
+/// Hands an event to a stream's body; false when the client went, or took nothing for `stall`
+/// (its connection open, its reading stopped: the stream ends, and its place is given back).
+pub(super) async fn send_within(tx: &tokio::sync::mpsc::Sender<SseEvent>, event: SseEvent, stall: Duration) -> bool {
+    matches!(tokio::time::timeout(stall, tx.send(event)).await, Ok(Ok(())))
 }
 
 /// Sends a run's events as its shared poller hands them on, each once and in order, until the
@@ -1156,6 +1189,7 @@ async fn follow_feed(
     last: &mut u64,
     tx: &tokio::sync::mpsc::Sender<SseEvent>,
     store: &dyn crate::store::RunStore,
+    stall: Duration,
 ) -> Followed {
     use tokio::sync::broadcast::error::{RecvError, TryRecvError};
     loop {
@@ -1163,14 +1197,14 @@ async fn follow_feed(
             biased;
             _ = tx.closed() => return Followed::Ended,
             e = feed.events.recv() => match e {
-                Ok(e) => match send_next(&e, last, tx).await {
+                Ok(e) => match send_next(&e, last, tx, stall).await {
                     Sent::Ok => {}
                     Sent::Gone => return Followed::Ended,
                     // This stream joined between the poller's reads: the store has the rest.
                     Sent::Gap => {
                         let Ok(stored) = store.events_after(run_id, *last).await else { return Followed::Ended };
                         for e in stored {
-                            if let Sent::Gone = send_after(&e, last, tx).await {
+                            if let Sent::Gone = send_after(&e, last, tx, stall).await {
                                 return Followed::Ended;
                             }
                         }
@@ -1191,7 +1225,7 @@ async fn follow_feed(
                 // event waits for the next one to be seen.
                 loop {
                     match feed.events.try_recv() {
-                        Ok(e) => match send_next(&e, last, tx).await {
+                        Ok(e) => match send_next(&e, last, tx, stall).await {
                             Sent::Ok => {}
                             Sent::Gap => break,
                             Sent::Gone => return Followed::Ended,
@@ -1203,7 +1237,7 @@ async fn follow_feed(
                 if *last < now.last {
                     let Ok(stored) = store.events_after(run_id, *last).await else { return Followed::Ended };
                     for e in stored {
-                        if let Sent::Gone = send_after(&e, last, tx).await {
+                        if let Sent::Gone = send_after(&e, last, tx, stall).await {
                             return Followed::Ended;
                         }
                     }

@@ -167,3 +167,99 @@ async fn a_watcher_that_goes_away_gives_its_stream_slot_back() {
         again.push(conn);
     }
 }
+
+/// A client that keeps its connection and reads nothing: its stream ends after
+/// `ApiConfig::stream_stall`, and its place is given back (the body is never polled here, as
+/// hyper stops polling one whose client's window is shut). Also a `Last-Event-ID` past the
+/// store's range is a 400, not an overflow.
+#[tokio::test]
+async fn a_client_that_reads_nothing_gives_its_stream_slot_back_after_the_stall_bound() {
+    use axum::body::Body;
+    use axum::http::Request;
+    use fabric::api::{ApiConfig, AppState, router};
+    use fabric::events::EventKind;
+    use fabric::exec::JournalBatch;
+    use fabric::store::{Holder, NewRun};
+    use tower::ServiceExt;
+    let store = fabric::store::open("sqlite::memory:").await.unwrap();
+    let runtime = fabric::runtime::Runtime::builder()
+        .settings(fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
+        .catalogue_dirs(crate::support::routes_dir(), crate::support::packs_dir())
+        .stub(fabric::llm::stub::StubLlm::default())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let token = "t".repeat(32);
+    let config = ApiConfig { token: Some(token.clone()), stream_stall: Duration::from_millis(500), ..ApiConfig::default() };
+    let app = router(AppState::new(std::sync::Arc::new(runtime), config));
+    let request = |uri: &str, last: Option<&str>| {
+        let mut r = Request::builder().uri(uri).header("authorization", format!("Bearer {token}"));
+        if let Some(l) = last {
+            r = r.header("last-event-id", l);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    // A run executed by another replica, with far more events than a stream buffers.
+    let elsewhere = Holder::new(Duration::from_secs(30));
+    let contract = json!({"route_id": "support-triage", "goal": {}, "model_profile": "default"});
+    let id = "0190a000-0000-7000-8000-0000000000aa";
+    let lease = store.create_run(NewRun::new(id, "support-triage", &contract), Some(&elsewhere)).await.unwrap().unwrap();
+    let events = (1..=400)
+        .map(|seq| fabric::events::Event {
+            kind: EventKind::StageStarted,
+            run_id: id.into(),
+            route_id: "support-triage".into(),
+            seq,
+            ts: "2026-01-01T00:00:00.000Z".into(),
+            stage_id: None,
+            parent_run_id: None,
+            data: crate::support::bare_data(EventKind::StageStarted),
+        })
+        .collect();
+    store.commit(&lease, JournalBatch { events, ..Default::default() }).await.unwrap();
+    let mut unread = Vec::new();
+    for _ in 0..4 {
+        let response = app.clone().oneshot(request(&format!("/v1/runs/{id}/events"), None)).await.unwrap();
+        assert_eq!(response.status(), 200);
+        unread.push(response.into_body());
+    }
+    let open = |app: axum::Router| async move {
+        let response = app.oneshot(request("/metrics", None)).await.unwrap();
+        let text = String::from_utf8(axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap().to_vec()).unwrap();
+        text.lines().find_map(|l| l.strip_prefix("fabric_event_streams ")).unwrap().to_owned()
+    };
+    assert_eq!(open(app.clone()).await, "4");
+    let began = Instant::now();
+    while open(app.clone()).await != "0" {
+        assert!(began.elapsed() < Duration::from_secs(10), "four streams nobody reads still hold their places");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(unread);
+    for bad in ["18446744073709551615", "9223372036854775808"] {
+        let response = app.clone().oneshot(request(&format!("/v1/runs/{id}/events"), Some(bad))).await.unwrap();
+        assert_eq!(response.status(), 400, "{bad}");
+    }
+    let last = app.clone().oneshot(request(&format!("/v1/runs/{id}/events"), Some("9223372036854775807"))).await.unwrap();
+    assert_eq!(last.status(), 200, "the store's largest seq is a seq");
+}
+
+/// A session's `enqueue` starts are queued whatever room there is: `FABRIC_MAX_QUEUED_RUNS`
+/// bounds them too (issue 46: one client queued runs without end behind a run that waits on it).
+#[tokio::test]
+async fn a_sessions_enqueued_starts_are_bounded_by_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = crate::service::asking_stub();
+    let server = crate::service::Server::start(&db, stub.path(), &[("FABRIC_MAX_QUEUED_RUNS", "2"), ("FABRIC_SESSION_POLICY", "enqueue")]);
+    let start = |k: usize| json!({"route_id": "support-agent", "goal": {"question": format!("refund {k}?")}, "model_profile": "default", "session_id": "s-1"});
+    // The first asks, and waits on its user: the session is live.
+    let (status, first) = crate::service::post(&server, "/v1/runs?wait=true", start(0)).await;
+    assert_eq!((status, first["status"].as_str()), (200, Some("awaiting_input")), "{first}");
+    let mut codes = Vec::new();
+    for k in 1..=4 {
+        let (status, body) = crate::service::post(&server, "/v1/runs", start(k)).await;
+        codes.push((status, body["error"]["code"].as_str().unwrap_or_default().to_owned()));
+    }
+    let want: Vec<(u16, String)> = vec![(201, String::new()), (201, String::new()), (429, "too_many_runs".into()), (429, "too_many_runs".into())];
+    assert_eq!(codes, want);
+}
