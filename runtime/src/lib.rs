@@ -33,6 +33,7 @@ pub mod loader;
 pub mod otel;
 pub mod prompt;
 pub mod redact;
+pub mod replica;
 pub mod runtime;
 pub mod source;
 pub mod store;

@@ -45,6 +45,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime", &["cancel", "diag", "failure", "events", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // The service: HTTP over the facade.
     ("api", &["redact", "cancel", "failure", "events", "svg", "catalogue", "config", "exec", "store", "runtime"]),
+    ("replica", &["api"]),
 ];
 
 /// The modules of the `fabric` binary (`runtime/src/bin/fabric/`), in the same way: printing

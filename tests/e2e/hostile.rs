@@ -1114,6 +1114,10 @@ async fn sighup_drains_like_sigterm() {
     assert_eq!(exit.code(), Some(0), "{logs}");
     assert!(logs.contains("SIGHUP is handled like SIGTERM"), "{logs}");
     assert!(logs.contains("handed over"), "{logs}");
+    // After the drain the replica's loops are stopped and waited for, every one of them.
+    let stopped = logs.lines().find(|l| l.contains("every background loop of the replica stopped")).unwrap_or_else(|| panic!("{logs}"));
+    assert!(stopped.contains("\"loops\":6"), "{stopped}");
+    assert!(logs.find("handed over").unwrap() < logs.find("every background loop").unwrap(), "{logs}");
     // Let go: a new holder claims it at once, long before its 30 s lease would have expired.
     let store = fabric::store::open(db).await.unwrap();
     let holder = fabric::store::Holder::new(Duration::from_secs(30));

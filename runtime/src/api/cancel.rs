@@ -77,7 +77,7 @@ pub(super) async fn cancel_here(state: &AppState, run_id: &str, reason: Option<&
 impl AppState {
     /// For ever: every [`CANCEL_POLL`], the cancel requests on the runs this replica executes
     /// cancel their segments (each ends `cancelled`, its call in flight aborted).
-    pub(super) async fn watch_cancels(self) {
+    pub async fn watch_cancels(self) {
         let runtime = self.inner.runtime.clone();
         let mut tick = tokio::time::interval(CANCEL_POLL.min(runtime.holder().lease / 3));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -13,6 +13,7 @@ mod follow;
 mod inspect;
 mod keyed;
 mod live;
+pub mod loops;
 pub mod metrics;
 pub mod openapi;
 mod server;
@@ -135,6 +136,8 @@ struct Shared {
     stream_slots: Arc<follow::StreamSlots>,
     /// Wakes the webhook sender: a run ended or asked here.
     webhook_wake: tokio::sync::Notify,
+    /// The replica's background loops: which are down, how often each panicked.
+    loops: Arc<loops::Loops>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -163,30 +166,32 @@ impl AppState {
                 feeds: Arc::default(),
                 stream_slots: Arc::default(),
                 webhook_wake: tokio::sync::Notify::new(),
+                loops: Arc::default(),
             }),
         }
     }
 
-    /// Keeps this process's share of the work, for ever, in two tasks: every third of the lease
-    /// it renews the leases of the runs it executes (and stops those another process took
-    /// over); every `claim_poll` it claims what it has room for: queued runs, and runs whose
-    /// process stopped renewing (died, or stalled past its lease), which go on from their
-    /// journal. Apart, so that slow claims never delay a renewal past the lease.
-    pub async fn keep_leases(self) {
-        let claims = tokio::spawn(self.clone().claim_work());
-        let cancels = tokio::spawn(self.clone().watch_cancels());
-        let sweeps = tokio::spawn(self.clone().sweep());
-        let webhooks = tokio::spawn(self.clone().deliver_webhooks());
-        let flow = tokio::spawn(self.inner.runtime.clone().share_flow());
-        self.renew_leases().await;
-        flow.abort();
-        claims.abort();
-        cancels.abort();
-        sweeps.abort();
-        webhooks.abort();
+    /// The record of this replica's background loops (their owner, [`crate::replica::Replica`],
+    /// keeps it).
+    pub fn loops(&self) -> &loops::Loops {
+        &self.inner.loops
     }
 
-    async fn renew_leases(self) {
+    /// The same record, shared with the replica's supervisors.
+    pub fn loops_shared(&self) -> Arc<loops::Loops> {
+        self.inner.loops.clone()
+    }
+
+    /// The runtime the service runs.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.inner.runtime
+    }
+
+    /// Every third of the lease, for ever, renews the leases of the runs this process executes
+    /// (and stops those another process took over). A loop of the replica's
+    /// ([`crate::replica::Replica`]), apart from the claims, so that slow claims never delay a
+    /// renewal past the lease.
+    pub async fn renew_leases(self) {
         let runtime = self.inner.runtime.clone();
         let mut tick = tokio::time::interval(runtime.holder().lease / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -213,7 +218,10 @@ impl AppState {
         }
     }
 
-    async fn claim_work(self) {
+    /// Every `claim_poll`, until a shutdown begins, claims what this process has room for:
+    /// queued runs, and runs whose process stopped renewing (died, or stalled past its lease),
+    /// which go on from their journal. A loop of the replica's.
+    pub async fn claim_work(self) {
         let runtime = self.inner.runtime.clone();
         let poll = self.inner.config.claim_poll.min(runtime.holder().lease / 3).max(Duration::from_millis(10));
         let mut tick = tokio::time::interval(poll);
@@ -329,7 +337,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `session_busy`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `timeout`, `request_timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `session_busy`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `not_ready`, `timeout`, `request_timeout`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route.
@@ -1371,13 +1379,19 @@ async fn healthz() -> Json<Value> {
 const READY_WITHIN: Duration = Duration::from_millis(900);
 
 /// Whether the service can take runs: catalogue loaded, store reachable (no authentication).
-#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, description = "`store_unavailable`: the run store cannot take writes now, or did not answer within a second", body = ErrorBody)))]
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, description = "`store_unavailable`: the run store cannot take writes now, or did not answer within a second; `not_ready`: a background loop the replica needs (lease renewal, claims) panicked and waits to restart", body = ErrorBody)))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let runtime = &state.inner.runtime;
     let store = runtime.store().ok_or_else(|| store_error("no store"))?;
     // Not ready while writes fail (known without I/O), nor when the database does not answer
     // within the second a probe waits.
     store.health().map_err(store_error)?;
+    // A loop the replica needs (lease renewal, claims) that panicked and waits to restart.
+    let down = state.inner.loops.down();
+    if !down.is_empty() {
+        let why = format!("background loops restarting after a panic: {}", down.join(", "));
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", why));
+    }
     // The fleet's backlog: runs no replica has claimed yet (a route no replica serves, or every
     // replica busy).
     let asked = async {
@@ -1396,6 +1410,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = state.inner.metrics.render(state.runs_in_flight(), &state.inner.runtime.flow_status());
+    state.inner.loops.render(&mut text);
     // The event streams' share of the load: streams open, and the store pollers they share.
     text.push_str(&format!(
         "# HELP fabric_event_streams Run event streams open.\n# TYPE fabric_event_streams gauge\nfabric_event_streams {}\n",

@@ -15,7 +15,7 @@ pub fn sweep_every(retentions: &[Duration]) -> Duration {
 
 impl AppState {
     /// For ever, while a retention is set: one sweep every [`sweep_every`].
-    pub(super) async fn sweep(self) {
+    pub async fn sweep(self) {
         let runtime = self.inner.runtime.clone();
         let (ended, awaiting) = (runtime.settings().service.run_retention, runtime.settings().service.awaiting_retention);
         let set: Vec<Duration> = [ended, awaiting].into_iter().flatten().collect();

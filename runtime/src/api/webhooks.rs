@@ -129,7 +129,7 @@ impl AppState {
     /// sends them, at most [`IN_FLIGHT`] at once and [`PER_ORIGIN`] to one origin, each on its
     /// own (a slow receiver holds up only its own deliveries); it looks when a run ends here,
     /// when an attempt is done, and every [`WEBHOOK_POLL`].
-    pub(super) async fn deliver_webhooks(self) {
+    pub async fn deliver_webhooks(self) {
         let settings = self.inner.runtime.settings().service.webhooks.clone();
         let Some(secret) = &settings.secret else { return };
         let client = reqwest::Client::builder()

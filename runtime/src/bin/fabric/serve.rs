@@ -104,8 +104,9 @@ pub async fn serve(
     let ready = runtime.catalogue().routes().filter(|r| matches!(r, fabric::catalogue::RouteEntry::Ready(_))).count();
     tracing::info!(holder = runtime.holder().owner, lease_s = runtime.holder().lease.as_secs(), "claiming runs as this holder");
     let state = AppState::new(runtime, config);
-    // This process's share of the fleet's work: leases renewed, queued and orphaned runs claimed.
-    tokio::spawn(state.clone().keep_leases());
+    // This process's share of the fleet's work (leases renewed, queued and orphaned runs
+    // claimed, cancels, retention, webhooks, the model limits), every loop owned by the replica.
+    let replica = fabric::replica::Replica::start(state.clone());
     let listener = match listen_on(addr) {
         Ok(l) => l,
         Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
@@ -144,6 +145,8 @@ pub async fn serve(
         });
     };
     fabric::api::serve(listener, state, shutdown).await;
+    // After the drain (the leases were renewed until the runs finished or were handed over).
+    replica.stop().await;
     Ok(ExitCode::SUCCESS)
 }
 
