@@ -339,6 +339,40 @@ async fn replicas_opening_one_new_postgres_database_together_migrate_it_once() {
     assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
 }
 
+/// Several processes opening one new SQLite file at once migrate it once: the version is read
+/// and every migration applied under the write lock, taken first (issue 47: read outside it,
+/// two processes both applied the first migration, and one failed to open).
+#[test]
+fn processes_opening_one_new_sqlite_file_together_migrate_it_once() {
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("fresh.db").display());
+        let children: Vec<_> = (0..8)
+            .map(|_| {
+                std::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
+                    .current_dir(repo())
+                    .envs(fixture_env())
+                    .env("FABRIC_LLM_STUB", "1")
+                    .env("FABRIC_DATABASE_URL", &url)
+                    .args(["run", "support-triage", "--store", "--goal", r#"{"ticket": "x"}"#])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let o = child.wait_with_output().unwrap();
+            assert!(o.status.success(), "round {round}: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        }
+        let versions: Vec<i64> = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+            let pool = sqlx::sqlite::SqlitePoolOptions::new().connect(&url).await.unwrap();
+            sqlx::query_scalar("SELECT version FROM fabric_schema").fetch_all(&pool).await.unwrap()
+        });
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], "round {round}");
+    }
+}
+
 #[test]
 fn the_cli_records_lists_shows_and_replays_a_run_on_every_store() {
     let urls = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(stores());

@@ -85,26 +85,32 @@ pub(crate) fn file_of(url: &str) -> Result<std::path::PathBuf, StoreError> {
     Ok(options.get_filename().to_owned())
 }
 
+/// Migrates under the database's write lock, taken first (`BEGIN IMMEDIATE`, waiting out the
+/// busy timeout): the version read, every check and every migration applied are one transaction,
+/// so processes opening one fresh file at once apply each migration once, the later ones finding
+/// it applied. Reading the version outside it let two of them both apply the first.
 async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
-    sqlx::query("CREATE TABLE IF NOT EXISTS fabric_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)").execute(pool).await.map_err(db)?;
+    use sqlx::Connection;
+    let mut conn = pool.acquire().await.map_err(db)?;
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+    sqlx::query("CREATE TABLE IF NOT EXISTS fabric_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)").execute(&mut *tx).await.map_err(db)?;
     // Checksums came later than the table: a database of an older runtime gets the column.
     let has_sums: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info('fabric_schema') WHERE name = 'checksum'").fetch_one(pool).await.map_err(db)?;
+        sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info('fabric_schema') WHERE name = 'checksum'").fetch_one(&mut *tx).await.map_err(db)?;
     if has_sums == 0 {
-        sqlx::query("ALTER TABLE fabric_schema ADD COLUMN checksum TEXT").execute(pool).await.map_err(db)?;
+        sqlx::query("ALTER TABLE fabric_schema ADD COLUMN checksum TEXT").execute(&mut *tx).await.map_err(db)?;
     }
     let applied: Vec<(i64, Option<String>)> =
-        sqlx::query_as("SELECT version, checksum FROM fabric_schema ORDER BY version").fetch_all(pool).await.map_err(db)?;
+        sqlx::query_as("SELECT version, checksum FROM fabric_schema ORDER BY version").fetch_all(&mut *tx).await.map_err(db)?;
     let found = applied.last().map_or(0, |a| a.0);
     let known = MIGRATIONS.last().map_or(0, |m| m.0);
     if found > known {
         return Err(StoreError::TooNew { found, known });
     }
     for (version, sum) in migrations::verify(&applied, MIGRATIONS)? {
-        sqlx::query("UPDATE fabric_schema SET checksum = ? WHERE version = ?").bind(sum).bind(version).execute(pool).await.map_err(db)?;
+        sqlx::query("UPDATE fabric_schema SET checksum = ? WHERE version = ?").bind(sum).bind(version).execute(&mut *tx).await.map_err(db)?;
     }
     for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
-        let mut tx = pool.begin().await.map_err(db)?;
         sqlx::raw_sql(*sql).execute(&mut *tx).await.map_err(db)?;
         sqlx::query("INSERT INTO fabric_schema (version, applied_at, checksum) VALUES (?, ?, ?)")
             .bind(version)
@@ -113,7 +119,7 @@ async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
             .execute(&mut *tx)
             .await
             .map_err(db)?;
-        tx.commit().await.map_err(db)?;
     }
+    tx.commit().await.map_err(db)?;
     Ok(())
 }
