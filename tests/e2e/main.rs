@@ -5,6 +5,7 @@ mod browser;
 mod cancel;
 mod catalogue;
 mod cli;
+mod cloud;
 mod decision_loop;
 mod durable;
 mod durable_load;
