@@ -204,6 +204,70 @@ fn our_sigv4_signatures_are_botocores() {
     }
 }
 
+#[test]
+fn spans_name_each_provider_as_the_otel_registry_does() {
+    for key in ["ollama", "openai", "google_genai", "anthropic", "bedrock", "bedrock_converse", "google_vertexai"] {
+        let kind = ProviderKind::from_key(key).unwrap();
+        assert_eq!(fabric::otel::provider_name(key), kind.otel_name(), "{key}");
+    }
+    assert_eq!(ProviderKind::BedrockConverse.otel_name(), "aws.bedrock");
+    assert_eq!(ProviderKind::VertexAi.otel_name(), "gcp.vertex_ai");
+}
+
+/// With the Bedrock API key our request carries what botocore's does: the key as a bearer token,
+/// no signature; and over plain HTTP it is refused, as botocore refuses it (loopback excepted).
+#[tokio::test]
+async fn the_bedrock_api_key_goes_as_botocore_sends_it() {
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("wire/bedrock_converse.json")).unwrap()).unwrap();
+    let theirs = &fixture["bearer_request"];
+    assert_eq!(theirs["over_http"]["error"], "InvalidEndpointConfigurationError");
+    let fake =
+        FakeProvider::new(|_| Canned::json(200, json!({"output": {"message": {"role": "assistant", "content": [{"text": "hi"}]}}, "stopReason": "end_turn"})));
+    let url = fake.start().await;
+    let mut t = target(ProviderKind::BedrockConverse, &url, fixture["model"].as_str().unwrap());
+    t.cloud = Some(Cloud::Bedrock { region: "us-east-1".into(), region_var: "AWS_REGION", keys: None });
+    let backend = backend_for(shared_client().unwrap(), t, Tuning::default(), DEFAULT_MAX_REPLY_BYTES);
+    call(backend.as_ref(), &OutputSpec::Text).await.unwrap();
+    let ours = &fake.requests()[0];
+    assert_eq!(ours.path, theirs["path"].as_str().unwrap());
+    for name in ["authorization", "content-type", "x-amz-date", "x-amz-security-token"] {
+        let mine = ours.headers.get(name).map(|v| v.to_str().unwrap().replace("test-key-123", "<api-key>"));
+        assert_eq!(mine.as_deref(), theirs["headers"][name].as_str(), "{name}");
+    }
+    let env = [
+        ("FABRIC_LLM_MODEL", "bedrock:amazon.nova-lite-v1:0"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_BEARER_TOKEN_BEDROCK", "k"),
+        ("BEDROCK_ENDPOINT_URL", "http://bedrock.internal:8080"),
+    ];
+    let e = fabric::config::Settings::load(move |k| env.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())).unwrap_err();
+    assert_eq!(e.to_string(), "AWS_BEARER_TOKEN_BEDROCK: is sent only over HTTPS, and the Bedrock endpoint `http://bedrock.internal:8080/` is plain HTTP");
+}
+
+#[tokio::test]
+async fn bedrock_reads_token_usage_cached_prompt_tokens_included() {
+    let fake = FakeProvider::new(|body| {
+        let mut reply = reply_json(ProviderKind::BedrockConverse, body);
+        reply["usage"] = json!({"inputTokens": 31, "outputTokens": 9, "cacheReadInputTokens": 100, "cacheWriteInputTokens": 4, "totalTokens": 144});
+        Canned::json(200, reply)
+    });
+    let url = fake.start().await;
+    let backend =
+        backend_for(shared_client().unwrap(), wire_target(ProviderKind::BedrockConverse, &url, "m").await, Tuning::default(), DEFAULT_MAX_REPLY_BYTES);
+    let reply = call(backend.as_ref(), &structured()).await.unwrap();
+    assert_eq!(reply.meta.usage.map(|u| (u.input_tokens, u.output_tokens)), Some((135, 9)));
+}
+
+#[tokio::test]
+async fn a_slow_token_endpoint_times_out_as_a_timeout() {
+    let token = FakeProvider::new(|_| Canned { delay: Duration::from_secs(5), ..Canned::json(200, json!({"access_token": "t", "expires_in": 3599})) });
+    let token_uri = format!("{}/token", token.start().await);
+    let source = fabric::llm::providers::gcp_token::TokenSource::new(test_account(&token_uri)).with_timeout(Duration::from_millis(200));
+    let e = source.token(&shared_client().unwrap()).await.unwrap_err();
+    assert_eq!(e.class, ReasonClass::Timeout, "{e:?}");
+    assert!(e.message.contains("no answer within 0.2 s") && e.message.contains("token endpoint"), "{}", e.message);
+}
+
 async fn call(backend: &dyn fabric::llm::Llm, output: &OutputSpec) -> Result<fabric::llm::LlmReply, LlmError> {
     let events = fabric::events::RunEvents::new("cloud", "cloud", None, Arc::new(fabric::events::NullSink));
     let never = fabric::cancel::Cancel::never();

@@ -400,6 +400,33 @@ def scrub_cloud_header(name, value):
     return value
 
 
+def bedrock_bearer_request(provider, capture, messages):
+    """A text call with the Bedrock API key (`AWS_BEARER_TOKEN_BEDROCK`) instead of the access keys.
+    botocore refuses to send a bearer token over plain HTTP (recorded as `over_http`); for the
+    request itself its HTTPS check is lifted for the loopback capture server, nothing else changed."""
+    import botocore.auth
+    os.environ["AWS_BEARER_TOKEN_BEDROCK"] = API_KEY
+    try:
+        capture.status, capture.reply_headers, capture.reply = 200, {}, cloud_reply(provider, "text", "clean")
+        over_http = outcome("text", lambda: chat_model(provider, capture.url).invoke(messages), capture.url)
+        capture.requests.clear()
+        checked = botocore.auth.BearerAuth.add_auth
+
+        def loopback_ok(self, request):
+            request.url = request.url.replace("http://127.0.0.1", "https://127.0.0.1", 1)
+            checked(self, request)
+            request.url = request.url.replace("https://127.0.0.1", "http://127.0.0.1", 1)
+        botocore.auth.BearerAuth.add_auth = loopback_ok
+        try:
+            chat_model(provider, capture.url).invoke(messages)
+        finally:
+            botocore.auth.BearerAuth.add_auth = checked
+        req = capture.requests[0]
+        return {"over_http": over_http, "method": req["method"], "path": req["path"], "headers": scrub_headers(req["headers"])}
+    finally:
+        del os.environ["AWS_BEARER_TOKEN_BEDROCK"]
+
+
 # Error answers, each as its provider sends it (Bedrock: the code in `x-amzn-ErrorType`, the
 # message in the body; Vertex AI: Google's error object).
 CLOUD_ERRORS = {"throttled": 429, "invalid": 400, "unavailable": 503}
@@ -639,6 +666,7 @@ def generate(provider, capture):
             replies.append({"kind": kind, "case": case, "status": status, **({"headers": capture.reply_headers} if capture.reply_headers else {}),
                             "reply": reply, "langchain": result})
     recorded = cloud_recorded(provider) if provider in CLOUD_MODELS else RECORDED
+    extra = {"bearer_request": bedrock_bearer_request(provider, capture, messages)} if provider == "bedrock_converse" else {}
     return {
         "generator": GENERATOR,
         "packages": {name: version(name) for name in recorded},
@@ -648,6 +676,7 @@ def generate(provider, capture):
         "user": USER,
         "requests": requests,
         "replies": replies,
+        **extra,
     }
 
 

@@ -31,6 +31,16 @@ fn region(var: &str, value: &str) -> Result<String, ConfigError> {
     }
 }
 
+/// A URL on this machine: `localhost` or a loopback address.
+fn is_loopback(url: &str) -> bool {
+    match reqwest::Url::parse(url).ok().and_then(|u| u.host().map(|h| h.to_owned())) {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
 /// A target for Bedrock or Vertex AI. `base_url` and `key_var` are a model profile's.
 pub fn target(
     var: &dyn Fn(&str) -> Option<String>,
@@ -65,6 +75,14 @@ fn bedrock(
     let (api_key, api_key_var, keys) = match var(bearer_var).map(|k| k.trim().to_owned()) {
         Some(token) => {
             check_key(bearer_var, &token)?;
+            // A bearer token goes in clear text: only over TLS, as botocore insists, or to this
+            // machine (a local proxy, the tests).
+            if !base_url.starts_with("https://") && !is_loopback(&base_url) {
+                return Err(err(
+                    bearer_var,
+                    format!("is sent only over HTTPS, and the Bedrock endpoint `{}` is plain HTTP", crate::redact::redact_url(&base_url)),
+                ));
+            }
             (Some(ApiKey::new(token)), Some(bearer_var.to_owned()), None)
         }
         None => (None, None, Some(aws_keys(var, provider, &model)?)),

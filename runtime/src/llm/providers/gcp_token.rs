@@ -35,6 +35,7 @@ pub struct TokenSource {
     key: Option<EncodingKey>,
     account: ServiceAccount,
     cache: tokio::sync::Mutex<Option<(ApiKey, Instant)>>,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for TokenSource {
@@ -67,7 +68,13 @@ impl TokenSource {
     pub fn new(account: ServiceAccount) -> TokenSource {
         // Configuration already refused such a file at start; this is the library used without it.
         let key = EncodingKey::from_rsa_pem(account.private_key.expose().as_bytes()).ok();
-        TokenSource { key, account, cache: tokio::sync::Mutex::new(None) }
+        TokenSource { key, account, cache: tokio::sync::Mutex::new(None), timeout: TOKEN_TIMEOUT }
+    }
+
+    /// Overrides how long the token endpoint may take (tests).
+    pub fn with_timeout(mut self, timeout: Duration) -> TokenSource {
+        self.timeout = timeout;
+        self
     }
 
     /// The signed JWT of the grant, issued at `now`.
@@ -103,16 +110,17 @@ impl TokenSource {
             .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
             .append_pair("assertion", &assertion)
             .finish();
+        let waited = format!("no answer within {} s", self.timeout.as_secs_f64());
         let sent = client
             .post(&self.account.token_uri)
-            .timeout(TOKEN_TIMEOUT)
+            .timeout(self.timeout)
             .header("content-type", "application/x-www-form-urlencoded")
             .body(form)
             .send()
             .await
             .map_err(|e| {
                 let class = if e.is_timeout() { ReasonClass::Timeout } else { ReasonClass::Connection };
-                failed(class, if e.is_timeout() { format!("no answer within {} s", TOKEN_TIMEOUT.as_secs()) } else { "cannot connect".into() })
+                failed(class, if e.is_timeout() { waited.clone() } else { "cannot connect".into() })
             });
         let mut response = sent?;
         let status = response.status().as_u16();
@@ -122,7 +130,7 @@ impl TokenSource {
                 Ok(Some(chunk)) if body.len() + chunk.len() <= MAX_TOKEN_REPLY => body.extend_from_slice(&chunk),
                 Ok(Some(_)) => return Err(failed(ReasonClass::ProviderError, format!("the reply is larger than {MAX_TOKEN_REPLY} bytes"))),
                 Ok(None) => break,
-                Err(e) if e.is_timeout() => return Err(failed(ReasonClass::Timeout, format!("no answer within {} s", TOKEN_TIMEOUT.as_secs()))),
+                Err(e) if e.is_timeout() => return Err(failed(ReasonClass::Timeout, waited)),
                 Err(_) => return Err(failed(ReasonClass::Connection, "the connection broke during the reply".into())),
             }
         }
