@@ -6,6 +6,7 @@ mod cancel;
 mod catalogue;
 mod cli;
 mod cloud;
+mod cloud_support;
 mod decision_loop;
 mod durable;
 mod durable_load;

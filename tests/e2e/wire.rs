@@ -366,7 +366,7 @@ fn dotted(pointer: &str) -> String {
 fn compare_requests(kind: ProviderKind, ours: &crate::support::Recorded, theirs: &Value) -> Vec<Diff> {
     let mut diffs = Vec::new();
     // The fake provider records the path without the query; a query LangChain sends is its own difference.
-    let (their_path, their_query) = crate::cloud::split_query(theirs["path"].as_str().unwrap());
+    let (their_path, their_query) = crate::cloud_support::split_query(theirs["path"].as_str().unwrap());
     if ours.path != their_path || theirs["method"] != "POST" {
         diffs.push(Diff { path: "path".into(), ours: format!("POST {}", ours.path), theirs: format!("{} {}", theirs["method"], theirs["path"]) });
     }
@@ -374,10 +374,10 @@ fn compare_requests(kind: ProviderKind, ours: &crate::support::Recorded, theirs:
         diffs.push(Diff { path: "query".into(), ours: "absent".into(), theirs: q.to_owned() });
     }
     for name in HEADERS {
-        let mine = ours.headers.get(*name).map(|v| Value::String(crate::cloud::scrub_header(name, v.to_str().unwrap()).replace(KEY, "<api-key>")));
+        let mine = ours.headers.get(*name).map(|v| Value::String(crate::cloud_support::scrub_header(name, v.to_str().unwrap()).replace(KEY, "<api-key>")));
         walk(&format!("header:{name}"), mine.as_ref(), theirs["headers"].get(*name), &mut diffs);
     }
-    let (mut a, mut b) = (ours.body.clone(), crate::cloud::proto_enum_names(&theirs["body"]));
+    let (mut a, mut b) = (ours.body.clone(), crate::cloud_support::proto_enum_names(&theirs["body"]));
     let ptr = schema_pointer(kind);
     if let (Some(sa), Some(sb)) = (a.pointer_mut(ptr).map(Value::take), b.pointer_mut(ptr).map(Value::take)) {
         walk(&format!("{}~", dotted(ptr)), Some(&semantic(&sa)), Some(&semantic(&sb)), &mut diffs);
@@ -417,7 +417,7 @@ async fn setup(fixture: &Value) -> Setup<'_> {
     let model = fixture["model"].as_str().unwrap();
     let fake = FakeProvider::new(|_| Canned::json(500, json!({"error": "no reply queued"})));
     let url = fake.start().await;
-    let backend = backend_for(shared_client().unwrap(), crate::cloud::wire_target(kind, &url, model).await, Tuning::default(), DEFAULT_MAX_REPLY_BYTES);
+    let backend = backend_for(shared_client().unwrap(), crate::cloud_support::wire_target(kind, &url, model).await, Tuning::default(), DEFAULT_MAX_REPLY_BYTES);
     Setup { provider, kind, system: fixture["system"].as_str().unwrap(), user: fixture["user"].as_str().unwrap(), fake, backend }
 }
 
