@@ -20,6 +20,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod cloud;
 mod flow;
 mod session;
 mod webhook;
@@ -80,6 +81,24 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_LLM_RPM",
     "FABRIC_LLM_TPM",
     "FABRIC_LLM_MAX_PAUSE_S",
+    // Cloud providers (config/cloud.rs): Amazon Bedrock.
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_BEARER_TOKEN_BEDROCK",
+    "BEDROCK_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_BEDROCK_RUNTIME",
+    "AWS_ENDPOINT_URL",
+    // Vertex AI.
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_CLOUD_PROJECT",
+    "CLOUD_ML_PROJECT_ID",
+    "GCLOUD_PROJECT",
+    "GOOGLE_CLOUD_REGION",
+    "CLOUD_ML_REGION",
+    "GOOGLE_VERTEX_BASE_URL",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -326,7 +345,7 @@ impl Settings {
             let from_env = figment.get_metadata(value.tag()).is_none_or(|m| m.name == "environment");
             let source = if from_env { "environment".to_owned() } else { file_label.clone().unwrap_or_default() };
             // Keys come only from the environment: a file is too easily committed or shared.
-            if (upper.ends_with("_API_KEY") || upper.ends_with("_TOKEN")) && source != "environment" {
+            if (upper.ends_with("_API_KEY") || upper.ends_with("_TOKEN") || cloud::SECRETS.contains(&upper.as_str())) && source != "environment" {
                 return Err(err("FABRIC_CONFIG", format!("`{upper}` is an API key; keys are read only from the environment, never from files")));
             }
             // The file may spell a key in lower case; the environment's value still wins.
@@ -501,6 +520,10 @@ impl Settings {
                 };
                 (u, default, vec!["GOOGLE_API_KEY", "GEMINI_API_KEY"])
             }
+            ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi => {
+                let lookup = |v: &str| self.var(v).map(str::to_owned).or_else(|| (self.env.0)(v).filter(|s| !s.trim().is_empty()));
+                return cloud::target(&lookup, provider, model, base_url, key_var);
+            }
             ProviderKind::Anthropic => {
                 let (u, default) = match (base_url, self.var("ANTHROPIC_BASE_URL")) {
                     (Some(u), _) => (parse_base_url("model profile base_url", u), false),
@@ -537,6 +560,7 @@ impl Settings {
             api_key_var: found.as_ref().map(|(v, _)| v.clone()),
             api_key: found.map(|(_, k)| ApiKey::new(k)),
             api_version,
+            cloud: None,
         })
     }
 
@@ -547,7 +571,7 @@ impl Settings {
             .iter()
             .filter_map(|v| {
                 let value = self.raw.0.get(*v)?;
-                let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") || v.ends_with("_SECRET") {
+                let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") || v.ends_with("_SECRET") || cloud::SECRETS.contains(v) {
                     "<redacted>".to_owned()
                 } else if v.ends_with("_URL") || v.ends_with("_BASE") || *v == "OLLAMA_HOST" {
                     crate::redact::redact_url(value)
@@ -619,7 +643,7 @@ mod tests {
         let e = load(&[("FABRIC_LLM_MODEL", "mistral-large")]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "FABRIC_LLM_MODEL: provider `mistralai` (from `mistral-large`) is not supported; supported: ollama, openai, google_genai, anthropic"
+            "FABRIC_LLM_MODEL: provider `mistralai` (from `mistral-large`) is not supported; supported: ollama, openai, google_genai, anthropic, bedrock, bedrock_converse, google_vertexai"
         );
         let e = load(&[("FABRIC_LLM_MODEL", "qwen3:14b")]).unwrap_err();
         assert!(e.message.contains("cannot tell the provider"), "{e}");

@@ -117,6 +117,8 @@ pub fn end(cx: &Context) {
 pub fn provider_name(key: &str) -> &str {
     match key {
         "google_genai" => "gcp.gemini",
+        "bedrock" | "bedrock_converse" => "aws.bedrock",
+        "google_vertexai" => "gcp.vertex_ai",
         other => other,
     }
 }

@@ -70,6 +70,13 @@ pub enum ProviderKind {
     OpenAi,
     Gemini,
     Anthropic,
+    // Cloud providers (issue 30, parts 3 and 4).
+    /// `bedrock:`, which LangChain serves with `ChatBedrock`; here through the Converse API.
+    Bedrock,
+    /// `bedrock_converse:` (`ChatBedrockConverse`).
+    BedrockConverse,
+    /// `google_vertexai:` (`ChatVertexAI`): Gemini on Vertex AI.
+    VertexAi,
 }
 
 impl ProviderKind {
@@ -79,6 +86,9 @@ impl ProviderKind {
             ProviderKind::OpenAi => "openai",
             ProviderKind::Gemini => "google_genai",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Bedrock => "bedrock",
+            ProviderKind::BedrockConverse => "bedrock_converse",
+            ProviderKind::VertexAi => "google_vertexai",
         }
     }
 
@@ -88,6 +98,9 @@ impl ProviderKind {
             "openai" => Some(ProviderKind::OpenAi),
             "google_genai" => Some(ProviderKind::Gemini),
             "anthropic" => Some(ProviderKind::Anthropic),
+            "bedrock" => Some(ProviderKind::Bedrock),
+            "bedrock_converse" => Some(ProviderKind::BedrockConverse),
+            "google_vertexai" => Some(ProviderKind::VertexAi),
             _ => None,
         }
     }
@@ -99,6 +112,8 @@ impl ProviderKind {
             ProviderKind::OpenAi => "openai",
             ProviderKind::Gemini => "gcp.gemini",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Bedrock | ProviderKind::BedrockConverse => "aws.bedrock",
+            ProviderKind::VertexAi => "gcp.vertex_ai",
         }
     }
 }
@@ -191,7 +206,7 @@ pub fn choose_model(var: &str, value: &str) -> Result<ModelChoice, ConfigError> 
         return Err(err(var, format!("`{value}` names no model")));
     }
     let kind = ProviderKind::from_key(&provider)
-        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported; supported: ollama, openai, google_genai, anthropic")))?;
+        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported; supported: ollama, openai, google_genai, anthropic, bedrock, bedrock_converse, google_vertexai")))?;
     Ok(ModelChoice { provider: kind, model })
 }
 

@@ -5,6 +5,8 @@ mod browser;
 mod cancel;
 mod catalogue;
 mod cli;
+mod cloud;
+mod cloud_support;
 mod decision_loop;
 mod durable;
 mod durable_load;

@@ -38,6 +38,7 @@ fn fake(kind: ProviderKind) -> FakeProvider {
                 let name = body.pointer("/tool_choice/name").cloned().unwrap_or(json!("x"));
                 json!({"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"], "content": [{"type": "text", "text": "Let me answer with the tool."}, {"type": "tool_use", "id": "toolu_1", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
             }
+            cloud @ (ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi) => crate::support::reply_json(cloud, body),
         };
         Canned::json(200, reply)
     })
@@ -89,6 +90,10 @@ fn model_strings_agree_with_langchain() {
             (Some(p @ ("ollama" | "openai" | "google_genai" | "anthropic")), s) if !case["model"].as_str().unwrap().is_empty() => {
                 let t = s.unwrap().target.unwrap();
                 assert_eq!((t.provider.key(), t.model.as_str()), (p, case["model"].as_str().unwrap()), "{input}");
+            }
+            // The cloud providers resolve too, and then need their credentials (none are set here).
+            (Some(p @ ("bedrock" | "bedrock_converse" | "google_vertexai")), Err(e)) if !case["model"].as_str().unwrap().is_empty() => {
+                assert!(e.message.contains(&format!("is required for provider {p}")), "{input}: {e}")
             }
             (Some(p), Err(e)) => assert!(e.to_string().contains(&format!("`{p}`")) || e.message.contains("names no model"), "{input}: {e}"),
             (None, Err(e)) => assert!(e.message.contains("cannot tell the provider"), "{input}: {e}"),
@@ -227,7 +232,9 @@ async fn a_fenced_reply_that_fails_is_reported_as_received() {
 #[tokio::test]
 async fn plain_text_calls_on_every_provider() {
     // refund-review's `policy` stage has no output schema: a plain text call.
-    for kind in [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic] {
+    let kinds =
+        [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic, ProviderKind::BedrockConverse, ProviderKind::VertexAi];
+    for kind in kinds {
         let f = FakeProvider::new(move |_| {
             Canned::json(
                 200,
@@ -236,6 +243,10 @@ async fn plain_text_calls_on_every_provider() {
                     ProviderKind::OpenAi => json!({"choices": [{"message": {"content": "plain words"}, "finish_reason": "stop"}]}),
                     ProviderKind::Gemini => json!({"candidates": [{"content": {"parts": [{"text": "plain words"}]}, "finishReason": "STOP"}]}),
                     ProviderKind::Anthropic => json!({"content": [{"type": "text", "text": "plain words"}], "stop_reason": "end_turn"}),
+                    ProviderKind::Bedrock | ProviderKind::BedrockConverse => {
+                        json!({"output": {"message": {"role": "assistant", "content": [{"text": "plain words"}]}}, "stopReason": "end_turn"})
+                    }
+                    ProviderKind::VertexAi => json!({"candidates": [{"content": {"parts": [{"text": "plain words"}]}, "finishReason": "STOP"}]}),
                 },
             )
         });
@@ -395,7 +406,7 @@ async fn missing_keys_and_bad_values_stop_before_inference() {
     let url = f.start().await;
     for (env, needle) in [
         (vec![("FABRIC_LLM_MODEL", "openai:gpt-4o".to_owned())], "OPENAI_API_KEY: is required for provider openai"),
-        (vec![("FABRIC_LLM_MODEL", "gemini-2.5-flash".to_owned())], "provider `google_vertexai` (from `gemini-2.5-flash`) is not supported"),
+        (vec![("FABRIC_LLM_MODEL", "gemini-2.5-flash".to_owned())], "GOOGLE_APPLICATION_CREDENTIALS: is required for provider google_vertexai"),
         (
             vec![("FABRIC_LLM_MODEL", "openai:x".to_owned()), ("OPENAI_BASE_URL", url.clone()), ("FABRIC_LLM_RETRY_MAX", "many".to_owned())],
             "FABRIC_LLM_RETRY_MAX",

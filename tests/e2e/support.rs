@@ -269,6 +269,7 @@ pub fn target(kind: fabric::config::ProviderKind, base_url: &str, model: &str) -
         api_key: Some(fabric::config::ApiKey::new("test-key-123".into())),
         api_key_var: None,
         api_version: fabric::llm::model::DEFAULT_GEMINI_VERSION.into(),
+        cloud: None,
     }
 }
 
@@ -324,6 +325,16 @@ pub fn reply_json(kind: fabric::config::ProviderKind, body: &serde_json::Value) 
             let r = triage_reply_for(&props(body.pointer("/tools/0/input_schema")));
             let name = body.pointer("/tool_choice/name").cloned().unwrap_or(json!("x"));
             json!({"content": [{"type": "tool_use", "id": "t", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
+        }
+        ProviderKind::Bedrock | ProviderKind::BedrockConverse => {
+            let r = triage_reply_for(&props(body.pointer("/toolConfig/tools/0/toolSpec/inputSchema/json")));
+            let name = body.pointer("/toolConfig/toolChoice/tool/name").cloned().unwrap_or(json!("x"));
+            json!({"output": {"message": {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t", "name": name, "input": r}}]}}, "stopReason": "tool_use", "usage": {"inputTokens": 31, "outputTokens": 9}})
+        }
+        ProviderKind::VertexAi => {
+            let r = triage_reply_for(&props(body.pointer("/tools/0/functionDeclarations/0/parameters")));
+            let name = body.pointer("/toolConfig/functionCallingConfig/allowedFunctionNames/0").cloned().unwrap_or(json!("x"));
+            json!({"candidates": [{"content": {"role": "model", "parts": [{"functionCall": {"name": name, "args": r}}]}, "finishReason": "STOP"}], "usageMetadata": {"promptTokenCount": 31, "candidatesTokenCount": 9}})
         }
     }
 }

@@ -25,7 +25,7 @@ use fabric::llm::providers::{DEFAULT_MAX_REPLY_BYTES, backend_for, shared_client
 use fabric::llm::{Llm, LlmError, LlmRequest, OutputSpec, ReplyValue};
 use serde_json::{Value, json};
 
-use crate::support::{Canned, FakeProvider, fixtures, target};
+use crate::support::{Canned, FakeProvider, fixtures};
 
 /// A request difference that is known and explained. `provider` and `kind` may be `*`.
 struct Allowed {
@@ -91,6 +91,62 @@ const REQUEST_ALLOWED: &[Allowed] = &[
         why: "the decision's description stays in input_schema as well as on the tool (the model sees it either way)",
     },
     Allowed { provider: "google_genai", kind: "*", path: "safetySettings", why: "LangChain sends `safetySettings: []`, the same as none" },
+    // Cloud providers (issue 30, parts 3 and 4).
+    Allowed {
+        provider: "bedrock|bedrock_converse",
+        kind: "structured|envelope|decision",
+        path: "toolConfig.tools[0].toolSpec.name",
+        why: "the tool is named after the stage, not `Out`/`AgentDecision`",
+    },
+    Allowed {
+        provider: "bedrock|bedrock_converse",
+        kind: "structured|envelope|decision",
+        path: "toolConfig.toolChoice.tool.name",
+        why: "the forced tool is named after the stage",
+    },
+    Allowed {
+        provider: "bedrock|bedrock_converse",
+        kind: "structured|envelope",
+        path: "toolConfig.tools[0].toolSpec.description",
+        why: "a schema without a description gets `Reply with the result in this shape.` rather than its name, as on Anthropic",
+    },
+    Allowed {
+        provider: "bedrock|bedrock_converse",
+        kind: "decision",
+        path: "toolConfig.tools[0].toolSpec.inputSchema.json~description",
+        why: "the decision's description stays in the schema as well as on the tool, as on Anthropic",
+    },
+    Allowed {
+        provider: "google_vertexai",
+        kind: "*",
+        path: "header:authorization",
+        why: "an OAuth access token from the key file's token_uri (the JWT grant); google-auth sends a self-signed JWT for the \
+              aiplatform audience instead",
+    },
+    Allowed {
+        provider: "google_vertexai",
+        kind: "*",
+        path: "query",
+        why: "the REST client of google-cloud-aiplatform asks for `$alt=json;enum-encoding=int` (enums as numbers); we read enum names",
+    },
+    Allowed {
+        provider: "google_vertexai",
+        kind: "structured|envelope|decision",
+        path: "tools[0].functionDeclarations[0].name",
+        why: "the function is named after the stage",
+    },
+    Allowed {
+        provider: "google_vertexai",
+        kind: "structured|envelope|decision",
+        path: "toolConfig.functionCallingConfig.allowedFunctionNames[0]",
+        why: "the forced function is named after the stage",
+    },
+    Allowed {
+        provider: "google_vertexai",
+        kind: "decision",
+        path: "tools[0].functionDeclarations[0].parameters~description",
+        why: "the decision's description stays in the schema as well as on the function (the model sees it either way)",
+    },
 ];
 
 /// A reply on which we deliberately read differently. `ours` is our reason class when we fail,
@@ -121,14 +177,14 @@ const REPLY_ALLOWED: &[ReplyAllowed] = &[
               follows, so fields are silently lost or shortened",
     },
     ReplyAllowed {
-        provider: "anthropic",
+        provider: "anthropic|bedrock|bedrock_converse|google_vertexai",
         kind: "*",
         case: "prose",
         ours: "provider_error",
         why: "a reply without the forced tool's tool_use block: LangChain returns None silently, a stage never goes on with nothing",
     },
     ReplyAllowed {
-        provider: "anthropic",
+        provider: "anthropic|bedrock|bedrock_converse|google_vertexai",
         kind: "*",
         case: "fenced|fenced_plain|backticked",
         ours: "provider_error",
@@ -138,15 +194,13 @@ const REPLY_ALLOWED: &[ReplyAllowed] = &[
 
 /// The headers compared; the others (SDK telemetry such as `x-stainless-*`, `accept`,
 /// `x-server-timeout`) are each SDK's own business.
-const HEADERS: &[&str] = &["content-type", "user-agent", "authorization", "x-api-key", "x-goog-api-key", "anthropic-version"];
+const HEADERS: &[&str] =
+    &["content-type", "user-agent", "authorization", "x-api-key", "x-goog-api-key", "anthropic-version", "x-amz-date", "x-amz-security-token"];
 
 const KEY: &str = "test-key-123";
 
 fn provider_kind(key: &str) -> ProviderKind {
-    [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic]
-        .into_iter()
-        .find(|k| k.key() == key)
-        .unwrap_or_else(|| panic!("unknown provider `{key}` in a wire fixture"))
+    ProviderKind::from_key(key).unwrap_or_else(|| panic!("unknown provider `{key}` in a wire fixture"))
 }
 
 /// Where each provider's request carries the output schema.
@@ -156,6 +210,8 @@ fn schema_pointer(kind: ProviderKind) -> &'static str {
         ProviderKind::OpenAi => "/response_format/json_schema/schema",
         ProviderKind::Gemini => "/generationConfig/responseJsonSchema",
         ProviderKind::Anthropic => "/tools/0/input_schema",
+        ProviderKind::Bedrock | ProviderKind::BedrockConverse => "/toolConfig/tools/0/toolSpec/inputSchema/json",
+        ProviderKind::VertexAi => "/tools/0/functionDeclarations/0/parameters",
     }
 }
 
@@ -309,14 +365,19 @@ fn dotted(pointer: &str) -> String {
 /// schema subtree semantically, its paths marked with `~`).
 fn compare_requests(kind: ProviderKind, ours: &crate::support::Recorded, theirs: &Value) -> Vec<Diff> {
     let mut diffs = Vec::new();
-    if ours.path != theirs["path"].as_str().unwrap() || theirs["method"] != "POST" {
+    // The fake provider records the path without the query; a query LangChain sends is its own difference.
+    let (their_path, their_query) = crate::cloud_support::split_query(theirs["path"].as_str().unwrap());
+    if ours.path != their_path || theirs["method"] != "POST" {
         diffs.push(Diff { path: "path".into(), ours: format!("POST {}", ours.path), theirs: format!("{} {}", theirs["method"], theirs["path"]) });
     }
+    if let Some(q) = their_query {
+        diffs.push(Diff { path: "query".into(), ours: "absent".into(), theirs: q.to_owned() });
+    }
     for name in HEADERS {
-        let mine = ours.headers.get(*name).map(|v| Value::String(v.to_str().unwrap().replace(KEY, "<api-key>")));
+        let mine = ours.headers.get(*name).map(|v| Value::String(crate::cloud_support::scrub_header(name, v.to_str().unwrap()).replace(KEY, "<api-key>")));
         walk(&format!("header:{name}"), mine.as_ref(), theirs["headers"].get(*name), &mut diffs);
     }
-    let (mut a, mut b) = (ours.body.clone(), theirs["body"].clone());
+    let (mut a, mut b) = (ours.body.clone(), crate::cloud_support::proto_enum_names(&theirs["body"]));
     let ptr = schema_pointer(kind);
     if let (Some(sa), Some(sb)) = (a.pointer_mut(ptr).map(Value::take), b.pointer_mut(ptr).map(Value::take)) {
         walk(&format!("{}~", dotted(ptr)), Some(&semantic(&sa)), Some(&semantic(&sb)), &mut diffs);
@@ -336,7 +397,7 @@ fn load() -> Vec<Value> {
     files.sort();
     let all: Vec<Value> = files.iter().map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()).collect();
     let providers: Vec<&str> = all.iter().map(|f| f["provider"].as_str().unwrap()).collect();
-    assert_eq!(providers, ["anthropic", "google_genai", "ollama", "openai"], "one fixture per provider");
+    assert_eq!(providers, ["anthropic", "bedrock", "bedrock_converse", "google_genai", "google_vertexai", "ollama", "openai"], "one fixture per provider");
     all
 }
 
@@ -356,7 +417,7 @@ async fn setup(fixture: &Value) -> Setup<'_> {
     let model = fixture["model"].as_str().unwrap();
     let fake = FakeProvider::new(|_| Canned::json(500, json!({"error": "no reply queued"})));
     let url = fake.start().await;
-    let backend = backend_for(shared_client().unwrap(), target(kind, &url, model), Tuning::default(), DEFAULT_MAX_REPLY_BYTES);
+    let backend = backend_for(shared_client().unwrap(), crate::cloud_support::wire_target(kind, &url, model).await, Tuning::default(), DEFAULT_MAX_REPLY_BYTES);
     Setup { provider, kind, system: fixture["system"].as_str().unwrap(), user: fixture["user"].as_str().unwrap(), fake, backend }
 }
 

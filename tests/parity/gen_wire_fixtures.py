@@ -15,6 +15,12 @@ reading compared with LangChain's.
 
 usage: tests/parity/gen-wire-fixtures            (or: python3 tests/parity/gen_wire_fixtures.py)
 
+The cloud providers (bedrock_converse, bedrock: langchain-aws; google_vertexai:
+langchain-google-vertexai, in a second venv WIRE_VENV-vertex, see VERTEX_PINS) run with fake
+credentials: AWS's example keys, and the test-only service account of tests/fixtures/vertex whose
+token_uri is pointed at the capture server. This also writes tests/fixtures/sigv4/botocore.json:
+botocore's SigV4 signatures of fixed requests at a fixed time (see sign_vectors).
+
 The first run creates a venv (WIRE_VENV, default target/wire-venv) and installs the exact pins
 below from PyPI; later runs reuse it. Output: tests/fixtures/wire/<provider>.json, pretty JSON in
 a fixed order; the same pins give byte-identical files. Nothing leaves loopback besides pip.
@@ -31,6 +37,7 @@ Notes on the reference's behaviour the fixtures capture as they are:
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -44,10 +51,18 @@ PINS = [
     "google-genai==3.6.1",
     "langchain-ollama==1.1.0",
     "pydantic==2.14.4",
+    # Cloud providers (issue 30, parts 3 and 4): Bedrock here; Vertex AI in its own venv (below).
+    "langchain-aws==1.9.1",
 ]
 # Resolved versions recorded in every fixture (pip picks the ones not pinned above).
 RECORDED = ["langchain", "langchain-core", "langchain-openai", "langchain-anthropic", "langchain-google-genai",
             "langchain-ollama", "google-genai", "openai", "anthropic", "ollama", "pydantic", "pydantic-core", "httpx"]
+# Cloud providers: what each group's fixtures record besides the above.
+CLOUD_RECORDED = {"main": ["langchain-aws", "boto3", "botocore"],
+                  "vertex": ["langchain-google-vertexai", "google-cloud-aiplatform", "google-auth"]}
+# langchain-google-vertexai needs google-cloud-aiplatform, which caps google-genai below 3: it gets
+# a venv of its own so that the google_genai fixture keeps google-genai 3.6.1.
+VERTEX_PINS = ["langchain==1.5.0", "langchain-google-vertexai==3.2.5", "pydantic==2.14.4"]
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = "tests/parity/gen_wire_fixtures.py"
@@ -56,27 +71,36 @@ API_KEY = "test-key-123"
 KEY_PLACEHOLDER = "<api-key>"
 
 
-def venv_dir():
+def venv_dir(group="main"):
     if os.environ.get("WIRE_VENV"):
-        return Path(os.environ["WIRE_VENV"]).resolve()
-    return (Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "wire-venv").resolve()
+        main = Path(os.environ["WIRE_VENV"]).resolve()
+    else:
+        main = (Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "wire-venv").resolve()
+    return main if group == "main" else main.with_name(f"{main.name}-{group}")
 
 
-def ensure_venv():
-    """Re-runs this script inside a venv holding exactly the pins (created on first use)."""
-    venv = venv_dir()
+def group_arg():
+    """`--group vertex` runs the Vertex AI group (its own venv); the default runs the others."""
+    return sys.argv[sys.argv.index("--group") + 1] if "--group" in sys.argv else "main"
+
+
+def ensure_venv(group="main"):
+    """Re-runs this script inside a venv holding exactly the group's pins (created on first use)."""
+    venv = venv_dir(group)
     python = venv / "bin" / "python"
     if Path(sys.prefix).resolve() == venv:
         return
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     stamp = venv / "wire-pins.txt"
+    pins = PINS if group == "main" else VERTEX_PINS
     # Every package of the venv, the dependencies too, at the version the committed fixtures were
     # made with: the same files come out however PyPI moves.
-    constraints = Path(__file__).resolve().parent / "wire-constraints.txt"
-    wanted = "\n".join(PINS) + "\n" + constraints.read_text()
+    name = "wire-constraints.txt" if group == "main" else f"wire-constraints-{group}.txt"
+    constraints = Path(__file__).resolve().parent / name
+    wanted = "\n".join(pins) + "\n" + constraints.read_text()
     if not stamp.exists() or stamp.read_text() != wanted:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(constraints), *PINS],
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(constraints), *pins],
                        check=True)
         stamp.write_text(wanted)
     os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
@@ -84,7 +108,8 @@ def ensure_venv():
 
 def isolate_environment():
     """No proxy, no provider settings and no tracing from the caller's environment."""
-    prefixes = ("OPENAI", "ANTHROPIC", "GOOGLE", "GEMINI", "OLLAMA", "LANGCHAIN", "LANGSMITH", "LANGGRAPH")
+    prefixes = ("OPENAI", "ANTHROPIC", "GOOGLE", "GEMINI", "OLLAMA", "LANGCHAIN", "LANGSMITH", "LANGGRAPH", "AWS", "BEDROCK", "CLOUD_ML",
+                "GCLOUD", "CLOUDSDK")
     for k in list(os.environ):
         if k.upper().endswith("_PROXY") or k.upper().startswith(prefixes):
             del os.environ[k]
@@ -279,6 +304,8 @@ def anthropic_reply(kind, case, model, tool):
 
 
 def reply_for(provider, kind, case):
+    if provider in CLOUD_MODELS:
+        return cloud_reply(provider, kind, case)
     model = MODELS[provider]
     if provider == "ollama":
         return ollama_reply(kind, case, model)
@@ -290,6 +317,229 @@ def reply_for(provider, kind, case):
     return anthropic_reply(kind, case, model, tool)
 
 
+# ---- the cloud providers: Bedrock (langchain-aws) and Vertex AI (langchain-google-vertexai) ----
+
+CLOUD_MODELS = {"bedrock_converse": "anthropic.claude-3-5-haiku-20241022-v1:0",
+                # ChatBedrock (init_chat_model's `bedrock`) calls Converse itself for Nova models only:
+                # the one case where the reference sends what this runtime sends for `bedrock:`.
+                "bedrock": "amazon.nova-lite-v1:0",
+                "google_vertexai": "gemini-2.5-flash"}
+MODELS.update(CLOUD_MODELS)
+VERTEX_PROVIDERS = {"google_vertexai"}
+# Fake credentials, the AWS documentation's example ones; never valid anywhere.
+AWS_KEY_ID, AWS_SECRET = "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+AWS_REGION = "us-east-1"
+TOKEN_PATH = "/token"
+# What the capture server's token endpoint answers a service account's JWT grant with.
+TOKEN_REPLY = {"access_token": "ya29.test-access-token", "expires_in": 3599, "token_type": "Bearer"}
+# The test-only service account (its key made for the tests, valid nowhere).
+SERVICE_ACCOUNT = REPO / "tests/fixtures/vertex/service-account.json"
+
+
+def cloud_recorded(provider):
+    group = "vertex" if provider in VERTEX_PROVIDERS else "main"
+    return ["langchain", "langchain-core", "pydantic", "pydantic-core", "httpx", *CLOUD_RECORDED[group]]
+
+
+def cloud_environment():
+    """Fake AWS credentials for boto3, and for Vertex AI the test service account with its
+    `token_uri` on the capture server (written into a copy of the file once the port is known)."""
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = AWS_KEY_ID, AWS_SECRET
+    os.environ["AWS_REGION"] = AWS_REGION
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+    os.environ["AWS_CONFIG_FILE"] = os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+
+
+def cloud_chat_model(provider, url):
+    from langchain.chat_models import init_chat_model
+    if provider in VERTEX_PROVIDERS:
+        account = json.loads(SERVICE_ACCOUNT.read_text())
+        account["token_uri"] = url + TOKEN_PATH
+        path = venv_dir("vertex") / "service-account.json"
+        path.write_text(json.dumps(account))
+        os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(path)
+        # REST, not gRPC, so that the capture server sees the request; no retries, so that an
+        # error reply is one request.
+        return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
+                               base_url=url, api_transport="rest", max_retries=0)
+    from botocore.config import Config
+    # ChatBedrock names the endpoint override `endpoint_url` only (ChatBedrockConverse: `base_url` too).
+    return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, endpoint_url=url,
+                           region_name=AWS_REGION, config=Config(retries={"total_max_attempts": 1}))
+
+
+def stable_properties(body):
+    """ChatVertexAI builds a schema's `properties` in a set's order, which changes per run: sorted."""
+    if isinstance(body, dict):
+        return {k: (dict(sorted((n, stable_properties(p)) for n, p in v.items())) if k == "properties" and isinstance(v, dict)
+                    else stable_properties(v)) for k, v in body.items()}
+    if isinstance(body, list):
+        return [stable_properties(v) for v in body]
+    return body
+
+
+def scrub_cloud_header(name, value):
+    """A SigV4 signature covers the time and the capture server's port: the scheme, credential
+    scope and signed headers are kept, the date and the signature are not."""
+    if name == "authorization" and value.startswith("AWS4-HMAC-SHA256"):
+        value = re.sub(r"Credential=([^/]+)/\d{8}/", r"Credential=\1/<date>/", value)
+        return re.sub(r"Signature=[0-9a-f]{64}", "Signature=<signature>", value)
+    if name == "x-amz-date":
+        return "<date>"
+    if name == "amz-sdk-invocation-id":
+        return "<uuid>"
+    if name == "user-agent" and " m/" in value:
+        # botocore lists the features it used (`m/e,E,b,N,Z`) in a set's order, which changes per run.
+        return re.sub(r" m/([^ ]+)", lambda m: " m/" + ",".join(sorted(m.group(1).split(","))), value)
+    if name == "authorization" and value.startswith("Bearer ey"):
+        # google-auth's self-signed JWT (its time changes on every run): what it says, not its bytes.
+        import base64
+        head, claims = (json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4))) for p in value[7:].split(".")[:2])
+        return (f"Bearer <self-signed JWT: alg={head['alg']} kid={head.get('kid')} iss={claims['iss']} sub={claims.get('sub')} "
+                f"aud={claims.get('aud')} scope={claims.get('scope')} lifetime={claims['exp'] - claims['iat']}s>")
+    return value
+
+
+def bedrock_bearer_request(provider, capture, messages):
+    """A text call with the Bedrock API key (`AWS_BEARER_TOKEN_BEDROCK`) instead of the access keys.
+    botocore refuses to send a bearer token over plain HTTP (recorded as `over_http`); for the
+    request itself its HTTPS check is lifted for the loopback capture server, nothing else changed."""
+    import botocore.auth
+    os.environ["AWS_BEARER_TOKEN_BEDROCK"] = API_KEY
+    try:
+        capture.status, capture.reply_headers, capture.reply = 200, {}, cloud_reply(provider, "text", "clean")
+        over_http = outcome("text", lambda: chat_model(provider, capture.url).invoke(messages), capture.url)
+        capture.requests.clear()
+        checked = botocore.auth.BearerAuth.add_auth
+
+        def loopback_ok(self, request):
+            request.url = request.url.replace("http://127.0.0.1", "https://127.0.0.1", 1)
+            checked(self, request)
+            request.url = request.url.replace("https://127.0.0.1", "http://127.0.0.1", 1)
+        botocore.auth.BearerAuth.add_auth = loopback_ok
+        try:
+            chat_model(provider, capture.url).invoke(messages)
+        finally:
+            botocore.auth.BearerAuth.add_auth = checked
+        req = capture.requests[0]
+        return {"over_http": over_http, "method": req["method"], "path": req["path"], "headers": scrub_headers(req["headers"])}
+    finally:
+        del os.environ["AWS_BEARER_TOKEN_BEDROCK"]
+
+
+# Error answers, each as its provider sends it (Bedrock: the code in `x-amzn-ErrorType`, the
+# message in the body; Vertex AI: Google's error object).
+CLOUD_ERRORS = {"throttled": 429, "invalid": 400, "unavailable": 503}
+
+
+def cloud_error_cases(provider, kind):
+    return list(CLOUD_ERRORS) if provider in CLOUD_MODELS and kind == "structured" else []
+
+
+def cloud_error_status(provider, case):
+    if case not in CLOUD_ERRORS:
+        return 200, {}
+    if provider in VERTEX_PROVIDERS:
+        return CLOUD_ERRORS[case], {}
+    code = {"throttled": "ThrottlingException", "invalid": "ValidationException", "unavailable": "ServiceUnavailableException"}[case]
+    return CLOUD_ERRORS[case], {"x-amzn-ErrorType": f"{code}:http://internal.amazon.com/coral/com.amazon.bedrock/"}
+
+
+def cloud_reply(provider, kind, case):
+    model = MODELS[provider]
+    if case in CLOUD_ERRORS:
+        if provider in VERTEX_PROVIDERS:
+            status = {"throttled": "RESOURCE_EXHAUSTED", "invalid": "INVALID_ARGUMENT", "unavailable": "UNAVAILABLE"}[case]
+            return {"error": {"code": CLOUD_ERRORS[case], "message": f"{status.lower()} (test)", "status": status}}
+        return {"message": {"throttled": "Too many requests, please wait before trying again.",
+                            "invalid": "The provided model identifier is invalid.",
+                            "unavailable": "Bedrock is unable to process your request."}[case]}
+    if provider in VERTEX_PROVIDERS:
+        return vertex_reply(kind, case, model)
+    return converse_reply(kind, case)
+
+
+def vertex_reply(kind, case, model):
+    """Gemini on Vertex AI: ChatVertexAI asks for structured output as a forced function call,
+    so structured kinds answer with a `functionCall` part (prose and fenced answers as a text part
+    instead, a model ignoring the function); text answers as on the Gemini API."""
+    reply = gemini_reply(kind, case, model)
+    reply["createTime"] = "2026-11-29T10:00:00.000000Z"
+    if kind == "text" or case in ("prose", "fenced", "fenced_plain", "backticked"):
+        return reply
+    a = answer_for(kind, case)
+    if case in ("truncated", "truncated_stop"):
+        from langchain_core.utils.json import parse_partial_json
+        a = parse_partial_json(content_for(kind, case)[0])
+    parts = reply["candidates"][0]["content"]["parts"]
+    parts[-1] = {"functionCall": {"name": {"decision": "AgentDecision"}.get(kind, "Out"), "args": a}}
+    return reply
+
+
+def converse_reply(kind, case):
+    """Bedrock Converse: structured kinds answer with the forced tool's `toolUse` block; prose and
+    fenced answers come as a text block (a model ignoring the tool), truncated ones with
+    `stopReason: max_tokens`."""
+    blocks, stop = [], "end_turn"
+    if case == "thinking":
+        blocks.append({"reasoningContent": {"reasoningText": {"text": THOUGHT, "signature": "EqQBCkgIBhABGAIqQLwire0001signature"}}})
+    if kind == "text":
+        text, limited = content_for(kind, case)
+        blocks.append({"text": text})
+        stop = "max_tokens" if limited else "end_turn"
+    elif case in ("prose", "fenced", "fenced_plain", "backticked"):
+        blocks.append({"text": content_for(kind, case)[0]})
+    else:
+        a = answer_for(kind, case)
+        if case in ("truncated", "truncated_stop"):
+            from langchain_core.utils.json import parse_partial_json
+            a = parse_partial_json(content_for(kind, case)[0])
+        tool = {"decision": "AgentDecision"}.get(kind, "Out")
+        blocks.append({"toolUse": {"toolUseId": "tooluse_wire0001", "name": tool, "input": a}})
+        stop = "max_tokens" if case == "truncated" else "tool_use"
+    return {"output": {"message": {"role": "assistant", "content": blocks}}, "stopReason": stop,
+            "usage": {"inputTokens": USAGE_IN, "outputTokens": USAGE_OUT, "totalTokens": USAGE_IN + USAGE_OUT},
+            "metrics": {"latencyMs": 812}}
+
+
+# SigV4 vectors: fixed requests signed by botocore with fixed credentials at a fixed time; the
+# runtime's signer must compute the same `Authorization` header (tests/e2e/cloud.rs).
+SIGV4_TIME = "2026-11-29T10:00:00"
+SIGV4_REQUESTS = [
+    {"url": "https://bedrock-runtime.us-east-1.amazonaws.com/model/anthropic.claude-3-5-haiku-20241022-v1%3A0/converse",
+     "region": "us-east-1", "session_token": None, "body": {"messages": [{"role": "user", "content": [{"text": "hi"}]}]}},
+    {"url": "https://bedrock-runtime.eu-west-3.amazonaws.com/model/eu.amazon.nova-lite-v1%3A0/converse",
+     "region": "eu-west-3", "session_token": "IQoJb3JpZ2luX2VjEXAMPLETOKEN//////////wEaCXVzLWVhc3QtMSJHMEUCIQ==",
+     "body": {"messages": [{"role": "user", "content": [{"text": "€20 — refund"}]}], "inferenceConfig": {"maxTokens": 4096}}},
+    {"url": "http://127.0.0.1:8123/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude/converse",
+     "region": "us-east-1", "session_token": None, "body": {}},
+]
+
+
+def sign_vectors():
+    import datetime
+    from unittest import mock
+    import botocore.auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    from importlib.metadata import version
+    fixed = datetime.datetime.fromisoformat(SIGV4_TIME)
+    vectors = []
+    for r in SIGV4_REQUESTS:
+        body = json.dumps(r["body"], ensure_ascii=False).encode()
+        req = AWSRequest(method="POST", url=r["url"], data=body, headers={"content-type": "application/json"})
+        signer = botocore.auth.SigV4Auth(Credentials(AWS_KEY_ID, AWS_SECRET, r["session_token"]), "bedrock", r["region"])
+        with mock.patch("botocore.auth.get_current_datetime", return_value=fixed):
+            signer.add_auth(req)
+        vectors.append({**r, "body": body.decode(), "time": SIGV4_TIME + "Z", "access_key_id": AWS_KEY_ID, "secret_access_key": AWS_SECRET,
+                        "x-amz-date": req.headers["X-Amz-Date"], "authorization": req.headers["Authorization"]})
+    path = OUT_DIR.parent / "sigv4" / "botocore.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"generator": GENERATOR, "packages": {"botocore": version("botocore")}, "service": "bedrock",
+                                "vectors": vectors}, ensure_ascii=False, indent=2) + "\n")
+    print(f"{path.relative_to(REPO)}: {len(vectors)} signed requests")
+
+
 # ---- the capture server ----
 
 class Capture:
@@ -298,6 +548,8 @@ class Capture:
         capture = self
         self.requests = []
         self.reply = None
+        self.status = 200
+        self.reply_headers = {}
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -305,6 +557,15 @@ class Capture:
             def do_POST(self):
                 n = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(n)
+                if self.path == TOKEN_PATH:
+                    # The OAuth token exchange of a service account (Vertex AI): answered, not recorded.
+                    out = json.dumps(TOKEN_REPLY).encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                    return
                 body = json.loads(raw) if raw else None
                 headers = {}
                 for k, v in self.headers.items():
@@ -314,7 +575,9 @@ class Capture:
                 streamed = isinstance(body, dict) and body.get("stream") is True
                 if streamed:
                     out += b"\n"  # Ollama's stream: one NDJSON line, the final one
-                self.send_response(200)
+                self.send_response(capture.status)
+                for k, v in capture.reply_headers.items():
+                    self.send_header(k, v)
                 self.send_header("content-type", "application/x-ndjson" if streamed else "application/json")
                 self.send_header("content-length", str(len(out)))
                 self.end_headers()
@@ -337,11 +600,13 @@ def scrub_headers(headers):
     for k in sorted(headers):
         if k in DROPPED_HEADERS:
             continue
-        out[k] = headers[k].replace(API_KEY, KEY_PLACEHOLDER)
+        out[k] = scrub_cloud_header(k, headers[k]).replace(API_KEY, KEY_PLACEHOLDER)
     return out
 
 
 def chat_model(provider, url):
+    if provider in CLOUD_MODELS:
+        return cloud_chat_model(provider, url)
     from langchain.chat_models import init_chat_model
     # The kwargs the Python runtime passes; each provider class takes these names (or aliases of them).
     return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
@@ -380,8 +645,10 @@ def generate(provider, capture):
     requests, replies = [], []
     for kind in KINDS:
         seen = None
-        for case in cases_for(kind):
+        for case in cases_for(kind) + cloud_error_cases(provider, kind):
             reply = reply_for(provider, kind, case)
+            status, capture.reply_headers = cloud_error_status(provider, case)
+            capture.status = status
             capture.reply = reply
             capture.requests.clear()
             runnable = runnable_for(provider, kind, capture.url)
@@ -393,32 +660,43 @@ def generate(provider, capture):
                 requests.append({"kind": kind, "schema": {"structured": STRUCTURED, "envelope": ENVELOPE}.get(kind),
                                  **({"tools": TOOLS} if kind == "decision" else {}),
                                  "method": req["method"], "path": req["path"], "headers": scrub_headers(req["headers"]),
-                                 "body": req["body"]})
+                                 "body": stable_properties(req["body"]) if provider in CLOUD_MODELS else req["body"]})
             else:
                 assert req["body"] == seen["body"], f"{provider}/{kind}: the request changed between replies"
-            replies.append({"kind": kind, "case": case, "status": 200, "reply": reply, "langchain": result})
+            replies.append({"kind": kind, "case": case, "status": status, **({"headers": capture.reply_headers} if capture.reply_headers else {}),
+                            "reply": reply, "langchain": result})
+    recorded = cloud_recorded(provider) if provider in CLOUD_MODELS else RECORDED
+    extra = {"bearer_request": bedrock_bearer_request(provider, capture, messages)} if provider == "bedrock_converse" else {}
     return {
         "generator": GENERATOR,
-        "packages": {name: version(name) for name in RECORDED},
+        "packages": {name: version(name) for name in recorded},
         "provider": provider,
         "model": MODELS[provider],
         "system": SYSTEM,
         "user": USER,
         "requests": requests,
         "replies": replies,
+        **extra,
     }
 
 
 def main():
-    ensure_venv()
+    group = group_arg()
+    if group == "main" and "--group" not in sys.argv and Path(sys.prefix).resolve() != venv_dir("main"):
+        # The Vertex AI group first, in its own venv (see VERTEX_PINS); then this one.
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--group", "vertex"], check=True)
+    ensure_venv(group)
     isolate_environment()
+    cloud_environment()
     import logging
     import warnings
     warnings.simplefilter("ignore")
     logging.disable(logging.CRITICAL)  # parsers log the exceptions they raise; the fixtures hold them
     capture = Capture()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for provider in MODELS:
+    if group == "main":
+        sign_vectors()
+    for provider in [p for p in MODELS if (p in VERTEX_PROVIDERS) == (group == "vertex")]:
         fixture = generate(provider, capture)
         path = OUT_DIR / f"{provider}.json"
         path.write_text(json.dumps(fixture, ensure_ascii=False, indent=2) + "\n")

@@ -8,6 +8,7 @@
 //! The stack is built in one place, [`stack`]: `TelemetryLlm(RetryLlm(FlowLlm(backend)))`, where the
 //! backend is the seeded stub or a real provider ([`providers`]).
 
+pub mod cloud;
 pub mod flow;
 pub mod model;
 pub mod providers;

@@ -56,6 +56,8 @@ pub struct ProviderTarget {
     pub api_key_var: Option<String>,
     /// Gemini only.
     pub api_version: String,
+    /// Bedrock's region and keys, Vertex AI's project, location and service account.
+    pub cloud: Option<crate::llm::cloud::Cloud>,
 }
 
 /// Per-call tuning; the fixed parity defaults unless a model profile overrides them (opt-in).

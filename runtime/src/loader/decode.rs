@@ -62,7 +62,10 @@ fn check_profile_routing(
     }
     match (provider, model) {
         (Some((p, pos)), _) if ProviderKind::from_key(p).is_none() => {
-            ctx.error(*pos, format!("provider `{p}` is not supported; supported: ollama, openai, google_genai, anthropic"));
+            ctx.error(
+                *pos,
+                format!("provider `{p}` is not supported; supported: ollama, openai, google_genai, anthropic, bedrock, bedrock_converse, google_vertexai"),
+            );
         }
         (None, Some((m, pos))) => {
             if let Err(e) = choose_model("model", m) {

@@ -876,6 +876,27 @@ fn flow_lines(settings: &Settings) -> String {
     out
 }
 
+/// Where a cloud provider's calls go and where its credentials came from (never what they are).
+fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>) -> String {
+    use fabric::llm::cloud::Cloud;
+    match cloud {
+        Cloud::Bedrock { region, region_var, keys } => {
+            let auth = match (keys, bearer_var) {
+                (Some(keys), _) => format!("AWS Signature Version 4 with keys from {}", keys.source()),
+                (None, Some(var)) => format!("Bedrock API key (bearer) from {var}"),
+                (None, None) => "none".to_owned(),
+            };
+            format!("  region: {region} (from {region_var})\n  credentials: {auth}\n")
+        }
+        Cloud::Vertex { project, project_from, location, location_from, account } => format!(
+            "  project: {project} (from {project_from})  location: {location} ({location_from})\n  credentials: service account {} from GOOGLE_APPLICATION_CREDENTIALS={}; token endpoint {}\n",
+            account.client_email,
+            account.path,
+            fabric::redact::origin_and_path(&account.token_uri)
+        ),
+    }
+}
+
 async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let settings = match Settings::from_env() {
         Ok(s) => s,
@@ -899,7 +920,10 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
             if t.provider == ProviderKind::Gemini {
                 out.push_str(&format!("  api_version: {}\n", t.api_version));
             }
-            out.push_str(&format!("  api key: {}\n", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})"))));
+            match &t.cloud {
+                None => out.push_str(&format!("  api key: {}\n", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})")))),
+                Some(cloud) => out.push_str(&cloud_lines(cloud, t.api_key_var.as_deref())),
+            }
         }
         None => out.push_str("  provider: not resolvable (not needed with the stub)\n"),
     }

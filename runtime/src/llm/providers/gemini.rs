@@ -39,9 +39,9 @@ struct GenerateRequest<'a> {
 }
 
 #[derive(Serialize)]
-struct Content<'a> {
-    role: &'static str,
-    parts: [TextPart<'a>; 1],
+pub(super) struct Content<'a> {
+    pub(super) role: &'static str,
+    pub(super) parts: [TextPart<'a>; 1],
 }
 
 #[derive(Serialize)]
@@ -50,8 +50,8 @@ struct SystemInstruction<'a> {
 }
 
 #[derive(Serialize)]
-struct TextPart<'a> {
-    text: &'a str,
+pub(super) struct TextPart<'a> {
+    pub(super) text: &'a str,
 }
 
 #[derive(Serialize)]
@@ -91,10 +91,20 @@ struct CandidateContent {
 }
 
 #[derive(Deserialize)]
-struct ReplyPart {
-    text: Option<String>,
+#[serde(rename_all = "camelCase")]
+pub(super) struct ReplyPart {
+    pub(super) text: Option<String>,
     #[serde(default)]
-    thought: bool,
+    pub(super) thought: bool,
+    /// Vertex AI's structured answers (a forced function call); the Gemini API codec asks for none.
+    pub(super) function_call: Option<FunctionCall>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct FunctionCall {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) args: Value,
 }
 
 #[derive(Deserialize)]
@@ -138,31 +148,38 @@ impl Codec for Gemini {
     }
 
     fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
-        let reply: GenerateResponse = parse_reply(self.kind(), body)?;
-        let Some(candidate) = reply.candidates.into_iter().next() else {
-            let why = reply.prompt_feedback.and_then(|f| f.block_reason).unwrap_or_else(|| "no candidates".into());
-            return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini returned no answer ({why})")));
-        };
-        match candidate.finish_reason.as_deref() {
-            Some("MAX_TOKENS") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (MAX_TOKENS)")),
-            Some(r @ ("SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT")) => {
-                return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini withheld the reply ({r})")));
-            }
-            _ => {}
-        }
-        let parts = candidate.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "gemini reply has no content parts"))?.parts;
+        let (parts, meta) = read_reply(self.kind(), body)?;
         // Thought parts are the model's reasoning, not its answer.
         let text: String = parts.into_iter().filter(|p| !p.thought).filter_map(|p| p.text).collect();
-        let usage = reply.usage_metadata.map(|m| Usage {
-            input_tokens: m.prompt_token_count.saturating_add(m.tool_use_prompt_token_count),
-            output_tokens: m.candidates_token_count.saturating_add(m.thoughts_token_count),
-        });
-        Ok((text, ReplyMeta::new(usage, candidate.finish_reason, reply.model_version, reply.response_id)))
+        Ok((text, meta))
     }
 
     fn error_code(&self, body: &[u8]) -> Option<String> {
         nested_error_code(body)
     }
+}
+
+/// A `generateContent` reply (the Gemini API's and Vertex AI's alike): the first candidate's
+/// parts and what the reply says of itself; no candidate, a cut or a withheld reply is an error.
+pub(super) fn read_reply(kind: ProviderKind, body: &[u8]) -> Result<(Vec<ReplyPart>, ReplyMeta), LlmError> {
+    let reply: GenerateResponse = parse_reply(kind, body)?;
+    let Some(candidate) = reply.candidates.into_iter().next() else {
+        let why = reply.prompt_feedback.and_then(|f| f.block_reason).unwrap_or_else(|| "no candidates".into());
+        return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini returned no answer ({why})")));
+    };
+    match candidate.finish_reason.as_deref() {
+        Some("MAX_TOKENS") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (MAX_TOKENS)")),
+        Some(r @ ("SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT")) => {
+            return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini withheld the reply ({r})")));
+        }
+        _ => {}
+    }
+    let parts = candidate.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "gemini reply has no content parts"))?.parts;
+    let usage = reply.usage_metadata.map(|m| Usage {
+        input_tokens: m.prompt_token_count.saturating_add(m.tool_use_prompt_token_count),
+        output_tokens: m.candidates_token_count.saturating_add(m.thoughts_token_count),
+    });
+    Ok((parts, ReplyMeta::new(usage, candidate.finish_reason, reply.model_version, reply.response_id)))
 }
 
 #[cfg(test)]

@@ -10,6 +10,11 @@ pub mod gemini;
 pub mod limits;
 pub mod ollama;
 pub mod openai;
+// Cloud providers (issue 30, parts 3 and 4).
+pub mod bedrock;
+pub mod gcp_token;
+pub mod sigv4;
+pub mod vertex;
 
 use std::time::Duration;
 
@@ -72,6 +77,26 @@ pub trait Codec: Send + Sync + 'static {
     /// `RESOURCE_EXHAUSTED`, `overloaded_error` ...), when it has one. Never its message: a
     /// provider's error text may quote a key or the prompt, and it goes nowhere.
     fn error_code(&self, body: &[u8]) -> Option<String>;
+    /// The error code a provider sends in a header instead (Bedrock's `x-amzn-ErrorType`).
+    fn header_error_code(&self, _headers: &reqwest::header::HeaderMap) -> Option<String> {
+        None
+    }
+}
+
+/// The headers an [`Auth`] adds to one request, or why it cannot.
+pub type AuthHeaders = Result<Vec<(&'static str, String)>, LlmError>;
+
+/// Credentials a request gets once its body is final: a signature over it (Bedrock's SigV4) or
+/// an access token fetched and cached (Vertex AI). The key-in-a-header providers need none: their
+/// codec adds the key.
+pub trait Auth: Send + Sync + std::fmt::Debug + 'static {
+    /// The headers for `POST url` with `body`.
+    fn headers<'a>(&'a self, client: &'a reqwest::Client, url: &'a str, body: &'a [u8]) -> BoxFuture<'a, AuthHeaders>;
+    /// The provider refused the credential (HTTP 401): forget a cached one. True when one was
+    /// forgotten, so that sending once more with a fresh one makes sense.
+    fn refused(&self) -> bool {
+        false
+    }
 }
 
 /// One chat message of the chat-style APIs (Ollama, OpenAI).
@@ -115,6 +140,8 @@ pub struct HttpBackend<C> {
     server: Option<(String, u16)>,
     timeout: Duration,
     max_reply_bytes: usize,
+    /// Request signing or a token source (cloud providers).
+    auth: Option<Box<dyn Auth>>,
 }
 
 /// The default cap on one reply body (`FABRIC_LLM_MAX_REPLY_BYTES`): a 4,096-token answer is a
@@ -129,7 +156,26 @@ impl<C: Codec> HttpBackend<C> {
     pub fn new(client: reqwest::Client, codec: C, target: ProviderTarget, tuning: Tuning) -> HttpBackend<C> {
         // Parsed once: every span carries it.
         let server = reqwest::Url::parse(&target.base_url).ok().and_then(|u| Some((u.host_str()?.to_owned(), u.port_or_known_default()?)));
-        HttpBackend { client, codec, target, tuning, server, timeout: super::CALL_TIMEOUT, max_reply_bytes: DEFAULT_MAX_REPLY_BYTES }
+        HttpBackend { client, codec, target, tuning, server, timeout: super::CALL_TIMEOUT, max_reply_bytes: DEFAULT_MAX_REPLY_BYTES, auth: None }
+    }
+
+    /// Signs or authorises every request with `auth` (cloud providers).
+    pub fn with_auth(mut self, auth: Box<dyn Auth>) -> HttpBackend<C> {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// Sends one request with the credentials of `auth`: the body as the exact bytes signed.
+    async fn send_authorised(&self, auth: &dyn Auth, wire: &WireRequest) -> Result<reqwest::Response, LlmError> {
+        let body = serde_json::to_vec(&wire.body).map_err(|e| LlmError::new(ReasonClass::ProviderError, format!("cannot serialise the request: {e}")))?;
+        let mut builder = self.client.post(&wire.url).timeout(self.timeout).header("content-type", "application/json");
+        for (k, v) in &wire.headers {
+            builder = builder.header(*k, v);
+        }
+        for (k, v) in auth.headers(&self.client, &wire.url, &body).await? {
+            builder = builder.header(k, v);
+        }
+        builder.body(body).send().await.map_err(|e| transport_error(e, self.timeout))
     }
 
     /// Overrides the per-attempt timeout (tests).
@@ -243,11 +289,21 @@ impl<C: Codec> Llm for HttpBackend<C> {
         let schema = WireSchema::of(req.output);
         let call = CallSpec { target: &self.target, tuning: self.tuning, system: req.system, user: req.user, schema, schema_name: schema_name(req.stage_id) };
         let wire = self.codec.encode(&call);
-        let mut builder = self.client.post(&wire.url).timeout(self.timeout).json(&wire.body);
-        for (k, v) in &wire.headers {
-            builder = builder.header(*k, v);
-        }
-        let mut response = builder.send().await.map_err(|e| transport_error(e, self.timeout))?;
+        let mut response = match &self.auth {
+            None => {
+                let mut builder = self.client.post(&wire.url).timeout(self.timeout).json(&wire.body);
+                for (k, v) in &wire.headers {
+                    builder = builder.header(*k, v);
+                }
+                builder.send().await.map_err(|e| transport_error(e, self.timeout))?
+            }
+            Some(auth) => {
+                let first = self.send_authorised(auth.as_ref(), &wire).await?;
+                // A token the provider no longer takes (revoked, or expired early): once more
+                // with a fresh one.
+                if first.status() == reqwest::StatusCode::UNAUTHORIZED && auth.refused() { self.send_authorised(auth.as_ref(), &wire).await? } else { first }
+            }
+        };
         let status = response.status().as_u16();
         let provider = self.codec.kind().key();
         if (300..400).contains(&status) {
@@ -265,7 +321,8 @@ impl<C: Codec> Llm for HttpBackend<C> {
         if !(200..300).contains(&status) {
             // The status decides the class (and so the retry); of the body only the provider's
             // error code is kept (its text may quote a key or the prompt).
-            let code = body.as_deref().and_then(|b| self.codec.error_code(b)).map_or(String::new(), |c| format!(" ({c})"));
+            let code = body.as_deref().and_then(|b| self.codec.error_code(b)).or_else(|| self.codec.header_error_code(response.headers()));
+            let code = code.map_or(String::new(), |c| format!(" ({c})"));
             let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}{code}"));
             e.retry_after = if status == 429 { limits::rate_limit_hint(response.headers(), body.as_deref(), std::time::SystemTime::now()) } else { wait };
             return Err(e);
@@ -332,6 +389,8 @@ pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuni
         ProviderKind::OpenAi => Box::new(HttpBackend::new(client, openai::OpenAi, target, tuning).with_max_reply_bytes(max_reply_bytes)),
         ProviderKind::Gemini => Box::new(HttpBackend::new(client, gemini::Gemini, target, tuning).with_max_reply_bytes(max_reply_bytes)),
         ProviderKind::Anthropic => Box::new(HttpBackend::new(client, anthropic::Anthropic, target, tuning).with_max_reply_bytes(max_reply_bytes)),
+        ProviderKind::Bedrock | ProviderKind::BedrockConverse => bedrock::backend(client, target, tuning, max_reply_bytes),
+        ProviderKind::VertexAi => vertex::backend(client, target, tuning, max_reply_bytes),
     }
 }
 

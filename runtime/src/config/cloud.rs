@@ -1,0 +1,158 @@
+//! The cloud providers' targets from the environment, read as the reference's packages read it:
+//! Bedrock as boto3 and langchain-aws do, Vertex AI as google-auth and ChatVertexAI do.
+//!
+//! Only environment credentials are read: AWS keys or the Bedrock API key, a Google service
+//! account's key file. AWS profiles, SSO, instance roles and Google's metadata server are not.
+
+use crate::llm::cloud::{AwsKeys, Cloud, ServiceAccount};
+use crate::llm::model::{ApiKey, ProviderKind, ProviderTarget, check_key};
+use crate::vocab::{ConfigError, err, parse_base_url};
+
+/// Secrets whose names do not end in `_API_KEY` or `_TOKEN`: read only from the environment and
+/// never shown. (`AWS_ACCESS_KEY_ID` names a key rather than being one, but it is kept as close.)
+pub const SECRETS: &[&str] = &["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_BEARER_TOKEN_BEDROCK"];
+
+/// The largest service-account key file read (a real one is about 2.4 KB).
+const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
+/// ChatVertexAI's default location.
+pub const DEFAULT_VERTEX_LOCATION: &str = "us-central1";
+
+/// The first of `vars` that is set, with its name.
+fn first<'v>(var: &dyn Fn(&str) -> Option<String>, vars: &[&'v str]) -> Option<(&'v str, String)> {
+    vars.iter().find_map(|v| var(v).map(|value| (*v, value.trim().to_owned())))
+}
+
+/// A region or location: lower-case letters, digits and `-` (it goes into a host name).
+fn region(var: &str, value: &str) -> Result<String, ConfigError> {
+    if !value.is_empty() && value.len() <= 64 && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        Ok(value.to_owned())
+    } else {
+        Err(err(var, format!("`{value}` is not a region such as us-east-1")))
+    }
+}
+
+/// A URL on this machine: `localhost` or a loopback address.
+fn is_loopback(url: &str) -> bool {
+    match reqwest::Url::parse(url).ok().and_then(|u| u.host().map(|h| h.to_owned())) {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
+/// A target for Bedrock or Vertex AI. `base_url` and `key_var` are a model profile's.
+pub fn target(
+    var: &dyn Fn(&str) -> Option<String>,
+    provider: ProviderKind,
+    model: String,
+    base_url: Option<&str>,
+    key_var: Option<&str>,
+) -> Result<ProviderTarget, ConfigError> {
+    match provider {
+        ProviderKind::VertexAi => vertex(var, model, base_url),
+        _ => bedrock(var, provider, model, base_url, key_var),
+    }
+}
+
+fn bedrock(
+    var: &dyn Fn(&str) -> Option<String>,
+    provider: ProviderKind,
+    model: String,
+    base_url: Option<&str>,
+    key_var: Option<&str>,
+) -> Result<ProviderTarget, ConfigError> {
+    let (region_var, value) = first(var, &["AWS_REGION", "AWS_DEFAULT_REGION"])
+        .ok_or_else(|| err("AWS_REGION or AWS_DEFAULT_REGION", format!("is required for provider {} (model `{model}`) and is not set", provider.key())))?;
+    let region = region(region_var, &value)?;
+    let base_url = match (base_url, first(var, &["BEDROCK_ENDPOINT_URL", "AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "AWS_ENDPOINT_URL"])) {
+        (Some(u), _) => parse_base_url("model profile base_url", u)?,
+        (None, Some((v, u))) => parse_base_url(v, &u)?,
+        (None, None) => format!("https://bedrock-runtime.{region}.amazonaws.com"),
+    };
+    // The Bedrock API key first, as botocore prefers it when it is set; else the access keys.
+    let bearer_var = key_var.unwrap_or("AWS_BEARER_TOKEN_BEDROCK");
+    let (api_key, api_key_var, keys) = match var(bearer_var).map(|k| k.trim().to_owned()) {
+        Some(token) => {
+            check_key(bearer_var, &token)?;
+            // A bearer token goes in clear text: only over TLS, as botocore insists, or to this
+            // machine (a local proxy, the tests).
+            if !base_url.starts_with("https://") && !is_loopback(&base_url) {
+                return Err(err(
+                    bearer_var,
+                    format!("is sent only over HTTPS, and the Bedrock endpoint `{}` is plain HTTP", crate::redact::redact_url(&base_url)),
+                ));
+            }
+            (Some(ApiKey::new(token)), Some(bearer_var.to_owned()), None)
+        }
+        None => (None, None, Some(aws_keys(var, provider, &model)?)),
+    };
+    Ok(ProviderTarget { provider, model, base_url, api_key, api_key_var, api_version: String::new(), cloud: Some(Cloud::Bedrock { region, region_var, keys }) })
+}
+
+fn aws_keys(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model: &str) -> Result<AwsKeys, ConfigError> {
+    let get = |v: &str| -> Result<Option<ApiKey>, ConfigError> {
+        match var(v).map(|k| k.trim().to_owned()) {
+            Some(k) => check_key(v, &k).map(|()| Some(ApiKey::new(k))),
+            None => Ok(None),
+        }
+    };
+    match (get("AWS_ACCESS_KEY_ID")?, get("AWS_SECRET_ACCESS_KEY")?) {
+        (Some(access_key_id), Some(secret_access_key)) => Ok(AwsKeys { access_key_id, secret_access_key, session_token: get("AWS_SESSION_TOKEN")? }),
+        (Some(_), None) => Err(err("AWS_SECRET_ACCESS_KEY", "is required with AWS_ACCESS_KEY_ID and is not set")),
+        (None, Some(_)) => Err(err("AWS_ACCESS_KEY_ID", "is required with AWS_SECRET_ACCESS_KEY and is not set")),
+        (None, None) => Err(err(
+            "AWS_BEARER_TOKEN_BEDROCK or AWS_ACCESS_KEY_ID",
+            format!(
+                "is required for provider {} (model `{model}`) and is not set: set the Bedrock API key, or AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY (AWS profiles, SSO and instance roles are not read)",
+                provider.key()
+            ),
+        )),
+    }
+}
+
+fn vertex(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<&str>) -> Result<ProviderTarget, ConfigError> {
+    const CREDS: &str = "GOOGLE_APPLICATION_CREDENTIALS";
+    let path = var(CREDS).map(|p| p.trim().to_owned()).ok_or_else(|| {
+        err(
+            CREDS,
+            format!(
+                "is required for provider google_vertexai (model `{model}`) and is not set: set it to a service account's JSON key file \
+                 (gcloud's user credentials and the metadata server are not read)"
+            ),
+        )
+    })?;
+    let text = crate::textfile::read_bounded(std::path::Path::new(&path), MAX_KEY_FILE_BYTES).map_err(|e| err(CREDS, format!("`{path}`: {e}")))?;
+    let account = ServiceAccount::parse(&path, &text).map_err(|e| err(CREDS, format!("`{path}` {e}")))?;
+    // As ChatVertexAI finds it: aiplatform's variables, google-auth's, then the key file's.
+    let (project, project_from) = match first(var, &["GOOGLE_CLOUD_PROJECT", "CLOUD_ML_PROJECT_ID", "GCLOUD_PROJECT"]) {
+        Some((v, p)) => (p, v.to_owned()),
+        None => match &account.project_id {
+            Some(p) => (p.clone(), format!("project_id of {path}")),
+            None => return Err(err("GOOGLE_CLOUD_PROJECT", format!("is required for provider google_vertexai: `{path}` names no project_id"))),
+        },
+    };
+    if project.is_empty() || !project.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':')) {
+        return Err(err(&project_from, format!("`{project}` is not a Google Cloud project id")));
+    }
+    let (location, location_from) = match first(var, &["GOOGLE_CLOUD_REGION", "CLOUD_ML_REGION"]) {
+        Some((v, l)) => (region(v, &l)?, v.to_owned()),
+        None => (DEFAULT_VERTEX_LOCATION.to_owned(), "default".to_owned()),
+    };
+    let base_url = match (base_url, var("GOOGLE_VERTEX_BASE_URL")) {
+        (Some(u), _) => parse_base_url("model profile base_url", u)?,
+        (None, Some(u)) => parse_base_url("GOOGLE_VERTEX_BASE_URL", &u)?,
+        (None, None) if location == "global" => "https://aiplatform.googleapis.com".to_owned(),
+        (None, None) => format!("https://{location}-aiplatform.googleapis.com"),
+    };
+    Ok(ProviderTarget {
+        provider: ProviderKind::VertexAi,
+        model,
+        base_url,
+        api_key: None,
+        api_key_var: None,
+        api_version: crate::llm::providers::vertex::API_VERSION.to_owned(),
+        cloud: Some(Cloud::Vertex { project, project_from, location, location_from, account }),
+    })
+}
