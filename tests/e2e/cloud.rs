@@ -222,6 +222,13 @@ async fn cloud_errors_map_to_reason_classes_and_429_waits_as_told() {
                 assert_eq!(e.retry_after.map(|w| w.after), Some(Duration::from_secs(7)), "{kind:?}");
             }
         }
+        // A redirect to another origin is not followed: the signature or token goes nowhere else.
+        let before = fake.requests().len();
+        fake.push(Canned { headers: vec![("location", "https://elsewhere.example/steal".into())], ..Canned::json(307, json!({})) });
+        let e = call(backend.as_ref(), &structured()).await.unwrap_err();
+        assert_eq!(e.class, ReasonClass::ProviderError, "{kind:?}");
+        assert!(e.message.contains("never follow redirects"), "{}", e.message);
+        assert_eq!(fake.requests().len(), before + 1, "{kind:?}");
     }
 }
 

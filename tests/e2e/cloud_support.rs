@@ -178,3 +178,18 @@ pub fn test_keys(session_token: Option<&str>) -> AwsKeys {
         session_token: session_token.map(|t| ApiKey::new(t.into())),
     }
 }
+
+/// A fixture reply's headers (Bedrock's `x-amzn-ErrorType`) for the fake provider, which takes
+/// static names: the ones the fixtures use.
+pub fn canned_headers(headers: &Value) -> Vec<(&'static str, String)> {
+    let Some(map) = headers.as_object() else { return Vec::new() };
+    map.iter()
+        .map(|(k, v)| {
+            let name = match k.to_ascii_lowercase().as_str() {
+                "x-amzn-errortype" => "x-amzn-errortype",
+                other => panic!("a wire fixture's reply header `{other}` is not known to canned_headers"),
+            };
+            (name, v.as_str().unwrap().to_owned())
+        })
+        .collect()
+}

@@ -482,7 +482,8 @@ async fn we_read_every_reply_as_langchain_does_or_stricter_on_purpose() {
         for reply in fixture["replies"].as_array().unwrap() {
             let (k, case) = (reply["kind"].as_str().unwrap(), reply["case"].as_str().unwrap());
             let request = requests.iter().find(|r| r["kind"] == k).unwrap();
-            fake.push(Canned::json(reply["status"].as_u64().unwrap() as u16, reply["reply"].clone()));
+            let headers = crate::cloud_support::canned_headers(&reply["headers"]);
+            fake.push(Canned { headers, ..Canned::json(reply["status"].as_u64().unwrap() as u16, reply["reply"].clone()) });
             let ours = call(backend.as_ref(), reference_name(k), system, user, &output_for(request)).await;
             let theirs = &reply["langchain"];
             let (verdict, ours_shown) = match (&ours, theirs.get("ok")) {

@@ -85,6 +85,10 @@ fn bedrock(
             }
             (Some(ApiKey::new(token)), Some(bearer_var.to_owned()), None)
         }
+        // A profile that names its key variable means that key, not the access keys.
+        None if key_var.is_some() => {
+            return Err(err(bearer_var, format!("is required for provider {} (model `{model}`) and is not set", provider.key())));
+        }
         None => (None, None, Some(aws_keys(var, provider, &model)?)),
     };
     Ok(ProviderTarget { provider, model, base_url, api_key, api_key_var, api_version: String::new(), cloud: Some(Cloud::Bedrock { region, region_var, keys }) })
@@ -155,4 +159,50 @@ fn vertex(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<
         api_version: crate::llm::providers::vertex::API_VERSION.to_owned(),
         cloud: Some(Cloud::Vertex { project, project_from, location, location_from, account }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(vars: &[(&str, &str)], provider: ProviderKind, key_var: Option<&str>) -> Result<ProviderTarget, ConfigError> {
+        let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        target(&|k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()), provider, "m".into(), None, key_var)
+    }
+
+    #[test]
+    fn bedrock_reads_region_endpoint_and_keys_as_boto3() {
+        let keys = [("AWS_DEFAULT_REGION", "eu-west-3"), ("AWS_ACCESS_KEY_ID", "AKID"), ("AWS_SECRET_ACCESS_KEY", "s")];
+        let t = resolve(&keys, ProviderKind::Bedrock, None).unwrap();
+        assert_eq!(t.base_url, "https://bedrock-runtime.eu-west-3.amazonaws.com");
+        assert!(matches!(t.cloud, Some(Cloud::Bedrock { region_var: "AWS_DEFAULT_REGION", keys: Some(_), .. })));
+        let with = |extra: (&'static str, &'static str)| [keys[0], keys[1], keys[2], extra];
+        let t = resolve(&with(("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "https://vpce.example/")), ProviderKind::Bedrock, None).unwrap();
+        assert_eq!(t.base_url, "https://vpce.example");
+        let e = resolve(&with(("AWS_REGION", "Not A Region")), ProviderKind::Bedrock, None).unwrap_err();
+        assert_eq!(e.to_string(), "AWS_REGION: `Not A Region` is not a region such as us-east-1");
+        let e = resolve(&keys, ProviderKind::BedrockConverse, Some("TEAM_BEDROCK_KEY")).unwrap_err();
+        assert_eq!(e.var, "TEAM_BEDROCK_KEY", "a profile's key variable is named, not replaced by the access keys");
+        let e = resolve(&[("AWS_REGION", "us-east-1")], ProviderKind::Bedrock, None).unwrap_err();
+        assert!(e.message.contains("AWS profiles, SSO and instance roles are not read"), "{e}");
+        let e = resolve(&with(("AWS_SESSION_TOKEN", "a b")), ProviderKind::Bedrock, None).unwrap_err();
+        assert_eq!(e.var, "AWS_SESSION_TOKEN");
+    }
+
+    #[test]
+    fn vertex_needs_a_key_file_and_reads_project_and_location() {
+        let e = resolve(&[], ProviderKind::VertexAi, None).unwrap_err();
+        assert_eq!(e.var, "GOOGLE_APPLICATION_CREDENTIALS");
+        let e = resolve(&[("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/sa.json")], ProviderKind::VertexAi, None).unwrap_err();
+        assert!(e.message.starts_with("`/nonexistent/sa.json`: "), "{e}");
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/vertex/service-account.json");
+        let t = resolve(&[("GOOGLE_APPLICATION_CREDENTIALS", file), ("GOOGLE_CLOUD_REGION", "global")], ProviderKind::VertexAi, None).unwrap();
+        assert_eq!(t.base_url, "https://aiplatform.googleapis.com");
+        let Some(Cloud::Vertex { project, location, .. }) = &t.cloud else { panic!("{t:?}") };
+        assert_eq!((project.as_str(), location.as_str()), ("fabric-test-project", "global"));
+        let t = resolve(&[("GOOGLE_APPLICATION_CREDENTIALS", file), ("CLOUD_ML_PROJECT_ID", "other-1")], ProviderKind::VertexAi, None).unwrap();
+        assert_eq!(t.base_url, "https://us-central1-aiplatform.googleapis.com");
+        assert!(matches!(&t.cloud, Some(Cloud::Vertex { project, .. }) if project == "other-1"));
+        assert!(!format!("{t:?}").contains("PRIVATE KEY"), "the key stays redacted in Debug");
+    }
 }
