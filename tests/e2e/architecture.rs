@@ -327,6 +327,7 @@ const LONG_FILES: &[(&str, &str)] = &[
     ("store/mod.rs", "the `RunStore` port: its types and the trait, documented"),
     ("tools/mod.rs", "the `HttpPort` and its adapter: URL cache, redirects, caps"),
     ("loader/decode.rs", "one decoder per definition kind, sharing the decoding vocabulary"),
+    ("llm/providers/mod.rs", "the one HTTP executor every codec shares: the request, the bounded read of the reply, the mapping of failures to reason classes"),
 ];
 
 #[test]

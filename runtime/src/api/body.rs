@@ -42,7 +42,7 @@ impl<S: Send + Sync> FromRequestParts<S> for PathText {
                     }
                     _ => "the path does not parse",
                 };
-                Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", why))
+                Err(ApiError::new(ErrorCode::InvalidRequest, why))
             }
         }
     }
@@ -62,7 +62,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RunIdPath {
 
 /// The 404 of a run that is not there (or cannot be).
 pub(super) fn no_run(run_id: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no run `{}`", echo_id(run_id)))
+    ApiError::new(ErrorCode::NotFound, format!("no run `{}`", echo_id(run_id)))
 }
 
 /// A request body of type `T`, read only when declared `application/json` (parameters allowed)
@@ -101,13 +101,13 @@ impl<T: DeserializeOwned> FromRequest<AppState> for MaybeJsonBody<T> {
 async fn body_bytes(request: Request, state: &AppState) -> Result<Bytes, ApiError> {
     let limit = state.inner.config.max_body_bytes;
     Bytes::from_request(request, state).await.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("the request body is larger than {limit} bytes")),
-        _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "the request body could not be read"),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(ErrorCode::TooLarge, format!("the request body is larger than {limit} bytes")),
+        _ => ApiError::new(ErrorCode::InvalidRequest, "the request body could not be read"),
     })
 }
 
 fn unsupported(message: &str) -> ApiError {
-    ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
+    ApiError::new(ErrorCode::UnsupportedMediaType, message)
 }
 
 /// Exactly one `Content-Type`, `application/json` in any case with any parameters; no
@@ -132,7 +132,7 @@ fn media_type(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    ApiError::new(ErrorCode::InvalidContent, message)
 }
 
 /// The body as `T`. An object first: serde's derived structs would also take an array of their

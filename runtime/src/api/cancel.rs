@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::body::{MaybeJsonBody, RunIdPath, no_run};
-use super::{ApiError, AppState, ErrorBody, RUN_ID_PARAM, RunView, store_error, view};
+use super::{ApiError, AppState, ErrorBody, ErrorCode, RUN_ID_PARAM, RunView, store_error, view};
 use crate::runtime::{CancelError, Cancelling};
 
 /// How often a replica looks for cancel requests on the runs it executes (at most; a third of
@@ -53,8 +53,8 @@ pub(super) async fn cancel_run(
         Ok(Cancelling::Ended(_) | Cancelling::Requested { .. }) => StatusCode::ACCEPTED,
         Ok(Cancelling::Already) => StatusCode::OK,
         Err(CancelError::NotFound(_)) => return Err(no_run(run_id)),
-        Err(e @ CancelError::NotCancellable { .. }) => return Err(ApiError::new(StatusCode::CONFLICT, "not_cancellable", e.to_string())),
-        Err(e @ CancelError::BadReason(_)) => return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e.to_string())),
+        Err(e @ CancelError::NotCancellable { .. }) => return Err(ApiError::new(ErrorCode::NotCancellable, e.to_string())),
+        Err(e @ CancelError::BadReason(_)) => return Err(ApiError::new(ErrorCode::InvalidContent, e.to_string())),
         Err(CancelError::Store(e)) => return Err(store_error(e)),
         Err(CancelError::NoStore) => return Err(store_error("no store")),
     };

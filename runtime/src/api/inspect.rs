@@ -42,7 +42,7 @@ pub(super) async fn run_updates(
     let first = p.limit.unwrap_or(50).min(UPDATES_WINDOW) as usize;
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
     let permit = state.inner.update_streams.clone().try_acquire_owned().map_err(|_| {
-        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many run-list streams are open; retry shortly");
+        let mut e = ApiError::new(ErrorCode::TooManyStreams, "too many run-list streams are open; retry shortly");
         e.retry_after = Some(5);
         e
     })?;

@@ -6,7 +6,7 @@ use axum::Json;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState, RunView, waited};
+use super::{ApiError, AppState, ErrorCode, RunView, waited};
 use crate::runtime::{AcceptError, StartRequest};
 use crate::store::{IdempotencyKey, StoredRun};
 
@@ -15,7 +15,7 @@ const HEADER: &str = "idempotency-key";
 /// The request's idempotency key, if it sends one: 400 for one that is not 1 to 255 visible
 /// ASCII characters, or for two of them.
 pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
-    let bad = |why: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("`Idempotency-Key`: {why}"));
+    let bad = |why: String| ApiError::new(ErrorCode::InvalidRequest, format!("`Idempotency-Key`: {why}"));
     let mut values = headers.get_all(HEADER).iter();
     let Some(value) = values.next() else { return Ok(None) };
     if values.next().is_some() {
@@ -31,7 +31,7 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyK
 pub(super) async fn replayed(state: &AppState, req: &StartRequest, run: StoredRun, wait: bool) -> Result<Response, ApiError> {
     if !state.inner.runtime.same_start(&run.request, req) {
         let e = AcceptError::KeyReused { run_id: run.run_id };
-        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused", e.to_string()));
+        return Err(ApiError::new(ErrorCode::IdempotencyKeyReused, e.to_string()));
     }
     let location = format!("/v1/runs/{}", run.run_id);
     let view = if wait { waited(state, &run.run_id).await? } else { Json(RunView::of(run)) };

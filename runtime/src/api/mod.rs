@@ -9,6 +9,7 @@
 
 mod body;
 mod cancel;
+mod error;
 mod follow;
 mod inspect;
 mod keyed;
@@ -40,6 +41,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use body::{JsonBody, PathText, RunIdPath, echo_id, no_run};
+pub use error::{ApiError, ErrorBody, ErrorCode, ErrorDetail};
 pub use inspect::{RunRecord, UpdatesParams};
 pub use live::{Live, LiveEvent, LiveRun};
 pub use metrics::Metrics;
@@ -313,65 +315,20 @@ impl AppState {
 /// How long event streams go on after a shutdown handed runs over (see [`AppState::drain`]).
 const HANDOVER_FOLLOW: Duration = Duration::from_secs(3);
 
-/// The one error shape of the API.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-    problems: Vec<String>,
-    retry_after: Option<u64>,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), problems: Vec::new(), retry_after: None }
-    }
-}
-
-/// The body of every error response.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `session_busy`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `not_ready`, `timeout`, `request_timeout`.
-    pub code: String,
-    pub message: String,
-    /// Located problems (`path:line:col: message`) of a broken route.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub problems: Vec<String>,
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message, problems: self.problems } };
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(s) = self.retry_after {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        response
-    }
-}
-
 fn start_error(e: StartError) -> ApiError {
     match e {
         StartError::UnknownRoute { route, known, .. } => {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("unknown route `{}`; known routes: {known}", echo_id(&route)))
+            ApiError::new(ErrorCode::NotFound, format!("unknown route `{}`; known routes: {known}", echo_id(&route)))
         }
-        StartError::WrongFleet { route, target, fleet } => ApiError::new(
-            StatusCode::CONFLICT,
-            "wrong_fleet",
-            format!("route `{route}` is served by fleet `{target}`; this is fleet `{fleet}`: send it to `{target}`"),
-        ),
+        StartError::WrongFleet { route, target, fleet } => {
+            ApiError::new(ErrorCode::WrongFleet, format!("route `{route}` is served by fleet `{target}`; this is fleet `{fleet}`: send it to `{target}`"))
+        }
         StartError::BrokenRoute { route, problems } => {
-            let mut e = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "broken_route", format!("route `{route}` cannot run: the catalogue has errors in it"));
+            let mut e = ApiError::new(ErrorCode::BrokenRoute, format!("route `{route}` cannot run: the catalogue has errors in it"));
             e.problems = problems.0.iter().map(ToString::to_string).collect();
             e
         }
-        other => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "cannot_start", other.to_string()),
+        other => ApiError::new(ErrorCode::CannotStart, other.to_string()),
     }
 }
 
@@ -404,12 +361,12 @@ fn store_error(e: impl StoreProblem) -> ApiError {
     if e.unavailable() {
         STORE_REFUSALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(error = %e, "run store unavailable: request refused");
-        let mut refused = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the run store cannot take writes now; retry shortly");
+        let mut refused = ApiError::new(ErrorCode::StoreUnavailable, "the run store cannot take writes now; retry shortly");
         refused.retry_after = Some(STORE_RETRY_AFTER_S);
         return refused;
     }
     tracing::error!(error = %e, "run store");
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_error", "the run store is not available")
+    ApiError::new(ErrorCode::StoreError, "the run store is not available")
 }
 
 /// The start contract as JSON: `{route_id, goal, model_profile, prefetch?, session_id?}`.
@@ -607,10 +564,8 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .merge(ui::router())
         .merge(api)
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint; see /openapi.json") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this endpoint does not take that method")
-        })
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint; see /openapi.json") })
+        .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "this endpoint does not take that method") })
         .layer(axum::extract::DefaultBodyLimit::max(state.inner.config.max_body_bytes))
         .layer(axum::middleware::from_fn(request_log))
         .with_state(state)
@@ -626,7 +581,7 @@ async fn authenticate(State(state): State<AppState>, request: Request, next: Nex
         };
         // `subtle`: a compare whose time says nothing about the token (the lengths aside).
         if !given.is_some_and(|g| bool::from(subtle::ConstantTimeEq::ct_eq(g.trim().as_bytes(), token.as_bytes()))) {
-            let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid `Authorization: Bearer <token>` header is required").into_response();
+            let mut e = ApiError::new(ErrorCode::Unauthorized, "a valid `Authorization: Bearer <token>` header is required").into_response();
             e.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return e;
         }
@@ -639,7 +594,7 @@ async fn time_limit(State(state): State<AppState>, request: Request, next: Next)
     let limit = state.inner.config.wait_max + Duration::from_secs(15);
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", format!("the request took longer than {} s", limit.as_secs())).into_response(),
+        Err(_) => ApiError::new(ErrorCode::Timeout, format!("the request took longer than {} s", limit.as_secs())).into_response(),
     }
 }
 
@@ -657,9 +612,9 @@ async fn read_body(State(state): State<AppState>, request: Request, next: Next) 
         let mut stream = body.into_data_stream();
         let mut bytes = Vec::new();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "the request body could not be read"))?;
+            let chunk = chunk.map_err(|_| ApiError::new(ErrorCode::InvalidRequest, "the request body could not be read"))?;
             if bytes.len() + chunk.len() > limit {
-                return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", format!("the request body is larger than {limit} bytes")));
+                return Err(ApiError::new(ErrorCode::TooLarge, format!("the request body is larger than {limit} bytes")));
             }
             bytes.extend_from_slice(&chunk);
         }
@@ -670,8 +625,7 @@ async fn read_body(State(state): State<AppState>, request: Request, next: Next) 
         Ok(Err(e)) => e.into_response(),
         Err(_) => {
             let secs = timeout.as_secs_f64();
-            let mut response =
-                ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", format!("the request body did not arrive within {secs} s")).into_response();
+            let mut response = ApiError::new(ErrorCode::RequestTimeout, format!("the request body did not arrive within {secs} s")).into_response();
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             response
         }
@@ -727,14 +681,14 @@ impl EventSink for Segment {
 }
 
 fn too_many() -> ApiError {
-    let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_runs", "the service runs as many runs as it may; retry shortly");
+    let mut e = ApiError::new(ErrorCode::TooManyRuns, "the service runs as many runs as it may; retry shortly");
     e.retry_after = Some(1);
     e
 }
 
 /// A query string that does not parse is a 400 in the API's error shape.
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(v)| v).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", format!("the query string does not parse: {}", e.body_text())))
+    q.map(|Query(v)| v).map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("the query string does not parse: {}", e.body_text())))
 }
 
 /// Starts a run.
@@ -765,22 +719,17 @@ async fn start_run(
     let config = &state.inner.config;
     let JsonBody(body) = body?;
     let Value::Object(goal) = body.goal else {
-        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "`goal` must be a JSON object"));
+        return Err(ApiError::new(ErrorCode::InvalidContent, "`goal` must be a JSON object"));
     };
     let goal_bytes = serde_json::to_vec(&goal).map_or(0, |g| g.len());
     if goal_bytes > config.max_goal_bytes {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the goal is {goal_bytes} bytes; the limit is {}", config.max_goal_bytes),
-        ));
+        return Err(ApiError::new(ErrorCode::TooLarge, format!("the goal is {goal_bytes} bytes; the limit is {}", config.max_goal_bytes)));
     }
     let prefetch = body.prefetch.unwrap_or_default();
     let prefetch_bytes: usize = prefetch.iter().map(String::len).sum();
     if prefetch.len() > config.max_prefetch_chunks || prefetch_bytes > config.max_prefetch_bytes {
         return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
+            ErrorCode::TooLarge,
             format!(
                 "the prefetch is {} chunks, {prefetch_bytes} bytes; the limit is {} chunks, {} bytes",
                 prefetch.len(),
@@ -820,10 +769,10 @@ async fn start_run(
         }
         if config.max_queued == 0 {
             let why = "FABRIC_MAX_QUEUED_RUNS is 0: no run waits in the queue, and a session's `enqueue` or `interrupt` start always does";
-            return Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_runs", why));
+            return Err(ApiError::new(ErrorCode::TooManyRuns, why));
         }
         if store.queued().await.map_err(store_error)? >= config.max_queued {
-            let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_runs", "the fleet's queue of runs is full; retry shortly");
+            let mut e = ApiError::new(ErrorCode::TooManyRuns, "the fleet's queue of runs is full; retry shortly");
             e.retry_after = Some(1);
             return Err(e);
         }
@@ -873,23 +822,18 @@ async fn start_run(
 fn accept_error(e: AcceptError) -> ApiError {
     match e {
         AcceptError::Start(s) => start_error(s),
-        AcceptError::UnknownProfile(p) => {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("model profile `{}` is not defined", echo_id(&p)))
-        }
+        AcceptError::UnknownProfile(p) => ApiError::new(ErrorCode::InvalidContent, format!("model profile `{}` is not defined", echo_id(&p))),
         AcceptError::Store(s) => store_error(s),
         AcceptError::NoStore => store_error("no store"),
         AcceptError::NotClaimed => store_error("the run could not be claimed"),
-        e @ AcceptError::KeyReused { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused", e.to_string()),
-        AcceptError::WebhookNotAllowed(e @ crate::config::WebhookRefused::Invalid) => {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e.to_string())
-        }
-        AcceptError::WebhookNotAllowed(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "webhook_not_allowed", e.to_string()),
+        e @ AcceptError::KeyReused { .. } => ApiError::new(ErrorCode::IdempotencyKeyReused, e.to_string()),
+        AcceptError::WebhookNotAllowed(e @ crate::config::WebhookRefused::Invalid) => ApiError::new(ErrorCode::InvalidContent, e.to_string()),
+        AcceptError::WebhookNotAllowed(e) => ApiError::new(ErrorCode::WebhookNotAllowed, e.to_string()),
         AcceptError::SessionBusy { session, run_id } => ApiError::new(
-            StatusCode::CONFLICT,
-            "session_busy",
+            ErrorCode::SessionBusy,
             format!("session `{}` has a live run, {run_id}; its policy (multitask `reject`) refuses another until it ends", echo_id(&session)),
         ),
-        e @ AcceptError::BadSession(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", e.to_string()),
+        e @ AcceptError::BadSession(_) => ApiError::new(ErrorCode::InvalidContent, e.to_string()),
     }
 }
 
@@ -994,12 +938,12 @@ async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, Q
     let limit = match p.limit {
         None => 50,
         Some(l @ 1..=200) => l,
-        Some(_) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "`limit` must be 1 to 200")),
+        Some(_) => return Err(ApiError::new(ErrorCode::InvalidRequest, "`limit` must be 1 to 200")),
     };
     let before = match p.before.as_deref().map(RunId::parse) {
         None => None,
         Some(Some(id)) => Some(id),
-        Some(None) => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "`before` must be a run id (the `next` of a page)")),
+        Some(None) => return Err(ApiError::new(ErrorCode::InvalidRequest, "`before` must be a run id (the `next` of a page)")),
     };
     if p.route_id.as_deref().is_some_and(names_no_route) {
         return Ok(Json(RunPage { runs: Vec::new(), next: None }));
@@ -1026,8 +970,7 @@ fn parse_status(status: Option<&str>) -> Result<Option<StoredStatus>, ApiError> 
         .map(|s| {
             StoredStatus::parse(s).ok_or_else(|| {
                 ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_request",
+                    ErrorCode::InvalidContent,
                     format!("`status` `{}` is not one of queued, running, completed, failed, awaiting_input, cancelled", echo_id(s)),
                 )
             })
@@ -1055,7 +998,7 @@ async fn run_events(
             .and_then(|v| v.trim().parse().ok())
             // A seq is an integer column of the store: past its range, no event is after it.
             .filter(|n| *n <= i64::MAX as u64)
-            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "`Last-Event-ID` must be the `seq` of an event (a whole number)"))?,
+            .ok_or_else(|| ApiError::new(ErrorCode::InvalidRequest, "`Last-Event-ID` must be the `seq` of an event (a whole number)"))?,
     };
     let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
     if store.get_run(&run_id).await.map_err(store_error)?.is_none() {
@@ -1063,7 +1006,7 @@ async fn run_events(
     }
     let config = &state.inner.config;
     let slot = state.inner.stream_slots.take(&run_id, config.max_run_streams, config.max_event_streams).ok_or_else(|| {
-        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", "too many event streams are open (of this run, or in all); retry shortly");
+        let mut e = ApiError::new(ErrorCode::TooManyStreams, "too many event streams are open (of this run, or in all); retry shortly");
         e.retry_after = Some(5);
         e
     })?;
@@ -1293,17 +1236,17 @@ async fn reply(
     let wait = query(wait)?;
     let JsonBody(body) = body?;
     if body.message.len() > state.inner.config.max_goal_bytes {
-        return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "the reply is too large"));
+        return Err(ApiError::new(ErrorCode::TooLarge, "the reply is too large"));
     }
     // An empty reply answers nothing: the run would go on with a note that says nothing.
     if body.message.trim().is_empty() {
-        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", "the reply's `message` is empty"));
+        return Err(ApiError::new(ErrorCode::InvalidContent, "the reply's `message` is empty"));
     }
     let run_id = run_id.as_str().to_owned();
     let permit = state.inner.in_flight.clone().try_acquire_owned().map_err(|_| too_many())?;
     let claimed = state.inner.runtime.claim_reply(&run_id, body.message).await.map_err(|e| match e {
         ReplyError::NotFound(_) => no_run(&run_id),
-        ReplyError::NotWaiting { .. } => ApiError::new(StatusCode::CONFLICT, "not_waiting", e.to_string()),
+        ReplyError::NotWaiting { .. } => ApiError::new(ErrorCode::NotWaiting, e.to_string()),
         ReplyError::Store(s) => store_error(s),
         ReplyError::NoStore => store_error("no store"),
         ReplyError::Start(s) => start_error(s),
@@ -1346,17 +1289,11 @@ async fn list_routes(State(state): State<AppState>) -> Json<Vec<RouteInfo>> {
         (status = 422, description = "A broken route", body = ErrorBody), (status = 400, description = PATH_400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn route_graph_svg(State(state): State<AppState>, PathText(route_id): PathText) -> Result<Response, ApiError> {
     let route = state.inner.runtime.catalogue().route(&route_id).map_err(|e| match e {
-        RouteLookupError::Unknown { known, .. } => ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("unknown route `{}`; known routes: {}", echo_id(&route_id), crate::catalogue::name_list(&known)),
-        ),
+        RouteLookupError::Unknown { known, .. } => {
+            ApiError::new(ErrorCode::NotFound, format!("unknown route `{}`; known routes: {}", echo_id(&route_id), crate::catalogue::name_list(&known)))
+        }
         RouteLookupError::Broken(b) => {
-            let mut e = ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "broken_route",
-                format!("route `{}` cannot run: the catalogue has errors in it", echo_id(&route_id)),
-            );
+            let mut e = ApiError::new(ErrorCode::BrokenRoute, format!("route `{}` cannot run: the catalogue has errors in it", echo_id(&route_id)));
             e.problems = b.problems.iter().flat_map(|d| d.to_string().lines().map(|l| l.trim().to_owned()).collect::<Vec<_>>()).collect();
             e
         }
@@ -1390,7 +1327,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     let down = state.inner.loops.down();
     if !down.is_empty() {
         let why = format!("background loops restarting after a panic: {}", down.join(", "));
-        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", why));
+        return Err(ApiError::new(ErrorCode::NotReady, why));
     }
     // The fleet's backlog: runs no replica has claimed yet (a route no replica serves, or every
     // replica busy).
