@@ -70,6 +70,8 @@ pub enum ProviderKind {
     OpenAi,
     Gemini,
     Anthropic,
+    /// A provider served by the OpenAI codec with its own package's defaults (issue #30).
+    Compat(Compat),
 }
 
 impl ProviderKind {
@@ -79,6 +81,7 @@ impl ProviderKind {
             ProviderKind::OpenAi => "openai",
             ProviderKind::Gemini => "google_genai",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Compat(c) => c.key(),
         }
     }
 
@@ -88,7 +91,7 @@ impl ProviderKind {
             "openai" => Some(ProviderKind::OpenAi),
             "google_genai" => Some(ProviderKind::Gemini),
             "anthropic" => Some(ProviderKind::Anthropic),
-            _ => None,
+            other => Compat::ALL.iter().find(|c| c.key() == other).map(|c| ProviderKind::Compat(*c)),
         }
     }
 
@@ -99,6 +102,79 @@ impl ProviderKind {
             ProviderKind::OpenAi => "openai",
             ProviderKind::Gemini => "gcp.gemini",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Compat(c) => c.otel_name(),
+        }
+    }
+}
+
+/// The providers whose LangChain package speaks OpenAI's Chat Completions (or, for Mistral, its
+/// near-copy), each with that package's own defaults (`crate::llm::providers::compat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compat {
+    DeepSeek,
+    Groq,
+    Xai,
+    Fireworks,
+    Together,
+    OpenRouter,
+    Perplexity,
+    Nvidia,
+    Upstage,
+    Baseten,
+    LiteLlm,
+    AzureAi,
+    AzureOpenAi,
+    Mistral,
+}
+
+impl Compat {
+    pub const ALL: [Compat; 14] = [
+        Compat::DeepSeek,
+        Compat::Groq,
+        Compat::Xai,
+        Compat::Fireworks,
+        Compat::Together,
+        Compat::OpenRouter,
+        Compat::Perplexity,
+        Compat::Nvidia,
+        Compat::Upstage,
+        Compat::Baseten,
+        Compat::LiteLlm,
+        Compat::AzureAi,
+        Compat::AzureOpenAi,
+        Compat::Mistral,
+    ];
+
+    /// The `init_chat_model` key.
+    pub fn key(self) -> &'static str {
+        match self {
+            Compat::DeepSeek => "deepseek",
+            Compat::Groq => "groq",
+            Compat::Xai => "xai",
+            Compat::Fireworks => "fireworks",
+            Compat::Together => "together",
+            Compat::OpenRouter => "openrouter",
+            Compat::Perplexity => "perplexity",
+            Compat::Nvidia => "nvidia",
+            Compat::Upstage => "upstage",
+            Compat::Baseten => "baseten",
+            Compat::LiteLlm => "litellm",
+            Compat::AzureAi => "azure_ai",
+            Compat::AzureOpenAi => "azure_openai",
+            Compat::Mistral => "mistralai",
+        }
+    }
+
+    /// `gen_ai.provider.name`: the OTel GenAI registry's value where it lists the provider
+    /// (`deepseek`, `groq`, `x_ai`, `perplexity`, `azure.ai.openai`, `azure.ai.inference`,
+    /// `mistral_ai`), else the LangChain key, as the convention asks for a provider it does not list.
+    pub fn otel_name(self) -> &'static str {
+        match self {
+            Compat::Xai => "x_ai",
+            Compat::AzureAi => "azure.ai.inference",
+            Compat::AzureOpenAi => "azure.ai.openai",
+            Compat::Mistral => "mistral_ai",
+            other => other.key(),
         }
     }
 }
@@ -191,8 +267,19 @@ pub fn choose_model(var: &str, value: &str) -> Result<ModelChoice, ConfigError> 
         return Err(err(var, format!("`{value}` names no model")));
     }
     let kind = ProviderKind::from_key(&provider)
-        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported; supported: ollama, openai, google_genai, anthropic")))?;
+        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported: {}", unsupported_reason(&provider))))?;
     Ok(ModelChoice { provider: kind, model })
+}
+
+/// Why a LangChain provider key has no backend here (docs/providers.md, the table of keys).
+fn unsupported_reason(provider: &str) -> &'static str {
+    match provider {
+        "huggingface" => {
+            "ChatHuggingFace runs the model in-process through transformers (its default `pipeline` backend), which an HTTP runtime cannot do, and its structured output refuses Pydantic models; use `openai:` with OPENAI_BASE_URL=https://router.huggingface.co/v1 for the router"
+        }
+        "bedrock" | "bedrock_converse" | "google_vertexai" => "not in this build (the Bedrock and Vertex AI backends are on their way)",
+        _ => "no backend for it in this runtime; see docs/providers.md for the supported keys",
+    }
 }
 
 /// A provider-facing URL from configuration: absolute http(s), stored without a trailing `/`.

@@ -38,6 +38,7 @@ fn fake(kind: ProviderKind) -> FakeProvider {
                 let name = body.pointer("/tool_choice/name").cloned().unwrap_or(json!("x"));
                 json!({"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"], "content": [{"type": "text", "text": "Let me answer with the tool."}, {"type": "tool_use", "id": "toolu_1", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
             }
+            ProviderKind::Compat(_) => crate::support::compat_reply(body, &triage_reply_for(&props_of(crate::support::compat_schema(body)))),
         };
         Canned::json(200, reply)
     })
@@ -84,9 +85,21 @@ fn model_strings_agree_with_langchain() {
         }
         // As FABRIC_LLM_MODEL: supported providers resolve; the others are named in the error.
         let vars = [("FABRIC_LLM_MODEL", input.to_owned()), ("OPENAI_API_KEY", "k".into()), ("ANTHROPIC_API_KEY", "k".into()), ("GOOGLE_API_KEY", "k".into())];
-        let settings = Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()));
+        // Every key of the OpenAI-compatible family set too, and its endpoints where it has no public one.
+        let family = [
+            ("MISTRAL_API_KEY", "k"),
+            ("DEEPSEEK_API_KEY", "k"),
+            ("XAI_API_KEY", "k"),
+            ("FIREWORKS_API_KEY", "k"),
+            ("PPLX_API_KEY", "k"),
+            ("AZURE_OPENAI_API_KEY", "k"),
+            ("AZURE_OPENAI_ENDPOINT", "https://r.openai.azure.com"),
+            ("OPENAI_API_VERSION", "2024-10-21"),
+        ];
+        let family: Vec<(&str, String)> = family.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        let settings = Settings::load(move |k| vars.iter().chain(&family).find(|(n, _)| *n == k).map(|(_, v)| v.clone()));
         match (case.get("provider").and_then(Value::as_str), settings) {
-            (Some(p @ ("ollama" | "openai" | "google_genai" | "anthropic")), s) if !case["model"].as_str().unwrap().is_empty() => {
+            (Some(p), s) if ProviderKind::from_key(p).is_some() && !case["model"].as_str().unwrap().is_empty() => {
                 let t = s.unwrap().target.unwrap();
                 assert_eq!((t.provider.key(), t.model.as_str()), (p, case["model"].as_str().unwrap()), "{input}");
             }
@@ -236,6 +249,7 @@ async fn plain_text_calls_on_every_provider() {
                     ProviderKind::OpenAi => json!({"choices": [{"message": {"content": "plain words"}, "finish_reason": "stop"}]}),
                     ProviderKind::Gemini => json!({"candidates": [{"content": {"parts": [{"text": "plain words"}]}, "finishReason": "STOP"}]}),
                     ProviderKind::Anthropic => json!({"content": [{"type": "text", "text": "plain words"}], "stop_reason": "end_turn"}),
+                    ProviderKind::Compat(_) => crate::support::compat_reply(&json!({"model": "m"}), &json!("plain words")),
                 },
             )
         });

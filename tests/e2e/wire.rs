@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use fabric::config::{ProviderKind, Tuning};
 use fabric::decision::DecisionSpec;
+use fabric::llm::providers::compat::{Structured, dialect};
 use fabric::llm::providers::{DEFAULT_MAX_REPLY_BYTES, backend_for, shared_client};
 use fabric::llm::{Llm, LlmError, LlmRequest, OutputSpec, ReplyValue};
 use serde_json::{Value, json};
@@ -48,7 +49,26 @@ const REQUEST_ALLOWED: &[Allowed] = &[
         why: "fixed at 2023-06-01, the version our request and reply shapes follow; the SDK sends a newer one",
     },
     Allowed { provider: "ollama", kind: "*", path: "options.num_predict", why: "ChatOllama drops max_tokens; we keep the stage's output budget" },
-    Allowed { provider: "openai", kind: "*", path: "response_format.json_schema.name", why: "the schema is named after the stage, not `Out`/`AgentDecision`" },
+    Allowed {
+        provider: "openai|azure_openai|azure_ai|nvidia|litellm",
+        kind: "*",
+        path: "response_format.json_schema.name",
+        why: "the schema is named after the stage, not `Out`/`AgentDecision`",
+    },
+    Allowed { provider: FORCED_TOOL, kind: "*", path: "tools[0].function.name", why: "the tool is named after the stage, not `Out`/`AgentDecision`" },
+    Allowed { provider: FORCED_TOOL, kind: "*", path: "tool_choice.function.name", why: "the forced tool is named after the stage" },
+    Allowed {
+        provider: "perplexity",
+        kind: "*",
+        path: "header:x-title",
+        why: "the Perplexity SDK names itself (`Perplexity Python SDK`), as its telemetry; we are not that SDK",
+    },
+    Allowed {
+        provider: "perplexity",
+        kind: "structured|envelope",
+        path: "response_format.json_schema.schema~description",
+        why: "the package sends the Pydantic model's docstring, empty here; a schema without a description sends none",
+    },
     Allowed { provider: "anthropic", kind: "*", path: "tools[0].name", why: "the tool is named after the stage, not `Out`/`AgentDecision`" },
     Allowed { provider: "anthropic", kind: "*", path: "tool_choice.name", why: "the forced tool is named after the stage" },
     Allowed {
@@ -60,20 +80,20 @@ const REQUEST_ALLOWED: &[Allowed] = &[
     },
     Allowed { provider: "ollama", kind: "*", path: "tools", why: "ChatOllama sends `tools: []`; we send no key: no tools either way" },
     Allowed {
-        provider: "openai",
+        provider: "openai|azure_openai|azure_ai",
         kind: "decision",
         path: "response_format.json_schema.strict",
         why: "strict mode needs `additionalProperties: false` on every object, which the decision's free-form \
               `arguments` cannot have (the reference asks for strict mode with `additionalProperties: true` inside)",
     },
     Allowed {
-        provider: "openai",
+        provider: "openai|azure_openai|azure_ai",
         kind: "decision",
         path: "response_format.json_schema.schema~additionalProperties",
         why: "sent with strict mode only (above)",
     },
     Allowed {
-        provider: "openai",
+        provider: "openai|azure_openai|azure_ai",
         kind: "decision",
         path: "response_format.json_schema.description",
         why: "the decision's description goes beside the schema as well as in it (the model sees it either way)",
@@ -93,6 +113,9 @@ const REQUEST_ALLOWED: &[Allowed] = &[
     Allowed { provider: "google_genai", kind: "*", path: "safetySettings", why: "LangChain sends `safetySettings: []`, the same as none" },
 ];
 
+/// The family members whose package forces a tool for structured output (wire_compat.py).
+const FORCED_TOOL: &str = "deepseek|groq|xai|fireworks|together|openrouter|upstage|baseten|mistralai";
+
 /// A reply on which we deliberately read differently. `ours` is our reason class when we fail,
 /// `value` when we return a value LangChain does not.
 struct ReplyAllowed {
@@ -105,6 +128,20 @@ struct ReplyAllowed {
 
 const REPLY_ALLOWED: &[ReplyAllowed] = &[
     ReplyAllowed {
+        provider: FORCED_TOOL,
+        kind: "*",
+        case: "prose|fenced|fenced_plain|backticked",
+        ours: "provider_error",
+        why: "a reply without a call of the forced tool: LangChain returns None silently, a stage never goes on with nothing",
+    },
+    ReplyAllowed {
+        provider: FORCED_TOOL,
+        kind: "*",
+        case: "truncated_stop",
+        ours: "invalid_json",
+        why: "cut JSON in the tool call's arguments: LangChain drops the unreadable call and returns None silently",
+    },
+    ReplyAllowed {
         provider: "*",
         kind: "*",
         case: "truncated",
@@ -113,7 +150,7 @@ const REPLY_ALLOWED: &[ReplyAllowed] = &[
               what it can read of it: partial JSON closed by its partial-JSON parser, cut text, a partial tool input",
     },
     ReplyAllowed {
-        provider: "ollama|google_genai",
+        provider: "ollama|google_genai|perplexity",
         kind: "*",
         case: "truncated_stop",
         ours: "invalid_json",
@@ -138,15 +175,24 @@ const REPLY_ALLOWED: &[ReplyAllowed] = &[
 
 /// The headers compared; the others (SDK telemetry such as `x-stainless-*`, `accept`,
 /// `x-server-timeout`) are each SDK's own business.
-const HEADERS: &[&str] = &["content-type", "user-agent", "authorization", "x-api-key", "x-goog-api-key", "anthropic-version"];
+const HEADERS: &[&str] = &[
+    "content-type",
+    "user-agent",
+    "authorization",
+    "x-api-key",
+    "x-goog-api-key",
+    "anthropic-version",
+    // The OpenAI-compatible family's: Azure's key, OpenRouter's attribution, Upstage's client.
+    "api-key",
+    "http-referer",
+    "x-title",
+    "x-upstage-client",
+];
 
 const KEY: &str = "test-key-123";
 
 fn provider_kind(key: &str) -> ProviderKind {
-    [ProviderKind::Ollama, ProviderKind::OpenAi, ProviderKind::Gemini, ProviderKind::Anthropic]
-        .into_iter()
-        .find(|k| k.key() == key)
-        .unwrap_or_else(|| panic!("unknown provider `{key}` in a wire fixture"))
+    ProviderKind::from_key(key).unwrap_or_else(|| panic!("unknown provider `{key}` in a wire fixture"))
 }
 
 /// Where each provider's request carries the output schema.
@@ -156,6 +202,10 @@ fn schema_pointer(kind: ProviderKind) -> &'static str {
         ProviderKind::OpenAi => "/response_format/json_schema/schema",
         ProviderKind::Gemini => "/generationConfig/responseJsonSchema",
         ProviderKind::Anthropic => "/tools/0/input_schema",
+        ProviderKind::Compat(c) => match dialect(c).structured {
+            Structured::ForcedTool { .. } => "/tools/0/function/parameters",
+            _ => "/response_format/json_schema/schema",
+        },
     }
 }
 
@@ -309,14 +359,23 @@ fn dotted(pointer: &str) -> String {
 /// schema subtree semantically, its paths marked with `~`).
 fn compare_requests(kind: ProviderKind, ours: &crate::support::Recorded, theirs: &Value) -> Vec<Diff> {
     let mut diffs = Vec::new();
-    if ours.path != theirs["path"].as_str().unwrap() || theirs["method"] != "POST" {
-        diffs.push(Diff { path: "path".into(), ours: format!("POST {}", ours.path), theirs: format!("{} {}", theirs["method"], theirs["path"]) });
+    let path = match &ours.query {
+        Some(q) => format!("{}?{q}", ours.path),
+        None => ours.path.clone(),
+    };
+    if path != theirs["path"].as_str().unwrap() || theirs["method"] != "POST" {
+        diffs.push(Diff { path: "path".into(), ours: format!("POST {path}"), theirs: format!("{} {}", theirs["method"], theirs["path"]) });
     }
     for name in HEADERS {
         let mine = ours.headers.get(*name).map(|v| Value::String(v.to_str().unwrap().replace(KEY, "<api-key>")));
         walk(&format!("header:{name}"), mine.as_ref(), theirs["headers"].get(*name), &mut diffs);
     }
     let (mut a, mut b) = (ours.body.clone(), theirs["body"].clone());
+    // A top-level `null` (groq's `reasoning_effort`, fireworks' `stop`) is the field's default,
+    // the same as not sending it.
+    if let Some(body) = b.as_object_mut() {
+        body.retain(|_, v| !v.is_null());
+    }
     let ptr = schema_pointer(kind);
     if let (Some(sa), Some(sb)) = (a.pointer_mut(ptr).map(Value::take), b.pointer_mut(ptr).map(Value::take)) {
         walk(&format!("{}~", dotted(ptr)), Some(&semantic(&sa)), Some(&semantic(&sb)), &mut diffs);
@@ -336,9 +395,15 @@ fn load() -> Vec<Value> {
     files.sort();
     let all: Vec<Value> = files.iter().map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()).collect();
     let providers: Vec<&str> = all.iter().map(|f| f["provider"].as_str().unwrap()).collect();
-    assert_eq!(providers, ["anthropic", "google_genai", "ollama", "openai"], "one fixture per provider");
+    let mut expected: Vec<&str> = ["anthropic", "google_genai", "ollama", "openai"].into_iter().chain(FAMILY.iter().copied()).collect();
+    expected.sort();
+    assert_eq!(providers, expected, "one fixture per provider");
     all
 }
+
+/// The OpenAI-compatible family's fixtures (tests/parity/wire_compat.py). Every key of
+/// `Compat::ALL` has one, except where docs/providers.md says why not.
+const FAMILY: &[&str] = &["azure_ai", "azure_openai", "baseten", "deepseek", "fireworks", "groq", "mistralai", "perplexity", "together", "upstage", "xai"];
 
 /// A fixture's provider, its call texts, and our backend for it against a fake provider.
 struct Setup<'f> {
@@ -356,7 +421,12 @@ async fn setup(fixture: &Value) -> Setup<'_> {
     let model = fixture["model"].as_str().unwrap();
     let fake = FakeProvider::new(|_| Canned::json(500, json!({"error": "no reply queued"})));
     let url = fake.start().await;
-    let backend = backend_for(shared_client().unwrap(), target(kind, &url, model), Tuning::default(), DEFAULT_MAX_REPLY_BYTES);
+    let mut target = target(kind, &url, model);
+    if let Some(version) = fixture["requests"][0]["path"].as_str().and_then(|p| p.split_once("api-version=")) {
+        // Azure OpenAI's API version, as the fixture was made with (OPENAI_API_VERSION).
+        target.api_version = version.1.to_owned();
+    }
+    let backend = backend_for(shared_client().unwrap(), target, Tuning::default(), DEFAULT_MAX_REPLY_BYTES);
     Setup { provider, kind, system: fixture["system"].as_str().unwrap(), user: fixture["user"].as_str().unwrap(), fake, backend }
 }
 
@@ -424,6 +494,11 @@ async fn we_read_every_reply_as_langchain_does_or_stricter_on_purpose() {
             fake.push(Canned::json(reply["status"].as_u64().unwrap() as u16, reply["reply"].clone()));
             let ours = call(backend.as_ref(), reference_name(k), system, user, &output_for(request)).await;
             let theirs = &reply["langchain"];
+            if let (Some(status), Err(e)) = (case.strip_prefix("error_"), &ours) {
+                // An error answer: the class its status has (SPEC §6 decides the retry from it).
+                let expected = fabric::llm::providers::status_class(status.parse().unwrap());
+                assert_eq!(e.class, expected, "{provider}/{case}: {}", e.message);
+            }
             let (verdict, ours_shown) = match (&ours, theirs.get("ok")) {
                 (Ok(v), Some(t)) if comparable(k, &our_value(v)) == comparable(k, t) => ("same", None),
                 (Ok(v), Some(_)) => ("differs", Some(("value", our_value(v).to_string()))),

@@ -44,6 +44,20 @@ PINS = [
     "google-genai==3.6.1",
     "langchain-ollama==1.1.0",
     "pydantic==2.14.4",
+    # The OpenAI-compatible family, Azure OpenAI (langchain-openai above) and Mistral (wire_compat.py).
+    "langchain-deepseek==1.1.1",
+    "langchain-groq==1.1.3",
+    "langchain-xai==1.3.0",
+    "langchain-fireworks==1.7.1",
+    "langchain-together==0.4.0",
+    "langchain-openrouter==0.2.9",
+    "langchain-perplexity==1.4.2",
+    "langchain-nvidia-ai-endpoints==1.5.0",
+    "langchain-upstage==0.7.7",
+    "langchain-baseten==0.2.5",
+    "langchain-litellm==0.11.2",
+    "langchain-azure-ai==1.2.9",
+    "langchain-mistralai==1.1.6",
 ]
 # Resolved versions recorded in every fixture (pip picks the ones not pinned above).
 RECORDED = ["langchain", "langchain-core", "langchain-openai", "langchain-anthropic", "langchain-google-genai",
@@ -84,7 +98,8 @@ def ensure_venv():
 
 def isolate_environment():
     """No proxy, no provider settings and no tracing from the caller's environment."""
-    prefixes = ("OPENAI", "ANTHROPIC", "GOOGLE", "GEMINI", "OLLAMA", "LANGCHAIN", "LANGSMITH", "LANGGRAPH")
+    prefixes = ("OPENAI", "ANTHROPIC", "GOOGLE", "GEMINI", "OLLAMA", "LANGCHAIN", "LANGSMITH", "LANGGRAPH", "AZURE", "DEEPSEEK", "GROQ",
+                "XAI", "FIREWORKS", "TOGETHER", "OPENROUTER", "PPLX", "PERPLEXITY", "NVIDIA", "UPSTAGE", "BASETEN", "0.11.2", "MISTRAL")
     for k in list(os.environ):
         if k.upper().endswith("_PROXY") or k.upper().startswith(prefixes):
             del os.environ[k]
@@ -279,7 +294,9 @@ def anthropic_reply(kind, case, model, tool):
 
 
 def reply_for(provider, kind, case):
-    model = MODELS[provider]
+    model = all_models()[provider]
+    if provider in compat().PROVIDERS:
+        return compat().message_reply(provider, kind, case, model, {"decision": "AgentDecision"}.get(kind, "Out"))
     if provider == "ollama":
         return ollama_reply(kind, case, model)
     if provider == "openai":
@@ -298,9 +315,20 @@ class Capture:
         capture = self
         self.requests = []
         self.reply = None
+        self.status = 200
+        self.model = None
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                # The model list ChatNVIDIA reads before a structured call; not a model call.
+                out = json.dumps({"object": "list", "data": [{"id": capture.model, "object": "model"}]}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
 
             def do_POST(self):
                 n = int(self.headers.get("content-length") or 0)
@@ -314,7 +342,7 @@ class Capture:
                 streamed = isinstance(body, dict) and body.get("stream") is True
                 if streamed:
                     out += b"\n"  # Ollama's stream: one NDJSON line, the final one
-                self.send_response(200)
+                self.send_response(capture.status)
                 self.send_header("content-type", "application/x-ndjson" if streamed else "application/json")
                 self.send_header("content-length", str(len(out)))
                 self.end_headers()
@@ -341,15 +369,34 @@ def scrub_headers(headers):
     return out
 
 
-def chat_model(provider, url):
+def compat():
+    """The OpenAI-compatible family, Azure OpenAI and Mistral (imported once the venv runs)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import wire_compat
+    return wire_compat
+
+
+def all_models():
+    return {**MODELS, **compat().MODELS}
+
+
+def chat_model(provider, url, **extra):
     from langchain.chat_models import init_chat_model
+    if provider in compat().PROVIDERS:
+        kwargs, env = compat().setup(provider, url)
+        os.environ.update(env)
+        try:
+            return init_chat_model(f"{provider}:{all_models()[provider]}", **kwargs, **extra)
+        finally:
+            for k in env:
+                del os.environ[k]
     # The kwargs the Python runtime passes; each provider class takes these names (or aliases of them).
     return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
                            base_url=url, api_key=API_KEY)
 
 
-def runnable_for(provider, kind, url):
-    m = chat_model(provider, url)
+def runnable_for(provider, kind, url, **extra):
+    m = chat_model(provider, url, **extra)
     if kind == "structured":
         return m.with_structured_output(model_for(STRUCTURED))
     if kind == "envelope":
@@ -378,11 +425,13 @@ def generate(provider, capture):
     from langchain_core.messages import HumanMessage, SystemMessage
     messages = [SystemMessage(SYSTEM), HumanMessage(USER)]
     requests, replies = [], []
+    family = provider in compat().PROVIDERS
+    capture.model = all_models()[provider]
     for kind in KINDS:
         seen = None
         for case in cases_for(kind):
             reply = reply_for(provider, kind, case)
-            capture.reply = reply
+            capture.reply, capture.status = reply, 200
             capture.requests.clear()
             runnable = runnable_for(provider, kind, capture.url)
             result = outcome(kind, lambda: runnable.invoke(messages), capture.url)
@@ -390,6 +439,10 @@ def generate(provider, capture):
             req = capture.requests[0]
             if seen is None:
                 seen = req
+                if family and kind != "text":
+                    # The table's method is the one the package used: the replies answer in its shape.
+                    asked = "function_calling" if "tools" in req["body"] else "json_schema"
+                    assert asked == compat().method(provider), (provider, kind, asked)
                 requests.append({"kind": kind, "schema": {"structured": STRUCTURED, "envelope": ENVELOPE}.get(kind),
                                  **({"tools": TOOLS} if kind == "decision" else {}),
                                  "method": req["method"], "path": req["path"], "headers": scrub_headers(req["headers"]),
@@ -397,11 +450,21 @@ def generate(provider, capture):
             else:
                 assert req["body"] == seen["body"], f"{provider}/{kind}: the request changed between replies"
             replies.append({"kind": kind, "case": case, "status": 200, "reply": reply, "langchain": result})
+    if family:
+        # Error answers, without the SDKs' own retries (one request each): what the package raises.
+        for case, (status, body) in compat().ERROR_CASES.items():
+            capture.reply, capture.status = body, status
+            capture.requests.clear()
+            runnable = runnable_for(provider, "text", capture.url, max_retries=0)
+            result = outcome("text", lambda: runnable.invoke(messages), capture.url)
+            assert len(capture.requests) == 1, (provider, case, len(capture.requests))
+            replies.append({"kind": "text", "case": case, "status": status, "reply": body, "langchain": result})
+    packages = RECORDED + (compat().recorded(provider) if family else [])
     return {
         "generator": GENERATOR,
-        "packages": {name: version(name) for name in RECORDED},
+        "packages": {name: version(name) for name in packages},
         "provider": provider,
-        "model": MODELS[provider],
+        "model": all_models()[provider],
         "system": SYSTEM,
         "user": USER,
         "requests": requests,
@@ -418,7 +481,10 @@ def main():
     logging.disable(logging.CRITICAL)  # parsers log the exceptions they raise; the fixtures hold them
     capture = Capture()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for provider in MODELS:
+    only = sys.argv[1:]  # some providers only (for a quick look); all of them by default
+    for provider in all_models():
+        if only and provider not in only:
+            continue
         fixture = generate(provider, capture)
         path = OUT_DIR / f"{provider}.json"
         path.write_text(json.dumps(fixture, ensure_ascii=False, indent=2) + "\n")
