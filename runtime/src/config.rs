@@ -117,6 +117,10 @@ pub const VARIABLES: &[&str] = &[
     "OPENAI_API_VERSION",
     "MISTRAL_API_KEY",
     "MISTRAL_BASE_URL",
+    // Cohere (llm/providers/cohere.rs).
+    "COHERE_API_KEY",
+    "CO_API_KEY",
+    "CO_API_URL",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -547,6 +551,15 @@ impl Settings {
             ProviderKind::Compat(c) => {
                 let (u, default) = self.compat_base_url(c, base_url)?;
                 (Ok(u), default, crate::llm::providers::compat::endpoint(c).key_vars.to_vec())
+            }
+            ProviderKind::Cohere => {
+                // langchain-cohere's COHERE_API_KEY, the cohere SDK's CO_API_KEY and CO_API_URL.
+                let (u, default) = match (base_url, self.var("CO_API_URL")) {
+                    (Some(u), _) => (parse_base_url("model profile base_url", u), false),
+                    (None, Some(u)) => (parse_base_url("CO_API_URL", u), false),
+                    (None, None) => (Ok(crate::llm::providers::cohere::DEFAULT_URL.to_owned()), true),
+                };
+                (u, default, vec!["COHERE_API_KEY", "CO_API_KEY"])
             }
         };
         let base_url = url?;

@@ -72,6 +72,8 @@ pub enum ProviderKind {
     Anthropic,
     /// A provider served by the OpenAI codec with its own package's defaults (issue #30).
     Compat(Compat),
+    /// Cohere's v2 chat API.
+    Cohere,
 }
 
 impl ProviderKind {
@@ -82,6 +84,7 @@ impl ProviderKind {
             ProviderKind::Gemini => "google_genai",
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::Compat(c) => c.key(),
+            ProviderKind::Cohere => "cohere",
         }
     }
 
@@ -91,6 +94,7 @@ impl ProviderKind {
             "openai" => Some(ProviderKind::OpenAi),
             "google_genai" => Some(ProviderKind::Gemini),
             "anthropic" => Some(ProviderKind::Anthropic),
+            "cohere" => Some(ProviderKind::Cohere),
             other => Compat::ALL.iter().find(|c| c.key() == other).map(|c| ProviderKind::Compat(*c)),
         }
     }
@@ -103,6 +107,7 @@ impl ProviderKind {
             ProviderKind::Gemini => "gcp.gemini",
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::Compat(c) => c.otel_name(),
+            ProviderKind::Cohere => "cohere",
         }
     }
 }

@@ -130,3 +130,18 @@ async fn a_429_waits_its_retry_after_and_a_redirect_takes_no_key() {
     assert_eq!(redirecting.requests().len(), 1);
     assert!(elsewhere.requests().is_empty(), "the redirect was followed with the key");
 }
+
+#[tokio::test]
+async fn cohere_resolves_shows_its_sources_and_probes() {
+    let fake = FakeProvider::new(|_| Canned::json(200, crate::support::cohere_reply(&json!({"ok": true}))));
+    let url = fake.start().await;
+    let env = [("FABRIC_LLM_MODEL", "cohere:command-a-03-2025".to_owned()), ("CO_API_URL", url), ("CO_API_KEY", SECRET.to_owned())];
+    let out = fabric_cli(&["doctor", "--probe"], &env).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("provider: cohere  model: command-a-03-2025") && stdout.contains("api key: set (from CO_API_KEY)"), "{stdout}");
+    assert!(stdout.contains("probe: ok in ") && !stdout.contains(SECRET), "{stdout}");
+    let sent = &fake.requests()[0];
+    assert_eq!(sent.path, "/v2/chat");
+    assert_eq!(sent.headers["authorization"].to_str().unwrap(), format!("Bearer {SECRET}"));
+}

@@ -39,6 +39,7 @@ fn fake(kind: ProviderKind) -> FakeProvider {
                 json!({"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"], "content": [{"type": "text", "text": "Let me answer with the tool."}, {"type": "tool_use", "id": "toolu_1", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
             }
             ProviderKind::Compat(_) => crate::support::compat_reply(body, &triage_reply_for(&props_of(crate::support::compat_schema(body)))),
+            ProviderKind::Cohere => crate::support::cohere_reply(&triage_reply_for(&props_of(body.pointer("/response_format/schema")))),
         };
         Canned::json(200, reply)
     })
@@ -95,6 +96,7 @@ fn model_strings_agree_with_langchain() {
             ("AZURE_OPENAI_API_KEY", "k"),
             ("AZURE_OPENAI_ENDPOINT", "https://r.openai.azure.com"),
             ("OPENAI_API_VERSION", "2024-10-21"),
+            ("COHERE_API_KEY", "k"),
         ];
         let family: Vec<(&str, String)> = family.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
         let settings = Settings::load(move |k| vars.iter().chain(&family).find(|(n, _)| *n == k).map(|(_, v)| v.clone()));
@@ -250,6 +252,7 @@ async fn plain_text_calls_on_every_provider() {
                     ProviderKind::Gemini => json!({"candidates": [{"content": {"parts": [{"text": "plain words"}]}, "finishReason": "STOP"}]}),
                     ProviderKind::Anthropic => json!({"content": [{"type": "text", "text": "plain words"}], "stop_reason": "end_turn"}),
                     ProviderKind::Compat(_) => crate::support::compat_reply(&json!({"model": "m"}), &json!("plain words")),
+                    ProviderKind::Cohere => crate::support::cohere_reply(&json!("plain words")),
                 },
             )
         });

@@ -328,7 +328,15 @@ pub fn reply_json(kind: fabric::config::ProviderKind, body: &serde_json::Value) 
             json!({"content": [{"type": "tool_use", "id": "t", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
         }
         ProviderKind::Compat(_) => compat_reply(body, &triage_reply_for(&props(compat_schema(body)))),
+        ProviderKind::Cohere => cohere_reply(&triage_reply_for(&props(body.pointer("/response_format/schema")))),
     }
+}
+
+/// A Cohere v2 chat reply with `answer` (a string as it is, anything else as JSON text).
+pub fn cohere_reply(answer: &serde_json::Value) -> serde_json::Value {
+    let text = answer.as_str().map_or_else(|| answer.to_string(), str::to_owned);
+    serde_json::json!({"id": "c-1", "finish_reason": "COMPLETE", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]},
+                       "usage": {"billed_units": {"input_tokens": 31, "output_tokens": 9}}})
 }
 
 /// Where an OpenAI-compatible request carries its schema: the forced tool's parameters, or

@@ -38,6 +38,24 @@ struct Allowed {
 }
 
 const REQUEST_ALLOWED: &[Allowed] = &[
+    Allowed {
+        provider: "cohere",
+        kind: "*",
+        path: "max_tokens",
+        why: "ChatCohere drops max_tokens from its v2 chat request; we keep the stage's output budget (as for Ollama)",
+    },
+    Allowed {
+        provider: "litellm",
+        kind: "decision",
+        path: "response_format.json_schema.schema~properties.arguments.additionalProperties",
+        why: "litellm closes every object of a strict schema, the free-form `arguments` too, which would forbid any tool argument",
+    },
+    Allowed {
+        provider: "litellm",
+        kind: "decision",
+        path: "response_format.json_schema.schema~description",
+        why: "the decision's description stays in the schema (the model sees it either way)",
+    },
     // Deliberate (docs/providers.md, "Deliberate differences from the reference").
     Allowed { provider: "*", kind: "*", path: "header:user-agent", why: "ours is fabric-runtime/<version>: some gateways refuse requests without one" },
     Allowed { provider: "anthropic", kind: "*", path: "header:authorization", why: "we authenticate with x-api-key, the SDK with a bearer token" },
@@ -128,6 +146,27 @@ struct ReplyAllowed {
 
 const REPLY_ALLOWED: &[ReplyAllowed] = &[
     ReplyAllowed {
+        provider: "nvidia",
+        kind: "*",
+        case: "prose",
+        ours: "invalid_json",
+        why: "ChatNVIDIA asks twice more (as guided_json, then nvext) and then returns None silently; we fail at once, as SPEC §6 says for invalid JSON",
+    },
+    ReplyAllowed {
+        provider: "nvidia",
+        kind: "*",
+        case: "wrong_enum",
+        ours: "schema_validation",
+        why: "ChatNVIDIA asks twice more and then returns None silently; a schema violation fails at once (SPEC §6)",
+    },
+    ReplyAllowed {
+        provider: "nvidia",
+        kind: "decision",
+        case: "unknown_tool",
+        ours: "unknown_tool",
+        why: "ChatNVIDIA asks twice more and then returns None silently; an unknown tool fails at once (SPEC §6)",
+    },
+    ReplyAllowed {
         provider: FORCED_TOOL,
         kind: "*",
         case: "prose|fenced|fenced_plain|backticked",
@@ -150,7 +189,7 @@ const REPLY_ALLOWED: &[ReplyAllowed] = &[
               what it can read of it: partial JSON closed by its partial-JSON parser, cut text, a partial tool input",
     },
     ReplyAllowed {
-        provider: "ollama|google_genai|perplexity",
+        provider: "ollama|google_genai|perplexity|nvidia|litellm|cohere",
         kind: "*",
         case: "truncated_stop",
         ours: "invalid_json",
@@ -206,6 +245,7 @@ fn schema_pointer(kind: ProviderKind) -> &'static str {
             Structured::ForcedTool { .. } => "/tools/0/function/parameters",
             _ => "/response_format/json_schema/schema",
         },
+        ProviderKind::Cohere => "/response_format/schema",
     }
 }
 
@@ -403,7 +443,23 @@ fn load() -> Vec<Value> {
 
 /// The OpenAI-compatible family's fixtures (tests/parity/wire_compat.py). Every key of
 /// `Compat::ALL` has one, except where docs/providers.md says why not.
-const FAMILY: &[&str] = &["azure_ai", "azure_openai", "baseten", "deepseek", "fireworks", "groq", "mistralai", "perplexity", "together", "upstage", "xai"];
+const FAMILY: &[&str] = &[
+    "azure_ai",
+    "azure_openai",
+    "baseten",
+    "cohere",
+    "deepseek",
+    "fireworks",
+    "groq",
+    "litellm",
+    "mistralai",
+    "nvidia",
+    "openrouter",
+    "perplexity",
+    "together",
+    "upstage",
+    "xai",
+];
 
 /// A fixture's provider, its call texts, and our backend for it against a fake provider.
 struct Setup<'f> {
@@ -421,6 +477,8 @@ async fn setup(fixture: &Value) -> Setup<'_> {
     let model = fixture["model"].as_str().unwrap();
     let fake = FakeProvider::new(|_| Canned::json(500, json!({"error": "no reply queued"})));
     let url = fake.start().await;
+    // NVIDIA's base URL ends in /v1 (https://integrate.api.nvidia.com/v1), as the fixture's did.
+    let url = if provider == "nvidia" { format!("{url}/v1") } else { url };
     let mut target = target(kind, &url, model);
     if let Some(version) = fixture["requests"][0]["path"].as_str().and_then(|p| p.split_once("api-version=")) {
         // Azure OpenAI's API version, as the fixture was made with (OPENAI_API_VERSION).

@@ -34,7 +34,9 @@ PROVIDERS = {
     "perplexity": ("sonar", "json_schema", {"base_url": None}, {"PERPLEXITY_BASE_URL": "URL"}, ["langchain-perplexity", "perplexityai"]),
     # NVIDIA's base URL ends in /v1 (https://integrate.api.nvidia.com/v1); the package lists the
     # models (GET {base}/models) before a structured call, which the capture server answers.
-    "nvidia": ("meta/llama-3.1-8b-instruct", "json_schema", {"base_url": "URL/v1"}, {}, ["langchain-nvidia-ai-endpoints"]),
+    # Its usage telemetry (on by default, posted to NVIDIA) is off: nothing leaves loopback.
+    "nvidia": ("meta/llama-3.1-8b-instruct", "json_schema", {"base_url": "URL/v1", "usage_telemetry_enabled": False}, {},
+               ["langchain-nvidia-ai-endpoints"]),
     "upstage": ("solar-pro2", "function_calling", {}, {}, ["langchain-upstage"]),
     "baseten": ("deepseek-ai/DeepSeek-V3.1", "function_calling", {}, {}, ["langchain-baseten"]),
     # ChatLiteLLM calls the litellm library, which takes the proxy's URL as `api_base`.
@@ -46,6 +48,9 @@ PROVIDERS = {
     "azure_openai": ("gpt-4o-mini", "json_schema", {"base_url": None},
                      {"AZURE_OPENAI_ENDPOINT": "URL", "OPENAI_API_VERSION": "2024-10-21"}, []),
     "mistralai": ("mistral-large-latest", "function_calling", {}, {}, ["langchain-mistralai"]),
+    # Cohere's v2 chat API (its own codec). ChatCohere reads its key from COHERE_API_KEY (`api_key`
+    # is no name it knows).
+    "cohere": ("command-a-03-2025", "json_schema", {"api_key": None}, {"COHERE_API_KEY": API_KEY}, ["langchain-cohere", "cohere"]),
 }
 
 MODELS = {p: v[0] for p, v in PROVIDERS.items()}
@@ -59,6 +64,31 @@ ERROR_CASES = {
     "error_500": (500, {"error": {"message": "The server had an error while processing your request.", "type": "server_error",
                                   "code": None}}),
 }
+
+
+def error_cases(provider):
+    """The error answers a provider's fixture has: the cohere SDK retries 429 and 5xx itself,
+    with no switch langchain-cohere passes on, so Cohere's has the 401 only."""
+    if provider == "cohere":
+        return {k: v for k, v in ERROR_CASES.items() if k == "error_401"}
+    return ERROR_CASES
+
+
+def no_retry_kwargs(provider):
+    """The arguments that turn the package's own retries off, for the error answers."""
+    if provider == "litellm":
+        # ChatLiteLLM's max_retries is its own loop; the OpenAI client inside litellm retries too.
+        return {"max_retries": 0, "model_kwargs": {"max_retries": 0}}
+    return {"max_retries": 0}
+
+
+def without_retries(provider, model):
+    """ChatOpenRouter's `max_retries=0` leaves the openrouter SDK's default (back off on 5XX for up
+    to an hour); its client is told not to retry instead. Nothing of the request changes."""
+    if provider == "openrouter":
+        from openrouter.utils import RetryConfig
+        model.client.sdk_configuration.retry_config = RetryConfig("none", None, False)
+    return model
 
 
 def method(provider):
@@ -81,9 +111,22 @@ def recorded(provider):
     return PROVIDERS[provider][4]
 
 
+def cohere_reply(kind, case, model):
+    """A v2 chat reply: the text as one content part, `MAX_TOKENS` when cut at the limit."""
+    text, limited = content_for(kind, case)
+    if case == "thinking":
+        text = f"<think>\n{THOUGHT}\n</think>\n\n{text}"
+    return {"id": "wire-cohere-0001", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]},
+            "finish_reason": "MAX_TOKENS" if limited else "COMPLETE",
+            "usage": {"billed_units": {"input_tokens": USAGE_IN, "output_tokens": USAGE_OUT},
+                      "tokens": {"input_tokens": USAGE_IN + 200, "output_tokens": USAGE_OUT}}}
+
+
 def message_reply(provider, kind, case, model, tool):
     """A Chat Completions reply: the answer as a forced tool's call for the packages that asked for
     one (prose and fenced answers as content instead: a model ignoring the tool), else as content."""
+    if provider == "cohere":
+        return cohere_reply(kind, case, model)
     text, limited = content_for(kind, case)
     finish = "length" if limited else "stop"
     message = {"role": "assistant", "content": text}
@@ -96,6 +139,10 @@ def message_reply(provider, kind, case, model, tool):
     if case == "thinking":
         # Reasoning models behind these APIs put their thoughts inline, before the answer.
         message["content"] = f"<think>\n{THOUGHT}\n</think>\n\n{message['content']}"
-    return {"id": "chatcmpl-wire0001", "object": "chat.completion", "created": 1764410400, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": {"prompt_tokens": USAGE_IN, "completion_tokens": USAGE_OUT, "total_tokens": USAGE_IN + USAGE_OUT}}
+    reply = {"id": "chatcmpl-wire0001", "object": "chat.completion", "created": 1764410400, "model": model,
+             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+             "usage": {"prompt_tokens": USAGE_IN, "completion_tokens": USAGE_OUT, "total_tokens": USAGE_IN + USAGE_OUT}}
+    if provider == "openrouter":
+        # OpenRouter's replies carry it, and its SDK refuses a reply without it.
+        reply["system_fingerprint"] = None
+    return reply

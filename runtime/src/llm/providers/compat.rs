@@ -59,6 +59,9 @@ pub struct Dialect {
     /// parse_json_markdown: a fenced reply is read from inside the fence), after removing every
     /// `<think>…</think>` block (langchain-perplexity's ReasoningJsonOutputParser).
     pub reasoning_markdown: bool,
+    /// Whether `<think>` blocks go from plain text replies too (the litellm library moves them
+    /// into `reasoning_content` before ChatLiteLLM sees the reply).
+    pub think_out_of_text: bool,
 }
 
 const BASE: Dialect = Dialect {
@@ -72,6 +75,7 @@ const BASE: Dialect = Dialect {
     top_p: false,
     headers: &[],
     reasoning_markdown: false,
+    think_out_of_text: false,
 };
 
 /// OpenAI itself, the reference the others are written against.
@@ -114,8 +118,14 @@ pub fn dialect(c: Compat) -> Dialect {
             Dialect { structured: Structured::ForcedTool { choice_any: false, parallel_false: false }, headers: &[("x-upstage-client", "langchain")], ..BASE }
         }
         Compat::Perplexity => Dialect { structured: Structured::PlainSchema { strict: None, closed: false }, reasoning_markdown: true, ..BASE },
-        Compat::Nvidia => Dialect { structured: Structured::PlainSchema { strict: Some(true), closed: false }, ..BASE },
-        Compat::LiteLlm => Dialect { structured: Structured::PlainSchema { strict: Some(true), closed: true }, stream_field: false, ..BASE },
+        Compat::Nvidia => Dialect { structured: Structured::PlainSchema { strict: Some(true), closed: false }, reasoning_markdown: true, ..BASE },
+        Compat::LiteLlm => Dialect {
+            structured: Structured::PlainSchema { strict: Some(true), closed: true },
+            stream_field: false,
+            reasoning_markdown: true,
+            think_out_of_text: true,
+            ..BASE
+        },
         Compat::AzureAi => OPENAI,
         Compat::AzureOpenAi => Dialect { auth: Auth::ApiKeyHeader, ..OPENAI },
         Compat::Mistral => Dialect { structured: Structured::ForcedTool { choice_any: true, parallel_false: false }, top_p: true, ..BASE },

@@ -6,6 +6,7 @@
 //! HTTP failures to [`ReasonClass`]es (which decides what `RetryLlm` retries).
 
 pub mod anthropic;
+pub mod cohere;
 pub mod compat;
 pub mod gemini;
 pub mod limits;
@@ -311,7 +312,7 @@ impl<C: Codec> Llm for HttpBackend<C> {
 /// the family members whose package does, see `compat::Dialect`).
 fn reads_markdown(kind: ProviderKind) -> bool {
     match kind {
-        ProviderKind::Ollama | ProviderKind::Gemini => true,
+        ProviderKind::Ollama | ProviderKind::Gemini | ProviderKind::Cohere => true,
         ProviderKind::Compat(c) => compat::dialect(c).reasoning_markdown,
         _ => false,
     }
@@ -345,6 +346,7 @@ pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuni
         ProviderKind::Compat(_) => {
             Box::new(HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes))
         }
+        ProviderKind::Cohere => Box::new(HttpBackend::new(client, cohere::Cohere, target, tuning).with_max_reply_bytes(max_reply_bytes)),
     }
 }
 

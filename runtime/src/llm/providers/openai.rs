@@ -303,7 +303,8 @@ impl Codec for OpenAi {
                 .ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{key} reply has no call of the forced tool")))?
         } else {
             let text = message.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{key} reply has no message content")))?;
-            if self.dialect.reasoning_markdown && call.schema.is_some() { strip_think(&text) } else { text }
+            let structured = call.schema.is_some();
+            if (self.dialect.reasoning_markdown && structured) || self.dialect.think_out_of_text { strip_think(&text) } else { text }
         };
         let usage = reply.usage.map(|u| Usage { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens });
         Ok((text, ReplyMeta::new(usage, choice.finish_reason, reply.model, reply.id)))
