@@ -278,11 +278,16 @@ fn reference_name(kind: &str) -> &'static str {
 }
 
 async fn call(backend: &dyn Llm, stage_id: &str, system: &str, user: &str, output: &OutputSpec) -> Result<ReplyValue, LlmError> {
+    call_full(backend, stage_id, system, user, output).await.map(|reply| reply.value)
+}
+
+/// The whole reply: value and what it says of itself (token usage).
+async fn call_full(backend: &dyn Llm, stage_id: &str, system: &str, user: &str, output: &OutputSpec) -> Result<fabric::llm::LlmReply, LlmError> {
     let events = fabric::events::RunEvents::new("wire", "wire", None, Arc::new(fabric::events::NullSink));
     let never = fabric::cancel::Cancel::never();
     let cx = opentelemetry::Context::current();
     let req = LlmRequest { events: &events, route_id: "wire", stage_id, turn: 0, priority: 0, system, user, output, cx: &cx, cancel: &never };
-    backend.complete(&req).await.map(|reply| reply.value)
+    backend.complete(&req).await
 }
 
 /// One differing path.
@@ -499,7 +504,13 @@ async fn our_requests_match_langchains_field_by_field() {
             // Our reading of the reply is not the point here (see the other test); any 200 does.
             let clean = fixture["replies"].as_array().unwrap().iter().find(|r| r["kind"] == k && r["case"] == "clean").unwrap();
             fake.push(Canned::json(200, clean["reply"].clone()));
-            let _ = call(backend.as_ref(), stage_for(k), system, user, &output_for(request)).await;
+            let reply = call_full(backend.as_ref(), stage_for(k), system, user, &output_for(request)).await;
+            // The token counts of every clean reply read are LangChain's (48 in, 21 out). (Anthropic's
+            // reply names the tool `Out`, not the stage: that one fails here; `reading` covers it.)
+            if let Ok(r) = &reply {
+                let usage = r.meta.usage;
+                assert!(usage.is_some_and(|u| u.input_tokens == 48 && u.output_tokens == 21), "{provider}/{k}: usage {usage:?}");
+            }
             let ours = &fake.requests()[n];
             for d in compare_requests(kind, ours, request) {
                 match REQUEST_ALLOWED.iter().position(|a| matches(a.provider, provider) && matches(a.kind, k) && a.path == d.path) {
