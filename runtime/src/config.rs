@@ -12,7 +12,7 @@ pub use crate::llm::model::{
     ApiKey, DEFAULT_ANTHROPIC_URL, DEFAULT_GEMINI_URL, DEFAULT_GEMINI_VERSION, DEFAULT_MODEL, DEFAULT_OLLAMA_URL, DEFAULT_OPENAI_URL, ProviderTarget,
     RetryPolicy, Tuning, parse_ollama_host,
 };
-use crate::vocab::err;
+use crate::vocab::{Compat, err};
 pub use crate::vocab::{
     ConfigError, DEFAULT_TOOL_TIMEOUT_MS, MAX_TOOL_TIMEOUT_MS, ModelChoice, ProviderKind, choose_model, parse_base_url, parse_model_string,
 };
@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod cloud;
+mod compat;
 mod flow;
 mod session;
 mod webhook;
@@ -99,6 +100,47 @@ pub const VARIABLES: &[&str] = &[
     "GOOGLE_CLOUD_REGION",
     "CLOUD_ML_REGION",
     "GOOGLE_VERTEX_BASE_URL",
+    // The OpenAI-compatible family, Azure OpenAI and Mistral (llm/providers/compat.rs, docs/providers.md).
+    "FABRIC_LLM_BASE_URL",
+    "DEEPSEEK_API_KEY",
+    "DEEPSEEK_API_BASE",
+    "GROQ_API_KEY",
+    "GROQ_API_BASE",
+    "GROQ_BASE_URL",
+    "XAI_API_KEY",
+    "XAI_API_BASE",
+    "FIREWORKS_API_KEY",
+    "FIREWORKS_API_BASE",
+    "FIREWORKS_BASE_URL",
+    "TOGETHER_API_KEY",
+    "TOGETHER_API_BASE",
+    "OPENROUTER_API_KEY",
+    "OPENROUTER_API_BASE",
+    "PPLX_API_KEY",
+    "PERPLEXITY_API_KEY",
+    "PERPLEXITY_BASE_URL",
+    "NVIDIA_API_KEY",
+    "NVIDIA_BASE_URL",
+    "UPSTAGE_API_KEY",
+    "UPSTAGE_API_BASE",
+    "BASETEN_API_KEY",
+    "BASETEN_BASE_URL",
+    "BASETEN_API_BASE",
+    "LITELLM_PROXY_API_KEY",
+    "LITELLM_API_KEY",
+    "LITELLM_PROXY_API_BASE",
+    "AZURE_AI_API_KEY",
+    "AZURE_AI_OPENAI_ENDPOINT",
+    "AZURE_OPENAI_ENDPOINT",
+    "AZURE_OPENAI_API_KEY",
+    "AZURE_OPENAI_AD_TOKEN",
+    "OPENAI_API_VERSION",
+    "MISTRAL_API_KEY",
+    "MISTRAL_BASE_URL",
+    // Cohere (llm/providers/cohere.rs).
+    "COHERE_API_KEY",
+    "CO_API_KEY",
+    "CO_API_URL",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -532,6 +574,19 @@ impl Settings {
                 };
                 (u, default, vec!["ANTHROPIC_API_KEY"])
             }
+            ProviderKind::Compat(c) => {
+                let (u, default) = self.compat_base_url(c, base_url)?;
+                (Ok(u), default, crate::llm::providers::compat::endpoint(c).key_vars.to_vec())
+            }
+            ProviderKind::Cohere => {
+                // langchain-cohere's COHERE_API_KEY, the cohere SDK's CO_API_KEY and CO_API_URL.
+                let (u, default) = match (base_url, self.var("CO_API_URL")) {
+                    (Some(u), _) => (parse_base_url("model profile base_url", u), false),
+                    (None, Some(u)) => (parse_base_url("CO_API_URL", u), false),
+                    (None, None) => (Ok(crate::llm::providers::cohere::DEFAULT_URL.to_owned()), true),
+                };
+                (u, default, vec!["COHERE_API_KEY", "CO_API_KEY"])
+            }
         };
         let base_url = url?;
         let key_vars: Vec<String> = match key_var {
@@ -548,10 +603,11 @@ impl Settings {
         if found.is_none() && default_url && provider != ProviderKind::Ollama {
             return Err(err(&key_vars.join(" or "), format!("is required for provider {} (model `{model}`) and is not set", provider.key())));
         }
-        let api_version = match self.var("GEMINI_API_VERSION") {
-            None => DEFAULT_GEMINI_VERSION.to_owned(),
-            Some(v) if v.chars().all(|c| c.is_ascii_alphanumeric()) => v.trim().to_owned(),
-            Some(v) => return Err(err("GEMINI_API_VERSION", format!("`{v}` is not an API version such as v1beta or v1"))),
+        let api_version = match (provider, self.var("GEMINI_API_VERSION")) {
+            (ProviderKind::Compat(Compat::AzureOpenAi), _) => self.azure_api_version(&model)?,
+            (_, None) => DEFAULT_GEMINI_VERSION.to_owned(),
+            (_, Some(v)) if v.chars().all(|c| c.is_ascii_alphanumeric()) => v.trim().to_owned(),
+            (_, Some(v)) => return Err(err("GEMINI_API_VERSION", format!("`{v}` is not an API version such as v1beta or v1"))),
         };
         Ok(ProviderTarget {
             provider,
@@ -573,7 +629,7 @@ impl Settings {
                 let value = self.raw.0.get(*v)?;
                 let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") || v.ends_with("_SECRET") || cloud::SECRETS.contains(v) {
                     "<redacted>".to_owned()
-                } else if v.ends_with("_URL") || v.ends_with("_BASE") || *v == "OLLAMA_HOST" {
+                } else if v.ends_with("_URL") || v.ends_with("_BASE") || v.ends_with("_ENDPOINT") || *v == "OLLAMA_HOST" {
                     crate::redact::redact_url(value)
                 } else {
                     value.clone()
@@ -640,11 +696,11 @@ mod tests {
         assert_eq!((t.provider, t.model.as_str(), t.base_url.as_str()), (ProviderKind::Ollama, "qwen3:8b", DEFAULT_OLLAMA_URL));
         let s = load(&[]).unwrap();
         assert_eq!(s.target.unwrap().model, "qwen3:14b");
+        // Mistral is served (issue #30): the model name infers it, its key is required.
         let e = load(&[("FABRIC_LLM_MODEL", "mistral-large")]).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "FABRIC_LLM_MODEL: provider `mistralai` (from `mistral-large`) is not supported; supported: ollama, openai, google_genai, anthropic, bedrock, bedrock_converse, google_vertexai"
-        );
+        assert_eq!(e.to_string(), "MISTRAL_API_KEY: is required for provider mistralai (model `mistral-large`) and is not set");
+        let e = load(&[("FABRIC_LLM_MODEL", "ibm:granite")]).unwrap_err();
+        assert!(e.to_string().starts_with("FABRIC_LLM_MODEL: provider `ibm` (from `ibm:granite`) is not supported: "), "{e}");
         let e = load(&[("FABRIC_LLM_MODEL", "qwen3:14b")]).unwrap_err();
         assert!(e.message.contains("cannot tell the provider"), "{e}");
     }

@@ -77,6 +77,10 @@ pub enum ProviderKind {
     BedrockConverse,
     /// `google_vertexai:` (`ChatVertexAI`): Gemini on Vertex AI.
     VertexAi,
+    /// A provider served by the OpenAI codec with its own package's defaults (issue #30).
+    Compat(Compat),
+    /// Cohere's v2 chat API.
+    Cohere,
 }
 
 impl ProviderKind {
@@ -89,6 +93,8 @@ impl ProviderKind {
             ProviderKind::Bedrock => "bedrock",
             ProviderKind::BedrockConverse => "bedrock_converse",
             ProviderKind::VertexAi => "google_vertexai",
+            ProviderKind::Compat(c) => c.key(),
+            ProviderKind::Cohere => "cohere",
         }
     }
 
@@ -101,7 +107,8 @@ impl ProviderKind {
             "bedrock" => Some(ProviderKind::Bedrock),
             "bedrock_converse" => Some(ProviderKind::BedrockConverse),
             "google_vertexai" => Some(ProviderKind::VertexAi),
-            _ => None,
+            "cohere" => Some(ProviderKind::Cohere),
+            other => Compat::ALL.iter().find(|c| c.key() == other).map(|c| ProviderKind::Compat(*c)),
         }
     }
 
@@ -114,6 +121,80 @@ impl ProviderKind {
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::Bedrock | ProviderKind::BedrockConverse => "aws.bedrock",
             ProviderKind::VertexAi => "gcp.vertex_ai",
+            ProviderKind::Compat(c) => c.otel_name(),
+            ProviderKind::Cohere => "cohere",
+        }
+    }
+}
+
+/// The providers whose LangChain package speaks OpenAI's Chat Completions (or, for Mistral, its
+/// near-copy), each with that package's own defaults (`crate::llm::providers::compat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compat {
+    DeepSeek,
+    Groq,
+    Xai,
+    Fireworks,
+    Together,
+    OpenRouter,
+    Perplexity,
+    Nvidia,
+    Upstage,
+    Baseten,
+    LiteLlm,
+    AzureAi,
+    AzureOpenAi,
+    Mistral,
+}
+
+impl Compat {
+    pub const ALL: [Compat; 14] = [
+        Compat::DeepSeek,
+        Compat::Groq,
+        Compat::Xai,
+        Compat::Fireworks,
+        Compat::Together,
+        Compat::OpenRouter,
+        Compat::Perplexity,
+        Compat::Nvidia,
+        Compat::Upstage,
+        Compat::Baseten,
+        Compat::LiteLlm,
+        Compat::AzureAi,
+        Compat::AzureOpenAi,
+        Compat::Mistral,
+    ];
+
+    /// The `init_chat_model` key.
+    pub fn key(self) -> &'static str {
+        match self {
+            Compat::DeepSeek => "deepseek",
+            Compat::Groq => "groq",
+            Compat::Xai => "xai",
+            Compat::Fireworks => "fireworks",
+            Compat::Together => "together",
+            Compat::OpenRouter => "openrouter",
+            Compat::Perplexity => "perplexity",
+            Compat::Nvidia => "nvidia",
+            Compat::Upstage => "upstage",
+            Compat::Baseten => "baseten",
+            Compat::LiteLlm => "litellm",
+            Compat::AzureAi => "azure_ai",
+            Compat::AzureOpenAi => "azure_openai",
+            Compat::Mistral => "mistralai",
+        }
+    }
+
+    /// `gen_ai.provider.name`: the OTel GenAI registry's value where it lists the provider
+    /// (`deepseek`, `groq`, `x_ai`, `perplexity`, `azure.ai.openai`, `azure.ai.inference`,
+    /// `mistral_ai`), else the LangChain key, as the convention asks for a provider it does not list.
+    pub fn otel_name(self) -> &'static str {
+        match self {
+            Compat::Xai => "x_ai",
+            Compat::AzureAi => "azure.ai.inference",
+            Compat::AzureOpenAi => "azure.ai.openai",
+            Compat::Mistral => "mistral_ai",
+            other => other.key(),
         }
     }
 }
@@ -206,8 +287,18 @@ pub fn choose_model(var: &str, value: &str) -> Result<ModelChoice, ConfigError> 
         return Err(err(var, format!("`{value}` names no model")));
     }
     let kind = ProviderKind::from_key(&provider)
-        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported; supported: ollama, openai, google_genai, anthropic, bedrock, bedrock_converse, google_vertexai")))?;
+        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported: {}", unsupported_reason(&provider))))?;
     Ok(ModelChoice { provider: kind, model })
+}
+
+/// Why a LangChain provider key has no backend here (docs/providers.md, the table of keys).
+fn unsupported_reason(provider: &str) -> &'static str {
+    match provider {
+        "huggingface" => {
+            "ChatHuggingFace runs the model in-process through transformers (its default `pipeline` backend), which an HTTP runtime cannot do, and its structured output refuses Pydantic models; use `openai:` with OPENAI_BASE_URL=https://router.huggingface.co/v1 for the router"
+        }
+        _ => "no backend for it in this runtime; see docs/providers.md for the supported keys",
+    }
 }
 
 /// A provider-facing URL from configuration: absolute http(s), stored without a trailing `/`.

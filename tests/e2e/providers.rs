@@ -39,6 +39,8 @@ fn fake(kind: ProviderKind) -> FakeProvider {
                 json!({"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"], "content": [{"type": "text", "text": "Let me answer with the tool."}, {"type": "tool_use", "id": "toolu_1", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
             }
             cloud @ (ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi) => crate::support::reply_json(cloud, body),
+            ProviderKind::Compat(_) => crate::support::compat_reply(body, &triage_reply_for(&props_of(crate::support::compat_schema(body)))),
+            ProviderKind::Cohere => crate::support::cohere_reply(&triage_reply_for(&props_of(body.pointer("/response_format/schema")))),
         };
         Canned::json(200, reply)
     })
@@ -85,15 +87,28 @@ fn model_strings_agree_with_langchain() {
         }
         // As FABRIC_LLM_MODEL: supported providers resolve; the others are named in the error.
         let vars = [("FABRIC_LLM_MODEL", input.to_owned()), ("OPENAI_API_KEY", "k".into()), ("ANTHROPIC_API_KEY", "k".into()), ("GOOGLE_API_KEY", "k".into())];
-        let settings = Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()));
+        // Every key of the OpenAI-compatible family set too, and its endpoints where it has no public one.
+        let family = [
+            ("MISTRAL_API_KEY", "k"),
+            ("DEEPSEEK_API_KEY", "k"),
+            ("XAI_API_KEY", "k"),
+            ("FIREWORKS_API_KEY", "k"),
+            ("PPLX_API_KEY", "k"),
+            ("AZURE_OPENAI_API_KEY", "k"),
+            ("AZURE_OPENAI_ENDPOINT", "https://r.openai.azure.com"),
+            ("OPENAI_API_VERSION", "2024-10-21"),
+            ("COHERE_API_KEY", "k"),
+        ];
+        let family: Vec<(&str, String)> = family.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        let settings = Settings::load(move |k| vars.iter().chain(&family).find(|(n, _)| *n == k).map(|(_, v)| v.clone()));
         match (case.get("provider").and_then(Value::as_str), settings) {
-            (Some(p @ ("ollama" | "openai" | "google_genai" | "anthropic")), s) if !case["model"].as_str().unwrap().is_empty() => {
-                let t = s.unwrap().target.unwrap();
-                assert_eq!((t.provider.key(), t.model.as_str()), (p, case["model"].as_str().unwrap()), "{input}");
-            }
             // The cloud providers resolve too, and then need their credentials (none are set here).
             (Some(p @ ("bedrock" | "bedrock_converse" | "google_vertexai")), Err(e)) if !case["model"].as_str().unwrap().is_empty() => {
                 assert!(e.message.contains(&format!("is required for provider {p}")), "{input}: {e}")
+            }
+            (Some(p), s) if ProviderKind::from_key(p).is_some() && !case["model"].as_str().unwrap().is_empty() => {
+                let t = s.unwrap().target.unwrap();
+                assert_eq!((t.provider.key(), t.model.as_str()), (p, case["model"].as_str().unwrap()), "{input}");
             }
             (Some(p), Err(e)) => assert!(e.to_string().contains(&format!("`{p}`")) || e.message.contains("names no model"), "{input}: {e}"),
             (None, Err(e)) => assert!(e.message.contains("cannot tell the provider"), "{input}: {e}"),
@@ -247,6 +262,8 @@ async fn plain_text_calls_on_every_provider() {
                         json!({"output": {"message": {"role": "assistant", "content": [{"text": "plain words"}]}}, "stopReason": "end_turn"})
                     }
                     ProviderKind::VertexAi => json!({"candidates": [{"content": {"parts": [{"text": "plain words"}]}, "finishReason": "STOP"}]}),
+                    ProviderKind::Compat(_) => crate::support::compat_reply(&json!({"model": "m"}), &json!("plain words")),
+                    ProviderKind::Cohere => crate::support::cohere_reply(&json!("plain words")),
                 },
             )
         });

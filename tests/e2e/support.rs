@@ -185,6 +185,8 @@ pub async fn serve(app: axum::Router) -> String {
 #[derive(Debug, Clone)]
 pub struct Recorded {
     pub path: String,
+    /// The query string, without the `?` (Azure OpenAI's `api-version`).
+    pub query: Option<String>,
     pub headers: axum::http::HeaderMap,
     pub body: serde_json::Value,
 }
@@ -233,7 +235,7 @@ impl FakeProvider {
             let me = me.clone();
             async move {
                 let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-                me.requests.lock().unwrap().push(Recorded { path: uri.path().to_owned(), headers, body: body.clone() });
+                me.requests.lock().unwrap().push(Recorded { path: uri.path().to_owned(), query: uri.query().map(str::to_owned), headers, body: body.clone() });
                 let canned = me.queue.lock().unwrap().pop_front().unwrap_or_else(|| (me.fallback)(&body));
                 if !canned.delay.is_zero() {
                     tokio::time::sleep(canned.delay).await;
@@ -336,7 +338,36 @@ pub fn reply_json(kind: fabric::config::ProviderKind, body: &serde_json::Value) 
             let name = body.pointer("/toolConfig/functionCallingConfig/allowedFunctionNames/0").cloned().unwrap_or(json!("x"));
             json!({"candidates": [{"content": {"role": "model", "parts": [{"functionCall": {"name": name, "args": r}}]}, "finishReason": "STOP"}], "usageMetadata": {"promptTokenCount": 31, "candidatesTokenCount": 9}})
         }
+        ProviderKind::Compat(_) => compat_reply(body, &triage_reply_for(&props(compat_schema(body)))),
+        ProviderKind::Cohere => cohere_reply(&triage_reply_for(&props(body.pointer("/response_format/schema")))),
     }
+}
+
+/// A Cohere v2 chat reply with `answer` (a string as it is, anything else as JSON text).
+pub fn cohere_reply(answer: &serde_json::Value) -> serde_json::Value {
+    let text = answer.as_str().map_or_else(|| answer.to_string(), str::to_owned);
+    serde_json::json!({"id": "c-1", "finish_reason": "COMPLETE", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]},
+                       "usage": {"billed_units": {"input_tokens": 31, "output_tokens": 9}}})
+}
+
+/// Where an OpenAI-compatible request carries its schema: the forced tool's parameters, or
+/// `response_format`.
+pub fn compat_schema(body: &serde_json::Value) -> Option<&serde_json::Value> {
+    body.pointer("/tools/0/function/parameters").or_else(|| body.pointer("/response_format/json_schema/schema"))
+}
+
+/// An OpenAI-compatible reply with `answer`: a call of the forced tool when the request forced
+/// one, the message content otherwise.
+pub fn compat_reply(body: &serde_json::Value, answer: &serde_json::Value) -> serde_json::Value {
+    use serde_json::json;
+    let message = match body.pointer("/tools/0/function/name") {
+        Some(name) => {
+            json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": answer.to_string()}}]})
+        }
+        None => json!({"role": "assistant", "content": answer.as_str().map_or_else(|| answer.to_string(), str::to_owned)}),
+    };
+    json!({"id": "chatcmpl-1", "object": "chat.completion", "model": body["model"], "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 31, "completion_tokens": 9, "total_tokens": 40}})
 }
 
 /// The fields of an event of `kind` for tests that write events of their own and read only

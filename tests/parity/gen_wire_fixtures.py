@@ -53,6 +53,20 @@ PINS = [
     "pydantic==2.14.4",
     # Cloud providers (issue 30, parts 3 and 4): Bedrock here; Vertex AI in its own venv (below).
     "langchain-aws==1.9.1",
+    # The OpenAI-compatible family, Azure OpenAI (langchain-openai above) and Mistral (wire_compat.py).
+    "langchain-deepseek==1.1.1",
+    "langchain-groq==1.1.3",
+    "langchain-xai==1.3.0",
+    "langchain-fireworks==1.7.1",
+    "langchain-together==0.4.0",
+    "langchain-openrouter==0.2.9",
+    "langchain-perplexity==1.4.2",
+    "langchain-nvidia-ai-endpoints==1.5.0",
+    "langchain-upstage==0.7.7",
+    "langchain-baseten==0.2.5",
+    "langchain-litellm==0.11.2",
+    "langchain-azure-ai==1.2.9",
+    "langchain-mistralai==1.1.6",
 ]
 # Resolved versions recorded in every fixture (pip picks the ones not pinned above).
 RECORDED = ["langchain", "langchain-core", "langchain-openai", "langchain-anthropic", "langchain-google-genai",
@@ -109,7 +123,8 @@ def ensure_venv(group="main"):
 def isolate_environment():
     """No proxy, no provider settings and no tracing from the caller's environment."""
     prefixes = ("OPENAI", "ANTHROPIC", "GOOGLE", "GEMINI", "OLLAMA", "LANGCHAIN", "LANGSMITH", "LANGGRAPH", "AWS", "BEDROCK", "CLOUD_ML",
-                "GCLOUD", "CLOUDSDK")
+                "GCLOUD", "CLOUDSDK", "AZURE", "DEEPSEEK", "GROQ", "XAI", "FIREWORKS", "TOGETHER", "OPENROUTER", "PPLX", "PERPLEXITY",
+                "NVIDIA", "UPSTAGE", "BASETEN", "LITELLM", "MISTRAL", "COHERE", "CO_")
     for k in list(os.environ):
         if k.upper().endswith("_PROXY") or k.upper().startswith(prefixes):
             del os.environ[k]
@@ -306,7 +321,9 @@ def anthropic_reply(kind, case, model, tool):
 def reply_for(provider, kind, case):
     if provider in CLOUD_MODELS:
         return cloud_reply(provider, kind, case)
-    model = MODELS[provider]
+    model = all_models()[provider]
+    if provider in compat().PROVIDERS:
+        return compat().message_reply(provider, kind, case, model, {"decision": "AgentDecision"}.get(kind, "Out"))
     if provider == "ollama":
         return ollama_reply(kind, case, model)
     if provider == "openai":
@@ -550,9 +567,19 @@ class Capture:
         self.reply = None
         self.status = 200
         self.reply_headers = {}
+        self.model = None
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                # The model list ChatNVIDIA reads before a structured call; not a model call.
+                out = json.dumps({"object": "list", "data": [{"id": capture.model, "object": "model"}]}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
 
             def do_POST(self):
                 n = int(self.headers.get("content-length") or 0)
@@ -604,17 +631,36 @@ def scrub_headers(headers):
     return out
 
 
-def chat_model(provider, url):
+def compat():
+    """The OpenAI-compatible family, Azure OpenAI and Mistral (imported once the venv runs)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import wire_compat
+    return wire_compat
+
+
+def all_models():
+    return {**MODELS, **compat().MODELS}
+
+
+def chat_model(provider, url, **extra):
     if provider in CLOUD_MODELS:
         return cloud_chat_model(provider, url)
     from langchain.chat_models import init_chat_model
+    if provider in compat().PROVIDERS:
+        kwargs, env = compat().setup(provider, url)
+        os.environ.update(env)
+        try:
+            return init_chat_model(f"{provider}:{all_models()[provider]}", **kwargs, **extra)
+        finally:
+            for k in env:
+                del os.environ[k]
     # The kwargs the Python runtime passes; each provider class takes these names (or aliases of them).
     return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
                            base_url=url, api_key=API_KEY)
 
 
-def runnable_for(provider, kind, url):
-    m = chat_model(provider, url)
+def runnable_for(provider, kind, url, **extra):
+    m = chat_model(provider, url, **extra)
     if kind == "structured":
         return m.with_structured_output(model_for(STRUCTURED))
     if kind == "envelope":
@@ -629,6 +675,9 @@ def outcome(kind, run, url):
         r = run()
     except Exception as e:  # noqa: BLE001 - every failure is part of the record
         text = str(e).replace(url, "<capture>")
+        # The cohere SDK's errors quote the reply's headers: the date would change every run.
+        import re
+        text = re.sub(r"'date': '[^']*'", "'date': '<date>'", text)
         first = text.splitlines()[0] if text else ""
         return {"error": type(e).__name__, "message": first[:300]}
     if kind == "text":
@@ -643,6 +692,8 @@ def generate(provider, capture):
     from langchain_core.messages import HumanMessage, SystemMessage
     messages = [SystemMessage(SYSTEM), HumanMessage(USER)]
     requests, replies = [], []
+    family = provider in compat().PROVIDERS
+    capture.model = all_models()[provider]
     for kind in KINDS:
         seen = None
         for case in cases_for(kind) + cloud_error_cases(provider, kind):
@@ -653,10 +704,18 @@ def generate(provider, capture):
             capture.requests.clear()
             runnable = runnable_for(provider, kind, capture.url)
             result = outcome(kind, lambda: runnable.invoke(messages), capture.url)
-            assert len(capture.requests) == 1, (provider, kind, case, len(capture.requests))
+            # One request per call; ChatNVIDIA alone asks again when a structured reply does not
+            # parse (as `guided_json`, then `nvext`: 3 requests in all): the call's `attempts`.
+            attempts = len(capture.requests)
+            assert attempts == 1 or provider == "nvidia", \
+                (provider, kind, case, attempts)
             req = capture.requests[0]
             if seen is None:
                 seen = req
+                if family and kind != "text":
+                    # The table's method is the one the package used: the replies answer in its shape.
+                    asked = "function_calling" if "tools" in req["body"] else "json_schema"
+                    assert asked == compat().method(provider), (provider, kind, asked)
                 requests.append({"kind": kind, "schema": {"structured": STRUCTURED, "envelope": ENVELOPE}.get(kind),
                                  **({"tools": TOOLS} if kind == "decision" else {}),
                                  "method": req["method"], "path": req["path"], "headers": scrub_headers(req["headers"]),
@@ -664,14 +723,23 @@ def generate(provider, capture):
             else:
                 assert req["body"] == seen["body"], f"{provider}/{kind}: the request changed between replies"
             replies.append({"kind": kind, "case": case, "status": status, **({"headers": capture.reply_headers} if capture.reply_headers else {}),
-                            "reply": reply, "langchain": result})
-    recorded = cloud_recorded(provider) if provider in CLOUD_MODELS else RECORDED
+                            "reply": reply, "langchain": result, **({"attempts": attempts} if attempts > 1 else {})})
+    if family:
+        # Error answers, without the SDKs' own retries (one request each): what the package raises.
+        for case, (status, body) in compat().error_cases(provider).items():
+            capture.reply, capture.status, capture.reply_headers = body, status, {}
+            capture.requests.clear()
+            runnable = compat().without_retries(provider, runnable_for(provider, "text", capture.url, **compat().no_retry_kwargs(provider)))
+            result = outcome("text", lambda: runnable.invoke(messages), capture.url)
+            assert len(capture.requests) == 1, (provider, case, len(capture.requests))
+            replies.append({"kind": "text", "case": case, "status": status, "reply": body, "langchain": result})
+    recorded = cloud_recorded(provider) if provider in CLOUD_MODELS else RECORDED + (compat().recorded(provider) if family else [])
     extra = {"bearer_request": bedrock_bearer_request(provider, capture, messages)} if provider == "bedrock_converse" else {}
     return {
         "generator": GENERATOR,
         "packages": {name: version(name) for name in recorded},
         "provider": provider,
-        "model": MODELS[provider],
+        "model": all_models()[provider],
         "system": SYSTEM,
         "user": USER,
         "requests": requests,
@@ -696,7 +764,10 @@ def main():
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     if group == "main":
         sign_vectors()
-    for provider in [p for p in MODELS if (p in VERTEX_PROVIDERS) == (group == "vertex")]:
+    only = sys.argv[1:] if "--group" not in sys.argv else []  # some providers only (for a quick look); all of them by default
+    for provider in [p for p in all_models() if (p in VERTEX_PROVIDERS) == (group == "vertex")]:
+        if only and provider not in only:
+            continue
         fixture = generate(provider, capture)
         path = OUT_DIR / f"{provider}.json"
         path.write_text(json.dumps(fixture, ensure_ascii=False, indent=2) + "\n")

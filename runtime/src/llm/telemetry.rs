@@ -41,7 +41,7 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                 || {
                     let mut attributes = vec![
                         KeyValue::new("gen_ai.operation.name", "chat"),
-                        KeyValue::new("gen_ai.provider.name", crate::otel::provider_name(&info.provider).to_owned()),
+                        KeyValue::new("gen_ai.provider.name", otel_provider(&info.provider)),
                         KeyValue::new("gen_ai.request.model", info.model.clone()),
                         KeyValue::new("gen_ai.output.type", if structured { "json" } else { "text" }),
                         KeyValue::new("fabric.run_id", req.events.run_id().to_owned()),
@@ -143,4 +143,10 @@ fn set_response(cx: &opentelemetry::Context, meta: &ReplyMeta) {
 /// Milliseconds with microsecond resolution, for events.
 pub fn round_ms(ms: f64) -> f64 {
     (ms * 1000.0).round() / 1000.0
+}
+
+/// `gen_ai.provider.name`: the registry's name of a provider key (`x_ai`, `azure.ai.openai`,
+/// `mistral_ai`, ...), the key itself for one it does not list (the stub's).
+fn otel_provider(key: &str) -> String {
+    crate::vocab::ProviderKind::from_key(key).map_or_else(|| crate::otel::provider_name(key), |k| k.otel_name()).to_owned()
 }

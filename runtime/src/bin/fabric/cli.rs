@@ -921,7 +921,13 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
                 out.push_str(&format!("  api_version: {}\n", t.api_version));
             }
             match &t.cloud {
-                None => out.push_str(&format!("  api key: {}\n", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})")))),
+                None => {
+                    // Azure OpenAI: the deployment URL its calls go to, and its API version (OPENAI_API_VERSION).
+                    if t.provider.key() == "azure_openai" {
+                        out.push_str(&format!("  endpoint: {base_url}/openai/deployments/{}/chat/completions?api-version={}\n", t.model, t.api_version));
+                    }
+                    out.push_str(&format!("  api key: {}\n", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})"))));
+                }
                 Some(cloud) => out.push_str(&cloud_lines(cloud, t.api_key_var.as_deref())),
             }
         }

@@ -6,6 +6,8 @@
 //! HTTP failures to [`ReasonClass`]es (which decides what `RetryLlm` retries).
 
 pub mod anthropic;
+pub mod cohere;
+pub mod compat;
 pub mod gemini;
 pub mod limits;
 pub mod ollama;
@@ -336,7 +338,7 @@ impl<C: Codec> Llm for HttpBackend<C> {
         // decision alike) as Markdown: a reply in a code fence is accepted there, so it is
         // here (on those two only, as there).
         if matches!(req.output, super::OutputSpec::Bindable(_) | super::OutputSpec::Decision(_))
-            && matches!(self.codec.kind(), ProviderKind::Ollama | ProviderKind::Gemini)
+            && reads_markdown(self.codec.kind())
             && let Some(inner) = unfence(&text)
         {
             return match finish_reply(req.output, inner, meta) {
@@ -365,6 +367,16 @@ impl<C: Codec> Llm for HttpBackend<C> {
     }
 }
 
+/// Whether LangChain reads this provider's structured replies as Markdown (Ollama, Gemini, and
+/// the family members whose package does, see `compat::Dialect`).
+fn reads_markdown(kind: ProviderKind) -> bool {
+    match kind {
+        ProviderKind::Ollama | ProviderKind::Gemini | ProviderKind::Cohere => true,
+        ProviderKind::Compat(c) => compat::dialect(c).reasoning_markdown,
+        _ => false,
+    }
+}
+
 /// The JSON inside a Markdown code fence, read as LangChain's `parse_json_markdown` reads it:
 /// only when the reply (without surrounding whitespace and backticks) is not JSON itself; then
 /// what follows the first ```` ``` ```` (and an optional `json`) to the end, without surrounding
@@ -386,11 +398,16 @@ pub fn unfence(text: &str) -> Option<String> {
 pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuning, max_reply_bytes: usize) -> Box<dyn Llm> {
     match target.provider {
         ProviderKind::Ollama => Box::new(HttpBackend::new(client, ollama::Ollama, target, tuning).with_max_reply_bytes(max_reply_bytes)),
-        ProviderKind::OpenAi => Box::new(HttpBackend::new(client, openai::OpenAi, target, tuning).with_max_reply_bytes(max_reply_bytes)),
+        ProviderKind::OpenAi => Box::new(HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes)),
         ProviderKind::Gemini => Box::new(HttpBackend::new(client, gemini::Gemini, target, tuning).with_max_reply_bytes(max_reply_bytes)),
         ProviderKind::Anthropic => Box::new(HttpBackend::new(client, anthropic::Anthropic, target, tuning).with_max_reply_bytes(max_reply_bytes)),
         ProviderKind::Bedrock | ProviderKind::BedrockConverse => bedrock::backend(client, target, tuning, max_reply_bytes),
         ProviderKind::VertexAi => vertex::backend(client, target, tuning, max_reply_bytes),
+        // The OpenAI-compatible family: the OpenAI codec in each package's dialect.
+        ProviderKind::Compat(_) => {
+            Box::new(HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes))
+        }
+        ProviderKind::Cohere => Box::new(HttpBackend::new(client, cohere::Cohere, target, tuning).with_max_reply_bytes(max_reply_bytes)),
     }
 }
 

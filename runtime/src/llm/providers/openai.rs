@@ -5,16 +5,36 @@
 //! `anyOf: [its schema, {"type": "null"}]` (the model answers `null` where it has nothing, which
 //! validation reads as absent), and `additionalProperties: false`. The decision goes with
 //! `strict: false`: its free-form `arguments` object is what strict mode cannot take.
+//!
+//! The OpenAI-compatible family ([`super::compat`]) goes through the same codec, each provider
+//! with its package's [`Dialect`]: a forced function tool instead of `response_format` for most
+//! of them, `max_tokens`, extra headers and fields, Azure's deployment URL and `api-key`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, bearer_headers, nested_error_code, parse_reply, retain_keywords, system_user_messages};
+use super::compat::{self, Auth, Dialect, Structured, TokenField};
+use super::{CallSpec, ChatMessage, Codec, WireRequest, WireSchema, nested_error_code, parse_reply, retain_keywords, system_user_messages};
 use crate::llm::model::ProviderKind;
 use crate::llm::{LlmError, ReasonClass, ReplyMeta, Usage};
 
+/// OpenAI, or one of the compatible family with its package's dialect.
 #[derive(Debug, Clone, Copy)]
-pub struct OpenAi;
+pub struct OpenAi {
+    kind: ProviderKind,
+    dialect: Dialect,
+}
+
+impl OpenAi {
+    /// The codec for `kind`: OpenAI's own dialect, or the family member's.
+    pub fn new(kind: ProviderKind) -> OpenAi {
+        let dialect = match kind {
+            ProviderKind::Compat(c) => compat::dialect(c),
+            _ => compat::OPENAI,
+        };
+        OpenAi { kind, dialect }
+    }
+}
 
 /// Keywords OpenAI structured outputs accept on our flat schemas.
 const KEYWORDS: &[&str] = &[
@@ -89,12 +109,42 @@ fn strict_keywords(prop: &mut Value) {
 #[derive(Serialize)]
 struct ChatRequest<'a> {
     model: &'a str,
-    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
     messages: [ChatMessage<'a>; 2],
     temperature: f64,
-    max_completion_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    n: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_tier: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<ResponseFormat<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<[Tool<'a>; 1]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: Function<'a>,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    name: &'a str,
+    description: String,
+    parameters: Value,
 }
 
 #[derive(Serialize)]
@@ -106,8 +156,10 @@ struct ResponseFormat<'a> {
 
 #[derive(Serialize)]
 struct JsonSchemaFormat<'a> {
-    name: &'a str,
-    strict: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    strict: Option<bool>,
     schema: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<&'a Value>,
@@ -131,6 +183,18 @@ struct Choice {
 struct ReplyMessage {
     content: Option<String>,
     refusal: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCall>,
+}
+
+#[derive(Deserialize)]
+struct ToolCall {
+    function: CalledFunction,
+}
+
+#[derive(Deserialize)]
+struct CalledFunction {
+    arguments: String,
 }
 
 #[derive(Deserialize)]
@@ -139,35 +203,89 @@ struct TokenUsage {
     completion_tokens: u64,
 }
 
+impl OpenAi {
+    /// The structured part of the request: `response_format`, or a forced tool and its choice.
+    fn structured<'a>(&self, call: &'a CallSpec<'a>, schema: WireSchema<'a>) -> (Option<ResponseFormat<'a>>, Option<[Tool<'a>; 1]>, Option<Value>) {
+        let description = schema.json.get("description");
+        match self.dialect.structured {
+            Structured::StrictSchema => {
+                let (s, strict) = wire_schema(schema);
+                let format = JsonSchemaFormat { name: Some(&call.schema_name), strict: Some(strict), schema: s, description };
+                (Some(ResponseFormat { kind: "json_schema", json_schema: format }), None, None)
+            }
+            Structured::PlainSchema { strict, closed } => {
+                let mut s = wire_schema(WireSchema { strict: false, ..schema }).0;
+                if closed {
+                    s["additionalProperties"] = json!(false);
+                }
+                // Perplexity's package sends the schema alone, unnamed.
+                let name = strict.map(|_| call.schema_name.as_str());
+                let format = JsonSchemaFormat { name, strict, schema: s, description: None };
+                (Some(ResponseFormat { kind: "json_schema", json_schema: format }), None, None)
+            }
+            Structured::ForcedTool { choice_any, .. } => {
+                let mut parameters = wire_schema(WireSchema { strict: false, ..schema }).0;
+                // The description goes on the function, as LangChain's convert_to_openai_tool puts it.
+                let description = parameters.as_object_mut().and_then(|o| o.remove("description"));
+                let description = description.as_ref().and_then(Value::as_str).map_or(String::new(), str::to_owned);
+                let choice = if choice_any { json!("any") } else { json!({"type": "function", "function": {"name": call.schema_name}}) };
+                let tool = Tool { kind: "function", function: Function { name: &call.schema_name, description, parameters } };
+                (None, Some([tool]), Some(choice))
+            }
+        }
+    }
+}
+
 impl Codec for OpenAi {
     fn kind(&self) -> ProviderKind {
-        ProviderKind::OpenAi
+        self.kind
     }
 
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest {
-        let response_format = call.schema.map(|schema| {
-            let (s, strict) = wire_schema(schema);
-            ResponseFormat {
-                kind: "json_schema",
-                json_schema: JsonSchemaFormat { name: &call.schema_name, strict, schema: s, description: schema.json.get("description") },
-            }
-        });
+        let d = self.dialect;
+        let (response_format, tools, tool_choice) = call.schema.map_or((None, None, None), |schema| self.structured(call, schema));
+        let parallel_tool_calls = matches!(d.structured, Structured::ForcedTool { parallel_false: true, .. }).then_some(false).filter(|_| tools.is_some());
+        let limit = call.tuning.max_tokens;
         let body = ChatRequest {
             model: &call.target.model,
-            stream: false,
+            stream: d.stream_field.then_some(false),
             messages: system_user_messages(call),
             temperature: call.tuning.temperature,
-            max_completion_tokens: call.tuning.max_tokens,
+            max_completion_tokens: (d.tokens == TokenField::MaxCompletionTokens).then_some(limit),
+            max_tokens: (d.tokens == TokenField::MaxTokens).then_some(limit),
+            n: d.n.then_some(1),
+            service_tier: d.service_tier,
+            top_p: d.top_p.then_some(1),
             response_format,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
         };
-        let headers = bearer_headers(call);
-        WireRequest { url: format!("{}/chat/completions", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
+        let mut headers: Vec<(&'static str, String)> = d.headers.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        if let Some(key) = &call.target.api_key {
+            // Azure OpenAI takes its key as `api-key`, a Microsoft Entra token as a bearer.
+            let entra = call.target.api_key_var.as_deref() == Some("AZURE_OPENAI_AD_TOKEN");
+            match d.auth {
+                Auth::ApiKeyHeader if !entra => headers.push(("api-key", key.expose().to_owned())),
+                _ => headers.push(("authorization", format!("Bearer {}", key.expose()))),
+            }
+        }
+        let base = &call.target.base_url;
+        let url = match self.kind {
+            // AzureChatOpenAI's URL: the deployment (the model string's name) and the API version.
+            ProviderKind::Compat(crate::vocab::Compat::AzureOpenAi) => {
+                format!("{base}/openai/deployments/{}/chat/completions?api-version={}", call.target.model, call.target.api_version)
+            }
+            _ => format!("{base}{}", d.path),
+        };
+        WireRequest { url, headers, body: serde_json::to_value(body).unwrap_or_default() }
     }
 
-    fn decode(&self, body: &[u8], _call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
-        let reply: ChatResponse = parse_reply(self.kind(), body)?;
-        let choice = reply.choices.into_iter().next().ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no choices"))?;
-        let message = choice.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no message"))?;
+    fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
+        let key = self.kind.key();
+        let reply: ChatResponse = parse_reply(self.kind, body)?;
+        let choice = reply.choices.into_iter().next().ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{key} reply has no choices")))?;
+        let message = choice.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{key} reply has no message")))?;
         if let Some(refusal) = message.refusal {
             return Err(LlmError::new(ReasonClass::ProviderError, format!("the model refused: {refusal}")));
         }
@@ -176,7 +294,18 @@ impl Codec for OpenAi {
             Some("content_filter") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was withheld by the content filter")),
             _ => {}
         }
-        let text = message.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, "openai reply has no message content"))?;
+        let text = if matches!(self.dialect.structured, Structured::ForcedTool { .. }) && call.schema.is_some() {
+            // The forced tool's arguments are the answer; without a call the model ignored the
+            // tool (LangChain returns None then, a stage never goes on with nothing).
+            let first = message.tool_calls.into_iter().next();
+            first
+                .map(|c| c.function.arguments)
+                .ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{key} reply has no call of the forced tool")))?
+        } else {
+            let text = message.content.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{key} reply has no message content")))?;
+            let structured = call.schema.is_some();
+            if (self.dialect.reasoning_markdown && structured) || self.dialect.think_out_of_text { strip_think(&text) } else { text }
+        };
         let usage = reply.usage.map(|u| Usage { input_tokens: u.prompt_tokens, output_tokens: u.completion_tokens });
         Ok((text, ReplyMeta::new(usage, choice.finish_reason, reply.model, reply.id)))
     }
@@ -186,10 +315,32 @@ impl Codec for OpenAi {
     }
 }
 
+/// The text without its `<think>…</think>` blocks, as langchain-perplexity's `strip_think_tags`
+/// removes them (each from an opening tag to the next closing one; an unclosed one stays).
+fn strip_think(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("<think>") {
+        let Some(len) = rest[start..].find("</think>") else { break };
+        out.push_str(&rest[..start]);
+        rest = &rest[start + len + "</think>".len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::structured::FlatSchema;
+
+    #[test]
+    fn think_blocks_go_as_perplexitys_parser_removes_them() {
+        assert_eq!(strip_think("<think>\nhm\n</think>\n\n{\"a\": 1}"), "\n\n{\"a\": 1}");
+        assert_eq!(strip_think("a<think>x</think>b<think>y</think>c"), "abc");
+        assert_eq!(strip_think("a<think>never closed"), "a<think>never closed");
+        assert_eq!(strip_think("no tags"), "no tags");
+    }
 
     #[test]
     fn strict_with_optional_properties_as_nullable() {

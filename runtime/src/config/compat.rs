@@ -1,0 +1,62 @@
+//! Where the OpenAI-compatible family, Azure OpenAI and Mistral are, read as each provider's
+//! LangChain package reads it (the table is `llm::providers::compat::endpoint`).
+
+use super::Settings;
+use crate::llm::providers::compat::endpoint;
+use crate::vocab::{Compat, ConfigError, err, parse_base_url};
+
+/// The runtime's own base-URL override, read after the package's own variables.
+pub const FABRIC_LLM_BASE_URL: &str = "FABRIC_LLM_BASE_URL";
+
+impl Settings {
+    /// The base URL of a family member and whether it is the public default (which needs a
+    /// key): a model profile's `base_url`, else the package's variables in its order, else
+    /// `FABRIC_LLM_BASE_URL`, else the package's default.
+    pub(super) fn compat_base_url(&self, c: Compat, profile: Option<&str>) -> Result<(String, bool), ConfigError> {
+        if let Some(u) = profile {
+            return Ok((parse_base_url("model profile base_url", u)?, false));
+        }
+        let e = endpoint(c);
+        for var in e.base_url_vars.iter().copied().chain([FABRIC_LLM_BASE_URL]) {
+            if let Some(u) = self.var(var) {
+                let url = parse_base_url(var, u)?;
+                // langchain-azure-ai appends /openai/v1 to the resource's AZURE_OPENAI_ENDPOINT
+                // (AZURE_AI_OPENAI_ENDPOINT is taken verbatim).
+                let url = if c == Compat::AzureAi && var == "AZURE_OPENAI_ENDPOINT" { format!("{url}/openai/v1") } else { url };
+                return Ok((url, false));
+            }
+        }
+        match e.default_base_url {
+            Some(u) => Ok((u.to_owned(), true)),
+            None => {
+                let vars: Vec<&str> = e.base_url_vars.iter().copied().chain([FABRIC_LLM_BASE_URL]).collect();
+                Err(err(&vars.join(" or "), format!("is required for provider {}: it has no public endpoint (the address of your {})", c.key(), what(c))))
+            }
+        }
+    }
+
+    /// `OPENAI_API_VERSION`, which AzureChatOpenAI requires (it has no default), and the
+    /// deployment name, which goes into the URL's path.
+    pub(super) fn azure_api_version(&self, deployment: &str) -> Result<String, ConfigError> {
+        if !deployment.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+            return Err(err("FABRIC_LLM_MODEL", format!("`{deployment}` is not an Azure OpenAI deployment name (letters, digits, `-`, `_`, `.`)")));
+        }
+        let v = self
+            .var("OPENAI_API_VERSION")
+            .map(str::trim)
+            .ok_or_else(|| err("OPENAI_API_VERSION", "is required for provider azure_openai (as AzureChatOpenAI requires it), e.g. 2024-10-21"))?;
+        if v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            Ok(v.to_owned())
+        } else {
+            Err(err("OPENAI_API_VERSION", format!("`{v}` is not an API version such as 2024-10-21")))
+        }
+    }
+}
+
+fn what(c: Compat) -> &'static str {
+    match c {
+        Compat::LiteLlm => "LiteLLM proxy",
+        Compat::AzureAi => "Azure AI Foundry resource, …/openai/v1",
+        _ => "Azure OpenAI resource",
+    }
+}
