@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Golden wire fixtures: what LangChain itself sends to each provider, and what it makes of replies.
 
-For every provider (ollama, openai, anthropic, google_genai) and every kind of model call the
-runtime makes (structured, envelope, text, decision), this runs the reference's own code path,
+For every provider (ollama, openai, anthropic, google_genai, and the OpenAI-compatible family,
+Azure OpenAI, Mistral and Cohere of wire_compat.py) and every kind of model call the runtime makes (structured, envelope, text, decision), this runs the reference's own code path,
 `init_chat_model(...)` and `.with_structured_output(Model)` / `.invoke(...)`, against a capture
 server on loopback. The server records each request (path, headers, JSON body) and answers with
 a canned reply in the provider's own wire format: a clean one, a fenced one, prose, truncated
@@ -13,7 +13,8 @@ tests/e2e/wire.rs replays both halves against the Rust runtime: our request for 
 compared with LangChain's field by field, and every reply body is served to our backend and our
 reading compared with LangChain's.
 
-usage: tests/parity/gen-wire-fixtures            (or: python3 tests/parity/gen_wire_fixtures.py)
+usage: tests/parity/gen-wire-fixtures [PROVIDER ...]   (or: python3 tests/parity/gen_wire_fixtures.py)
+       (every provider by default; naming some regenerates only theirs)
 
 The cloud providers (bedrock_converse, bedrock: langchain-aws; google_vertexai:
 langchain-google-vertexai, in a second venv WIRE_VENV-vertex, see VERTEX_PINS) run with fake
@@ -53,7 +54,7 @@ PINS = [
     "pydantic==2.14.4",
     # Cloud providers (issue 30, parts 3 and 4): Bedrock here; Vertex AI in its own venv (below).
     "langchain-aws==1.9.1",
-    # The OpenAI-compatible family, Azure OpenAI (langchain-openai above) and Mistral (wire_compat.py).
+    # The OpenAI-compatible family, Azure OpenAI (langchain-openai above), Mistral and Cohere (wire_compat.py).
     "langchain-deepseek==1.1.1",
     "langchain-groq==1.1.3",
     "langchain-xai==1.3.0",
@@ -62,12 +63,16 @@ PINS = [
     "langchain-openrouter==0.2.9",
     "langchain-perplexity==1.4.2",
     "langchain-nvidia-ai-endpoints==1.5.0",
-    "langchain-upstage==0.7.7",
     "langchain-baseten==0.2.5",
     "langchain-litellm==0.11.2",
     "langchain-azure-ai==1.2.9",
     "langchain-mistralai==1.1.6",
+    "langchain-cohere==0.6.0",
 ]
+# Installed without their dependencies, after PINS: langchain-upstage 0.7.7 asks for
+# tokenizers<0.21, which litellm, langchain-mistralai and langchain-cohere exclude; it uses
+# tokenizers only to count tokens, never in a request. Its other dependencies are above or here.
+NO_DEPS = ["langchain-upstage==0.7.7", "pypdf==6.21.4"]
 # Resolved versions recorded in every fixture (pip picks the ones not pinned above).
 RECORDED = ["langchain", "langchain-core", "langchain-openai", "langchain-anthropic", "langchain-google-genai",
             "langchain-ollama", "google-genai", "openai", "anthropic", "ollama", "pydantic", "pydantic-core", "httpx"]
@@ -112,10 +117,14 @@ def ensure_venv(group="main"):
     # made with: the same files come out however PyPI moves.
     name = "wire-constraints.txt" if group == "main" else f"wire-constraints-{group}.txt"
     constraints = Path(__file__).resolve().parent / name
-    wanted = "\n".join(pins) + "\n" + constraints.read_text()
+    no_deps = NO_DEPS if group == "main" else []
+    wanted = "\n".join(pins + no_deps) + "\n" + constraints.read_text()
     if not stamp.exists() or stamp.read_text() != wanted:
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(constraints), *pins],
                        check=True)
+        if no_deps:
+            subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-c", str(constraints), *no_deps],
+                           check=True)
         stamp.write_text(wanted)
     os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
 
