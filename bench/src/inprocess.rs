@@ -12,7 +12,7 @@ use fabric::catalogue;
 use fabric::config::Settings;
 use fabric::events::EventSink;
 use fabric::exec::{RunRequest, RunStatus};
-use fabric::runtime::{Runtime, StartRequest};
+use fabric::runtime::{Durable, Runtime, StartRequest};
 
 use crate::fixture::{bench_catalogue, generate_catalogue, goal, runner, sink, stub};
 use crate::measure::{cpu_ns, meta, round2, stats, status_kib};
@@ -97,19 +97,14 @@ pub async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opt
 
 /// The runtime of a journalled scenario: the bench catalogue and stub over a run store
 /// (`--journal URL`, or a fresh SQLite file `file` in `dir`), and how the results name the store.
-async fn journalled_runtime(opts: &BenchOptions, dir: &Path, file: &str, latency_ms: u64) -> Result<(Runtime, &'static str), String> {
+async fn journalled_runtime(opts: &BenchOptions, dir: &Path, file: &str, latency_ms: u64) -> Result<(Durable, &'static str), String> {
     let url = opts.journal.clone().unwrap_or_else(|| format!("sqlite://{}/{file}", dir.display()));
     let kind = if url.starts_with("sqlite:") { "sqlite" } else { "postgres" };
     let store = fabric::store::open(&url).await.map_err(|e| e.to_string())?;
     let settings = Settings::load(|_| None).map_err(|e| e.to_string())?;
-    let runtime = Runtime::builder()
-        .settings(settings)
-        .catalogue(bench_catalogue())
-        .stub(stub(Duration::from_millis(latency_ms)))
-        .store(store)
-        .build()
-        .map_err(|e| e.to_string())?;
-    Ok((runtime, kind))
+    let runtime =
+        Runtime::builder().settings(settings).catalogue(bench_catalogue()).stub(stub(Duration::from_millis(latency_ms))).build().map_err(|e| e.to_string())?;
+    Ok((Durable::new(runtime, store), kind))
 }
 
 /// A fresh scratch directory of this process for scenario `name`.
@@ -122,7 +117,7 @@ fn scratch(name: &str) -> Result<std::path::PathBuf, String> {
 
 /// One run as the service records it: accepted and claimed (a row), journalled at every stage,
 /// its end committed.
-async fn recorded_run(runtime: &Runtime, req: &StartRequest, sink: Arc<dyn EventSink>) -> Result<fabric::runtime::RunOutcome, String> {
+async fn recorded_run(runtime: &Durable, req: &StartRequest, sink: Arc<dyn EventSink>) -> Result<fabric::runtime::RunOutcome, String> {
     let lease = runtime.accept(req, true).await.map_err(|e| e.to_string())?.lease.ok_or("the run was not claimed")?;
     runtime.execute(&lease, req, sink, Cancel::never()).await.map_err(|e| e.to_string())
 }

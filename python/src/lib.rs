@@ -162,6 +162,8 @@ fn build_error(py: Python<'_>, e: fabric::runtime::BuildError) -> PyErr {
 #[pyclass(subclass, module = "fabric_runtime._native")]
 struct Runtime {
     core: Arc<Core>,
+    /// The same runtime with its run store, when `store=` named one.
+    durable: Option<Arc<fabric::runtime::Durable>>,
     /// Taken at drop: see `Drop`.
     tokio: Option<Arc<tokio::runtime::Runtime>>,
 }
@@ -178,7 +180,7 @@ impl Drop for Runtime {
 
 impl Runtime {
     /// `run(..., idempotency_key=key)`: recorded in the store, once per key
-    /// ([`Core::run_recorded_once`]); a repeat gets the key's run, `idempotent_replayed: True`.
+    /// ([`fabric::runtime::Durable::run_recorded_once`]); a repeat gets the key's run, `idempotent_replayed: True`.
     fn run_once<'py>(
         &self,
         py: Python<'py>,
@@ -189,8 +191,7 @@ impl Runtime {
         key: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let key = fabric::store::IdempotencyKey::parse(key).map_err(|e| error::<StartError>(py, "invalid_idempotency_key", format!("idempotency_key {e}")))?;
-        let core = self.core.clone();
-        let Some(store) = core.store().cloned() else {
+        let Some(durable) = self.durable.clone() else {
             return Err(error::<StartError>(py, "no_store", "idempotency_key needs a run store: Runtime(..., store=\"sqlite://runs.db\")".into()));
         };
         let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
@@ -203,7 +204,8 @@ impl Runtime {
         };
         let done = py.detach(move || {
             tokio.block_on(async move {
-                let done = core.run_recorded_once(&req, &key, events, &handle, token).await;
+                let store = durable.store();
+                let done = durable.run_recorded_once(&req, &key, events, &handle, token).await;
                 match done {
                     Ok(fabric::runtime::RecordedOnce::Replayed(run)) => {
                         let stored = store.events_after(&run.run_id, 0).await.unwrap_or_default();
@@ -286,13 +288,15 @@ impl Runtime {
         if let Some(dir) = stub_dir {
             builder = builder.stub_dir(dir);
         }
-        if let Some(url) = store {
+        let store = match store {
             // The URL's credentials never reach the message.
-            let opened = tokio
-                .block_on(fabric::store::open(&url))
-                .map_err(|e| error::<ConfigError>(py, "config", format!("store {}: {e}", fabric::redact::redact_url(&url))))?;
-            builder = builder.store(opened);
-        }
+            Some(url) => Some(
+                tokio
+                    .block_on(fabric::store::open(&url))
+                    .map_err(|e| error::<ConfigError>(py, "config", format!("store {}: {e}", fabric::redact::redact_url(&url))))?,
+            ),
+            None => None,
+        };
         for (name, function) in tools.map(|t| t.iter().collect::<Vec<_>>()).unwrap_or_default() {
             let name: String = name.extract()?;
             if !function.is_callable() {
@@ -302,8 +306,9 @@ impl Runtime {
         }
         // The catalogue is read and the stacks built on the runtime's threads (some need one).
         let _guard = tokio.enter();
-        let core = builder.build().map_err(|e| build_error(py, e))?;
-        Ok(Runtime { core: Arc::new(core), tokio: Some(Arc::new(tokio)) })
+        let core = Arc::new(builder.build().map_err(|e| build_error(py, e))?);
+        let durable = store.map(|store| Arc::new(fabric::runtime::Durable::new(core.clone(), store)));
+        Ok(Runtime { core, durable, tokio: Some(Arc::new(tokio)) })
     }
 
     /// Runs `route_id` with `goal` to its end; the result object of `fabric run`, with its

@@ -62,7 +62,7 @@ impl Replica {
             Loop { name: "cancels", needed: false, work: of(|s| Box::pin(s.watch_cancels())) },
             Loop { name: "retention", needed: false, work: of(|s| Box::pin(s.sweep())) },
             Loop { name: "webhooks", needed: false, work: of(|s| Box::pin(s.deliver_webhooks())) },
-            Loop { name: "flow", needed: false, work: of(|s| Box::pin(s.runtime().clone().share_flow())) },
+            Loop { name: "flow", needed: false, work: of(|s| Box::pin(s.durable().clone().share_flow())) },
         ];
         Replica::supervising(loops, state.loops_shared())
     }

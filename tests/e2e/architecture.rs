@@ -316,7 +316,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     ("api/mod.rs", "the router and every run handler; to be split by resource (runs, replies, streams, health) as issue 47 asks"),
     ("store/queue.rs", "the write path and the SQL helpers its siblings share; to be split by concern (writer, claims, reads) as issue 47 asks"),
     ("bin/fabric/cli.rs", "the CLI's arguments and one function per command; to be split by command group (run, runs, routes, doctor)"),
-    ("runtime.rs", "the facade and its builder; issue 47's `Durable` takes the store's half out"),
     ("tools/http1.rs", "one HTTP/1.1 client (framing by RFC 9112): its reads are one state machine"),
     ("hydrate.rs", "`Route` and `StageNode` with `build`, their only constructor, and the text/DOT/Mermaid views of the same graph"),
     ("llm/flow/gate.rs", "one gate's state (buckets, pause, fair queues) behind one lock: its parts are read and changed together"),

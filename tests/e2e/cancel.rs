@@ -1,4 +1,4 @@
-//! Cancel on request (`POST /v1/runs/{id}/cancel`, `fabric runs cancel`, `Runtime::cancel`)
+//! Cancel on request (`POST /v1/runs/{id}/cancel`, `fabric runs cancel`, `Durable::cancel`)
 //! through real `fabric serve` replicas on one store, on SQLite and on PostgreSQL: a run in a
 //! slow model call on replica B cancelled through replica A ends `cancelled` at once, its call
 //! aborted (the provider sees no further request); an asking run cancelled cannot be replied to;
@@ -225,7 +225,7 @@ async fn queued(kind: &str) {
     let Some(db) = store_url(kind, &dir).await else { return };
     let store = fabric::store::open(&db).await.unwrap();
     let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
-    let rt = Runtime::builder().settings(settings).catalogue_dirs(routes_dir(), packs_dir()).store(store.clone()).build().unwrap();
+    let rt = fabric::runtime::Durable::new(Runtime::builder().settings(settings).catalogue_dirs(routes_dir(), packs_dir()).build().unwrap(), store.clone());
     let req: StartRequest = serde_json::from_value(triage(1)).unwrap();
     let accepted = rt.accept(&req, false).await.unwrap();
     assert!(accepted.lease.is_none(), "{kind}: queued");

@@ -305,14 +305,10 @@ async fn every_event_type_keeps_its_wire_form() {
     let stubs = tempfile::tempdir().unwrap();
     std::fs::copy(repo().join("examples/stub-asking/support-agent.yaml"), stubs.path().join("support-agent.yaml")).unwrap();
     let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
-    let rt = Runtime::builder()
-        .settings(settings)
-        .catalogue_dirs(routes_dir(), packs_dir())
-        .stub_dir(stubs.path())
-        .tool("add", builtin_add())
-        .store(store.clone())
-        .build()
-        .unwrap();
+    let rt = fabric::runtime::Durable::new(
+        Runtime::builder().settings(settings).catalogue_dirs(routes_dir(), packs_dir()).stub_dir(stubs.path()).tool("add", builtin_add()).build().unwrap(),
+        store.clone(),
+    );
     let req: StartRequest = serde_json::from_value(json!({"route_id": "support-agent", "goal": {"question": "refund?"}, "model_profile": "default"})).unwrap();
     let accepted = rt.accept(&req, true).await.unwrap();
     let c = capture();

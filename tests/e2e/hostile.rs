@@ -1268,13 +1268,15 @@ async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
     use fabric::store::Holder;
     use tower::ServiceExt;
     let store = fabric::store::open("sqlite::memory:").await.unwrap();
-    let runtime = fabric::runtime::Runtime::builder()
-        .settings(Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
-        .catalogue_dirs(routes_dir(), packs_dir())
-        .stub(StubLlm::default())
-        .store(store.clone())
-        .build()
-        .unwrap();
+    let runtime = fabric::runtime::Durable::new(
+        fabric::runtime::Runtime::builder()
+            .settings(Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
+            .catalogue_dirs(routes_dir(), packs_dir())
+            .stub(StubLlm::default())
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
     let config = ApiConfig { token: Some("t".repeat(32)), max_run_streams: 8, max_event_streams: 9, ..ApiConfig::default() };
     let app = router(AppState::new(Arc::new(runtime), config));
     let request = |uri: &str| Request::builder().uri(uri).header("authorization", format!("Bearer {}", "t".repeat(32))).body(Body::empty()).unwrap();

@@ -1,4 +1,4 @@
-//! Retention on SQLite and PostgreSQL: `Runtime::prune` (and `fabric runs prune`) deletes only
+//! Retention on SQLite and PostgreSQL: `Durable::prune` (and `fabric runs prune`) deletes only
 //! ended runs past the cutoff, with their events and journal, and frees their idempotency keys;
 //! queued and awaiting runs stay; the service's sweeper (`FABRIC_RUN_RETENTION`) counts what it
 //! deleted in `fabric_runs_pruned_total`; `FABRIC_AWAITING_RETENTION` cancels a run that awaited

@@ -47,14 +47,16 @@ fn state_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str>, config
     }
     let settings = Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
     let stub = asking_stub();
-    let runtime = Runtime::builder()
-        .settings(settings)
-        .catalogue_dirs(routes_dir(), packs_dir())
-        .stub_dir(stub.path())
-        .tool("add", fabric::tools::builtin_add())
-        .store(store)
-        .build()
-        .unwrap();
+    let runtime = fabric::runtime::Durable::new(
+        Runtime::builder()
+            .settings(settings)
+            .catalogue_dirs(routes_dir(), packs_dir())
+            .stub_dir(stub.path())
+            .tool("add", fabric::tools::builtin_add())
+            .build()
+            .unwrap(),
+        store,
+    );
     (AppState::new(Arc::new(runtime), config), stub)
 }
 
@@ -182,13 +184,10 @@ async fn a_broken_route_is_422_with_its_problems() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(routes_dir().join("profiles.yaml"), tmp.path().join("profiles.yaml")).unwrap();
     std::fs::write(tmp.path().join("r.yaml"), "routes:\n  bad: {model_profile: nope, prompt_pack: support, workflow: w}\n").unwrap();
-    let runtime = Runtime::builder()
-        .settings(settings)
-        .catalogue_dirs(tmp.path(), packs_dir())
-        .stub(fabric::llm::stub::StubLlm::default())
-        .store(fabric::store::open("sqlite::memory:").await.unwrap())
-        .build()
-        .unwrap();
+    let runtime = fabric::runtime::Durable::new(
+        Runtime::builder().settings(settings).catalogue_dirs(tmp.path(), packs_dir()).stub(fabric::llm::stub::StubLlm::default()).build().unwrap(),
+        fabric::store::open("sqlite::memory:").await.unwrap(),
+    );
     let app = router(AppState::new(Arc::new(runtime), ApiConfig::default()));
     let (status, _, body) = call(&app, "POST", "/v1/runs", Some(json!({"route_id": "bad", "goal": {}, "model_profile": "default"})), false).await;
     assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("broken_route")));
@@ -773,12 +772,17 @@ async fn an_unknown_route_lists_the_known_ones() {
         text.push_str(&format!("  r{i:02}: {{model_profile: default, prompt_pack: p, workflow: w}}\n"));
     }
     let settings = Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
-    let runtime = Runtime::builder()
-        .settings(settings)
-        .catalogue_texts(vec![SourceFile { path: "routes/many.yaml".into(), text }], vec![SourceFile { path: "packs/p.yaml".into(), text: "host: H\n".into() }])
-        .store(fabric::store::open("sqlite::memory:").await.unwrap())
-        .build()
-        .unwrap();
+    let runtime = fabric::runtime::Durable::new(
+        Runtime::builder()
+            .settings(settings)
+            .catalogue_texts(
+                vec![SourceFile { path: "routes/many.yaml".into(), text }],
+                vec![SourceFile { path: "packs/p.yaml".into(), text: "host: H\n".into() }],
+            )
+            .build()
+            .unwrap(),
+        fabric::store::open("sqlite::memory:").await.unwrap(),
+    );
     let app = router(AppState::new(Arc::new(runtime), authed(ApiConfig::default())));
     let names: Vec<String> = (1..=20).map(|i| format!("r{i:02}")).collect();
     let expected = format!("unknown route `nope`; known routes: {} and 3 more", names.join(", "));

@@ -44,16 +44,18 @@ pub(crate) async fn stores() -> (Vec<(&'static str, String)>, tempfile::TempDir)
     (out, dir)
 }
 
-pub(crate) fn runtime(store: Arc<dyn RunStore>, stub: &std::path::Path) -> Runtime {
+pub(crate) fn runtime(store: Arc<dyn RunStore>, stub: &std::path::Path) -> fabric::runtime::Durable {
     let settings = fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap();
-    Runtime::builder()
-        .settings(settings)
-        .catalogue_dirs(routes_dir(), packs_dir())
-        .stub_dir(stub)
-        .tool("add", fabric::tools::builtin_add())
-        .store(store)
-        .build()
-        .unwrap()
+    fabric::runtime::Durable::new(
+        Runtime::builder()
+            .settings(settings)
+            .catalogue_dirs(routes_dir(), packs_dir())
+            .stub_dir(stub)
+            .tool("add", fabric::tools::builtin_add())
+            .build()
+            .unwrap(),
+        store,
+    )
 }
 
 pub(crate) fn start(route: &str, goal: Value) -> StartRequest {
@@ -407,7 +409,7 @@ async fn an_unreachable_postgres_is_named_without_its_password() {
     assert!(err.to_lowercase().contains("refused") && !err.contains("timed out"), "{err}");
 }
 
-/// `Runtime::run_recorded` (what `fabric run --store` does) holds its run's lease while it runs:
+/// `Durable::run_recorded` (what `fabric run --store` does) holds its run's lease while it runs:
 /// a run longer than the lease still completes, and one whose lease another process took stops,
 /// told so at the next renewal (not only at its next write).
 #[tokio::test]
@@ -416,13 +418,10 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     let url = format!("sqlite://{}", dir.path().join("fabric.db").display());
     let vars = [("FABRIC_LLM_STUB", "1"), ("FABRIC_LLM_STUB_LATENCY_MS", "1500"), ("FABRIC_RUN_LEASE_S", "1")];
     let settings = fabric::config::Settings::load(move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())).unwrap();
-    let rt = Runtime::builder()
-        .settings(settings)
-        .catalogue_dirs(routes_dir(), packs_dir())
-        .stub_dir(stub_dir())
-        .store(fabric::store::open(&url).await.unwrap())
-        .build()
-        .unwrap();
+    let rt = fabric::runtime::Durable::new(
+        Runtime::builder().settings(settings).catalogue_dirs(routes_dir(), packs_dir()).stub_dir(stub_dir()).build().unwrap(),
+        fabric::store::open(&url).await.unwrap(),
+    );
     let req = start("support-triage", json!({"ticket": "charged twice"}));
     // Three calls of 1.5 s: longer than the 1 s lease, kept by renewals (every third of it).
     let (handle, cancel) = fabric::cancel::CancelHandle::new();
@@ -450,12 +449,6 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     assert!(error.message.contains("lease lost") || error.message.contains("lease was lost"), "{}", error.message);
     // Stopped by a renewal during the first model call, not at the first stage's write 1.5 s in.
     assert!(stopped.slots.is_empty(), "{stopped:?}");
-    // Without a store there is nothing to hold.
-    let bare = Runtime::builder()
-        .settings(fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
-        .catalogue_dirs(routes_dir(), packs_dir())
-        .build()
-        .unwrap();
-    let (handle, cancel) = fabric::cancel::CancelHandle::new();
-    assert!(matches!(bare.run_recorded(&req, Arc::new(NullSink), &handle, cancel).await, Err(fabric::runtime::AcceptError::NoStore)));
+    // Without a store there is nothing to hold: `run_recorded` is a method of `Durable` only,
+    // which cannot be built without one.
 }

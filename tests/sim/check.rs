@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use fabric::exec::JournalEntry;
-use fabric::runtime::Runtime;
+use fabric::runtime::Durable;
 use fabric::store::{RunFilter, StoredStatus};
 use serde_json::Value;
 
@@ -81,7 +81,7 @@ fn ends(run_id: &str, status: StoredStatus, reason: Option<&str>, kinds: &[Strin
     }
 }
 
-pub fn after(real: &Real, replay: Runtime, world: &World, seen: &[String]) -> Vec<String> {
+pub fn after(real: &Real, replay: Durable, world: &World, seen: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     let classes = documented_classes();
     let store = real.store.clone();

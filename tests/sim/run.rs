@@ -16,7 +16,7 @@ use fabric::config::Settings;
 use fabric::events::{Event, EventSink};
 use fabric::failure::ReasonClass;
 use fabric::llm::stub::StubLlm;
-use fabric::runtime::{ReplyError, Runtime, StartRequest};
+use fabric::runtime::{Durable, ReplyError, Runtime, StartRequest};
 use fabric::store::{RunFilter, RunStore, StoredStatus};
 use rand::SeedableRng;
 use tokio::task::JoinSet;
@@ -239,7 +239,7 @@ fn build(
     faults: &Arc<Faults>,
     trace: &Arc<Trace>,
     ids: Arc<dyn Fn() -> String + Send + Sync>,
-) -> Runtime {
+) -> Durable {
     let env: HashMap<String, String> = [
         ("FABRIC_LLM_STUB", "1".to_owned()),
         ("FABRIC_LLM_RETRY_MAX", RETRY_MAX.to_string()),
@@ -258,16 +258,15 @@ fn build(
         .backend(Arc::new(model))
         .http(Arc::new(SimHttp { faults: faults.clone(), trace: trace.clone() }))
         .vars(move |k| vars.get(k).cloned())
-        .store(store)
         .run_ids(move || ids());
     for t in world.tools.iter().filter(|t| !t.http) {
         builder = builder.tool(&t.name, Arc::new(SimTool { name: t.name.clone(), faults: faults.clone(), trace: trace.clone() }));
     }
-    builder.build().expect("the simulated world builds")
+    Durable::new(builder.build().expect("the simulated world builds"), store)
 }
 
 struct Process<'a> {
-    runtime: Arc<Runtime>,
+    runtime: Arc<Durable>,
     /// What each segment's sink writes to.
     trace_events: (Arc<Trace>, Arc<Mutex<Vec<String>>>),
     shared: Arc<Shared>,
@@ -374,7 +373,7 @@ impl Process<'_> {
         if older_segment {
             return;
         }
-        let Some(store) = self.runtime.store() else { return };
+        let store = self.runtime.store();
         let Ok(journal) = store.journal(run_id).await else { return };
         let replies = journal
             .into_iter()
@@ -388,7 +387,7 @@ impl Process<'_> {
 
     /// Answers the runs that ask (with the user's faults); whether a reply continued one.
     async fn reply(&self, replies: &mut HashMap<String, u32>, segments: &mut JoinSet<Segment>, live: &mut HashMap<String, u32>) -> bool {
-        let Some(store) = self.runtime.store() else { return false };
+        let store = self.runtime.store();
         let filter = RunFilter { status: Some(StoredStatus::AwaitingInput), limit: 1000, ..Default::default() };
         let Ok(mut waiting) = store.list_runs(&filter).await else { return false };
         waiting.sort_by(|a, b| a.run_id.cmp(&b.run_id));

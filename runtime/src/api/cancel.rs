@@ -56,16 +56,15 @@ pub(super) async fn cancel_run(
         Err(e @ CancelError::NotCancellable { .. }) => return Err(ApiError::new(ErrorCode::NotCancellable, e.to_string())),
         Err(e @ CancelError::BadReason(_)) => return Err(ApiError::new(ErrorCode::InvalidContent, e.to_string())),
         Err(CancelError::Store(e)) => return Err(store_error(e)),
-        Err(CancelError::NoStore) => return Err(store_error("no store")),
     };
     Ok((status, Json(view(&state, run_id).await?)).into_response())
 }
 
-/// Cancels a run ([`crate::runtime::Runtime::cancel`]); one executed here is cancelled at once,
+/// Cancels a run ([`crate::runtime::Durable::cancel`]); one executed here is cancelled at once,
 /// not at the next poll, with the reason the store keeps (the first request's), as the poll
 /// would.
 pub(super) async fn cancel_here(state: &AppState, run_id: &str, reason: Option<&str>) -> Result<Cancelling, CancelError> {
-    let done = state.inner.runtime.cancel(run_id, reason, state.inner.metrics.clone()).await?;
+    let done = state.inner.durable.cancel(run_id, reason, state.inner.metrics.clone()).await?;
     if let Cancelling::Requested { reason } = &done
         && let Some(live) = state.inner.live.get(run_id).filter(|l| !l.is_stopped())
     {
@@ -78,7 +77,7 @@ impl AppState {
     /// For ever: every [`CANCEL_POLL`], the cancel requests on the runs this replica executes
     /// cancel their segments (each ends `cancelled`, its call in flight aborted).
     pub async fn watch_cancels(self) {
-        let runtime = self.inner.runtime.clone();
+        let runtime = self.inner.durable.clone();
         let mut tick = tokio::time::interval(CANCEL_POLL.min(runtime.holder().lease / 3));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -40,7 +40,7 @@ pub(super) async fn run_updates(
     let p = query(p)?;
     let status = parse_status(p.status.as_deref())?;
     let first = p.limit.unwrap_or(50).min(UPDATES_WINDOW) as usize;
-    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
+    let store = state.inner.durable.store().clone();
     let permit = state.inner.update_streams.clone().try_acquire_owned().map_err(|_| {
         let mut e = ApiError::new(ErrorCode::TooManyStreams, "too many run-list streams are open; retry shortly");
         e.retry_after = Some(5);
@@ -132,7 +132,7 @@ pub struct RunRecord {
 #[utoipa::path(get, path = "/v1/runs/{run_id}/record", params(("run_id" = String, Path, description = RUN_ID_PARAM)),
     responses((status = 200, body = RunRecord), (status = 404, body = ErrorBody), (status = 400, description = PATH_400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
 pub(super) async fn run_record(State(state): State<AppState>, RunIdPath(run_id): RunIdPath) -> Result<Json<RunRecord>, ApiError> {
-    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+    let store = state.inner.durable.store();
     let Some(run) = store.get_run(run_id.as_str()).await.map_err(store_error)? else {
         return Err(no_run(run_id.as_str()));
     };

@@ -29,7 +29,7 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyK
 /// The answer to a start whose key accepted `run` already: that run (once it ended or asked,
 /// with `wait`), or 422 when `req` is another start contract than the run's.
 pub(super) async fn replayed(state: &AppState, req: &StartRequest, run: StoredRun, wait: bool) -> Result<Response, ApiError> {
-    if !state.inner.runtime.same_start(&run.request, req) {
+    if !state.inner.durable.same_start(&run.request, req) {
         let e = AcceptError::KeyReused { run_id: run.run_id };
         return Err(ApiError::new(ErrorCode::IdempotencyKeyReused, e.to_string()));
     }

@@ -51,7 +51,7 @@ use crate::cancel::Cancel;
 use crate::catalogue::{RouteEntry, RouteLookupError};
 use crate::events::EventSink;
 use crate::exec::StartError;
-use crate::runtime::{AcceptError, ReplyError, Runtime, StartRequest, Started};
+use crate::runtime::{AcceptError, Durable, ReplyError, Runtime, StartRequest, Started};
 use crate::store::{RunFilter, RunId, StoredRun, StoredStatus};
 
 /// The service's limits and access.
@@ -120,7 +120,7 @@ pub struct AppState {
 }
 
 struct Shared {
-    runtime: Arc<Runtime>,
+    durable: Arc<Durable>,
     config: ApiConfig,
     live: Live,
     metrics: Arc<Metrics>,
@@ -149,15 +149,15 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
-    /// The runtime must have a run store.
-    pub fn new(runtime: Arc<Runtime>, config: ApiConfig) -> AppState {
+    /// A service over `durable`: its runtime and its run store.
+    pub fn new(durable: Arc<Durable>, config: ApiConfig) -> AppState {
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
         let stopping = std::sync::atomic::AtomicBool::new(false);
         let update_streams = Arc::new(Semaphore::new(inspect::MAX_UPDATE_STREAMS));
         let closing = tokio::sync::watch::channel(false).0;
         AppState {
             inner: Arc::new(Shared {
-                runtime,
+                durable,
                 config,
                 live: Live::default(),
                 metrics: Arc::default(),
@@ -186,7 +186,12 @@ impl AppState {
 
     /// The runtime the service runs.
     pub fn runtime(&self) -> &Arc<Runtime> {
-        &self.inner.runtime
+        self.inner.durable.runtime()
+    }
+
+    /// The runtime with its run store.
+    pub fn durable(&self) -> &Arc<Durable> {
+        &self.inner.durable
     }
 
     /// Every third of the lease, for ever, renews the leases of the runs this process executes
@@ -194,37 +199,33 @@ impl AppState {
     /// ([`crate::replica::Replica`]), apart from the claims, so that slow claims never delay a
     /// renewal past the lease.
     pub async fn renew_leases(self) {
-        let runtime = self.inner.runtime.clone();
-        let mut tick = tokio::time::interval(runtime.holder().lease / 3);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let leases = self.inner.live.leases();
-            match runtime.renew(&leases).await {
-                Ok(lost) => {
-                    for run_id in lost {
-                        // The segment that held the lost lease, not a newer one of the same run
-                        // (this process may have claimed the run again meanwhile); stopped
-                        // already: handed over at a shutdown.
-                        let Some(token) = leases.iter().find(|l| l.run_id == run_id).map(|l| l.token) else { continue };
-                        let Some(live) = self.inner.live.get(&run_id).filter(|l| l.lease().token == token && !l.is_stopped()) else { continue };
-                        tracing::warn!(
-                            run_id,
-                            "run lease lost (another process took the run over after this one went silent past its lease); this process stops the run"
-                        );
-                        live.stop("lease lost");
-                    }
+        let durable = self.inner.durable.clone();
+        let held = || self.inner.live.leases();
+        let never = durable
+            .keep_leases(held, |leases, lost| {
+                for run_id in lost {
+                    // The segment that held the lost lease, not a newer one of the same run
+                    // (this process may have claimed the run again meanwhile); stopped
+                    // already: handed over at a shutdown.
+                    let Some(token) = leases.iter().find(|l| l.run_id == run_id).map(|l| l.token) else { continue };
+                    let Some(live) = self.inner.live.get(&run_id).filter(|l| l.lease().token == token && !l.is_stopped()) else { continue };
+                    tracing::warn!(
+                        run_id,
+                        "run lease lost (another process took the run over after this one went silent past its lease); this process stops the run"
+                    );
+                    live.stop("lease lost");
                 }
-                Err(e) => tracing::error!(error = %e, "run store: renewing leases"),
-            }
-        }
+                std::future::ready(())
+            })
+            .await;
+        match never {}
     }
 
     /// Every `claim_poll`, until a shutdown begins, claims what this process has room for:
     /// queued runs, and runs whose process stopped renewing (died, or stalled past its lease),
     /// which go on from their journal. A loop of the replica's.
     pub async fn claim_work(self) {
-        let runtime = self.inner.runtime.clone();
+        let runtime = self.inner.durable.clone();
         let poll = self.inner.config.claim_poll.min(runtime.holder().lease / 3).max(Duration::from_millis(10));
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -287,14 +288,14 @@ impl AppState {
         // stop: nothing of the interruption reaches the record, a client or the metrics.
         let leases = self.inner.live.leases();
         for lease in &leases {
-            if let Err(e) = self.inner.runtime.release(lease).await {
+            if let Err(e) = self.inner.durable.release(lease).await {
                 tracing::error!(run_id = lease.run_id, error = %e, "run store: handing a run over");
             }
             if let Some(live) = self.inner.live.get(&lease.run_id) {
                 live.stop("handed over");
             }
         }
-        self.inner.runtime.leave_fleet().await;
+        self.inner.durable.leave_fleet().await;
         // The streams have shown what the grace period let finish; they end now, cleanly, so
         // that their connections close and the process can stop. After a handover, a little
         // later: a stream following a handed-over run then shows its end too when the replica
@@ -654,7 +655,7 @@ async fn request_log(request: Request, next: Next) -> Response {
 
 /// The service's view of a run's end, as stored.
 async fn view(state: &AppState, run_id: &str) -> Result<RunView, ApiError> {
-    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+    let store = state.inner.durable.store();
     match store.get_run(run_id).await.map_err(store_error)? {
         Some(run) => Ok(RunView::of(run)),
         None => Err(no_run(run_id)),
@@ -751,7 +752,7 @@ async fn start_run(
     // the store for any replica with room, up to the queue's bound.
     // A retry of a keyed start is answered before any bound: it starts nothing.
     if let Some(key) = &key
-        && let Some(run) = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.run_of_key(key).await.map_err(store_error)?
+        && let Some(run) = state.inner.durable.store().run_of_key(key).await.map_err(store_error)?
     {
         return keyed::replayed(&state, &req, run, wait.wait).await;
     }
@@ -759,11 +760,11 @@ async fn start_run(
     // A session's `enqueue` or `interrupt` start is stored queued whatever room there is (it
     // waits behind the session's live runs): the queue's bound holds for it too, or one client
     // could queue runs without end behind a run that waits on it (issue 46).
-    let policy = req.multitask.unwrap_or(state.inner.runtime.settings().service.session_policy);
+    let policy = req.multitask.unwrap_or(state.inner.durable.runtime().settings().service.session_policy);
     let queued_start = req.session_id.as_deref().is_some_and(|s| !s.is_empty())
         && matches!(policy, crate::config::SessionPolicy::Enqueue | crate::config::SessionPolicy::Interrupt);
     if permit.is_none() || queued_start {
-        let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+        let store = state.inner.durable.store();
         if config.max_queued == 0 && permit.is_none() {
             return Err(too_many());
         }
@@ -778,8 +779,8 @@ async fn start_run(
         }
     }
     let accepted = match &key {
-        None => state.inner.runtime.accept(&req, permit.is_some()).await.map_err(accept_error)?,
-        Some(key) => match state.inner.runtime.accept_once(&req, permit.is_some(), key).await.map_err(accept_error)? {
+        None => state.inner.durable.accept(&req, permit.is_some()).await.map_err(accept_error)?,
+        Some(key) => match state.inner.durable.accept_once(&req, permit.is_some(), key).await.map_err(accept_error)? {
             Started::New(accepted) => accepted,
             // Another replica's start with this key won the race.
             Started::Replayed(run) => return keyed::replayed(&state, &req, *run, wait.wait).await,
@@ -824,7 +825,6 @@ fn accept_error(e: AcceptError) -> ApiError {
         AcceptError::Start(s) => start_error(s),
         AcceptError::UnknownProfile(p) => ApiError::new(ErrorCode::InvalidContent, format!("model profile `{}` is not defined", echo_id(&p))),
         AcceptError::Store(s) => store_error(s),
-        AcceptError::NoStore => store_error("no store"),
         AcceptError::NotClaimed => store_error("the run could not be claimed"),
         e @ AcceptError::KeyReused { .. } => ApiError::new(ErrorCode::IdempotencyKeyReused, e.to_string()),
         AcceptError::WebhookNotAllowed(e @ crate::config::WebhookRefused::Invalid) => ApiError::new(ErrorCode::InvalidContent, e.to_string()),
@@ -841,7 +841,7 @@ fn accept_error(e: AcceptError) -> ApiError {
 /// its permit; its events go to the live tail and the metrics; its end to [`finish`].
 fn run_segment<F, Fut>(state: &AppState, lease: &crate::store::Lease, permit: tokio::sync::OwnedSemaphorePermit, segment: F) -> Arc<LiveRun>
 where
-    F: FnOnce(Arc<Runtime>, Arc<dyn EventSink>, Cancel) -> Fut + Send + 'static,
+    F: FnOnce(Arc<Durable>, Arc<dyn EventSink>, Cancel) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<crate::runtime::RunOutcome, StartError>> + Send,
 {
     let live = state.inner.live.begin(lease);
@@ -849,7 +849,7 @@ where
     tokio::spawn(async move {
         let _permit = permit;
         let sink = sink_for(&task_state, &task_live);
-        let outcome = segment(task_state.inner.runtime.clone(), sink, task_live.cancel_token()).await;
+        let outcome = segment(task_state.inner.durable.clone(), sink, task_live.cancel_token()).await;
         finish(&task_state, &task_live, outcome.map(|o| o.result)).await;
     });
     live
@@ -869,14 +869,13 @@ async fn finish(state: &AppState, live: &LiveRun, outcome: Result<crate::exec::R
         // Its end is not recorded: let it go, so a process (this one, or another) takes it over
         // from its journal at once. A lease already lost is not this process's to let go (the
         // store checks the token).
-        if let Err(e) = state.inner.runtime.release(live.lease()).await {
+        if let Err(e) = state.inner.durable.release(live.lease()).await {
             tracing::error!(run_id, error = %e, "run store: letting a run go");
         }
     }
     // A cancel requested while the run ran, which asked before this replica saw the request (an
     // interrupting start of its session, say), ends it now rather than leave it asking.
-    if let Some(store) = state.inner.runtime.store()
-        && let Ok(Some(run)) = store.get_run(run_id).await
+    if let Ok(Some(run)) = state.inner.durable.store().get_run(run_id).await
         && run.status == StoredStatus::AwaitingInput
         && let Some(reason) = run.cancel_reason
         && let Err(e) = cancel::cancel_here(state, run_id, Some(&reason)).await
@@ -905,10 +904,7 @@ async fn waited(state: &AppState, run_id: &str) -> Result<Json<RunView>, ApiErro
         // Not executing here: the run's shared poller (one per run, however many wait on it or
         // stream it), until it ends or asks, or this process executes it; the store is read
         // again then. Each waiter polling the store itself cost five reads a second.
-        let Some(store) = state.inner.runtime.store().cloned() else {
-            tokio::time::sleep(FOLLOW_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
-            continue;
-        };
+        let store = state.inner.durable.store().clone();
         let mut feed = state.inner.feeds.follow(store, run_id);
         let moved = feed.state.wait_for(|s| s.ended || state.inner.live.get(run_id).is_some());
         if !matches!(tokio::time::timeout_at(deadline.into(), moved).await, Ok(Ok(_))) {
@@ -949,7 +945,7 @@ async fn list_runs(State(state): State<AppState>, p: Result<Query<ListParams>, Q
         return Ok(Json(RunPage { runs: Vec::new(), next: None }));
     }
     let filter = RunFilter { route_id: p.route_id, status, before: before.map(|b| b.as_str().to_owned()), limit: limit + 1 };
-    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+    let store = state.inner.durable.store();
     let mut runs: Vec<RunView> = store.list_runs(&filter).await.map_err(store_error)?.into_iter().map(RunView::of).collect();
     let next = (runs.len() > limit as usize).then(|| {
         runs.truncate(limit as usize);
@@ -1000,7 +996,7 @@ async fn run_events(
             .filter(|n| *n <= i64::MAX as u64)
             .ok_or_else(|| ApiError::new(ErrorCode::InvalidRequest, "`Last-Event-ID` must be the `seq` of an event (a whole number)"))?,
     };
-    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?.clone();
+    let store = state.inner.durable.store().clone();
     if store.get_run(&run_id).await.map_err(store_error)?.is_none() {
         return Err(no_run(&run_id));
     }
@@ -1244,11 +1240,10 @@ async fn reply(
     }
     let run_id = run_id.as_str().to_owned();
     let permit = state.inner.in_flight.clone().try_acquire_owned().map_err(|_| too_many())?;
-    let claimed = state.inner.runtime.claim_reply(&run_id, body.message).await.map_err(|e| match e {
+    let claimed = state.inner.durable.claim_reply(&run_id, body.message).await.map_err(|e| match e {
         ReplyError::NotFound(_) => no_run(&run_id),
         ReplyError::NotWaiting { .. } => ApiError::new(ErrorCode::NotWaiting, e.to_string()),
         ReplyError::Store(s) => store_error(s),
-        ReplyError::NoStore => store_error("no store"),
         ReplyError::Start(s) => start_error(s),
     })?;
     let lease = claimed.lease().clone();
@@ -1262,7 +1257,7 @@ async fn reply(
 /// The routes of the catalogue.
 #[utoipa::path(get, path = "/v1/routes", responses((status = 200, body = [RouteInfo]), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn list_routes(State(state): State<AppState>) -> Json<Vec<RouteInfo>> {
-    let runtime = &state.inner.runtime;
+    let runtime = state.runtime();
     let routes = runtime
         .catalogue()
         .routes()
@@ -1288,7 +1283,7 @@ async fn list_routes(State(state): State<AppState>) -> Json<Vec<RouteInfo>> {
         headers(("x-content-type-options" = String, description = "`nosniff`"), ("content-security-policy" = String, description = "`default-src 'none'; style-src 'unsafe-inline'`"))), (status = 404, description = "Unknown route", body = ErrorBody),
         (status = 422, description = "A broken route", body = ErrorBody), (status = 400, description = PATH_400, body = ErrorBody), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn route_graph_svg(State(state): State<AppState>, PathText(route_id): PathText) -> Result<Response, ApiError> {
-    let route = state.inner.runtime.catalogue().route(&route_id).map_err(|e| match e {
+    let route = state.inner.durable.runtime().catalogue().route(&route_id).map_err(|e| match e {
         RouteLookupError::Unknown { known, .. } => {
             ApiError::new(ErrorCode::NotFound, format!("unknown route `{}`; known routes: {}", echo_id(&route_id), crate::catalogue::name_list(&known)))
         }
@@ -1318,8 +1313,8 @@ const READY_WITHIN: Duration = Duration::from_millis(900);
 /// Whether the service can take runs: catalogue loaded, store reachable (no authentication).
 #[utoipa::path(get, path = "/readyz", responses((status = 200, description = "Ready"), (status = 503, description = "`store_unavailable`: the run store cannot take writes now, or did not answer within a second; `not_ready`: a background loop the replica needs (lease renewal, claims) panicked and waits to restart", body = ErrorBody)))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let runtime = &state.inner.runtime;
-    let store = runtime.store().ok_or_else(|| store_error("no store"))?;
+    let runtime = &state.inner.durable;
+    let store = runtime.store();
     // Not ready while writes fail (known without I/O), nor when the database does not answer
     // within the second a probe waits.
     store.health().map_err(store_error)?;
@@ -1339,14 +1334,14 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         .await
         .map_err(|_| store_error(crate::store::StoreError::Unavailable(format!("no answer within {} ms", READY_WITHIN.as_millis()))))?
         .map_err(store_error)?;
-    let ready = runtime.catalogue().routes().filter(|r| matches!(r, RouteEntry::Ready(_))).count();
+    let ready = runtime.runtime().catalogue().routes().filter(|r| matches!(r, RouteEntry::Ready(_))).count();
     Ok(Json(json!({"status": "ready", "routes_ready": ready, "runs_in_flight": state.runs_in_flight(), "runs_queued": queued})))
 }
 
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 async fn metrics(State(state): State<AppState>) -> Response {
-    let mut text = state.inner.metrics.render(state.runs_in_flight(), &state.inner.runtime.flow_status());
+    let mut text = state.inner.metrics.render(state.runs_in_flight(), &state.inner.durable.runtime().flow_status());
     state.inner.loops.render(&mut text);
     // The event streams' share of the load: streams open, and the store pollers they share.
     text.push_str(&format!(

@@ -1,6 +1,6 @@
 //! The retention sweeper of a replica (`FABRIC_RUN_RETENTION`, `FABRIC_AWAITING_RETENTION`):
 //! every [`sweep_every`] it cancels the runs that awaited the user too long (reason `expired`)
-//! and deletes the ended runs past the retention, in short batches ([`Runtime::prune`]); the
+//! and deletes the ended runs past the retention, in short batches ([`Durable::prune`]); the
 //! store lets one replica sweep at a time. Nothing runs when neither is set.
 
 use std::time::Duration;
@@ -16,8 +16,9 @@ pub fn sweep_every(retentions: &[Duration]) -> Duration {
 impl AppState {
     /// For ever, while a retention is set: one sweep every [`sweep_every`].
     pub async fn sweep(self) {
-        let runtime = self.inner.runtime.clone();
-        let (ended, awaiting) = (runtime.settings().service.run_retention, runtime.settings().service.awaiting_retention);
+        let runtime = self.inner.durable.clone();
+        let service = &runtime.runtime().settings().service;
+        let (ended, awaiting) = (service.run_retention, service.awaiting_retention);
         let set: Vec<Duration> = [ended, awaiting].into_iter().flatten().collect();
         if set.is_empty() {
             return;

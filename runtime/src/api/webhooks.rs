@@ -88,7 +88,7 @@ pub struct WebhookList {
         (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub(super) async fn run_webhooks(State(state): State<AppState>, RunIdPath(run_id): RunIdPath) -> Result<Json<WebhookList>, ApiError> {
-    let store = state.inner.runtime.store().ok_or_else(|| store_error("no store"))?;
+    let store = state.inner.durable.store();
     if store.get_run(run_id.as_str()).await.map_err(store_error)?.is_none() {
         return Err(no_run(run_id.as_str()));
     }
@@ -130,7 +130,7 @@ impl AppState {
     /// own (a slow receiver holds up only its own deliveries); it looks when a run ends here,
     /// when an attempt is done, and every [`WEBHOOK_POLL`].
     pub async fn deliver_webhooks(self) {
-        let settings = self.inner.runtime.settings().service.webhooks.clone();
+        let settings = self.inner.durable.runtime().settings().service.webhooks.clone();
         let Some(secret) = &settings.secret else { return };
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -145,8 +145,8 @@ impl AppState {
             (Err(e), _) => return tracing::error!(error = %e.without_url(), "webhooks: the HTTP client could not be built; no webhook is sent"),
             (_, Err(_)) => return tracing::error!("webhooks: FABRIC_WEBHOOK_SECRET was refused by the signer; no webhook is sent"),
         };
-        let Some(store) = self.inner.runtime.store().cloned() else { return };
-        let mut holder = self.inner.runtime.holder().clone();
+        let store = self.inner.durable.store().clone();
+        let mut holder = self.inner.durable.holder().clone();
         holder.lease = holder.lease.max(WEBHOOK_TIMEOUT + WEBHOOK_LEASE_MARGIN);
         let sender = std::sync::Arc::new(Sender { client, signer, settings, store, holder, metrics: self.inner.metrics.clone() });
         let mut in_flight = tokio::task::JoinSet::new();

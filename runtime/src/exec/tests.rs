@@ -14,7 +14,7 @@ use crate::failure::BoxFuture;
 use crate::llm::stub::StubLlm;
 use crate::tools::{ToolError, ToolOutput};
 
-/// A replay of `history` on `r`, as `Runtime::replay` runs it.
+/// A replay of `history` on `r`, as `Durable::replay` runs it.
 async fn replay(r: &Runner, req: RunRequest, history: Vec<JournalEntry>) -> ReplayReport {
     ReplayReport::from(r.execute(req, Begin::Replay(history), Arc::new(crate::events::NullSink), Cancel::never(), None).await.unwrap())
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{AcceptError, AcceptedRun, Runtime, StartRequest, Started};
+use super::{AcceptError, AcceptedRun, Durable, StartRequest, Started};
 use crate::config::SessionPolicy;
 use crate::store::{IdempotencyKey, Keyed, NewRun, RunStore, SessionStart};
 
@@ -19,10 +19,10 @@ enum Made {
     Existing(Box<crate::store::StoredRun>),
 }
 
-impl Runtime {
+impl Durable {
     /// Accepts a run: every start check, then a new run id and its row in the store. With
-    /// `here`, the run is claimed by this process at once ([`Runtime::execute`] runs it);
-    /// without, it is `queued` for whichever process claims it first ([`Runtime::claim_runs`]).
+    /// `here`, the run is claimed by this process at once ([`Durable::execute`] runs it);
+    /// without, it is `queued` for whichever process claims it first ([`Durable::claim_runs`]).
     /// Under a session policy (the contract's `multitask`, else `FABRIC_SESSION_POLICY`), a
     /// start whose session has a live run is refused (`reject`: [`AcceptError::SessionBusy`]) or
     /// queued behind it (`enqueue`; `interrupt`, which also requests the live runs' cancel, see
@@ -32,7 +32,7 @@ impl Runtime {
         self.made(self.create(req, &request, here, None, true).await?)
     }
 
-    /// [`Runtime::accept`] of a run executed here by a process that sends no webhooks
+    /// [`Durable::accept`] of a run executed here by a process that sends no webhooks
     /// (`fabric run --store`): its ends are posted nowhere, whatever the fleet's URL.
     pub(super) async fn accept_here(&self, req: &StartRequest) -> Result<AcceptedRun, AcceptError> {
         let request = serde_json::to_value(req).unwrap_or(Value::Null);
@@ -46,7 +46,7 @@ impl Runtime {
         }
     }
 
-    /// [`Runtime::accept`] once per idempotency key: the first start with `key` accepts its run;
+    /// [`Durable::accept`] once per idempotency key: the first start with `key` accepts its run;
     /// any later one with the same start contract (compared as parsed, not as bytes) gets that
     /// run as it is now ([`Started::Replayed`]), on any process of the store; one with another
     /// contract is [`AcceptError::KeyReused`]. The store's constraint decides a race.
@@ -54,14 +54,14 @@ impl Runtime {
         self.keyed(req, here, key, true).await
     }
 
-    /// [`Runtime::accept_once`] of a run executed here by a process that sends no webhooks.
+    /// [`Durable::accept_once`] of a run executed here by a process that sends no webhooks.
     pub(super) async fn accept_once_here(&self, req: &StartRequest, key: &IdempotencyKey) -> Result<Started, AcceptError> {
         self.keyed(req, true, key, false).await
     }
 
     async fn keyed(&self, req: &StartRequest, here: bool, key: &IdempotencyKey, hooks: bool) -> Result<Started, AcceptError> {
         let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        let store = self.store.as_ref().ok_or(AcceptError::NoStore)?;
+        let store = &self.store;
         // A retry is answered without the start checks: its run was accepted already (the
         // route may have gone since).
         let existing = match store.run_of_key(key).await? {
@@ -90,7 +90,7 @@ impl Runtime {
     /// parser reads it (the scheme's case, blanks around it, `/./`).
     fn as_acted_on(&self, req: &StartRequest) -> StartRequest {
         let session_id = req.session_id.clone().filter(|s| !s.is_empty());
-        let fleet = self.settings.service.session_policy;
+        let fleet = self.runtime.settings().service.session_policy;
         let multitask = req.multitask.filter(|p| session_id.is_some() && *p != fleet);
         let webhook_url = req.webhook_url.as_deref().map(|u| crate::config::web_url(u).map_or_else(|| u.to_owned(), |u| u.to_string()));
         StartRequest { session_id, multitask, webhook_url, ..req.clone() }
@@ -100,12 +100,12 @@ impl Runtime {
     async fn create(&self, req: &StartRequest, request: &Value, here: bool, key: Option<&IdempotencyKey>, hooks: bool) -> Result<Made, AcceptError> {
         let (store, webhook) = self.check_start(req)?;
         let webhook = webhook.filter(|_| hooks);
-        let run_id = self.runner.new_id();
+        let run_id = self.runtime.runner.new_id();
         let holder = here.then_some(&self.holder);
         // An empty session is none (a client's unset field, not one session of every client).
         let session = req.session_id.as_deref().filter(|s| !s.is_empty());
         let run = NewRun { webhook: webhook.as_deref(), session_id: session, ..NewRun::new(&run_id, &req.route_id, request) };
-        let policy = req.multitask.unwrap_or(self.settings.service.session_policy);
+        let policy = req.multitask.unwrap_or(self.runtime.settings().service.session_policy);
         let accepted = |lease, interrupted| Made::New(AcceptedRun { run_id: run_id.clone(), lease, interrupted });
         if let (Some(session), false) = (session, policy == SessionPolicy::Allow) {
             return match store.create_session_run(run, holder, policy, key).await? {
@@ -125,9 +125,9 @@ impl Runtime {
 
     /// Every start check; the store a run is accepted into, and where its ends are posted.
     fn check_start(&self, req: &StartRequest) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
-        self.check_route(&req.route_id)?;
+        self.runtime.check_route(&req.route_id)?;
         if let Some(p) = &req.model_profile
-            && !self.catalogue().profiles().any(|(name, _)| name == p)
+            && !self.runtime.catalogue().profiles().any(|(name, _)| name == p)
         {
             return Err(AcceptError::UnknownProfile(p.clone()));
         }
@@ -143,7 +143,7 @@ impl Runtime {
                 return Err(AcceptError::BadSession("is longer than 1024 bytes"));
             }
         }
-        let webhook = self.settings.service.webhooks.target(req.webhook_url.as_deref())?;
-        Ok((self.store.as_ref().ok_or(AcceptError::NoStore)?, webhook))
+        let webhook = self.runtime.settings().service.webhooks.target(req.webhook_url.as_deref())?;
+        Ok((&self.store, webhook))
     }
 }

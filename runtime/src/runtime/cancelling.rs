@@ -1,15 +1,15 @@
-//! Cancel on request: what [`Runtime::cancel`] does with a run wherever it stands, and how a
-//! process that executes runs finds the requests made elsewhere ([`Runtime::cancel_requests`]).
+//! Cancel on request: what [`Durable::cancel`] does with a run wherever it stands, and how a
+//! process that executes runs finds the requests made elsewhere ([`Durable::cancel_requests`]).
 //!
 //! The request is recorded in the store first, so that it holds across processes: a queued or
 //! awaiting run is claimed by the requester in the same statement and ended here at once; a
 //! running one is ended by its holder, which looks for requests on its runs every second (and
 //! `fabric run --store` at each lease beat); a run whose holder died with a request on it is
-//! ended `cancelled` by whoever claims it next, without a walk ([`Runtime::resume`]).
+//! ended `cancelled` by whoever claims it next, without a walk ([`Durable::resume`]).
 
 use std::sync::Arc;
 
-use super::Runtime;
+use super::Durable;
 use crate::events::EventSink;
 use crate::exec::RunResult;
 use crate::store::{CancelAsk, Fenced, Lease, StoreError};
@@ -52,11 +52,9 @@ pub enum CancelError {
     BadReason(String),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("this runtime has no run store")]
-    NoStore,
 }
 
-impl Runtime {
+impl Durable {
     /// Cancels `run_id` with `reason` (or [`DEFAULT_CANCEL_REASON`]): see the module. A run that
     /// ends here sends its `run.cancelled` event to `sink` too.
     pub async fn cancel(&self, run_id: &str, reason: Option<&str>, sink: Arc<dyn EventSink>) -> Result<Cancelling, CancelError> {
@@ -67,7 +65,7 @@ impl Runtime {
         if let Some(at) = reason.find('\0') {
             return Err(CancelError::BadReason(format!("the reason holds a NUL character (at byte {at}), which the run store cannot keep")));
         }
-        let store = self.store.as_deref().ok_or(CancelError::NoStore)?;
+        let store = self.store.as_ref();
         match store.request_cancel(run_id, reason, &self.holder).await? {
             CancelAsk::Claimed { lease, route_id, reason } => Ok(Cancelling::Ended(Box::new(self.end_cancelled(&lease, &route_id, &reason, sink).await?))),
             CancelAsk::Requested { reason } => Ok(Cancelling::Requested { reason }),
@@ -81,15 +79,15 @@ impl Runtime {
     /// keeping what its journal holds. When its record cannot be read or written the claim is
     /// let go, so whoever claims the run next ends it (the request stays in the store).
     pub(super) async fn end_cancelled(&self, lease: &Lease, route_id: &str, reason: &str, sink: Arc<dyn EventSink>) -> Result<RunResult, StoreError> {
-        let store = self.run_store()?;
-        let history = match super::read_history(store.as_ref(), &lease.run_id).await {
+        let store = &self.store;
+        let history = match super::durable::read_history(store.as_ref(), &lease.run_id).await {
             Ok(h) => h,
             Err(e) => {
                 let _ = store.release(lease).await;
                 return Err(e);
             }
         };
-        let result = self.runner.end_cancelled(route_id, history, reason, sink, &Fenced { store: store.as_ref(), lease }).await;
+        let result = self.runtime.runner.end_cancelled(route_id, history, reason, sink, &Fenced { store: store.as_ref(), lease }).await;
         if result.status() != crate::exec::RunStatus::Cancelled {
             let _ = store.release(lease).await;
             let why = result.error().map(|e| e.message.clone()).unwrap_or_default();
@@ -101,12 +99,12 @@ impl Runtime {
     /// The runs this process executes that someone asked to cancel, with each request's reason:
     /// the caller cancels each one's segment with [`crate::cancel::CancelHandle::cancel_run`].
     pub async fn cancel_requests(&self) -> Result<Vec<(Lease, String)>, StoreError> {
-        self.run_store()?.cancel_requests(&self.holder).await
+        self.store.cancel_requests(&self.holder).await
     }
 
     /// Queued or awaiting runs with a cancel request no one acted on (see
-    /// [`crate::store::RunStore::pending_cancels`]), to end with [`Runtime::cancel`].
+    /// [`crate::store::RunStore::pending_cancels`]), to end with [`Durable::cancel`].
     pub async fn pending_cancels(&self) -> Result<Vec<(String, String)>, StoreError> {
-        self.run_store()?.pending_cancels(64).await
+        self.store.pending_cancels(64).await
     }
 }

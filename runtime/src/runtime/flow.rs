@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Runtime;
+use super::Durable;
 use crate::llm::flow::{Flow, Gate};
 use crate::store::{RunStore, ShareBeat};
 
@@ -14,18 +14,21 @@ use crate::store::{RunStore, ShareBeat};
 pub const BEAT: Duration = Duration::from_secs(1);
 pub const HUNGRY_BEAT: Duration = Duration::from_millis(250);
 
-impl Runtime {
+impl Durable {
     /// Whether this runtime's limits are shared with a fleet through its store.
     pub fn flow_is_shared(&self) -> bool {
-        self.store.as_ref().is_some_and(|s| s.fleet().is_some()) && self.flow.plan().any()
+        self.store.fleet().is_some() && self.runtime.flow().plan().any()
     }
 
     /// Keeps this replica's share of the fleet's limits and the fleet's pauses, for ever (a
-    /// service runs it in a task of its own, and calls [`Runtime::leave_fleet`] at shutdown).
+    /// service runs it in a task of its own, and calls [`Durable::leave_fleet`] at shutdown).
     pub async fn share_flow(self: Arc<Self>) {
-        let Some(store) = self.store.clone().filter(|s| s.fleet().is_some()) else { return };
-        let fleet = self.settings.fleet.clone().unwrap_or_default();
-        let flow = self.flow.clone();
+        let store = self.store.clone();
+        if store.fleet().is_none() {
+            return;
+        }
+        let fleet = self.runtime.settings().fleet.clone().unwrap_or_default();
+        let flow = self.runtime.flow().clone();
         let limited: Vec<Arc<Gate>> = flow.gates().into_iter().filter(|g| g.limits().any()).collect();
         // Nothing until the fleet says how much: the first beat comes at once.
         for g in &limited {
@@ -43,8 +46,8 @@ impl Runtime {
 
     /// Gives this replica's shares back (a shutdown), so the others need not wait a lease.
     pub async fn leave_fleet(&self) {
-        let Some(fleet_store) = self.store.as_ref().and_then(|s| s.fleet()) else { return };
-        let fleet = self.settings.fleet.clone().unwrap_or_default();
+        let Some(fleet_store) = self.store.fleet() else { return };
+        let fleet = self.runtime.settings().fleet.clone().unwrap_or_default();
         if let Err(e) = fleet_store.leave(&fleet, &self.holder.owner).await {
             tracing::warn!(error = %e, "run store: giving back this replica's share of the model limits");
         }

@@ -1,12 +1,12 @@
 //! Retention: ended runs older than `FABRIC_RUN_RETENTION` deleted with their events and journal
-//! ([`Runtime::prune`], the service's sweeper and `fabric runs prune`), and runs that awaited the
+//! ([`Durable::prune`], the service's sweeper and `fabric runs prune`), and runs that awaited the
 //! user longer than `FABRIC_AWAITING_RETENTION` cancelled with the reason `expired`
-//! ([`Runtime::expire_awaiting`]). Runs queued, running or awaiting are never deleted.
+//! ([`Durable::expire_awaiting`]). Runs queued, running or awaiting are never deleted.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::Runtime;
+use super::Durable;
 use super::cancelling::{CancelError, Cancelling};
 use crate::events::EventSink;
 use crate::store::StoreError;
@@ -22,11 +22,11 @@ fn cutoff(age: Duration) -> String {
     crate::events::rfc3339_at(SystemTime::now().checked_sub(age).unwrap_or(SystemTime::UNIX_EPOCH))
 }
 
-impl Runtime {
+impl Durable {
     /// Deletes the ended runs whose last change is older than `older_than`, in batches of
     /// [`PRUNE_BATCH`]; returns how many. With `dry_run`, deletes nothing and counts them.
     pub async fn prune(&self, older_than: Duration, dry_run: bool) -> Result<u64, StoreError> {
-        let store = self.run_store()?;
+        let store = &self.store;
         let before = cutoff(older_than);
         if dry_run {
             return store.prune(&before, PRUNE_BATCH, true).await;
@@ -46,7 +46,7 @@ impl Runtime {
     /// Cancels, with the reason [`EXPIRED_REASON`], the runs that have awaited the user for
     /// longer than `older_than`; returns how many. A run replied to meanwhile is left alone.
     pub async fn expire_awaiting(&self, older_than: Duration, sink: Arc<dyn EventSink>) -> Result<u64, StoreError> {
-        let store = self.run_store()?;
+        let store = &self.store;
         let mut expired = 0;
         loop {
             let ids = store.awaiting_since(&cutoff(older_than), PRUNE_BATCH).await?;

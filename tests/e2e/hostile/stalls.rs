@@ -182,13 +182,15 @@ async fn a_client_that_reads_nothing_gives_its_stream_slot_back_after_the_stall_
     use fabric::store::{Holder, NewRun};
     use tower::ServiceExt;
     let store = fabric::store::open("sqlite::memory:").await.unwrap();
-    let runtime = fabric::runtime::Runtime::builder()
-        .settings(fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
-        .catalogue_dirs(crate::support::routes_dir(), crate::support::packs_dir())
-        .stub(fabric::llm::stub::StubLlm::default())
-        .store(store.clone())
-        .build()
-        .unwrap();
+    let runtime = fabric::runtime::Durable::new(
+        fabric::runtime::Runtime::builder()
+            .settings(fabric::config::Settings::load(|k| (k == "FABRIC_LLM_STUB").then(|| "1".to_owned())).unwrap())
+            .catalogue_dirs(crate::support::routes_dir(), crate::support::packs_dir())
+            .stub(fabric::llm::stub::StubLlm::default())
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
     let token = "t".repeat(32);
     let config = ApiConfig { token: Some(token.clone()), stream_stall: Duration::from_millis(500), ..ApiConfig::default() };
     let app = router(AppState::new(std::sync::Arc::new(runtime), config));

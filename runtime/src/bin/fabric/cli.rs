@@ -16,7 +16,7 @@ use fabric::events::{EventSink, FanOut, JsonLinesSink, NullSink};
 use fabric::exec::{self, RunRequest, RunStatus};
 use fabric::failure::ReasonClass;
 use fabric::hydrate;
-use fabric::runtime::{Runtime, StartRequest, Validation};
+use fabric::runtime::{Durable, Runtime, StartRequest, Validation};
 use fabric::store::{RunFilter, RunId, RunStore, StoredStatus};
 
 use crate::progress::Progress;
@@ -311,9 +311,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Run { route, goal, prefetch, events_out, store } => {
             run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref(), store.as_deref()).await
         }
-        Command::Serve { listen, no_auth } => {
-            crate::serve::serve(listen.as_deref(), *no_auth, |settings, store| build_runtime(&cli, settings, Some(store))).await
-        }
+        Command::Serve { listen, no_auth } => crate::serve::serve(listen.as_deref(), *no_auth, |settings, store| build_durable(&cli, settings, store)).await,
         Command::Runs { store, action } => runs_cmd(&cli, store.as_deref(), action).await,
         Command::Completions { shell } => {
             let mut out = Vec::new();
@@ -430,17 +428,18 @@ fn validate_cmd(schema_path: &Path, reply: Option<&str>) -> std::io::Result<Exit
     }
 }
 
-/// The runtime of `run`, `doctor` and `serve`: the CLI's directories, the built-in `add` tool,
-/// and the run store when one is given.
-fn build_runtime(cli: &Cli, settings: Settings, store: Option<Arc<dyn RunStore>>) -> Result<Runtime, fabric::runtime::BuildError> {
+/// The runtime of `run`, `doctor` and `serve`: the CLI's directories and the built-in `add` tool.
+fn build_runtime(cli: &Cli, settings: Settings) -> Result<Runtime, fabric::runtime::BuildError> {
     let mut builder = Runtime::builder().settings(settings).catalogue_dirs(&cli.catalogue, &cli.prompt_packs).tool("add", fabric::tools::builtin_add());
     if let Some(dir) = &cli.stub_dir {
         builder = builder.stub_dir(dir);
     }
-    if let Some(store) = store {
-        builder = builder.store(store);
-    }
     builder.build()
+}
+
+/// That runtime with its run store: what `serve` and the commands on stored runs use.
+fn build_durable(cli: &Cli, settings: Settings, store: Arc<dyn RunStore>) -> Result<Durable, fabric::runtime::BuildError> {
+    Ok(Durable::new(build_runtime(cli, settings)?, store))
 }
 
 /// The settings, and the store `--store` names (else `FABRIC_DATABASE_URL`), which must exist:
@@ -483,10 +482,9 @@ async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Re
         .catalogue_dirs(&cli.catalogue, &cli.prompt_packs)
         .backend(Arc::new(fabric::llm::stub::StubLlm::default()))
         .tool("add", fabric::tools::builtin_add())
-        .store(store)
         .build();
     let runtime = match runtime {
-        Ok(r) => r,
+        Ok(r) => Durable::new(r, store),
         Err(e) => return Ok(usage(e)),
     };
     let report = match runtime.replay(run_id).await {
@@ -579,7 +577,7 @@ async fn runs_prune(cli: &Cli, store: Option<&str>, older_than: &str, dry_run: b
         Ok(both) => both,
         Err(code) => return Ok(code),
     };
-    let runtime = match build_runtime(cli, settings, Some(store)) {
+    let runtime = match build_durable(cli, settings, store) {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
     };
@@ -597,7 +595,7 @@ async fn runs_cancel(cli: &Cli, store: Option<&str>, run_id: &RunId, reason: Opt
         Ok(both) => both,
         Err(code) => return Ok(code),
     };
-    let runtime = match build_runtime(cli, settings, Some(store.clone())) {
+    let runtime = match build_durable(cli, settings, store.clone()) {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
     };
@@ -676,8 +674,8 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         },
     };
     let hint = first_run_hint(&settings);
-    let runtime = match build_runtime(cli, settings, store.clone()) {
-        Ok(r) => r,
+    let runtime = match build_runtime(cli, settings) {
+        Ok(r) => Arc::new(r),
         Err(e) => return Ok(usage(e)),
     };
     for w in runtime.warnings() {
@@ -692,10 +690,10 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         Ok(io) => io,
         Err(code) => return Ok(code),
     };
-    let outcome = if store.is_some() {
+    let outcome = if let Some(store) = store {
         // Recorded as the service records a run: accepted (a row), then journalled as it goes.
         let req = StartRequest { route_id: route_id.to_owned(), goal, prefetch, ..StartRequest::default() };
-        match runtime.run_recorded(&req, sink, &lost_handle, cancel).await {
+        match Durable::new(runtime, store).run_recorded(&req, sink, &lost_handle, cancel).await {
             Ok(outcome) => Ok(outcome),
             Err(fabric::runtime::AcceptError::Start(e)) => Err(e),
             Err(e) => return Ok(usage(e)),
@@ -830,11 +828,11 @@ async fn runs_reply(cli: &Cli, store: Option<&str>, run_id: &RunId, message: &st
         Err(code) => return Ok(code),
     };
     let hint = first_run_hint(&settings);
-    let runtime = match build_runtime(cli, settings, Some(store)) {
+    let runtime = match build_durable(cli, settings, store) {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
     };
-    for w in runtime.warnings() {
+    for w in runtime.runtime().warnings() {
         say(format_args!("fabric: warning: {w}"));
     }
     let RunIo { sink, json_sink, handle: lost_handle, cancel, signal } = match run_io(events_out) {
@@ -998,7 +996,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
             }
         }
     }
-    let runtime = match build_runtime(cli, settings, None) {
+    let runtime = match build_runtime(cli, settings) {
         Ok(r) => r,
         Err(e) => {
             let e = match e {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use fabric::api::{ApiConfig, AppState};
 use fabric::config::Settings;
-use fabric::runtime::{BuildError, Runtime};
+use fabric::runtime::{BuildError, Durable};
 use fabric::store::RunStore;
 
 use crate::term::say;
@@ -31,7 +31,7 @@ fn init_logs(settings: &Settings) -> Result<(), String> {
 pub async fn serve(
     listen: Option<&str>,
     no_auth: bool,
-    build: impl FnOnce(Settings, Arc<dyn RunStore>) -> Result<Runtime, BuildError>,
+    build: impl FnOnce(Settings, Arc<dyn RunStore>) -> Result<Durable, BuildError>,
 ) -> std::io::Result<ExitCode> {
     let fail = |msg: String| {
         say(format_args!("fabric serve: {msg}"));
@@ -98,10 +98,10 @@ pub async fn serve(
         Ok(r) => Arc::new(r),
         Err(e) => return fail(e.to_string()),
     };
-    for w in runtime.warnings() {
+    for w in runtime.runtime().warnings() {
         tracing::warn!(warning = %w, "configuration");
     }
-    let ready = runtime.catalogue().routes().filter(|r| matches!(r, fabric::catalogue::RouteEntry::Ready(_))).count();
+    let ready = runtime.runtime().catalogue().routes().filter(|r| matches!(r, fabric::catalogue::RouteEntry::Ready(_))).count();
     tracing::info!(holder = runtime.holder().owner, lease_s = runtime.holder().lease.as_secs(), "claiming runs as this holder");
     let state = AppState::new(runtime, config);
     // This process's share of the fleet's work (leases renewed, queued and orphaned runs

@@ -1,0 +1,146 @@
+//! A run that asked, answered: the reply claims it in the store (only one reply can), the
+//! decision loop goes on from its journal with the reply as a note, under the run's lease
+//! ([`Durable::reply_recorded`] for `fabric runs reply`, [`Durable::claim_reply`] and
+//! [`Durable::continue_run`] for the service); and [`Durable::replay`], a finished run re-executed
+//! from its journal alone.
+
+use std::sync::Arc;
+
+use super::durable::read_history;
+use super::{Durable, RunOutcome, StartRequest};
+use crate::cancel::{Cancel, CancelHandle};
+use crate::events::{EventSink, NullSink};
+use crate::exec::{Begin, RunHistory, StartError};
+use crate::store::{Fenced, Lease, StoreError, StoredStatus};
+use serde_json::Value;
+
+impl Durable {
+    /// Continues a run that asked with the user's `message`, here, recorded in the store,
+    /// holding its lease until it ends or asks again (renewed every third of it; if another
+    /// process takes the run anyway, `handle` stops it with "lease lost"). What
+    /// `fabric runs reply` does; the service does the same over its replicas' leases.
+    pub async fn reply_recorded(
+        &self,
+        run_id: &str,
+        message: String,
+        sink: Arc<dyn EventSink>,
+        handle: &CancelHandle,
+        cancel: Cancel,
+    ) -> Result<RunOutcome, ReplyError> {
+        let claimed = self.claim_reply(run_id, message).await?;
+        let leases = [claimed.lease().clone()];
+        tokio::select! {
+            biased;
+            outcome = self.continue_run(claimed, sink, cancel) => Ok(outcome?),
+            never = self.hold_leases(&leases, handle) => match never {},
+        }
+    }
+
+    /// Claims a run that awaits the user for `message`: only one reply can claim it.
+    pub async fn claim_reply(&self, run_id: &str, message: String) -> Result<ClaimedReply, ReplyError> {
+        let store = &self.store;
+        let run = store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
+        if run.status != StoredStatus::AwaitingInput {
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: run.status.as_str() });
+        }
+        // Someone asked to cancel it while it was running, and it asked before its holder saw
+        // the request: the request stands, so the run ends `cancelled` now instead of going on.
+        if let Some(reason) = &run.cancel_reason {
+            let _ = self.cancel(run_id, Some(reason), Arc::new(NullSink)).await;
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: StoredStatus::Cancelled.as_str() });
+        }
+        // Everything that could stop the continuation is checked before the run is claimed: a
+        // claimed run that cannot go on would be stuck `running`.
+        let request: StartRequest =
+            serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
+        self.runtime.check_route(&request.route_id)?;
+        if self.runtime.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::DecisionLoop) {
+            return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
+        }
+        let Some(lease) = store.claim_reply(run_id, &self.holder).await? else {
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
+        };
+        // Read after the claim: between a read and the claim another process could have
+        // continued the run and seen it ask again, and this claim would go on from stale history.
+        match read_history(store.as_ref(), run_id).await {
+            Ok(history) => Ok(ClaimedReply { request, lease, history, reply: message }),
+            Err(e) => {
+                let _ = store.reopen_reply(&lease).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Continues a claimed run: the decision loop goes on with the reply as a note.
+    pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
+        let ClaimedReply { request, lease, history, reply } = claimed;
+        let fenced = Fenced { store: self.store.as_ref(), lease: &lease };
+        match self.runtime.runner.execute(request.run_request(), Begin::Continue { history, reply }, sink, cancel, Some(&fenced)).await {
+            Ok(result) => Ok(RunOutcome { result, unused_script_lines: Vec::new() }),
+            Err(e) => {
+                // Not started after all (the catalogue changed since the check): it still waits.
+                let _ = self.store.reopen_reply(&lease).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Re-executes a finished run from its journal with no model and no tool call, on this
+    /// runtime's catalogue, and reports every divergence: a prompt, a user message, a result or
+    /// a path that differs from what was recorded, and an end that differs from the stored one.
+    pub async fn replay(&self, run_id: &str) -> Result<crate::exec::ReplayReport, ReplyError> {
+        let store = &self.store;
+        let run = store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
+        if run.status == StoredStatus::Running {
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
+        }
+        let request: StartRequest =
+            serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
+        let history = store.journal(run_id).await?;
+        let result = self.runtime.runner.execute(request.run_request(), Begin::Replay(history), Arc::new(NullSink), Cancel::never(), None).await?;
+        let mut report = crate::exec::ReplayReport::from(result);
+        let recorded = run.result.unwrap_or(Value::Null);
+        let now = serde_json::to_value(&report.result).unwrap_or(Value::Null);
+        for key in ["status", "output", "question"] {
+            if recorded.get(key) != now.get(key) {
+                let (was, is) = (recorded.get(key).cloned().unwrap_or(Value::Null), now.get(key).cloned().unwrap_or(Value::Null));
+                report.divergences.push(format!("the run's `{key}` differs: recorded {was}, now {is}"));
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Why a reply was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplyError {
+    #[error("no run `{0}`")]
+    NotFound(String),
+    #[error("run `{run_id}` is {status}, not awaiting the user")]
+    NotWaiting { run_id: String, status: &'static str },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Start(#[from] StartError),
+}
+
+/// A run a reply may continue: claimed in the store (no other reply can take it).
+#[derive(Debug)]
+pub struct ClaimedReply {
+    request: StartRequest,
+    lease: Lease,
+    /// The run's record so far, read after the claim.
+    history: RunHistory,
+    /// The user's reply.
+    reply: String,
+}
+
+impl ClaimedReply {
+    pub fn run_id(&self) -> &str {
+        &self.history.run_id
+    }
+
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+}
