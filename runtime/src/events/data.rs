@@ -7,6 +7,7 @@
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
+use crate::failure::ReasonClass;
 
 /// The closed set of event types (docs/events.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -145,7 +146,7 @@ pub enum EventData {
         output_chars: usize,
     },
     StageFailed {
-        reason_class: &'static str,
+        reason_class: ReasonClass,
         message: String,
         duration_ms: f64,
     },
@@ -163,7 +164,7 @@ pub enum EventData {
     LlmRetrying {
         attempt: u32,
         delay_ms: u64,
-        reason_class: &'static str,
+        reason_class: ReasonClass,
         message: String,
     },
     LlmCompleted {
@@ -171,7 +172,7 @@ pub enum EventData {
         tokens: Option<Tokens>,
     },
     LlmFailed {
-        reason_class: &'static str,
+        reason_class: ReasonClass,
         message: String,
         duration_ms: f64,
         /// The reply that came but could not be used, capped.
@@ -192,7 +193,7 @@ pub enum EventData {
     },
     ToolFailed {
         tool: String,
-        reason_class: &'static str,
+        reason_class: ReasonClass,
         message: String,
     },
     RunCompleted {
@@ -201,7 +202,7 @@ pub enum EventData {
         duration_ms: f64,
     },
     RunFailed {
-        reason_class: &'static str,
+        reason_class: ReasonClass,
         message: String,
         /// None for a recovered run given up without a walk.
         duration_ms: Option<f64>,
@@ -290,7 +291,7 @@ impl Serialize for EventData {
                 m.serialize_entry("output_chars", output_chars)?;
             }
             EventData::StageFailed { reason_class, message, duration_ms } => {
-                m.serialize_entry("reason_class", reason_class)?;
+                m.serialize_entry("reason_class", reason_class.as_str())?;
                 m.serialize_entry("message", message)?;
                 m.serialize_entry("duration_ms", duration_ms)?;
             }
@@ -307,7 +308,7 @@ impl Serialize for EventData {
             EventData::LlmRetrying { attempt, delay_ms, reason_class, message } => {
                 m.serialize_entry("attempt", attempt)?;
                 m.serialize_entry("delay_ms", delay_ms)?;
-                m.serialize_entry("reason_class", reason_class)?;
+                m.serialize_entry("reason_class", reason_class.as_str())?;
                 m.serialize_entry("message", message)?;
             }
             EventData::LlmCompleted { duration_ms, tokens } => {
@@ -318,7 +319,7 @@ impl Serialize for EventData {
                 }
             }
             EventData::LlmFailed { reason_class, message, duration_ms, reply } => {
-                m.serialize_entry("reason_class", reason_class)?;
+                m.serialize_entry("reason_class", reason_class.as_str())?;
                 m.serialize_entry("message", message)?;
                 m.serialize_entry("duration_ms", duration_ms)?;
                 if let Some(reply) = reply {
@@ -343,7 +344,7 @@ impl Serialize for EventData {
             }
             EventData::ToolFailed { tool, reason_class, message } => {
                 m.serialize_entry("tool", tool)?;
-                m.serialize_entry("reason_class", reason_class)?;
+                m.serialize_entry("reason_class", reason_class.as_str())?;
                 m.serialize_entry("message", message)?;
             }
             EventData::RunCompleted { output, duration_ms } => {
@@ -351,7 +352,7 @@ impl Serialize for EventData {
                 m.serialize_entry("duration_ms", duration_ms)?;
             }
             EventData::RunFailed { reason_class, message, duration_ms, decisions } => {
-                m.serialize_entry("reason_class", reason_class)?;
+                m.serialize_entry("reason_class", reason_class.as_str())?;
                 m.serialize_entry("message", message)?;
                 if let Some(d) = duration_ms {
                     m.serialize_entry("duration_ms", d)?;

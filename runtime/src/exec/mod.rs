@@ -314,7 +314,7 @@ impl Runner {
         journal: &dyn RunJournal,
     ) -> RunResult {
         let result = result_from_journal(&history.run_id, route_id, &history.entries, class, message);
-        let last = EventData::RunFailed { reason_class: class.as_str(), message: message.to_owned(), duration_ms: None, decisions: None };
+        let last = EventData::RunFailed { reason_class: class, message: message.to_owned(), duration_ms: None, decisions: None };
         end_without_walk(result, last, history.next_seq, sink, journal).await
     }
 

@@ -62,7 +62,7 @@ impl Runner {
             }
             Err(f) => {
                 crate::otel::fail_cx(cx, f.class.as_str());
-                run.events.emit(Some(stage.id()), || EventData::StageFailed { reason_class: f.class.as_str(), message: f.message.clone(), duration_ms });
+                run.events.emit(Some(stage.id()), || EventData::StageFailed { reason_class: f.class, message: f.message.clone(), duration_ms });
             }
         }
         crate::otel::end(cx);
@@ -81,7 +81,7 @@ impl Runner {
     /// A stage refused before it started (its step budget is spent): `run.stage.failed` alone,
     /// so that every failed run still names its failed stage.
     pub(super) fn refuse_stage(&self, run: &Run<'_>, stage: &StageNode, f: StageFailure) -> (Option<String>, StageFailure) {
-        run.events.emit(Some(stage.id()), || EventData::StageFailed { reason_class: f.class.as_str(), message: f.message.clone(), duration_ms: 0.0 });
+        run.events.emit(Some(stage.id()), || EventData::StageFailed { reason_class: f.class, message: f.message.clone(), duration_ms: 0.0 });
         (Some(stage.id().to_owned()), f)
     }
 

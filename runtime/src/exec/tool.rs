@@ -73,7 +73,7 @@ impl Runner {
                 Ok(out.text)
             }
             Err(e) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: tool.to_owned(), reason_class: e.class.as_str(), message: e.message.clone() });
+                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: tool.to_owned(), reason_class: e.class, message: e.message.clone() });
                 Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
             }
         }
@@ -113,7 +113,7 @@ impl Runner {
                 Ok(text)
             }
             Err((class, message)) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: name.to_owned(), reason_class: class.as_str(), message: message.clone() });
+                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: name.to_owned(), reason_class: class, message: message.clone() });
                 Err(StageFailure::new(class, format!("tool `{name}`: {message}")))
             }
         }
@@ -134,7 +134,7 @@ impl Runner {
             if !problems.is_empty() {
                 run.events.emit(Some(tool.id()), || EventData::ToolFailed {
                     tool: tool.id().to_owned(),
-                    reason_class: ReasonClass::InvalidToolArguments.as_str(),
+                    reason_class: ReasonClass::InvalidToolArguments,
                     message: problems.join("; "),
                 });
                 return Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))));

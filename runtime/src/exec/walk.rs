@@ -84,7 +84,7 @@ impl Runner {
                 }
                 Err((stage_id, f)) => {
                     crate::otel::fail_cx(&run_cx, f.class.as_str());
-                    let (reason_class, detail) = (f.class.as_str(), f.detail);
+                    let (reason_class, detail) = (f.class, f.detail);
                     let message = &f.message;
                     events.emit(stage_id.as_deref(), move || EventData::RunFailed {
                         reason_class,

@@ -41,7 +41,7 @@ impl<L: Llm> RetryLlm<L> {
             req.events.emit(Some(req.stage_id), || EventData::LlmRetrying {
                 attempt: attempt + 1,
                 delay_ms: delay.as_millis() as u64,
-                reason_class: error.class.as_str(),
+                reason_class: error.class,
                 message: error.message.clone(),
             });
             tokio::time::sleep(delay).await;

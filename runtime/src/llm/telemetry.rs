@@ -84,7 +84,7 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                     }
                     crate::otel::fail_cx(&cx, e.class.as_str());
                     req.events.emit(Some(req.stage_id), || EventData::LlmFailed {
-                        reason_class: e.class.as_str(),
+                        reason_class: e.class,
                         message: e.message.clone(),
                         duration_ms: round_ms(duration_ms),
                         reply: e.raw_reply.as_deref().map(capped_reply),
