@@ -96,10 +96,10 @@ pub async fn replicated(exe: &Path, replicas: usize, runs: usize, latency_ms: u6
         cmd.env("FABRIC_MAX_RUNS_IN_FLIGHT", "64").env("FABRIC_CLAIM_POLL_MS", "20");
         servers.push(FabricProcess::spawn(cmd, "a replica").await?);
     }
-    let request = json!({"route_id": "staged", "goal": goal(), "model_profile": "bench"});
+    let request = fabric::store::StartRequest { route_id: "staged".into(), goal: goal(), model_profile: Some("bench".into()), ..Default::default() };
     let start = Instant::now();
     let ids: Vec<String> = (0..runs).map(|_| fabric::exec::new_run_id()).collect();
-    let creates = ids.iter().map(|id| store.create_run(fabric::store::NewRun::new(id, "staged", &request), None));
+    let creates = ids.iter().map(|id| store.create_run(fabric::store::NewRun::new(id, &request), None));
     for r in futures_util::future::join_all(creates).await {
         r.map_err(|e| e.to_string())?;
     }

@@ -234,7 +234,10 @@ impl Runtime {
                 r
             }
             (None, Some((run, stored))) => {
-                let mut r = run.result.clone().unwrap_or_else(|| serde_json::json!({"run_id": run.run_id, "status": run.status.as_str()}));
+                let mut r = match &run.result {
+                    Some(result) => serde_json::to_value(result).unwrap_or(Value::Null),
+                    None => serde_json::json!({"run_id": run.run_id, "status": run.status.as_str()}),
+                };
                 if let Value::Object(map) = &mut r {
                     let events = stored.iter().map(|e| serde_json::from_str(&e.body).unwrap_or(Value::Null)).collect();
                     map.insert("events".into(), Value::Array(events));

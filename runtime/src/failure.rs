@@ -68,6 +68,39 @@ pub enum ReasonClass {
 }
 
 impl ReasonClass {
+    /// Every class, in the order of docs/events.md's table.
+    pub const ALL: [ReasonClass; 24] = [
+        ReasonClass::InvalidJson,
+        ReasonClass::SchemaValidation,
+        ReasonClass::Timeout,
+        ReasonClass::Connection,
+        ReasonClass::RateLimited,
+        ReasonClass::ServerError,
+        ReasonClass::ClientError,
+        ReasonClass::ProviderError,
+        ReasonClass::StubScriptExhausted,
+        ReasonClass::InvalidDecision,
+        ReasonClass::UnknownTool,
+        ReasonClass::InvalidToolArguments,
+        ReasonClass::LoopBudgetExceeded,
+        ReasonClass::ToolTimeout,
+        ReasonClass::ToolConnection,
+        ReasonClass::ToolHttpStatus,
+        ReasonClass::ToolFailed,
+        ReasonClass::ToolResponseTooLarge,
+        ReasonClass::NoBranchMatched,
+        ReasonClass::ChildRunFailed,
+        ReasonClass::Interrupted,
+        ReasonClass::Cancelled,
+        ReasonClass::StoreError,
+        ReasonClass::ReplayDiverged,
+    ];
+
+    /// The class of a wire name (`invalid_json`), as a stored run or a reply names it.
+    pub fn parse(name: &str) -> Option<ReasonClass> {
+        ReasonClass::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ReasonClass::InvalidJson => "invalid_json",
@@ -115,9 +148,32 @@ impl serde::Serialize for ReasonClass {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for ReasonClass {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        ReasonClass::parse(&name).ok_or_else(|| serde::de::Error::custom(format_args!("`{name}` is no reason class")))
+    }
+}
+
 /// Lets callers and tests compare with the wire name: `class == "invalid_json"`.
 impl PartialEq<&str> for ReasonClass {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReasonClass;
+
+    #[test]
+    fn every_class_is_listed_once_and_reads_back() {
+        for (i, c) in ReasonClass::ALL.into_iter().enumerate() {
+            assert_eq!(ReasonClass::parse(c.as_str()), Some(c));
+            assert!(!ReasonClass::ALL[..i].contains(&c), "{c} twice");
+            assert_eq!(serde_json::from_value::<ReasonClass>(serde_json::json!(c.as_str())).unwrap(), c);
+        }
+        assert_eq!(ReasonClass::parse("nope"), None);
+        assert!(serde_json::from_value::<ReasonClass>(serde_json::json!("nope")).unwrap_err().to_string().contains("`nope` is no reason class"));
     }
 }

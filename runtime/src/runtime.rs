@@ -84,9 +84,10 @@ mod flow;
 mod replying;
 mod retention;
 pub use crate::llm::flow::GateStatus;
+pub use crate::store::StartRequest;
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
-pub use durable::{AcceptError, AcceptedRun, ClaimedRun, Durable, MAX_TAKEOVERS, RecordedOnce, StartRequest, Started};
+pub use durable::{AcceptError, AcceptedRun, ClaimedRun, Durable, MAX_TAKEOVERS, RecordedOnce, Started};
 pub use replying::{ClaimedReply, ReplyError};
 pub use retention::{EXPIRED_REASON, PRUNE_BATCH};
 

@@ -237,7 +237,7 @@ async fn queued(kind: &str) {
     assert!(rt.claim_runs(10).await.unwrap().is_empty(), "{kind}: nothing to claim");
     let run = store.get_run(&accepted.run_id).await.unwrap().unwrap();
     assert_eq!(
-        (run.status.as_str(), run.reason_class.as_deref(), run.cancel_reason.as_deref()),
+        (run.status.as_str(), run.reason_class.map(|c| c.as_str()), run.cancel_reason.as_deref()),
         ("cancelled", Some("cancelled"), Some("not needed")),
         "{kind}"
     );
@@ -318,7 +318,7 @@ async fn a_request_made_while_a_run_ran_stands_after_it_asks_on_every_store() {
                 assert!(matches!(second, Cancelling::Ended(_)), "{name}: {second:?}");
             }
             let run = store.get_run(&id).await.unwrap().unwrap();
-            let message = run.result.as_ref().and_then(|r| r["error"]["message"].as_str().map(str::to_owned));
+            let message = run.result.as_ref().and_then(|r| r.error()).map(|e| e.message.clone());
             assert_eq!((run.status.as_str(), message.as_deref()), ("cancelled", Some("first")), "{name}: the first reason stays");
         }
     }

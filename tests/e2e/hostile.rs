@@ -1123,7 +1123,7 @@ async fn sighup_drains_like_sigterm() {
     let store = fabric::store::open(db).await.unwrap();
     let holder = fabric::store::Holder::new(Duration::from_secs(30));
     let claimed = store.claim_runs(&holder, &["support-triage".to_owned()], 10).await.unwrap();
-    assert_eq!(claimed.iter().map(|c| c.run.run_id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
+    assert_eq!(claimed.iter().map(|c| c.lease.run_id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
 }
 
 /// A short `FABRIC_API_TOKEN` is refused on an address the network reaches, and only warned about
@@ -1282,10 +1282,11 @@ async fn streams_of_a_run_elsewhere_share_one_poller_and_are_capped() {
     let request = |uri: &str| Request::builder().uri(uri).header("authorization", format!("Bearer {}", "t".repeat(32))).body(Body::empty()).unwrap();
     // Two runs executed by another replica (claimed by another holder): followed through the store.
     let elsewhere = Holder::new(Duration::from_secs(30));
-    let contract = json!({"route_id": "support-triage", "goal": {}, "model_profile": "default", "prefetch": [], "session_id": null});
+    let contract: fabric::store::StartRequest =
+        serde_json::from_value(json!({"route_id": "support-triage", "goal": {}, "model_profile": "default", "prefetch": [], "session_id": null})).unwrap();
     let (a, b) = ("0190a000-0000-7000-8000-00000000000a", "0190a000-0000-7000-8000-00000000000b");
-    let lease = store.create_run(NewRun::new(a, "support-triage", &contract), Some(&elsewhere)).await.unwrap().unwrap();
-    store.create_run(NewRun::new(b, "support-triage", &contract), Some(&elsewhere)).await.unwrap().unwrap();
+    let lease = store.create_run(NewRun::new(a, &contract), Some(&elsewhere)).await.unwrap().unwrap();
+    store.create_run(NewRun::new(b, &contract), Some(&elsewhere)).await.unwrap().unwrap();
     let mut streams = Vec::new();
     for _ in 0..8 {
         let response = app.clone().oneshot(request(&format!("/v1/runs/{a}/events"))).await.unwrap();

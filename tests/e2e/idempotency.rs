@@ -122,11 +122,11 @@ async fn racing_keyed_creates_on_two_stores_make_one_run_on_every_store() {
         let (one, two) = (fabric::store::open(&url).await.unwrap(), fabric::store::open(&url).await.unwrap());
         let key = IdempotencyKey::parse("race-1").unwrap();
         let holder = Holder::new(Duration::from_secs(30));
-        let request = json!({"route_id": "r"});
+        let request = fabric::store::StartRequest { route_id: "r".into(), ..Default::default() };
         let ids: Vec<String> = (0..12).map(|_| fabric::exec::new_run_id()).collect();
         let creates = ids.iter().enumerate().map(|(k, id)| {
             let store = if k % 2 == 0 { &one } else { &two };
-            store.create_keyed_run(NewRun::new(id, "r", &request), Some(&holder), &key)
+            store.create_keyed_run(NewRun::new(id, &request), Some(&holder), &key)
         });
         let outcomes = futures_util::future::join_all(creates).await;
         let created: Vec<&String> = ids.iter().zip(&outcomes).filter(|(_, o)| matches!(o, Ok(Keyed::Created(Some(_))))).map(|(id, _)| id).collect();
@@ -139,13 +139,10 @@ async fn racing_keyed_creates_on_two_stores_make_one_run_on_every_store() {
             }
         }
         // Keyless runs never conflict; another key is another run.
-        one.create_run(NewRun::new(&fabric::exec::new_run_id(), "r", &request), None).await.unwrap();
-        one.create_run(NewRun::new(&fabric::exec::new_run_id(), "r", &request), None).await.unwrap();
+        one.create_run(NewRun::new(&fabric::exec::new_run_id(), &request), None).await.unwrap();
+        one.create_run(NewRun::new(&fabric::exec::new_run_id(), &request), None).await.unwrap();
         let other = IdempotencyKey::parse("race-2").unwrap();
-        assert!(
-            matches!(two.create_keyed_run(NewRun::new(&fabric::exec::new_run_id(), "r", &request), None, &other).await, Ok(Keyed::Created(None))),
-            "{name}"
-        );
+        assert!(matches!(two.create_keyed_run(NewRun::new(&fabric::exec::new_run_id(), &request), None, &other).await, Ok(Keyed::Created(None))), "{name}");
         assert_eq!(one.list_runs(&fabric::store::RunFilter { limit: 100, ..Default::default() }).await.unwrap().len(), 4, "{name}");
         assert_eq!(one.run_of_key(&key).await.unwrap().map(|r| r.run_id).as_ref(), Some(created[0]), "{name}");
     }

@@ -71,7 +71,7 @@ async fn prune_deletes_only_ended_runs_past_the_cutoff_with_their_record_on_ever
         }
         assert!(!store.events_after(&asking.result.run_id, 0).await.unwrap().is_empty(), "{name}: the awaiting run keeps its events");
         // The key went with its run: it starts a new one.
-        let again = store.create_keyed_run(NewRun::new(&fabric::exec::new_run_id(), "support-triage", &json!({})), None, &key).await.unwrap();
+        let again = store.create_keyed_run(NewRun::new(&fabric::exec::new_run_id(), &start("support-triage", json!({}))), None, &key).await.unwrap();
         assert!(matches!(again, Keyed::Created(_)), "{name}: {again:?}");
         assert_eq!(rt.prune(Duration::from_secs(3600), false).await.unwrap(), 0, "{name}: nothing more");
     }

@@ -195,9 +195,9 @@ async fn an_interrupt_whose_starter_went_away_is_finished_by_a_replica() {
     assert_eq!(live["status"], "awaiting_input", "{live}");
     // The start as a starter that stopped right after the store took it leaves it.
     let store = fabric::store::open(&db).await.unwrap();
-    let request = start("gone", Some("interrupt"));
+    let request: fabric::store::StartRequest = serde_json::from_value(start("gone", Some("interrupt"))).unwrap();
     let id = fabric::exec::new_run_id();
-    let run = fabric::store::NewRun { session_id: Some("gone"), ..fabric::store::NewRun::new(&id, "support-agent", &request) };
+    let run = fabric::store::NewRun { session_id: Some("gone"), ..fabric::store::NewRun::new(&id, &request) };
     let made = store.create_session_run(run, None, fabric::config::SessionPolicy::Interrupt, None).await.unwrap();
     assert!(matches!(&made, fabric::store::SessionStart::Created { lease: None, interrupted } if interrupted.len() == 1), "{made:?}");
     let v = until(&a, live["run_id"].as_str().unwrap(), "cancelled").await;

@@ -80,7 +80,7 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
         let out = rt.execute(&lease, &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
         let run = store.get_run(&id).await.unwrap().unwrap();
         assert_eq!((run.status, run.route_id.as_str()), (StoredStatus::Completed, "support-triage"), "{name}");
-        assert_eq!(run.result.as_ref().unwrap()["output"], serde_json::to_value(&out.result).unwrap()["output"], "{name}");
+        assert_eq!(run.result.as_ref().unwrap().output(), out.result.output(), "{name}");
         let events = store.events_after(&id, 0).await.unwrap();
         let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "{name}: no gap, no duplicate");
@@ -119,8 +119,8 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
     }
 }
 
-fn request() -> Value {
-    json!({"route_id": "support-triage", "goal": {}})
+fn request() -> StartRequest {
+    start("support-triage", json!({}))
 }
 
 /// Queued runs and runs whose lease expired are claimable; a live lease is not; a claim bumps
@@ -133,21 +133,21 @@ async fn claims_take_queued_and_expired_runs_and_leave_live_leases_on_every_stor
         let store = fabric::store::open(&url).await.unwrap();
         let a = Holder::new(Duration::from_millis(600));
         let b = Holder::new(Duration::from_secs(30));
-        assert!(store.create_run(NewRun::new("q1", "support-triage", &request()), None).await.unwrap().is_none(), "{name}");
-        store.create_run(NewRun::new("other-route", "support-agent", &request()), None).await.unwrap();
-        let dying = store.create_run(NewRun::new("dying", "support-triage", &request()), Some(&a)).await.unwrap().unwrap();
-        let alive = store.create_run(NewRun::new("alive", "support-triage", &request()), Some(&a)).await.unwrap().unwrap();
+        assert!(store.create_run(NewRun::new("q1", &request()), None).await.unwrap().is_none(), "{name}");
+        store.create_run(NewRun::new("other-route", &start("support-agent", json!({}))), None).await.unwrap();
+        let dying = store.create_run(NewRun::new("dying", &request()), Some(&a)).await.unwrap().unwrap();
+        let alive = store.create_run(NewRun::new("alive", &request()), Some(&a)).await.unwrap().unwrap();
         assert_eq!(store.queued().await.unwrap(), 2, "{name}");
         // Only the queued run of a route this claimer serves: the leases are live.
         let first = store.claim_runs(&b, &routes, 10).await.unwrap();
-        assert_eq!(first.iter().map(|c| (c.run.run_id.as_str(), c.token)).collect::<Vec<_>>(), [("q1", 1)], "{name}");
-        assert_eq!(first[0].run.status, StoredStatus::Running, "{name}");
+        assert_eq!(first.iter().map(|c| (c.lease.run_id.as_str(), c.lease.token)).collect::<Vec<_>>(), [("q1", 1)], "{name}");
+        assert_eq!(first[0].run.as_ref().unwrap().status, StoredStatus::Running, "{name}");
         // Past the lease: `alive` is renewed by its holder, `dying` is not.
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert!(store.renew(&a, std::slice::from_ref(&alive)).await.unwrap().is_empty(), "{name}");
         tokio::time::sleep(Duration::from_millis(400)).await;
         let second = store.claim_runs(&b, &routes, 10).await.unwrap();
-        assert_eq!(second.iter().map(|c| (c.run.run_id.as_str(), c.token)).collect::<Vec<_>>(), [("dying", 2)], "{name}");
+        assert_eq!(second.iter().map(|c| (c.lease.run_id.as_str(), c.lease.token)).collect::<Vec<_>>(), [("dying", 2)], "{name}");
         assert!(store.claim_runs(&b, &routes, 10).await.unwrap().is_empty(), "{name}: nothing claimed twice");
         // The old holder's renewal says it lost `dying`; `alive` is still its own.
         let lost = store.renew(&a, &[dying.clone(), alive.clone()]).await.unwrap();
@@ -155,7 +155,7 @@ async fn claims_take_queued_and_expired_runs_and_leave_live_leases_on_every_stor
         // A lease let go is claimable at once, and its holder's token is spent.
         store.release(&Lease { run_id: "dying".into(), token: 2 }).await.unwrap();
         let third = store.claim_runs(&a, &routes, 10).await.unwrap();
-        assert_eq!(third.iter().map(|c| (c.run.run_id.as_str(), c.token)).collect::<Vec<_>>(), [("dying", 4)], "{name}");
+        assert_eq!(third.iter().map(|c| (c.lease.run_id.as_str(), c.lease.token)).collect::<Vec<_>>(), [("dying", 4)], "{name}");
         assert_eq!(store.queued().await.unwrap(), 1, "{name}: the other route's run still waits");
         assert!(store.claim_runs(&b, &[], 10).await.unwrap().is_empty(), "{name}: no route, no claim");
         assert!(store.claim_runs(&b, &["support-agent".to_owned()], 0).await.unwrap().is_empty(), "{name}: no room, no claim");
@@ -180,7 +180,7 @@ async fn concurrent_claimers_share_the_queued_runs_without_overlap_on_every_stor
         let setup = fabric::store::open(&url).await.unwrap();
         let ids: Vec<String> = (0..200).map(|k| format!("run-{k:03}")).collect();
         for id in &ids {
-            setup.create_run(NewRun::new(id, "support-triage", &request()), None).await.unwrap();
+            setup.create_run(NewRun::new(id, &request()), None).await.unwrap();
         }
         let mut claimers = Vec::new();
         for _ in 0..4 {
@@ -194,7 +194,7 @@ async fn concurrent_claimers_share_the_queued_runs_without_overlap_on_every_stor
                     if got.is_empty() {
                         return mine;
                     }
-                    mine.extend(got.into_iter().map(|c| c.run.run_id));
+                    mine.extend(got.into_iter().map(|c| c.lease.run_id));
                 }
             }));
         }
@@ -220,9 +220,8 @@ async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() 
     for (name, url) in stores {
         let store = fabric::store::open(&url).await.unwrap();
         let stalled_holder = Holder::new(Duration::from_millis(300));
-        let stalled = store.create_run(NewRun::new("stalled", "support-triage", &request()), Some(&stalled_holder)).await.unwrap().unwrap();
-        let healthy =
-            store.create_run(NewRun::new("healthy", "support-triage", &request()), Some(&Holder::new(Duration::from_secs(30)))).await.unwrap().unwrap();
+        let stalled = store.create_run(NewRun::new("stalled", &request()), Some(&stalled_holder)).await.unwrap().unwrap();
+        let healthy = store.create_run(NewRun::new("healthy", &request()), Some(&Holder::new(Duration::from_secs(30)))).await.unwrap().unwrap();
         let event = |run: &str, seq: u64, kind| fabric::events::Event {
             kind,
             run_id: run.into(),
@@ -244,8 +243,8 @@ async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() 
         tokio::time::sleep(Duration::from_millis(600)).await;
         let taker = Holder::new(Duration::from_secs(30));
         let taken = store.claim_runs(&taker, &routes, 10).await.unwrap();
-        assert_eq!(taken.iter().map(|c| c.run.run_id.as_str()).collect::<Vec<_>>(), ["stalled"], "{name}");
-        let new_lease = Lease { run_id: "stalled".into(), token: taken[0].token };
+        assert_eq!(taken.iter().map(|c| c.lease.run_id.as_str()).collect::<Vec<_>>(), ["stalled"], "{name}");
+        let new_lease = Lease { run_id: "stalled".into(), token: taken[0].lease.token };
         assert_eq!(store.next_seq("stalled").await.unwrap(), 2, "{name}");
         // The stalled holder wakes up and writes its next stage and its end, in one transaction
         // with the healthy run's end.
@@ -286,7 +285,7 @@ async fn a_write_with_a_lost_lease_is_lease_lost_on_every_store() {
     let routes = ["support-triage".to_owned()];
     for (name, url) in stores {
         let store = fabric::store::open(&url).await.unwrap();
-        let old = store.create_run(NewRun::new("lost", "support-triage", &request()), Some(&Holder::new(Duration::from_millis(300)))).await.unwrap().unwrap();
+        let old = store.create_run(NewRun::new("lost", &request()), Some(&Holder::new(Duration::from_millis(300)))).await.unwrap().unwrap();
         store.commit(&old, JournalBatch::default()).await.unwrap();
         // Its holder stalls past the lease; another process takes the run over.
         tokio::time::sleep(Duration::from_millis(600)).await;
@@ -451,4 +450,51 @@ async fn a_recorded_run_keeps_its_lease_and_stops_when_another_process_takes_it(
     assert!(stopped.slots.is_empty(), "{stopped:?}");
     // Without a store there is nothing to hold: `run_recorded` is a method of `Durable` only,
     // which cannot be built without one.
+}
+
+/// Runs `sql` on the store at `url` as an outsider would (a hand edit, a corrupted row).
+async fn raw_sql(url: &str, sql: &str) -> Vec<(String, Option<String>)> {
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    if url.starts_with("sqlite:") {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new().connect(url).await.unwrap();
+        let rows = sqlx::query_as(sql).fetch_all(&pool).await.unwrap();
+        pool.close().await;
+        rows
+    } else {
+        let pool = sqlx::postgres::PgPoolOptions::new().connect(url).await.unwrap();
+        let rows = sqlx::query_as(sql).fetch_all(&pool).await.unwrap();
+        pool.close().await;
+        rows
+    }
+}
+
+/// A row whose start contract or result does not read is an error that names its run, never a
+/// default (issue 47); a claim that takes it with readable runs ends it, failed with why, and
+/// goes on with the others.
+#[tokio::test]
+async fn a_row_that_does_not_read_names_its_run_and_holds_up_no_claim_on_every_store() {
+    let (stores, _dir) = stores().await;
+    for (name, url) in stores {
+        let store = fabric::store::open(&url).await.unwrap();
+        let rt = runtime(store.clone(), &stub_dir());
+        let good = rt.accept(&start("support-triage", json!({"ticket": "a"})), false).await.unwrap().run_id;
+        let bad = rt.accept(&start("support-triage", json!({"ticket": "b"})), false).await.unwrap().run_id;
+        raw_sql(&url, &format!("UPDATE runs SET request = '{{\"route_id\": 7}}' WHERE run_id = '{bad}' RETURNING run_id, status")).await;
+        let e = store.get_run(&bad).await.unwrap_err().to_string();
+        assert!(e.contains(&bad) && e.contains("start contract does not read"), "{name}: {e}");
+        let claimed = rt.claim_runs(10).await.unwrap();
+        assert_eq!(claimed.len(), 2, "{name}: both claimed, the bad row holds up nothing");
+        for c in claimed {
+            rt.resume(c, Arc::new(NullSink), Cancel::never()).await;
+        }
+        assert_eq!(store.get_run(&good).await.unwrap().unwrap().status, StoredStatus::Completed, "{name}");
+        let ended = raw_sql(&url, &format!("SELECT status, reason_class FROM runs WHERE run_id = '{bad}'")).await;
+        assert_eq!(ended, [("failed".to_owned(), Some("interrupted".to_owned()))], "{name}");
+        let events = store.events_after(&bad, 0).await.unwrap();
+        assert!(events.last().is_some_and(|e| e.body.contains("its record does not read") && e.body.contains(&bad)), "{name}: {events:?}");
+        // A result that does not read is no empty view either.
+        raw_sql(&url, &format!("UPDATE runs SET result = '{{\"status\": \"done\"}}' WHERE run_id = '{good}' RETURNING run_id, status")).await;
+        let e = store.get_run(&good).await.unwrap_err().to_string();
+        assert!(e.contains(&good) && e.contains("stored result does not read"), "{name}: {e}");
+    }
 }

@@ -129,7 +129,7 @@ pub fn after(real: &Real, replay: Durable, world: &World, seen: &[String]) -> Ve
                 kinds.push(e.kind.clone());
             }
         }
-        ends(id, run.status, run.reason_class.as_deref(), &kinds, &classes, &mut out);
+        ends(id, run.status, run.reason_class.map(|c| c.as_str()), &kinds, &classes, &mut out);
         // Each completed stage, and each model reply, recorded once. (A decision loop's stages
         // complete once per turn, and a branched workflow's may loop: there, each turn's reply
         // is the unit.)
@@ -159,7 +159,7 @@ pub fn after(real: &Real, replay: Durable, world: &World, seen: &[String]) -> Ve
             }
         }
         // No secret in what the store holds.
-        let result = run.result.as_ref().map(Value::to_string).unwrap_or_default();
+        let result = run.result.as_ref().and_then(|r| serde_json::to_string(r).ok()).unwrap_or_default();
         if events.iter().any(|e| e.body.contains(&world.secret)) || result.contains(&world.secret) {
             out.push(format!("run {id}: the world's secret is in its record"));
         }

@@ -24,7 +24,6 @@ use fabric::config::SessionPolicy;
 use fabric::exec::{JournalBatch, JournalEntry};
 use fabric::failure::BoxFuture;
 use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, NewRun, RunFilter, RunStore, SessionStart, StoreError, StoredEvent, StoredRun};
-use serde_json::Value;
 
 use crate::faults::Faults;
 use crate::trace::Trace;
@@ -264,8 +263,7 @@ fn entries_line(batch: &JournalBatch) -> String {
 /// A new run's row, owned: what a store call on the store's own runtime takes with it.
 struct OwnedRun {
     run_id: String,
-    route_id: String,
-    request: Value,
+    request: fabric::store::StartRequest,
     webhook: Option<String>,
     session_id: Option<String>,
 }
@@ -274,7 +272,6 @@ impl OwnedRun {
     fn of(run: &NewRun<'_>) -> OwnedRun {
         OwnedRun {
             run_id: run.run_id.to_owned(),
-            route_id: run.route_id.to_owned(),
             request: run.request.clone(),
             webhook: run.webhook.map(str::to_owned),
             session_id: run.session_id.map(str::to_owned),
@@ -282,7 +279,7 @@ impl OwnedRun {
     }
 
     fn view(&self) -> NewRun<'_> {
-        NewRun { webhook: self.webhook.as_deref(), session_id: self.session_id.as_deref(), ..NewRun::new(&self.run_id, &self.route_id, &self.request) }
+        NewRun { webhook: self.webhook.as_deref(), session_id: self.session_id.as_deref(), ..NewRun::new(&self.run_id, &self.request) }
     }
 }
 
@@ -377,8 +374,8 @@ impl RunStore for SimStore {
             let claimed = self.call("claim", async move { store.claim_runs(&holder, &routes, limit).await }).await;
             if let Ok(c) = &claimed {
                 for c in c {
-                    self.note_token(&c.run.run_id, c.token);
-                    self.trace.log(format!("p{} claimed {} token {}", self.process, c.run.run_id, c.token));
+                    self.note_token(&c.lease.run_id, c.lease.token);
+                    self.trace.log(format!("p{} claimed {} token {}", self.process, c.lease.run_id, c.lease.token));
                 }
             }
             claimed

@@ -140,8 +140,7 @@ pub(super) async fn run_record(State(state): State<AppState>, RunIdPath(run_id):
     let entries = entries.iter().filter_map(|e| serde_json::to_value(e).ok()).collect();
     let mut request = run.request;
     // A webhook URL's credentials and query may be secret: the record shows where, not them.
-    if let Some(url) = request.get_mut("webhook_url").filter(|u| u.is_string()) {
-        *url = Value::String(crate::redact::origin_and_path(url.as_str().unwrap_or_default()));
-    }
+    request.webhook_url = request.webhook_url.map(|url| crate::redact::origin_and_path(&url));
+    let request = serde_json::to_value(request).unwrap_or(Value::Null);
     Ok(Json(RunRecord { run_id: run.run_id, route_id: run.route_id, status: run.status, request, entries }))
 }

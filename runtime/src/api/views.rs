@@ -58,19 +58,6 @@ pub struct RunError {
     pub stage_id: Option<String>,
 }
 
-/// The parts of a stored run's result (the object `fabric run` prints) that a view shows.
-#[derive(Debug, Default, Deserialize)]
-pub(super) struct StoredResult {
-    #[serde(default)]
-    pub(super) output: Option<String>,
-    #[serde(default)]
-    pub(super) slots: Option<Value>,
-    #[serde(default)]
-    pub(super) notes: Vec<String>,
-    #[serde(default)]
-    pub(super) error: Option<RunError>,
-}
-
 /// A run: the same object as `fabric run` prints once it ended or asked (`output`, `slots`,
 /// `notes`, `question`, `error`), and `created_at`/`updated_at` from the store.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -96,25 +83,23 @@ pub struct RunView {
 impl RunView {
     /// The view of a stored run.
     pub fn of(run: StoredRun) -> RunView {
-        // A result that does not read (written by no version of this runtime) shows as none.
-        let recorded = run.result.filter(|r| !r.is_null());
-        let has_result = recorded.is_some();
-        let result: StoredResult = recorded.and_then(|r| serde_json::from_value(r).ok()).unwrap_or_default();
-        // A run failed without a result of its own was ended by a claim (its process stopped).
-        let error = result.error.or_else(|| {
-            (run.status == StoredStatus::Failed && !has_result).then(|| RunError {
-                reason_class: run.reason_class.clone().unwrap_or_else(|| "interrupted".into()),
+        let result = run.result.as_ref();
+        let error = match result.and_then(crate::exec::RunResult::error) {
+            Some(f) => Some(RunError { reason_class: f.reason_class.as_str().to_owned(), message: f.message.clone(), stage_id: f.stage_id.clone() }),
+            // A run failed without a result of its own was ended by a claim (its process stopped).
+            None => (run.status == StoredStatus::Failed && result.is_none()).then(|| RunError {
+                reason_class: run.reason_class.map_or("interrupted", |c| c.as_str()).to_owned(),
                 message: "the process running it stopped".into(),
                 stage_id: None,
-            })
-        });
+            }),
+        };
         RunView {
+            output: result.and_then(|r| r.output()).map(str::to_owned),
+            slots: result.and_then(|r| serde_json::to_value(&r.slots).ok()).unwrap_or_else(|| json!({})),
+            notes: result.map(|r| r.notes.clone()).unwrap_or_default(),
             run_id: run.run_id,
             route_id: run.route_id,
             status: run.status,
-            output: result.output,
-            slots: result.slots.unwrap_or_else(|| json!({})),
-            notes: result.notes,
             question: run.question,
             error,
             created_at: run.created_at,

@@ -5,9 +5,9 @@
 //! Names from closed sets the module cannot import (it is a leaf: reason classes, route paths,
 //! node kinds, roles, HTTP methods) are their wire names, `&'static str`.
 
+use crate::failure::ReasonClass;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
-use crate::failure::ReasonClass;
 
 /// The closed set of event types (docs/events.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

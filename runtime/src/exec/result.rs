@@ -13,7 +13,7 @@ use crate::diag::Diagnostic;
 use crate::failure::ReasonClass;
 
 /// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     Completed,
@@ -23,11 +23,11 @@ pub enum RunStatus {
     Cancelled,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct RunFailure {
     pub reason_class: ReasonClass,
     pub message: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_id: Option<String>,
 }
 
@@ -66,7 +66,7 @@ impl RunEnd {
 /// On the wire (`fabric run`, the store, the API) it is one object: `run_id`, `route_id`,
 /// `status`, `output` (null unless completed with one), `slots`, `notes`, then `question` or
 /// `error` where the end has one.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RunResult {
     pub run_id: String,
     pub route_id: String,
@@ -134,6 +134,38 @@ impl Serialize for RunResult {
             RunEnd::Failed(f) | RunEnd::Cancelled(f) => m.serialize_entry("error", f)?,
         }
         m.end()
+    }
+}
+
+/// A result as the store keeps it (what [`RunResult`]'s `Serialize` wrote), read back once: its
+/// end from `status` with the field that end has. Calls, divergences: none (they are not kept).
+impl<'de> serde::Deserialize<'de> for RunResult {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            run_id: String,
+            route_id: String,
+            status: RunStatus,
+            #[serde(default)]
+            output: Option<String>,
+            #[serde(default)]
+            slots: Slots,
+            #[serde(default)]
+            notes: Vec<String>,
+            #[serde(default)]
+            question: Option<String>,
+            #[serde(default)]
+            error: Option<RunFailure>,
+        }
+        let w = Wire::deserialize(d)?;
+        let missing = |field: &str| serde::de::Error::custom(format_args!("a result of status {:?} without its `{field}`", w.status));
+        let end = match w.status {
+            RunStatus::Completed => RunEnd::Completed { output: w.output },
+            RunStatus::AwaitingInput => RunEnd::AwaitingInput { question: w.question.ok_or_else(|| missing("question"))? },
+            RunStatus::Failed => RunEnd::Failed(w.error.ok_or_else(|| missing("error"))?),
+            RunStatus::Cancelled => RunEnd::Cancelled(w.error.ok_or_else(|| missing("error"))?),
+        };
+        Ok(RunResult { run_id: w.run_id, route_id: w.route_id, end, slots: w.slots, notes: w.notes, llm_calls: Vec::new(), divergences: Vec::new() })
     }
 }
 
@@ -252,7 +284,19 @@ mod tests {
             ),
         ];
         for (end, tail) in cases {
-            assert_eq!(serde_json::to_string(&result(end)).unwrap(), format!("{head}{tail}"));
+            let wire = format!("{head}{tail}");
+            assert_eq!(serde_json::to_string(&result(end.clone())).unwrap(), wire);
+            // The store reads it back into the same end, which writes the same object again.
+            let back: RunResult = serde_json::from_str(&wire).unwrap();
+            assert_eq!((&back.end, serde_json::to_string(&back).unwrap()), (&end, wire));
+        }
+        for broken in [
+            r#"{"run_id":"r","route_id":"x","status":"failed"}"#,
+            r#"{"run_id":"r","route_id":"x","status":"awaiting_input"}"#,
+            r#"{"run_id":"r","status":"completed"}"#,
+            r#"{"run_id":"r","route_id":"x","status":"done"}"#,
+        ] {
+            assert!(serde_json::from_str::<RunResult>(broken).is_err(), "{broken}");
         }
     }
 

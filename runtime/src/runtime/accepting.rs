@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
-
 use super::{AcceptError, AcceptedRun, Durable, StartRequest, Started};
 use crate::config::SessionPolicy;
 use crate::store::{IdempotencyKey, Keyed, NewRun, RunStore, SessionStart};
@@ -28,15 +26,13 @@ impl Durable {
     /// queued behind it (`enqueue`; `interrupt`, which also requests the live runs' cancel, see
     /// [`AcceptedRun::interrupted`]).
     pub async fn accept(&self, req: &StartRequest, here: bool) -> Result<AcceptedRun, AcceptError> {
-        let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        self.made(self.create(req, &request, here, None, true).await?)
+        self.made(self.create(req, here, None, true).await?)
     }
 
     /// [`Durable::accept`] of a run executed here by a process that sends no webhooks
     /// (`fabric run --store`): its ends are posted nowhere, whatever the fleet's URL.
     pub(super) async fn accept_here(&self, req: &StartRequest) -> Result<AcceptedRun, AcceptError> {
-        let request = serde_json::to_value(req).unwrap_or(Value::Null);
-        self.made(self.create(req, &request, true, None, false).await?)
+        self.made(self.create(req, true, None, false).await?)
     }
 
     fn made(&self, made: Made) -> Result<AcceptedRun, AcceptError> {
@@ -60,13 +56,12 @@ impl Durable {
     }
 
     async fn keyed(&self, req: &StartRequest, here: bool, key: &IdempotencyKey, hooks: bool) -> Result<Started, AcceptError> {
-        let request = serde_json::to_value(req).unwrap_or(Value::Null);
         let store = &self.store;
         // A retry is answered without the start checks: its run was accepted already (the
         // route may have gone since).
         let existing = match store.run_of_key(key).await? {
             Some(run) => run,
-            None => match self.create(req, &request, here, Some(key), hooks).await? {
+            None => match self.create(req, here, Some(key), hooks).await? {
                 Made::New(run) => return Ok(Started::New(run)),
                 Made::Existing(run) => *run,
             },
@@ -78,10 +73,9 @@ impl Durable {
     }
 
     /// Whether `req` is the start a key's run was accepted with (`stored`, its start contract):
-    /// compared as the service acts on them, not as written. A stored contract that does not
-    /// read as one is another start.
-    pub fn same_start(&self, stored: &Value, req: &StartRequest) -> bool {
-        serde_json::from_value::<StartRequest>(stored.clone()).is_ok_and(|stored| self.as_acted_on(&stored) == self.as_acted_on(req))
+    /// compared as the service acts on them, not as written.
+    pub fn same_start(&self, stored: &StartRequest, req: &StartRequest) -> bool {
+        self.as_acted_on(stored) == self.as_acted_on(req)
     }
 
     /// A start contract as the service acts on it, so that a retry written otherwise is the
@@ -97,14 +91,14 @@ impl Durable {
     }
 
     /// The start checks, then the run's row (or the key's run); with `hooks`, its webhook URL.
-    async fn create(&self, req: &StartRequest, request: &Value, here: bool, key: Option<&IdempotencyKey>, hooks: bool) -> Result<Made, AcceptError> {
+    async fn create(&self, req: &StartRequest, here: bool, key: Option<&IdempotencyKey>, hooks: bool) -> Result<Made, AcceptError> {
         let (store, webhook) = self.check_start(req)?;
         let webhook = webhook.filter(|_| hooks);
         let run_id = self.runtime.runner.new_id();
         let holder = here.then_some(&self.holder);
         // An empty session is none (a client's unset field, not one session of every client).
         let session = req.session_id.as_deref().filter(|s| !s.is_empty());
-        let run = NewRun { webhook: webhook.as_deref(), session_id: session, ..NewRun::new(&run_id, &req.route_id, request) };
+        let run = NewRun { webhook: webhook.as_deref(), session_id: session, ..NewRun::new(&run_id, req) };
         let policy = req.multitask.unwrap_or(self.runtime.settings().service.session_policy);
         let accepted = |lease, interrupted| Made::New(AcceptedRun { run_id: run_id.clone(), lease, interrupted });
         if let (Some(session), false) = (session, policy == SessionPolicy::Allow) {

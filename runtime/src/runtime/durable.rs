@@ -7,14 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Map, Value};
-
 use super::{RunOutcome, Runtime};
 use crate::cancel::{Cancel, CancelHandle};
 use crate::events::EventSink;
-use crate::exec::{Begin, RunHistory, RunRequest, StartError};
+use crate::exec::{Begin, RunHistory, StartError};
 use crate::failure::ReasonClass;
-use crate::store::{Fenced, Holder, IdempotencyKey, Lease, RunStore, StoreError, StoredRun, StoredStatus};
+use crate::store::{Fenced, Holder, IdempotencyKey, Lease, RunStore, StartRequest, StoreError, StoredRun, StoredStatus};
 
 /// A runtime with its run store (see the module docs). Cheap to share behind an `Arc`; the
 /// runtime inside is shared too ([`Durable::runtime`]).
@@ -171,9 +169,11 @@ impl Durable {
             .await?
             .into_iter()
             .map(|claimed| {
-                let request = serde_json::from_value::<StartRequest>(claimed.run.request);
-                let (lease, cancel) = (Lease { run_id: claimed.run.run_id, token: claimed.token }, claimed.run.cancel_reason);
-                ClaimedRun { lease, route_id: claimed.run.route_id, request, cancel }
+                let (request, cancel) = match claimed.run {
+                    Ok(run) => (Ok(run.request), run.cancel_reason),
+                    Err(e) => (Err(e), None),
+                };
+                ClaimedRun { lease: claimed.lease, route_id: claimed.route_id, request, cancel }
             })
             .collect())
     }
@@ -210,7 +210,7 @@ impl Durable {
                 Ok(result) => return done(result),
                 Err(e) => format!("it cannot go on here: {e}"),
             },
-            Err(e) => format!("its start contract does not read: {e}"),
+            Err(e) => format!("its record does not read ({e})"),
         };
         done(self.runtime.runner.abandon(&route_id, history, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await)
     }
@@ -228,35 +228,6 @@ impl Durable {
     /// be claimed again at once.
     pub async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.store.release(lease).await
-    }
-}
-
-/// The start contract of a run, as a service accepts it: `{route_id, goal, model_profile,
-/// prefetch?, session_id?, webhook_url?}`. `model_profile` must name a defined profile and is
-/// recorded with the run; the route's own profile decides the model (as in the Python runtime).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StartRequest {
-    pub route_id: String,
-    pub goal: Map<String, Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_profile: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub prefetch: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<String>,
-    /// Where this run's ends are posted, instead of the fleet's `FABRIC_WEBHOOK_URL`: its origin
-    /// must be one of `FABRIC_WEBHOOK_ALLOWED_ORIGINS`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub webhook_url: Option<String>,
-    /// What this start does while its session has a live run, instead of the fleet's
-    /// `FABRIC_SESSION_POLICY` (only with a `session_id`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub multitask: Option<crate::config::SessionPolicy>,
-}
-
-impl StartRequest {
-    pub(super) fn run_request(&self) -> RunRequest {
-        RunRequest { route_id: self.route_id.clone(), goal: self.goal.clone(), prefetch: self.prefetch.clone() }
     }
 }
 
@@ -313,8 +284,8 @@ pub struct AcceptedRun {
 pub struct ClaimedRun {
     lease: Lease,
     route_id: String,
-    /// The start contract, or why it does not read.
-    request: Result<StartRequest, serde_json::Error>,
+    /// The start contract, or why the run's row does not read.
+    request: Result<StartRequest, StoreError>,
     /// A cancel request's reason: the run is ended `cancelled`, not resumed.
     cancel: Option<String>,
 }

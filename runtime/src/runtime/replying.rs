@@ -51,8 +51,7 @@ impl Durable {
         }
         // Everything that could stop the continuation is checked before the run is claimed: a
         // claimed run that cannot go on would be stuck `running`.
-        let request: StartRequest =
-            serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
+        let request = run.request;
         self.runtime.check_route(&request.route_id)?;
         if self.runtime.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::DecisionLoop) {
             return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
@@ -94,12 +93,11 @@ impl Durable {
         if run.status == StoredStatus::Running {
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
         }
-        let request: StartRequest =
-            serde_json::from_value(run.request).map_err(|e| StoreError::Database(format!("the start contract of run {run_id} does not read: {e}")))?;
         let history = store.journal(run_id).await?;
-        let result = self.runtime.runner.execute(request.run_request(), Begin::Replay(history), Arc::new(NullSink), Cancel::never(), None).await?;
+        let result = self.runtime.runner.execute(run.request.run_request(), Begin::Replay(history), Arc::new(NullSink), Cancel::never(), None).await?;
         let mut report = crate::exec::ReplayReport::from(result);
-        let recorded = run.result.unwrap_or(Value::Null);
+        // Compared as written: the stored result is what a `RunResult` serialises to.
+        let recorded = serde_json::to_value(&run.result).unwrap_or(Value::Null);
         let now = serde_json::to_value(&report.result).unwrap_or(Value::Null);
         for key in ["status", "output", "question"] {
             if recorded.get(key) != now.get(key) {

@@ -10,6 +10,7 @@
 //! stage and once at its end. SQL and its row types stay inside the implementations. Schema
 //! versions are numbered; a store refuses a database whose schema is newer than it knows.
 
+mod contract;
 mod flow;
 mod health;
 mod migrations;
@@ -25,8 +26,8 @@ mod sqlite_writer;
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde_json::Value;
 
+pub use contract::StartRequest;
 pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
 pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 
@@ -171,7 +172,7 @@ impl std::fmt::Display for RunId {
 pub struct NewRun<'a> {
     pub run_id: &'a str,
     pub route_id: &'a str,
-    pub request: &'a Value,
+    pub request: &'a StartRequest,
     /// Where each end (and question) of the run is posted ([`WebhookOutbox`]).
     pub webhook: Option<&'a str>,
     /// The contract's `session_id`: what a session policy looks at.
@@ -179,9 +180,14 @@ pub struct NewRun<'a> {
 }
 
 impl<'a> NewRun<'a> {
-    /// A run without webhook or session.
-    pub fn new(run_id: &'a str, route_id: &'a str, request: &'a Value) -> NewRun<'a> {
-        NewRun { run_id, route_id, request, webhook: None, session_id: None }
+    /// A run of `request` (its route is the request's), without webhook or session.
+    pub fn new(run_id: &'a str, request: &'a StartRequest) -> NewRun<'a> {
+        NewRun { run_id, route_id: &request.route_id, request, webhook: None, session_id: None }
+    }
+
+    /// The start contract as the row keeps it.
+    pub(crate) fn request_json(&self) -> String {
+        serde_json::to_string(self.request).unwrap_or_default()
     }
 }
 
@@ -203,11 +209,15 @@ pub struct StoredRun {
     pub run_id: String,
     pub route_id: String,
     pub status: StoredStatus,
-    /// The start contract as accepted: `{route_id, goal, model_profile, prefetch, session_id}`.
-    pub request: Value,
-    /// The result object (as `fabric run` prints it), once the run ended or asked.
-    pub result: Option<Value>,
-    pub reason_class: Option<String>,
+    /// The start contract as accepted, read back (a row whose contract does not read is a
+    /// [`StoreError`] naming the run, never a default).
+    pub request: StartRequest,
+    /// The result (what `fabric run` prints) of the run's last end or question: a run continued
+    /// after a reply keeps its question's until it ends or asks again. None before either.
+    pub result: Option<crate::exec::RunResult>,
+    /// The class of a failed or cancelled end; of a run failed without a result of its own (its
+    /// process stopped and the claim that found it gave it up), the only record of why.
+    pub reason_class: Option<crate::failure::ReasonClass>,
     pub question: Option<String>,
     /// The `seq` the run's next event gets.
     pub next_seq: u64,
@@ -297,8 +307,12 @@ pub struct Lease {
 /// A run this process claimed (queued, or whose holder's lease expired).
 #[derive(Debug, Clone)]
 pub struct Claimed {
-    pub run: StoredRun,
-    pub token: i64,
+    /// The claim: the run's id and the fencing token its writes carry now.
+    pub lease: Lease,
+    pub route_id: String,
+    /// The run as stored, or why its row does not read: the claimer ends it with that reason
+    /// (one row that does not read never holds up the others).
+    pub run: Result<StoredRun, StoreError>,
 }
 
 /// The port to a run store. Contract:

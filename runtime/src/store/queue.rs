@@ -7,7 +7,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 use tokio::sync::{mpsc, oneshot};
 
@@ -155,7 +154,7 @@ impl Write {
         Write::Create {
             run_id: run.run_id.to_owned(),
             route_id: run.route_id.to_owned(),
-            request: run.request.to_string(),
+            request: run.request_json(),
             claim: holder.map(|h| (h.owner.clone(), h.lease_ms())),
             key: key.map(|k| k.as_str().to_owned()),
             webhook: run.webhook.map(str::to_owned),
@@ -1059,17 +1058,25 @@ where
 {
     let text = |k: &str| -> Result<String, StoreError> { row.try_get::<String, _>(k).map_err(db) };
     let opt = |k: &str| -> Result<Option<String>, StoreError> { row.try_get::<Option<String>, _>(k).map_err(db) };
+    let run_id = text("run_id")?;
+    // Each column is read into its type once, here; one that does not read names the run.
+    let bad = |what: &str, e: &dyn std::fmt::Display| StoreError::Database(format!("run {run_id}: its stored {what} does not read: {e}"));
     let status = text("status")?;
-    let result: Option<Value> = opt("result")?.and_then(|r| serde_json::from_str(&r).ok());
+    let status = StoredStatus::parse(&status).ok_or_else(|| bad("status", &format_args!("`{status}` is no run status")))?;
+    let request = serde_json::from_str(&text("request")?).map_err(|e| bad("start contract", &e))?;
+    let result: Option<crate::exec::RunResult> = opt("result")?.map(|r| serde_json::from_str(&r)).transpose().map_err(|e| bad("result", &e))?;
+    let reason_class = opt("reason_class")?
+        .map(|c| crate::failure::ReasonClass::parse(&c).ok_or_else(|| bad("reason class", &format_args!("`{c}` is no reason class"))))
+        .transpose()?;
     Ok(StoredRun {
-        run_id: text("run_id")?,
         route_id: text("route_id")?,
-        status: StoredStatus::parse(&status).ok_or_else(|| StoreError::Database(format!("unknown run status `{status}` in the store")))?,
-        request: serde_json::from_str(&text("request")?).unwrap_or(Value::Null),
-        reason_class: opt("reason_class")?,
+        status,
+        request,
+        reason_class,
         // The result holds the question exactly (the column, a copy, cannot hold a NUL).
-        question: result.as_ref().and_then(|r| r.get("question")).and_then(Value::as_str).map(str::to_owned).or(opt("question")?),
+        question: result.as_ref().and_then(|r| r.question()).map(str::to_owned).or(opt("question")?),
         result,
+        run_id,
         next_seq: row.try_get::<i64, _>("next_seq").map_err(db)?.max(1) as u64,
         created_at: text("created_at")?,
         updated_at: text("updated_at")?,
@@ -1194,11 +1201,15 @@ mod tests {
         use super::super::RunStore;
         let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
         let holder = super::super::Holder::new(Duration::from_secs(30));
-        let stale = store.create_run(super::super::NewRun::new("a", "r", &serde_json::json!({})), Some(&holder)).await.unwrap().unwrap();
+        let stale = store
+            .create_run(super::super::NewRun::new("a", &super::super::StartRequest { route_id: "r".into(), ..Default::default() }), Some(&holder))
+            .await
+            .unwrap()
+            .unwrap();
         store.commit(&stale, batch("a", 1)).await.unwrap();
         store.release(&stale).await.unwrap();
         let taken = store.claim_runs(&holder, &["r".to_owned()], 1).await.unwrap();
-        let live = Lease { run_id: "a".into(), token: taken[0].token };
+        let live = Lease { run_id: "a".into(), token: taken[0].lease.token };
         let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)), known: Default::default() };
         let queue = WriteQueue::start(writer, 1, Arc::new(Health::new(false)));
         // Queued together, before the writer has seen either.

@@ -75,7 +75,7 @@ where
         .bind(status)
         .bind(run.run_id)
         .bind(run.route_id)
-        .bind(run.request.to_string())
+        .bind(run.request_json())
         .bind(now())
         .bind(owner)
         .bind(token)

@@ -265,8 +265,12 @@ where
             }
             let began = Instant::now();
             let rows = q.fetch_all(&self.pool).await.map_err(|e| write_error(&self.health, began, e))?;
-            let mut claimed: Vec<Claimed> = rows.iter().map(run_of).map(|r| r.map(|run| Claimed { token: run.lease_token, run })).collect::<Result<_, _>>()?;
-            claimed.sort_by(|a, b| a.run.run_id.cmp(&b.run.run_id));
+            let mut claimed = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let lease = Lease { run_id: row.try_get("run_id").map_err(db)?, token: row.try_get("lease_token").map_err(db)? };
+                claimed.push(Claimed { route_id: row.try_get("route_id").map_err(db)?, run: run_of(row), lease });
+            }
+            claimed.sort_by(|a, b| a.lease.run_id.cmp(&b.lease.run_id));
             Ok(claimed)
         })
     }

@@ -203,9 +203,9 @@ async fn a_client_that_reads_nothing_gives_its_stream_slot_back_after_the_stall_
     };
     // A run executed by another replica, with far more events than a stream buffers.
     let elsewhere = Holder::new(Duration::from_secs(30));
-    let contract = json!({"route_id": "support-triage", "goal": {}, "model_profile": "default"});
+    let contract: fabric::store::StartRequest = serde_json::from_value(json!({"route_id": "support-triage", "goal": {}, "model_profile": "default"})).unwrap();
     let id = "0190a000-0000-7000-8000-0000000000aa";
-    let lease = store.create_run(NewRun::new(id, "support-triage", &contract), Some(&elsewhere)).await.unwrap().unwrap();
+    let lease = store.create_run(NewRun::new(id, &contract), Some(&elsewhere)).await.unwrap().unwrap();
     let events = (1..=400)
         .map(|seq| fabric::events::Event {
             kind: EventKind::StageStarted,

@@ -538,7 +538,7 @@ async fn runs_list(store: Option<&str>, route: Option<String>, status: Option<St
     };
     let text: String = runs
         .iter()
-        .map(|r| format!("{}\t{}\t{}\t{}\t{}\n", r.run_id, r.route_id, r.status.as_str(), r.created_at, r.reason_class.as_deref().unwrap_or("-")))
+        .map(|r| format!("{}\t{}\t{}\t{}\t{}\n", r.run_id, r.route_id, r.status.as_str(), r.created_at, r.reason_class.map_or("-", |c| c.as_str())))
         .collect();
     print_out(&text)?;
     Ok(ExitCode::SUCCESS)
