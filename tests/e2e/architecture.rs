@@ -314,17 +314,14 @@ fn the_executor_and_the_bench_are_split_by_concern() {
 /// one that shrinks below must leave the list. (path below `runtime/src`, why.)
 const LONG_FILES: &[(&str, &str)] = &[
     ("api/mod.rs", "the router and every run handler; to be split by resource (runs, replies, streams, health) as issue 47 asks"),
-    ("store/queue.rs", "the write path and the SQL helpers its siblings share; to be split by concern (writer, claims, reads) as issue 47 asks"),
     ("bin/fabric/cli.rs", "the CLI's arguments and one function per command; to be split by command group (run, runs, routes, doctor)"),
     ("runtime.rs", "the facade and its builder; issue 47's `Durable` takes the store's half out"),
     ("tools/http1.rs", "one HTTP/1.1 client (framing by RFC 9112): its reads are one state machine"),
     ("hydrate.rs", "`Route` and `StageNode` with `build`, their only constructor, and the text/DOT/Mermaid views of the same graph"),
     ("llm/flow/gate.rs", "one gate's state (buckets, pause, fair queues) behind one lock: its parts are read and changed together"),
     ("config.rs", "`Settings` from figment: one table of every variable, read in one place"),
-    ("store/sql.rs", "the `RunStore` methods over sqlx, one per trait method; the trait is one port"),
     ("svg.rs", "one renderer: layout and escaping of one picture"),
     ("otel.rs", "the tracer, its exporter from the standard variables, and the flush: one outside world"),
-    ("store/mod.rs", "the `RunStore` port: its types and the trait, documented"),
     ("tools/mod.rs", "the `HttpPort` and its adapter: URL cache, redirects, caps"),
     ("loader/decode.rs", "one decoder per definition kind, sharing the decoding vocabulary"),
     ("llm/providers/mod.rs", "the one HTTP executor every codec shares: the request, the bounded read of the reply, the mapping of failures to reason classes"),

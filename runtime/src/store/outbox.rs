@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::queue::{Dialect, RUN_COLUMNS, db, rows_sql, run_of};
+use super::dialect::{Dialect, rows_sql};
+use super::reads::{RUN_COLUMNS, run_of};
 use super::sql::SqlStore;
+use super::sql_error::db;
 use super::{Holder, StoreError, StoredRun};
 use crate::failure::BoxFuture;
 

@@ -10,8 +10,9 @@ use std::time::Instant;
 
 use sqlx::Row;
 
-use super::queue::{Dialect, db, write_error};
+use super::dialect::Dialect;
 use super::sql::SqlStore;
+use super::sql_error::{db, write_error};
 use super::{Holder, IdempotencyKey, Lease, NewRun, SessionStart, StoreError, now};
 use crate::config::{INTERRUPTED_BY_SESSION, SessionPolicy};
 

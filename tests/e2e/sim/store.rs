@@ -26,8 +26,8 @@ use fabric::failure::BoxFuture;
 use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, NewRun, RunFilter, RunStore, SessionStart, StoreError, StoredEvent, StoredRun};
 use serde_json::Value;
 
-use crate::faults::Faults;
-use crate::trace::Trace;
+use super::faults::Faults;
+use super::trace::Trace;
 
 /// The real store and the runtime it runs on.
 pub struct Real {

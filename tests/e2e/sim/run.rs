@@ -21,12 +21,12 @@ use fabric::store::{RunFilter, RunStore, StoredStatus};
 use rand::SeedableRng;
 use tokio::task::JoinSet;
 
-use crate::faults::Faults;
-use crate::model::SimModel;
-use crate::store::{Jump, Real, Shared, SimStore};
-use crate::tools::{SimHttp, SimTool};
-use crate::trace::{Trace, normalized};
-use crate::world::{self, World};
+use super::faults::Faults;
+use super::model::SimModel;
+use super::store::{Jump, Real, Shared, SimStore};
+use super::tools::{SimHttp, SimTool};
+use super::trace::{Trace, normalized};
+use super::world::{self, World};
 
 /// The processes one seed may run (the first, and one per crash).
 const PROCESSES: u32 = 3;
@@ -108,7 +108,7 @@ fn run_ids(seed: u64) -> impl Fn() -> String + Send + Sync + 'static {
     let n = std::sync::atomic::AtomicU64::new(0);
     move || {
         let k = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let bits = crate::faults::mix(seed ^ crate::faults::mix(k)).to_le_bytes();
+        let bits = super::faults::mix(seed ^ super::faults::mix(k)).to_le_bytes();
         let mut random = [0u8; 10];
         random[..8].copy_from_slice(&bits);
         random[8..].copy_from_slice(&(k as u16).to_le_bytes());
@@ -216,7 +216,7 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     }
     violations.append(&mut shared.violations.lock().unwrap());
     let replay = build(&world, s.seed, real.store.clone(), sim_model(&world, &faults, &trace, &shared), &faults, &trace, ids);
-    violations.extend(crate::check::after(&real, replay, &world, &events.lock().unwrap()));
+    violations.extend(super::check::after(&real, replay, &world, &events.lock().unwrap()));
     Outcome { trace: trace.lines(), violations, injected: faults.injected(), files: world.files() }
 }
 
@@ -286,7 +286,7 @@ impl Process<'_> {
     fn segment_sink(&self, lease: &fabric::store::Lease) -> Arc<dyn EventSink> {
         let (trace, events) = self.trace_events.clone();
         let sink: Arc<dyn EventSink> = Arc::new(Sink { trace, events });
-        self.shared.segments.lock().unwrap().insert(crate::store::sink_key(&sink), lease.clone());
+        self.shared.segments.lock().unwrap().insert(super::store::sink_key(&sink), lease.clone());
         sink
     }
 
