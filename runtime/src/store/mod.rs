@@ -9,6 +9,15 @@
 //! [`RunJournal`]). A journalled run commits its events and journal entries once per completed
 //! stage and once at its end. SQL and its row types stay inside the implementations. Schema
 //! versions are numbered; a store refuses a database whose schema is newer than it knows.
+//!
+//! The modules follow the store's concerns, not its types, so that each reads top to bottom as
+//! one path: the write path (`queue`, the writer task; `rows`, what a transaction writes;
+//! `pool_writer` and `sqlite_writer`, how each database writes it), then the statements outside
+//! it (`reads`, `claims`, `cancels`, `retention`, `session`: methods of [`sql::SqlStore`];
+//! `outbox`, `flow`: the other ports it implements), all on the same pool; below them what the
+//! databases differ in (`dialect`), what their errors mean (`sql_error`) and the schema
+//! (`migrations`); the adapters (`sqlite`, `postgres`) only open a pool. No module is another's
+//! helper drawer: what two of them share lives in the lowest one that needs it.
 
 mod cancels;
 mod claims;

@@ -438,7 +438,7 @@ mod tests {
 
     /// A segment that lost its lease and the segment that took the run over (in the same
     /// process: a stall past the lease) queue writes of the same run at once. Found by the
-    /// simulation (`tests/sim`, seed 35): sharing a transaction, the fence, which was kept per
+    /// simulation (`tests/e2e/sim`, seed 35): sharing a transaction, the fence, which was kept per
     /// run, counted the stale writer as holding, and its rows were written under the new token.
     #[tokio::test]
     async fn a_stale_holder_and_the_new_one_never_share_a_transaction() {

@@ -49,7 +49,8 @@ impl<DB: sqlx::Database> SqlStore<DB> {
 
 /// Each method that is not a new run's is the inherent method of the same name in its concern's
 /// module (an inherent method is found before the trait's, so `SqlStore::get_run(self, …)` here
-/// is that one, not this).
+/// is that one, not this). Each of those modules' `impl` blocks spells these bounds out again:
+/// Rust has no alias for a set of higher-ranked bounds on other types than `DB`.
 impl<DB> RunStore for SqlStore<DB>
 where
     DB: sqlx::Database + Dialect,

@@ -80,7 +80,7 @@ fn run_seeds(seeds: &[u64], db: &run::Db) {
         }
         let (left_out, small) = shrink(seed, db, outcome);
         panic!(
-            "seed {seed} breaks an invariant on {db:?} (replay it: FABRIC_SIM_SEED={seed} cargo test -p fabric-runtime --test sim)\n\
+            "seed {seed} breaks an invariant on {db:?} (replay it: FABRIC_SIM_SEED={seed} cargo test -p fabric-runtime --test e2e sim::every_seed)\n\
              violations:\n  {}\nfault plan (shrunk; {} fault(s) left out):\n  {}\ntrace:\n  {}\nthe world:\n{}",
             small.violations.join("\n  "),
             left_out.len(),
