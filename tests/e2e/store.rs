@@ -327,6 +327,34 @@ async fn a_database_migrated_by_a_newer_runtime_is_refused_by_every_store() {
     }
 }
 
+/// The one migration runner on both databases: a database of a runtime from before checksums
+/// (no `checksum` column) gets the column and every checksum filled in at its next open, and one
+/// whose recorded checksum says a migration was edited since it was applied is refused.
+#[tokio::test]
+async fn an_older_database_gets_its_checksums_and_an_edited_migration_is_refused_by_every_store() {
+    let (stores, _dir) = stores().await;
+    for (name, url) in stores {
+        drop(fabric::store::open(&url).await.unwrap());
+        // The same statements on either database's pool: the column dropped (as an older runtime
+        // left it), the store opened again, the checksums counted, one of them edited.
+        macro_rules! older_then_edited {
+            ($options:ty) => {{
+                let pool = <$options>::new().connect(&url).await.unwrap();
+                sqlx::query("ALTER TABLE fabric_schema DROP COLUMN checksum").execute(&pool).await.unwrap();
+                drop(fabric::store::open(&url).await.unwrap());
+                let filled: i64 = sqlx::query_scalar("SELECT COUNT(checksum) FROM fabric_schema").fetch_one(&pool).await.unwrap();
+                sqlx::query("UPDATE fabric_schema SET checksum = 'edited' WHERE version = 3").execute(&pool).await.unwrap();
+                pool.close().await;
+                filled
+            }};
+        }
+        let filled = if name == "sqlite" { older_then_edited!(sqlx::sqlite::SqlitePoolOptions) } else { older_then_edited!(sqlx::postgres::PgPoolOptions) };
+        assert_eq!(filled, 12, "{name}: every applied migration's checksum filled in");
+        let err = fabric::store::open(&url).await.unwrap_err();
+        assert!(err.to_string().contains("migration 3 was changed after it was applied"), "{name}: {err}");
+    }
+}
+
 #[tokio::test]
 async fn replicas_opening_one_new_postgres_database_together_migrate_it_once() {
     let Some(url) = fresh_postgres().await else { return };

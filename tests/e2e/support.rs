@@ -55,8 +55,8 @@ pub fn fixture_env() -> [(&'static str, String); 3] {
 /// same directory and before any test runs, because its package has integration tests of its
 /// own; a narrower `cargo test -p fabric-runtime` does not, and no test runs cargo: `cargo build
 /// -p fabric-bench` (same profile and target directory) puts it there. One older than a source
-/// cargo built it from (its dep-info file lists them) is not used either: it would test code
-/// that is not the tree's.
+/// it is built from ([`is_current`]) is not used either: it would test code that is not the
+/// tree's.
 pub fn fabric_bench() -> Option<PathBuf> {
     let fabric = PathBuf::from(env!("CARGO_BIN_EXE_fabric"));
     let bench = fabric.with_file_name(format!("fabric-bench{}", std::env::consts::EXE_SUFFIX));
@@ -70,14 +70,22 @@ pub fn fabric_bench() -> Option<PathBuf> {
     (!skip_unless(false, "fabric-bench", &why)).then_some(bench)
 }
 
-/// Whether `exe` exists and is newer than every source in its dep-info file (`EXE.d`, written
-/// by cargo: `EXE: SOURCE SOURCE ...`, spaces in names escaped).
+/// Whether `exe` is newer than every file it is built from that this tree holds: the bench's
+/// and the library's sources (`bench/src`, `runtime/src`, their `include_str!` files among them)
+/// and the manifests. Not the dep-info file beside it: cargo writes that one only when it builds
+/// the binary itself (`cargo build`), not when it builds it for another package's tests (`cargo
+/// test --workspace`), so it may be missing or an older build's.
 fn is_current(exe: &Path) -> bool {
     let Ok(built) = std::fs::metadata(exe).and_then(|m| m.modified()) else { return false };
-    let Ok(dep_info) = std::fs::read_to_string(exe.with_extension("d")) else { return false };
-    let Some((_, sources)) = dep_info.lines().next().and_then(|l| l.split_once(": ")) else { return false };
-    let sources = sources.replace("\\ ", "\0");
-    sources.split_whitespace().all(|s| std::fs::metadata(s.replace('\0', " ")).and_then(|m| m.modified()).is_ok_and(|m| m <= built))
+    let mut files: Vec<PathBuf> = ["Cargo.toml", "Cargo.lock", "bench/Cargo.toml", "runtime/Cargo.toml"].iter().map(|f| repo().join(f)).collect();
+    let mut dirs = vec![repo().join("bench/src"), repo().join("runtime/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() { dirs.push(path) } else { files.push(path) }
+        }
+    }
+    files.iter().all(|f| std::fs::metadata(f).and_then(|m| m.modified()).is_ok_and(|m| m <= built))
 }
 
 pub use crate::skip::skip_unless;
