@@ -147,14 +147,15 @@ impl DecisionSpec {
 
     /// Reads the text protocol: `CALL <tool> <json object>`, `ASK <question>`, `DONE <answer>`.
     pub fn parse_text(&self, raw: &str) -> Result<AgentDecision, DecisionError> {
-        parse_text_protocol(raw).map_err(|why| fail(DecisionErrorKind::Malformed, why)).and_then(|d| self.check_tool(d))
+        parse_text_protocol(raw).and_then(|d| self.check_tool(d))
     }
 }
 
 /// Strict reader of the text protocol. The keyword is upper case and alone on the first word;
 /// a tool name is letters, digits, `_`, `-`, `.`; `CALL` arguments are one JSON object and
-/// nothing after it; an `ASK` needs a question. Anything else is refused with the reason.
-pub fn parse_text_protocol(raw: &str) -> Result<AgentDecision, String> {
+/// nothing after it; an `ASK` needs a question. Anything else is refused, `Malformed`, with the
+/// reason.
+pub fn parse_text_protocol(raw: &str) -> Result<AgentDecision, DecisionError> {
     let text = raw.trim();
     let (keyword, rest) = match text.find(char::is_whitespace) {
         Some(i) => (&text[..i], text[i..].trim_start()),
@@ -167,29 +168,29 @@ pub fn parse_text_protocol(raw: &str) -> Result<AgentDecision, String> {
                 None => (rest, ""),
             };
             if tool.is_empty() {
-                return Err("malformed CALL: no tool name".into());
+                return Err(fail(DecisionErrorKind::Malformed, "malformed CALL: no tool name"));
             }
             let shown = shorten(tool);
             if !tool.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
-                return Err(format!("malformed CALL: `{shown}` is not a tool name"));
+                return Err(fail(DecisionErrorKind::Malformed, format!("malformed CALL: `{shown}` is not a tool name")));
             }
             if args.is_empty() {
-                return Err(format!("malformed CALL {shown}: no arguments (write {{}} for none)"));
+                return Err(fail(DecisionErrorKind::Malformed, format!("malformed CALL {shown}: no arguments (write {{}} for none)")));
             }
             let arguments = match serde_json::from_str::<Value>(args) {
                 Ok(Value::Object(m)) => m,
-                Ok(_) => return Err(format!("malformed CALL {shown}: the arguments must be a JSON object")),
-                Err(e) => return Err(format!("malformed CALL {shown}: the arguments are not valid JSON ({e})")),
+                Ok(_) => return Err(fail(DecisionErrorKind::Malformed, format!("malformed CALL {shown}: the arguments must be a JSON object"))),
+                Err(e) => return Err(fail(DecisionErrorKind::Malformed, format!("malformed CALL {shown}: the arguments are not valid JSON ({e})"))),
             };
             Ok(AgentDecision::ToolCall { tool: tool.to_owned(), arguments: Box::new(arguments) })
         }
         "ASK" if !rest.is_empty() => Ok(AgentDecision::Ask { question: rest.to_owned() }),
-        "ASK" => Err("malformed ASK: no question".into()),
+        "ASK" => Err(fail(DecisionErrorKind::Malformed, "malformed ASK: no question")),
         "DONE" => Ok(AgentDecision::Done { answer: rest.to_owned() }),
-        "" => Err("empty reply: expected CALL, ASK or DONE".into()),
+        "" => Err(fail(DecisionErrorKind::Malformed, "empty reply: expected CALL, ASK or DONE")),
         other => {
             let shown: String = other.chars().take(40).collect();
-            Err(format!("expected CALL, ASK or DONE, got `{shown}`"))
+            Err(fail(DecisionErrorKind::Malformed, format!("expected CALL, ASK or DONE, got `{shown}`")))
         }
     }
 }

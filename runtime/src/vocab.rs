@@ -58,7 +58,7 @@ impl OutputSpec {
     pub fn from_schema(schema: &serde_json::Value) -> OutputSpec {
         match FlatSchema::from_json(schema) {
             Ok(flat) => OutputSpec::Bindable(Arc::new(flat)),
-            Err(why) => OutputSpec::Unbindable { why },
+            Err(why) => OutputSpec::Unbindable { why: why.to_string() },
         }
     }
 }

@@ -142,7 +142,7 @@ fn no_test_reads_the_users_routes() {
     ];
     let allowed = ["let cat = catalogue::load(&repo().join(\"routes\"), &repo().join(\"prompt-packs\"));"];
     let mut found = Vec::new();
-    for dir in ["tests/e2e", "tests/e2e/hostile", "tests/sim", "bench/src", "python/src"] {
+    for dir in ["tests/e2e", "tests/e2e/hostile", "tests/e2e/sim", "bench/src", "python/src"] {
         let Ok(entries) = std::fs::read_dir(repo().join(dir)) else { continue };
         for entry in entries {
             let path = entry.unwrap().path();

@@ -224,16 +224,25 @@ fn prefetch_packs_from_a_file() {
     assert!(stderr(&out).contains("chunk 0 is not a string"), "{}", stderr(&out));
 }
 
-/// `fabric bench ARGS...`: the forwarder, and `fabric-bench` beside it (`support::fabric_bench`).
+/// `fabric bench ARGS...`: the forwarder, with `fabric-bench` beside it (a test checks
+/// [`bench_built`] first).
 fn bench(args: &[&str]) -> Output {
-    crate::support::fabric_bench();
     fabric(&[&["bench"], args].concat(), &[])
+}
+
+/// Whether `fabric-bench` is built beside the `fabric` under test (`support::fabric_bench`):
+/// without it a bench test skips, and fails under `CI=true`.
+fn bench_built() -> bool {
+    crate::support::fabric_bench().is_some()
 }
 
 /// `fabric bench` is `fabric-bench` with the same arguments, its help and its usage errors
 /// included; without `fabric-bench` beside it or on PATH, it says where it looked.
 #[test]
 fn bench_hands_over_to_fabric_bench() {
+    if !bench_built() {
+        return;
+    }
     let out = bench(&["--help"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     for text in ["Usage: fabric bench [OPTIONS]", "--scenario <SCENARIO>", "--instructions", "--ceiling <SECS>"] {
@@ -254,6 +263,9 @@ fn bench_hands_over_to_fabric_bench() {
 
 #[test]
 fn bench_prints_every_scenario() {
+    if !bench_built() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let journal = format!("sqlite://{}", dir.path().join("bench.db").display());
     let out = bench(&[
@@ -403,6 +415,9 @@ fn replay_reproduces_every_example_route_and_reports_a_changed_prompt() {
 
 #[test]
 fn a_skipped_bench_scenario_says_why_in_the_table() {
+    if !bench_built() {
+        return;
+    }
     let out = bench(&["--scenario", "R"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).lines().any(|l| l.starts_with("R ") && l.contains("needs --journal")), "{}", stderr(&out));
@@ -420,6 +435,9 @@ fn installed(tool: &str, present: bool) -> bool {
 /// against the floor that capacity sets. Needs wrk (installed by `.ci/run`).
 #[test]
 fn bench_reports_c_against_the_tool_servers_capacity() {
+    if !bench_built() {
+        return;
+    }
     // wrk answers `--version` with exit status 1: that it runs is enough.
     if !installed("wrk", std::process::Command::new("wrk").arg("--version").output().is_ok()) {
         return;
@@ -448,6 +466,9 @@ fn bench_reports_c_against_the_tool_servers_capacity() {
 /// and the marginal instructions per run. Needs valgrind (installed by `.ci/run`).
 #[test]
 fn bench_counts_instructions_with_callgrind() {
+    if !bench_built() {
+        return;
+    }
     if !installed("valgrind", std::process::Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success())) {
         return;
     }

@@ -1123,7 +1123,7 @@ async fn sighup_drains_like_sigterm() {
     let store = fabric::store::open(db).await.unwrap();
     let holder = fabric::store::Holder::new(Duration::from_secs(30));
     let claimed = store.claim_runs(&holder, &["support-triage".to_owned()], 10).await.unwrap();
-    assert_eq!(claimed.iter().map(|c| c.lease.run_id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
+    assert_eq!(claimed.iter().map(|c| c.lease.run_id()).collect::<Vec<_>>(), [id.as_str()]);
 }
 
 /// A short `FABRIC_API_TOKEN` is refused on an address the network reaches, and only warned about

@@ -27,6 +27,7 @@ mod retention;
 mod run;
 mod service;
 mod sessions;
+mod sim;
 mod skip;
 mod store;
 mod support;

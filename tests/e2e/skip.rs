@@ -1,6 +1,6 @@
 //! The one rule for a test that needs a server or a tool this machine may lack: say so and
 //! record it (`.ci/test` lists the skips), or fail under `CI=true`. Shared by the e2e suite and
-//! the simulation (`tests/sim`, which includes this file by path).
+//! the simulation (`tests/e2e/sim`).
 
 use std::path::{Path, PathBuf};
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fabric::cancel::Cancel;
 use fabric::events::NullSink;
 use fabric::runtime::{Runtime, StartRequest};
-use fabric::store::{Holder, Lease, NewRun, RunFilter, RunStore, StoreError, StoredStatus};
+use fabric::store::{Holder, NewRun, RunFilter, RunStore, StoreError, StoredStatus};
 use serde_json::{Value, json};
 
 use crate::support::{fixture_env, packs_dir, repo, routes_dir, skip_unless, stub_dir};
@@ -75,7 +75,7 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
         let req = start("support-triage", json!({"ticket": "charged twice"}));
         let accepted = rt.accept(&req, true).await.unwrap();
         let (id, lease) = (accepted.run_id.clone(), accepted.lease.unwrap());
-        assert_eq!(lease.token, 1, "{name}");
+        assert_eq!(lease.token(), 1, "{name}");
         assert_eq!(store.get_run(&id).await.unwrap().unwrap().status, StoredStatus::Running, "{name}");
         let out = rt.execute(&lease, &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
         let run = store.get_run(&id).await.unwrap().unwrap();
@@ -99,7 +99,7 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
         assert_eq!((run.status, run.question.as_deref()), (StoredStatus::AwaitingInput, Some("Which order number?")), "{name}");
         let holder = Holder::new(Duration::from_secs(30));
         let reply_lease = store.claim_reply(&asking, &holder).await.unwrap().unwrap_or_else(|| panic!("{name}: the first reply claims it"));
-        assert_eq!(reply_lease.token, 2, "{name}: a claim bumps the token");
+        assert_eq!(reply_lease.token(), 2, "{name}: a claim bumps the token");
         assert!(store.claim_reply(&asking, &holder).await.unwrap().is_none(), "{name}: a second reply cannot claim it");
         store.reopen_reply(&reply_lease).await.unwrap();
         let claimed = rt.claim_reply(&asking, "order 42".into()).await.unwrap();
@@ -140,22 +140,22 @@ async fn claims_take_queued_and_expired_runs_and_leave_live_leases_on_every_stor
         assert_eq!(store.queued().await.unwrap(), 2, "{name}");
         // Only the queued run of a route this claimer serves: the leases are live.
         let first = store.claim_runs(&b, &routes, 10).await.unwrap();
-        assert_eq!(first.iter().map(|c| (c.lease.run_id.as_str(), c.lease.token)).collect::<Vec<_>>(), [("q1", 1)], "{name}");
+        assert_eq!(first.iter().map(|c| (c.lease.run_id(), c.lease.token())).collect::<Vec<_>>(), [("q1", 1)], "{name}");
         assert_eq!(first[0].run.as_ref().unwrap().status, StoredStatus::Running, "{name}");
         // Past the lease: `alive` is renewed by its holder, `dying` is not.
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert!(store.renew(&a, std::slice::from_ref(&alive)).await.unwrap().is_empty(), "{name}");
         tokio::time::sleep(Duration::from_millis(400)).await;
         let second = store.claim_runs(&b, &routes, 10).await.unwrap();
-        assert_eq!(second.iter().map(|c| (c.lease.run_id.as_str(), c.lease.token)).collect::<Vec<_>>(), [("dying", 2)], "{name}");
+        assert_eq!(second.iter().map(|c| (c.lease.run_id(), c.lease.token())).collect::<Vec<_>>(), [("dying", 2)], "{name}");
         assert!(store.claim_runs(&b, &routes, 10).await.unwrap().is_empty(), "{name}: nothing claimed twice");
         // The old holder's renewal says it lost `dying`; `alive` is still its own.
         let lost = store.renew(&a, &[dying.clone(), alive.clone()]).await.unwrap();
         assert_eq!(lost, ["dying"], "{name}");
         // A lease let go is claimable at once, and its holder's token is spent.
-        store.release(&Lease { run_id: "dying".into(), token: 2 }).await.unwrap();
+        store.release(&second[0].lease).await.unwrap();
         let third = store.claim_runs(&a, &routes, 10).await.unwrap();
-        assert_eq!(third.iter().map(|c| (c.lease.run_id.as_str(), c.lease.token)).collect::<Vec<_>>(), [("dying", 4)], "{name}");
+        assert_eq!(third.iter().map(|c| (c.lease.run_id(), c.lease.token())).collect::<Vec<_>>(), [("dying", 4)], "{name}");
         assert_eq!(store.queued().await.unwrap(), 1, "{name}: the other route's run still waits");
         assert!(store.claim_runs(&b, &[], 10).await.unwrap().is_empty(), "{name}: no route, no claim");
         assert!(store.claim_runs(&b, &["support-agent".to_owned()], 0).await.unwrap().is_empty(), "{name}: no room, no claim");
@@ -194,7 +194,7 @@ async fn concurrent_claimers_share_the_queued_runs_without_overlap_on_every_stor
                     if got.is_empty() {
                         return mine;
                     }
-                    mine.extend(got.into_iter().map(|c| c.lease.run_id));
+                    mine.extend(got.into_iter().map(|c| c.lease.run_id().to_owned()));
                 }
             }));
         }
@@ -243,8 +243,8 @@ async fn a_fenced_holder_writes_nothing_and_harms_no_other_run_on_every_store() 
         tokio::time::sleep(Duration::from_millis(600)).await;
         let taker = Holder::new(Duration::from_secs(30));
         let taken = store.claim_runs(&taker, &routes, 10).await.unwrap();
-        assert_eq!(taken.iter().map(|c| c.lease.run_id.as_str()).collect::<Vec<_>>(), ["stalled"], "{name}");
-        let new_lease = Lease { run_id: "stalled".into(), token: taken[0].lease.token };
+        assert_eq!(taken.iter().map(|c| c.lease.run_id()).collect::<Vec<_>>(), ["stalled"], "{name}");
+        let new_lease = taken[0].lease.clone();
         assert_eq!(store.next_seq("stalled").await.unwrap(), 2, "{name}");
         // The stalled holder wakes up and writes its next stage and its end, in one transaction
         // with the healthy run's end.
@@ -325,6 +325,34 @@ async fn a_database_migrated_by_a_newer_runtime_is_refused_by_every_store() {
         }
         let err = fabric::store::open(&url).await.unwrap_err();
         assert!(matches!(err, StoreError::TooNew { found: 999, known: 12 }), "{name}: {err}");
+    }
+}
+
+/// The one migration runner on both databases: a database of a runtime from before checksums
+/// (no `checksum` column) gets the column and every checksum filled in at its next open, and one
+/// whose recorded checksum says a migration was edited since it was applied is refused.
+#[tokio::test]
+async fn an_older_database_gets_its_checksums_and_an_edited_migration_is_refused_by_every_store() {
+    let (stores, _dir) = stores().await;
+    for (name, url) in stores {
+        drop(fabric::store::open(&url).await.unwrap());
+        // The same statements on either database's pool: the column dropped (as an older runtime
+        // left it), the store opened again, the checksums counted, one of them edited.
+        macro_rules! older_then_edited {
+            ($options:ty) => {{
+                let pool = <$options>::new().connect(&url).await.unwrap();
+                sqlx::query("ALTER TABLE fabric_schema DROP COLUMN checksum").execute(&pool).await.unwrap();
+                drop(fabric::store::open(&url).await.unwrap());
+                let filled: i64 = sqlx::query_scalar("SELECT COUNT(checksum) FROM fabric_schema").fetch_one(&pool).await.unwrap();
+                sqlx::query("UPDATE fabric_schema SET checksum = 'edited' WHERE version = 3").execute(&pool).await.unwrap();
+                pool.close().await;
+                filled
+            }};
+        }
+        let filled = if name == "sqlite" { older_then_edited!(sqlx::sqlite::SqlitePoolOptions) } else { older_then_edited!(sqlx::postgres::PgPoolOptions) };
+        assert_eq!(filled, 12, "{name}: every applied migration's checksum filled in");
+        let err = fabric::store::open(&url).await.unwrap_err();
+        assert!(err.to_string().contains("migration 3 was changed after it was applied"), "{name}: {err}");
     }
 }
 

@@ -45,52 +45,47 @@ pub fn fixture_env() -> [(&'static str, String); 3] {
     [("FABRIC_CATALOGUE_DIR", s(routes_dir())), ("FABRIC_PROMPT_PACKS_DIR", s(packs_dir())), ("FABRIC_LLM_STUB_DIR", s(stub_dir()))]
 }
 
-/// Makes sure `fabric-bench` is built and current beside the `fabric` under test, where `fabric
-/// bench` (the forwarder) looks for it; returns its path.
+/// `fabric-bench` beside the `fabric` under test, where `fabric bench` (the forwarder) looks for
+/// it, when it is there and current; else `None`, the test skipping (`skip_unless`: a failure
+/// under `CI=true`).
 ///
 /// Cargo builds a package's binaries for its own integration tests only (`CARGO_BIN_EXE_*`), and
 /// `fabric-bench` is another package of the workspace (it depends on this one, so it cannot be a
 /// dependency of these tests). `cargo test --workspace` (`.ci/test`) builds it anyway, into the
-/// same directory, because its package has integration tests of its own; a narrower `cargo test
-/// -p fabric-runtime` does not. So when it is missing or older than a source cargo built it from
-/// (its dep-info file lists them), it is built here, once per test process, by the same cargo,
-/// profile and target directory (cargo has released its build lock by the time tests run).
-/// Building it every time would not be free: outside `cargo test` the dependencies' features
-/// differ (no `test-util`), so the first such build compiles all of them again.
-pub fn fabric_bench() -> PathBuf {
-    static BUILT: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+/// same directory and before any test runs, because its package has integration tests of its
+/// own; a narrower `cargo test -p fabric-runtime` does not, and no test runs cargo: `cargo build
+/// -p fabric-bench` (same profile and target directory) puts it there. One older than a source
+/// it is built from ([`is_current`]) is not used either: it would test code that is not the
+/// tree's.
+pub fn fabric_bench() -> Option<PathBuf> {
     let fabric = PathBuf::from(env!("CARGO_BIN_EXE_fabric"));
     let bench = fabric.with_file_name(format!("fabric-bench{}", std::env::consts::EXE_SUFFIX));
-    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if !*built && !is_current(&bench) {
-        let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
-        let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.current_dir(repo()).args(["build", "-p", "fabric-bench", "--target-dir"]).arg(target_dir);
-        match fabric.parent().and_then(|p| p.file_name()).and_then(|p| p.to_str()) {
-            Some("debug") | None => {}
-            Some("release") => {
-                cmd.arg("--release");
-            }
-            Some(profile) => {
-                cmd.args(["--profile", profile]);
-            }
-        }
-        let out = cmd.output().unwrap();
-        assert!(out.status.success(), "cargo build -p fabric-bench failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        assert!(bench.is_file(), "cargo build -p fabric-bench left no {}", bench.display());
-    }
-    *built = true;
-    bench
+    let why = if !bench.is_file() {
+        format!("not built at {} (`cargo test --workspace` builds it, as .ci/test does; or `cargo build -p fabric-bench`)", bench.display())
+    } else if !is_current(&bench) {
+        format!("{} is older than its sources (`cargo build -p fabric-bench`, or `cargo test --workspace` as .ci/test does)", bench.display())
+    } else {
+        return Some(bench);
+    };
+    (!skip_unless(false, "fabric-bench", &why)).then_some(bench)
 }
 
-/// Whether `exe` exists and is newer than every source in its dep-info file (`EXE.d`, written
-/// by cargo: `EXE: SOURCE SOURCE ...`, spaces in names escaped).
+/// Whether `exe` is newer than every file it is built from that this tree holds: the bench's
+/// and the library's sources (`bench/src`, `runtime/src`, their `include_str!` files among them)
+/// and the manifests. Not the dep-info file beside it: cargo writes that one only when it builds
+/// the binary itself (`cargo build`), not when it builds it for another package's tests (`cargo
+/// test --workspace`), so it may be missing or an older build's.
 fn is_current(exe: &Path) -> bool {
     let Ok(built) = std::fs::metadata(exe).and_then(|m| m.modified()) else { return false };
-    let Ok(dep_info) = std::fs::read_to_string(exe.with_extension("d")) else { return false };
-    let Some((_, sources)) = dep_info.lines().next().and_then(|l| l.split_once(": ")) else { return false };
-    let sources = sources.replace("\\ ", "\0");
-    sources.split_whitespace().all(|s| std::fs::metadata(s.replace('\0', " ")).and_then(|m| m.modified()).is_ok_and(|m| m <= built))
+    let mut files: Vec<PathBuf> = ["Cargo.toml", "Cargo.lock", "bench/Cargo.toml", "runtime/Cargo.toml"].iter().map(|f| repo().join(f)).collect();
+    let mut dirs = vec![repo().join("bench/src"), repo().join("runtime/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() { dirs.push(path) } else { files.push(path) }
+        }
+    }
+    files.iter().all(|f| std::fs::metadata(f).and_then(|m| m.modified()).is_ok_and(|m| m <= built))
 }
 
 pub use crate::skip::skip_unless;

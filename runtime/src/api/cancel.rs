@@ -100,7 +100,7 @@ impl AppState {
             match runtime.cancel_requests().await {
                 Ok(asked) => {
                     for (lease, reason) in asked {
-                        if let Some(live) = self.inner.live.get(&lease.run_id).filter(|l| *l.lease() == lease && !l.is_stopped()) {
+                        if let Some(live) = self.inner.live.get(lease.run_id()).filter(|l| *l.lease() == lease && !l.is_stopped()) {
                             live.cancel(&reason);
                         }
                     }

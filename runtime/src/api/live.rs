@@ -127,7 +127,7 @@ pub struct Live {
 impl Live {
     /// Registers a new segment of a run this process holds (replacing an ended one).
     pub fn begin(&self, lease: &Lease) -> Arc<LiveRun> {
-        let run_id = lease.run_id.clone();
+        let run_id = lease.run_id().to_owned();
         let (stop, _) = CancelHandle::new();
         let run = Arc::new(LiveRun {
             run_id: run_id.clone(),

@@ -197,7 +197,7 @@ where
 
 /// Ends a live segment with the run's stored view (its record is complete by now).
 pub(super) async fn finish(state: &AppState, live: &LiveRun, outcome: Result<crate::exec::RunResult, StartError>) {
-    let run_id = live.lease().run_id.as_str();
+    let run_id = live.lease().run_id();
     if let Err(e) = &outcome {
         tracing::warn!(run_id, error = %e, "run did not start");
     }

@@ -157,8 +157,8 @@ impl AppState {
                     // The segment that held the lost lease, not a newer one of the same run
                     // (this process may have claimed the run again meanwhile); stopped
                     // already: handed over at a shutdown.
-                    let Some(token) = leases.iter().find(|l| l.run_id == run_id).map(|l| l.token) else { continue };
-                    let Some(live) = self.inner.live.get(&run_id).filter(|l| l.lease().token == token && !l.is_stopped()) else { continue };
+                    let Some(token) = leases.iter().find(|l| l.run_id() == run_id).map(|l| l.token()) else { continue };
+                    let Some(live) = self.inner.live.get(&run_id).filter(|l| l.lease().token() == token && !l.is_stopped()) else { continue };
                     tracing::warn!(
                         run_id,
                         "run lease lost (another process took the run over after this one went silent past its lease); this process stops the run"
@@ -205,14 +205,14 @@ impl AppState {
                 // A segment of this very run still going here held the lease this claim took
                 // (its process was cut off from the database past the lease): it is stopped, and
                 // the run goes on from its journal in the new segment.
-                if let Some(old) = self.inner.live.get(&lease.run_id).filter(|l| l.lease().token != lease.token) {
+                if let Some(old) = self.inner.live.get(lease.run_id()).filter(|l| l.lease().token() != lease.token()) {
                     old.stop("taken over");
                 }
                 if run.is_takeover() {
                     self.inner.metrics.taken_over(run.route_id());
-                    tracing::warn!(run_id = lease.run_id, claim = lease.token, "taking over a run whose process stopped; it goes on from its journal");
+                    tracing::warn!(run_id = lease.run_id(), claim = lease.token(), "taking over a run whose process stopped; it goes on from its journal");
                 } else {
-                    tracing::info!(run_id = lease.run_id, "claimed a queued run");
+                    tracing::info!(run_id = lease.run_id(), "claimed a queued run");
                 }
                 run_segment(&self, &lease, permit, move |runtime, sink, cancel| async move { Ok(runtime.resume(run, sink, cancel).await) });
             }
@@ -239,9 +239,9 @@ impl AppState {
         let leases = self.inner.live.leases();
         for lease in &leases {
             if let Err(e) = self.inner.durable.release(lease).await {
-                tracing::error!(run_id = lease.run_id, error = %e, "run store: handing a run over");
+                tracing::error!(run_id = lease.run_id(), error = %e, "run store: handing a run over");
             }
-            if let Some(live) = self.inner.live.get(&lease.run_id) {
+            if let Some(live) = self.inner.live.get(lease.run_id()) {
                 live.stop("handed over");
             }
         }

@@ -11,6 +11,7 @@
 //! other I/O.
 
 mod decision_loop;
+mod input;
 mod journal;
 pub mod message;
 mod model;
@@ -31,6 +32,7 @@ use std::time::Duration;
 use opentelemetry::Context;
 use serde_json::{Map, Value};
 
+pub use input::{GoalError, PrefetchError, parse_goal, parse_prefetch};
 pub use journal::{JournalBatch, JournalEntry, JournalError, RunHistory, RunJournal};
 pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, ended_from_journal, result_from_journal};
 use source::ReplySource;
@@ -346,34 +348,4 @@ pub fn new_run_id() -> String {
     // Encoded straight into a buffer (the `Display` path goes through the formatter).
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
     uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf).to_owned()
-}
-
-/// Checks a `--goal` value: the goal of a run must be a JSON object.
-pub fn parse_goal(text: &str) -> Result<Map<String, Value>, String> {
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(other) => Err(format!(
-            "the goal must be a JSON object, got {}",
-            match other {
-                Value::Null => "null",
-                Value::Bool(_) => "a boolean",
-                Value::Number(_) => "a number",
-                Value::String(_) => "a string",
-                Value::Array(_) => "an array",
-                Value::Object(_) => "an object",
-            }
-        )),
-        Err(e) => Err(format!("the goal is not valid JSON: {e}")),
-    }
-}
-
-/// Reads a prefetch pack: a JSON array of strings, or `{"chunks": [...]}`.
-pub fn parse_prefetch(text: &str) -> Result<Vec<String>, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
-    let items = match &v {
-        Value::Array(items) => items,
-        Value::Object(m) => m.get("chunks").and_then(Value::as_array).ok_or("an object pack needs a `chunks` array")?,
-        _ => return Err("a prefetch pack is a JSON array of strings or {\"chunks\": [...]}".into()),
-    };
-    items.iter().enumerate().map(|(i, c)| c.as_str().map(str::to_owned).ok_or(format!("chunk {i} is not a string"))).collect()
 }

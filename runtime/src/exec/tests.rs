@@ -144,10 +144,10 @@ async fn a_cancelled_run_fails_interrupted_and_keeps_what_it_did() {
 #[test]
 fn goals_and_prefetch_packs_are_parsed_once() {
     assert!(parse_goal(r#"{"a":1}"#).is_ok());
-    assert_eq!(parse_goal("[1]").unwrap_err(), "the goal must be a JSON object, got an array");
+    assert_eq!(parse_goal("[1]").unwrap_err().to_string(), "the goal must be a JSON object, got an array");
     assert_eq!(parse_prefetch(r#"["a","b"]"#).unwrap(), ["a", "b"]);
     assert_eq!(parse_prefetch(r#"{"chunks":["a"]}"#).unwrap(), ["a"]);
-    assert_eq!(parse_prefetch(r#"[1]"#).unwrap_err(), "chunk 0 is not a string");
+    assert_eq!(parse_prefetch(r#"[1]"#).unwrap_err().to_string(), "chunk 0 is not a string");
 }
 
 /// A journal in memory: every batch, in order.

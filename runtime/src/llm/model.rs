@@ -82,7 +82,7 @@ pub struct RetryPolicy {
     pub max_backoff: Duration,
     /// The seed of the delays' jitter; `None` (the default, and every front end) seeds it from
     /// the OS, so replicas retrying together spread out. A simulation fixes it, so that one seed
-    /// gives one schedule (`tests/sim`).
+    /// gives one schedule (`tests/e2e/sim`).
     pub jitter_seed: Option<u64>,
 }
 

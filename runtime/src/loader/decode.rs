@@ -184,7 +184,7 @@ pub fn capability(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) ->
                         n.pos,
                         format!("`output_schema` of capability `{name}` is not bindable ({why}); model stages using it run as plain text calls"),
                     );
-                    OutputSpec::Unbindable { why }
+                    OutputSpec::Unbindable { why: why.to_string() }
                 }
             },
         },

@@ -80,7 +80,7 @@ impl Durable {
     /// let go, so whoever claims the run next ends it (the request stays in the store).
     pub(super) async fn end_cancelled(&self, lease: &Lease, route_id: &str, reason: &str, sink: Arc<dyn EventSink>) -> Result<RunResult, StoreError> {
         let store = &self.store;
-        let history = match super::durable::read_history(store.as_ref(), &lease.run_id).await {
+        let history = match super::durable::read_history(store.as_ref(), lease.run_id()).await {
             Ok(h) => h,
             Err(e) => {
                 let _ = store.release(lease).await;

@@ -57,7 +57,7 @@ impl Durable {
     /// write fenced by the lease).
     pub async fn execute(&self, lease: &Lease, req: &StartRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
         let fenced = Fenced { store: self.store.as_ref(), lease };
-        let result = self.runtime.runner.execute(req.run_request(), Begin::New { run_id: lease.run_id.clone() }, sink, cancel, Some(&fenced)).await?;
+        let result = self.runtime.runner.execute(req.run_request(), Begin::New { run_id: lease.run_id().to_owned() }, sink, cancel, Some(&fenced)).await?;
         Ok(RunOutcome { result, unused_script_lines: Vec::new() })
     }
 
@@ -191,21 +191,21 @@ impl Durable {
         if let Some(reason) = asked {
             return match self.end_cancelled(&lease, &route_id, &reason, sink).await {
                 Ok(result) => done(result),
-                Err(e) => done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, &e.to_string())),
+                Err(e) => done(crate::exec::result_from_journal(lease.run_id(), &route_id, &[], ReasonClass::StoreError, &e.to_string())),
             };
         }
         let store = self.store.as_ref();
-        let history = match read_history(store, &lease.run_id).await {
+        let history = match read_history(store, lease.run_id()).await {
             Ok(h) => h,
             Err(e) => {
                 let _ = store.release(&lease).await;
                 let why = format!("the run's record could not be read: {e}");
-                return done(crate::exec::result_from_journal(&lease.run_id, &route_id, &[], ReasonClass::StoreError, &why));
+                return done(crate::exec::result_from_journal(lease.run_id(), &route_id, &[], ReasonClass::StoreError, &why));
             }
         };
         let fenced = Fenced { store, lease: &lease };
         let why = match request {
-            Ok(_) if lease.token > MAX_TAKEOVERS => format!("it was taken over {} times", lease.token - 1),
+            Ok(_) if lease.token() > MAX_TAKEOVERS => format!("it was taken over {} times", lease.token() - 1),
             Ok(req) => match self.runtime.runner.execute(req.run_request(), Begin::Recover(history.clone()), sink.clone(), cancel, Some(&fenced)).await {
                 Ok(result) => return done(result),
                 Err(e) => format!("it cannot go on here: {e}"),
@@ -301,7 +301,7 @@ impl ClaimedRun {
 
     /// Whether another process held the run before (it is taken over, not started).
     pub fn is_takeover(&self) -> bool {
-        self.lease.token > 1
+        self.lease.token() > 1
     }
 }
 

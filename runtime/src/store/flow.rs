@@ -16,8 +16,9 @@ use std::time::Duration;
 use sqlx::Row;
 
 use super::StoreError;
-use super::queue::{Dialect, db};
+use super::dialect::Dialect;
 use super::sql::SqlStore;
+use super::sql_error::db;
 use crate::failure::BoxFuture;
 
 /// A replica's demand of one model's budget.

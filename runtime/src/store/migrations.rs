@@ -1,13 +1,160 @@
-//! What both stores do with their numbered migrations besides running them: each applied
-//! migration's checksum (SHA-256 of its SQL) is recorded in `fabric_schema`, and a database
-//! whose recorded checksum differs from this binary's migration of the same number is refused:
-//! someone edited a migration after it was applied, and the schema is not what the code
-//! expects. A version applied by a runtime before checksums were recorded gets its checksum
-//! filled in on first sight.
+//! The schema: each database's numbered migrations (the same numbers and tables on SQLite and
+//! PostgreSQL) and the one runner that applies them, [`migrate`], for both.
+//!
+//! The runner holds the lock that serialises migrating processes from its first statement to
+//! its commit: the version read, every check and every migration applied are one transaction,
+//! begun under SQLite's write lock (`BEGIN IMMEDIATE`, waiting out the busy timeout) or
+//! PostgreSQL's advisory lock. So processes opening one fresh database at once apply each
+//! migration once, the later ones finding it applied (`store::processes_opening_one_new_sqlite_
+//! file_together_migrate_it_once`); reading the version before the lock let two of them both
+//! apply the first. What differs between the databases is the [`Schema`] of each: how the
+//! transaction begins and locks, and how the version table is looked at.
+//!
+//! Each applied migration's checksum (SHA-256 of its SQL) is recorded in `fabric_schema`, and a
+//! database whose recorded checksum differs from this binary's migration of the same number is
+//! refused: someone edited a migration after it was applied, and the schema is not what the
+//! code expects. A version applied by a runtime before checksums were recorded gets its
+//! checksum filled in on first sight.
+//!
+//! Why not `sqlx::migrate!` (its `migrate` feature is off): its SQLite migrator holds no lock
+//! across reading the applied versions and applying them (each migration is a transaction of
+//! its own), which is the race this runner closes; and it keeps its own table
+//! (`_sqlx_migrations`, SHA-384) where every database this runtime ever opened records
+//! `fabric_schema` (SHA-256), so bridging would rewrite each database's history at its first
+//! open, one more path to get right for no behaviour gained.
 
 use sha2::{Digest, Sha256};
+use sqlx::Row;
 
-use super::StoreError;
+use super::sql_error::db;
+use super::{StoreError, now};
+use crate::failure::BoxFuture;
+
+/// How one database migrates: its numbered migrations, and the statements of the runner that
+/// differ between the databases.
+pub(crate) trait Schema: sqlx::Database {
+    /// The schema versions this binary knows, in order: (version, SQL).
+    const MIGRATIONS: &'static [(i64, &'static str)];
+    /// Begins the migration's transaction.
+    const BEGIN: &'static str;
+    /// Run first in it: the lock that serialises migrating processes until the commit (empty
+    /// where `BEGIN` took it).
+    const LOCK: &'static str;
+    /// One `BIGINT`, 1 when `fabric_schema` exists.
+    const HAS_TABLE: &'static str;
+    /// Creates `fabric_schema` (only where missing: PostgreSQL's `IF NOT EXISTS` would say so in
+    /// a notice at every start).
+    const CREATE_TABLE: &'static str;
+    /// One `BIGINT`, 1 when `fabric_schema` has its `checksum` column (it came later than the
+    /// table: a database of an older runtime gets the column).
+    const HAS_CHECKSUMS: &'static str;
+}
+
+impl Schema for sqlx::Sqlite {
+    const MIGRATIONS: &'static [(i64, &'static str)] = &[
+        (1, include_str!("migrations/sqlite/0001_runs.sql")),
+        (2, include_str!("migrations/sqlite/0002_leases.sql")),
+        (3, include_str!("migrations/sqlite/0003_health.sql")),
+        (4, include_str!("migrations/sqlite/0004_prompts.sql")),
+        (5, include_str!("migrations/sqlite/0005_idempotency.sql")),
+        (6, include_str!("migrations/sqlite/0006_cancel.sql")),
+        (7, include_str!("migrations/sqlite/0007_webhooks.sql")),
+        (8, include_str!("migrations/sqlite/0008_sessions.sql")),
+        (9, include_str!("migrations/sqlite/0009_webhook_reopen.sql")),
+        (10, include_str!("migrations/sqlite/0010_webhook_writer.sql")),
+        (11, include_str!("migrations/sqlite/0011_session_order.sql")),
+        (12, include_str!("migrations/sqlite/0012_llm_shares.sql")),
+    ];
+    // The write lock, taken first (a read first would make the later upgrade fail at once).
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
+    const LOCK: &'static str = "";
+    const HAS_TABLE: &'static str = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'fabric_schema'";
+    const CREATE_TABLE: &'static str = "CREATE TABLE fabric_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)";
+    const HAS_CHECKSUMS: &'static str = "SELECT COUNT(*) FROM pragma_table_info('fabric_schema') WHERE name = 'checksum'";
+}
+
+impl Schema for sqlx::Postgres {
+    const MIGRATIONS: &'static [(i64, &'static str)] = &[
+        (1, include_str!("migrations/postgres/0001_runs.sql")),
+        (2, include_str!("migrations/postgres/0002_leases.sql")),
+        (3, include_str!("migrations/postgres/0003_health.sql")),
+        (4, include_str!("migrations/postgres/0004_prompts.sql")),
+        (5, include_str!("migrations/postgres/0005_idempotency.sql")),
+        (6, include_str!("migrations/postgres/0006_cancel.sql")),
+        (7, include_str!("migrations/postgres/0007_webhooks.sql")),
+        (8, include_str!("migrations/postgres/0008_sessions.sql")),
+        (9, include_str!("migrations/postgres/0009_webhook_reopen.sql")),
+        (10, include_str!("migrations/postgres/0010_webhook_writer.sql")),
+        (11, include_str!("migrations/postgres/0011_session_order.sql")),
+        (12, include_str!("migrations/postgres/0012_llm_shares.sql")),
+    ];
+    const BEGIN: &'static str = "BEGIN";
+    // Any constant every migrating process agrees on: 0x6661_6272_6963, `fabric` in ASCII (the
+    // sweep's and the sessions' locks are keys of their own, `Dialect`).
+    const LOCK: &'static str = "SELECT pg_advisory_xact_lock(112568449526115)";
+    const HAS_TABLE: &'static str = "SELECT CAST(CASE WHEN to_regclass('fabric_schema') IS NULL THEN 0 ELSE 1 END AS BIGINT)";
+    const CREATE_TABLE: &'static str = "CREATE TABLE fabric_schema (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)";
+    const HAS_CHECKSUMS: &'static str = "SELECT COUNT(*) FROM information_schema.columns \
+         WHERE table_name = 'fabric_schema' AND column_name = 'checksum' AND table_schema = current_schema()";
+}
+
+/// Brings the database at `pool` to this binary's schema, in one transaction under the
+/// migration lock ([`Schema`]); refuses a database migrated by a newer runtime
+/// ([`StoreError::TooNew`]) or whose applied migrations were edited since.
+pub(crate) fn migrate<DB: Schema>(pool: &sqlx::Pool<DB>) -> BoxFuture<'_, Result<(), StoreError>>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'t> String: sqlx::Encode<'t, DB> + sqlx::Decode<'t, DB> + sqlx::Type<DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Decode<'t, DB> + sqlx::Type<DB>,
+    for<'r> usize: sqlx::ColumnIndex<DB::Row>,
+{
+    // Boxed here, where the bounds say it is `Send`: an `async fn` generic over the database
+    // would leave that proof to each caller, which cannot make it for every lifetime.
+    Box::pin(async move {
+        use sqlx::Connection;
+        let mut conn = pool.acquire().await.map_err(db)?;
+        let mut tx = conn.begin_with(DB::BEGIN).await.map_err(db)?;
+        if !DB::LOCK.is_empty() {
+            sqlx::query(DB::LOCK).execute(&mut *tx).await.map_err(db)?;
+        }
+        let has_table: i64 = sqlx::query(DB::HAS_TABLE).fetch_one(&mut *tx).await.map_err(db)?.try_get(0).map_err(db)?;
+        if has_table == 0 {
+            sqlx::query(DB::CREATE_TABLE).execute(&mut *tx).await.map_err(db)?;
+        }
+        let has_sums: i64 = sqlx::query(DB::HAS_CHECKSUMS).fetch_one(&mut *tx).await.map_err(db)?.try_get(0).map_err(db)?;
+        if has_sums == 0 {
+            sqlx::query("ALTER TABLE fabric_schema ADD COLUMN checksum TEXT").execute(&mut *tx).await.map_err(db)?;
+        }
+        let applied: Vec<(i64, Option<String>)> = sqlx::query("SELECT version, checksum FROM fabric_schema ORDER BY version")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(db)?;
+        let found = applied.last().map_or(0, |a| a.0);
+        let known = DB::MIGRATIONS.last().map_or(0, |m| m.0);
+        if found > known {
+            return Err(StoreError::TooNew { found, known });
+        }
+        for (version, sum) in verify(&applied, DB::MIGRATIONS)? {
+            sqlx::query("UPDATE fabric_schema SET checksum = $1 WHERE version = $2").bind(sum).bind(version).execute(&mut *tx).await.map_err(db)?;
+        }
+        for (version, sql) in DB::MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+            sqlx::raw_sql(*sql).execute(&mut *tx).await.map_err(db)?;
+            sqlx::query("INSERT INTO fabric_schema (version, applied_at, checksum) VALUES ($1, $2, $3)")
+                .bind(*version)
+                .bind(now())
+                .bind(checksum(sql))
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+        }
+        tx.commit().await.map_err(db)
+    })
+}
 
 /// The hex SHA-256 of a migration's SQL.
 pub(crate) fn checksum(sql: &str) -> String {
@@ -70,7 +217,7 @@ mod tests {
 
     #[test]
     fn no_landed_migration_is_edited() {
-        for (migrations, column, store) in [(crate::store::sqlite::MIGRATIONS, 1, "sqlite"), (crate::store::postgres::MIGRATIONS, 2, "postgres")] {
+        for (migrations, column, store) in [(<sqlx::Sqlite as Schema>::MIGRATIONS, 1, "sqlite"), (<sqlx::Postgres as Schema>::MIGRATIONS, 2, "postgres")] {
             assert_eq!(migrations.len(), LANDED.len(), "{store}: every migration is in LANDED (add a new one there)");
             for ((version, sql), landed) in migrations.iter().zip(LANDED) {
                 let want = if column == 1 { landed.1 } else { landed.2 };

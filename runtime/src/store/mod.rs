@@ -9,26 +9,47 @@
 //! [`RunJournal`]). A journalled run commits its events and journal entries once per completed
 //! stage and once at its end. SQL and its row types stay inside the implementations. Schema
 //! versions are numbered; a store refuses a database whose schema is newer than it knows.
+//!
+//! The modules follow the store's concerns, not its types, so that each reads top to bottom as
+//! one path: the write path (`queue`, the writer task; `rows`, what a transaction writes;
+//! `pool_writer` and `sqlite_writer`, how each database writes it), then the statements outside
+//! it (`reads`, `claims`, `cancels`, `retention`, `session`: methods of [`sql::SqlStore`];
+//! `outbox`, `flow`: the other ports it implements), all on the same pool; below them what the
+//! databases differ in (`dialect`), what their errors mean (`sql_error`) and the schema
+//! (`migrations`); the adapters (`sqlite`, `postgres`) only open a pool. No module is another's
+//! helper drawer: what two of them share lives in the lowest one that needs it.
 
+mod cancels;
+mod claims;
 mod contract;
+mod dialect;
 mod flow;
 mod health;
+mod ids;
+mod lease;
 mod migrations;
+mod open;
 mod outbox;
+mod pool_writer;
 pub mod postgres;
 mod prompts;
 mod queue;
+mod reads;
+mod retention;
+mod rows;
 mod session;
 pub mod sql;
+mod sql_error;
 pub mod sqlite;
 mod sqlite_writer;
-
-use std::sync::Arc;
 
 use serde::Serialize;
 
 pub use contract::StartRequest;
 pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
+pub use ids::{BadKey, IdempotencyKey, RunId};
+pub use lease::{Claimed, Holder, Lease};
+pub use open::{open, open_existing};
 pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 
 use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
@@ -60,37 +81,6 @@ pub enum StoreError {
     /// which [`RunStore::create_keyed_run`] turns into that run).
     #[error("the idempotency key is another run's")]
     KeyTaken,
-}
-
-/// A start's idempotency key as a client sends it (`Idempotency-Key`): 1 to 255 visible ASCII
-/// characters (`!` to `~`), so it is safe as a header, in a log and in any database.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(String);
-
-/// Why a text is no idempotency key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BadKey {
-    #[error("an idempotency key has 1 to 255 characters; this one has {0}")]
-    Length(usize),
-    /// The 1-based position of the first character that is not `!` to `~`.
-    #[error("an idempotency key is visible ASCII (`!` to `~`); character {0} is not")]
-    NotVisible(usize),
-}
-
-impl IdempotencyKey {
-    pub fn parse(s: &str) -> Result<IdempotencyKey, BadKey> {
-        if s.is_empty() || s.len() > 255 {
-            return Err(BadKey::Length(s.chars().count()));
-        }
-        match s.char_indices().find(|(_, c)| !c.is_ascii_graphic()) {
-            Some((at, _)) => Err(BadKey::NotVisible(s[..at].chars().count() + 1)),
-            None => Ok(IdempotencyKey(s.to_owned())),
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 /// What a keyed start found: its run created (claimed or queued, as `create_run`), or the run
@@ -136,33 +126,6 @@ impl StoredStatus {
         [StoredStatus::Queued, StoredStatus::Running, StoredStatus::Completed, StoredStatus::Failed, StoredStatus::AwaitingInput, StoredStatus::Cancelled]
             .into_iter()
             .find(|k| k.as_str() == s)
-    }
-}
-
-/// An identifier that can be a run id: a UUID in the canonical lowercase hyphenated form that
-/// `exec::new_run_id` makes. The front ends (the service, the CLI) parse what a client gives them
-/// into one, so an identifier that can name no run is answered "no run" before any query (text
-/// such as a NUL never reaches a database). The store itself takes any text: its tests make runs
-/// with ids like `a`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RunId(String);
-
-impl RunId {
-    /// `None` unless `s` is exactly `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase hex.
-    pub fn parse(s: &str) -> Option<RunId> {
-        let canonical = s.len() == uuid::fmt::Hyphenated::LENGTH
-            && s.bytes().enumerate().all(|(i, b)| if matches!(i, 8 | 13 | 18 | 23) { b == b'-' } else { matches!(b, b'0'..=b'9' | b'a'..=b'f') });
-        canonical.then(|| RunId(s.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for RunId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
@@ -277,44 +240,6 @@ pub struct StoredEvent {
     pub body: String,
 }
 
-/// Who claims runs: this process's name in the store and how long its leases last.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    /// Unique per process (a new one at every start).
-    pub owner: String,
-    /// How long a claim lasts without a heartbeat (`FABRIC_RUN_LEASE_S`).
-    pub lease: std::time::Duration,
-}
-
-impl Holder {
-    /// A new holder name for this process.
-    pub fn new(lease: std::time::Duration) -> Holder {
-        Holder { owner: uuid::Uuid::now_v7().to_string(), lease }
-    }
-
-    pub(crate) fn lease_ms(&self) -> i64 {
-        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX / 4)
-    }
-}
-
-/// A run's lease as its holder has it: the fencing token its writes carry.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Lease {
-    pub run_id: String,
-    pub token: i64,
-}
-
-/// A run this process claimed (queued, or whose holder's lease expired).
-#[derive(Debug, Clone)]
-pub struct Claimed {
-    /// The claim: the run's id and the fencing token its writes carry now.
-    pub lease: Lease,
-    pub route_id: String,
-    /// The run as stored, or why its row does not read: the claimer ends it with that reason
-    /// (one row that does not read never holds up the others).
-    pub run: Result<StoredRun, StoreError>,
-}
-
 /// The port to a run store. Contract:
 /// - `create_run` inserts a new run, `queued`, or `running` and claimed by `holder`; with a
 ///   `webhook` URL, each end of the run (and each question it asks) adds a delivery to its outbox
@@ -417,12 +342,12 @@ pub struct Fenced<'a> {
 
 impl RunJournal for Fenced<'_> {
     fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id);
+        debug_assert_eq!(run_id, self.lease.run_id());
         Box::pin(async move { Ok(self.store.append(self.lease, batch).await?) })
     }
 
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id);
+        debug_assert_eq!(run_id, self.lease.run_id());
         Box::pin(async move { Ok(self.store.commit(self.lease, batch).await?) })
     }
 }
@@ -437,74 +362,7 @@ impl From<StoreError> for JournalError {
     }
 }
 
-/// Opens the store a URL names: `sqlite://PATH` (created when missing), `sqlite::memory:`, or
-/// `postgres://USER:PASSWORD@HOST[:PORT]/DB` (the database must exist; its tables are created).
-pub async fn open(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
-    let url = url.trim();
-    if url.starts_with("sqlite:") {
-        return Ok(Arc::new(sqlite::SqliteStore::open(url).await?));
-    }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Arc::new(postgres::PgStore::open(url).await?));
-    }
-    // libpq's key=value form (`host=… password=…`) is not read (sqlx takes URLs only); it is
-    // named back redacted like any URL, and the fix said in the message.
-    let hint = if url.contains('=') && !url.contains("://") {
-        " (PostgreSQL's key=value form is not supported: write it as postgres://USER:PASSWORD@HOST:PORT/DB)"
-    } else {
-        ""
-    };
-    Err(StoreError::Url(format!("`{}` is not a store URL; use sqlite://PATH or postgres://…{hint}", crate::redact::redact_url(url))))
-}
-
-/// Opens a store that must exist already, as a reader of it (`fabric runs`, `fabric replay`)
-/// wants: a SQLite file that is not there is [`StoreError::Missing`] and is not created.
-pub async fn open_existing(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
-    let url = url.trim();
-    if url.starts_with("sqlite:") && !url.contains(":memory:") {
-        let file = sqlite::file_of(url)?;
-        if !file.exists() {
-            return Err(StoreError::Missing(format!(
-                "no run store at {} ({}): the file does not exist (runs are recorded by `fabric serve` and `fabric run --store`; FABRIC_DATABASE_URL or --store names another)",
-                file.display(),
-                crate::redact::redact_url(url)
-            )));
-        }
-    }
-    open(url).await
-}
-
 /// The time now, as stored (`YYYY-MM-DDTHH:MM:SS.mmmZ`, sortable as text).
 pub(crate) fn now() -> String {
     crate::events::rfc3339_now()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{IdempotencyKey, RunId};
-
-    #[test]
-    fn idempotency_keys_are_1_to_255_visible_ascii_characters() {
-        for good in ["a", "order-42/retry:1", "~!", &"k".repeat(255)] {
-            assert_eq!(IdempotencyKey::parse(good).unwrap().as_str(), good);
-        }
-        for bad in ["", " ", "a b", "tab\t", "caf\u{e9}", "nul\0", &"k".repeat(256)] {
-            assert!(IdempotencyKey::parse(bad).is_err(), "{bad:?}");
-        }
-        assert_eq!(IdempotencyKey::parse("ab c"), Err(super::BadKey::NotVisible(3)));
-        assert!(IdempotencyKey::parse("ab c").unwrap_err().to_string().contains("character 3"));
-    }
-
-    #[test]
-    fn only_canonical_lowercase_uuids_are_run_ids() {
-        let made = crate::exec::new_run_id();
-        assert_eq!(RunId::parse(&made).map(|id| id.to_string()), Some(made.clone()));
-        for not in
-            ["", "nope", "a", "\0", &made.to_uppercase(), &made.replace('-', ""), &format!("{{{made}}}"), &format!("urn:uuid:{made}"), &format!("{made} ")]
-        {
-            assert_eq!(RunId::parse(not), None, "{not:?}");
-        }
-        // Multi-byte text of the right length in bytes is no run id either.
-        assert_eq!(RunId::parse(&"é".repeat(18)), None);
-    }
 }

@@ -1,5 +1,5 @@
 //! The webhook outbox: the deliveries of runs accepted with a webhook URL. A row is added by the
-//! writers (`sqlite_writer`, `queue`) in the transaction that ends the run or makes it ask (the
+//! writers (`sqlite_writer`, `pool_writer`) in the transaction that ends the run or makes it ask (the
 //! fence, the one statement that does); a sender claims the due rows under a lease (any process of the store: a dead sender's rows come due again when its lease expires),
 //! makes one attempt each and records it. Delivery is at least once: a sender that dies between
 //! its POST and the record of it is followed by another POST, with the same `webhook-id`.
@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::queue::{Dialect, RUN_COLUMNS, db, rows_sql, run_of};
+use super::dialect::{Dialect, rows_sql};
+use super::reads::{RUN_COLUMNS, run_of};
 use super::sql::SqlStore;
+use super::sql_error::db;
 use super::{Holder, StoreError, StoredRun};
 use crate::failure::BoxFuture;
 

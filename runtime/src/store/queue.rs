@@ -1,20 +1,20 @@
 //! The write path every SQL store shares: one writer task that takes what the runs hand it and
 //! writes everything waiting in one transaction (group commit: at many concurrent runs one
-//! fsync serves many stages), the rows a batch becomes, and how they are written on any sqlx
-//! database ([`PoolWriter`]), each run's rows only while it holds its lease (the fence).
+//! fsync serves many stages), each run's rows only while it holds its lease (the fence, checked
+//! by the database's [`WriteRows`]), trying again for as long as the database cannot write for
+//! a reason that may pass. What a transaction writes is [`super::rows`]; how, on a sqlx pool,
+//! [`super::pool_writer`], and on a SQLite file, [`super::sqlite_writer`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::{ColumnIndex, Decode, Row, Type};
 use tokio::sync::{mpsc, oneshot};
 
 use super::health::Health;
-use super::prompts::{self, Known, Prompt, StoredEntry};
-use super::{Lease, StoreError, StoredRun, StoredStatus, now};
-use crate::exec::{JournalBatch, RunStatus};
-use crate::failure::BoxFuture;
+use super::rows::{Job, Prepared, Rows, Write, WriteFailure, WriteRows};
+use super::{Lease, StoreError};
+use crate::exec::JournalBatch;
 
 /// What a write is told once the writer task is gone (the runtime shutting down).
 const WRITER_STOPPED: &str = "the store's writer has stopped";
@@ -28,259 +28,6 @@ const JOBS_PER_TRANSACTION: usize = 256;
 /// The pauses between two tries of a transaction while the database cannot write.
 const RETRY_PAUSE_MIN: Duration = Duration::from_millis(50);
 const RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
-
-/// What differs between the SQL of the databases a store runs on.
-pub(crate) trait Dialect {
-    /// Milliseconds since the epoch on the database's clock (PostgreSQL's server; SQLite's is
-    /// the machine's, which every process using the file shares): leases never compare two
-    /// machines' clocks.
-    const NOW_MS: &'static str;
-    /// Appended to the select of a claim: rows another claimer holds are skipped, not waited
-    /// for (empty where a write locks the whole database).
-    const SKIP_LOCKED: &'static str;
-    /// Appended to a select that locks the rows of many runs at once, `ORDER BY run_id`: every
-    /// statement that updates several runs' rows (the writer's fence, the lease renewal) takes
-    /// their locks in one order, so two of them never wait for each other (PostgreSQL's
-    /// `deadlock detected`, which failed the writer's transaction and refused starts with a 503
-    /// under load: `tests/e2e/durable_load.rs`). Empty where a write locks the whole database.
-    const LOCK_ROWS: &'static str;
-    /// Placeholders numbered (`$1, $2`) or anonymous (`?`, bound in the order they appear).
-    /// SQLite takes both, but sqlx looks each numbered one up by name, a cost that grows with
-    /// the square of a statement's parameters: the writer's large statements use `?` there.
-    const NUMBERED: bool;
-    /// One `BIGINT`, 1 when this transaction may sweep old runs and 0 when another replica's
-    /// sweep holds the lock (PostgreSQL's advisory lock, let go at the commit); 1 where a write
-    /// locks the whole database anyway.
-    const SWEEP_LOCK: &'static str;
-    /// Run first in a start's transaction under a session policy, with the session as `$1`: it
-    /// waits until no other such transaction of the session is open (PostgreSQL's advisory
-    /// lock, let go at the commit). Empty where a write locks the whole database anyway.
-    const SESSION_LOCK: &'static str;
-}
-
-impl Dialect for sqlx::Sqlite {
-    const NOW_MS: &'static str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-    const SKIP_LOCKED: &'static str = "";
-    const LOCK_ROWS: &'static str = "";
-    const NUMBERED: bool = false;
-    const SWEEP_LOCK: &'static str = "SELECT 1";
-    const SESSION_LOCK: &'static str = "";
-}
-
-impl Dialect for sqlx::Postgres {
-    const NOW_MS: &'static str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
-    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
-    const LOCK_ROWS: &'static str = " FOR UPDATE";
-    const NUMBERED: bool = true;
-    // The key is the sweep's own (`fabric` sweep, in ASCII), apart from the migrations' lock.
-    const SWEEP_LOCK: &'static str = "SELECT CAST(CASE WHEN pg_try_advisory_xact_lock(6661735247) THEN 1 ELSE 0 END AS BIGINT)";
-    const SESSION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 6661735248))";
-}
-
-/// What the writer does: a new run's row (claimed by `owner` for `lease_ms`, or queued), or a
-/// claimed run's commit.
-pub(crate) enum Write {
-    /// With a `key` (an idempotency key), the row is written only when no run has that key.
-    Create {
-        run_id: String,
-        route_id: String,
-        request: String,
-        claim: Option<(String, i64)>,
-        key: Option<String>,
-        /// Where the run's ends are posted (`runs.webhook_url`).
-        webhook: Option<String>,
-        session: Option<String>,
-    },
-    Commit {
-        lease: Lease,
-        batch: Box<Prepared>,
-    },
-}
-
-/// A batch as rows: serialized by the run that hands it over (on its own thread), so the
-/// writer, which every run shares, only writes.
-pub(crate) struct Prepared {
-    /// (seq, kind, body).
-    events: Vec<(i64, &'static str, String)>,
-    entries: Vec<StoredEntry>,
-    end: Option<PreparedEnd>,
-}
-
-pub(crate) struct PreparedEnd {
-    pub status: StoredStatus,
-    pub result: String,
-    pub reason_class: Option<&'static str>,
-    pub question: Option<String>,
-    /// One past the last event written, when the batch has events.
-    pub next_seq: Option<i64>,
-}
-
-impl Prepared {
-    fn of(batch: JournalBatch) -> Prepared {
-        let events = batch
-            .events
-            .iter()
-            .map(|e| {
-                let mut body = Vec::with_capacity(256);
-                e.write_json_line(&mut body);
-                body.pop();
-                (e.seq as i64, e.kind.as_str(), String::from_utf8(body).unwrap_or_default())
-            })
-            .collect();
-        // A model reply's system prompt goes to its own row, once per prompt (`super::prompts`).
-        let entries = batch.entries.iter().map(prompts::split).collect();
-        // Between stages only the next `seq` changes, and the events' rows already say it.
-        let end = batch.end.as_ref().map(|result| PreparedEnd {
-            status: match result.status() {
-                RunStatus::Completed => StoredStatus::Completed,
-                RunStatus::Failed => StoredStatus::Failed,
-                RunStatus::AwaitingInput => StoredStatus::AwaitingInput,
-                RunStatus::Cancelled => StoredStatus::Cancelled,
-            },
-            result: serde_json::to_string(result).unwrap_or_default(),
-            reason_class: result.error().map(|e| e.reason_class.as_str()),
-            // A copy for people reading the table (the result holds the question exactly, JSON
-            // escaped): PostgreSQL's text cannot hold NUL, so it is shown as U+FFFD there.
-            question: result.question().map(|q| q.replace('\0', "\u{FFFD}")),
-            next_seq: batch.events.last().map(|e| e.seq as i64 + 1),
-        });
-        Prepared { events, entries, end }
-    }
-}
-
-impl Write {
-    /// A new run's row, claimed by `holder` or queued, with its idempotency key.
-    pub(crate) fn create(run: &super::NewRun<'_>, holder: Option<&super::Holder>, key: Option<&super::IdempotencyKey>) -> Write {
-        Write::Create {
-            run_id: run.run_id.to_owned(),
-            route_id: run.route_id.to_owned(),
-            request: run.request_json(),
-            claim: holder.map(|h| (h.owner.clone(), h.lease_ms())),
-            key: key.map(|k| k.as_str().to_owned()),
-            webhook: run.webhook.map(str::to_owned),
-            session: run.session_id.map(str::to_owned),
-        }
-    }
-
-    fn run_id(&self) -> &str {
-        match self {
-            Write::Create { run_id, .. } => run_id,
-            Write::Commit { lease, .. } => &lease.run_id,
-        }
-    }
-}
-
-/// A job, and who waits for it (appends are not waited for).
-type Job = (Write, Option<oneshot::Sender<Result<(), StoreError>>>);
-
-/// A run's end as its row takes it: the prepared end, with the lease that writes it.
-pub(crate) struct End<'a> {
-    pub run_id: &'a str,
-    pub token: i64,
-    pub end: &'a PreparedEnd,
-}
-
-/// A new run's row.
-pub(crate) struct Create<'a> {
-    pub run_id: &'a str,
-    pub route_id: &'a str,
-    pub request: &'a str,
-    /// Claimed by (owner, lease_ms), or queued.
-    pub claim: Option<(&'a str, i64)>,
-    pub key: Option<&'a str>,
-    pub webhook: Option<&'a str>,
-    pub session: Option<&'a str>,
-}
-
-/// What one transaction writes, table by table, in the order the jobs came.
-pub(crate) struct Rows<'a> {
-    /// The time the rows are stamped with.
-    pub at: String,
-    pub creates: Vec<Create<'a>>,
-    /// The leases of the runs this transaction commits for: the fence.
-    pub leases: Vec<(&'a str, i64)>,
-    /// (run_id, seq, kind, body).
-    pub events: Vec<(&'a str, i64, &'a str, &'a str)>,
-    /// (run_id, entry, the digest of the prompt it names).
-    pub entries: Vec<(&'a str, &'a str, Option<&'a str>)>,
-    /// (run_id, prompt): the prompts the entries name, for the runs that hold their lease, in
-    /// the order of their digests (PostgreSQL writers inserting the same new keys in one order
-    /// never wait for each other in a cycle).
-    pub prompts: Vec<(&'a str, &'a Prompt)>,
-    pub ends: Vec<End<'a>>,
-}
-
-impl<'a> Rows<'a> {
-    fn of(jobs: &'a [Job]) -> Rows<'a> {
-        let mut rows =
-            Rows { at: now(), creates: Vec::new(), leases: Vec::new(), events: Vec::new(), entries: Vec::new(), prompts: Vec::new(), ends: Vec::new() };
-        let mut seen = HashSet::new();
-        for (job, _) in jobs {
-            match job {
-                Write::Create { run_id, route_id, request, claim, key, webhook, session } => rows.creates.push(Create {
-                    run_id,
-                    route_id,
-                    request,
-                    claim: claim.as_ref().map(|(o, ms)| (o.as_str(), *ms)),
-                    key: key.as_deref(),
-                    webhook: webhook.as_deref(),
-                    session: session.as_deref(),
-                }),
-                Write::Commit { lease, batch } => {
-                    let run_id = &lease.run_id;
-                    if seen.insert((run_id.as_str(), lease.token)) {
-                        rows.leases.push((run_id.as_str(), lease.token));
-                    }
-                    rows.events.extend(batch.events.iter().map(|(seq, kind, body)| (run_id.as_str(), *seq, *kind, body.as_str())));
-                    for e in &batch.entries {
-                        rows.entries.push((run_id.as_str(), e.json.as_str(), e.prompt.as_ref().map(|p| p.digest.as_str())));
-                        if let Some(p) = &e.prompt {
-                            rows.prompts.push((run_id.as_str(), p));
-                        }
-                    }
-                    if let Some(end) = &batch.end {
-                        rows.ends.push(End { run_id, token: lease.token, end });
-                    }
-                }
-            }
-        }
-        rows.prompts.sort_unstable_by(|a, b| a.1.digest.cmp(&b.1.digest));
-        rows
-    }
-
-    /// The prompts to write for the runs in `holding`, each once, leaving out those `known`.
-    pub fn new_prompts(&self, holding: &HashSet<&str>, known: &Known) -> Vec<&'a Prompt> {
-        let mut new: Vec<&Prompt> = self.prompts.iter().filter(|(run, p)| holding.contains(run) && !known.has(&p.digest)).map(|(_, p)| *p).collect();
-        // Sorted already: equal ones are neighbours.
-        new.dedup_by(|a, b| a.digest == b.digest);
-        new
-    }
-}
-
-/// How one database writes a transaction's rows (all of them, or none): the rows of runs that
-/// hold their lease; the ids of those that do not (fenced) are returned, and so are those of
-/// new runs whose idempotency key another run has (not written either).
-pub(crate) trait WriteRows: Send + Sync + 'static {
-    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>>;
-    /// Whether the transaction of `rows` committed after all (its connection broke before it
-    /// heard), and then which of its runs are fenced now: the rows of a run still holding its
-    /// lease were written by this writer alone, so the first of them says.
-    fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>>;
-}
-
-/// A transaction that failed, and whether it may have committed all the same (its connection
-/// broke while the COMMIT was on its way: only the database knows now).
-#[derive(Debug)]
-pub(crate) struct WriteFailure {
-    pub error: StoreError,
-    pub in_doubt: bool,
-}
-
-impl WriteFailure {
-    fn before_commit(error: StoreError) -> WriteFailure {
-        WriteFailure { error, in_doubt: false }
-    }
-}
 
 /// The handle the store keeps: where jobs go, and which runs had a queued write fail.
 #[derive(Debug)]
@@ -300,7 +47,7 @@ type Failed = Arc<Mutex<HashMap<(String, i64), StoreError>>>;
 /// here, so asking for the end's (`last`) forgets the failure.
 fn earlier_failure(failed: &Failed, lease: &Lease, last: bool) -> Option<StoreError> {
     let mut failed = failed.lock().unwrap_or_else(|p| p.into_inner());
-    let key = (lease.run_id.clone(), lease.token);
+    let key = (lease.run_id().to_owned(), lease.token());
     if last { failed.remove(&key) } else { failed.get(&key).cloned() }
 }
 
@@ -310,7 +57,7 @@ fn settle(failed: &Failed, job: &Write, ack: Option<oneshot::Sender<Result<(), S
     if let (Err(e), Write::Commit { lease, batch }) = (&done, job)
         && batch.end.is_none()
     {
-        failed.lock().unwrap_or_else(|p| p.into_inner()).insert((lease.run_id.clone(), lease.token), e.clone());
+        failed.lock().unwrap_or_else(|p| p.into_inner()).insert((lease.run_id().to_owned(), lease.token()), e.clone());
     }
     if let Some(ack) = ack {
         let _ = ack.send(done);
@@ -384,7 +131,7 @@ impl WriteQueue {
             return Err(e);
         }
         let job = Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) };
-        self.writer_of(&lease.run_id).send((job, None)).await.map_err(|_| StoreError::Database(WRITER_STOPPED.into()))
+        self.writer_of(lease.run_id()).send((job, None)).await.map_err(|_| StoreError::Database(WRITER_STOPPED.into()))
     }
 
     /// [`crate::exec::RunJournal::commit`]: waited for. After an earlier queued failure nothing
@@ -513,10 +260,10 @@ async fn writer(db: impl WriteRows, queue: mpsc::Receiver<Job>, failed: Failed, 
 /// scan of the jobs: a transaction takes up to 256 of them.
 fn holds_as(holders: &mut HashMap<String, i64>, job: &Write) -> bool {
     let Write::Commit { lease, .. } = job else { return true };
-    match holders.get(&lease.run_id) {
-        Some(token) => *token == lease.token,
+    match holders.get(lease.run_id()) {
+        Some(token) => *token == lease.token(),
         None => {
-            holders.insert(lease.run_id.clone(), lease.token);
+            holders.insert(lease.run_id().to_owned(), lease.token());
             true
         }
     }
@@ -587,507 +334,11 @@ async fn write_retrying(db: &impl WriteRows, health: &Health, failed: &Failed, i
     }
 }
 
-/// The writer's side of a pool: how many rows one INSERT takes at the most (a database bounds
-/// the parameters of a statement).
-pub(crate) struct PoolWriter<DB: sqlx::Database> {
-    pub pool: sqlx::Pool<DB>,
-    pub per_insert: usize,
-    pub health: Arc<Health>,
-    /// The prompts known to be committed (shared by the store's writers).
-    pub known: Arc<Known>,
-}
-
-// By hand: a derive would ask `DB: Clone`, which the databases' marker types are not.
-impl<DB: sqlx::Database> Clone for PoolWriter<DB> {
-    fn clone(&self) -> Self {
-        PoolWriter { pool: self.pool.clone(), per_insert: self.per_insert, health: self.health.clone(), known: self.known.clone() }
-    }
-}
-
-impl<DB: sqlx::Database> PoolWriter<DB> {
-    /// A connection that failed is not handed out again: its state is not known (a transaction
-    /// that may still be open, a file SQLite opened read-only).
-    fn forget(&self, conn: &mut sqlx::pool::PoolConnection<DB>, f: &ConnFailure) {
-        if self.health.discards() {
-            conn.close_on_drop();
-        }
-        if f.poison {
-            // A no-op for an in-memory database (its one connection is the database).
-            self.health.poison();
-        }
-    }
-}
-
-impl<DB> PoolWriter<DB>
-where
-    DB: sqlx::Database + Dialect,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'t> &'t str: sqlx::Encode<'t, DB> + Type<DB>,
-    for<'t> Option<&'t str>: sqlx::Encode<'t, DB>,
-    for<'t> String: Decode<'t, DB> + Type<DB>,
-    for<'t> i64: sqlx::Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
-    for<'t> Option<i64>: sqlx::Encode<'t, DB>,
-    for<'r> usize: ColumnIndex<DB::Row>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    DB::Arguments: sqlx::IntoArguments<DB>,
-{
-    /// [`WriteRows::committed`] on one connection.
-    async fn committed_on(&self, conn: &mut sqlx::pool::PoolConnection<DB>, rows: &Rows<'_>) -> Result<Option<HashSet<String>>, ConnFailure> {
-        let conn = &mut **conn;
-        let mut fenced = HashSet::new();
-        for (run_id, token) in &rows.leases {
-            let row = sqlx::query("SELECT lease_token FROM runs WHERE run_id = $1").bind(*run_id).fetch_optional(&mut *conn).await.map_err(failed)?;
-            let now: Option<i64> = row.map(|r| r.try_get(0)).transpose().map_err(failed)?;
-            if now != Some(*token) {
-                fenced.insert((*run_id).to_owned());
-            }
-        }
-        let witness = if let Some((run_id, seq, ..)) = rows.events.iter().find(|e| !fenced.contains(e.0)) {
-            sqlx::query("SELECT run_id FROM run_events WHERE run_id = $1 AND seq = $2").bind(*run_id).bind(*seq).fetch_optional(&mut *conn).await
-        } else if !rows.creates.is_empty() {
-            // Any new run's row says (one whose key another run has was never written).
-            let sql = format!("SELECT run_id FROM runs WHERE run_id IN ({}) LIMIT 1", rows_sql("", "?", rows.creates.len(), 1, DB::NUMBERED));
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for c in &rows.creates {
-                q = q.bind(c.run_id);
-            }
-            q.fetch_optional(&mut *conn).await
-        } else {
-            // Every run it wrote for is fenced now: whether it committed changes nothing.
-            return Ok(Some(fenced));
-        };
-        if witness.map_err(failed)?.is_none() {
-            return Ok(None);
-        }
-        // Committed: a keyed new run whose row is not there found its key taken.
-        for c in rows.creates.iter().filter(|c| c.key.is_some()) {
-            let row = sqlx::query("SELECT run_id FROM runs WHERE run_id = $1").bind(c.run_id).fetch_optional(&mut *conn).await.map_err(failed)?;
-            if row.is_none() {
-                fenced.insert(c.run_id.to_owned());
-            }
-        }
-        Ok(Some(fenced))
-    }
-
-    /// Heals what no write would: while writes fail, a probe every [`HEAL_EVERY`] finds out
-    /// when they work again (with no run writing, nothing else would); a SQLite file removed or
-    /// replaced under the store is found and said. For as long as the store lives.
-    pub(crate) async fn heal(self, watch: Option<super::health::FileWatch>) {
-        let mut tick = tokio::time::interval(super::health::HEAL_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if let Some(problem) = watch.as_ref().and_then(super::health::FileWatch::problem) {
-                self.health.file_lost(problem);
-            }
-            if self.health.failing() {
-                let _ = self.probe().await;
-            }
-        }
-    }
-
-    /// One small write, committed, on a connection of its own: whether the database takes
-    /// writes now (the healer's probe while writes fail). A connection it fails on goes.
-    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
-        let began = std::time::Instant::now();
-        let mut conn = self.pool.acquire().await.map_err(db)?;
-        let done = sqlx::query("UPDATE fabric_health SET beat = beat + 1 WHERE id = 1").execute(&mut *conn).await.map_err(failed);
-        match done {
-            Ok(_) => {
-                self.health.probe_succeeded();
-                Ok(())
-            }
-            Err(f) => {
-                self.forget(&mut conn, &f);
-                if let StoreError::Unavailable(e) = &f.error {
-                    self.health.write_failed(began, e);
-                }
-                Err(f.error)
-            }
-        }
-    }
-
-    /// The new runs' rows; the fence with the ends (it locks the rows of the runs committed for,
-    /// so no claim can come between the check and the writes); then one multi-row INSERT per
-    /// table (per `per_insert` rows) for the runs that hold their lease, each row's token checked
-    /// again in the statement.
-    async fn write_on(&self, conn: &mut sqlx::pool::PoolConnection<DB>, rows: &Rows<'_>) -> Result<HashSet<String>, ConnFailure> {
-        let per_insert = self.per_insert;
-        let at = rows.at.as_str();
-        let mut tx = sqlx::Connection::begin(&mut **conn).await.map_err(failed)?;
-        // New runs whose idempotency key another run has: not written, and returned with the fenced.
-        let mut refused = HashSet::new();
-        for chunk in rows.creates.chunks(per_insert) {
-            let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, lease_until) VALUES ";
-            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
-            let sql = format!(
-                "{} ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING run_id",
-                rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for c in chunk {
-                let status = if c.claim.is_some() { "running" } else { "queued" };
-                let (owner, token, ms) = c.claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
-                q = q
-                    .bind(status)
-                    .bind(c.run_id)
-                    .bind(c.route_id)
-                    .bind(c.request)
-                    .bind(at)
-                    .bind(at)
-                    .bind(owner)
-                    .bind(token)
-                    .bind(c.key)
-                    .bind(c.webhook)
-                    .bind(c.session)
-                    .bind(ms);
-            }
-            let written: HashSet<String> =
-                q.fetch_all(&mut *tx).await.map_err(failed)?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>().map_err(failed)?;
-            refused.extend(chunk.iter().filter(|c| !written.contains(c.run_id)).map(|c| c.run_id.to_owned()));
-        }
-        // The fence and the ends, in one statement: the runs still `running` under the
-        // token their writer holds get their row updated (an end: status, result, the lease let
-        // go; a reply claims the run anew) and are returned. The UPDATE locks their rows until
-        // the commit, so no claim can come between the check and the writes below, which are
-        // made for those runs only.
-        let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
-        let ends: HashMap<&str, &End> = rows.ends.iter().map(|e| (e.run_id, e)).collect();
-        let mut hooks: Vec<(&End, String)> = Vec::new();
-        // In the order of their ids, as the lease renewal locks them (`Dialect::LOCK_ROWS`).
-        let mut leases: Vec<(&str, i64)> = rows.leases.clone();
-        leases.sort_unstable();
-        for chunk in leases.chunks(per_insert / 4) {
-            if !DB::LOCK_ROWS.is_empty() {
-                let sql =
-                    format!("SELECT run_id FROM runs WHERE run_id IN ({}) ORDER BY run_id{}", rows_sql("", "?", chunk.len(), 1, DB::NUMBERED), DB::LOCK_ROWS);
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-                for (run_id, _) in chunk {
-                    q = q.bind(*run_id);
-                }
-                q.fetch_all(&mut *tx).await.map_err(failed)?;
-            }
-            let values = rows_sql("", "(?, ?, ?, ?, ?, ?, ?)", chunk.len(), 2, DB::NUMBERED);
-            let at_mark = if DB::NUMBERED { "$1" } else { "?" };
-            // No end in this batch (the run goes on): the row keeps its result and lease.
-            let going_on = "v.column3 IS NULL";
-            let sql = format!(
-                "UPDATE runs SET updated_at = {at_mark}, status = COALESCE(v.column3, runs.status), \
-                 result = CASE WHEN {going_on} THEN runs.result ELSE v.column4 END, \
-                 reason_class = CASE WHEN {going_on} THEN runs.reason_class ELSE v.column5 END, \
-                 question = CASE WHEN {going_on} THEN runs.question ELSE v.column6 END, \
-                 next_seq = COALESCE(v.column7, runs.next_seq), \
-                 lease_owner = CASE WHEN {going_on} THEN runs.lease_owner ELSE NULL END, \
-                 lease_until = CASE WHEN {going_on} THEN runs.lease_until ELSE 0 END \
-                 FROM (VALUES {values}) AS v WHERE runs.run_id = v.column1 AND runs.lease_token = v.column2 AND runs.status = 'running' \
-                 RETURNING runs.run_id, runs.webhook_url"
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(at);
-            for (run_id, token) in chunk {
-                let end = ends.get(run_id).filter(|e| e.token == *token);
-                q = q
-                    .bind(*run_id)
-                    .bind(*token)
-                    .bind(end.map(|e| e.end.status.as_str()))
-                    .bind(end.map(|e| e.end.result.as_str()))
-                    .bind(end.and_then(|e| e.end.reason_class))
-                    .bind(end.and_then(|e| e.end.question.as_deref()))
-                    .bind(end.and_then(|e| e.end.next_seq));
-            }
-            for row in q.fetch_all(&mut *tx).await.map_err(failed)? {
-                let id: String = row.try_get(0).map_err(failed)?;
-                if let Some((run_id, token)) = chunk.iter().find(|(r, _)| *r == id) {
-                    holding.insert(run_id);
-                    if let (Some(end), Some(url)) = (ends.get(run_id).filter(|e| e.token == *token), row.try_get::<Option<String>, _>(1).map_err(failed)?) {
-                        hooks.push((end, url));
-                    }
-                }
-            }
-        }
-        // The webhook deliveries of the runs that ended (or asked) here, in the same transaction.
-        for chunk in hooks.chunks(per_insert) {
-            let head = "INSERT INTO run_webhooks (run_id, status, result, reason_class, question, at, url) VALUES ";
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(rows_sql(head, "(?, ?, ?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED)));
-            for (e, url) in chunk {
-                q = q
-                    .bind(e.run_id)
-                    .bind(e.end.status.as_str())
-                    .bind(e.end.result.as_str())
-                    .bind(e.end.reason_class)
-                    .bind(e.end.question.as_deref())
-                    .bind(at)
-                    .bind(url.as_str());
-            }
-            q.execute(&mut *tx).await.map_err(failed)?;
-        }
-        let mut fenced: HashSet<String> = rows.leases.iter().filter(|(r, _)| !holding.contains(r)).map(|(r, _)| (*r).to_owned()).collect();
-        fenced.extend(refused);
-        // Each row carries its writer's token, checked again by the statement that writes it
-        // (under the lock the fence took, so it cannot have moved on since).
-        let tokens: HashMap<&str, i64> = rows.leases.iter().copied().collect();
-        // A scalar subquery, not EXISTS: PostgreSQL may plan a semi-join as a scan of `runs`; this
-        // is one primary-key lookup per row on both databases.
-        let holds = "v.column2 = (SELECT r.lease_token FROM runs r WHERE r.run_id = v.column1)";
-        let events: Vec<_> = rows.events.iter().filter(|e| holding.contains(e.0)).collect();
-        for chunk in events.chunks(per_insert) {
-            let values = rows_sql("", "(?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
-            let sql = format!(
-                "INSERT INTO run_events (run_id, seq, kind, body) SELECT v.column1, v.column3, v.column4, v.column5 FROM (VALUES {values}) AS v WHERE {holds}"
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (run_id, seq, kind, body) in chunk {
-                q = q.bind(*run_id).bind(tokens[run_id]).bind(*seq).bind(*kind).bind(*body);
-            }
-            q.execute(&mut *tx).await.map_err(failed)?;
-        }
-        // Content-addressed: a prompt another transaction wrote meanwhile is the same row.
-        let prompts = rows.new_prompts(&holding, &self.known);
-        for chunk in prompts.chunks(per_insert) {
-            let values = rows_sql("", "(?, ?)", chunk.len(), 1, DB::NUMBERED);
-            let sql = format!("INSERT INTO run_prompts (digest, body) VALUES {values} ON CONFLICT (digest) DO NOTHING");
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for p in chunk {
-                q = q.bind(p.digest.as_str()).bind(p.body.as_str());
-            }
-            q.execute(&mut *tx).await.map_err(failed)?;
-        }
-        let entries: Vec<_> = rows.entries.iter().filter(|e| holding.contains(e.0)).collect();
-        for chunk in entries.chunks(per_insert) {
-            // In the order given (the journal's order is its ids'), whatever the plan.
-            let values = rows_sql("", "(?, ?, ?, ?, ?)", chunk.len(), 1, DB::NUMBERED);
-            let sql = format!(
-                "INSERT INTO run_journal (run_id, entry, prompt) SELECT v.column1, v.column3, v.column5 FROM (VALUES {values}) AS v WHERE {holds} ORDER BY v.column4"
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (k, (run_id, entry, prompt)) in chunk.iter().enumerate() {
-                q = q.bind(*run_id).bind(tokens[run_id]).bind(*entry).bind(k as i64).bind(*prompt);
-            }
-            q.execute(&mut *tx).await.map_err(failed)?;
-        }
-        tx.commit().await.map_err(|e| ConnFailure { in_doubt: in_doubt(&e), ..failed(e) })?;
-        self.known.add(prompts.iter().map(|p| p.digest.as_str()));
-        Ok(fenced)
-    }
-}
-
-// The same bounds as the inherent impl above: Rust has no alias for a set of higher-ranked
-// bounds on other types than `DB`, so each impl spells them out.
-impl<DB> WriteRows for PoolWriter<DB>
-where
-    DB: sqlx::Database + Dialect,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'t> &'t str: sqlx::Encode<'t, DB> + Type<DB>,
-    for<'t> Option<&'t str>: sqlx::Encode<'t, DB>,
-    for<'t> String: Decode<'t, DB> + Type<DB>,
-    for<'t> i64: sqlx::Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
-    for<'t> Option<i64>: sqlx::Encode<'t, DB>,
-    for<'r> usize: ColumnIndex<DB::Row>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    DB::Arguments: sqlx::IntoArguments<DB>,
-{
-    fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
-        Box::pin(async move {
-            let mut conn = self.pool.acquire().await.map_err(db)?;
-            self.committed_on(&mut conn, rows).await.map_err(|f| {
-                self.forget(&mut conn, &f);
-                f.error
-            })
-        })
-    }
-
-    fn write_rows<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<HashSet<String>, WriteFailure>> {
-        Box::pin(async move {
-            let mut conn = self.pool.acquire().await.map_err(|e| WriteFailure::before_commit(db(e)))?;
-            // The transaction is rolled back when it drops; the connection goes too.
-            self.write_on(&mut conn, rows).await.map_err(|f| {
-                self.forget(&mut conn, &f);
-                WriteFailure { error: f.error, in_doubt: f.in_doubt }
-            })
-        })
-    }
-}
-
-/// A transaction's failure on a connection: the error, whether it failed at a COMMIT whose
-/// outcome only the database knows, and whether every connection open now is suspect
-/// ([`poisons`]).
-struct ConnFailure {
-    error: StoreError,
-    in_doubt: bool,
-    poison: bool,
-}
-
-/// A statement's failure on the writer's connection.
-fn failed(e: sqlx::Error) -> ConnFailure {
-    ConnFailure { poison: poisons(&e), error: db(e), in_doubt: false }
-}
-
-/// Whether a failed COMMIT may have committed: its connection broke on the way (an answer of
-/// the database, such as SQLite's full disk, says for certain that it did not).
-fn in_doubt(e: &sqlx::Error) -> bool {
-    !matches!(e, sqlx::Error::Database(_))
-}
-
-/// `head` followed by `n` copies of `row`, comma-separated, each `?` of which becomes the next
-/// placeholder: numbered from `$first` on (`$1, $2, …`, across the rows), or left `?` where the
-/// database binds anonymous placeholders in order ([`Dialect::NUMBERED`]).
-pub(crate) fn rows_sql(head: &str, row: &str, n: usize, first: usize, numbered: bool) -> String {
-    let mut sql = String::with_capacity(head.len() + n * (row.len() + 16));
-    sql.push_str(head);
-    let mut k = first;
-    for i in 0..n {
-        if i > 0 {
-            sql.push(',');
-        }
-        for c in row.chars() {
-            if c == '?' && numbered {
-                sql.push('$');
-                sql.push_str(&k.to_string());
-                k += 1;
-            } else {
-                sql.push(c);
-            }
-        }
-    }
-    sql
-}
-
-/// A database error as the store reports it: one that trying again may cure is
-/// [`StoreError::Unavailable`]: a refused or cut connection, a server shutting down or out of
-/// space, a busy, locked, full or read-only SQLite file.
-pub(crate) fn db(e: sqlx::Error) -> StoreError {
-    let text = describe(&e);
-    if transient(&e) { StoreError::Unavailable(text) } else { StoreError::Database(text) }
-}
-
-/// [`db`] for a write made outside the writer (a claim, a renewal, a lease let go): a failure
-/// that may pass tells `health` too, as the writer's would (readiness says so, starts are
-/// refused, the probe finds out when writes work again), and one that makes every connection
-/// suspect poisons them, so that a server with no run writing does not claim for ever on
-/// connections SQLite opened read-only, while `/readyz` says ready.
-/// `began` is when the write started (a failure of a write begun before the store last
-/// recovered does not mark it failing again: [`Health::write_failed`]).
-pub(crate) fn write_error(health: &Health, began: std::time::Instant, e: sqlx::Error) -> StoreError {
-    if poisons(&e) {
-        health.poison();
-    }
-    let error = db(e);
-    if let StoreError::Unavailable(m) = &error {
-        health.write_failed(began, m);
-    }
-    error
-}
-
-/// Whether a SQLite error (its primary result code) may pass: busy, locked, read-only, I/O,
-/// full, cannot open.
-pub(crate) fn sqlite_transient(code: i32) -> bool {
-    [SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN].contains(&code)
-}
-
-/// Whether a SQLite error (its primary result code) makes every open connection suspect.
-pub(crate) fn sqlite_poisons(code: i32) -> bool {
-    [SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN].contains(&code)
-}
-
-fn transient(e: &sqlx::Error) -> bool {
-    match e {
-        // A connection cut mid-message (a server restarting) reads as a protocol error too.
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(d) => {
-            if let Some(pg) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                let c = pg.code();
-                // Connection exceptions (08…), operator intervention (57P…), insufficient
-                // resources (53…: disk full, out of memory, too many connections), system
-                // errors (58…: I/O), a deadlock or serialization failure, a read-only
-                // transaction (a standby, or a primary told to refuse writes).
-                return ["08", "57P", "53", "58"].iter().any(|p| c.starts_with(p)) || ["40P01", "40001", "25006"].contains(&c);
-            }
-            sqlite_primary(d.as_ref()).is_some_and(sqlite_transient)
-        }
-        _ => false,
-    }
-}
-
-const SQLITE_BUSY: i32 = 5;
-const SQLITE_LOCKED: i32 = 6;
-const SQLITE_READONLY: i32 = 8;
-const SQLITE_IOERR: i32 = 10;
-const SQLITE_FULL: i32 = 13;
-const SQLITE_CANTOPEN: i32 = 14;
-
-/// A SQLite error's primary result code (the low byte of its extended code, which sqlx gives).
-fn sqlite_primary(d: &dyn sqlx::error::DatabaseError) -> Option<i32> {
-    d.try_downcast_ref::<sqlx::sqlite::SqliteError>()?;
-    d.code()?.parse::<i32>().ok().map(|c| c & 0xff)
-}
-
-/// Whether an error says something about every connection open now, not just the one that
-/// failed: a SQLite connection opened while the file was read-only stays read-only, and one
-/// whose file went wrong under it (I/O, cannot open, full) is not to be trusted either. Busy
-/// and locked say only that another writer holds the file.
-fn poisons(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(d) => sqlite_primary(d.as_ref()).is_some_and(sqlite_poisons),
-        _ => false,
-    }
-}
-
-/// What went wrong, in the database's words: its message and code, without sqlx's wrapping or
-/// the server's source location (`at line 334`).
-pub(crate) fn describe(e: &sqlx::Error) -> String {
-    match e {
-        sqlx::Error::Database(d) => match d.code() {
-            Some(code) => format!("{} ({code})", d.message()),
-            None => d.message().to_owned(),
-        },
-        other => other.to_string(),
-    }
-}
-
-/// The columns [`run_of`] reads.
-pub(crate) const RUN_COLUMNS: &str =
-    "run_id, route_id, status, request, result, reason_class, question, next_seq, created_at, updated_at, lease_token, cancel_reason";
-
-/// A `runs` row (as selected with [`RUN_COLUMNS`]), on any database whose text and integers
-/// decode as `String` and `i64`.
-pub(crate) fn run_of<R>(row: &R) -> Result<StoredRun, StoreError>
-where
-    R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let text = |k: &str| -> Result<String, StoreError> { row.try_get::<String, _>(k).map_err(db) };
-    let opt = |k: &str| -> Result<Option<String>, StoreError> { row.try_get::<Option<String>, _>(k).map_err(db) };
-    let run_id = text("run_id")?;
-    // Each column is read into its type once, here; one that does not read names the run.
-    let bad = |what: &str, e: &dyn std::fmt::Display| StoreError::Database(format!("run {run_id}: its stored {what} does not read: {e}"));
-    let status = text("status")?;
-    let status = StoredStatus::parse(&status).ok_or_else(|| bad("status", &format_args!("`{status}` is no run status")))?;
-    let request = serde_json::from_str(&text("request")?).map_err(|e| bad("start contract", &e))?;
-    let result: Option<crate::exec::RunResult> = opt("result")?.map(|r| serde_json::from_str(&r)).transpose().map_err(|e| bad("result", &e))?;
-    let reason_class = opt("reason_class")?
-        .map(|c| crate::failure::ReasonClass::parse(&c).ok_or_else(|| bad("reason class", &format_args!("`{c}` is no reason class"))))
-        .transpose()?;
-    Ok(StoredRun {
-        route_id: text("route_id")?,
-        status,
-        request,
-        reason_class,
-        // The result holds the question exactly (the column, a copy, cannot hold a NUL).
-        question: result.as_ref().and_then(|r| r.question()).map(str::to_owned).or(opt("question")?),
-        result,
-        run_id,
-        next_seq: row.try_get::<i64, _>("next_seq").map_err(db)?.max(1) as u64,
-        created_at: text("created_at")?,
-        updated_at: text("updated_at")?,
-        lease_token: row.try_get::<i64, _>("lease_token").map_err(db)?,
-        cancel_reason: opt("cancel_reason")?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::failure::BoxFuture;
+    use crate::store::pool_writer::PoolWriter;
 
     /// A database that keeps the (run, seq) of every event it committed, and misbehaves on cue.
     #[derive(Default)]
@@ -1150,14 +401,7 @@ mod tests {
     }
 
     fn lease(run: &str) -> Lease {
-        Lease { run_id: run.into(), token: 1 }
-    }
-
-    #[test]
-    fn a_database_that_is_away_is_unavailable_and_a_refusal_is_not() {
-        assert!(matches!(db(sqlx::Error::PoolTimedOut), StoreError::Unavailable(_)));
-        assert!(matches!(db(sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))), StoreError::Unavailable(_)));
-        assert!(matches!(db(sqlx::Error::RowNotFound), StoreError::Database(_)));
+        Lease::new(run, 1)
     }
 
     /// Whether a transaction committed, asked of a real database: by its first row, and which
@@ -1194,7 +438,7 @@ mod tests {
 
     /// A segment that lost its lease and the segment that took the run over (in the same
     /// process: a stall past the lease) queue writes of the same run at once. Found by the
-    /// simulation (`tests/sim`, seed 35): sharing a transaction, the fence, which was kept per
+    /// simulation (`tests/e2e/sim`, seed 35): sharing a transaction, the fence, which was kept per
     /// run, counted the stale writer as holding, and its rows were written under the new token.
     #[tokio::test]
     async fn a_stale_holder_and_the_new_one_never_share_a_transaction() {
@@ -1209,7 +453,7 @@ mod tests {
         store.commit(&stale, batch("a", 1)).await.unwrap();
         store.release(&stale).await.unwrap();
         let taken = store.claim_runs(&holder, &["r".to_owned()], 1).await.unwrap();
-        let live = Lease { run_id: "a".into(), token: taken[0].lease.token };
+        let live = Lease::new("a", taken[0].lease.token());
         let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)), known: Default::default() };
         let queue = WriteQueue::start(writer, 1, Arc::new(Health::new(false)));
         // Queued together, before the writer has seen either.
@@ -1313,12 +557,5 @@ mod tests {
         second.await.unwrap().unwrap();
         assert_eq!(*db.committed.lock().unwrap(), [("a".to_owned(), 1), ("a".to_owned(), 2)], "in order, once each");
         assert!(!health.failing());
-    }
-
-    #[test]
-    fn rows_sql_numbers_placeholders_across_rows() {
-        assert_eq!(rows_sql("INSERT INTO t VALUES ", "(?, ?)", 2, 1, true), "INSERT INTO t VALUES ($1, $2),($3, $4)");
-        assert_eq!(rows_sql("V ", "('x', ?, f() + ?)", 2, 2, true), "V ('x', $2, f() + $3),('x', $4, f() + $5)");
-        assert_eq!(rows_sql("V ", "(?, ?)", 2, 1, false), "V (?, ?),(?, ?)");
     }
 }

@@ -10,8 +10,9 @@ use std::time::Instant;
 
 use sqlx::Row;
 
-use super::queue::{Dialect, db, write_error};
+use super::dialect::Dialect;
 use super::sql::SqlStore;
+use super::sql_error::{db, write_error};
 use super::{Holder, IdempotencyKey, Lease, NewRun, SessionStart, StoreError, now};
 use crate::config::{INTERRUPTED_BY_SESSION, SessionPolicy};
 
@@ -89,7 +90,7 @@ where
         .map_err(fail)?;
     if created.is_some() {
         tx.commit().await.map_err(fail)?;
-        return Ok(SessionStart::Created { lease: claimed.map(|_| Lease { run_id: run.run_id.to_owned(), token: 1 }), interrupted });
+        return Ok(SessionStart::Created { lease: claimed.map(|_| Lease::new(run.run_id.to_owned(), 1)), interrupted });
     }
     // Not created: the key's run exists, or (`reject`) the session has a live run.
     let busy = format!("SELECT run_id FROM runs WHERE session_id = $1 AND {LIVE} ORDER BY run_id LIMIT 1");

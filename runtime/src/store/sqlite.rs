@@ -1,5 +1,6 @@
-//! The embedded SQLite run store: opening, tuning (WAL, a busy timeout, a small pool) and
-//! migrating; what a store does is [`super::sql::SqlStore`].
+//! The embedded SQLite run store: opening, tuning (WAL, a busy timeout, a small pool), the
+//! migration ([`super::migrations`], under the write lock) and the writer thread
+//! ([`super::sqlite_writer`]); what a store does is [`super::sql::SqlStore`].
 //!
 //! `synchronous=NORMAL` with WAL survives a crash of the process (every commit is in the log)
 //! but not of the machine's power; `docs/operations.md` says so.
@@ -8,30 +9,16 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use super::StoreError;
 use super::health::{FileWatch, Health};
 use super::migrations;
-use super::queue::{PoolWriter, WriteQueue, db, describe};
+use super::pool_writer::PoolWriter;
+use super::queue::WriteQueue;
 use super::sql::SqlStore;
+use super::sql_error::describe;
 use super::sqlite_writer::SqliteWriter;
-use super::{StoreError, now};
-
-/// The schema versions this binary knows, in order: (version, SQL).
-pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("migrations/sqlite/0001_runs.sql")),
-    (2, include_str!("migrations/sqlite/0002_leases.sql")),
-    (3, include_str!("migrations/sqlite/0003_health.sql")),
-    (4, include_str!("migrations/sqlite/0004_prompts.sql")),
-    (5, include_str!("migrations/sqlite/0005_idempotency.sql")),
-    (6, include_str!("migrations/sqlite/0006_cancel.sql")),
-    (7, include_str!("migrations/sqlite/0007_webhooks.sql")),
-    (8, include_str!("migrations/sqlite/0008_sessions.sql")),
-    (9, include_str!("migrations/sqlite/0009_webhook_reopen.sql")),
-    (10, include_str!("migrations/sqlite/0010_webhook_writer.sql")),
-    (11, include_str!("migrations/sqlite/0011_session_order.sql")),
-    (12, include_str!("migrations/sqlite/0012_llm_shares.sql")),
-];
 
 /// Rows per multi-row INSERT (SQLite allows 32,766 parameters per statement).
 const ROWS_PER_INSERT: usize = 500;
@@ -64,7 +51,7 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await
             .map_err(|e| StoreError::Database(format!("cannot open {}: {}", crate::redact::redact_url(url), describe(&e))))?;
-        migrate(&pool).await?;
+        migrations::migrate(&pool).await?;
         let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone(), known: Default::default() };
         let watch = if memory { None } else { FileWatch::open(options.get_filename()).ok() };
         tokio::spawn(writer.clone().heal(watch));
@@ -83,43 +70,4 @@ impl SqliteStore {
 pub(crate) fn file_of(url: &str) -> Result<std::path::PathBuf, StoreError> {
     let options = SqliteConnectOptions::from_str(url).map_err(|e| StoreError::Url(format!("`{}`: {e}", crate::redact::redact_url(url))))?;
     Ok(options.get_filename().to_owned())
-}
-
-/// Migrates under the database's write lock, taken first (`BEGIN IMMEDIATE`, waiting out the
-/// busy timeout): the version read, every check and every migration applied are one transaction,
-/// so processes opening one fresh file at once apply each migration once, the later ones finding
-/// it applied. Reading the version outside it let two of them both apply the first.
-async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
-    use sqlx::Connection;
-    let mut conn = pool.acquire().await.map_err(db)?;
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
-    sqlx::query("CREATE TABLE IF NOT EXISTS fabric_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)").execute(&mut *tx).await.map_err(db)?;
-    // Checksums came later than the table: a database of an older runtime gets the column.
-    let has_sums: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info('fabric_schema') WHERE name = 'checksum'").fetch_one(&mut *tx).await.map_err(db)?;
-    if has_sums == 0 {
-        sqlx::query("ALTER TABLE fabric_schema ADD COLUMN checksum TEXT").execute(&mut *tx).await.map_err(db)?;
-    }
-    let applied: Vec<(i64, Option<String>)> =
-        sqlx::query_as("SELECT version, checksum FROM fabric_schema ORDER BY version").fetch_all(&mut *tx).await.map_err(db)?;
-    let found = applied.last().map_or(0, |a| a.0);
-    let known = MIGRATIONS.last().map_or(0, |m| m.0);
-    if found > known {
-        return Err(StoreError::TooNew { found, known });
-    }
-    for (version, sum) in migrations::verify(&applied, MIGRATIONS)? {
-        sqlx::query("UPDATE fabric_schema SET checksum = ? WHERE version = ?").bind(sum).bind(version).execute(&mut *tx).await.map_err(db)?;
-    }
-    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
-        sqlx::raw_sql(*sql).execute(&mut *tx).await.map_err(db)?;
-        sqlx::query("INSERT INTO fabric_schema (version, applied_at, checksum) VALUES (?, ?, ?)")
-            .bind(version)
-            .bind(now())
-            .bind(migrations::checksum(sql))
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-    }
-    tx.commit().await.map_err(db)?;
-    Ok(())
 }

@@ -16,9 +16,10 @@ use std::time::Instant;
 use rusqlite::{Connection, OpenFlags, params};
 
 use super::StoreError;
+use super::dialect::Dialect;
 use super::health::Health;
 use super::prompts::Known;
-use super::queue::{Dialect, Rows, WriteFailure, WriteRows};
+use super::rows::{End, Rows, WriteFailure, WriteRows};
 use crate::failure::BoxFuture;
 
 /// The database's clock in milliseconds (the same expression the other statements use).
@@ -114,7 +115,7 @@ fn write<'a>(tx: &rusqlite::Transaction<'_>, rows: &Rows<'a>, known: &Known) -> 
         }
     }
     let mut holding: HashSet<&str> = HashSet::with_capacity(rows.leases.len());
-    let mut hooks: Vec<(&super::queue::End<'_>, String)> = Vec::new();
+    let mut hooks: Vec<(&End<'_>, String)> = Vec::new();
     if !rows.leases.is_empty() {
         // Two statements: a commit that ends the run (or makes it ask) sets its status, result
         // and lease, and says where its webhook goes; one that does not (the run goes on)
@@ -266,8 +267,8 @@ impl Failure {
             rusqlite::Error::SqliteFailure(f, None) => format!("{f} ({})", f.extended_code),
             other => other.to_string(),
         };
-        let transient = primary.is_some_and(super::queue::sqlite_transient);
-        let poison = primary.is_some_and(super::queue::sqlite_poisons);
+        let transient = primary.is_some_and(super::sql_error::sqlite_transient);
+        let poison = primary.is_some_and(super::sql_error::sqlite_poisons);
         Failure { error: if transient { StoreError::Unavailable(text) } else { StoreError::Database(text) }, poison }
     }
 }

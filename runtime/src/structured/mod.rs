@@ -11,7 +11,7 @@ pub mod pyjson;
 pub mod scan;
 mod schema;
 
-pub use schema::{Field, FieldType, FlatSchema, Scalar};
+pub use schema::{Field, FieldType, FlatSchema, PropertyError, Scalar, SchemaError};
 
 use pyjson::{BigInt, PyJson};
 
@@ -201,23 +201,51 @@ pub(crate) fn push_json_string(buf: &mut String, s: &str) {
     buf.push('"');
 }
 
-fn validate<'a>(field: &'a Field, value: Option<&'a PyJson>) -> Result<Out<'a>, String> {
+/// Why one reply field does not validate, in Pydantic's words (shown after the field's name).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+enum FieldError {
+    #[error("field required")]
+    Required,
+    #[error("input should not be null")]
+    Null,
+    /// The kind of JSON value the field got instead.
+    #[error("input should be a valid list, got {0}")]
+    NotAList(&'static str),
+    /// What the field takes, and the kind of value it got.
+    #[error("input should be {want}, got {got}")]
+    Wrong { want: &'static str, got: &'static str },
+    #[error("the integer is too large to convert to float")]
+    TooLargeForFloat,
+    #[error("`{0}` is not a valid number")]
+    NotANumber(String),
+    #[error("{0} is not a whole number within range")]
+    NotWhole(f64),
+    #[error("`{0}` is not a valid integer")]
+    NotAnInteger(String),
+    #[error("`{0}` is not a valid boolean")]
+    NotABoolean(String),
+    /// The enum's members.
+    #[error("input should be one of {}", serde_json::Value::Array(.0.clone()))]
+    NotAMember(Vec<serde_json::Value>),
+}
+
+fn validate<'a>(field: &'a Field, value: Option<&'a PyJson>) -> Result<Out<'a>, FieldError> {
     match value {
         None | Some(PyJson::Null) if !field.required => Ok(Out::Null),
-        None => Err("field required".into()),
-        Some(PyJson::Null) => Err("input should not be null".into()),
+        None => Err(FieldError::Required),
+        Some(PyJson::Null) => Err(FieldError::Null),
         Some(v) => match &field.ty {
             FieldType::Scalar(s) => scalar(s, v),
             FieldType::Array(s) => match v {
                 PyJson::List(items) => items.iter().map(|item| scalar(s, item)).collect::<Result<Vec<_>, _>>().map(Out::List),
-                other => Err(format!("input should be a valid list, got {}", other.kind())),
+                other => Err(FieldError::NotAList(other.kind())),
             },
         },
     }
 }
 
-fn scalar<'a>(ty: &'a Scalar, v: &'a PyJson) -> Result<Out<'a>, String> {
-    let wrong = |what: &str| Err(format!("input should be {what}, got {}", v.kind()));
+fn scalar<'a>(ty: &'a Scalar, v: &'a PyJson) -> Result<Out<'a>, FieldError> {
+    let wrong = |want: &'static str| Err(FieldError::Wrong { want, got: v.kind() });
     match ty {
         Scalar::String => match v {
             PyJson::Str(s) => Ok(Out::Str(s, matches!(s, std::borrow::Cow::Borrowed(_)))),
@@ -227,20 +255,16 @@ fn scalar<'a>(ty: &'a Scalar, v: &'a PyJson) -> Result<Out<'a>, String> {
             PyJson::Float(f) => Ok(Out::Float(*f)),
             // Python's `float(int)` overflows instead of giving infinity (a float literal such as
             // `1e400` is infinity already, and is kept).
-            PyJson::Int(n) => {
-                Some(n.to_f64()).filter(|f| f.is_finite()).map(Out::Float).ok_or_else(|| "the integer is too large to convert to float".to_owned())
-            }
+            PyJson::Int(n) => Some(n.to_f64()).filter(|f| f.is_finite()).map(Out::Float).ok_or(FieldError::TooLargeForFloat),
             PyJson::Bool(b) => Ok(Out::Float(if *b { 1.0 } else { 0.0 })),
-            PyJson::Str(s) => number::parse_float_str(s).map(Out::Float).ok_or_else(|| format!("`{s}` is not a valid number")),
+            PyJson::Str(s) => number::parse_float_str(s).map(Out::Float).ok_or_else(|| FieldError::NotANumber(s.to_string())),
             _ => wrong("a valid number"),
         },
         Scalar::Integer => match v {
             PyJson::Int(n) => Ok(Out::Int(n.clone())),
-            PyJson::Float(f) => {
-                number::float_to_int(*f).map(|n| Out::Int(BigInt::from_i64(n))).ok_or_else(|| format!("{f} is not a whole number within range"))
-            }
+            PyJson::Float(f) => number::float_to_int(*f).map(|n| Out::Int(BigInt::from_i64(n))).ok_or(FieldError::NotWhole(*f)),
             PyJson::Bool(b) => Ok(Out::Int(BigInt::from_i64(i64::from(*b)))),
-            PyJson::Str(s) => number::parse_int_str(s).map(Out::Int).ok_or_else(|| format!("`{s}` is not a valid integer")),
+            PyJson::Str(s) => number::parse_int_str(s).map(Out::Int).ok_or_else(|| FieldError::NotAnInteger(s.to_string())),
             _ => wrong("a valid integer"),
         },
         Scalar::Boolean => match v {
@@ -250,15 +274,11 @@ fn scalar<'a>(ty: &'a Scalar, v: &'a PyJson) -> Result<Out<'a>, String> {
             PyJson::Str(s) => match s.to_ascii_lowercase().as_str() {
                 "true" | "yes" | "on" | "y" | "t" | "1" => Ok(Out::Bool(true)),
                 "false" | "no" | "off" | "n" | "f" | "0" => Ok(Out::Bool(false)),
-                _ => Err(format!("`{s}` is not a valid boolean")),
+                _ => Err(FieldError::NotABoolean(s.to_string())),
             },
             _ => wrong("a valid boolean"),
         },
-        Scalar::Enum(members) => members
-            .iter()
-            .find(|m| enum_matches(m, v))
-            .map(Out::Json)
-            .ok_or_else(|| format!("input should be one of {}", serde_json::Value::Array(members.clone()))),
+        Scalar::Enum(members) => members.iter().find(|m| enum_matches(m, v)).map(Out::Json).ok_or_else(|| FieldError::NotAMember(members.clone())),
     }
 }
 

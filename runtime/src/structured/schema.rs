@@ -58,26 +58,26 @@ pub struct FlatSchema {
 
 impl FlatSchema {
     /// Checks that `schema` is bindable; the error says why not.
-    pub fn from_json(schema: &Value) -> Result<FlatSchema, String> {
-        let obj = schema.as_object().ok_or("the schema is not a JSON object")?;
+    pub fn from_json(schema: &Value) -> Result<FlatSchema, SchemaError> {
+        let obj = schema.as_object().ok_or(SchemaError::NotAnObject)?;
         if let Some(t) = obj.get("type")
             && t != "object"
         {
-            return Err(format!("`type` is {t}, not \"object\""));
+            return Err(SchemaError::NotObjectType(t.to_string()));
         }
         let props = match obj.get("properties") {
             Some(Value::Object(p)) if !p.is_empty() => p,
-            Some(Value::Object(_)) | None => return Err("it has no `properties` (an empty object is not bindable)".into()),
-            Some(_) => return Err("`properties` is not an object".into()),
+            Some(Value::Object(_)) | None => return Err(SchemaError::NoProperties),
+            Some(_) => return Err(SchemaError::PropertiesNotAnObject),
         };
         let required: Vec<&str> = match obj.get("required") {
             None => Vec::new(),
             Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).collect(),
-            Some(_) => return Err("`required` is not a list of names".into()),
+            Some(_) => return Err(SchemaError::RequiredNotAList),
         };
         let mut fields = Vec::with_capacity(props.len());
         for (name, prop) in props {
-            let ty = field_type(prop).map_err(|why| format!("property `{name}` {why}"))?;
+            let ty = field_type(prop).map_err(|why| SchemaError::Property { name: name.clone(), why })?;
             // Pydantic makes a name with a leading underscore a private attribute: never
             // validated, never in the output, required or not (found by python/tests/test_parity.py).
             if name.starts_with('_') {
@@ -103,12 +103,52 @@ impl FlatSchema {
     }
 }
 
-fn scalar(prop: &Value) -> Result<Scalar, String> {
-    let obj = prop.as_object().ok_or("is not a schema object")?;
+/// Why a JSON schema is not bindable: the schema itself, or one of its properties.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    #[error("the schema is not a JSON object")]
+    NotAnObject,
+    /// The `type` it has instead, as JSON.
+    #[error("`type` is {0}, not \"object\"")]
+    NotObjectType(String),
+    #[error("it has no `properties` (an empty object is not bindable)")]
+    NoProperties,
+    #[error("`properties` is not an object")]
+    PropertiesNotAnObject,
+    #[error("`required` is not a list of names")]
+    RequiredNotAList,
+    #[error("property `{name}` {why}")]
+    Property { name: String, why: PropertyError },
+}
+
+/// Why one property cannot be a flat field (said after its name: "property `x` is a nested
+/// object").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PropertyError {
+    #[error("is not a schema object")]
+    NotASchema,
+    #[error("has an `enum` that is not a list")]
+    EnumNotAList,
+    #[error("has an `enum` that is not a non-empty list of scalars")]
+    EnumNotScalars,
+    #[error("is a nested object")]
+    NestedObject,
+    /// The type it names instead.
+    #[error("has type `{0}`, which is not a scalar")]
+    NotAScalar(String),
+    #[error("has no scalar `type`")]
+    NoType,
+    /// An array whose items cannot be a scalar, and why.
+    #[error("is an array whose items {0}")]
+    Items(Box<PropertyError>),
+}
+
+fn scalar(prop: &Value) -> Result<Scalar, PropertyError> {
+    let obj = prop.as_object().ok_or(PropertyError::NotASchema)?;
     if let Some(values) = obj.get("enum") {
-        let values = values.as_array().ok_or("has an `enum` that is not a list")?;
+        let values = values.as_array().ok_or(PropertyError::EnumNotAList)?;
         if values.is_empty() || values.iter().any(|v| v.is_object() || v.is_array()) {
-            return Err("has an `enum` that is not a non-empty list of scalars".into());
+            return Err(PropertyError::EnumNotScalars);
         }
         return Ok(Scalar::Enum(values.clone()));
     }
@@ -117,18 +157,18 @@ fn scalar(prop: &Value) -> Result<Scalar, String> {
         Some("integer") => Ok(Scalar::Integer),
         Some("number") => Ok(Scalar::Number),
         Some("boolean") => Ok(Scalar::Boolean),
-        Some("object") => Err("is a nested object".into()),
-        Some(other) => Err(format!("has type `{other}`, which is not a scalar")),
-        None => Err("has no scalar `type`".into()),
+        Some("object") => Err(PropertyError::NestedObject),
+        Some(other) => Err(PropertyError::NotAScalar(other.to_owned())),
+        None => Err(PropertyError::NoType),
     }
 }
 
-fn field_type(prop: &Value) -> Result<FieldType, String> {
+fn field_type(prop: &Value) -> Result<FieldType, PropertyError> {
     if prop.get("type").and_then(Value::as_str) == Some("array") && prop.get("enum").is_none() {
         // The reference defaults missing `items` to strings.
         let items = match prop.get("items") {
             None => Scalar::String,
-            Some(items) => scalar(items).map_err(|why| format!("is an array whose items {why}"))?,
+            Some(items) => scalar(items).map_err(|why| PropertyError::Items(Box::new(why)))?,
         };
         return Ok(FieldType::Array(items));
     }

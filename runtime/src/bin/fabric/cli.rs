@@ -660,7 +660,10 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     };
     let prefetch = match prefetch {
         None => Vec::new(),
-        Some(p) => match fabric::textfile::read_bounded(p, exec::MAX_PREFETCH_BYTES).map_err(|e| e.to_string()).and_then(|t| exec::parse_prefetch(&t)) {
+        Some(p) => match fabric::textfile::read_bounded(p, exec::MAX_PREFETCH_BYTES)
+            .map_err(|e| e.to_string())
+            .and_then(|t| exec::parse_prefetch(&t).map_err(|e| e.to_string()))
+        {
             Ok(chunks) => chunks,
             Err(e) => return Ok(usage(format_args!("--prefetch {}: {e}", p.display()))),
         },

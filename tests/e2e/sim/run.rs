@@ -21,12 +21,12 @@ use fabric::store::{RunFilter, RunStore, StoredStatus};
 use rand::SeedableRng;
 use tokio::task::JoinSet;
 
-use crate::faults::Faults;
-use crate::model::SimModel;
-use crate::store::{Jump, Real, Shared, SimStore};
-use crate::tools::{SimHttp, SimTool};
-use crate::trace::{Trace, normalized};
-use crate::world::{self, World};
+use super::faults::Faults;
+use super::model::SimModel;
+use super::store::{Jump, Real, Shared, SimStore};
+use super::tools::{SimHttp, SimTool};
+use super::trace::{Trace, normalized};
+use super::world::{self, World};
 
 /// The processes one seed may run (the first, and one per crash).
 const PROCESSES: u32 = 3;
@@ -108,7 +108,7 @@ fn run_ids(seed: u64) -> impl Fn() -> String + Send + Sync + 'static {
     let n = std::sync::atomic::AtomicU64::new(0);
     move || {
         let k = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let bits = crate::faults::mix(seed ^ crate::faults::mix(k)).to_le_bytes();
+        let bits = super::faults::mix(seed ^ super::faults::mix(k)).to_le_bytes();
         let mut random = [0u8; 10];
         random[..8].copy_from_slice(&bits);
         random[8..].copy_from_slice(&(k as u16).to_le_bytes());
@@ -216,7 +216,7 @@ pub fn run(s: &Seed<'_>) -> Outcome {
     }
     violations.append(&mut shared.violations.lock().unwrap());
     let replay = build(&world, s.seed, real.store.clone(), sim_model(&world, &faults, &trace, &shared), &faults, &trace, ids);
-    violations.extend(crate::check::after(&real, replay, &world, &events.lock().unwrap()));
+    violations.extend(super::check::after(&real, replay, &world, &events.lock().unwrap()));
     Outcome { trace: trace.lines(), violations, injected: faults.injected(), files: world.files() }
 }
 
@@ -285,7 +285,7 @@ impl Process<'_> {
     fn segment_sink(&self, lease: &fabric::store::Lease) -> Arc<dyn EventSink> {
         let (trace, events) = self.trace_events.clone();
         let sink: Arc<dyn EventSink> = Arc::new(Sink { trace, events });
-        self.shared.segments.lock().unwrap().insert(crate::store::sink_key(&sink), lease.clone());
+        self.shared.segments.lock().unwrap().insert(super::store::sink_key(&sink), lease.clone());
         sink
     }
 
@@ -301,8 +301,8 @@ impl Process<'_> {
                 match self.runtime.accept(&req, true).await {
                     Ok(accepted) => {
                         let Some(lease) = accepted.lease else { continue };
-                        self.trace.log(format!("start {i} {} = {}", start.route_id, lease.run_id));
-                        *live.entry(lease.run_id.clone()).or_default() += 1;
+                        self.trace.log(format!("start {i} {} = {}", start.route_id, lease.run_id()));
+                        *live.entry(lease.run_id().to_owned()).or_default() += 1;
                         let (rt, sink) = (self.runtime.clone(), self.segment_sink(&lease));
                         segments.spawn(async move {
                             let class = match rt.execute(&lease, &req, sink, Cancel::never()).await {
@@ -322,7 +322,7 @@ impl Process<'_> {
                 joined = segments.join_next(), if !segments.is_empty() => {
                     match joined {
                         Some(Ok((lease, class))) => {
-                            if let Some(n) = live.get_mut(&lease.run_id) { *n -= 1; }
+                            if let Some(n) = live.get_mut(lease.run_id()) { *n -= 1; }
                             if class == Some(ReasonClass::StoreError) {
                                 let _ = self.runtime.release(&lease).await;
                             }
@@ -353,9 +353,9 @@ impl Process<'_> {
         let any = !claimed.is_empty();
         for c in claimed {
             let lease = c.lease().clone();
-            let older = live.get(&lease.run_id).copied().unwrap_or(0) > 0;
-            self.note_recorded(&lease.run_id, older).await;
-            *live.entry(lease.run_id.clone()).or_default() += 1;
+            let older = live.get(lease.run_id()).copied().unwrap_or(0) > 0;
+            self.note_recorded(lease.run_id(), older).await;
+            *live.entry(lease.run_id().to_owned()).or_default() += 1;
             let (rt, sink) = (self.runtime.clone(), self.segment_sink(&lease));
             segments.spawn(async move {
                 let outcome = rt.resume(c, sink, Cancel::never()).await;
@@ -421,8 +421,8 @@ impl Process<'_> {
                 }
             }
             let lease = claimed.lease().clone();
-            self.note_recorded(&lease.run_id, false).await;
-            *live.entry(lease.run_id.clone()).or_default() += 1;
+            self.note_recorded(lease.run_id(), false).await;
+            *live.entry(lease.run_id().to_owned()).or_default() += 1;
             let (rt, sink) = (self.runtime.clone(), self.segment_sink(&lease));
             segments.spawn(async move {
                 let class = match rt.continue_run(claimed, sink, Cancel::never()).await {

@@ -25,8 +25,8 @@ use fabric::exec::{JournalBatch, JournalEntry};
 use fabric::failure::BoxFuture;
 use fabric::store::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, NewRun, RunFilter, RunStore, SessionStart, StoreError, StoredEvent, StoredRun};
 
-use crate::faults::Faults;
-use crate::trace::Trace;
+use super::faults::Faults;
+use super::trace::Trace;
 
 /// The real store and the runtime it runs on.
 pub struct Real {
@@ -110,7 +110,7 @@ impl Shared {
     pub fn check_going_on(&self, sink: &Arc<dyn fabric::events::EventSink>, what: &str) {
         let Some(lease) = self.segments.lock().unwrap().get(&sink_key(sink)).cloned() else { return };
         if self.stopped.lock().unwrap().contains(&lease) {
-            self.violation(format!("run {} went on past a write of its own that failed (token {}): {what}", lease.run_id, lease.token));
+            self.violation(format!("run {} went on past a write of its own that failed (token {}): {what}", lease.run_id(), lease.token()));
         }
     }
 }
@@ -193,7 +193,7 @@ impl SimStore {
 
     /// Forgets this lease's held batches (another holder's of the same run stay).
     fn drop_held(&self, lease: &Lease) {
-        if let Some(held) = self.pending.lock().unwrap().get_mut(&lease.run_id) {
+        if let Some(held) = self.pending.lock().unwrap().get_mut(lease.run_id()) {
             held.retain(|(l, _)| l != lease);
         }
     }
@@ -217,12 +217,12 @@ impl SimStore {
         if let Err(e) = done
             && !matches!(e, StoreError::LeaseLost(_))
         {
-            self.shared.violation(format!("the database refused a write of run {} token {}: {e}", lease.run_id, lease.token));
+            self.shared.violation(format!("the database refused a write of run {} token {}: {e}", lease.run_id(), lease.token()));
         }
     }
 
     fn stale(&self, lease: &Lease) -> bool {
-        self.shared.tokens.lock().unwrap().get(&lease.run_id).is_some_and(|t| *t > lease.token)
+        self.shared.tokens.lock().unwrap().get(lease.run_id()).is_some_and(|t| *t > lease.token())
     }
 }
 
@@ -289,14 +289,14 @@ impl RunStore for SimStore {
             let (store, owned, holder) = (self.real.store.clone(), OwnedRun::of(&run), holder.cloned());
             let made = self.call("create", async move { store.create_run(owned.view(), holder.as_ref()).await }).await;
             if let Ok(Some(lease)) = &made {
-                self.note_token(run.run_id, lease.token);
+                self.note_token(run.run_id, lease.token());
             }
             self.trace.log(format!(
                 "p{} create {} {}: {}",
                 self.process,
                 run.run_id,
                 run.route_id,
-                made.as_ref().map(|l| format!("{:?}", l.as_ref().map(|l| l.token))).unwrap_or_else(|e| e.to_string())
+                made.as_ref().map(|l| format!("{:?}", l.as_ref().map(|l| l.token()))).unwrap_or_else(|e| e.to_string())
             ));
             made
         })
@@ -307,7 +307,7 @@ impl RunStore for SimStore {
             let (store, owned, holder, key) = (self.real.store.clone(), OwnedRun::of(&run), holder.cloned(), key.clone());
             let made = self.call("create", async move { store.create_keyed_run(owned.view(), holder.as_ref(), &key).await }).await;
             if let Ok(Keyed::Created(Some(lease))) = &made {
-                self.note_token(run.run_id, lease.token);
+                self.note_token(run.run_id, lease.token());
             }
             self.trace.log(format!(
                 "p{} create keyed {} {}: {}",
@@ -331,7 +331,7 @@ impl RunStore for SimStore {
             let (store, owned, holder, key) = (self.real.store.clone(), OwnedRun::of(&run), holder.cloned(), key.cloned());
             let made = self.call("create", async move { store.create_session_run(owned.view(), holder.as_ref(), policy, key.as_ref()).await }).await;
             if let Ok(SessionStart::Created { lease: Some(lease), .. }) = &made {
-                self.note_token(run.run_id, lease.token);
+                self.note_token(run.run_id, lease.token());
             }
             self.trace.log(format!("p{} create session {} {}: {made:?}", self.process, run.run_id, run.route_id));
             made
@@ -374,8 +374,8 @@ impl RunStore for SimStore {
             let claimed = self.call("claim", async move { store.claim_runs(&holder, &routes, limit).await }).await;
             if let Ok(c) = &claimed {
                 for c in c {
-                    self.note_token(&c.lease.run_id, c.lease.token);
-                    self.trace.log(format!("p{} claimed {} token {}", self.process, c.lease.run_id, c.lease.token));
+                    self.note_token(c.lease.run_id(), c.lease.token());
+                    self.trace.log(format!("p{} claimed {} token {}", self.process, c.lease.run_id(), c.lease.token()));
                 }
             }
             claimed
@@ -387,7 +387,7 @@ impl RunStore for SimStore {
             let (store, id, why, holder) = (self.real.store.clone(), run_id.to_owned(), reason.to_owned(), holder.clone());
             let asked = self.call("cancel", async move { store.request_cancel(&id, &why, &holder).await }).await;
             if let Ok(CancelAsk::Claimed { lease, .. }) = &asked {
-                self.note_token(run_id, lease.token);
+                self.note_token(run_id, lease.token());
             }
             asked
         })
@@ -413,7 +413,7 @@ impl RunStore for SimStore {
             let (store, id, holder) = (self.real.store.clone(), run_id.to_owned(), holder.clone());
             let claimed = self.call("claim_reply", async move { store.claim_reply(&id, &holder).await }).await;
             if let Ok(Some(l)) = &claimed {
-                self.note_token(run_id, l.token);
+                self.note_token(run_id, l.token());
             }
             claimed
         })
@@ -429,7 +429,7 @@ impl RunStore for SimStore {
             self.drop_held(lease);
             let (store, l) = (self.real.store.clone(), lease.clone());
             let done = self.call("release", async move { store.release(&l).await }).await;
-            self.trace.log(format!("p{} release {} token {}: {done:?}", self.process, lease.run_id, lease.token));
+            self.trace.log(format!("p{} release {} token {}: {done:?}", self.process, lease.run_id(), lease.token()));
             done
         })
     }
@@ -444,19 +444,19 @@ impl RunStore for SimStore {
             let p = self.process;
             let line = entries_line(&batch);
             if let Some(e) = self.failed_before(lease) {
-                self.trace.log(format!("p{p} append {} token {} {line}: refused (an earlier write failed)", lease.run_id, lease.token));
+                self.trace.log(format!("p{p} append {} token {} {line}: refused (an earlier write failed)", lease.run_id(), lease.token()));
                 return Err(e);
             }
             if self.faults.fault("store:append", self.faults.rates.store, &["refused"]).is_some() {
-                self.trace.log(format!("p{p} append {} token {} {line}: refused (fault)", lease.run_id, lease.token));
+                self.trace.log(format!("p{p} append {} token {} {line}: refused (fault)", lease.run_id(), lease.token()));
                 return Err(self.fail(lease, "sim: the database refused the write"));
             }
-            let mut batches = self.pending.lock().unwrap().remove(&lease.run_id).unwrap_or_default();
+            let mut batches = self.pending.lock().unwrap().remove(lease.run_id()).unwrap_or_default();
             batches.push((lease.clone(), batch));
             // The real writer writes a queued batch soon, or a crash comes first: both happen.
             if self.faults.pick("store:append:held", 4) == 0 {
-                self.trace.log(format!("p{p} append {} token {} {line}: queued", lease.run_id, lease.token));
-                self.pending.lock().unwrap().insert(lease.run_id.clone(), batches);
+                self.trace.log(format!("p{p} append {} token {} {line}: queued", lease.run_id(), lease.token()));
+                self.pending.lock().unwrap().insert(lease.run_id().to_owned(), batches);
                 return Ok(());
             }
             let stale = self.stale(lease);
@@ -470,10 +470,10 @@ impl RunStore for SimStore {
                     own.and(durable)
                 })
                 .await;
-            self.trace.log(format!("p{p} append {} token {} {line}: written, {}", lease.run_id, lease.token, shown(&done)));
+            self.trace.log(format!("p{p} append {} token {} {line}: written, {}", lease.run_id(), lease.token(), shown(&done)));
             self.refused_by_the_database(lease, &done);
             if stale && done.is_ok() {
-                self.shared.violation(format!("a stale holder's batch was taken: run {} token {}", lease.run_id, lease.token));
+                self.shared.violation(format!("a stale holder's batch was taken: run {} token {}", lease.run_id(), lease.token()));
             }
             done
         })
@@ -484,14 +484,14 @@ impl RunStore for SimStore {
             let line = entries_line(&batch);
             let p = self.process;
             if let Some(e) = self.failed_before(lease) {
-                self.trace.log(format!("p{p} commit {} token {} {line}: refused (an earlier write failed)", lease.run_id, lease.token));
+                self.trace.log(format!("p{p} commit {} token {} {line}: refused (an earlier write failed)", lease.run_id(), lease.token()));
                 return Err(e);
             }
-            let mut batches = self.pending.lock().unwrap().remove(&lease.run_id).unwrap_or_default();
+            let mut batches = self.pending.lock().unwrap().remove(lease.run_id()).unwrap_or_default();
             batches.push((lease.clone(), batch));
             let fault = self.faults.fault("store:commit", self.faults.rates.store, &[WriteFault::Refused, WriteFault::AckLost]);
             if let Some(WriteFault::Refused) = fault {
-                self.trace.log(format!("p{p} commit {} token {} {line}: refused (fault)", lease.run_id, lease.token));
+                self.trace.log(format!("p{p} commit {} token {} {line}: refused (fault)", lease.run_id(), lease.token()));
                 return Err(self.fail(lease, "sim: the database refused the write"));
             }
             let stale = self.stale(lease);
@@ -504,15 +504,15 @@ impl RunStore for SimStore {
                     own.and(committed)
                 })
                 .await;
-            self.trace.log(format!("p{p} commit {} token {} {line}: {}", lease.run_id, lease.token, shown(&done)));
+            self.trace.log(format!("p{p} commit {} token {} {line}: {}", lease.run_id(), lease.token(), shown(&done)));
             self.refused_by_the_database(lease, &done);
             if stale && done.is_ok() {
-                self.shared.violation(format!("a stale holder's commit was taken: run {} token {}", lease.run_id, lease.token));
+                self.shared.violation(format!("a stale holder's commit was taken: run {} token {}", lease.run_id(), lease.token()));
             }
             if done.is_ok()
                 && let Some(WriteFault::AckLost) = fault
             {
-                self.trace.log(format!("p{p} commit {}: its acknowledgement is lost (fault)", lease.run_id));
+                self.trace.log(format!("p{p} commit {}: its acknowledgement is lost (fault)", lease.run_id()));
                 return Err(self.fail(lease, "sim: the connection broke before the commit was acknowledged"));
             }
             done

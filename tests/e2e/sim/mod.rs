@@ -3,13 +3,16 @@
 //! invariants checked after every seed. `FABRIC_SIM_SEED=N` replays one seed (and prints its
 //! trace); `FABRIC_SIM_SEEDS=A..B` runs a range (default: the CI range below). See
 //! docs/testing.md.
+//!
+//! A module of the one integration binary (`cargo test --test e2e sim::`): each seed's
+//! processes run on a paused clock, but a clock of their own (a current-thread runtime built
+//! per seed, `run.rs`), and the simulation sets nothing process-wide, so nothing keeps it in a
+//! binary of its own, which would link the library once more.
 
 mod check;
 mod faults;
 mod model;
 mod run;
-#[path = "../e2e/skip.rs"]
-mod skip;
 mod store;
 mod tools;
 mod trace;
@@ -77,7 +80,7 @@ fn run_seeds(seeds: &[u64], db: &run::Db) {
         }
         let (left_out, small) = shrink(seed, db, outcome);
         panic!(
-            "seed {seed} breaks an invariant on {db:?} (replay it: FABRIC_SIM_SEED={seed} cargo test -p fabric-runtime --test sim)\n\
+            "seed {seed} breaks an invariant on {db:?} (replay it: FABRIC_SIM_SEED={seed} cargo test -p fabric-runtime --test e2e sim::every_seed)\n\
              violations:\n  {}\nfault plan (shrunk; {} fault(s) left out):\n  {}\ntrace:\n  {}\nthe world:\n{}",
             small.violations.join("\n  "),
             left_out.len(),
@@ -108,7 +111,7 @@ fn every_seed_keeps_every_invariant() {
 #[test]
 fn every_seed_keeps_every_invariant_on_postgres() {
     let url = std::env::var("FABRIC_TEST_POSTGRES_URL").ok().filter(|u| !u.trim().is_empty());
-    if skip::skip_unless(url.is_some(), "PostgreSQL", "FABRIC_TEST_POSTGRES_URL is unset (`eval \"$(.ci/postgres start)\"` sets it; .ci/run does)") {
+    if crate::skip::skip_unless(url.is_some(), "PostgreSQL", "FABRIC_TEST_POSTGRES_URL is unset (`eval \"$(.ci/postgres start)\"` sets it; .ci/run does)") {
         return;
     }
     run_seeds(&seeds(CI_SEEDS_POSTGRES), &run::Db::Postgres(url.unwrap_or_default()));

@@ -16,9 +16,9 @@ use fabric::llm::stub::StubLlm;
 use fabric::llm::{Llm, LlmError, LlmReply, LlmRequest, ModelInfo, OutputSpec, ReplyMeta, finish_reply};
 use serde_json::json;
 
-use crate::faults::Faults;
-use crate::store::Shared;
-use crate::trace::Trace;
+use super::faults::Faults;
+use super::store::Shared;
+use super::trace::Trace;
 
 #[derive(Debug, Clone, Copy)]
 enum Fault {

@@ -11,8 +11,8 @@ use fabric::failure::{BoxFuture, ReasonClass};
 use fabric::tools::{HttpPort, Tool, ToolError, ToolFailure, ToolOutput};
 use serde_json::{Map, Value, json};
 
-use crate::faults::Faults;
-use crate::trace::Trace;
+use super::faults::Faults;
+use super::trace::Trace;
 
 #[derive(Debug, Clone, Copy)]
 enum Fault {

@@ -10,9 +10,9 @@ use fabric::runtime::Durable;
 use fabric::store::{RunFilter, StoredStatus};
 use serde_json::Value;
 
-use crate::run::RETRY_MAX;
-use crate::store::Real;
-use crate::world::World;
+use super::run::RETRY_MAX;
+use super::store::Real;
+use super::world::World;
 
 /// The fields every event of a type has, as docs/events.md lists them (the test below checks
 /// that the document names each).
