@@ -68,6 +68,10 @@ PINS = [
     "langchain-azure-ai==1.2.9",
     "langchain-mistralai==1.1.6",
     "langchain-cohere==0.6.0",
+    # The rest of init_chat_model's keys: Claude on Bedrock and Mantle (the anthropic SDK's
+    # bedrock extra), Meta's Model API.
+    "aws-bedrock-token-generator==1.1.0",
+    "langchain-meta==0.5.0",
 ]
 # Installed without their dependencies, after PINS: langchain-upstage 0.7.7 asks for
 # tokenizers<0.21, which litellm, langchain-mistralai and langchain-cohere exclude; it uses
@@ -79,9 +83,14 @@ RECORDED = ["langchain", "langchain-core", "langchain-openai", "langchain-anthro
 # Cloud providers: what each group's fixtures record besides the above.
 CLOUD_RECORDED = {"main": ["langchain-aws", "boto3", "botocore"],
                   "vertex": ["langchain-google-vertexai", "google-cloud-aiplatform", "google-auth"]}
+# What the Claude-on-a-cloud fixtures record besides their group's.
+ANTHROPIC_RECORDED = ["anthropic", "langchain-anthropic"]
 # langchain-google-vertexai needs google-cloud-aiplatform, which caps google-genai below 3: it gets
 # a venv of its own so that the google_genai fixture keeps google-genai 3.6.1.
-VERTEX_PINS = ["langchain==1.5.0", "langchain-google-vertexai==3.2.5", "pydantic==2.14.4"]
+VERTEX_PINS = ["langchain==1.5.0", "langchain-google-vertexai==3.2.5", "pydantic==2.14.4",
+               # ChatAnthropicVertex (google_anthropic_vertex) calls the anthropic SDK's AnthropicVertex with
+               # `temperature`, which the 2.x SDKs no longer take (TypeError): the newest 0.x.
+               "anthropic[vertex]==0.125.0"]
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = "tests/parity/gen_wire_fixtures.py"
@@ -133,7 +142,8 @@ def isolate_environment():
     """No proxy, no provider settings and no tracing from the caller's environment."""
     prefixes = ("OPENAI", "ANTHROPIC", "GOOGLE", "GEMINI", "OLLAMA", "LANGCHAIN", "LANGSMITH", "LANGGRAPH", "AWS", "BEDROCK", "CLOUD_ML",
                 "GCLOUD", "CLOUDSDK", "AZURE", "DEEPSEEK", "GROQ", "XAI", "FIREWORKS", "TOGETHER", "OPENROUTER", "PPLX", "PERPLEXITY",
-                "NVIDIA", "UPSTAGE", "BASETEN", "LITELLM", "MISTRAL", "COHERE", "CO_")
+                "NVIDIA", "UPSTAGE", "BASETEN", "LITELLM", "MISTRAL", "COHERE", "CO_", "HF_", "HUGGINGFACE", "MODEL_API", "LLAMA",
+                "WATSONX", "IBM")
     for k in list(os.environ):
         if k.upper().endswith("_PROXY") or k.upper().startswith(prefixes):
             del os.environ[k]
@@ -349,9 +359,17 @@ CLOUD_MODELS = {"bedrock_converse": "anthropic.claude-3-5-haiku-20241022-v1:0",
                 # ChatBedrock (init_chat_model's `bedrock`) calls Converse itself for Nova models only:
                 # the one case where the reference sends what this runtime sends for `bedrock:`.
                 "bedrock": "amazon.nova-lite-v1:0",
-                "google_vertexai": "gemini-2.5-flash"}
+                "google_vertexai": "gemini-2.5-flash",
+                # Claude through the anthropic SDK's cloud clients: Bedrock's InvokeModel
+                # (ChatAnthropicBedrock), Bedrock's Mantle endpoint (ChatAnthropicMantle) and Vertex
+                # AI's rawPredict (ChatAnthropicVertex).
+                "anthropic_bedrock": "anthropic.claude-3-5-haiku-20241022-v1:0",
+                "bedrock_mantle_anthropic": "anthropic.claude-haiku-4-5",
+                "google_anthropic_vertex": "claude-sonnet-4-5@20250929"}
 MODELS.update(CLOUD_MODELS)
-VERTEX_PROVIDERS = {"google_vertexai"}
+VERTEX_PROVIDERS = {"google_vertexai", "google_anthropic_vertex"}
+# The cloud providers that speak Anthropic's Messages API (their replies are Anthropic's).
+ANTHROPIC_HOSTED = {"anthropic_bedrock", "bedrock_mantle_anthropic", "google_anthropic_vertex"}
 # Fake credentials, the AWS documentation's example ones; never valid anywhere.
 AWS_KEY_ID, AWS_SECRET = "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 AWS_REGION = "us-east-1"
@@ -364,7 +382,10 @@ SERVICE_ACCOUNT = REPO / "tests/fixtures/vertex/service-account.json"
 
 def cloud_recorded(provider):
     group = "vertex" if provider in VERTEX_PROVIDERS else "main"
-    return ["langchain", "langchain-core", "pydantic", "pydantic-core", "httpx", *CLOUD_RECORDED[group]]
+    extra = ANTHROPIC_RECORDED if provider in ANTHROPIC_HOSTED else []
+    if provider == "google_anthropic_vertex":
+        extra = ["anthropic"]
+    return ["langchain", "langchain-core", "pydantic", "pydantic-core", "httpx", *CLOUD_RECORDED[group], *extra]
 
 
 def cloud_environment():
@@ -378,12 +399,25 @@ def cloud_environment():
 
 def cloud_chat_model(provider, url):
     from langchain.chat_models import init_chat_model
+    if provider == "anthropic_bedrock":
+        # The anthropic SDK's AnthropicBedrock takes its endpoint from ANTHROPIC_BEDROCK_BASE_URL
+        # (ChatAnthropicBedrock passes no base URL on); the keys and region from the environment.
+        os.environ["ANTHROPIC_BEDROCK_BASE_URL"] = url
+        return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300, max_retries=0)
+    if provider == "bedrock_mantle_anthropic":
+        # SigV4 with the access keys of the environment (service `bedrock-mantle`).
+        return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300, base_url=url,
+                               max_retries=0)
     if provider in VERTEX_PROVIDERS:
         account = json.loads(SERVICE_ACCOUNT.read_text())
         account["token_uri"] = url + TOKEN_PATH
         path = venv_dir("vertex") / "service-account.json"
         path.write_text(json.dumps(account))
         os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(path)
+        if provider == "google_anthropic_vertex":
+            # The anthropic SDK's AnthropicVertex; its base URL ends in /v1 as the default one does.
+            return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
+                                   base_url=url + "/v1", project=account["project_id"], location="us-central1", max_retries=0)
         # REST, not gRPC, so that the capture server sees the request; no retries, so that an
         # error reply is one request.
         return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
@@ -465,7 +499,7 @@ def cloud_error_cases(provider, kind):
 def cloud_error_status(provider, case):
     if case not in CLOUD_ERRORS:
         return 200, {}
-    if provider in VERTEX_PROVIDERS:
+    if provider in VERTEX_PROVIDERS or provider == "bedrock_mantle_anthropic":
         return CLOUD_ERRORS[case], {}
     code = {"throttled": "ThrottlingException", "invalid": "ValidationException", "unavailable": "ServiceUnavailableException"}[case]
     return CLOUD_ERRORS[case], {"x-amzn-ErrorType": f"{code}:http://internal.amazon.com/coral/com.amazon.bedrock/"}
@@ -474,12 +508,17 @@ def cloud_error_status(provider, case):
 def cloud_reply(provider, kind, case):
     model = MODELS[provider]
     if case in CLOUD_ERRORS:
+        if provider == "bedrock_mantle_anthropic":
+            kind_ = {"throttled": "rate_limit_error", "invalid": "invalid_request_error", "unavailable": "api_error"}[case]
+            return {"type": "error", "error": {"type": kind_, "message": f"{kind_} (test)"}}
         if provider in VERTEX_PROVIDERS:
             status = {"throttled": "RESOURCE_EXHAUSTED", "invalid": "INVALID_ARGUMENT", "unavailable": "UNAVAILABLE"}[case]
             return {"error": {"code": CLOUD_ERRORS[case], "message": f"{status.lower()} (test)", "status": status}}
         return {"message": {"throttled": "Too many requests, please wait before trying again.",
                             "invalid": "The provided model identifier is invalid.",
                             "unavailable": "Bedrock is unable to process your request."}[case]}
+    if provider in ANTHROPIC_HOSTED:
+        return anthropic_reply(kind, case, model, {"structured": "Out", "envelope": "Out", "decision": "AgentDecision"}.get(kind))
     if provider in VERTEX_PROVIDERS:
         return vertex_reply(kind, case, model)
     return converse_reply(kind, case)
@@ -717,7 +756,7 @@ def generate(provider, capture):
             # parse (as `guided_json`, then `nvext`: 3 requests in all): the call's `attempts`.
             attempts = len(capture.requests)
             assert attempts == 1 or provider == "nvidia", \
-                (provider, kind, case, attempts)
+                (provider, kind, case, attempts, result)
             req = capture.requests[0]
             if seen is None:
                 seen = req
@@ -761,7 +800,9 @@ def main():
     group = group_arg()
     if group == "main" and "--group" not in sys.argv and Path(sys.prefix).resolve() != venv_dir("main"):
         # The Vertex AI group first, in its own venv (see VERTEX_PINS); then this one.
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--group", "vertex"], check=True)
+        names = [a for a in sys.argv[1:] if a in VERTEX_PROVIDERS]
+        if names or not sys.argv[1:]:
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--group", "vertex", *names], check=True)
     ensure_venv(group)
     isolate_environment()
     cloud_environment()
@@ -773,7 +814,12 @@ def main():
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     if group == "main":
         sign_vectors()
-    only = sys.argv[1:] if "--group" not in sys.argv else []  # some providers only (for a quick look); all of them by default
+    # Some providers only (named after the options); all of them by default.
+    args = sys.argv[1:]
+    if "--group" in args:
+        i = args.index("--group")
+        args = args[:i] + args[i + 2:]
+    only = args
     for provider in [p for p in all_models() if (p in VERTEX_PROVIDERS) == (group == "vertex")]:
         if only and provider not in only:
             continue
