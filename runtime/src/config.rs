@@ -141,6 +141,20 @@ pub const VARIABLES: &[&str] = &[
     "COHERE_API_KEY",
     "CO_API_KEY",
     "CO_API_URL",
+    // The rest of init_chat_model's keys (docs/providers.md): Hugging Face's router, Meta's
+    // Model API, the LangSmith gateway, Claude on Bedrock, Mantle and Vertex AI.
+    "HF_TOKEN",
+    "HUGGINGFACEHUB_API_TOKEN",
+    "MODEL_API_KEY",
+    "MODEL_API_BASE",
+    "LANGSMITH_GATEWAY",
+    "LANGSMITH_GATEWAY_API_KEY",
+    "LANGSMITH_API_KEY",
+    "ANTHROPIC_BEDROCK_BASE_URL",
+    "ANTHROPIC_API_URL",
+    "ANTHROPIC_BEDROCK_MANTLE_BASE_URL",
+    "ANTHROPIC_AWS_API_KEY",
+    "ANTHROPIC_VERTEX_BASE_URL",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -562,7 +576,7 @@ impl Settings {
                 };
                 (u, default, vec!["GOOGLE_API_KEY", "GEMINI_API_KEY"])
             }
-            ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi => {
+            ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi | ProviderKind::HostedAnthropic(_) => {
                 let lookup = |v: &str| self.var(v).map(str::to_owned).or_else(|| (self.env.0)(v).filter(|s| !s.trim().is_empty()));
                 return cloud::target(&lookup, provider, model, base_url, key_var);
             }
@@ -575,7 +589,7 @@ impl Settings {
                 (u, default, vec!["ANTHROPIC_API_KEY"])
             }
             ProviderKind::Compat(c) => {
-                let (u, default) = self.compat_base_url(c, base_url)?;
+                let (u, default) = self.compat_base_url(c, &model, base_url)?;
                 (Ok(u), default, crate::llm::providers::compat::endpoint(c).key_vars.to_vec())
             }
             ProviderKind::Cohere => {
@@ -629,7 +643,7 @@ impl Settings {
                 let value = self.raw.0.get(*v)?;
                 let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") || v.ends_with("_SECRET") || cloud::SECRETS.contains(v) {
                     "<redacted>".to_owned()
-                } else if v.ends_with("_URL") || v.ends_with("_BASE") || v.ends_with("_ENDPOINT") || *v == "OLLAMA_HOST" {
+                } else if v.ends_with("_URL") || v.ends_with("_BASE") || v.ends_with("_ENDPOINT") || *v == "OLLAMA_HOST" || *v == "LANGSMITH_GATEWAY" {
                     crate::redact::redact_url(value)
                 } else {
                     value.clone()

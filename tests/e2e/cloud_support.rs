@@ -150,11 +150,13 @@ fn check_grant(headers: &axum::http::HeaderMap, body: &str, n: usize) -> Result<
 pub async fn wire_target(kind: ProviderKind, url: &str, model: &str) -> ProviderTarget {
     let mut t = target(kind, url, model);
     match kind {
-        ProviderKind::Bedrock | ProviderKind::BedrockConverse => {
+        ProviderKind::Bedrock
+        | ProviderKind::BedrockConverse
+        | ProviderKind::HostedAnthropic(fabric::vocab::AnthropicHost::Bedrock | fabric::vocab::AnthropicHost::Mantle) => {
             t.api_key = None;
             t.cloud = Some(Cloud::Bedrock { region: "us-east-1".into(), region_var: "AWS_REGION", keys: Some(test_keys(None)) });
         }
-        ProviderKind::VertexAi => {
+        ProviderKind::VertexAi | ProviderKind::HostedAnthropic(fabric::vocab::AnthropicHost::Vertex) => {
             let (token_uri, _) = token_server().await;
             t.api_key = None;
             let account = test_account(&token_uri);

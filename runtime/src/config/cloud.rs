@@ -6,7 +6,7 @@
 
 use crate::llm::cloud::{AwsKeys, Cloud, ServiceAccount};
 use crate::llm::model::{ApiKey, ProviderKind, ProviderTarget, check_key};
-use crate::vocab::{ConfigError, err, parse_base_url};
+use crate::vocab::{AnthropicHost, ConfigError, err, parse_base_url};
 
 /// Secrets whose names do not end in `_API_KEY` or `_TOKEN`: read only from the environment and
 /// never shown. (`AWS_ACCESS_KEY_ID` names a key rather than being one, but it is kept as close.)
@@ -50,8 +50,32 @@ pub fn target(
     key_var: Option<&str>,
 ) -> Result<ProviderTarget, ConfigError> {
     match provider {
-        ProviderKind::VertexAi => vertex(var, model, base_url),
+        ProviderKind::VertexAi | ProviderKind::HostedAnthropic(AnthropicHost::Vertex) => vertex(var, provider, model, base_url),
         _ => bedrock(var, provider, model, base_url, key_var),
+    }
+}
+
+/// Where a Bedrock provider's endpoint is read from, in its package's order (the runtime's
+/// `FABRIC_LLM_BASE_URL` after the package's own where the package reads none of AWS's), its
+/// default for a region, and the variables of the Bedrock API key.
+fn bedrock_endpoint(provider: ProviderKind, region: &str) -> (&'static [&'static str], String, &'static [&'static str]) {
+    match provider {
+        // The anthropic SDK's AnthropicBedrock reads ANTHROPIC_BEDROCK_BASE_URL only.
+        ProviderKind::HostedAnthropic(AnthropicHost::Bedrock) => {
+            (&["ANTHROPIC_BEDROCK_BASE_URL", "FABRIC_LLM_BASE_URL"], format!("https://bedrock-runtime.{region}.amazonaws.com"), &["AWS_BEARER_TOKEN_BEDROCK"])
+        }
+        // ChatAnthropicMantle passes ANTHROPIC_API_URL / ANTHROPIC_BASE_URL on (unless they name
+        // api.anthropic.com); AnthropicBedrockMantle reads ANTHROPIC_BEDROCK_MANTLE_BASE_URL.
+        ProviderKind::HostedAnthropic(AnthropicHost::Mantle) => (
+            &["ANTHROPIC_API_URL", "ANTHROPIC_BASE_URL", "ANTHROPIC_BEDROCK_MANTLE_BASE_URL", "FABRIC_LLM_BASE_URL"],
+            format!("https://bedrock-mantle.{region}.api.aws/anthropic"),
+            &["AWS_BEARER_TOKEN_BEDROCK", "ANTHROPIC_AWS_API_KEY"],
+        ),
+        _ => (
+            &["BEDROCK_ENDPOINT_URL", "AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "AWS_ENDPOINT_URL"],
+            format!("https://bedrock-runtime.{region}.amazonaws.com"),
+            &["AWS_BEARER_TOKEN_BEDROCK"],
+        ),
     }
 }
 
@@ -65,15 +89,22 @@ fn bedrock(
     let (region_var, value) = first(var, &["AWS_REGION", "AWS_DEFAULT_REGION"])
         .ok_or_else(|| err("AWS_REGION or AWS_DEFAULT_REGION", format!("is required for provider {} (model `{model}`) and is not set", provider.key())))?;
     let region = region(region_var, &value)?;
-    let base_url = match (base_url, first(var, &["BEDROCK_ENDPOINT_URL", "AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "AWS_ENDPOINT_URL"])) {
+    let (url_vars, default_url, bearer_vars) = bedrock_endpoint(provider, &region);
+    // An Anthropic URL is the `anthropic:` key's, which ChatAnthropicMantle does not take over.
+    let not_anthropic = |v: &str| var(v).filter(|u| !u.contains("api.anthropic.com"));
+    let base_url = match (base_url, url_vars.iter().find_map(|v| not_anthropic(v).map(|u| (*v, u)))) {
         (Some(u), _) => parse_base_url("model profile base_url", u)?,
         (None, Some((v, u))) => parse_base_url(v, &u)?,
-        (None, None) => format!("https://bedrock-runtime.{region}.amazonaws.com"),
+        (None, None) => default_url,
     };
     // The Bedrock API key first, as botocore prefers it when it is set; else the access keys.
-    let bearer_var = key_var.unwrap_or("AWS_BEARER_TOKEN_BEDROCK");
-    let (api_key, api_key_var, keys) = match var(bearer_var).map(|k| k.trim().to_owned()) {
-        Some(token) => {
+    let found = match key_var {
+        Some(v) => var(v).map(|k| (v, k)),
+        None => bearer_vars.iter().find_map(|v| var(v).map(|k| (*v, k))),
+    };
+    let bearer_var = key_var.unwrap_or(bearer_vars[0]);
+    let (api_key, api_key_var, keys) = match found.map(|(v, k)| (v, k.trim().to_owned())) {
+        Some((bearer_var, token)) => {
             check_key(bearer_var, &token)?;
             // A bearer token goes in clear text: only over TLS, as botocore insists, or to this
             // machine (a local proxy, the tests).
@@ -116,13 +147,14 @@ fn aws_keys(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model:
     }
 }
 
-fn vertex(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<&str>) -> Result<ProviderTarget, ConfigError> {
+fn vertex(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model: String, base_url: Option<&str>) -> Result<ProviderTarget, ConfigError> {
     const CREDS: &str = "GOOGLE_APPLICATION_CREDENTIALS";
+    let key = provider.key();
     let path = var(CREDS).map(|p| p.trim().to_owned()).ok_or_else(|| {
         err(
             CREDS,
             format!(
-                "is required for provider google_vertexai (model `{model}`) and is not set: set it to a service account's JSON key file \
+                "is required for provider {key} (model `{model}`) and is not set: set it to a service account's JSON key file \
                  (gcloud's user credentials and the metadata server are not read)"
             ),
         )
@@ -134,7 +166,7 @@ fn vertex(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<
         Some((v, p)) => (p, v.to_owned()),
         None => match &account.project_id {
             Some(p) => (p.clone(), format!("project_id of {path}")),
-            None => return Err(err("GOOGLE_CLOUD_PROJECT", format!("is required for provider google_vertexai: `{path}` names no project_id"))),
+            None => return Err(err("GOOGLE_CLOUD_PROJECT", format!("is required for provider {key}: `{path}` names no project_id"))),
         },
     };
     if project.is_empty() || !project.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':')) {
@@ -144,14 +176,24 @@ fn vertex(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<
         Some((v, l)) => (region(v, &l)?, v.to_owned()),
         None => (DEFAULT_VERTEX_LOCATION.to_owned(), "default".to_owned()),
     };
-    let base_url = match (base_url, var("GOOGLE_VERTEX_BASE_URL")) {
+    // ChatVertexAI's endpoint is a host; AnthropicVertex's ends in its API version (/v1) and is
+    // read from ANTHROPIC_VERTEX_BASE_URL, with the multi-region hosts the anthropic SDK knows.
+    let claude = provider != ProviderKind::VertexAi;
+    let url_vars: &[&str] = if claude { &["ANTHROPIC_VERTEX_BASE_URL", "FABRIC_LLM_BASE_URL"] } else { &["GOOGLE_VERTEX_BASE_URL"] };
+    let base_url = match (base_url, first(var, url_vars)) {
         (Some(u), _) => parse_base_url("model profile base_url", u)?,
-        (None, Some(u)) => parse_base_url("GOOGLE_VERTEX_BASE_URL", &u)?,
-        (None, None) if location == "global" => "https://aiplatform.googleapis.com".to_owned(),
-        (None, None) => format!("https://{location}-aiplatform.googleapis.com"),
+        (None, Some((v, u))) => parse_base_url(v, &u)?,
+        (None, None) => {
+            let host = match location.as_str() {
+                "global" => "https://aiplatform.googleapis.com".to_owned(),
+                "us" | "eu" if claude => format!("https://aiplatform.{location}.rep.googleapis.com"),
+                _ => format!("https://{location}-aiplatform.googleapis.com"),
+            };
+            if claude { format!("{host}/v1") } else { host }
+        }
     };
     Ok(ProviderTarget {
-        provider: ProviderKind::VertexAi,
+        provider,
         model,
         base_url,
         api_key: None,

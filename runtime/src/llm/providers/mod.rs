@@ -12,7 +12,9 @@ pub mod gemini;
 pub mod limits;
 pub mod ollama;
 pub mod openai;
+pub mod responses;
 // Cloud providers (issue 30, parts 3 and 4).
+pub mod anthropic_hosted;
 pub mod bedrock;
 pub mod gcp_token;
 pub mod sigv4;
@@ -403,10 +405,15 @@ pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuni
         ProviderKind::Anthropic => Box::new(HttpBackend::new(client, anthropic::Anthropic, target, tuning).with_max_reply_bytes(max_reply_bytes)),
         ProviderKind::Bedrock | ProviderKind::BedrockConverse => bedrock::backend(client, target, tuning, max_reply_bytes),
         ProviderKind::VertexAi => vertex::backend(client, target, tuning, max_reply_bytes),
-        // The OpenAI-compatible family: the OpenAI codec in each package's dialect.
+        // The OpenAI-compatible family: the OpenAI codec in each package's dialect, or the
+        // Responses API where the package calls it.
+        ProviderKind::Compat(c) if compat::dialect(c).responses || (c == crate::vocab::Compat::MantleOpenAi && compat::mantle_responses(&target.model)) => {
+            Box::new(HttpBackend::new(client, responses::Responses { kind: target.provider }, target, tuning).with_max_reply_bytes(max_reply_bytes))
+        }
         ProviderKind::Compat(_) => {
             Box::new(HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes))
         }
+        ProviderKind::HostedAnthropic(_) => anthropic_hosted::backend(client, target, tuning, max_reply_bytes),
         ProviderKind::Cohere => Box::new(HttpBackend::new(client, cohere::Cohere, target, tuning).with_max_reply_bytes(max_reply_bytes)),
     }
 }

@@ -23,11 +23,18 @@ pub const SERVICE: &str = "bedrock";
 pub struct SigV4 {
     keys: AwsKeys,
     region: String,
+    service: &'static str,
 }
 
 impl SigV4 {
     pub fn new(keys: AwsKeys, region: String) -> SigV4 {
-        SigV4 { keys, region }
+        SigV4 { keys, region, service: SERVICE }
+    }
+
+    /// Signs for another signing name: `bedrock-mantle`, Bedrock's Mantle endpoint (the
+    /// anthropic SDK's `AnthropicBedrockMantle`).
+    pub fn for_service(keys: AwsKeys, region: String, service: &'static str) -> SigV4 {
+        SigV4 { keys, region, service }
     }
 
     /// The headers that sign `POST url` with `headers` and `body` at `time`: `authorization`,
@@ -47,7 +54,7 @@ impl SigV4 {
         let params = v4::SigningParams::builder()
             .identity(&identity)
             .region(&self.region)
-            .name(SERVICE)
+            .name(self.service)
             .time(time)
             .settings(SigningSettings::default())
             .build()
