@@ -91,6 +91,41 @@ VERTEX_PINS = ["langchain==1.5.0", "langchain-google-vertexai==3.2.5", "pydantic
                # ChatAnthropicVertex (google_anthropic_vertex) calls the anthropic SDK's AnthropicVertex with
                # `temperature`, which the 2.x SDKs no longer take (TypeError): the newest 0.x.
                "anthropic[vertex]==0.125.0"]
+# langchain-ibm's ibm-watsonx-ai pins ibm-cos-sdk, whose jmespath<=1.0.1 boto3 excludes: a venv
+# of its own too.
+IBM_PINS = ["langchain==1.5.0", "langchain-ibm==1.1.2", "pydantic==2.14.4"]
+IBM_RECORDED = ["langchain", "langchain-core", "pydantic", "pydantic-core", "httpx", "langchain-ibm", "ibm-watsonx-ai"]
+# ChatWatsonx reaches IBM Cloud only (its SDK picks the IAM endpoint and the project API from
+# the watsonx.ai URL): the generator points it at a real region and sends every request of its
+# httpx client to the capture server instead. The IAM token is a JWT the SDK reads the expiry of.
+IBM_URL = "https://us-south.ml.cloud.ibm.com"
+IBM_PROJECT = "00000000-0000-4000-8000-000000000001"
+IBM_TOKEN_PATH = "/identity/token"
+IBM_TOKEN = ("eyJhbGciOiJSUzI1NiIsImtpZCI6InRlc3QifQ.eyJpYW1faWQiOiJJQk1pZC10ZXN0IiwiZXhwIjo0MTAyNDQ0ODAwLCJpYXQiOjE3NjQ0MTA0MDB9"
+             ".dGVzdC1zaWduYXR1cmU")
+
+
+def group_of(provider):
+    return "vertex" if provider in VERTEX_PROVIDERS else "ibm" if provider == "ibm" else "main"
+
+
+def redirect_httpx(url):
+    """Every request of an httpx client goes to the capture server at `url`, path and query kept."""
+    import httpx
+    from urllib.parse import urlsplit
+    target = urlsplit(url)
+    # The SDK's own retries of 429 and 5xx (ten by default, read at each request) off, so that an
+    # error answer is one request.
+    os.environ["WATSONX_MAX_RETRIES"] = "0"
+    if getattr(httpx.HTTPTransport, "_wire_redirected", False):
+        return
+    original = httpx.HTTPTransport.handle_request
+
+    def handle(self, request):
+        request.url = request.url.copy_with(scheme="http", host=target.hostname, port=target.port)
+        return original(self, request)
+    httpx.HTTPTransport.handle_request = handle
+    httpx.HTTPTransport._wire_redirected = True
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = "tests/parity/gen_wire_fixtures.py"
@@ -121,7 +156,7 @@ def ensure_venv(group="main"):
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     stamp = venv / "wire-pins.txt"
-    pins = PINS if group == "main" else VERTEX_PINS
+    pins = {"main": PINS, "vertex": VERTEX_PINS, "ibm": IBM_PINS}[group]
     # Every package of the venv, the dependencies too, at the version the committed fixtures were
     # made with: the same files come out however PyPI moves.
     name = "wire-constraints.txt" if group == "main" else f"wire-constraints-{group}.txt"
@@ -612,6 +647,7 @@ class Capture:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         capture = self
         self.requests = []
+        self.token_requests = []
         self.reply = None
         self.status = 200
         self.reply_headers = {}
@@ -621,8 +657,17 @@ class Capture:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self):
-                # The model list ChatNVIDIA reads before a structured call; not a model call.
-                out = json.dumps({"object": "list", "data": [{"id": capture.model, "object": "model"}]}).encode()
+                # The model list ChatNVIDIA reads before a structured call, the project and the
+                # model specs ibm-watsonx-ai reads when ChatWatsonx is built; not model calls.
+                if self.path.startswith("/v2/projects/"):
+                    got = {"metadata": {"guid": IBM_PROJECT}, "entity": {"name": "wire", "storage": {"type": "bmcos_object_storage"},
+                                                                         "compute": [{"type": "machine_learning", "guid": "wml-wire", "name": "wml"}]}}
+                elif self.path.startswith("/ml/v1/foundation_model_specs"):
+                    got = {"total_count": 1, "limit": 200, "resources": [{"model_id": capture.model, "label": capture.model, "provider": "IBM",
+                                                                          "functions": [{"id": "text_chat"}, {"id": "text_generation"}]}]}
+                else:
+                    got = {"object": "list", "data": [{"id": capture.model, "object": "model"}]}
+                out = json.dumps(got).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(out)))
@@ -632,9 +677,16 @@ class Capture:
             def do_POST(self):
                 n = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(n)
-                if self.path == TOKEN_PATH:
-                    # The OAuth token exchange of a service account (Vertex AI): answered, not recorded.
-                    out = json.dumps(TOKEN_REPLY).encode()
+                if self.path in (TOKEN_PATH, IBM_TOKEN_PATH):
+                    # The OAuth token exchange of a service account (Vertex AI) or of an IBM Cloud
+                    # API key: answered; IBM's request kept apart (the fixture's `token_request`).
+                    got = TOKEN_REPLY
+                    if self.path == IBM_TOKEN_PATH:
+                        capture.token_requests.append({"method": self.command, "path": self.path,
+                                                       "headers": {k.lower(): v for k, v in self.headers.items()}, "form": raw.decode()})
+                        got = {"access_token": IBM_TOKEN, "refresh_token": "not_supported", "token_type": "Bearer", "expires_in": 3600,
+                               "expiration": 4102444800, "scope": "ibm openid"}
+                    out = json.dumps(got).encode()
                     self.send_response(200)
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(out)))
@@ -675,7 +727,7 @@ def scrub_headers(headers):
     for k in sorted(headers):
         if k in DROPPED_HEADERS:
             continue
-        out[k] = scrub_cloud_header(k, headers[k]).replace(API_KEY, KEY_PLACEHOLDER)
+        out[k] = scrub_cloud_header(k, headers[k].replace(IBM_TOKEN, "<iam-token>")).replace(API_KEY, KEY_PLACEHOLDER)
     return out
 
 
@@ -694,6 +746,8 @@ def chat_model(provider, url, **extra):
     if provider in CLOUD_MODELS:
         return cloud_chat_model(provider, url)
     from langchain.chat_models import init_chat_model
+    if provider == "ibm":
+        redirect_httpx(url)
     if provider in compat().PROVIDERS:
         kwargs, env = compat().setup(provider, url)
         os.environ.update(env)
@@ -781,8 +835,18 @@ def generate(provider, capture):
             result = outcome("text", lambda: runnable.invoke(messages), capture.url)
             assert len(capture.requests) == 1, (provider, case, len(capture.requests))
             replies.append({"kind": "text", "case": case, "status": status, "reply": body, "langchain": result})
-    recorded = cloud_recorded(provider) if provider in CLOUD_MODELS else RECORDED + (compat().recorded(provider) if family else [])
+    if provider in CLOUD_MODELS:
+        recorded = cloud_recorded(provider)
+    elif provider == "ibm":
+        recorded = IBM_RECORDED
+    else:
+        recorded = RECORDED + (compat().recorded(provider) if family else [])
     extra = {"bearer_request": bedrock_bearer_request(provider, capture, messages)} if provider == "bedrock_converse" else {}
+    if provider == "ibm":
+        # The IAM exchange of the API key (once: the SDK keeps the token), as IBM's SDK sends it.
+        t = capture.token_requests[0]
+        extra = {"token_request": {"method": t["method"], "path": t["path"], "form": t["form"].replace(API_KEY, KEY_PLACEHOLDER),
+                                   "headers": {k: v for k, v in sorted(t["headers"].items()) if k in ("authorization", "content-type")}}}
     return {
         "generator": GENERATOR,
         "packages": {name: version(name) for name in recorded},
@@ -799,10 +863,11 @@ def generate(provider, capture):
 def main():
     group = group_arg()
     if group == "main" and "--group" not in sys.argv and Path(sys.prefix).resolve() != venv_dir("main"):
-        # The Vertex AI group first, in its own venv (see VERTEX_PINS); then this one.
-        names = [a for a in sys.argv[1:] if a in VERTEX_PROVIDERS]
-        if names or not sys.argv[1:]:
-            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--group", "vertex", *names], check=True)
+        # The Vertex AI and IBM groups first, each in its own venv (see VERTEX_PINS, IBM_PINS); then this one.
+        for other in ("vertex", "ibm"):
+            names = [a for a in sys.argv[1:] if group_of(a) == other]
+            if names or not sys.argv[1:]:
+                subprocess.run([sys.executable, str(Path(__file__).resolve()), "--group", other, *names], check=True)
     ensure_venv(group)
     isolate_environment()
     cloud_environment()
@@ -820,7 +885,7 @@ def main():
         i = args.index("--group")
         args = args[:i] + args[i + 2:]
     only = args
-    for provider in [p for p in all_models() if (p in VERTEX_PROVIDERS) == (group == "vertex")]:
+    for provider in [p for p in all_models() if group_of(p) == group]:
         if only and provider not in only:
             continue
         fixture = generate(provider, capture)

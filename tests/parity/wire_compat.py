@@ -60,6 +60,12 @@ PROVIDERS = {
     "meta": ("muse-spark-1.1", "json_schema", {}, {}, ["langchain-meta", "openai"]),
     # The LangSmith LLM gateway: ChatOpenAI on the Responses API (init_chat_model's _init_langsmith).
     "langsmith": ("gpt-4o-mini", "json_schema", {}, {}, ["openai"]),
+    # IBM watsonx.ai (langchain-ibm ChatWatsonx, its own venv): the URL, key and project from the
+    # environment, as the package documents them (the generator sends its requests to the capture
+    # server, see redirect_httpx).
+    "ibm": ("ibm/granite-3-3-8b-instruct", "function_calling", {"base_url": None, "api_key": None},
+            {"WATSONX_URL": "https://us-south.ml.cloud.ibm.com", "WATSONX_API_KEY": API_KEY,
+             "WATSONX_PROJECT_ID": "00000000-0000-4000-8000-000000000001"}, []),
 }
 
 # The providers whose package calls OpenAI's Responses API (POST {base}/responses).
