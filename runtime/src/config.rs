@@ -155,6 +155,14 @@ pub const VARIABLES: &[&str] = &[
     "ANTHROPIC_BEDROCK_MANTLE_BASE_URL",
     "ANTHROPIC_AWS_API_KEY",
     "ANTHROPIC_VERTEX_BASE_URL",
+    // IBM watsonx.ai (config/cloud.rs).
+    "WATSONX_URL",
+    "WATSONX_API_KEY",
+    "WATSONX_APIKEY",
+    "WATSONX_TOKEN",
+    "WATSONX_PROJECT_ID",
+    "WATSONX_SPACE_ID",
+    "FABRIC_IBM_IAM_URL",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -576,7 +584,7 @@ impl Settings {
                 };
                 (u, default, vec!["GOOGLE_API_KEY", "GEMINI_API_KEY"])
             }
-            ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi | ProviderKind::HostedAnthropic(_) => {
+            ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi | ProviderKind::HostedAnthropic(_) | ProviderKind::Ibm => {
                 let lookup = |v: &str| self.var(v).map(str::to_owned).or_else(|| (self.env.0)(v).filter(|s| !s.trim().is_empty()));
                 return cloud::target(&lookup, provider, model, base_url, key_var);
             }
@@ -643,7 +651,13 @@ impl Settings {
                 let value = self.raw.0.get(*v)?;
                 let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") || v.ends_with("_SECRET") || cloud::SECRETS.contains(v) {
                     "<redacted>".to_owned()
-                } else if v.ends_with("_URL") || v.ends_with("_BASE") || v.ends_with("_ENDPOINT") || *v == "OLLAMA_HOST" || *v == "LANGSMITH_GATEWAY" {
+                } else if v.ends_with("_URL")
+                    || v.ends_with("_BASE")
+                    || v.ends_with("_ENDPOINT")
+                    || *v == "OLLAMA_HOST"
+                    || *v == "LANGSMITH_GATEWAY"
+                    || *v == "WATSONX_URL"
+                {
                     crate::redact::redact_url(value)
                 } else {
                     value.clone()
@@ -713,8 +727,9 @@ mod tests {
         // Mistral is served (issue #30): the model name infers it, its key is required.
         let e = load(&[("FABRIC_LLM_MODEL", "mistral-large")]).unwrap_err();
         assert_eq!(e.to_string(), "MISTRAL_API_KEY: is required for provider mistralai (model `mistral-large`) and is not set");
+        // So is every other key of LangChain's (IBM watsonx.ai the last), its settings named.
         let e = load(&[("FABRIC_LLM_MODEL", "ibm:granite")]).unwrap_err();
-        assert!(e.to_string().starts_with("FABRIC_LLM_MODEL: provider `ibm` (from `ibm:granite`) is not supported: "), "{e}");
+        assert!(e.to_string().starts_with("WATSONX_URL: is required for provider ibm (model `granite`)"), "{e}");
         let e = load(&[("FABRIC_LLM_MODEL", "qwen3:14b")]).unwrap_err();
         assert!(e.message.contains("cannot tell the provider"), "{e}");
     }

@@ -84,6 +84,8 @@ pub enum ProviderKind {
     /// Claude through a cloud's own endpoint, in Anthropic's Messages shape (the anthropic SDK's
     /// cloud clients, as LangChain's packages build them).
     HostedAnthropic(AnthropicHost),
+    /// `ibm:` (langchain-ibm `ChatWatsonx`): IBM watsonx.ai's chat API with an IAM token.
+    Ibm,
 }
 
 /// Where a [`ProviderKind::HostedAnthropic`] model runs.
@@ -122,6 +124,7 @@ impl ProviderKind {
             ProviderKind::Compat(c) => c.key(),
             ProviderKind::Cohere => "cohere",
             ProviderKind::HostedAnthropic(h) => h.key(),
+            ProviderKind::Ibm => "ibm",
         }
     }
 
@@ -135,6 +138,7 @@ impl ProviderKind {
             "bedrock_converse" => Some(ProviderKind::BedrockConverse),
             "google_vertexai" => Some(ProviderKind::VertexAi),
             "cohere" => Some(ProviderKind::Cohere),
+            "ibm" => Some(ProviderKind::Ibm),
             other => Compat::ALL
                 .iter()
                 .find(|c| c.key() == other)
@@ -156,6 +160,7 @@ impl ProviderKind {
             ProviderKind::Cohere => "cohere",
             ProviderKind::HostedAnthropic(AnthropicHost::Vertex) => "gcp.vertex_ai",
             ProviderKind::HostedAnthropic(_) => "aws.bedrock",
+            ProviderKind::Ibm => "ibm.watsonx.ai",
         }
     }
 }
@@ -336,19 +341,15 @@ pub fn choose_model(var: &str, value: &str) -> Result<ModelChoice, ConfigError> 
     if model.is_empty() {
         return Err(err(var, format!("`{value}` names no model")));
     }
-    let kind = ProviderKind::from_key(&provider)
-        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported: {}", unsupported_reason(&provider))))?;
+    // Every key of LANGCHAIN_PROVIDERS has a backend; a key LangChain adds later parses (as there)
+    // and is refused here by name.
+    let kind = ProviderKind::from_key(&provider).ok_or_else(|| {
+        err(
+            var,
+            format!("provider `{provider}` (from `{value}`) is not supported: no backend for it in this runtime; see docs/providers.md for the supported keys"),
+        )
+    })?;
     Ok(ModelChoice { provider: kind, model })
-}
-
-/// Why a LangChain provider key has no backend here (docs/providers.md, the table of keys).
-fn unsupported_reason(provider: &str) -> &'static str {
-    match provider {
-        "ibm" => {
-            "IBM watsonx.ai (langchain-ibm's ChatWatsonx) has no backend in this runtime: its IAM token exchange and watsonx chat API are not implemented (docs/providers.md)"
-        }
-        _ => "no backend for it in this runtime; see docs/providers.md for the supported keys",
-    }
 }
 
 /// A provider-facing URL from configuration: absolute http(s), stored without a trailing `/`.

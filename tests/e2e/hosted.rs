@@ -185,3 +185,65 @@ async fn endpoints_default_as_their_packages_build_them() {
     assert!(out.contains("configuration: ERROR GOOGLE_APPLICATION_CREDENTIALS: is required for provider google_anthropic_vertex"), "{out}");
     assert!(!out.contains(SECRET));
 }
+
+#[tokio::test]
+async fn ibm_exchanges_its_api_key_as_the_sdk_does_then_probes_and_runs() {
+    let (token_url, exchanges) = crate::cloud_support::iam_server().await;
+    let iam = token_url.trim_end_matches("/identity/token").to_owned();
+    let fake = fake(ProviderKind::Ibm);
+    let url = fake.start().await;
+    let env = vec![
+        ("FABRIC_LLM_MODEL", "ibm:ibm/granite-3-3-8b-instruct".to_owned()),
+        ("WATSONX_URL", url),
+        ("WATSONX_API_KEY", SECRET.to_owned()),
+        ("WATSONX_PROJECT_ID", crate::cloud_support::IBM_PROJECT.to_owned()),
+        ("FABRIC_IBM_IAM_URL", iam),
+    ];
+    let out = fabric_cli(&["doctor", "--probe"], &env).await;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("provider: ibm  model: ibm/granite-3-3-8b-instruct"), "{stdout}");
+    assert!(stdout.contains(&format!("scope: project {} (from WATSONX_PROJECT_ID)", crate::cloud_support::IBM_PROJECT)), "{stdout}");
+    assert!(stdout.contains("credentials: IBM Cloud IAM tokens for the API key from WATSONX_API_KEY; token endpoint http://127.0.0.1:"), "{stdout}");
+    assert!(stdout.contains("WATSONX_API_KEY=<redacted>") && stdout.contains("probe: ok in "), "{stdout}");
+    assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET) && !stdout.contains(crate::cloud_support::IAM_TOKEN), "{stdout}");
+    // The exchange, as ibm-watsonx-ai sends it (the ibm wire fixture's `token_request`).
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("wire/ibm.json")).unwrap()).unwrap();
+    let theirs = &fixture["token_request"];
+    let (content_type, authorization, form) = exchanges.lock().unwrap()[0].clone();
+    assert_eq!(content_type, theirs["headers"]["content-type"].as_str().unwrap());
+    assert_eq!(authorization, theirs["headers"]["authorization"].as_str().unwrap());
+    assert_eq!(form.replace(SECRET, "<api-key>"), theirs["form"].as_str().unwrap());
+    let sent = &fake.requests()[0];
+    assert_eq!(sent.path, "/ml/v1/text/chat");
+    assert_eq!(sent.query.as_deref(), Some("version=2026-10-14"));
+    assert_eq!(sent.headers["authorization"].to_str().unwrap(), format!("Bearer {}", crate::cloud_support::IAM_TOKEN));
+    assert_eq!(sent.body["project_id"], crate::cloud_support::IBM_PROJECT);
+    let out = fabric_cli(&["run", "support-triage", "--goal", GOAL], &env).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(r#""status":"completed""#), "{stdout}");
+    // Missing pieces are named; an API key never goes to a plain-HTTP URL elsewhere.
+    let doctor = |env: Vec<(&'static str, String)>| async move { String::from_utf8_lossy(&fabric_cli(&["doctor"], &env).await.stdout).into_owned() };
+    let out = doctor(vec![("FABRIC_LLM_MODEL", "ibm:ibm/granite-3-3-8b-instruct".into())]).await;
+    assert!(out.contains("configuration: ERROR WATSONX_URL: is required for provider ibm"), "{out}");
+    let base = vec![("FABRIC_LLM_MODEL", "ibm:m".to_owned()), ("WATSONX_URL", "https://us-south.ml.cloud.ibm.com".to_owned())];
+    let out = doctor(base.clone()).await;
+    assert!(out.contains("configuration: ERROR WATSONX_PROJECT_ID or WATSONX_SPACE_ID: is required for provider ibm"), "{out}");
+    let mut env = base.clone();
+    env.push(("WATSONX_SPACE_ID", "space-1".into()));
+    let out = doctor(env.clone()).await;
+    assert!(out.contains("configuration: ERROR WATSONX_API_KEY or WATSONX_APIKEY: is required for provider ibm"), "{out}");
+    env.push(("WATSONX_APIKEY", SECRET.into()));
+    let out = doctor(env).await;
+    assert!(out.contains("token endpoint https://iam.cloud.ibm.com/identity/token") && out.contains("scope: space space-1"), "{out}");
+    assert!(out.contains("WATSONX_APIKEY=<redacted>") && !out.contains(SECRET), "{out}");
+    let out = doctor(vec![
+        ("FABRIC_LLM_MODEL", "ibm:m".into()),
+        ("WATSONX_URL", "http://watsonx.internal".into()),
+        ("WATSONX_PROJECT_ID", "p".into()),
+        ("WATSONX_API_KEY", SECRET.into()),
+    ])
+    .await;
+    assert!(out.contains("configuration: ERROR WATSONX_API_KEY: is sent only over HTTPS"), "{out}");
+}

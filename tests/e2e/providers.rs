@@ -41,7 +41,9 @@ fn fake(kind: ProviderKind) -> FakeProvider {
             cloud @ (ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi | ProviderKind::HostedAnthropic(_)) => {
                 crate::support::reply_json(cloud, body)
             }
-            ProviderKind::Compat(_) => crate::support::compat_reply(body, &triage_reply_for(&props_of(crate::support::compat_schema(body)))),
+            ProviderKind::Compat(_) | ProviderKind::Ibm => {
+                crate::support::compat_reply(body, &triage_reply_for(&props_of(crate::support::compat_schema(body))))
+            }
             ProviderKind::Cohere => crate::support::cohere_reply(&triage_reply_for(&props_of(body.pointer("/response_format/schema")))),
         };
         Canned::json(200, reply)
@@ -266,7 +268,7 @@ async fn plain_text_calls_on_every_provider() {
                         json!({"output": {"message": {"role": "assistant", "content": [{"text": "plain words"}]}}, "stopReason": "end_turn"})
                     }
                     ProviderKind::VertexAi => json!({"candidates": [{"content": {"parts": [{"text": "plain words"}]}, "finishReason": "STOP"}]}),
-                    ProviderKind::Compat(_) => crate::support::compat_reply(&json!({"model": "m"}), &json!("plain words")),
+                    ProviderKind::Compat(_) | ProviderKind::Ibm => crate::support::compat_reply(&json!({"model": "m"}), &json!("plain words")),
                     ProviderKind::Cohere => crate::support::cohere_reply(&json!("plain words")),
                 },
             )

@@ -338,7 +338,7 @@ pub fn reply_json(kind: fabric::config::ProviderKind, body: &serde_json::Value) 
             let name = body.pointer("/toolConfig/functionCallingConfig/allowedFunctionNames/0").cloned().unwrap_or(json!("x"));
             json!({"candidates": [{"content": {"role": "model", "parts": [{"functionCall": {"name": name, "args": r}}]}, "finishReason": "STOP"}], "usageMetadata": {"promptTokenCount": 31, "candidatesTokenCount": 9}})
         }
-        ProviderKind::Compat(_) => compat_reply(body, &triage_reply_for(&props(compat_schema(body)))),
+        ProviderKind::Compat(_) | ProviderKind::Ibm => compat_reply(body, &triage_reply_for(&props(compat_schema(body)))),
         ProviderKind::Cohere => cohere_reply(&triage_reply_for(&props(body.pointer("/response_format/schema")))),
     }
 }

@@ -4,13 +4,13 @@
 //! Only environment credentials are read: AWS keys or the Bedrock API key, a Google service
 //! account's key file. AWS profiles, SSO, instance roles and Google's metadata server are not.
 
-use crate::llm::cloud::{AwsKeys, Cloud, ServiceAccount};
+use crate::llm::cloud::{AwsKeys, Cloud, IamKey, ServiceAccount, WatsonxScope};
 use crate::llm::model::{ApiKey, ProviderKind, ProviderTarget, check_key};
 use crate::vocab::{AnthropicHost, ConfigError, err, parse_base_url};
 
 /// Secrets whose names do not end in `_API_KEY` or `_TOKEN`: read only from the environment and
 /// never shown. (`AWS_ACCESS_KEY_ID` names a key rather than being one, but it is kept as close.)
-pub const SECRETS: &[&str] = &["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_BEARER_TOKEN_BEDROCK"];
+pub const SECRETS: &[&str] = &["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_BEARER_TOKEN_BEDROCK", "WATSONX_APIKEY"];
 
 /// The largest service-account key file read (a real one is about 2.4 KB).
 const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
@@ -51,6 +51,7 @@ pub fn target(
 ) -> Result<ProviderTarget, ConfigError> {
     match provider {
         ProviderKind::VertexAi | ProviderKind::HostedAnthropic(AnthropicHost::Vertex) => vertex(var, provider, model, base_url),
+        ProviderKind::Ibm => watsonx(var, model, base_url, key_var),
         _ => bedrock(var, provider, model, base_url, key_var),
     }
 }
@@ -200,6 +201,72 @@ fn vertex(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model: S
         api_key_var: None,
         api_version: crate::llm::providers::vertex::API_VERSION.to_owned(),
         cloud: Some(Cloud::Vertex { project, project_from, location, location_from, account }),
+    })
+}
+
+/// IBM watsonx.ai as langchain-ibm's ChatWatsonx reads it: `WATSONX_URL` (the region's URL),
+/// `WATSONX_PROJECT_ID` or `WATSONX_SPACE_ID`, and `WATSONX_API_KEY` (or the deprecated
+/// `WATSONX_APIKEY`), exchanged at IBM Cloud's IAM endpoint, or `WATSONX_TOKEN`, sent as it is.
+fn watsonx(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<&str>, key_var: Option<&str>) -> Result<ProviderTarget, ConfigError> {
+    let need = |what: &str, example: &str| format!("is required for provider ibm (model `{model}`) and is not set: {what}, e.g. {example}");
+    let base_url = match (base_url, first(var, &["WATSONX_URL", "FABRIC_LLM_BASE_URL"])) {
+        (Some(u), _) => parse_base_url("model profile base_url", u)?,
+        (None, Some((v, u))) => parse_base_url(v, &u)?,
+        (None, None) => return Err(err("WATSONX_URL", need("your watsonx.ai region's URL", "https://us-south.ml.cloud.ibm.com"))),
+    };
+    let id = |v: &str, value: String| {
+        if !value.is_empty() && value.len() <= 64 && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            Ok(value)
+        } else {
+            Err(err(v, format!("`{value}` is not a watsonx.ai project or space id")))
+        }
+    };
+    let (scope, scope_var) = match (first(var, &["WATSONX_PROJECT_ID"]), first(var, &["WATSONX_SPACE_ID"])) {
+        (Some((v, p)), _) => (WatsonxScope::Project(id(v, p)?), "WATSONX_PROJECT_ID"),
+        (None, Some((v, s))) => (WatsonxScope::Space(id(v, s)?), "WATSONX_SPACE_ID"),
+        (None, None) => return Err(err("WATSONX_PROJECT_ID or WATSONX_SPACE_ID", need("the project or deployment space the calls run in", "a project's id"))),
+    };
+    // A profile's key variable names an API key; else langchain-ibm's, the deprecated one after it.
+    let keys: Vec<&str> = key_var.map_or_else(|| vec!["WATSONX_API_KEY", "WATSONX_APIKEY"], |v| vec![v]);
+    let secure = |v: &str| -> Result<(), ConfigError> {
+        if base_url.starts_with("https://") || is_loopback(&base_url) {
+            Ok(())
+        } else {
+            Err(err(v, format!("is sent only over HTTPS, and the watsonx.ai URL `{}` is plain HTTP", crate::redact::redact_url(&base_url))))
+        }
+    };
+    let (api_key, api_key_var, iam) = match (first(var, &keys), first(var, &["WATSONX_TOKEN"])) {
+        (Some((v, key)), _) => {
+            check_key(v, &key)?;
+            // IBM Cloud's IAM, as the SDK picks it for the cloud's regions; FABRIC_IBM_IAM_URL for
+            // another (a private IAM proxy, the tests).
+            let iam = match var("FABRIC_IBM_IAM_URL") {
+                Some(u) => parse_base_url("FABRIC_IBM_IAM_URL", &u)?,
+                None => crate::llm::providers::watsonx::IAM_URL.to_owned(),
+            };
+            if !iam.starts_with("https://") && !is_loopback(&iam) {
+                return Err(err("FABRIC_IBM_IAM_URL", format!("`{}` is plain HTTP; the API key is sent only over HTTPS", crate::redact::redact_url(&iam))));
+            }
+            (None, None, Some(IamKey { api_key: ApiKey::new(key), var: v.to_owned(), token_url: format!("{iam}/identity/token") }))
+        }
+        (None, Some((v, token))) if key_var.is_none() => {
+            check_key(v, &token)?;
+            secure(v)?;
+            (Some(ApiKey::new(token)), Some(v.to_owned()), None)
+        }
+        _ => return Err(err(&keys.join(" or "), need("an IBM Cloud API key (or WATSONX_TOKEN, a token)", "the key of a service ID"))),
+    };
+    if iam.is_some() {
+        secure(keys[0])?;
+    }
+    Ok(ProviderTarget {
+        provider: ProviderKind::Ibm,
+        model,
+        base_url,
+        api_key,
+        api_key_var,
+        api_version: String::new(),
+        cloud: Some(Cloud::Watsonx { scope, scope_var, iam }),
     })
 }
 

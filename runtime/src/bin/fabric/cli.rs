@@ -894,6 +894,20 @@ fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>) -> S
             account.path,
             fabric::redact::origin_and_path(&account.token_uri)
         ),
+        Cloud::Watsonx { scope, scope_var, iam } => {
+            let scope = match scope {
+                fabric::llm::cloud::WatsonxScope::Project(id) => format!("project {id}"),
+                fabric::llm::cloud::WatsonxScope::Space(id) => format!("space {id}"),
+            };
+            let auth = match (iam, bearer_var) {
+                (Some(iam), _) => {
+                    format!("IBM Cloud IAM tokens for the API key from {}; token endpoint {}", iam.var, fabric::redact::origin_and_path(&iam.token_url))
+                }
+                (None, Some(var)) => format!("token (bearer) from {var}"),
+                (None, None) => "none".to_owned(),
+            };
+            format!("  scope: {scope} (from {scope_var})\n  credentials: {auth}\n")
+        }
     }
 }
 

@@ -19,6 +19,7 @@ pub mod bedrock;
 pub mod gcp_token;
 pub mod sigv4;
 pub mod vertex;
+pub mod watsonx;
 
 use std::time::Duration;
 
@@ -414,6 +415,7 @@ pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuni
             Box::new(HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes))
         }
         ProviderKind::HostedAnthropic(_) => anthropic_hosted::backend(client, target, tuning, max_reply_bytes),
+        ProviderKind::Ibm => watsonx::backend(client, target, tuning, max_reply_bytes),
         ProviderKind::Cohere => Box::new(HttpBackend::new(client, cohere::Cohere, target, tuning).with_max_reply_bytes(max_reply_bytes)),
     }
 }
