@@ -613,6 +613,13 @@ SIGV4_REQUESTS = [
      "body": {"messages": [{"role": "user", "content": [{"text": "€20 — refund"}]}], "inferenceConfig": {"maxTokens": 4096}}},
     {"url": "http://127.0.0.1:8123/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude/converse",
      "region": "us-east-1", "session_token": None, "body": {}},
+    # The anthropic SDK's InvokeModel path keeps the model id's `:` (anthropic_bedrock), and Mantle
+    # signs for `bedrock-mantle` (bedrock_mantle_anthropic).
+    {"url": "https://bedrock-runtime.us-east-1.amazonaws.com/model/anthropic.claude-3-5-haiku-20241022-v1:0/invoke",
+     "region": "us-east-1", "session_token": None, "body": {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 4096}},
+    {"url": "https://bedrock-mantle.eu-west-3.api.aws/anthropic/v1/messages", "region": "eu-west-3", "service": "bedrock-mantle",
+     "session_token": "IQoJb3JpZ2luX2VjEXAMPLETOKEN//////////wEaCXVzLWVhc3QtMSJHMEUCIQ==",
+     "body": {"model": "anthropic.claude-haiku-4-5", "max_tokens": 4096}},
 ]
 
 
@@ -628,7 +635,7 @@ def sign_vectors():
     for r in SIGV4_REQUESTS:
         body = json.dumps(r["body"], ensure_ascii=False).encode()
         req = AWSRequest(method="POST", url=r["url"], data=body, headers={"content-type": "application/json"})
-        signer = botocore.auth.SigV4Auth(Credentials(AWS_KEY_ID, AWS_SECRET, r["session_token"]), "bedrock", r["region"])
+        signer = botocore.auth.SigV4Auth(Credentials(AWS_KEY_ID, AWS_SECRET, r["session_token"]), r.get("service", "bedrock"), r["region"])
         with mock.patch("botocore.auth.get_current_datetime", return_value=fixed):
             signer.add_auth(req)
         vectors.append({**r, "body": body.decode(), "time": SIGV4_TIME + "Z", "access_key_id": AWS_KEY_ID, "secret_access_key": AWS_SECRET,
