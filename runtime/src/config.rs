@@ -622,6 +622,10 @@ impl Settings {
             check_key(var, key)?;
         }
         // The hosted APIs need a key; a custom base URL (a proxy, an OpenAI-compatible server) may not.
+        if found.is_none() && provider == ProviderKind::Compat(Compat::MantleOpenAi) && key_var.is_none() {
+            // ChatOpenAIMantle without a Bedrock API key: short-term ones made from the AWS keys.
+            return self.mantle_with_aws_keys(model, base_url, &lookup);
+        }
         if found.is_none() && default_url && provider != ProviderKind::Ollama {
             return Err(err(&key_vars.join(" or "), format!("is required for provider {} (model `{model}`) and is not set", provider.key())));
         }

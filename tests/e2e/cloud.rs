@@ -42,6 +42,24 @@ fn our_sigv4_signatures_are_botocores() {
 }
 
 #[test]
+fn our_short_term_bedrock_api_keys_are_the_token_generators() {
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("sigv4/botocore.json")).unwrap()).unwrap();
+    let vectors = file["bedrock_api_keys"].as_array().unwrap();
+    assert_eq!(vectors.len(), 2);
+    for v in vectors {
+        let keys = AwsKeys {
+            access_key_id: ApiKey::new(v["access_key_id"].as_str().unwrap().into()),
+            secret_access_key: ApiKey::new(v["secret_access_key"].as_str().unwrap().into()),
+            session_token: v["session_token"].as_str().map(|t| ApiKey::new(t.into())),
+        };
+        let signer = fabric::llm::providers::sigv4::SigV4::new(keys, v["region"].as_str().unwrap().into());
+        let time: SystemTime = humantime::parse_rfc3339(v["time"].as_str().unwrap()).unwrap();
+        let key = signer.bedrock_api_key(time, Duration::from_secs(v["expires"].as_u64().unwrap())).unwrap();
+        assert_eq!(key, v["token"].as_str().unwrap(), "{}", v["region"]);
+    }
+}
+
+#[test]
 fn spans_name_each_provider_as_the_otel_registry_does() {
     for key in ["ollama", "openai", "google_genai", "anthropic", "bedrock", "bedrock_converse", "google_vertexai"] {
         let kind = ProviderKind::from_key(key).unwrap();

@@ -247,3 +247,30 @@ async fn ibm_exchanges_its_api_key_as_the_sdk_does_then_probes_and_runs() {
     .await;
     assert!(out.contains("configuration: ERROR WATSONX_API_KEY: is sent only over HTTPS"), "{out}");
 }
+
+#[tokio::test]
+async fn mantle_openai_makes_short_term_api_keys_from_aws_keys() {
+    let fake = fake(ProviderKind::from_key("bedrock_mantle_openai").unwrap());
+    let url = fake.start().await;
+    let env = vec![
+        ("FABRIC_LLM_MODEL", "bedrock_mantle_openai:openai.gpt-oss-120b".to_owned()),
+        ("FABRIC_LLM_BASE_URL", url),
+        ("AWS_REGION", "us-east-1".to_owned()),
+        ("AWS_ACCESS_KEY_ID", AWS_KEY_ID.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", AWS_SECRET.to_owned()),
+    ];
+    let out = fabric_cli(&["doctor", "--probe"], &env).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("credentials: short-term Bedrock API keys (bearer, 12 h) made from the keys of AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("probe: ok in ") && !stdout.contains(AWS_SECRET) && !stdout.contains("bedrock-api-key-"), "{stdout}");
+    let auth = fake.requests()[0].headers["authorization"].to_str().unwrap().to_owned();
+    let token = auth.strip_prefix("Bearer bedrock-api-key-").unwrap_or_else(|| panic!("{auth}"));
+    use base64::Engine as _;
+    let url = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(token).unwrap()).unwrap();
+    assert!(url.starts_with("bedrock.amazonaws.com/?Action=CallWithBearerToken&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDEXAMPLE%2F"), "{url}");
+    assert!(url.contains("%2Fus-east-1%2Fbedrock%2Faws4_request") && url.contains("&X-Amz-Expires=43200&") && url.ends_with("&Version=1"), "{url}");
+}

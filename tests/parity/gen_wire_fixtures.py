@@ -640,10 +640,20 @@ def sign_vectors():
             signer.add_auth(req)
         vectors.append({**r, "body": body.decode(), "time": SIGV4_TIME + "Z", "access_key_id": AWS_KEY_ID, "secret_access_key": AWS_SECRET,
                         "x-amz-date": req.headers["X-Amz-Date"], "authorization": req.headers["Authorization"]})
+    # Short-term Bedrock API keys as aws-bedrock-token-generator makes them from AWS keys (what
+    # ChatOpenAIMantle sends without AWS_BEARER_TOKEN_BEDROCK): a presigned URL, base64.
+    from aws_bedrock_token_generator.token_generator import _generate_token
+    tokens = []
+    for region, session_token in [("us-east-1", None), ("eu-west-3", "IQoJb3JpZ2luX2VjEXAMPLETOKEN//////////wEaCXVzLWVhc3QtMSJHMEUCIQ==")]:
+        with mock.patch("botocore.auth.get_current_datetime", return_value=fixed):
+            token = _generate_token(Credentials(AWS_KEY_ID, AWS_SECRET, session_token), region, 43200)
+        tokens.append({"region": region, "session_token": session_token, "expires": 43200, "time": SIGV4_TIME + "Z",
+                       "access_key_id": AWS_KEY_ID, "secret_access_key": AWS_SECRET, "token": token})
     path = OUT_DIR.parent / "sigv4" / "botocore.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"generator": GENERATOR, "packages": {"botocore": version("botocore")}, "service": "bedrock",
-                                "vectors": vectors}, ensure_ascii=False, indent=2) + "\n")
+    path.write_text(json.dumps({"generator": GENERATOR, "packages": {"botocore": version("botocore"),
+                                                                    "aws-bedrock-token-generator": version("aws-bedrock-token-generator")},
+                                "service": "bedrock", "vectors": vectors, "bedrock_api_keys": tokens}, ensure_ascii=False, indent=2) + "\n")
     print(f"{path.relative_to(REPO)}: {len(vectors)} signed requests")
 
 

@@ -18,12 +18,12 @@ const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
 pub const DEFAULT_VERTEX_LOCATION: &str = "us-central1";
 
 /// The first of `vars` that is set, with its name.
-fn first<'v>(var: &dyn Fn(&str) -> Option<String>, vars: &[&'v str]) -> Option<(&'v str, String)> {
+pub(super) fn first<'v>(var: &dyn Fn(&str) -> Option<String>, vars: &[&'v str]) -> Option<(&'v str, String)> {
     vars.iter().find_map(|v| var(v).map(|value| (*v, value.trim().to_owned())))
 }
 
 /// A region or location: lower-case letters, digits and `-` (it goes into a host name).
-fn region(var: &str, value: &str) -> Result<String, ConfigError> {
+pub(super) fn region(var: &str, value: &str) -> Result<String, ConfigError> {
     if !value.is_empty() && value.len() <= 64 && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
         Ok(value.to_owned())
     } else {
@@ -126,7 +126,7 @@ fn bedrock(
     Ok(ProviderTarget { provider, model, base_url, api_key, api_key_var, api_version: String::new(), cloud: Some(Cloud::Bedrock { region, region_var, keys }) })
 }
 
-fn aws_keys(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model: &str) -> Result<AwsKeys, ConfigError> {
+pub(super) fn aws_keys(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model: &str) -> Result<AwsKeys, ConfigError> {
     let get = |v: &str| -> Result<Option<ApiKey>, ConfigError> {
         match var(v).map(|k| k.trim().to_owned()) {
             Some(k) => check_key(v, &k).map(|()| Some(ApiKey::new(k))),

@@ -88,3 +88,32 @@ fn what(c: Compat) -> &'static str {
         _ => "Azure OpenAI resource",
     }
 }
+
+impl Settings {
+    /// `bedrock_mantle_openai:` with AWS keys instead of a Bedrock API key: the region (the keys'
+    /// scope) and the keys, from which the backend makes short-term Bedrock API keys.
+    pub(super) fn mantle_with_aws_keys(
+        &self,
+        model: String,
+        base_url: String,
+        var: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<crate::config::ProviderTarget, ConfigError> {
+        use crate::llm::cloud::Cloud;
+        use crate::vocab::ProviderKind;
+        let kind = ProviderKind::Compat(Compat::MantleOpenAi);
+        let (region_var, value) = super::cloud::first(var, &["AWS_REGION", "AWS_DEFAULT_REGION"]).ok_or_else(|| {
+            err("AWS_REGION or AWS_DEFAULT_REGION", "is required for provider bedrock_mantle_openai with AWS keys (the short-term API keys are per region)")
+        })?;
+        let region = super::cloud::region(region_var, &value)?;
+        let keys = super::cloud::aws_keys(var, kind, &model)?;
+        Ok(crate::config::ProviderTarget {
+            provider: kind,
+            model,
+            base_url,
+            api_key: None,
+            api_key_var: None,
+            api_version: String::new(),
+            cloud: Some(Cloud::Bedrock { region, region_var, keys: Some(keys) }),
+        })
+    }
+}

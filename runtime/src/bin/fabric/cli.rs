@@ -877,11 +877,15 @@ fn flow_lines(settings: &Settings) -> String {
 }
 
 /// Where a cloud provider's calls go and where its credentials came from (never what they are).
-fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>) -> String {
+fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>, provider: ProviderKind) -> String {
     use fabric::llm::cloud::Cloud;
     match cloud {
         Cloud::Bedrock { region, region_var, keys } => {
             let auth = match (keys, bearer_var) {
+                // ChatOpenAIMantle's way without a Bedrock API key.
+                (Some(keys), _) if provider.key() == "bedrock_mantle_openai" => {
+                    format!("short-term Bedrock API keys (bearer, 12 h) made from the keys of {}", keys.source())
+                }
                 (Some(keys), _) => format!("AWS Signature Version 4 with keys from {}", keys.source()),
                 (None, Some(var)) => format!("Bedrock API key (bearer) from {var}"),
                 (None, None) => "none".to_owned(),
@@ -942,7 +946,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
                     }
                     out.push_str(&format!("  api key: {}\n", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})"))));
                 }
-                Some(cloud) => out.push_str(&cloud_lines(cloud, t.api_key_var.as_deref())),
+                Some(cloud) => out.push_str(&cloud_lines(cloud, t.api_key_var.as_deref(), t.provider)),
             }
         }
         None => out.push_str("  provider: not resolvable (not needed with the stub)\n"),
