@@ -42,15 +42,14 @@ impl Settings {
         if c == Compat::MantleOpenAi {
             // ChatOpenAIMantle's endpoint is per region: /openai/v1 for OpenAI's GPT models (the
             // Responses API), /v1 for the open-weight ones.
-            let region = ["AWS_REGION", "AWS_DEFAULT_REGION"].iter().find_map(|v| self.var(v)).map(str::trim).ok_or_else(|| {
+            let var = |v: &str| self.var(v).map(str::to_owned);
+            let (region_var, value) = super::cloud::first(&var, &["AWS_REGION", "AWS_DEFAULT_REGION"]).ok_or_else(|| {
                 err(
                     "AWS_REGION or AWS_DEFAULT_REGION",
                     "is required for provider bedrock_mantle_openai (its endpoint is per region), or set FABRIC_LLM_BASE_URL",
                 )
             })?;
-            if region.is_empty() || !region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
-                return Err(err("AWS_REGION", format!("`{region}` is not a region such as us-east-1")));
-            }
+            let region = super::cloud::region(region_var, &value)?;
             let path = if crate::llm::providers::compat::mantle_responses(model) { "openai/v1" } else { "v1" };
             return Ok((format!("https://bedrock-mantle.{region}.api.aws/{path}"), true));
         }
