@@ -273,4 +273,14 @@ async fn mantle_openai_makes_short_term_api_keys_from_aws_keys() {
     let url = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(token).unwrap()).unwrap();
     assert!(url.starts_with("bedrock.amazonaws.com/?Action=CallWithBearerToken&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDEXAMPLE%2F"), "{url}");
     assert!(url.contains("%2Fus-east-1%2Fbedrock%2Faws4_request") && url.contains("&X-Amz-Expires=43200&") && url.ends_with("&Version=1"), "{url}");
+    // OpenAI's GPT models on Mantle go to the Responses API, as ChatOpenAIMantle sends them.
+    let mut env = env;
+    env[0].1 = "bedrock_mantle_openai:openai.gpt-5.4".to_owned();
+    let out = fabric_cli(&["doctor", "--probe"], &env).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("probe: ok in "), "{stdout}");
+    let last = fake.requests().last().cloned().unwrap();
+    assert_eq!(last.path, "/responses");
+    assert_eq!(last.body["model"], "openai.gpt-5.4");
+    assert!(last.body.pointer("/text/format/schema").is_some(), "{}", last.body);
 }
