@@ -138,6 +138,14 @@ const REQUEST_ALLOWED: &[Allowed] = &[
         why: "strict mode needs `additionalProperties: false` on every object, which the decision's free-form `arguments` cannot have",
     },
     Allowed { provider: "meta|langsmith", kind: "decision", path: "text.format.schema~additionalProperties", why: "sent with strict mode only (above)" },
+    Allowed {
+        provider: "huggingface",
+        kind: "text",
+        path: "path",
+        why: "Hugging Face's OpenAI-compatible router (/v1/chat/completions, any provider); ChatHuggingFace's endpoint backend \
+              goes to one provider's route (/hf-inference/models/{model}/v1/chat/completions) after reading the model card, \
+              and its structured output refuses the Pydantic models the reference passes (the fixture's `refused`)",
+    },
     // Claude on Bedrock, Mantle and Vertex AI (the anthropic SDK's cloud clients).
     Allowed {
         provider: "anthropic_bedrock|bedrock_mantle_anthropic",
@@ -588,6 +596,7 @@ const FAMILY: &[&str] = &[
     "deepseek",
     "fireworks",
     "groq",
+    "huggingface",
     "langsmith",
     "litellm",
     "meta",

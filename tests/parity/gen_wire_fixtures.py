@@ -69,9 +69,10 @@ PINS = [
     "langchain-mistralai==1.1.6",
     "langchain-cohere==0.6.0",
     # The rest of init_chat_model's keys: Claude on Bedrock and Mantle (the anthropic SDK's
-    # bedrock extra), Meta's Model API.
+    # bedrock extra), Meta's Model API, Hugging Face.
     "aws-bedrock-token-generator==1.1.0",
     "langchain-meta==0.5.0",
+    "langchain-huggingface==1.2.3",
 ]
 # Installed without their dependencies, after PINS: langchain-upstage 0.7.7 asks for
 # tokenizers<0.21, which litellm, langchain-mistralai and langchain-cohere exclude; it uses
@@ -676,7 +677,12 @@ class Capture:
             def do_GET(self):
                 # The model list ChatNVIDIA reads before a structured call, the project and the
                 # model specs ibm-watsonx-ai reads when ChatWatsonx is built; not model calls.
-                if self.path.startswith("/v2/projects/"):
+                if self.path.startswith("/api/models/"):
+                    # The model card huggingface_hub reads to find the provider of a model.
+                    got = {"id": capture.model, "pipeline_tag": "text-generation", "tags": ["conversational"],
+                           "inferenceProviderMapping": [{"provider": "hf-inference", "providerId": capture.model, "status": "live",
+                                                         "task": "conversational"}]}
+                elif self.path.startswith("/v2/projects/"):
                     got = {"metadata": {"guid": IBM_PROJECT}, "entity": {"name": "wire", "storage": {"type": "bmcos_object_storage"},
                                                                          "compute": [{"type": "machine_learning", "guid": "wml-wire", "name": "wml"}]}}
                 elif self.path.startswith("/ml/v1/foundation_model_specs"):
@@ -736,7 +742,7 @@ class Capture:
 
 
 # Transport details that say nothing about the call (and the port changes on every run).
-DROPPED_HEADERS = {"host", "content-length"}
+DROPPED_HEADERS = {"host", "content-length", "x-amzn-trace-id"}  # (huggingface_hub: a random id per request)
 
 
 def scrub_headers(headers):
@@ -765,6 +771,11 @@ def chat_model(provider, url, **extra):
     from langchain.chat_models import init_chat_model
     if provider == "ibm":
         redirect_httpx(url)
+    if provider == "huggingface":
+        # huggingface_hub's Hub (the model card) and the router's provider routes, at the capture server.
+        import huggingface_hub.constants as hf
+        hf.ENDPOINT = url
+        hf.INFERENCE_PROXY_TEMPLATE = url + "/{provider}"
     if provider in compat().PROVIDERS:
         kwargs, env = compat().setup(provider, url)
         os.environ.update(env)
@@ -813,7 +824,12 @@ def generate(provider, capture):
     requests, replies = [], []
     family = provider in compat().PROVIDERS
     capture.model = all_models()[provider]
+    refused = {}
     for kind in KINDS:
+        if provider == "huggingface" and kind != "text":
+            # ChatHuggingFace.with_structured_output refuses a Pydantic model before any request.
+            refused[kind] = outcome(kind, lambda: runnable_for(provider, kind, capture.url).invoke(messages), capture.url)
+            continue
         seen = None
         for case in cases_for(kind) + cloud_error_cases(provider, kind):
             reply = reply_for(provider, kind, case)
@@ -859,6 +875,8 @@ def generate(provider, capture):
     else:
         recorded = RECORDED + (compat().recorded(provider) if family else [])
     extra = {"bearer_request": bedrock_bearer_request(provider, capture, messages)} if provider == "bedrock_converse" else {}
+    if refused:
+        extra = {"refused": refused}
     if provider == "ibm":
         # The IAM exchange of the API key (once: the SDK keeps the token), as IBM's SDK sends it.
         t = capture.token_requests[0]

@@ -60,6 +60,13 @@ PROVIDERS = {
     "meta": ("muse-spark-1.1", "json_schema", {}, {}, ["langchain-meta", "openai"]),
     # The LangSmith LLM gateway: ChatOpenAI on the Responses API (init_chat_model's _init_langsmith).
     "langsmith": ("gpt-4o-mini", "json_schema", {}, {}, ["openai"]),
+    # langchain-huggingface's ChatHuggingFace with its `endpoint` backend (its default `pipeline`
+    # runs the model in-process): huggingface_hub's InferenceClient at a provider's route of
+    # Hugging Face's router (hf-inference here). Its with_structured_output refuses a Pydantic
+    # model, so only the text kind has requests (the others' refusals are recorded).
+    "huggingface": ("meta-llama/Llama-3.3-70B-Instruct", "json_schema",
+                    {"base_url": None, "api_key": None, "backend": "endpoint", "provider": "hf-inference"}, {"HF_TOKEN": API_KEY},
+                    ["langchain-huggingface", "huggingface_hub"]),
     # IBM watsonx.ai (langchain-ibm ChatWatsonx, its own venv): the URL, key and project from the
     # environment, as the package documents them (the generator sends its requests to the capture
     # server, see redirect_httpx).
@@ -97,6 +104,9 @@ def no_retry_kwargs(provider):
     if provider == "litellm":
         # ChatLiteLLM's max_retries is its own loop; the OpenAI client inside litellm retries too.
         return {"max_retries": 0, "model_kwargs": {"max_retries": 0}}
+    if provider == "huggingface":
+        # ChatHuggingFace takes no max_retries (huggingface_hub's InferenceClient sends once).
+        return {}
     return {"max_retries": 0}
 
 
