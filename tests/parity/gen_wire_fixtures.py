@@ -16,11 +16,14 @@ reading compared with LangChain's.
 usage: tests/parity/gen-wire-fixtures [PROVIDER ...]   (or: python3 tests/parity/gen_wire_fixtures.py)
        (every provider by default; naming some regenerates only theirs)
 
-The cloud providers (bedrock_converse, bedrock: langchain-aws; google_vertexai:
-langchain-google-vertexai, in a second venv WIRE_VENV-vertex, see VERTEX_PINS) run with fake
-credentials: AWS's example keys, and the test-only service account of tests/fixtures/vertex whose
-token_uri is pointed at the capture server. This also writes tests/fixtures/sigv4/botocore.json:
-botocore's SigV4 signatures of fixed requests at a fixed time (see sign_vectors).
+The cloud providers (bedrock_converse, bedrock, anthropic_bedrock, bedrock_mantle_anthropic:
+langchain-aws; google_vertexai, google_anthropic_vertex: langchain-google-vertexai, in a second
+venv WIRE_VENV-vertex, see VERTEX_PINS) run with fake credentials: AWS's example keys, and the
+test-only service account of tests/fixtures/vertex whose token_uri is pointed at the capture
+server. ibm (langchain-ibm) runs in a third venv, WIRE_VENV-ibm (IBM_PINS), its httpx requests
+sent to the capture server (redirect_httpx). This also writes tests/fixtures/sigv4/botocore.json:
+botocore's SigV4 signatures of fixed requests at a fixed time, and aws-bedrock-token-generator's
+short-term Bedrock API keys (see sign_vectors).
 
 The first run creates a venv (WIRE_VENV, default target/wire-venv) and installs the exact pins
 below from PyPI; later runs reuse it. Output: tests/fixtures/wire/<provider>.json, pretty JSON in
