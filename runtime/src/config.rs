@@ -141,6 +141,28 @@ pub const VARIABLES: &[&str] = &[
     "COHERE_API_KEY",
     "CO_API_KEY",
     "CO_API_URL",
+    // The rest of init_chat_model's keys (docs/providers.md): Hugging Face's router, Meta's
+    // Model API, the LangSmith gateway, Claude on Bedrock, Mantle and Vertex AI.
+    "HF_TOKEN",
+    "HUGGINGFACEHUB_API_TOKEN",
+    "MODEL_API_KEY",
+    "MODEL_API_BASE",
+    "LANGSMITH_GATEWAY",
+    "LANGSMITH_GATEWAY_API_KEY",
+    "LANGSMITH_API_KEY",
+    "ANTHROPIC_BEDROCK_BASE_URL",
+    "ANTHROPIC_API_URL",
+    "ANTHROPIC_BEDROCK_MANTLE_BASE_URL",
+    "ANTHROPIC_AWS_API_KEY",
+    "ANTHROPIC_VERTEX_BASE_URL",
+    // IBM watsonx.ai (config/cloud.rs).
+    "WATSONX_URL",
+    "WATSONX_API_KEY",
+    "WATSONX_APIKEY",
+    "WATSONX_TOKEN",
+    "WATSONX_PROJECT_ID",
+    "WATSONX_SPACE_ID",
+    "FABRIC_IBM_IAM_URL",
 ];
 
 /// A retention (`30d`, `12h`, `90m`, `1w`; humantime's units): at least a second, at most
@@ -562,7 +584,7 @@ impl Settings {
                 };
                 (u, default, vec!["GOOGLE_API_KEY", "GEMINI_API_KEY"])
             }
-            ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi => {
+            ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi | ProviderKind::HostedAnthropic(_) | ProviderKind::Ibm => {
                 let lookup = |v: &str| self.var(v).map(str::to_owned).or_else(|| (self.env.0)(v).filter(|s| !s.trim().is_empty()));
                 return cloud::target(&lookup, provider, model, base_url, key_var);
             }
@@ -575,7 +597,7 @@ impl Settings {
                 (u, default, vec!["ANTHROPIC_API_KEY"])
             }
             ProviderKind::Compat(c) => {
-                let (u, default) = self.compat_base_url(c, base_url)?;
+                let (u, default) = self.compat_base_url(c, &model, base_url)?;
                 (Ok(u), default, crate::llm::providers::compat::endpoint(c).key_vars.to_vec())
             }
             ProviderKind::Cohere => {
@@ -600,6 +622,10 @@ impl Settings {
             check_key(var, key)?;
         }
         // The hosted APIs need a key; a custom base URL (a proxy, an OpenAI-compatible server) may not.
+        if found.is_none() && provider == ProviderKind::Compat(Compat::MantleOpenAi) && key_var.is_none() {
+            // ChatOpenAIMantle without a Bedrock API key: short-term ones made from the AWS keys.
+            return self.mantle_with_aws_keys(model, base_url, &lookup);
+        }
         if found.is_none() && default_url && provider != ProviderKind::Ollama {
             return Err(err(&key_vars.join(" or "), format!("is required for provider {} (model `{model}`) and is not set", provider.key())));
         }
@@ -629,7 +655,13 @@ impl Settings {
                 let value = self.raw.0.get(*v)?;
                 let shown = if v.ends_with("_KEY") || v.ends_with("_TOKEN") || v.ends_with("_SECRET") || cloud::SECRETS.contains(v) {
                     "<redacted>".to_owned()
-                } else if v.ends_with("_URL") || v.ends_with("_BASE") || v.ends_with("_ENDPOINT") || *v == "OLLAMA_HOST" {
+                } else if v.ends_with("_URL")
+                    || v.ends_with("_BASE")
+                    || v.ends_with("_ENDPOINT")
+                    || *v == "OLLAMA_HOST"
+                    || *v == "LANGSMITH_GATEWAY"
+                    || *v == "WATSONX_URL"
+                {
                     crate::redact::redact_url(value)
                 } else {
                     value.clone()
@@ -699,8 +731,9 @@ mod tests {
         // Mistral is served (issue #30): the model name infers it, its key is required.
         let e = load(&[("FABRIC_LLM_MODEL", "mistral-large")]).unwrap_err();
         assert_eq!(e.to_string(), "MISTRAL_API_KEY: is required for provider mistralai (model `mistral-large`) and is not set");
+        // So is every other key of LangChain's (IBM watsonx.ai the last), its settings named.
         let e = load(&[("FABRIC_LLM_MODEL", "ibm:granite")]).unwrap_err();
-        assert!(e.to_string().starts_with("FABRIC_LLM_MODEL: provider `ibm` (from `ibm:granite`) is not supported: "), "{e}");
+        assert!(e.to_string().starts_with("WATSONX_URL: is required for provider ibm (model `granite`)"), "{e}");
         let e = load(&[("FABRIC_LLM_MODEL", "qwen3:14b")]).unwrap_err();
         assert!(e.message.contains("cannot tell the provider"), "{e}");
     }

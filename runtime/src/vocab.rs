@@ -81,6 +81,34 @@ pub enum ProviderKind {
     Compat(Compat),
     /// Cohere's v2 chat API.
     Cohere,
+    /// Claude through a cloud's own endpoint, in Anthropic's Messages shape (the anthropic SDK's
+    /// cloud clients, as LangChain's packages build them).
+    HostedAnthropic(AnthropicHost),
+    /// `ibm:` (langchain-ibm `ChatWatsonx`): IBM watsonx.ai's chat API with an IAM token.
+    Ibm,
+}
+
+/// Where a [`ProviderKind::HostedAnthropic`] model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnthropicHost {
+    /// `anthropic_bedrock:` (langchain-aws `ChatAnthropicBedrock`): Bedrock's InvokeModel.
+    Bedrock,
+    /// `bedrock_mantle_anthropic:` (langchain-aws `ChatAnthropicMantle`): Bedrock's Mantle endpoint.
+    Mantle,
+    /// `google_anthropic_vertex:` (langchain-google-vertexai `ChatAnthropicVertex`): Vertex AI's rawPredict.
+    Vertex,
+}
+
+impl AnthropicHost {
+    pub const ALL: [AnthropicHost; 3] = [AnthropicHost::Bedrock, AnthropicHost::Mantle, AnthropicHost::Vertex];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            AnthropicHost::Bedrock => "anthropic_bedrock",
+            AnthropicHost::Mantle => "bedrock_mantle_anthropic",
+            AnthropicHost::Vertex => "google_anthropic_vertex",
+        }
+    }
 }
 
 impl ProviderKind {
@@ -95,6 +123,8 @@ impl ProviderKind {
             ProviderKind::VertexAi => "google_vertexai",
             ProviderKind::Compat(c) => c.key(),
             ProviderKind::Cohere => "cohere",
+            ProviderKind::HostedAnthropic(h) => h.key(),
+            ProviderKind::Ibm => "ibm",
         }
     }
 
@@ -108,7 +138,12 @@ impl ProviderKind {
             "bedrock_converse" => Some(ProviderKind::BedrockConverse),
             "google_vertexai" => Some(ProviderKind::VertexAi),
             "cohere" => Some(ProviderKind::Cohere),
-            other => Compat::ALL.iter().find(|c| c.key() == other).map(|c| ProviderKind::Compat(*c)),
+            "ibm" => Some(ProviderKind::Ibm),
+            other => Compat::ALL
+                .iter()
+                .find(|c| c.key() == other)
+                .map(|c| ProviderKind::Compat(*c))
+                .or_else(|| AnthropicHost::ALL.iter().find(|h| h.key() == other).map(|h| ProviderKind::HostedAnthropic(*h))),
         }
     }
 
@@ -123,6 +158,9 @@ impl ProviderKind {
             ProviderKind::VertexAi => "gcp.vertex_ai",
             ProviderKind::Compat(c) => c.otel_name(),
             ProviderKind::Cohere => "cohere",
+            ProviderKind::HostedAnthropic(AnthropicHost::Vertex) => "gcp.vertex_ai",
+            ProviderKind::HostedAnthropic(_) => "aws.bedrock",
+            ProviderKind::Ibm => "ibm.watsonx.ai",
         }
     }
 }
@@ -145,10 +183,18 @@ pub enum Compat {
     AzureAi,
     AzureOpenAi,
     Mistral,
+    /// Hugging Face's OpenAI-compatible router.
+    HuggingFace,
+    /// Bedrock's OpenAI-compatible Mantle endpoint (langchain-aws `ChatOpenAIMantle`).
+    MantleOpenAi,
+    /// Meta's Model API (langchain-meta `ChatMetaModel`), on OpenAI's Responses API.
+    Meta,
+    /// The LangSmith LLM gateway (`ChatOpenAI` on the Responses API).
+    LangSmith,
 }
 
 impl Compat {
-    pub const ALL: [Compat; 14] = [
+    pub const ALL: [Compat; 18] = [
         Compat::DeepSeek,
         Compat::Groq,
         Compat::Xai,
@@ -163,6 +209,10 @@ impl Compat {
         Compat::AzureAi,
         Compat::AzureOpenAi,
         Compat::Mistral,
+        Compat::HuggingFace,
+        Compat::MantleOpenAi,
+        Compat::Meta,
+        Compat::LangSmith,
     ];
 
     /// The `init_chat_model` key.
@@ -182,6 +232,10 @@ impl Compat {
             Compat::AzureAi => "azure_ai",
             Compat::AzureOpenAi => "azure_openai",
             Compat::Mistral => "mistralai",
+            Compat::HuggingFace => "huggingface",
+            Compat::MantleOpenAi => "bedrock_mantle_openai",
+            Compat::Meta => "meta",
+            Compat::LangSmith => "langsmith",
         }
     }
 
@@ -194,6 +248,7 @@ impl Compat {
             Compat::AzureAi => "azure.ai.inference",
             Compat::AzureOpenAi => "azure.ai.openai",
             Compat::Mistral => "mistral_ai",
+            Compat::MantleOpenAi => "aws.bedrock",
             other => other.key(),
         }
     }
@@ -286,19 +341,15 @@ pub fn choose_model(var: &str, value: &str) -> Result<ModelChoice, ConfigError> 
     if model.is_empty() {
         return Err(err(var, format!("`{value}` names no model")));
     }
-    let kind = ProviderKind::from_key(&provider)
-        .ok_or_else(|| err(var, format!("provider `{provider}` (from `{value}`) is not supported: {}", unsupported_reason(&provider))))?;
+    // Every key of LANGCHAIN_PROVIDERS has a backend; a key LangChain adds later parses (as there)
+    // and is refused here by name.
+    let kind = ProviderKind::from_key(&provider).ok_or_else(|| {
+        err(
+            var,
+            format!("provider `{provider}` (from `{value}`) is not supported: no backend for it in this runtime; see docs/providers.md for the supported keys"),
+        )
+    })?;
     Ok(ModelChoice { provider: kind, model })
-}
-
-/// Why a LangChain provider key has no backend here (docs/providers.md, the table of keys).
-fn unsupported_reason(provider: &str) -> &'static str {
-    match provider {
-        "huggingface" => {
-            "ChatHuggingFace runs the model in-process through transformers (its default `pipeline` backend), which an HTTP runtime cannot do, and its structured output refuses Pydantic models; use `openai:` with OPENAI_BASE_URL=https://router.huggingface.co/v1 for the router"
-        }
-        _ => "no backend for it in this runtime; see docs/providers.md for the supported keys",
-    }
 }
 
 /// A provider-facing URL from configuration: absolute http(s), stored without a trailing `/`.

@@ -19,7 +19,33 @@ use crate::support::{Canned, FakeProvider, fabric_cli, fixtures, reply_json, tar
 fn our_sigv4_signatures_are_botocores() {
     let file: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("sigv4/botocore.json")).unwrap()).unwrap();
     let vectors = file["vectors"].as_array().unwrap();
-    assert!(vectors.len() >= 3);
+    assert!(vectors.len() >= 5);
+    for v in vectors {
+        let keys = AwsKeys {
+            access_key_id: ApiKey::new(v["access_key_id"].as_str().unwrap().into()),
+            secret_access_key: ApiKey::new(v["secret_access_key"].as_str().unwrap().into()),
+            session_token: v["session_token"].as_str().map(|t| ApiKey::new(t.into())),
+        };
+        // Bedrock's signing name, or Mantle's (bedrock_mantle_anthropic).
+        let service = match v["service"].as_str() {
+            Some("bedrock-mantle") => fabric::llm::providers::anthropic_hosted::MANTLE_SERVICE,
+            _ => fabric::llm::providers::sigv4::SERVICE,
+        };
+        let signer = fabric::llm::providers::sigv4::SigV4::for_service(keys, v["region"].as_str().unwrap().into(), service);
+        let time: SystemTime = humantime::parse_rfc3339(v["time"].as_str().unwrap()).unwrap();
+        let headers = signer.sign(v["url"].as_str().unwrap(), &[("content-type", "application/json")], v["body"].as_str().unwrap().as_bytes(), time).unwrap();
+        let get = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
+        assert_eq!(get("x-amz-date"), v["x-amz-date"].as_str(), "{}", v["url"]);
+        assert_eq!(get("authorization"), v["authorization"].as_str(), "{}", v["url"]);
+        assert_eq!(get("x-amz-security-token"), v["session_token"].as_str());
+    }
+}
+
+#[test]
+fn our_short_term_bedrock_api_keys_are_the_token_generators() {
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("sigv4/botocore.json")).unwrap()).unwrap();
+    let vectors = file["bedrock_api_keys"].as_array().unwrap();
+    assert_eq!(vectors.len(), 2);
     for v in vectors {
         let keys = AwsKeys {
             access_key_id: ApiKey::new(v["access_key_id"].as_str().unwrap().into()),
@@ -28,11 +54,8 @@ fn our_sigv4_signatures_are_botocores() {
         };
         let signer = fabric::llm::providers::sigv4::SigV4::new(keys, v["region"].as_str().unwrap().into());
         let time: SystemTime = humantime::parse_rfc3339(v["time"].as_str().unwrap()).unwrap();
-        let headers = signer.sign(v["url"].as_str().unwrap(), &[("content-type", "application/json")], v["body"].as_str().unwrap().as_bytes(), time).unwrap();
-        let get = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
-        assert_eq!(get("x-amz-date"), v["x-amz-date"].as_str(), "{}", v["url"]);
-        assert_eq!(get("authorization"), v["authorization"].as_str(), "{}", v["url"]);
-        assert_eq!(get("x-amz-security-token"), v["session_token"].as_str());
+        let key = signer.bedrock_api_key(time, Duration::from_secs(v["expires"].as_u64().unwrap())).unwrap();
+        assert_eq!(key, v["token"].as_str().unwrap(), "{}", v["region"]);
     }
 }
 
@@ -44,6 +67,11 @@ fn spans_name_each_provider_as_the_otel_registry_does() {
     }
     assert_eq!(ProviderKind::BedrockConverse.otel_name(), "aws.bedrock");
     assert_eq!(ProviderKind::VertexAi.otel_name(), "gcp.vertex_ai");
+    let named = |key: &str| ProviderKind::from_key(key).unwrap().otel_name();
+    assert_eq!(named("anthropic_bedrock"), "aws.bedrock");
+    assert_eq!(named("bedrock_mantle_openai"), "aws.bedrock");
+    assert_eq!(named("google_anthropic_vertex"), "gcp.vertex_ai");
+    assert_eq!(named("ibm"), "ibm.watsonx.ai");
 }
 
 /// With the Bedrock API key our request carries what botocore's does: the key as a bearer token,

@@ -150,11 +150,13 @@ fn check_grant(headers: &axum::http::HeaderMap, body: &str, n: usize) -> Result<
 pub async fn wire_target(kind: ProviderKind, url: &str, model: &str) -> ProviderTarget {
     let mut t = target(kind, url, model);
     match kind {
-        ProviderKind::Bedrock | ProviderKind::BedrockConverse => {
+        ProviderKind::Bedrock
+        | ProviderKind::BedrockConverse
+        | ProviderKind::HostedAnthropic(fabric::vocab::AnthropicHost::Bedrock | fabric::vocab::AnthropicHost::Mantle) => {
             t.api_key = None;
             t.cloud = Some(Cloud::Bedrock { region: "us-east-1".into(), region_var: "AWS_REGION", keys: Some(test_keys(None)) });
         }
-        ProviderKind::VertexAi => {
+        ProviderKind::VertexAi | ProviderKind::HostedAnthropic(fabric::vocab::AnthropicHost::Vertex) => {
             let (token_uri, _) = token_server().await;
             t.api_key = None;
             let account = test_account(&token_uri);
@@ -166,9 +168,41 @@ pub async fn wire_target(kind: ProviderKind, url: &str, model: &str) -> Provider
                 account,
             });
         }
+        ProviderKind::Ibm => {
+            let (iam, _) = iam_server().await;
+            t.api_key = None;
+            let iam = fabric::llm::cloud::IamKey { api_key: ApiKey::new("test-key-123".into()), var: "WATSONX_API_KEY".into(), token_url: iam };
+            t.cloud =
+                Some(Cloud::Watsonx { scope: fabric::llm::cloud::WatsonxScope::Project(IBM_PROJECT.into()), scope_var: "WATSONX_PROJECT_ID", iam: Some(iam) });
+        }
         _ => {}
     }
     t
+}
+
+/// The wire fixture's watsonx.ai project.
+pub const IBM_PROJECT: &str = "00000000-0000-4000-8000-000000000001";
+/// The token a fake IAM endpoint issues: the placeholder the ibm fixture shows in its place.
+pub const IAM_TOKEN: &str = "<iam-token>";
+
+/// A fake IBM Cloud IAM endpoint: its token URL, and every exchange it saw (content type,
+/// authorization, form).
+pub async fn iam_server() -> (String, Arc<Mutex<Vec<(String, String, String)>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let app = axum::Router::new().route(
+        "/identity/token",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
+            let log = log.clone();
+            async move {
+                let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+                log.lock().unwrap().push((h("content-type"), h("authorization"), body));
+                axum::Json(json!({"access_token": IAM_TOKEN, "refresh_token": "not_supported", "token_type": "Bearer", "expires_in": 3600, "expiration": 4102444800u64}))
+            }
+        }),
+    );
+    let url = serve(app).await;
+    (format!("{url}/identity/token"), seen)
 }
 
 pub fn test_keys(session_token: Option<&str>) -> AwsKeys {

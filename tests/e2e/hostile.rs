@@ -365,14 +365,14 @@ fn special_files_in_a_catalogue_are_refused_not_read() {
 async fn bad_model_profiles_break_only_their_routes() {
     let tmp = catalogue_dir(&[(
         "bad-profiles.yaml",
-        "profiles:\n  no-model: {base_url: 'http://127.0.0.1:9'}\n  odd-provider: {provider: ibm, model: m}\n  bare: {model: qwen3:8b}\n  keyless: {model: 'openai:gpt-4o', api_key_env: MY_OPENAI_KEY}\nroutes:\n  uses-bad: {model_profile: no-model, prompt_pack: support, workflow: support-triage}\n  uses-keyless: {model_profile: keyless, prompt_pack: support, workflow: support-triage}\n",
+        "profiles:\n  no-model: {base_url: 'http://127.0.0.1:9'}\n  odd-provider: {provider: watsonx, model: m}\n  bare: {model: qwen3:8b}\n  keyless: {model: 'openai:gpt-4o', api_key_env: MY_OPENAI_KEY}\nroutes:\n  uses-bad: {model_profile: no-model, prompt_pack: support, workflow: support-triage}\n  uses-keyless: {model_profile: keyless, prompt_pack: support, workflow: support-triage}\n",
     )]);
     let dir = tmp.path().join("routes");
     let dir_s = dir.to_str().unwrap();
     let o = fabric_cli(&["--catalogue", dir_s, "routes", "check"], &[]).await;
     let text = out(&o);
     assert!(text.contains("bad-profiles.yaml:2:13: routing moves as one unit"), "{text}");
-    assert!(text.contains("bad-profiles.yaml:3:28: provider `ibm` is not supported"), "{text}");
+    assert!(text.contains("bad-profiles.yaml:3:28: provider `watsonx` is not supported"), "{text}");
     assert!(text.contains("bad-profiles.yaml:4:17: `model` cannot tell the provider of `qwen3:8b`"), "{text}");
     let cat = catalogue::load(&dir, &packs_dir());
     assert!(matches!(cat.get("uses-bad"), Some(RouteEntry::Broken(_))));

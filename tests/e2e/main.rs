@@ -14,6 +14,7 @@ mod events;
 mod family;
 mod faults;
 mod flow;
+mod hosted;
 mod hostile;
 mod hydrate;
 mod idempotency;

@@ -38,8 +38,12 @@ fn fake(kind: ProviderKind) -> FakeProvider {
                 let name = body.pointer("/tool_choice/name").cloned().unwrap_or(json!("x"));
                 json!({"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"], "content": [{"type": "text", "text": "Let me answer with the tool."}, {"type": "tool_use", "id": "toolu_1", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
             }
-            cloud @ (ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi) => crate::support::reply_json(cloud, body),
-            ProviderKind::Compat(_) => crate::support::compat_reply(body, &triage_reply_for(&props_of(crate::support::compat_schema(body)))),
+            cloud @ (ProviderKind::Bedrock | ProviderKind::BedrockConverse | ProviderKind::VertexAi | ProviderKind::HostedAnthropic(_)) => {
+                crate::support::reply_json(cloud, body)
+            }
+            ProviderKind::Compat(_) | ProviderKind::Ibm => {
+                crate::support::compat_reply(body, &triage_reply_for(&props_of(crate::support::compat_schema(body))))
+            }
             ProviderKind::Cohere => crate::support::cohere_reply(&triage_reply_for(&props_of(body.pointer("/response_format/schema")))),
         };
         Canned::json(200, reply)
@@ -257,12 +261,14 @@ async fn plain_text_calls_on_every_provider() {
                     ProviderKind::Ollama => json!({"message": {"role": "assistant", "content": "plain words"}, "done": true}),
                     ProviderKind::OpenAi => json!({"choices": [{"message": {"content": "plain words"}, "finish_reason": "stop"}]}),
                     ProviderKind::Gemini => json!({"candidates": [{"content": {"parts": [{"text": "plain words"}]}, "finishReason": "STOP"}]}),
-                    ProviderKind::Anthropic => json!({"content": [{"type": "text", "text": "plain words"}], "stop_reason": "end_turn"}),
+                    ProviderKind::Anthropic | ProviderKind::HostedAnthropic(_) => {
+                        json!({"content": [{"type": "text", "text": "plain words"}], "stop_reason": "end_turn"})
+                    }
                     ProviderKind::Bedrock | ProviderKind::BedrockConverse => {
                         json!({"output": {"message": {"role": "assistant", "content": [{"text": "plain words"}]}}, "stopReason": "end_turn"})
                     }
                     ProviderKind::VertexAi => json!({"candidates": [{"content": {"parts": [{"text": "plain words"}]}, "finishReason": "STOP"}]}),
-                    ProviderKind::Compat(_) => crate::support::compat_reply(&json!({"model": "m"}), &json!("plain words")),
+                    ProviderKind::Compat(_) | ProviderKind::Ibm => crate::support::compat_reply(&json!({"model": "m"}), &json!("plain words")),
                     ProviderKind::Cohere => crate::support::cohere_reply(&json!("plain words")),
                 },
             )

@@ -318,7 +318,7 @@ pub fn reply_json(kind: fabric::config::ProviderKind, body: &serde_json::Value) 
             let r = triage_reply_for(&props(body.pointer("/generationConfig/responseJsonSchema")));
             json!({"candidates": [{"content": {"role": "model", "parts": [{"text": r.to_string()}]}, "finishReason": "STOP"}]})
         }
-        ProviderKind::Anthropic => {
+        ProviderKind::Anthropic | ProviderKind::HostedAnthropic(_) => {
             let r = triage_reply_for(&props(body.pointer("/tools/0/input_schema")));
             let name = body.pointer("/tool_choice/name").cloned().unwrap_or(json!("x"));
             json!({"content": [{"type": "tool_use", "id": "t", "name": name, "input": r}], "stop_reason": "tool_use", "usage": {"input_tokens": 31, "output_tokens": 9}})
@@ -333,7 +333,7 @@ pub fn reply_json(kind: fabric::config::ProviderKind, body: &serde_json::Value) 
             let name = body.pointer("/toolConfig/functionCallingConfig/allowedFunctionNames/0").cloned().unwrap_or(json!("x"));
             json!({"candidates": [{"content": {"role": "model", "parts": [{"functionCall": {"name": name, "args": r}}]}, "finishReason": "STOP"}], "usageMetadata": {"promptTokenCount": 31, "candidatesTokenCount": 9}})
         }
-        ProviderKind::Compat(_) => compat_reply(body, &triage_reply_for(&props(compat_schema(body)))),
+        ProviderKind::Compat(_) | ProviderKind::Ibm => compat_reply(body, &triage_reply_for(&props(compat_schema(body)))),
         ProviderKind::Cohere => cohere_reply(&triage_reply_for(&props(body.pointer("/response_format/schema")))),
     }
 }
@@ -348,13 +348,20 @@ pub fn cohere_reply(answer: &serde_json::Value) -> serde_json::Value {
 /// Where an OpenAI-compatible request carries its schema: the forced tool's parameters, or
 /// `response_format`.
 pub fn compat_schema(body: &serde_json::Value) -> Option<&serde_json::Value> {
-    body.pointer("/tools/0/function/parameters").or_else(|| body.pointer("/response_format/json_schema/schema"))
+    body.pointer("/tools/0/function/parameters").or_else(|| body.pointer("/response_format/json_schema/schema")).or_else(|| body.pointer("/text/format/schema"))
 }
 
 /// An OpenAI-compatible reply with `answer`: a call of the forced tool when the request forced
 /// one, the message content otherwise.
 pub fn compat_reply(body: &serde_json::Value, answer: &serde_json::Value) -> serde_json::Value {
     use serde_json::json;
+    if body.get("input").is_some() {
+        // The Responses API (meta, langsmith): the answer as a message item's output_text.
+        let text = answer.as_str().map_or_else(|| answer.to_string(), str::to_owned);
+        return json!({"id": "resp_1", "object": "response", "status": "completed", "model": body["model"],
+                      "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}],
+                      "usage": {"input_tokens": 31, "output_tokens": 9, "total_tokens": 40}});
+    }
     let message = match body.pointer("/tools/0/function/name") {
         Some(name) => {
             json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": answer.to_string()}}]})

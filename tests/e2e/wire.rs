@@ -68,7 +68,7 @@ const REQUEST_ALLOWED: &[Allowed] = &[
     },
     Allowed { provider: "ollama", kind: "*", path: "options.num_predict", why: "ChatOllama drops max_tokens; we keep the stage's output budget" },
     Allowed {
-        provider: "openai|azure_openai|azure_ai|nvidia|litellm",
+        provider: "openai|azure_openai|azure_ai|nvidia|litellm|bedrock_mantle_openai",
         kind: "*",
         path: "response_format.json_schema.name",
         why: "the schema is named after the stage, not `Out`/`AgentDecision`",
@@ -87,8 +87,8 @@ const REQUEST_ALLOWED: &[Allowed] = &[
         path: "response_format.json_schema.schema~description",
         why: "the package sends the Pydantic model's docstring, empty here; a schema without a description sends none",
     },
-    Allowed { provider: "anthropic", kind: "*", path: "tools[0].name", why: "the tool is named after the stage, not `Out`/`AgentDecision`" },
-    Allowed { provider: "anthropic", kind: "*", path: "tool_choice.name", why: "the forced tool is named after the stage" },
+    Allowed { provider: CLAUDE, kind: "*", path: "tools[0].name", why: "the tool is named after the stage, not `Out`/`AgentDecision`" },
+    Allowed { provider: CLAUDE, kind: "*", path: "tool_choice.name", why: "the forced tool is named after the stage" },
     Allowed {
         provider: "ollama",
         kind: "*",
@@ -98,37 +98,92 @@ const REQUEST_ALLOWED: &[Allowed] = &[
     },
     Allowed { provider: "ollama", kind: "*", path: "tools", why: "ChatOllama sends `tools: []`; we send no key: no tools either way" },
     Allowed {
-        provider: "openai|azure_openai|azure_ai",
+        provider: "openai|azure_openai|azure_ai|bedrock_mantle_openai",
         kind: "decision",
         path: "response_format.json_schema.strict",
         why: "strict mode needs `additionalProperties: false` on every object, which the decision's free-form \
               `arguments` cannot have (the reference asks for strict mode with `additionalProperties: true` inside)",
     },
     Allowed {
-        provider: "openai|azure_openai|azure_ai",
+        provider: "openai|azure_openai|azure_ai|bedrock_mantle_openai",
         kind: "decision",
         path: "response_format.json_schema.schema~additionalProperties",
         why: "sent with strict mode only (above)",
     },
     Allowed {
-        provider: "openai|azure_openai|azure_ai",
+        provider: "openai|azure_openai|azure_ai|bedrock_mantle_openai",
         kind: "decision",
         path: "response_format.json_schema.description",
         why: "the decision's description goes beside the schema as well as in it (the model sees it either way)",
     },
     Allowed {
-        provider: "anthropic",
+        provider: CLAUDE,
         kind: "*",
         path: "tools[0].description",
         why: "a schema without a description gets `Reply with the result in this shape.` rather than an empty one",
     },
     Allowed {
-        provider: "anthropic",
+        provider: CLAUDE,
         kind: "decision",
         path: "tools[0].input_schema~description",
         why: "the decision's description stays in input_schema as well as on the tool (the model sees it either way)",
     },
     Allowed { provider: "google_genai", kind: "*", path: "safetySettings", why: "LangChain sends `safetySettings: []`, the same as none" },
+    // The Responses API (meta, langsmith): OpenAI's choices, in the Responses shape.
+    Allowed { provider: "meta|langsmith", kind: "*", path: "text.format.name", why: "the schema is named after the stage, not `Out`/`AgentDecision`" },
+    Allowed {
+        provider: "meta|langsmith",
+        kind: "decision",
+        path: "text.format.strict",
+        why: "strict mode needs `additionalProperties: false` on every object, which the decision's free-form `arguments` cannot have",
+    },
+    Allowed { provider: "meta|langsmith", kind: "decision", path: "text.format.schema~additionalProperties", why: "sent with strict mode only (above)" },
+    Allowed {
+        provider: "huggingface",
+        kind: "text",
+        path: "path",
+        why: "Hugging Face's OpenAI-compatible router (/v1/chat/completions, any provider); ChatHuggingFace's endpoint backend \
+              goes to one provider's route (/hf-inference/models/{model}/v1/chat/completions) after reading the model card, \
+              and its structured output refuses the Pydantic models the reference passes (the fixture's `refused`)",
+    },
+    // Claude on Bedrock, Mantle and Vertex AI (the anthropic SDK's cloud clients).
+    Allowed {
+        provider: "anthropic_bedrock|bedrock_mantle_anthropic",
+        kind: "*",
+        path: "header:authorization",
+        why: "the anthropic SDK signs every header it sends (its x-stainless-* telemetry too); we sign content-type, host and \
+              x-amz-date, as botocore does for Converse: each signature covers what its client sends",
+    },
+    Allowed {
+        provider: "anthropic_bedrock",
+        kind: "*",
+        path: "anthropic_version",
+        why: "bedrock-2023-05-31, the version Bedrock documents for the Messages shapes we write; the anthropic SDK 2.14 sends its newest",
+    },
+    Allowed {
+        provider: "bedrock_mantle_anthropic",
+        kind: "*",
+        path: "header:anthropic-version",
+        why: "fixed at 2023-06-01, the version our request and reply shapes follow (as for anthropic); the SDK sends its newest",
+    },
+    Allowed {
+        provider: "google_anthropic_vertex",
+        kind: "*",
+        path: "header:authorization",
+        why: "the same OAuth token grant at the key file's token_uri; each side's token server answers its own token",
+    },
+    Allowed {
+        provider: "google_anthropic_vertex",
+        kind: "*",
+        path: "messages[0].content",
+        why: "ChatAnthropicVertex wraps the text in one text block; the Messages API reads a string as that block",
+    },
+    Allowed {
+        provider: "google_anthropic_vertex",
+        kind: "*",
+        path: "system",
+        why: "ChatAnthropicVertex wraps the system text in one text block; the Messages API reads a string as that block",
+    },
     // Cloud providers (issue 30, parts 3 and 4).
     Allowed {
         provider: "bedrock|bedrock_converse",
@@ -187,8 +242,11 @@ const REQUEST_ALLOWED: &[Allowed] = &[
     },
 ];
 
+/// Claude's Messages API: Anthropic's own and the cloud clients' (anthropic_hosted.rs).
+const CLAUDE: &str = "anthropic|anthropic_bedrock|bedrock_mantle_anthropic|google_anthropic_vertex";
+
 /// The family members whose package forces a tool for structured output (wire_compat.py).
-const FORCED_TOOL: &str = "deepseek|groq|xai|fireworks|together|openrouter|upstage|baseten|mistralai";
+const FORCED_TOOL: &str = "deepseek|groq|xai|fireworks|together|openrouter|upstage|baseten|mistralai|ibm";
 
 /// A reply on which we deliberately read differently. `ours` is our reason class when we fail,
 /// `value` when we return a value LangChain does not.
@@ -253,14 +311,14 @@ const REPLY_ALLOWED: &[ReplyAllowed] = &[
               follows, so fields are silently lost or shortened",
     },
     ReplyAllowed {
-        provider: "anthropic|bedrock|bedrock_converse|google_vertexai",
+        provider: "anthropic|bedrock|bedrock_converse|google_vertexai|anthropic_bedrock|bedrock_mantle_anthropic|google_anthropic_vertex",
         kind: "*",
         case: "prose",
         ours: "provider_error",
         why: "a reply without the forced tool's tool_use block: LangChain returns None silently, a stage never goes on with nothing",
     },
     ReplyAllowed {
-        provider: "anthropic|bedrock|bedrock_converse|google_vertexai",
+        provider: "anthropic|bedrock|bedrock_converse|google_vertexai|anthropic_bedrock|bedrock_mantle_anthropic|google_anthropic_vertex",
         kind: "*",
         case: "fenced|fenced_plain|backticked",
         ours: "provider_error",
@@ -302,11 +360,14 @@ fn schema_pointer(kind: ProviderKind) -> &'static str {
         ProviderKind::Anthropic => "/tools/0/input_schema",
         ProviderKind::Bedrock | ProviderKind::BedrockConverse => "/toolConfig/tools/0/toolSpec/inputSchema/json",
         ProviderKind::VertexAi => "/tools/0/functionDeclarations/0/parameters",
+        ProviderKind::Compat(c) if dialect(c).responses => "/text/format/schema",
         ProviderKind::Compat(c) => match dialect(c).structured {
             Structured::ForcedTool { .. } => "/tools/0/function/parameters",
             _ => "/response_format/json_schema/schema",
         },
         ProviderKind::Cohere => "/response_format/schema",
+        ProviderKind::HostedAnthropic(_) => "/tools/0/input_schema",
+        ProviderKind::Ibm => "/tools/0/function/parameters",
     }
 }
 
@@ -503,8 +564,22 @@ fn load() -> Vec<Value> {
     files.sort();
     let all: Vec<Value> = files.iter().map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()).collect();
     let providers: Vec<&str> = all.iter().map(|f| f["provider"].as_str().unwrap()).collect();
-    let mut expected: Vec<&str> =
-        ["anthropic", "bedrock", "bedrock_converse", "google_genai", "google_vertexai", "ollama", "openai"].into_iter().chain(FAMILY.iter().copied()).collect();
+    let mut expected: Vec<&str> = [
+        "anthropic",
+        "anthropic_bedrock",
+        "bedrock",
+        "bedrock_converse",
+        "bedrock_mantle_anthropic",
+        "google_anthropic_vertex",
+        "google_genai",
+        "google_vertexai",
+        "ibm",
+        "ollama",
+        "openai",
+    ]
+    .into_iter()
+    .chain(FAMILY.iter().copied())
+    .collect();
     expected.sort();
     assert_eq!(providers, expected, "one fixture per provider");
     all
@@ -516,11 +591,15 @@ const FAMILY: &[&str] = &[
     "azure_ai",
     "azure_openai",
     "baseten",
+    "bedrock_mantle_openai",
     "cohere",
     "deepseek",
     "fireworks",
     "groq",
+    "huggingface",
+    "langsmith",
     "litellm",
+    "meta",
     "mistralai",
     "nvidia",
     "openrouter",
@@ -547,7 +626,8 @@ async fn setup(fixture: &Value) -> Setup<'_> {
     let fake = FakeProvider::new(|_| Canned::json(500, json!({"error": "no reply queued"})));
     let url = fake.start().await;
     // NVIDIA's base URL ends in /v1 (https://integrate.api.nvidia.com/v1), as the fixture's did.
-    let url = if provider == "nvidia" { format!("{url}/v1") } else { url };
+    // So does Vertex AI's for Claude (AnthropicVertex's, https://{location}-aiplatform.googleapis.com/v1).
+    let url = if matches!(provider, "nvidia" | "google_anthropic_vertex") { format!("{url}/v1") } else { url };
     let mut target = crate::cloud_support::wire_target(kind, &url, model).await;
     if let Some(version) = fixture["requests"][0]["path"].as_str().and_then(|p| p.split_once("api-version=")) {
         // Azure OpenAI's API version, as the fixture was made with (OPENAI_API_VERSION).
@@ -625,7 +705,13 @@ async fn we_read_every_reply_as_langchain_does_or_stricter_on_purpose() {
             let (k, case) = (reply["kind"].as_str().unwrap(), reply["case"].as_str().unwrap());
             let request = requests.iter().find(|r| r["kind"] == k).unwrap();
             let headers = crate::cloud_support::canned_headers(&reply["headers"]);
-            fake.push(Canned { headers, ..Canned::json(reply["status"].as_u64().unwrap() as u16, reply["reply"].clone()) });
+            let canned = Canned { headers, ..Canned::json(reply["status"].as_u64().unwrap() as u16, reply["reply"].clone()) };
+            if provider == "ibm" && case == "error_401" {
+                // A 401 on a call with an IAM token: the token is forgotten and the call sent once
+                // more with a fresh one, which gets the same answer.
+                fake.push(canned.clone());
+            }
+            fake.push(canned);
             let ours = call(backend.as_ref(), reference_name(k), system, user, &output_for(request)).await;
             let theirs = &reply["langchain"];
             if let (Some(status), Err(e)) = (case.strip_prefix("error_"), &ours) {

@@ -16,11 +16,14 @@ reading compared with LangChain's.
 usage: tests/parity/gen-wire-fixtures [PROVIDER ...]   (or: python3 tests/parity/gen_wire_fixtures.py)
        (every provider by default; naming some regenerates only theirs)
 
-The cloud providers (bedrock_converse, bedrock: langchain-aws; google_vertexai:
-langchain-google-vertexai, in a second venv WIRE_VENV-vertex, see VERTEX_PINS) run with fake
-credentials: AWS's example keys, and the test-only service account of tests/fixtures/vertex whose
-token_uri is pointed at the capture server. This also writes tests/fixtures/sigv4/botocore.json:
-botocore's SigV4 signatures of fixed requests at a fixed time (see sign_vectors).
+The cloud providers (bedrock_converse, bedrock, anthropic_bedrock, bedrock_mantle_anthropic:
+langchain-aws; google_vertexai, google_anthropic_vertex: langchain-google-vertexai, in a second
+venv WIRE_VENV-vertex, see VERTEX_PINS) run with fake credentials: AWS's example keys, and the
+test-only service account of tests/fixtures/vertex whose token_uri is pointed at the capture
+server. ibm (langchain-ibm) runs in a third venv, WIRE_VENV-ibm (IBM_PINS), its httpx requests
+sent to the capture server (redirect_httpx). This also writes tests/fixtures/sigv4/botocore.json:
+botocore's SigV4 signatures of fixed requests at a fixed time, and aws-bedrock-token-generator's
+short-term Bedrock API keys (see sign_vectors).
 
 The first run creates a venv (WIRE_VENV, default target/wire-venv) and installs the exact pins
 below from PyPI; later runs reuse it. Output: tests/fixtures/wire/<provider>.json, pretty JSON in
@@ -68,6 +71,11 @@ PINS = [
     "langchain-azure-ai==1.2.9",
     "langchain-mistralai==1.1.6",
     "langchain-cohere==0.6.0",
+    # The rest of init_chat_model's keys: Claude on Bedrock and Mantle (the anthropic SDK's
+    # bedrock extra), Meta's Model API, Hugging Face.
+    "aws-bedrock-token-generator==1.1.0",
+    "langchain-meta==0.5.0",
+    "langchain-huggingface==1.2.3",
 ]
 # Installed without their dependencies, after PINS: langchain-upstage 0.7.7 asks for
 # tokenizers<0.21, which litellm, langchain-mistralai and langchain-cohere exclude; it uses
@@ -79,9 +87,49 @@ RECORDED = ["langchain", "langchain-core", "langchain-openai", "langchain-anthro
 # Cloud providers: what each group's fixtures record besides the above.
 CLOUD_RECORDED = {"main": ["langchain-aws", "boto3", "botocore"],
                   "vertex": ["langchain-google-vertexai", "google-cloud-aiplatform", "google-auth"]}
+# What the Claude-on-a-cloud fixtures record besides their group's.
+ANTHROPIC_RECORDED = ["anthropic", "langchain-anthropic"]
 # langchain-google-vertexai needs google-cloud-aiplatform, which caps google-genai below 3: it gets
 # a venv of its own so that the google_genai fixture keeps google-genai 3.6.1.
-VERTEX_PINS = ["langchain==1.5.0", "langchain-google-vertexai==3.2.5", "pydantic==2.14.4"]
+VERTEX_PINS = ["langchain==1.5.0", "langchain-google-vertexai==3.2.5", "pydantic==2.14.4",
+               # ChatAnthropicVertex (google_anthropic_vertex) calls the anthropic SDK's AnthropicVertex with
+               # `temperature`, which the 2.x SDKs no longer take (TypeError): the newest 0.x.
+               "anthropic[vertex]==0.125.0"]
+# langchain-ibm's ibm-watsonx-ai pins ibm-cos-sdk, whose jmespath<=1.0.1 boto3 excludes: a venv
+# of its own too.
+IBM_PINS = ["langchain==1.5.0", "langchain-ibm==1.1.2", "pydantic==2.14.4"]
+IBM_RECORDED = ["langchain", "langchain-core", "pydantic", "pydantic-core", "httpx", "langchain-ibm", "ibm-watsonx-ai"]
+# ChatWatsonx reaches IBM Cloud only (its SDK picks the IAM endpoint and the project API from
+# the watsonx.ai URL): the generator points it at a real region and sends every request of its
+# httpx client to the capture server instead. The IAM token is a JWT the SDK reads the expiry of.
+IBM_URL = "https://us-south.ml.cloud.ibm.com"
+IBM_PROJECT = "00000000-0000-4000-8000-000000000001"
+IBM_TOKEN_PATH = "/identity/token"
+IBM_TOKEN = ("eyJhbGciOiJSUzI1NiIsImtpZCI6InRlc3QifQ.eyJpYW1faWQiOiJJQk1pZC10ZXN0IiwiZXhwIjo0MTAyNDQ0ODAwLCJpYXQiOjE3NjQ0MTA0MDB9"
+             ".dGVzdC1zaWduYXR1cmU")
+
+
+def group_of(provider):
+    return "vertex" if provider in VERTEX_PROVIDERS else "ibm" if provider == "ibm" else "main"
+
+
+def redirect_httpx(url):
+    """Every request of an httpx client goes to the capture server at `url`, path and query kept."""
+    import httpx
+    from urllib.parse import urlsplit
+    target = urlsplit(url)
+    # The SDK's own retries of 429 and 5xx (ten by default, read at each request) off, so that an
+    # error answer is one request.
+    os.environ["WATSONX_MAX_RETRIES"] = "0"
+    if getattr(httpx.HTTPTransport, "_wire_redirected", False):
+        return
+    original = httpx.HTTPTransport.handle_request
+
+    def handle(self, request):
+        request.url = request.url.copy_with(scheme="http", host=target.hostname, port=target.port)
+        return original(self, request)
+    httpx.HTTPTransport.handle_request = handle
+    httpx.HTTPTransport._wire_redirected = True
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = "tests/parity/gen_wire_fixtures.py"
@@ -112,7 +160,7 @@ def ensure_venv(group="main"):
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     stamp = venv / "wire-pins.txt"
-    pins = PINS if group == "main" else VERTEX_PINS
+    pins = {"main": PINS, "vertex": VERTEX_PINS, "ibm": IBM_PINS}[group]
     # Every package of the venv, the dependencies too, at the version the committed fixtures were
     # made with: the same files come out however PyPI moves.
     name = "wire-constraints.txt" if group == "main" else f"wire-constraints-{group}.txt"
@@ -133,7 +181,8 @@ def isolate_environment():
     """No proxy, no provider settings and no tracing from the caller's environment."""
     prefixes = ("OPENAI", "ANTHROPIC", "GOOGLE", "GEMINI", "OLLAMA", "LANGCHAIN", "LANGSMITH", "LANGGRAPH", "AWS", "BEDROCK", "CLOUD_ML",
                 "GCLOUD", "CLOUDSDK", "AZURE", "DEEPSEEK", "GROQ", "XAI", "FIREWORKS", "TOGETHER", "OPENROUTER", "PPLX", "PERPLEXITY",
-                "NVIDIA", "UPSTAGE", "BASETEN", "LITELLM", "MISTRAL", "COHERE", "CO_")
+                "NVIDIA", "UPSTAGE", "BASETEN", "LITELLM", "MISTRAL", "COHERE", "CO_", "HF_", "HUGGINGFACE", "MODEL_API", "LLAMA",
+                "WATSONX", "IBM")
     for k in list(os.environ):
         if k.upper().endswith("_PROXY") or k.upper().startswith(prefixes):
             del os.environ[k]
@@ -349,9 +398,17 @@ CLOUD_MODELS = {"bedrock_converse": "anthropic.claude-3-5-haiku-20241022-v1:0",
                 # ChatBedrock (init_chat_model's `bedrock`) calls Converse itself for Nova models only:
                 # the one case where the reference sends what this runtime sends for `bedrock:`.
                 "bedrock": "amazon.nova-lite-v1:0",
-                "google_vertexai": "gemini-2.5-flash"}
+                "google_vertexai": "gemini-2.5-flash",
+                # Claude through the anthropic SDK's cloud clients: Bedrock's InvokeModel
+                # (ChatAnthropicBedrock), Bedrock's Mantle endpoint (ChatAnthropicMantle) and Vertex
+                # AI's rawPredict (ChatAnthropicVertex).
+                "anthropic_bedrock": "anthropic.claude-3-5-haiku-20241022-v1:0",
+                "bedrock_mantle_anthropic": "anthropic.claude-haiku-4-5",
+                "google_anthropic_vertex": "claude-sonnet-4-5@20250929"}
 MODELS.update(CLOUD_MODELS)
-VERTEX_PROVIDERS = {"google_vertexai"}
+VERTEX_PROVIDERS = {"google_vertexai", "google_anthropic_vertex"}
+# The cloud providers that speak Anthropic's Messages API (their replies are Anthropic's).
+ANTHROPIC_HOSTED = {"anthropic_bedrock", "bedrock_mantle_anthropic", "google_anthropic_vertex"}
 # Fake credentials, the AWS documentation's example ones; never valid anywhere.
 AWS_KEY_ID, AWS_SECRET = "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 AWS_REGION = "us-east-1"
@@ -364,7 +421,10 @@ SERVICE_ACCOUNT = REPO / "tests/fixtures/vertex/service-account.json"
 
 def cloud_recorded(provider):
     group = "vertex" if provider in VERTEX_PROVIDERS else "main"
-    return ["langchain", "langchain-core", "pydantic", "pydantic-core", "httpx", *CLOUD_RECORDED[group]]
+    extra = ANTHROPIC_RECORDED if provider in ANTHROPIC_HOSTED else []
+    if provider == "google_anthropic_vertex":
+        extra = ["anthropic"]
+    return ["langchain", "langchain-core", "pydantic", "pydantic-core", "httpx", *CLOUD_RECORDED[group], *extra]
 
 
 def cloud_environment():
@@ -378,12 +438,25 @@ def cloud_environment():
 
 def cloud_chat_model(provider, url):
     from langchain.chat_models import init_chat_model
+    if provider == "anthropic_bedrock":
+        # The anthropic SDK's AnthropicBedrock takes its endpoint from ANTHROPIC_BEDROCK_BASE_URL
+        # (ChatAnthropicBedrock passes no base URL on); the keys and region from the environment.
+        os.environ["ANTHROPIC_BEDROCK_BASE_URL"] = url
+        return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300, max_retries=0)
+    if provider == "bedrock_mantle_anthropic":
+        # SigV4 with the access keys of the environment (service `bedrock-mantle`).
+        return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300, base_url=url,
+                               max_retries=0)
     if provider in VERTEX_PROVIDERS:
         account = json.loads(SERVICE_ACCOUNT.read_text())
         account["token_uri"] = url + TOKEN_PATH
         path = venv_dir("vertex") / "service-account.json"
         path.write_text(json.dumps(account))
         os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(path)
+        if provider == "google_anthropic_vertex":
+            # The anthropic SDK's AnthropicVertex; its base URL ends in /v1 as the default one does.
+            return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
+                                   base_url=url + "/v1", project=account["project_id"], location="us-central1", max_retries=0)
         # REST, not gRPC, so that the capture server sees the request; no retries, so that an
         # error reply is one request.
         return init_chat_model(f"{provider}:{MODELS[provider]}", temperature=0.1, max_tokens=4096, timeout=300,
@@ -465,7 +538,7 @@ def cloud_error_cases(provider, kind):
 def cloud_error_status(provider, case):
     if case not in CLOUD_ERRORS:
         return 200, {}
-    if provider in VERTEX_PROVIDERS:
+    if provider in VERTEX_PROVIDERS or provider == "bedrock_mantle_anthropic":
         return CLOUD_ERRORS[case], {}
     code = {"throttled": "ThrottlingException", "invalid": "ValidationException", "unavailable": "ServiceUnavailableException"}[case]
     return CLOUD_ERRORS[case], {"x-amzn-ErrorType": f"{code}:http://internal.amazon.com/coral/com.amazon.bedrock/"}
@@ -474,12 +547,17 @@ def cloud_error_status(provider, case):
 def cloud_reply(provider, kind, case):
     model = MODELS[provider]
     if case in CLOUD_ERRORS:
+        if provider == "bedrock_mantle_anthropic":
+            kind_ = {"throttled": "rate_limit_error", "invalid": "invalid_request_error", "unavailable": "api_error"}[case]
+            return {"type": "error", "error": {"type": kind_, "message": f"{kind_} (test)"}}
         if provider in VERTEX_PROVIDERS:
             status = {"throttled": "RESOURCE_EXHAUSTED", "invalid": "INVALID_ARGUMENT", "unavailable": "UNAVAILABLE"}[case]
             return {"error": {"code": CLOUD_ERRORS[case], "message": f"{status.lower()} (test)", "status": status}}
         return {"message": {"throttled": "Too many requests, please wait before trying again.",
                             "invalid": "The provided model identifier is invalid.",
                             "unavailable": "Bedrock is unable to process your request."}[case]}
+    if provider in ANTHROPIC_HOSTED:
+        return anthropic_reply(kind, case, model, {"structured": "Out", "envelope": "Out", "decision": "AgentDecision"}.get(kind))
     if provider in VERTEX_PROVIDERS:
         return vertex_reply(kind, case, model)
     return converse_reply(kind, case)
@@ -539,6 +617,13 @@ SIGV4_REQUESTS = [
      "body": {"messages": [{"role": "user", "content": [{"text": "€20 — refund"}]}], "inferenceConfig": {"maxTokens": 4096}}},
     {"url": "http://127.0.0.1:8123/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude/converse",
      "region": "us-east-1", "session_token": None, "body": {}},
+    # The anthropic SDK's InvokeModel path keeps the model id's `:` (anthropic_bedrock), and Mantle
+    # signs for `bedrock-mantle` (bedrock_mantle_anthropic).
+    {"url": "https://bedrock-runtime.us-east-1.amazonaws.com/model/anthropic.claude-3-5-haiku-20241022-v1:0/invoke",
+     "region": "us-east-1", "session_token": None, "body": {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 4096}},
+    {"url": "https://bedrock-mantle.eu-west-3.api.aws/anthropic/v1/messages", "region": "eu-west-3", "service": "bedrock-mantle",
+     "session_token": "IQoJb3JpZ2luX2VjEXAMPLETOKEN//////////wEaCXVzLWVhc3QtMSJHMEUCIQ==",
+     "body": {"model": "anthropic.claude-haiku-4-5", "max_tokens": 4096}},
 ]
 
 
@@ -554,15 +639,25 @@ def sign_vectors():
     for r in SIGV4_REQUESTS:
         body = json.dumps(r["body"], ensure_ascii=False).encode()
         req = AWSRequest(method="POST", url=r["url"], data=body, headers={"content-type": "application/json"})
-        signer = botocore.auth.SigV4Auth(Credentials(AWS_KEY_ID, AWS_SECRET, r["session_token"]), "bedrock", r["region"])
+        signer = botocore.auth.SigV4Auth(Credentials(AWS_KEY_ID, AWS_SECRET, r["session_token"]), r.get("service", "bedrock"), r["region"])
         with mock.patch("botocore.auth.get_current_datetime", return_value=fixed):
             signer.add_auth(req)
         vectors.append({**r, "body": body.decode(), "time": SIGV4_TIME + "Z", "access_key_id": AWS_KEY_ID, "secret_access_key": AWS_SECRET,
                         "x-amz-date": req.headers["X-Amz-Date"], "authorization": req.headers["Authorization"]})
+    # Short-term Bedrock API keys as aws-bedrock-token-generator makes them from AWS keys (what
+    # ChatOpenAIMantle sends without AWS_BEARER_TOKEN_BEDROCK): a presigned URL, base64.
+    from aws_bedrock_token_generator.token_generator import _generate_token
+    tokens = []
+    for region, session_token in [("us-east-1", None), ("eu-west-3", "IQoJb3JpZ2luX2VjEXAMPLETOKEN//////////wEaCXVzLWVhc3QtMSJHMEUCIQ==")]:
+        with mock.patch("botocore.auth.get_current_datetime", return_value=fixed):
+            token = _generate_token(Credentials(AWS_KEY_ID, AWS_SECRET, session_token), region, 43200)
+        tokens.append({"region": region, "session_token": session_token, "expires": 43200, "time": SIGV4_TIME + "Z",
+                       "access_key_id": AWS_KEY_ID, "secret_access_key": AWS_SECRET, "token": token})
     path = OUT_DIR.parent / "sigv4" / "botocore.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"generator": GENERATOR, "packages": {"botocore": version("botocore")}, "service": "bedrock",
-                                "vectors": vectors}, ensure_ascii=False, indent=2) + "\n")
+    path.write_text(json.dumps({"generator": GENERATOR, "packages": {"botocore": version("botocore"),
+                                                                    "aws-bedrock-token-generator": version("aws-bedrock-token-generator")},
+                                "service": "bedrock", "vectors": vectors, "bedrock_api_keys": tokens}, ensure_ascii=False, indent=2) + "\n")
     print(f"{path.relative_to(REPO)}: {len(vectors)} signed requests")
 
 
@@ -573,6 +668,7 @@ class Capture:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         capture = self
         self.requests = []
+        self.token_requests = []
         self.reply = None
         self.status = 200
         self.reply_headers = {}
@@ -582,8 +678,22 @@ class Capture:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self):
-                # The model list ChatNVIDIA reads before a structured call; not a model call.
-                out = json.dumps({"object": "list", "data": [{"id": capture.model, "object": "model"}]}).encode()
+                # The model list ChatNVIDIA reads before a structured call, the project and the
+                # model specs ibm-watsonx-ai reads when ChatWatsonx is built; not model calls.
+                if self.path.startswith("/api/models/"):
+                    # The model card huggingface_hub reads to find the provider of a model.
+                    got = {"id": capture.model, "pipeline_tag": "text-generation", "tags": ["conversational"],
+                           "inferenceProviderMapping": [{"provider": "hf-inference", "providerId": capture.model, "status": "live",
+                                                         "task": "conversational"}]}
+                elif self.path.startswith("/v2/projects/"):
+                    got = {"metadata": {"guid": IBM_PROJECT}, "entity": {"name": "wire", "storage": {"type": "bmcos_object_storage"},
+                                                                         "compute": [{"type": "machine_learning", "guid": "wml-wire", "name": "wml"}]}}
+                elif self.path.startswith("/ml/v1/foundation_model_specs"):
+                    got = {"total_count": 1, "limit": 200, "resources": [{"model_id": capture.model, "label": capture.model, "provider": "IBM",
+                                                                          "functions": [{"id": "text_chat"}, {"id": "text_generation"}]}]}
+                else:
+                    got = {"object": "list", "data": [{"id": capture.model, "object": "model"}]}
+                out = json.dumps(got).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(out)))
@@ -593,9 +703,16 @@ class Capture:
             def do_POST(self):
                 n = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(n)
-                if self.path == TOKEN_PATH:
-                    # The OAuth token exchange of a service account (Vertex AI): answered, not recorded.
-                    out = json.dumps(TOKEN_REPLY).encode()
+                if self.path in (TOKEN_PATH, IBM_TOKEN_PATH):
+                    # The OAuth token exchange of a service account (Vertex AI) or of an IBM Cloud
+                    # API key: answered; IBM's request kept apart (the fixture's `token_request`).
+                    got = TOKEN_REPLY
+                    if self.path == IBM_TOKEN_PATH:
+                        capture.token_requests.append({"method": self.command, "path": self.path,
+                                                       "headers": {k.lower(): v for k, v in self.headers.items()}, "form": raw.decode()})
+                        got = {"access_token": IBM_TOKEN, "refresh_token": "not_supported", "token_type": "Bearer", "expires_in": 3600,
+                               "expiration": 4102444800, "scope": "ibm openid"}
+                    out = json.dumps(got).encode()
                     self.send_response(200)
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(out)))
@@ -628,7 +745,7 @@ class Capture:
 
 
 # Transport details that say nothing about the call (and the port changes on every run).
-DROPPED_HEADERS = {"host", "content-length"}
+DROPPED_HEADERS = {"host", "content-length", "x-amzn-trace-id"}  # (huggingface_hub: a random id per request)
 
 
 def scrub_headers(headers):
@@ -636,7 +753,7 @@ def scrub_headers(headers):
     for k in sorted(headers):
         if k in DROPPED_HEADERS:
             continue
-        out[k] = scrub_cloud_header(k, headers[k]).replace(API_KEY, KEY_PLACEHOLDER)
+        out[k] = scrub_cloud_header(k, headers[k].replace(IBM_TOKEN, "<iam-token>")).replace(API_KEY, KEY_PLACEHOLDER)
     return out
 
 
@@ -655,6 +772,13 @@ def chat_model(provider, url, **extra):
     if provider in CLOUD_MODELS:
         return cloud_chat_model(provider, url)
     from langchain.chat_models import init_chat_model
+    if provider == "ibm":
+        redirect_httpx(url)
+    if provider == "huggingface":
+        # huggingface_hub's Hub (the model card) and the router's provider routes, at the capture server.
+        import huggingface_hub.constants as hf
+        hf.ENDPOINT = url
+        hf.INFERENCE_PROXY_TEMPLATE = url + "/{provider}"
     if provider in compat().PROVIDERS:
         kwargs, env = compat().setup(provider, url)
         os.environ.update(env)
@@ -703,7 +827,12 @@ def generate(provider, capture):
     requests, replies = [], []
     family = provider in compat().PROVIDERS
     capture.model = all_models()[provider]
+    refused = {}
     for kind in KINDS:
+        if provider == "huggingface" and kind != "text":
+            # ChatHuggingFace.with_structured_output refuses a Pydantic model before any request.
+            refused[kind] = outcome(kind, lambda: runnable_for(provider, kind, capture.url).invoke(messages), capture.url)
+            continue
         seen = None
         for case in cases_for(kind) + cloud_error_cases(provider, kind):
             reply = reply_for(provider, kind, case)
@@ -717,7 +846,7 @@ def generate(provider, capture):
             # parse (as `guided_json`, then `nvext`: 3 requests in all): the call's `attempts`.
             attempts = len(capture.requests)
             assert attempts == 1 or provider == "nvidia", \
-                (provider, kind, case, attempts)
+                (provider, kind, case, attempts, result)
             req = capture.requests[0]
             if seen is None:
                 seen = req
@@ -742,8 +871,20 @@ def generate(provider, capture):
             result = outcome("text", lambda: runnable.invoke(messages), capture.url)
             assert len(capture.requests) == 1, (provider, case, len(capture.requests))
             replies.append({"kind": "text", "case": case, "status": status, "reply": body, "langchain": result})
-    recorded = cloud_recorded(provider) if provider in CLOUD_MODELS else RECORDED + (compat().recorded(provider) if family else [])
+    if provider in CLOUD_MODELS:
+        recorded = cloud_recorded(provider)
+    elif provider == "ibm":
+        recorded = IBM_RECORDED
+    else:
+        recorded = RECORDED + (compat().recorded(provider) if family else [])
     extra = {"bearer_request": bedrock_bearer_request(provider, capture, messages)} if provider == "bedrock_converse" else {}
+    if refused:
+        extra = {"refused": refused}
+    if provider == "ibm":
+        # The IAM exchange of the API key (once: the SDK keeps the token), as IBM's SDK sends it.
+        t = capture.token_requests[0]
+        extra = {"token_request": {"method": t["method"], "path": t["path"], "form": t["form"].replace(API_KEY, KEY_PLACEHOLDER),
+                                   "headers": {k: v for k, v in sorted(t["headers"].items()) if k in ("authorization", "content-type")}}}
     return {
         "generator": GENERATOR,
         "packages": {name: version(name) for name in recorded},
@@ -760,8 +901,11 @@ def generate(provider, capture):
 def main():
     group = group_arg()
     if group == "main" and "--group" not in sys.argv and Path(sys.prefix).resolve() != venv_dir("main"):
-        # The Vertex AI group first, in its own venv (see VERTEX_PINS); then this one.
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--group", "vertex"], check=True)
+        # The Vertex AI and IBM groups first, each in its own venv (see VERTEX_PINS, IBM_PINS); then this one.
+        for other in ("vertex", "ibm"):
+            names = [a for a in sys.argv[1:] if group_of(a) == other]
+            if names or not sys.argv[1:]:
+                subprocess.run([sys.executable, str(Path(__file__).resolve()), "--group", other, *names], check=True)
     ensure_venv(group)
     isolate_environment()
     cloud_environment()
@@ -773,8 +917,13 @@ def main():
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     if group == "main":
         sign_vectors()
-    only = sys.argv[1:] if "--group" not in sys.argv else []  # some providers only (for a quick look); all of them by default
-    for provider in [p for p in all_models() if (p in VERTEX_PROVIDERS) == (group == "vertex")]:
+    # Some providers only (named after the options); all of them by default.
+    args = sys.argv[1:]
+    if "--group" in args:
+        i = args.index("--group")
+        args = args[:i] + args[i + 2:]
+    only = args
+    for provider in [p for p in all_models() if group_of(p) == group]:
         if only and provider not in only:
             continue
         fixture = generate(provider, capture)

@@ -51,7 +51,32 @@ PROVIDERS = {
     # Cohere's v2 chat API (its own codec). ChatCohere reads its key from COHERE_API_KEY (`api_key`
     # is no name it knows).
     "cohere": ("command-a-03-2025", "json_schema", {"api_key": None}, {"COHERE_API_KEY": API_KEY}, ["langchain-cohere", "cohere"]),
+    # Bedrock's OpenAI-compatible Mantle endpoint (langchain-aws ChatOpenAIMantle): an open-weight
+    # model (Chat Completions under /v1; OpenAI's GPT models go to /openai/v1 and the Responses
+    # API), the Bedrock API key from AWS_BEARER_TOKEN_BEDROCK as the OpenAI key.
+    "bedrock_mantle_openai": ("openai.gpt-oss-120b", "json_schema", {"api_key": None}, {"AWS_BEARER_TOKEN_BEDROCK": API_KEY},
+                              ["langchain-aws", "openai"]),
+    # Meta's Model API (langchain-meta ChatMetaModel): OpenAI's Responses API by default.
+    "meta": ("muse-spark-1.1", "json_schema", {}, {}, ["langchain-meta", "openai"]),
+    # The LangSmith LLM gateway: ChatOpenAI on the Responses API (init_chat_model's _init_langsmith).
+    "langsmith": ("gpt-4o-mini", "json_schema", {}, {}, ["openai"]),
+    # langchain-huggingface's ChatHuggingFace with its `endpoint` backend (its default `pipeline`
+    # runs the model in-process): huggingface_hub's InferenceClient at a provider's route of
+    # Hugging Face's router (hf-inference here). Its with_structured_output refuses a Pydantic
+    # model, so only the text kind has requests (the others' refusals are recorded).
+    "huggingface": ("meta-llama/Llama-3.3-70B-Instruct", "json_schema",
+                    {"base_url": None, "api_key": None, "backend": "endpoint", "provider": "hf-inference"}, {"HF_TOKEN": API_KEY},
+                    ["langchain-huggingface", "huggingface_hub"]),
+    # IBM watsonx.ai (langchain-ibm ChatWatsonx, its own venv): the URL, key and project from the
+    # environment, as the package documents them (the generator sends its requests to the capture
+    # server, see redirect_httpx).
+    "ibm": ("ibm/granite-3-3-8b-instruct", "function_calling", {"base_url": None, "api_key": None},
+            {"WATSONX_URL": "https://us-south.ml.cloud.ibm.com", "WATSONX_API_KEY": API_KEY,
+             "WATSONX_PROJECT_ID": "00000000-0000-4000-8000-000000000001"}, []),
 }
+
+# The providers whose package calls OpenAI's Responses API (POST {base}/responses).
+RESPONSES = {"meta", "langsmith"}
 
 MODELS = {p: v[0] for p, v in PROVIDERS.items()}
 
@@ -79,6 +104,9 @@ def no_retry_kwargs(provider):
     if provider == "litellm":
         # ChatLiteLLM's max_retries is its own loop; the OpenAI client inside litellm retries too.
         return {"max_retries": 0, "model_kwargs": {"max_retries": 0}}
+    if provider == "huggingface":
+        # ChatHuggingFace takes no max_retries (huggingface_hub's InferenceClient sends once).
+        return {}
     return {"max_retries": 0}
 
 
@@ -122,11 +150,28 @@ def cohere_reply(kind, case, model):
                       "tokens": {"input_tokens": USAGE_IN + 200, "output_tokens": USAGE_OUT}}}
 
 
+def responses_reply(kind, case, model):
+    """A Responses API reply: the text as one `output_text` part of a message item; cut at the
+    output limit, `status: incomplete` with the reason; reasoning as a summary item before it."""
+    text, limited = content_for(kind, case)
+    output = [{"type": "message", "id": "msg_wire0001", "status": "incomplete" if limited else "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}]
+    if case == "thinking":
+        output.insert(0, {"type": "reasoning", "id": "rs_wire0001", "summary": [{"type": "summary_text", "text": THOUGHT}]})
+    return {"id": "resp_wire0001", "object": "response", "created_at": 1764410400, "status": "incomplete" if limited else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if limited else None, "error": None, "model": model,
+            "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": USAGE_IN, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": USAGE_OUT,
+                      "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": USAGE_IN + USAGE_OUT}}
+
+
 def message_reply(provider, kind, case, model, tool):
     """A Chat Completions reply: the answer as a forced tool's call for the packages that asked for
     one (prose and fenced answers as content instead: a model ignoring the tool), else as content."""
     if provider == "cohere":
         return cohere_reply(kind, case, model)
+    if provider in RESPONSES:
+        return responses_reply(kind, case, model)
     text, limited = content_for(kind, case)
     finish = "length" if limited else "stop"
     message = {"role": "assistant", "content": text}

@@ -4,13 +4,13 @@
 //! Only environment credentials are read: AWS keys or the Bedrock API key, a Google service
 //! account's key file. AWS profiles, SSO, instance roles and Google's metadata server are not.
 
-use crate::llm::cloud::{AwsKeys, Cloud, ServiceAccount};
+use crate::llm::cloud::{AwsKeys, Cloud, IamKey, ServiceAccount, WatsonxScope};
 use crate::llm::model::{ApiKey, ProviderKind, ProviderTarget, check_key};
-use crate::vocab::{ConfigError, err, parse_base_url};
+use crate::vocab::{AnthropicHost, ConfigError, err, parse_base_url};
 
 /// Secrets whose names do not end in `_API_KEY` or `_TOKEN`: read only from the environment and
 /// never shown. (`AWS_ACCESS_KEY_ID` names a key rather than being one, but it is kept as close.)
-pub const SECRETS: &[&str] = &["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_BEARER_TOKEN_BEDROCK"];
+pub const SECRETS: &[&str] = &["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_BEARER_TOKEN_BEDROCK", "WATSONX_APIKEY"];
 
 /// The largest service-account key file read (a real one is about 2.4 KB).
 const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
@@ -18,12 +18,12 @@ const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
 pub const DEFAULT_VERTEX_LOCATION: &str = "us-central1";
 
 /// The first of `vars` that is set, with its name.
-fn first<'v>(var: &dyn Fn(&str) -> Option<String>, vars: &[&'v str]) -> Option<(&'v str, String)> {
+pub(super) fn first<'v>(var: &dyn Fn(&str) -> Option<String>, vars: &[&'v str]) -> Option<(&'v str, String)> {
     vars.iter().find_map(|v| var(v).map(|value| (*v, value.trim().to_owned())))
 }
 
 /// A region or location: lower-case letters, digits and `-` (it goes into a host name).
-fn region(var: &str, value: &str) -> Result<String, ConfigError> {
+pub(super) fn region(var: &str, value: &str) -> Result<String, ConfigError> {
     if !value.is_empty() && value.len() <= 64 && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
         Ok(value.to_owned())
     } else {
@@ -50,8 +50,33 @@ pub fn target(
     key_var: Option<&str>,
 ) -> Result<ProviderTarget, ConfigError> {
     match provider {
-        ProviderKind::VertexAi => vertex(var, model, base_url),
+        ProviderKind::VertexAi | ProviderKind::HostedAnthropic(AnthropicHost::Vertex) => vertex(var, provider, model, base_url),
+        ProviderKind::Ibm => watsonx(var, model, base_url, key_var),
         _ => bedrock(var, provider, model, base_url, key_var),
+    }
+}
+
+/// Where a Bedrock provider's endpoint is read from, in its package's order (the runtime's
+/// `FABRIC_LLM_BASE_URL` after the package's own where the package reads none of AWS's), its
+/// default for a region, and the variables of the Bedrock API key.
+fn bedrock_endpoint(provider: ProviderKind, region: &str) -> (&'static [&'static str], String, &'static [&'static str]) {
+    match provider {
+        // The anthropic SDK's AnthropicBedrock reads ANTHROPIC_BEDROCK_BASE_URL only.
+        ProviderKind::HostedAnthropic(AnthropicHost::Bedrock) => {
+            (&["ANTHROPIC_BEDROCK_BASE_URL", "FABRIC_LLM_BASE_URL"], format!("https://bedrock-runtime.{region}.amazonaws.com"), &["AWS_BEARER_TOKEN_BEDROCK"])
+        }
+        // ChatAnthropicMantle passes ANTHROPIC_API_URL / ANTHROPIC_BASE_URL on (unless they name
+        // api.anthropic.com); AnthropicBedrockMantle reads ANTHROPIC_BEDROCK_MANTLE_BASE_URL.
+        ProviderKind::HostedAnthropic(AnthropicHost::Mantle) => (
+            &["ANTHROPIC_API_URL", "ANTHROPIC_BASE_URL", "ANTHROPIC_BEDROCK_MANTLE_BASE_URL", "FABRIC_LLM_BASE_URL"],
+            format!("https://bedrock-mantle.{region}.api.aws/anthropic"),
+            &["AWS_BEARER_TOKEN_BEDROCK", "ANTHROPIC_AWS_API_KEY"],
+        ),
+        _ => (
+            &["BEDROCK_ENDPOINT_URL", "AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "AWS_ENDPOINT_URL"],
+            format!("https://bedrock-runtime.{region}.amazonaws.com"),
+            &["AWS_BEARER_TOKEN_BEDROCK"],
+        ),
     }
 }
 
@@ -65,15 +90,22 @@ fn bedrock(
     let (region_var, value) = first(var, &["AWS_REGION", "AWS_DEFAULT_REGION"])
         .ok_or_else(|| err("AWS_REGION or AWS_DEFAULT_REGION", format!("is required for provider {} (model `{model}`) and is not set", provider.key())))?;
     let region = region(region_var, &value)?;
-    let base_url = match (base_url, first(var, &["BEDROCK_ENDPOINT_URL", "AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "AWS_ENDPOINT_URL"])) {
+    let (url_vars, default_url, bearer_vars) = bedrock_endpoint(provider, &region);
+    // An Anthropic URL is the `anthropic:` key's, which ChatAnthropicMantle does not take over.
+    let not_anthropic = |v: &str| var(v).filter(|u| !u.contains("api.anthropic.com"));
+    let base_url = match (base_url, url_vars.iter().find_map(|v| not_anthropic(v).map(|u| (*v, u)))) {
         (Some(u), _) => parse_base_url("model profile base_url", u)?,
         (None, Some((v, u))) => parse_base_url(v, &u)?,
-        (None, None) => format!("https://bedrock-runtime.{region}.amazonaws.com"),
+        (None, None) => default_url,
     };
     // The Bedrock API key first, as botocore prefers it when it is set; else the access keys.
-    let bearer_var = key_var.unwrap_or("AWS_BEARER_TOKEN_BEDROCK");
-    let (api_key, api_key_var, keys) = match var(bearer_var).map(|k| k.trim().to_owned()) {
-        Some(token) => {
+    let found = match key_var {
+        Some(v) => var(v).map(|k| (v, k)),
+        None => bearer_vars.iter().find_map(|v| var(v).map(|k| (*v, k))),
+    };
+    let bearer_var = key_var.unwrap_or(bearer_vars[0]);
+    let (api_key, api_key_var, keys) = match found.map(|(v, k)| (v, k.trim().to_owned())) {
+        Some((bearer_var, token)) => {
             check_key(bearer_var, &token)?;
             // A bearer token goes in clear text: only over TLS, as botocore insists, or to this
             // machine (a local proxy, the tests).
@@ -94,7 +126,7 @@ fn bedrock(
     Ok(ProviderTarget { provider, model, base_url, api_key, api_key_var, api_version: String::new(), cloud: Some(Cloud::Bedrock { region, region_var, keys }) })
 }
 
-fn aws_keys(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model: &str) -> Result<AwsKeys, ConfigError> {
+pub(super) fn aws_keys(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model: &str) -> Result<AwsKeys, ConfigError> {
     let get = |v: &str| -> Result<Option<ApiKey>, ConfigError> {
         match var(v).map(|k| k.trim().to_owned()) {
             Some(k) => check_key(v, &k).map(|()| Some(ApiKey::new(k))),
@@ -116,13 +148,14 @@ fn aws_keys(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model:
     }
 }
 
-fn vertex(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<&str>) -> Result<ProviderTarget, ConfigError> {
+fn vertex(var: &dyn Fn(&str) -> Option<String>, provider: ProviderKind, model: String, base_url: Option<&str>) -> Result<ProviderTarget, ConfigError> {
     const CREDS: &str = "GOOGLE_APPLICATION_CREDENTIALS";
+    let key = provider.key();
     let path = var(CREDS).map(|p| p.trim().to_owned()).ok_or_else(|| {
         err(
             CREDS,
             format!(
-                "is required for provider google_vertexai (model `{model}`) and is not set: set it to a service account's JSON key file \
+                "is required for provider {key} (model `{model}`) and is not set: set it to a service account's JSON key file \
                  (gcloud's user credentials and the metadata server are not read)"
             ),
         )
@@ -134,7 +167,7 @@ fn vertex(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<
         Some((v, p)) => (p, v.to_owned()),
         None => match &account.project_id {
             Some(p) => (p.clone(), format!("project_id of {path}")),
-            None => return Err(err("GOOGLE_CLOUD_PROJECT", format!("is required for provider google_vertexai: `{path}` names no project_id"))),
+            None => return Err(err("GOOGLE_CLOUD_PROJECT", format!("is required for provider {key}: `{path}` names no project_id"))),
         },
     };
     if project.is_empty() || !project.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':')) {
@@ -144,20 +177,96 @@ fn vertex(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<
         Some((v, l)) => (region(v, &l)?, v.to_owned()),
         None => (DEFAULT_VERTEX_LOCATION.to_owned(), "default".to_owned()),
     };
-    let base_url = match (base_url, var("GOOGLE_VERTEX_BASE_URL")) {
+    // ChatVertexAI's endpoint is a host; AnthropicVertex's ends in its API version (/v1) and is
+    // read from ANTHROPIC_VERTEX_BASE_URL, with the multi-region hosts the anthropic SDK knows.
+    let claude = provider != ProviderKind::VertexAi;
+    let url_vars: &[&str] = if claude { &["ANTHROPIC_VERTEX_BASE_URL", "FABRIC_LLM_BASE_URL"] } else { &["GOOGLE_VERTEX_BASE_URL"] };
+    let base_url = match (base_url, first(var, url_vars)) {
         (Some(u), _) => parse_base_url("model profile base_url", u)?,
-        (None, Some(u)) => parse_base_url("GOOGLE_VERTEX_BASE_URL", &u)?,
-        (None, None) if location == "global" => "https://aiplatform.googleapis.com".to_owned(),
-        (None, None) => format!("https://{location}-aiplatform.googleapis.com"),
+        (None, Some((v, u))) => parse_base_url(v, &u)?,
+        (None, None) => {
+            let host = match location.as_str() {
+                "global" => "https://aiplatform.googleapis.com".to_owned(),
+                "us" | "eu" if claude => format!("https://aiplatform.{location}.rep.googleapis.com"),
+                _ => format!("https://{location}-aiplatform.googleapis.com"),
+            };
+            if claude { format!("{host}/v1") } else { host }
+        }
     };
     Ok(ProviderTarget {
-        provider: ProviderKind::VertexAi,
+        provider,
         model,
         base_url,
         api_key: None,
         api_key_var: None,
         api_version: crate::llm::providers::vertex::API_VERSION.to_owned(),
         cloud: Some(Cloud::Vertex { project, project_from, location, location_from, account }),
+    })
+}
+
+/// IBM watsonx.ai as langchain-ibm's ChatWatsonx reads it: `WATSONX_URL` (the region's URL),
+/// `WATSONX_PROJECT_ID` or `WATSONX_SPACE_ID`, and `WATSONX_API_KEY` (or the deprecated
+/// `WATSONX_APIKEY`), exchanged at IBM Cloud's IAM endpoint, or `WATSONX_TOKEN`, sent as it is.
+fn watsonx(var: &dyn Fn(&str) -> Option<String>, model: String, base_url: Option<&str>, key_var: Option<&str>) -> Result<ProviderTarget, ConfigError> {
+    let need = |what: &str, example: &str| format!("is required for provider ibm (model `{model}`) and is not set: {what}, e.g. {example}");
+    let base_url = match (base_url, first(var, &["WATSONX_URL", "FABRIC_LLM_BASE_URL"])) {
+        (Some(u), _) => parse_base_url("model profile base_url", u)?,
+        (None, Some((v, u))) => parse_base_url(v, &u)?,
+        (None, None) => return Err(err("WATSONX_URL", need("your watsonx.ai region's URL", "https://us-south.ml.cloud.ibm.com"))),
+    };
+    let id = |v: &str, value: String| {
+        if !value.is_empty() && value.len() <= 64 && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            Ok(value)
+        } else {
+            Err(err(v, format!("`{value}` is not a watsonx.ai project or space id")))
+        }
+    };
+    let (scope, scope_var) = match (first(var, &["WATSONX_PROJECT_ID"]), first(var, &["WATSONX_SPACE_ID"])) {
+        (Some((v, p)), _) => (WatsonxScope::Project(id(v, p)?), "WATSONX_PROJECT_ID"),
+        (None, Some((v, s))) => (WatsonxScope::Space(id(v, s)?), "WATSONX_SPACE_ID"),
+        (None, None) => return Err(err("WATSONX_PROJECT_ID or WATSONX_SPACE_ID", need("the project or deployment space the calls run in", "a project's id"))),
+    };
+    // A profile's key variable names an API key; else langchain-ibm's, the deprecated one after it.
+    let keys: Vec<&str> = key_var.map_or_else(|| vec!["WATSONX_API_KEY", "WATSONX_APIKEY"], |v| vec![v]);
+    let secure = |v: &str| -> Result<(), ConfigError> {
+        if base_url.starts_with("https://") || is_loopback(&base_url) {
+            Ok(())
+        } else {
+            Err(err(v, format!("is sent only over HTTPS, and the watsonx.ai URL `{}` is plain HTTP", crate::redact::redact_url(&base_url))))
+        }
+    };
+    let (api_key, api_key_var, iam) = match (first(var, &keys), first(var, &["WATSONX_TOKEN"])) {
+        (Some((v, key)), _) => {
+            check_key(v, &key)?;
+            // IBM Cloud's IAM, as the SDK picks it for the cloud's regions; FABRIC_IBM_IAM_URL for
+            // another (a private IAM proxy, the tests).
+            let iam = match var("FABRIC_IBM_IAM_URL") {
+                Some(u) => parse_base_url("FABRIC_IBM_IAM_URL", &u)?,
+                None => crate::llm::providers::watsonx::IAM_URL.to_owned(),
+            };
+            if !iam.starts_with("https://") && !is_loopback(&iam) {
+                return Err(err("FABRIC_IBM_IAM_URL", format!("`{}` is plain HTTP; the API key is sent only over HTTPS", crate::redact::redact_url(&iam))));
+            }
+            (None, None, Some(IamKey { api_key: ApiKey::new(key), var: v.to_owned(), token_url: format!("{iam}/identity/token") }))
+        }
+        (None, Some((v, token))) if key_var.is_none() => {
+            check_key(v, &token)?;
+            secure(v)?;
+            (Some(ApiKey::new(token)), Some(v.to_owned()), None)
+        }
+        _ => return Err(err(&keys.join(" or "), need("an IBM Cloud API key (or WATSONX_TOKEN, a token)", "the key of a service ID"))),
+    };
+    if iam.is_some() {
+        secure(keys[0])?;
+    }
+    Ok(ProviderTarget {
+        provider: ProviderKind::Ibm,
+        model,
+        base_url,
+        api_key,
+        api_key_var,
+        api_version: String::new(),
+        cloud: Some(Cloud::Watsonx { scope, scope_var, iam }),
     })
 }
 

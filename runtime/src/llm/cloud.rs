@@ -33,6 +33,33 @@ pub enum Cloud {
         location_from: String,
         account: ServiceAccount,
     },
+    /// IBM watsonx.ai (`ibm:`).
+    Watsonx {
+        /// The project or deployment space the calls run in.
+        scope: WatsonxScope,
+        /// Where it came from (`WATSONX_PROJECT_ID`, `WATSONX_SPACE_ID`).
+        scope_var: &'static str,
+        /// The IBM Cloud API key exchanged for IAM tokens, and the IAM token endpoint; `None` when
+        /// the target's `api_key` is a token already (`WATSONX_TOKEN`), sent as it is.
+        iam: Option<IamKey>,
+    },
+}
+
+/// The watsonx.ai project or deployment space of a call (its `project_id` or `space_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatsonxScope {
+    Project(String),
+    Space(String),
+}
+
+/// An IBM Cloud API key and where it is exchanged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IamKey {
+    pub api_key: ApiKey,
+    /// The variable it came from (`WATSONX_API_KEY`, `WATSONX_APIKEY`).
+    pub var: String,
+    /// `{iam}/identity/token`.
+    pub token_url: String,
 }
 
 /// AWS access keys, read from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and the optional

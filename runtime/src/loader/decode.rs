@@ -62,10 +62,7 @@ fn check_profile_routing(
     }
     match (provider, model) {
         (Some((p, pos)), _) if ProviderKind::from_key(p).is_none() => {
-            ctx.error(
-                *pos,
-                format!("provider `{p}` is not supported; supported: ollama, openai, google_genai, anthropic, bedrock, bedrock_converse, google_vertexai"),
-            );
+            ctx.error(*pos, format!("provider `{p}` is not supported: it is none of init_chat_model's provider keys (docs/providers.md lists them)"));
         }
         (None, Some((m, pos))) => {
             if let Err(e) = choose_model("model", m) {

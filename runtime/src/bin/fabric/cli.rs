@@ -878,11 +878,15 @@ fn flow_lines(settings: &Settings) -> String {
 }
 
 /// Where a cloud provider's calls go and where its credentials came from (never what they are).
-fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>) -> String {
+fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>, provider: ProviderKind) -> String {
     use fabric::llm::cloud::Cloud;
     match cloud {
         Cloud::Bedrock { region, region_var, keys } => {
             let auth = match (keys, bearer_var) {
+                // ChatOpenAIMantle's way without a Bedrock API key.
+                (Some(keys), _) if provider.key() == "bedrock_mantle_openai" => {
+                    format!("short-term Bedrock API keys (bearer, 12 h) made from the keys of {}", keys.source())
+                }
                 (Some(keys), _) => format!("AWS Signature Version 4 with keys from {}", keys.source()),
                 (None, Some(var)) => format!("Bedrock API key (bearer) from {var}"),
                 (None, None) => "none".to_owned(),
@@ -895,6 +899,20 @@ fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>) -> S
             account.path,
             fabric::redact::origin_and_path(&account.token_uri)
         ),
+        Cloud::Watsonx { scope, scope_var, iam } => {
+            let scope = match scope {
+                fabric::llm::cloud::WatsonxScope::Project(id) => format!("project {id}"),
+                fabric::llm::cloud::WatsonxScope::Space(id) => format!("space {id}"),
+            };
+            let auth = match (iam, bearer_var) {
+                (Some(iam), _) => {
+                    format!("IBM Cloud IAM tokens for the API key from {}; token endpoint {}", iam.var, fabric::redact::origin_and_path(&iam.token_url))
+                }
+                (None, Some(var)) => format!("token (bearer) from {var}"),
+                (None, None) => "none".to_owned(),
+            };
+            format!("  scope: {scope} (from {scope_var})\n  credentials: {auth}\n")
+        }
     }
 }
 
@@ -929,7 +947,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
                     }
                     out.push_str(&format!("  api key: {}\n", t.api_key_var.as_deref().map_or("none".to_owned(), |v| format!("set (from {v})"))));
                 }
-                Some(cloud) => out.push_str(&cloud_lines(cloud, t.api_key_var.as_deref())),
+                Some(cloud) => out.push_str(&cloud_lines(cloud, t.api_key_var.as_deref(), t.provider)),
             }
         }
         None => out.push_str("  provider: not resolvable (not needed with the stub)\n"),

@@ -22,7 +22,9 @@ pub struct Anthropic;
 
 #[derive(Serialize)]
 struct MessagesRequest<'a> {
-    model: &'a str,
+    /// In the path instead on Bedrock's InvokeModel and Vertex AI's rawPredict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
     max_tokens: u32,
     system: &'a str,
     messages: [UserMessage<'a>; 1],
@@ -31,6 +33,9 @@ struct MessagesRequest<'a> {
     tools: Option<[Tool<'a>; 1]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<ToolChoice<'a>>,
+    /// The API version in the body, where the cloud takes it there (Bedrock, Vertex AI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    anthropic_version: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -76,10 +81,11 @@ enum Block {
     Other,
 }
 
+/// `usage` as Anthropic's Messages API and OpenAI's Responses API both write it.
 #[derive(Deserialize)]
-struct TokenUsage {
-    input_tokens: u64,
-    output_tokens: u64,
+pub(crate) struct TokenUsage {
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
 }
 
 impl Codec for Anthropic {
@@ -88,56 +94,69 @@ impl Codec for Anthropic {
     }
 
     fn encode(&self, call: &CallSpec<'_>) -> WireRequest {
-        let tools = call.schema.map(|schema| {
-            let description = schema.json.get("description").and_then(Value::as_str).unwrap_or("Reply with the result in this shape.");
-            [Tool { name: &call.schema_name, description, input_schema: schema.json }]
-        });
-        let body = MessagesRequest {
-            model: &call.target.model,
-            max_tokens: call.tuning.max_tokens,
-            system: call.system,
-            messages: [UserMessage { role: "user", content: call.user }],
-            temperature: call.tuning.temperature,
-            tool_choice: tools.as_ref().map(|_| ToolChoice { kind: "tool", name: &call.schema_name }),
-            tools,
-        };
         let mut headers = vec![("anthropic-version", API_VERSION.to_owned())];
         if let Some(key) = &call.target.api_key {
             headers.push(("x-api-key", key.expose().to_owned()));
         }
-        WireRequest { url: format!("{}/v1/messages", call.target.base_url), headers, body: serde_json::to_value(body).unwrap_or_default() }
+        WireRequest { url: format!("{}/v1/messages", call.target.base_url), headers, body: messages_body(call, true, None) }
     }
 
     fn decode(&self, body: &[u8], call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
-        let reply: MessagesResponse = parse_reply(self.kind(), body)?;
-        let usage = reply.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens });
-        // A reply cut at the token limit is incomplete, text and tool input alike.
-        if reply.stop_reason.as_deref() == Some("max_tokens") {
-            return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (stop_reason: max_tokens)"));
-        }
-        let meta = ReplyMeta::new(usage, reply.stop_reason, reply.model, reply.id);
-        if call.schema.is_some() {
-            let input = reply.content.into_iter().find_map(|b| match b {
-                Block::ToolUse { name, input } if name == call.schema_name => Some(input),
-                _ => None,
-            });
-            return match input {
-                Some(input) => Ok((input.to_string(), meta)),
-                None => Err(LlmError::new(ReasonClass::ProviderError, format!("anthropic reply has no `{}` tool_use block", call.schema_name))),
-            };
-        }
-        let text: String = reply
-            .content
-            .into_iter()
-            .filter_map(|b| match b {
-                Block::Text { text } => Some(text),
-                _ => None,
-            })
-            .collect();
-        Ok((text, meta))
+        read_messages(self.kind(), body, call)
     }
 
     fn error_code(&self, body: &[u8]) -> Option<String> {
         nested_error_code(body)
     }
+}
+
+/// The Messages API body: the model in it or not (`with_model`), the API version in it where the
+/// cloud takes it there. Structured output is one forced tool.
+pub(crate) fn messages_body(call: &CallSpec<'_>, with_model: bool, anthropic_version: Option<&'static str>) -> Value {
+    let tools = call.schema.map(|schema| {
+        let description = schema.json.get("description").and_then(Value::as_str).unwrap_or("Reply with the result in this shape.");
+        [Tool { name: &call.schema_name, description, input_schema: schema.json }]
+    });
+    let body = MessagesRequest {
+        model: with_model.then_some(call.target.model.as_str()),
+        max_tokens: call.tuning.max_tokens,
+        system: call.system,
+        messages: [UserMessage { role: "user", content: call.user }],
+        temperature: call.tuning.temperature,
+        tool_choice: tools.as_ref().map(|_| ToolChoice { kind: "tool", name: &call.schema_name }),
+        tools,
+        anthropic_version,
+    };
+    serde_json::to_value(body).unwrap_or_default()
+}
+
+/// Reads a Messages API reply: the forced tool's `input` for a structured call, else the text
+/// blocks joined; `stop_reason: max_tokens` is a cut reply.
+pub(crate) fn read_messages(kind: ProviderKind, body: &[u8], call: &CallSpec<'_>) -> Result<(String, ReplyMeta), LlmError> {
+    let reply: MessagesResponse = parse_reply(kind, body)?;
+    let usage = reply.usage.map(|u| Usage { input_tokens: u.input_tokens, output_tokens: u.output_tokens });
+    // A reply cut at the token limit is incomplete, text and tool input alike.
+    if reply.stop_reason.as_deref() == Some("max_tokens") {
+        return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (stop_reason: max_tokens)"));
+    }
+    let meta = ReplyMeta::new(usage, reply.stop_reason, reply.model, reply.id);
+    if call.schema.is_some() {
+        let input = reply.content.into_iter().find_map(|b| match b {
+            Block::ToolUse { name, input } if name == call.schema_name => Some(input),
+            _ => None,
+        });
+        return match input {
+            Some(input) => Ok((input.to_string(), meta)),
+            None => Err(LlmError::new(ReasonClass::ProviderError, format!("{} reply has no `{}` tool_use block", kind.key(), call.schema_name))),
+        };
+    }
+    let text: String = reply
+        .content
+        .into_iter()
+        .filter_map(|b| match b {
+            Block::Text { text } => Some(text),
+            _ => None,
+        })
+        .collect();
+    Ok((text, meta))
 }

@@ -226,7 +226,7 @@ impl Codec for Converse {
 
 /// `ThrottlingException:http://internal.amazon.com/coral/...` or `com.amazon...#ThrottlingException`:
 /// `ThrottlingException`, when it is a short identifier.
-fn error_type(raw: &str) -> Option<String> {
+pub(crate) fn error_type(raw: &str) -> Option<String> {
     let name = raw.split(':').next()?;
     let name = name.rsplit('#').next()?;
     ((1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')).then(|| name.to_owned())

@@ -62,6 +62,9 @@ pub struct Dialect {
     /// Whether `<think>` blocks go from plain text replies too (the litellm library moves them
     /// into `reasoning_content` before ChatLiteLLM sees the reply).
     pub think_out_of_text: bool,
+    /// OpenAI's Responses API (`POST {base}/responses`, [`super::responses`]) instead of Chat
+    /// Completions: the packages that set `use_responses_api`.
+    pub responses: bool,
 }
 
 const BASE: Dialect = Dialect {
@@ -76,6 +79,7 @@ const BASE: Dialect = Dialect {
     headers: &[],
     reasoning_markdown: false,
     think_out_of_text: false,
+    responses: false,
 };
 
 /// OpenAI itself, the reference the others are written against.
@@ -129,7 +133,22 @@ pub fn dialect(c: Compat) -> Dialect {
         Compat::AzureAi => OPENAI,
         Compat::AzureOpenAi => Dialect { auth: Auth::ApiKeyHeader, ..OPENAI },
         Compat::Mistral => Dialect { structured: Structured::ForcedTool { choice_any: true, parallel_false: false }, top_p: true, ..BASE },
+        // Hugging Face's router speaks OpenAI's Chat Completions; ChatHuggingFace itself never
+        // calls it (docs/providers.md): OpenAI's own request, with `max_tokens`, which every
+        // provider behind the router reads.
+        Compat::HuggingFace => Dialect { tokens: TokenField::MaxTokens, ..OPENAI },
+        // ChatOpenAIMantle: ChatOpenAI's request (json_schema, max_completion_tokens); OpenAI's
+        // GPT models there go to the Responses API (`mantle_responses`).
+        Compat::MantleOpenAi => OPENAI,
+        // ChatMetaModel and the LangSmith gateway: ChatOpenAI on the Responses API.
+        Compat::Meta | Compat::LangSmith => Dialect { responses: true, ..OPENAI },
     }
+}
+
+/// ChatOpenAIMantle sends OpenAI's GPT models (not the open-weight `openai.gpt-oss-…`) to the
+/// Responses API under `/openai/v1`.
+pub fn mantle_responses(model: &str) -> bool {
+    model.starts_with("openai.gpt-") && !model.starts_with("openai.gpt-oss")
 }
 
 pub fn endpoint(c: Compat) -> Endpoint {
@@ -152,6 +171,13 @@ pub fn endpoint(c: Compat) -> Endpoint {
         Compat::AzureAi => (&["AZURE_AI_OPENAI_ENDPOINT", "AZURE_OPENAI_ENDPOINT"], None, &["AZURE_AI_API_KEY"]),
         Compat::AzureOpenAi => (&["AZURE_OPENAI_ENDPOINT"], None, &["AZURE_OPENAI_API_KEY", "AZURE_OPENAI_AD_TOKEN"]),
         Compat::Mistral => (&["MISTRAL_BASE_URL"], Some("https://api.mistral.ai/v1"), &["MISTRAL_API_KEY"]),
+        // huggingface_hub's token variables, HF_TOKEN first.
+        Compat::HuggingFace => (&[], Some("https://router.huggingface.co/v1"), &["HF_TOKEN", "HUGGINGFACEHUB_API_TOKEN"]),
+        // The endpoint is per region (config builds it from AWS_REGION); the Bedrock API key.
+        Compat::MantleOpenAi => (&[], None, &["AWS_BEARER_TOKEN_BEDROCK"]),
+        Compat::Meta => (&["MODEL_API_BASE"], Some("https://api.meta.ai/v1"), &["MODEL_API_KEY"]),
+        // LANGSMITH_GATEWAY (a host, or `true` for LangChain's) is read by config.
+        Compat::LangSmith => (&[], Some("https://gateway.smith.langchain.com/v1"), &["LANGSMITH_GATEWAY_API_KEY", "LANGSMITH_API_KEY"]),
     };
     Endpoint { base_url_vars, default_base_url, key_vars }
 }

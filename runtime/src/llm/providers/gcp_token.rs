@@ -1,6 +1,8 @@
-//! Vertex AI's access token: a service account's RS256-signed JWT exchanged for an OAuth 2.0
-//! token at the key file's `token_uri` (RFC 7523's JWT bearer grant, as google-auth does it for
-//! a scoped service account), cached until shortly before it expires, forgotten on a 401.
+//! A cloud's access token, cached until shortly before it expires and forgotten on a 401:
+//! Vertex AI's (a service account's RS256-signed JWT exchanged for an OAuth 2.0 token at the key
+//! file's `token_uri`, RFC 7523's JWT bearer grant, as google-auth does it for a scoped service
+//! account) and IBM watsonx.ai's (an IBM Cloud API key exchanged at IBM's IAM endpoint, as the
+//! ibm-watsonx-ai SDK does it).
 //!
 //! One exchange at a time: concurrent calls that find no fresh token wait for the one exchange
 //! under way instead of each starting one. Nothing of the key, the JWT or the token reaches an
@@ -29,20 +31,37 @@ pub const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest token reply read (a real one is under 2 KiB).
 const MAX_TOKEN_REPLY: usize = 64 * 1024;
 
-/// The access token of one service account.
+/// The access token of one service account or API key.
 pub struct TokenSource {
-    /// `None`: the file's PEM holds no RSA key (each call then fails saying so).
-    key: Option<EncodingKey>,
-    account: ServiceAccount,
+    grant: Grant,
     cache: tokio::sync::Mutex<Option<(ApiKey, Instant)>>,
     timeout: Duration,
 }
 
+/// What is exchanged for a token, and where.
+enum Grant {
+    /// A Google service account; `key` is `None` when the file's PEM holds no RSA key (each call
+    /// then fails saying so).
+    Google { key: Option<EncodingKey>, account: ServiceAccount },
+    /// An IBM Cloud API key, at `{iam}/identity/token`; `var` names where it came from.
+    IbmApiKey { api_key: ApiKey, var: String, token_url: String },
+}
+
 impl std::fmt::Debug for TokenSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenSource").field("account", &self.account).finish_non_exhaustive()
+        match &self.grant {
+            Grant::Google { account, .. } => f.debug_struct("TokenSource").field("account", account).finish_non_exhaustive(),
+            Grant::IbmApiKey { var, token_url, .. } => {
+                f.debug_struct("TokenSource").field("api_key_var", var).field("token_url", token_url).finish_non_exhaustive()
+            }
+        }
     }
 }
+
+/// The IBM Cloud IAM grant type of an API key (ibm-watsonx-ai's `IAMTokenAuth`).
+pub const IBM_GRANT: &str = "urn:ibm:params:oauth:grant-type:apikey";
+/// The fixed client credentials IBM's IAM expects from its SDKs (`bx:bx`, base64).
+const IBM_CLIENT: &str = "Basic Yng6Yng=";
 
 #[derive(Serialize)]
 struct Claims<'a> {
@@ -68,7 +87,12 @@ impl TokenSource {
     pub fn new(account: ServiceAccount) -> TokenSource {
         // Configuration already refused such a file at start; this is the library used without it.
         let key = EncodingKey::from_rsa_pem(account.private_key.expose().as_bytes()).ok();
-        TokenSource { key, account, cache: tokio::sync::Mutex::new(None), timeout: TOKEN_TIMEOUT }
+        TokenSource { grant: Grant::Google { key, account }, cache: tokio::sync::Mutex::new(None), timeout: TOKEN_TIMEOUT }
+    }
+
+    /// The token of an IBM Cloud API key (from the variable `var`), at `token_url`.
+    pub fn ibm(api_key: ApiKey, var: String, token_url: String) -> TokenSource {
+        TokenSource { grant: Grant::IbmApiKey { api_key, var, token_url }, cache: tokio::sync::Mutex::new(None), timeout: TOKEN_TIMEOUT }
     }
 
     /// Overrides how long the token endpoint may take (tests).
@@ -79,12 +103,14 @@ impl TokenSource {
 
     /// The signed JWT of the grant, issued at `now`.
     pub fn assertion(&self, now: SystemTime) -> Result<String, LlmError> {
-        let key =
-            self.key.as_ref().ok_or_else(|| LlmError::new(ReasonClass::ClientError, format!("the private_key of {} is not an RSA key", self.account.path)))?;
+        let Grant::Google { key, account } = &self.grant else {
+            return Err(LlmError::new(ReasonClass::ClientError, "an IBM Cloud API key signs no JWT"));
+        };
+        let key = key.as_ref().ok_or_else(|| LlmError::new(ReasonClass::ClientError, format!("the private_key of {} is not an RSA key", account.path)))?;
         let iat = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let claims = Claims { iss: &self.account.client_email, scope: SCOPE, aud: &self.account.token_uri, iat, exp: iat + 3600 };
+        let claims = Claims { iss: &account.client_email, scope: SCOPE, aud: &account.token_uri, iat, exp: iat + 3600 };
         let mut header = Header::new(Algorithm::RS256);
-        header.kid.clone_from(&self.account.private_key_id);
+        header.kid.clone_from(&account.private_key_id);
         jsonwebtoken::encode(&header, &claims, key).map_err(|_| LlmError::new(ReasonClass::ClientError, "cannot sign the service account's JWT"))
     }
 
@@ -103,25 +129,37 @@ impl TokenSource {
     }
 
     async fn exchange(&self, client: &reqwest::Client) -> Result<(ApiKey, Duration), LlmError> {
-        let endpoint = crate::redact::origin_and_path(&self.account.token_uri);
-        let failed = |class, what: String| LlmError::new(class, format!("Vertex AI token endpoint {endpoint} (token_uri of {}): {what}", self.account.path));
-        let assertion = self.assertion(SystemTime::now())?;
-        let form = url::form_urlencoded::Serializer::new(String::new())
-            .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
-            .append_pair("assertion", &assertion)
-            .finish();
+        let shown = crate::redact::origin_and_path;
+        let (endpoint, whose) = match &self.grant {
+            Grant::Google { account, .. } => {
+                (account.token_uri.as_str(), format!("Vertex AI token endpoint {} (token_uri of {})", shown(&account.token_uri), account.path))
+            }
+            Grant::IbmApiKey { var, token_url, .. } => {
+                (token_url.as_str(), format!("IBM Cloud IAM endpoint {} (for the API key from {var})", shown(token_url)))
+            }
+        };
+        let failed = |class, what: String| LlmError::new(class, format!("{whose}: {what}"));
+        // The serializer is dropped before the await (it is not Send).
+        let form = {
+            let mut form = url::form_urlencoded::Serializer::new(String::new());
+            match &self.grant {
+                Grant::Google { .. } => {
+                    let assertion = self.assertion(SystemTime::now())?;
+                    form.append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer").append_pair("assertion", &assertion).finish()
+                }
+                // As ibm-watsonx-ai sends it: the key first, then the grant type.
+                Grant::IbmApiKey { api_key, .. } => form.append_pair("apikey", api_key.expose()).append_pair("grant_type", IBM_GRANT).finish(),
+            }
+        };
         let waited = format!("no answer within {} s", self.timeout.as_secs_f64());
-        let sent = client
-            .post(&self.account.token_uri)
-            .timeout(self.timeout)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form)
-            .send()
-            .await
-            .map_err(|e| {
-                let class = if e.is_timeout() { ReasonClass::Timeout } else { ReasonClass::Connection };
-                failed(class, if e.is_timeout() { waited.clone() } else { "cannot connect".into() })
-            });
+        let mut request = client.post(endpoint).timeout(self.timeout).header("content-type", "application/x-www-form-urlencoded");
+        if matches!(self.grant, Grant::IbmApiKey { .. }) {
+            request = request.header("authorization", IBM_CLIENT);
+        }
+        let sent = request.body(form).send().await.map_err(|e| {
+            let class = if e.is_timeout() { ReasonClass::Timeout } else { ReasonClass::Connection };
+            failed(class, if e.is_timeout() { waited.clone() } else { "cannot connect".into() })
+        });
         let mut response = sent?;
         let status = response.status().as_u16();
         let mut body = Vec::new();

@@ -12,11 +12,14 @@ pub mod gemini;
 pub mod limits;
 pub mod ollama;
 pub mod openai;
+pub mod responses;
 // Cloud providers (issue 30, parts 3 and 4).
+pub mod anthropic_hosted;
 pub mod bedrock;
 pub mod gcp_token;
 pub mod sigv4;
 pub mod vertex;
+pub mod watsonx;
 
 use std::time::Duration;
 
@@ -403,11 +406,36 @@ pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuni
         ProviderKind::Anthropic => Box::new(HttpBackend::new(client, anthropic::Anthropic, target, tuning).with_max_reply_bytes(max_reply_bytes)),
         ProviderKind::Bedrock | ProviderKind::BedrockConverse => bedrock::backend(client, target, tuning, max_reply_bytes),
         ProviderKind::VertexAi => vertex::backend(client, target, tuning, max_reply_bytes),
-        // The OpenAI-compatible family: the OpenAI codec in each package's dialect.
-        ProviderKind::Compat(_) => {
-            Box::new(HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes))
+        // The OpenAI-compatible family: the OpenAI codec in each package's dialect, or the
+        // Responses API where the package calls it.
+        ProviderKind::Compat(c) if compat::dialect(c).responses || (c == crate::vocab::Compat::MantleOpenAi && compat::mantle_responses(&target.model)) => {
+            let keys = mantle_keys(&target);
+            let backend = HttpBackend::new(client, responses::Responses { kind: target.provider }, target, tuning).with_max_reply_bytes(max_reply_bytes);
+            match keys {
+                Some(keys) => Box::new(backend.with_auth(Box::new(keys))),
+                None => Box::new(backend),
+            }
         }
+        ProviderKind::Compat(_) => {
+            let keys = mantle_keys(&target);
+            let backend = HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes);
+            match keys {
+                Some(keys) => Box::new(backend.with_auth(Box::new(keys))),
+                None => Box::new(backend),
+            }
+        }
+        ProviderKind::HostedAnthropic(_) => anthropic_hosted::backend(client, target, tuning, max_reply_bytes),
+        ProviderKind::Ibm => watsonx::backend(client, target, tuning, max_reply_bytes),
         ProviderKind::Cohere => Box::new(HttpBackend::new(client, cohere::Cohere, target, tuning).with_max_reply_bytes(max_reply_bytes)),
+    }
+}
+
+/// Short-term Bedrock API keys for a Mantle target with AWS keys (`bedrock_mantle_openai:`
+/// without `AWS_BEARER_TOKEN_BEDROCK`).
+fn mantle_keys(target: &ProviderTarget) -> Option<sigv4::BedrockKeys> {
+    match &target.cloud {
+        Some(crate::llm::cloud::Cloud::Bedrock { region, keys: Some(keys), .. }) => Some(sigv4::BedrockKeys::new(keys.clone(), region.clone())),
+        _ => None,
     }
 }
 

@@ -34,6 +34,11 @@ impl OpenAi {
         };
         OpenAi { kind, dialect }
     }
+
+    /// The codec for `kind` in `dialect` (a provider that wraps this codec: watsonx.ai).
+    pub fn with_dialect(kind: ProviderKind, dialect: Dialect) -> OpenAi {
+        OpenAi { kind, dialect }
+    }
 }
 
 /// Keywords OpenAI structured outputs accept on our flat schemas.
