@@ -176,4 +176,39 @@ mod tests {
         assert_eq!(ReasonClass::parse("nope"), None);
         assert!(serde_json::from_value::<ReasonClass>(serde_json::json!("nope")).unwrap_err().to_string().contains("`nope` is no reason class"));
     }
+
+    #[test]
+    fn all_lists_every_class_in_order() {
+        // Exhaustive: a new class does not compile here until it is given its place, and the
+        // loop below fails until `ALL` lists it there (a stored class `ALL` lacks would not read).
+        let place = |c: ReasonClass| match c {
+            ReasonClass::InvalidJson => 0,
+            ReasonClass::SchemaValidation => 1,
+            ReasonClass::Timeout => 2,
+            ReasonClass::Connection => 3,
+            ReasonClass::RateLimited => 4,
+            ReasonClass::ServerError => 5,
+            ReasonClass::ClientError => 6,
+            ReasonClass::ProviderError => 7,
+            ReasonClass::StubScriptExhausted => 8,
+            ReasonClass::InvalidDecision => 9,
+            ReasonClass::UnknownTool => 10,
+            ReasonClass::InvalidToolArguments => 11,
+            ReasonClass::LoopBudgetExceeded => 12,
+            ReasonClass::ToolTimeout => 13,
+            ReasonClass::ToolConnection => 14,
+            ReasonClass::ToolHttpStatus => 15,
+            ReasonClass::ToolFailed => 16,
+            ReasonClass::ToolResponseTooLarge => 17,
+            ReasonClass::NoBranchMatched => 18,
+            ReasonClass::ChildRunFailed => 19,
+            ReasonClass::Interrupted => 20,
+            ReasonClass::Cancelled => 21,
+            ReasonClass::StoreError => 22,
+            ReasonClass::ReplayDiverged => 23,
+        };
+        for (i, c) in ReasonClass::ALL.into_iter().enumerate() {
+            assert_eq!(place(c), i, "{c}");
+        }
+    }
 }

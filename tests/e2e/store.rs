@@ -498,15 +498,19 @@ async fn raw_sql(url: &str, sql: &str) -> Vec<(String, Option<String>)> {
 
 /// A row whose start contract or result does not read is an error that names its run, never a
 /// default (issue 47); a claim that takes it with readable runs ends it, failed with why, and
-/// goes on with the others.
+/// goes on with the others; a list leaves it out (the log names it); its webhook is given up
+/// with why and holds back no other delivery.
 #[tokio::test]
 async fn a_row_that_does_not_read_names_its_run_and_holds_up_no_claim_on_every_store() {
     let (stores, _dir) = stores().await;
     for (name, url) in stores {
         let store = fabric::store::open(&url).await.unwrap();
         let rt = runtime(store.clone(), &stub_dir());
-        let good = rt.accept(&start("support-triage", json!({"ticket": "a"})), false).await.unwrap().run_id;
-        let bad = rt.accept(&start("support-triage", json!({"ticket": "b"})), false).await.unwrap().run_id;
+        let (good, bad) = (fabric::exec::new_run_id(), fabric::exec::new_run_id());
+        for (id, ticket) in [(&good, "a"), (&bad, "b")] {
+            let req = start("support-triage", json!({"ticket": ticket}));
+            store.create_run(NewRun { webhook: Some("http://127.0.0.1:9/hook"), ..NewRun::new(id, &req) }, None).await.unwrap();
+        }
         raw_sql(&url, &format!("UPDATE runs SET request = '{{\"route_id\": 7}}' WHERE run_id = '{bad}' RETURNING run_id, status")).await;
         let e = store.get_run(&bad).await.unwrap_err().to_string();
         assert!(e.contains(&bad) && e.contains("start contract does not read"), "{name}: {e}");
@@ -520,6 +524,18 @@ async fn a_row_that_does_not_read_names_its_run_and_holds_up_no_claim_on_every_s
         assert_eq!(ended, [("failed".to_owned(), Some("interrupted".to_owned()))], "{name}");
         let events = store.events_after(&bad, 0).await.unwrap();
         assert!(events.last().is_some_and(|e| e.body.contains("its record does not read") && e.body.contains(&bad)), "{name}: {events:?}");
+        let listed: Vec<String> = store.list_runs(&RunFilter { limit: 100, ..Default::default() }).await.unwrap().into_iter().map(|r| r.run_id).collect();
+        assert_eq!(listed, [good.as_str()], "{name}: the list leaves the row that does not read out");
+        let sender = Holder::new(Duration::from_secs(30));
+        let due = store.webhooks().claim_deliveries(&sender, 10, &[]).await.unwrap();
+        assert_eq!(due.iter().map(|d| d.run.run_id.as_str()).collect::<Vec<_>>(), [good.as_str()], "{name}");
+        let given_up = store.webhooks().deliveries(&bad).await.unwrap();
+        assert!(
+            given_up.len() == 1
+                && given_up[0].state == fabric::store::DeliveryState::Failed
+                && given_up[0].last_error.as_deref().is_some_and(|e| e.contains(&bad) && e.contains("does not read")),
+            "{name}: {given_up:?}"
+        );
         // A result that does not read is no empty view either.
         raw_sql(&url, &format!("UPDATE runs SET result = '{{\"status\": \"done\"}}' WHERE run_id = '{good}' RETURNING run_id, status")).await;
         let e = store.get_run(&good).await.unwrap_err().to_string();

@@ -145,8 +145,8 @@ impl Durable {
     {
         let mut tick = tokio::time::interval(self.holder.lease / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first tick is at once, and a lease just taken needs no renewal.
-        tick.tick().await;
+        // The first beat is at once: after a restart of the replica's loop its runs' leases may
+        // be close to their end (a lease just taken is renewed for nothing, once).
         loop {
             tick.tick().await;
             let leases = held();
@@ -169,11 +169,8 @@ impl Durable {
             .await?
             .into_iter()
             .map(|claimed| {
-                let (request, cancel) = match claimed.run {
-                    Ok(run) => (Ok(run.request), run.cancel_reason),
-                    Err(e) => (Err(e), None),
-                };
-                ClaimedRun { lease: claimed.lease, route_id: claimed.route_id, request, cancel }
+                let request = claimed.run.map(|run| run.request);
+                ClaimedRun { lease: claimed.lease, route_id: claimed.route_id, request, cancel: claimed.cancel_reason }
             })
             .collect())
     }

@@ -72,7 +72,8 @@ where
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
             let lease = Lease::new(row.try_get::<String, _>("run_id").map_err(db)?, row.try_get("lease_token").map_err(db)?);
-            claimed.push(Claimed { route_id: row.try_get("route_id").map_err(db)?, run: run_of(row), lease });
+            let (route_id, cancel_reason) = (row.try_get("route_id").map_err(db)?, row.try_get("cancel_reason").map_err(db)?);
+            claimed.push(Claimed { route_id, cancel_reason, run: run_of(row), lease });
         }
         claimed.sort_by(|a, b| a.lease.run_id().cmp(b.lease.run_id()));
         Ok(claimed)

@@ -53,6 +53,9 @@ pub struct Claimed {
     /// The claim: the run's id and the fencing token its writes carry now.
     pub lease: Lease,
     pub route_id: String,
+    /// A cancel request's reason, read apart from the run: a run whose row does not read ends
+    /// `cancelled` all the same when someone asked.
+    pub cancel_reason: Option<String>,
     /// The run as stored, or why its row does not read: the claimer ends it with that reason
     /// (one row that does not read never holds up the others).
     pub run: Result<StoredRun, StoreError>,

@@ -165,16 +165,26 @@ where
                 q = q.bind(*id);
             }
             let rows = q.fetch_all(self.pool_ref()).await.map_err(db)?;
-            rows.iter()
-                .map(|row| {
-                    Ok(Delivery {
-                        id: row.try_get("id").map_err(db)?,
+            let mut deliveries = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let id: i64 = row.try_get("id").map_err(db)?;
+                match run_of(row) {
+                    Ok(run) => deliveries.push(Delivery {
+                        id,
                         url: row.try_get("url").map_err(db)?,
                         attempts: row.try_get::<i64, _>("attempts").map_err(db)?.clamp(0, i64::from(u32::MAX)) as u32,
-                        run: run_of(row)?,
-                    })
-                })
-                .collect()
+                        run,
+                    }),
+                    // A run whose row does not read has no payload to send: its delivery is
+                    // given up with why, so that it holds no other delivery back.
+                    Err(e) => {
+                        tracing::error!(delivery = id, error = %e, "webhooks: a delivery given up, its run does not read");
+                        let given_up = Attempt::Failed { status: None, error: e.to_string(), retry_in: None };
+                        self.record_attempt(holder, id, &given_up).await?;
+                    }
+                }
+            }
+            Ok(deliveries)
         })
     }
 
