@@ -9,25 +9,8 @@ use fabric::events::NullSink;
 use fabric::exec::JournalEntry;
 use serde_json::json;
 
-use crate::store::{runtime, start, stores};
+use crate::store::{runtime, sql, start, stores};
 use crate::support::stub_dir;
-
-/// Runs one SQL statement on the store at `url` (a pool of its own) and returns the first
-/// column of its rows as text.
-async fn sql(url: &str, statement: &str) -> Vec<String> {
-    let statement = sqlx::AssertSqlSafe(statement.to_owned());
-    if url.starts_with("sqlite:") {
-        let pool = sqlx::sqlite::SqlitePoolOptions::new().connect(url).await.unwrap();
-        let out = sqlx::query_scalar::<_, String>(statement).fetch_all(&pool).await.unwrap();
-        pool.close().await;
-        out
-    } else {
-        let pool = sqlx::postgres::PgPoolOptions::new().connect(url).await.unwrap();
-        let out = sqlx::query_scalar::<_, String>(statement).fetch_all(&pool).await.unwrap();
-        pool.close().await;
-        out
-    }
-}
 
 #[tokio::test]
 async fn runs_of_a_route_share_one_row_per_prompt_and_read_back_whole_on_every_store() {

@@ -18,16 +18,7 @@ use crate::store::{runtime, start, stores};
 
 /// Makes every run of the store look as if it had been created and last changed in 2000.
 async fn age_all(url: &str) {
-    let sql = "UPDATE runs SET created_at = '2000-01-01T00:00:00.000Z', updated_at = '2000-01-01T00:00:00.000Z'";
-    if url.starts_with("sqlite:") {
-        let pool = sqlx::sqlite::SqlitePoolOptions::new().connect(url).await.unwrap();
-        sqlx::query(sql).execute(&pool).await.unwrap();
-        pool.close().await;
-    } else {
-        let pool = sqlx::postgres::PgPoolOptions::new().connect(url).await.unwrap();
-        sqlx::query(sql).execute(&pool).await.unwrap();
-        pool.close().await;
-    }
+    crate::store::sql(url, "UPDATE runs SET created_at = '2000-01-01T00:00:00.000Z', updated_at = '2000-01-01T00:00:00.000Z'").await;
 }
 
 async fn all_runs(store: &dyn RunStore) -> Vec<fabric::store::StoredRun> {
