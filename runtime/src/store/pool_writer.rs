@@ -58,7 +58,6 @@ where
     for<'t> i64: sqlx::Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
     for<'t> Option<i64>: sqlx::Encode<'t, DB>,
     for<'r> usize: ColumnIndex<DB::Row>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
     /// [`WriteRows::committed`] on one connection.
@@ -312,7 +311,6 @@ where
     for<'t> i64: sqlx::Encode<'t, DB> + Decode<'t, DB> + Type<DB>,
     for<'t> Option<i64>: sqlx::Encode<'t, DB>,
     for<'r> usize: ColumnIndex<DB::Row>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
     fn committed<'a>(&'a self, rows: &'a Rows<'a>) -> BoxFuture<'a, Result<Option<HashSet<String>>, StoreError>> {
