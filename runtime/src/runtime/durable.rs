@@ -68,12 +68,7 @@ impl Durable {
     /// `fabric run --store` does.
     pub async fn run_recorded(&self, req: &StartRequest, sink: Arc<dyn EventSink>, handle: &CancelHandle, cancel: Cancel) -> Result<RunOutcome, AcceptError> {
         let lease = self.accept_here(req).await?.lease.ok_or(AcceptError::NotClaimed)?;
-        let leases = [lease.clone()];
-        tokio::select! {
-            biased;
-            outcome = self.execute(&lease, req, sink, cancel) => Ok(outcome?),
-            never = self.hold_leases(&leases, handle) => match never {},
-        }
+        Ok(self.holding(&lease, handle, self.execute(&lease, req, sink, cancel)).await?)
     }
 
     /// [`Durable::run_recorded`] once per idempotency key: the first call with `key` runs the
@@ -92,12 +87,8 @@ impl Durable {
         let mut run = match self.accept_once_here(req, key).await? {
             Started::New(accepted) => {
                 let lease = accepted.lease.ok_or(AcceptError::NotClaimed)?;
-                let leases = [lease.clone()];
-                return tokio::select! {
-                    biased;
-                    outcome = self.execute(&lease, req, sink, cancel) => Ok(RecordedOnce::Ran(Box::new(outcome?))),
-                    never = self.hold_leases(&leases, handle) => match never {},
-                };
+                let outcome = self.holding(&lease, handle, self.execute(&lease, req, sink, cancel)).await?;
+                return Ok(RecordedOnce::Ran(Box::new(outcome)));
             }
             Started::Replayed(run) => run,
         };
@@ -112,13 +103,13 @@ impl Durable {
         Ok(RecordedOnce::Replayed(run))
     }
 
-    /// Renews `leases` every third of the lease for as long as it is polled: in the same task as
-    /// the run it holds (no task of its own to outlive it), dropped with the run. A lease another
-    /// process took anyway stops `handle` ("lease lost"); a cancel request on the run, found at
-    /// the same beat, cancels it (it ends `cancelled`).
-    pub(super) async fn hold_leases(&self, leases: &[Lease], handle: &CancelHandle) -> std::convert::Infallible {
-        self.keep_leases(
-            || leases.to_vec(),
+    /// `work` (a run segment of `lease`'s run) with `lease` renewed every third of the lease for
+    /// as long as it runs: in the same task as the run (no task of its own to outlive it),
+    /// dropped with it. A lease another process took anyway stops `handle` ("lease lost"); a
+    /// cancel request on the run, found at the same beat, cancels it (it ends `cancelled`).
+    pub(super) async fn holding<T>(&self, lease: &Lease, handle: &CancelHandle, work: impl std::future::Future<Output = T>) -> T {
+        let keep = self.keep_leases(
+            || vec![lease.clone()],
             |held, lost| async move {
                 if !lost.is_empty() {
                     handle.cancel("lease lost");
@@ -129,8 +120,12 @@ impl Durable {
                     handle.cancel_run(reason);
                 }
             },
-        )
-        .await
+        );
+        tokio::select! {
+            biased;
+            out = work => out,
+            never = keep => match never {},
+        }
     }
 
     /// The one lease keeper: every third of the lease, for as long as it is polled, renews the

@@ -28,12 +28,8 @@ impl Durable {
         cancel: Cancel,
     ) -> Result<RunOutcome, ReplyError> {
         let claimed = self.claim_reply(run_id, message).await?;
-        let leases = [claimed.lease().clone()];
-        tokio::select! {
-            biased;
-            outcome = self.continue_run(claimed, sink, cancel) => Ok(outcome?),
-            never = self.hold_leases(&leases, handle) => match never {},
-        }
+        let lease = claimed.lease().clone();
+        Ok(self.holding(&lease, handle, self.continue_run(claimed, sink, cancel)).await?)
     }
 
     /// Claims a run that awaits the user for `message`: only one reply can claim it.
