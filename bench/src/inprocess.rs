@@ -118,8 +118,9 @@ fn scratch(name: &str) -> Result<std::path::PathBuf, String> {
 /// One run as the service records it: accepted and claimed (a row), journalled at every stage,
 /// its end committed.
 async fn recorded_run(runtime: &Durable, req: &StartRequest, sink: Arc<dyn EventSink>) -> Result<fabric::runtime::RunOutcome, String> {
-    let lease = runtime.accept(req, true).await.map_err(|e| e.to_string())?.lease.ok_or("the run was not claimed")?;
-    runtime.execute(&lease, req, sink, Cancel::never()).await.map_err(|e| e.to_string())
+    let accepted = runtime.accept(req, true).await.map_err(|e| e.to_string())?;
+    let lease = accepted.lease.ok_or("the run was not claimed")?;
+    runtime.execute(&lease, req, &accepted.edition, sink, Cancel::never()).await.map_err(|e| e.to_string())
 }
 
 fn staged_start() -> StartRequest {

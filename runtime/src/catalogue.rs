@@ -18,6 +18,7 @@ use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos};
 use crate::hydrate::Route;
 use crate::loader::{self, Loaded};
+use crate::source::NamedText;
 
 /// A route that could not be built, with every problem that stands in its way.
 #[derive(Debug, Clone)]
@@ -44,9 +45,31 @@ pub struct Catalogue {
     /// Catalogue files (and directories) that could not be read or parsed at all: the routes
     /// in them are missing, and each is named wherever a missing route is reported.
     unloaded: Vec<Diagnostic>,
+    /// The route files and prompt packs it was loaded from, named as a version keeps them.
+    texts: Texts,
+}
+
+/// The route files and prompt packs a catalogue was loaded from, each in the order loading took
+/// them, named relative to their directory ([`Layers::name_of`]): the catalogue's part of its
+/// version ([`crate::version::Sources`]), from which [`Catalogue::rebuild`] loads it again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Texts {
+    pub routes: Vec<NamedText>,
+    pub packs: Vec<NamedText>,
 }
 
 impl Catalogue {
+    /// What it was loaded from.
+    pub fn texts(&self) -> &Texts {
+        &self.texts
+    }
+
+    /// The catalogue `texts` make, as [`load_from_texts`] loads it (each file's name its path).
+    pub fn rebuild(texts: &Texts) -> Catalogue {
+        let sources = |files: &[NamedText]| files.iter().map(NamedText::to_source).collect::<Vec<_>>();
+        load_from_texts(&sources(&texts.routes), &sources(&texts.packs))
+    }
+
     pub fn routes(&self) -> impl Iterator<Item = &RouteEntry> {
         self.routes.values()
     }
@@ -114,7 +137,10 @@ pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
 /// ones) with the prompt packs of several directories. A name defined in two of them is refused
 /// at both places, as one defined twice in one directory is.
 pub fn load_layers(catalogue: &Layers, packs: &Layers) -> Catalogue {
-    Catalogue::from_loaded(loader::load_dirs(catalogue, packs))
+    let (loaded, files, pack_files) = loader::load_dirs(catalogue, packs);
+    let named = |layers: &Layers, files: Vec<SourceFile>| files.into_iter().map(|f| NamedText { name: layers.name_of(&f.path), text: f.text }).collect();
+    let texts = Texts { routes: named(catalogue, files), packs: named(packs, pack_files) };
+    Catalogue::from_loaded(loaded, texts)
 }
 
 /// Which directory setting a [`MissingDir`] is of.
@@ -143,13 +169,14 @@ pub fn missing_dirs(catalogue: &Layers, packs: &Layers) -> Vec<MissingDir> {
 
 /// Loads a catalogue from texts already in memory (benchmarks, fuzzing, embedders).
 pub fn load_from_texts(files: &[SourceFile], packs: &[SourceFile]) -> Catalogue {
-    Catalogue::from_loaded(loader::load_texts(files, packs))
+    let named = |files: &[SourceFile]| files.iter().map(|f| NamedText { name: f.path.to_string_lossy().into_owned(), text: f.text.clone() }).collect();
+    Catalogue::from_loaded(loader::load_texts(files, packs), Texts { routes: named(files), packs: named(packs) })
 }
 
 impl Catalogue {
     /// Hydrates every route of the loaded definitions; a route that cannot be built keeps every
     /// problem that stands in its way.
-    fn from_loaded(loaded: Loaded) -> Catalogue {
+    fn from_loaded(loaded: Loaded, texts: Texts) -> Catalogue {
         let Loaded { defs, mut diags, unloaded } = loaded;
         let mut routes = IndexMap::with_hasher(foldhash::fast::RandomState::default());
         let route_ids: Vec<String> = defs.routes.keys().cloned().collect();
@@ -186,7 +213,7 @@ impl Catalogue {
             routes.insert(id, entry);
         }
         let profiles = defs.profiles.into_iter().filter_map(|(name, p)| p.ok().filter(|p| !p.origin.is_broken()).map(|p| (name, p))).collect();
-        Catalogue { routes, profiles, diagnostics: diags.into_vec(), unloaded }
+        Catalogue { routes, profiles, diagnostics: diags.into_vec(), unloaded, texts }
     }
 }
 

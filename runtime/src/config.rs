@@ -20,11 +20,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod catalogue;
 mod cloud;
 mod compat;
 mod flow;
 mod session;
 mod webhook;
+pub use catalogue::{ResumeOn, WATCH_POLL};
 pub use session::{INTERRUPTED_BY_SESSION, SessionPolicy};
 pub use webhook::{WebhookRefused, WebhookSecret, WebhookSettings, web_url};
 
@@ -78,6 +80,8 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_WEBHOOK_BACKOFF_BASE_S",
     "FABRIC_WEBHOOK_BACKOFF_MAX_S",
     "FABRIC_SESSION_POLICY",
+    "FABRIC_RESUME_ON",
+    "FABRIC_CATALOGUE_WATCH",
     "FABRIC_LLM_MAX_CONCURRENCY",
     "FABRIC_LLM_RPM",
     "FABRIC_LLM_TPM",
@@ -267,6 +271,12 @@ pub struct ServiceSettings {
     /// `FABRIC_SESSION_POLICY` (default `allow`): what a start with a `session_id` does while
     /// another run of that session is live, unless its contract says (`multitask`).
     pub session_policy: SessionPolicy,
+    /// `FABRIC_RESUME_ON` (default `recorded`): the catalogue version a run taken up again goes
+    /// on on.
+    pub resume_on: ResumeOn,
+    /// `FABRIC_CATALOGUE_WATCH` (default off): a change of the catalogue's files on disk
+    /// reloads it (polled every [`WATCH_POLL`], loaded once two polls agree).
+    pub catalogue_watch: bool,
     /// `FABRIC_LOG`: a `tracing` filter (default `info`).
     pub log_filter: String,
     /// `FABRIC_LOG_FORMAT`: `json` lines or `text`.
@@ -518,6 +528,8 @@ impl Settings {
             awaiting_retention: parse_retention("FABRIC_AWAITING_RETENTION", get("FABRIC_AWAITING_RETENTION"))?,
             webhooks: WebhookSettings::load(&|k: &str| get(k).map(str::to_owned))?,
             session_policy: SessionPolicy::load(get("FABRIC_SESSION_POLICY"))?,
+            resume_on: ResumeOn::load(get("FABRIC_RESUME_ON"))?,
+            catalogue_watch: parse_flag("FABRIC_CATALOGUE_WATCH", get("FABRIC_CATALOGUE_WATCH"))?,
             log_filter: get("FABRIC_LOG").map_or_else(|| "info".to_owned(), |f| f.trim().to_owned()),
             log_json,
         };

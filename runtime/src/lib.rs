@@ -41,5 +41,6 @@ pub mod structured;
 pub mod svg;
 pub mod textfile;
 pub mod tools;
+pub mod version;
 pub mod vocab;
 pub mod yaml;

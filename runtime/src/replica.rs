@@ -63,6 +63,7 @@ impl Replica {
             Loop { name: "retention", needed: false, work: of(|s| Box::pin(s.sweep())) },
             Loop { name: "webhooks", needed: false, work: of(|s| Box::pin(s.deliver_webhooks())) },
             Loop { name: "flow", needed: false, work: of(|s| Box::pin(s.durable().clone().share_flow())) },
+            Loop { name: "catalogue", needed: false, work: of(|s| Box::pin(s.watch_catalogue())) },
         ];
         Replica::supervising(loops, state.loops_shared())
     }

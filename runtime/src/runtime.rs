@@ -17,10 +17,9 @@ use crate::cancel::Cancel;
 use crate::catalogue::Catalogue;
 use crate::config::Settings;
 use crate::events::{EventSink, NullSink, RunEvents};
-use crate::exec::{Begin, Problems, ProfileError, RunRequest, RunResult, Runner, StartError};
+use crate::exec::{Begin, Problems, ProfileError, RunRequest, RunResult, StartError};
 use crate::hydrate::Route;
 use crate::llm::flow::Flow;
-use crate::llm::stub::StubLlm;
 use crate::llm::{Llm, LlmError, LlmRequest, ModelInfo, OutputSpec, ReplyValue, stack};
 use building::profile_stacks;
 
@@ -80,7 +79,10 @@ mod accepting;
 mod building;
 mod cancelling;
 mod durable;
+mod edition;
 mod flow;
+mod on_version;
+mod reload;
 mod replying;
 mod retention;
 pub use crate::llm::flow::GateStatus;
@@ -88,27 +90,45 @@ pub use crate::store::StartRequest;
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
 pub use durable::{AcceptError, AcceptedRun, ClaimedRun, Durable, MAX_TAKEOVERS, RecordedOnce, Started};
-pub use replying::{ClaimedReply, ReplyError};
+pub use edition::{Edition, KEPT_EDITIONS};
+pub use reload::{ReloadError, Reloaded};
+pub use replying::{ClaimedReply, ReplayOn, ReplyError};
 pub use retention::{EXPIRED_REASON, PRUNE_BATCH};
 
 pub struct Runtime {
-    runner: Runner,
     settings: Settings,
-    stub: Option<StubLlm>,
     warnings: Vec<String>,
     /// The gates of the models this process calls.
     flow: Arc<Flow>,
+    /// What every edition shares.
+    parts: edition::Parts,
+    /// The edition new runs start on: replaced whole by a reload, never changed in place (a run
+    /// holds the edition it runs on).
+    current: std::sync::RwLock<Arc<Edition>>,
+    /// Other editions built: replaced by a reload, or rebuilt for runs recorded on them.
+    others: std::sync::Mutex<Vec<Arc<Edition>>>,
+    /// The directories the catalogue was loaded from, which a reload reads again (none for a
+    /// catalogue given as texts or loaded by the embedder).
+    dirs: Option<(crate::catalogue::Layers, crate::catalogue::Layers)>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("runner", &self.runner).field("stub", &self.stub.is_some()).finish_non_exhaustive()
+        f.debug_struct("Runtime").field("current", &self.current()).finish_non_exhaustive()
     }
 }
 
 impl Runtime {
-    pub fn catalogue(&self) -> &Catalogue {
-        self.runner.catalogue()
+    /// The catalogue new runs start on (the current edition's).
+    pub fn catalogue(&self) -> Arc<Catalogue> {
+        self.current().catalogue().clone()
+    }
+
+    /// The catalogue version new runs start on.
+    pub fn version(&self) -> crate::version::CatalogueVersion {
+        self.current().version().clone()
     }
 
     pub fn settings(&self) -> &Settings {
@@ -123,23 +143,22 @@ impl Runtime {
 
     /// Checks that `route_id` can start here: it exists and is not broken, this fleet serves it,
     /// its in-process tools are registered, its model profile is usable, its stub script loaded.
-    pub fn check_route(&self, route_id: &str) -> Result<&Arc<Route>, StartError> {
-        let route = self.runner.route(route_id)?;
-        if let Some(problems) = self.stub.as_ref().and_then(|s| s.problems(route_id)) {
-            return Err(StartError::StubScriptBroken { route: route_id.to_owned(), problems: Problems(problems.to_vec()) });
-        }
-        Ok(route)
+    /// On the current edition ([`Edition::check_route`]).
+    pub fn check_route(&self, route_id: &str) -> Result<Arc<Route>, StartError> {
+        self.current().check_route(route_id).cloned()
     }
 
     /// Runs a route to its end; `cancel` interrupts it (a signal, a shutdown). Failures of the
     /// run itself are in the result; an `Err` means it could not start (nothing ran).
     pub async fn run(&self, req: RunRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
+        let edition = self.current();
         // The runner checks the rest of `check_route` itself.
-        if let Some(problems) = self.stub.as_ref().and_then(|s| s.problems(&req.route_id)) {
+        if let Some(problems) = edition.stub().and_then(|s| s.problems(&req.route_id)) {
             return Err(StartError::StubScriptBroken { route: req.route_id.clone(), problems: Problems(problems.to_vec()) });
         }
-        let result = self.runner.execute(req, Begin::New { run_id: self.runner.new_id() }, sink, cancel, None).await?;
-        let unused_script_lines = self.stub.as_ref().filter(|s| s.is_strict()).map(|s| s.unconsumed(&result.llm_calls)).unwrap_or_default();
+        let runner = edition.runner();
+        let result = runner.execute(req, Begin::New { run_id: runner.new_id() }, sink, cancel, None).await?;
+        let unused_script_lines = edition.stub().filter(|s| s.is_strict()).map(|s| s.unconsumed(&result.llm_calls)).unwrap_or_default();
         Ok(RunOutcome { result, unused_script_lines })
     }
 
@@ -155,10 +174,12 @@ impl Runtime {
 
     /// The routes whose runs this process may claim: those [`Runtime::check_route`] accepts.
     pub fn claimable_routes(&self) -> Vec<String> {
-        self.catalogue()
+        let edition = self.current();
+        edition
+            .catalogue()
             .routes()
             .filter_map(|entry| match entry {
-                crate::catalogue::RouteEntry::Ready(r) if self.check_route(r.id()).is_ok() => Some(r.id().to_owned()),
+                crate::catalogue::RouteEntry::Ready(r) if edition.check_route(r.id()).is_ok() => Some(r.id().to_owned()),
                 _ => None,
             })
             .collect()
@@ -171,7 +192,7 @@ impl Runtime {
     /// The model profiles' stacks when profiles are honoured: each profile's provider and
     /// model, or why it cannot be used. Empty when profiles are metadata only.
     pub fn profiles(&self) -> Vec<ProfileStatus> {
-        if !self.settings.honor_model_profile || self.stub.is_some() {
+        if !self.settings.honor_model_profile || self.parts.llm.is_none() {
             return Vec::new();
         }
         let Ok(client) = stack::client() else { return Vec::new() };
@@ -202,7 +223,8 @@ impl Runtime {
             cx: &cx,
             cancel: &never,
         };
-        let llm = self.runner.llm();
+        let edition = self.current();
+        let llm = edition.runner().llm();
         let info = llm.info();
         let started = Instant::now();
         let reply = llm.complete(&req).await?;

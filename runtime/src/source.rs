@@ -51,6 +51,29 @@ impl Layers {
     pub fn missing(&self) -> impl Iterator<Item = &Path> {
         self.0.iter().map(PathBuf::as_path).filter(|d| !d.is_dir())
     }
+
+    /// `path` named as a catalogue version keeps it: relative to the first of these directories
+    /// it is below (`/`-separated), so that two replicas with the same files in different places
+    /// name them alike; a path below none of them as it is.
+    pub fn name_of(&self, path: &Path) -> String {
+        let rel = self.0.iter().find_map(|d| path.strip_prefix(d).ok()).unwrap_or(path);
+        rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
+    }
+}
+
+/// A file of a catalogue version: its name (relative to its directory, [`Layers::name_of`]) and
+/// its text, as the run store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NamedText {
+    pub name: String,
+    pub text: String,
+}
+
+impl NamedText {
+    /// The source file a rebuilt catalogue reads it as: its name is its path.
+    pub fn to_source(&self) -> SourceFile {
+        SourceFile { path: PathBuf::from(&self.name), text: self.text.clone() }
+    }
 }
 
 /// Why directories are no [`Layers`] (`--catalogue`, `catalogue=` of the Python package).
@@ -130,6 +153,13 @@ pub fn read_layers(layers: &Layers, diags: &mut Diagnostics, unloaded: &mut Vec<
         paths.extend(found.into_iter().filter(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))));
     }
     read_paths(paths, diags, unloaded)
+}
+
+/// Every YAML file of every layer as [`read_layers`] reads it, named as a catalogue version
+/// keeps it ([`Layers::name_of`]); problems are left to the load that follows.
+pub fn read_named(layers: &Layers) -> Vec<NamedText> {
+    let files = read_layers(layers, &mut Diagnostics::default(), &mut Vec::new());
+    files.into_iter().map(|f| NamedText { name: layers.name_of(&f.path), text: f.text }).collect()
 }
 
 /// Reads every YAML file below `dir`; unreadable ones are reported, listed in `unloaded` and

@@ -27,6 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("vocab", &["redact", "structured", "decision"]),
     ("yaml", &["diag"]),
     ("source", &["diag", "textfile"]),
+    ("version", &["source"]),
     // The catalogue: files become definitions, prompts resolve, routes become graphs. It knows
     // no model port and no configuration.
     ("defs", &["diag", "vocab"]),
@@ -41,8 +42,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Running them.
     ("tools", &["redact", "failure", "defs"]),
     ("exec", &["diag", "cancel", "failure", "events", "structured", "decision", "otel", "defs", "hydrate", "catalogue", "llm", "tools"]),
-    ("store", &["redact", "failure", "events", "config", "exec"]),
-    ("runtime", &["cancel", "diag", "failure", "events", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
+    ("store", &["redact", "failure", "events", "version", "config", "exec"]),
+    ("runtime", &["cancel", "diag", "failure", "events", "source", "version", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // The service: HTTP over the facade.
     ("api", &["redact", "cancel", "failure", "events", "svg", "catalogue", "config", "exec", "store", "runtime"]),
     ("replica", &["api"]),

@@ -308,7 +308,8 @@ async fn a_request_made_while_a_run_ran_stands_after_it_asks_on_every_store() {
             let asked = other.cancel(&id, Some("first"), std::sync::Arc::new(fabric::events::NullSink)).await.unwrap();
             assert!(matches!(&asked, Cancelling::Requested { reason } if reason == "first"), "{name}: {asked:?}");
             // Its holder never polls here: the run asks, with the request on it.
-            let out = rt.execute(&lease, &req, std::sync::Arc::new(fabric::events::NullSink), fabric::cancel::Cancel::never()).await.unwrap();
+            let out =
+                rt.execute(&lease, &req, &accepted.edition, std::sync::Arc::new(fabric::events::NullSink), fabric::cancel::Cancel::never()).await.unwrap();
             assert_eq!(out.result.status(), fabric::exec::RunStatus::AwaitingInput, "{name}");
             if then_reply {
                 let refused = rt.claim_reply(&id, "order 42".into()).await.unwrap_err();

@@ -4,15 +4,7 @@ use std::path::Path;
 
 use fabric::catalogue::{self, RouteEntry};
 
-use crate::support::{fixtures, packs_dir, repo, routes_dir, stub_dir};
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-}
+use crate::support::{copy_dir, fixtures, packs_dir, repo, routes_dir, stub_dir};
 
 /// Loads the base catalogue plus one case file; returns the diagnostics with portable paths.
 fn check_case(case: &Path) -> (String, usize, usize) {

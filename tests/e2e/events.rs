@@ -80,7 +80,8 @@ impl Record {
 }
 
 /// Run ids become `<id-N>` (by first appearance), timestamps `<ts>`, durations `<float>` or
-/// `<int>` (their JSON type is kept, not their value), a loopback port `<port>`.
+/// `<int>` (their JSON type is kept, not their value), a loopback port `<port>`, a catalogue
+/// version (64 hex digits, which change with any fixture) `<version-N>`.
 fn normalise(line: &str, ids: &mut Vec<String>) -> String {
     let mut out = String::with_capacity(line.len());
     let b = line.as_bytes();
@@ -96,6 +97,13 @@ fn normalise(line: &str, ids: &mut Vec<String>) -> String {
             };
             out.push_str(&format!("<id-{n}>"));
             i += 36;
+        } else if let Some(v) = line.get(i..i + 64).filter(|v| v.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))) {
+            let n = ids.iter().position(|x| x == v).unwrap_or_else(|| {
+                ids.push(v.to_owned());
+                ids.len() - 1
+            });
+            out.push_str(&format!("<version-{n}>"));
+            i += 64;
         } else if line[i..].starts_with("\"ts\":\"") {
             out.push_str("\"ts\":\"<ts>\"");
             i += 6 + 24 + 1;
@@ -312,7 +320,7 @@ async fn every_event_type_keeps_its_wire_form() {
     let req: StartRequest = serde_json::from_value(json!({"route_id": "support-agent", "goal": {"question": "refund?"}, "model_profile": "default"})).unwrap();
     let accepted = rt.accept(&req, true).await.unwrap();
     let c = capture();
-    rt.execute(&accepted.lease.unwrap(), &req, c.sink.clone(), Cancel::never()).await.unwrap();
+    rt.execute(&accepted.lease.clone().unwrap(), &req, &accepted.edition, c.sink.clone(), Cancel::never()).await.unwrap();
     let mut lines = record.add("a run that asks (stored)", &c);
     let claimed = rt.claim_reply(&accepted.run_id, "order 42".into()).await.unwrap();
     let c = capture();
@@ -320,6 +328,30 @@ async fn every_event_type_keeps_its_wire_form() {
     lines.extend(record.add("the reply continues it (stored)", &c));
     let stored: Vec<String> = store.events_after(&accepted.run_id, 0).await.unwrap().into_iter().map(|e| e.body).collect();
     assert_eq!(stored, lines, "the store keeps the lines as written");
+
+    // A run that asked, continued by a replica that loaded another catalogue and goes on on it
+    // (`FABRIC_RESUME_ON=current`): its events say so before it goes on.
+    let accepted = rt.accept(&req, true).await.unwrap();
+    rt.execute(&accepted.lease.clone().unwrap(), &req, &accepted.edition, Arc::new(fabric::events::NullSink), Cancel::never()).await.unwrap();
+    let changed = crate::support::temp_copy(&packs_dir());
+    let pack = changed.path().join("support.yaml");
+    std::fs::write(&pack, std::fs::read_to_string(&pack).unwrap() + "\n# changed\n").unwrap();
+    let settings = fabric::config::Settings::load(|k| match k {
+        "FABRIC_LLM_STUB" => Some("1".to_owned()),
+        "FABRIC_RESUME_ON" => Some("current".to_owned()),
+        _ => None,
+    })
+    .unwrap();
+    let other = fabric::runtime::Durable::new(
+        Runtime::builder().settings(settings).catalogue_dirs(routes_dir(), changed.path()).stub_dir(stubs.path()).tool("add", builtin_add()).build().unwrap(),
+        store.clone(),
+    );
+    assert_ne!(&other.runtime().version(), accepted.edition.version(), "the replica loaded another version");
+    let claimed = other.claim_reply(&accepted.run_id, "order 42".into()).await.unwrap();
+    let c = capture();
+    other.continue_run(claimed, c.sink.clone(), Cancel::never()).await.unwrap();
+    let lines = record.add("continued on another catalogue version (FABRIC_RESUME_ON=current)", &c);
+    assert!(lines[0].contains("\"type\":\"run.catalogue_moved\""), "{}", lines[0]);
 
     let missing: Vec<&str> = EventKind::ALL.iter().filter(|k| !record.kinds.contains(k)).map(|k| k.as_str()).collect();
     assert!(missing.is_empty(), "every event type is pinned; missing: {missing:?}");

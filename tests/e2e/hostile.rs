@@ -723,6 +723,15 @@ impl Watched {
 }
 
 impl RunStore for Watched {
+    fn put_catalogue<'a>(&'a self, version: &'a fabric::store::CatalogueVersion, sources: &'a fabric::store::Sources) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.put_catalogue(version, sources)
+    }
+    fn catalogue<'a>(&'a self, version: &'a fabric::store::CatalogueVersion) -> BoxFuture<'a, Result<Option<fabric::store::Sources>, StoreError>> {
+        self.inner.catalogue(version)
+    }
+    fn catalogue_versions<'a>(&'a self, prefix: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<fabric::store::CatalogueVersion>, StoreError>> {
+        self.inner.catalogue_versions(prefix, limit)
+    }
     fn create_run<'a>(&'a self, run: NewRun<'a>, holder: Option<&'a Holder>) -> BoxFuture<'a, Result<Option<Lease>, StoreError>> {
         self.inner.create_run(run, holder)
     }
@@ -1098,10 +1107,11 @@ async fn a_postgres_url_whose_password_holds_a_hash_or_question_mark_never_shows
     }
 }
 
-/// SIGHUP drains like SIGTERM: logged, exit 0, and the run in flight handed over (its lease let
-/// go, so another process claims it at once), not killed with its lease held.
+/// SIGTERM drains: logged, exit 0, and the run in flight handed over (its lease let go, so
+/// another process claims it at once), not killed with its lease held. (SIGHUP reloads the
+/// catalogue: `versions::sighup_reloads_and_does_not_stop`.)
 #[tokio::test]
-async fn sighup_drains_like_sigterm() {
+async fn sigterm_drains_and_hands_over() {
     use crate::service::{Server, asking_stub, post};
     let dir = tempfile::tempdir().unwrap();
     let db = &format!("sqlite://{}", dir.path().join("fabric.db").display());
@@ -1111,13 +1121,13 @@ async fn sighup_drains_like_sigterm() {
     assert_eq!(status, 201, "{run}");
     let id = run["run_id"].as_str().unwrap().to_owned();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (exit, logs) = server.stop_with("HUP");
+    let (exit, logs) = server.stop_with("TERM");
     assert_eq!(exit.code(), Some(0), "{logs}");
-    assert!(logs.contains("SIGHUP is handled like SIGTERM"), "{logs}");
+    assert!(logs.contains("shutting down"), "{logs}");
     assert!(logs.contains("handed over"), "{logs}");
     // After the drain the replica's loops are stopped and waited for, every one of them.
     let stopped = logs.lines().find(|l| l.contains("every background loop of the replica stopped")).unwrap_or_else(|| panic!("{logs}"));
-    assert!(stopped.contains("\"loops\":6"), "{stopped}");
+    assert!(stopped.contains("\"loops\":7"), "{stopped}");
     assert!(logs.find("handed over").unwrap() < logs.find("every background loop").unwrap(), "{logs}");
     // Let go: a new holder claims it at once, long before its 30 s lease would have expired.
     let store = fabric::store::open(db).await.unwrap();

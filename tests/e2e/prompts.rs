@@ -24,7 +24,7 @@ async fn runs_of_a_route_share_one_row_per_prompt_and_read_back_whole_on_every_s
         for ticket in ["charged twice", "cannot log in", "charged twice"] {
             let req = start("support-triage", json!({"ticket": ticket}));
             let accepted = rt.accept(&req, true).await.unwrap();
-            rt.execute(&accepted.lease.unwrap(), &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
+            rt.execute(&accepted.lease.clone().unwrap(), &req, &accepted.edition, Arc::new(NullSink), Cancel::never()).await.unwrap();
             ids.push(accepted.run_id);
         }
         // Three stages with three different system prompts: three rows, whatever the runs.
@@ -49,7 +49,7 @@ async fn runs_of_a_route_share_one_row_per_prompt_and_read_back_whole_on_every_s
             assert_eq!(systems[1], "Write one short knowledge-base search query for the customer's problem.\n", "{name}");
             assert!(systems[0].starts_with("You are the support desk assistant of Example Corp."), "{name}: {systems:?}");
             // Replay compares each recorded prompt with the one the catalogue makes now.
-            let report = rt.replay(id).await.unwrap();
+            let report = rt.replay(id, fabric::runtime::ReplayOn::Recorded).await.unwrap();
             assert!(report.divergences.is_empty(), "{name}: {:?}", report.divergences);
         }
         // A second store on the same database (another replica: nothing known yet) writes
@@ -58,7 +58,7 @@ async fn runs_of_a_route_share_one_row_per_prompt_and_read_back_whole_on_every_s
         let rt2 = runtime(other, stub.path());
         let req = start("support-triage", json!({"ticket": "late delivery"}));
         let accepted = rt2.accept(&req, true).await.unwrap();
-        rt2.execute(&accepted.lease.unwrap(), &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
+        rt2.execute(&accepted.lease.clone().unwrap(), &req, &accepted.edition, Arc::new(NullSink), Cancel::never()).await.unwrap();
         assert_eq!(sql(&url, "SELECT digest FROM run_prompts").await.len(), 3, "{name}");
     }
 }
@@ -74,7 +74,7 @@ async fn a_journal_row_written_before_prompts_were_split_out_still_reads_on_ever
         let req = start("support-triage", json!({"ticket": "charged twice"}));
         let accepted = rt.accept(&req, true).await.unwrap();
         let id = accepted.run_id.clone();
-        rt.execute(&accepted.lease.unwrap(), &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
+        rt.execute(&accepted.lease.clone().unwrap(), &req, &accepted.edition, Arc::new(NullSink), Cancel::never()).await.unwrap();
         // The row as the runtime before migration 4 wrote it: the whole entry, no digest.
         let old = JournalEntry::ModelReply {
             stage_id: "extra".into(),

@@ -173,7 +173,7 @@ async fn a_sqlite_store_under_steady_load_with_retention_stops_growing() {
             async move {
                 let accepted = rt.accept(&start("support-triage", json!({"ticket": format!("ticket {round} {k}")})), true).await.unwrap();
                 let req = start("support-triage", json!({"ticket": format!("ticket {round} {k}")}));
-                rt.execute(&accepted.lease.unwrap(), &req, Arc::new(NullSink), fabric::cancel::Cancel::never()).await.unwrap();
+                rt.execute(&accepted.lease.clone().unwrap(), &req, &accepted.edition, Arc::new(NullSink), fabric::cancel::Cancel::never()).await.unwrap();
             }
         });
         futures_util::stream::iter(runs).buffer_unordered(64).collect::<Vec<()>>().await;

@@ -77,7 +77,7 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
         let (id, lease) = (accepted.run_id.clone(), accepted.lease.unwrap());
         assert_eq!(lease.token(), 1, "{name}");
         assert_eq!(store.get_run(&id).await.unwrap().unwrap().status, StoredStatus::Running, "{name}");
-        let out = rt.execute(&lease, &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
+        let out = rt.execute(&lease, &req, &accepted.edition, Arc::new(NullSink), Cancel::never()).await.unwrap();
         let run = store.get_run(&id).await.unwrap().unwrap();
         assert_eq!((run.status, run.route_id.as_str()), (StoredStatus::Completed, "support-triage"), "{name}");
         assert_eq!(run.result.as_ref().unwrap().output(), out.result.output(), "{name}");
@@ -88,13 +88,13 @@ async fn a_run_its_events_journal_and_reply_claim_read_back_the_same_from_every_
         assert_eq!(run.next_seq, events.len() as u64 + 1, "{name}");
         assert_eq!(store.events_after(&id, 3).await.unwrap().first().map(|e| e.seq), Some(4), "{name}");
         assert!(!store.journal(&id).await.unwrap().is_empty(), "{name}");
-        let report = rt.replay(&id).await.unwrap();
+        let report = rt.replay(&id, fabric::runtime::ReplayOn::Recorded).await.unwrap();
         assert!(report.divergences.is_empty(), "{name}: {:?}", report.divergences);
         // A run that asks: one claim wins, a second loses, a reopened one can be claimed again.
         let req = start("support-agent", json!({"question": "refund?"}));
         let accepted = rt.accept(&req, true).await.unwrap();
         let asking = accepted.run_id.clone();
-        rt.execute(&accepted.lease.unwrap(), &req, Arc::new(NullSink), Cancel::never()).await.unwrap();
+        rt.execute(&accepted.lease.clone().unwrap(), &req, &accepted.edition, Arc::new(NullSink), Cancel::never()).await.unwrap();
         let run = store.get_run(&asking).await.unwrap().unwrap();
         assert_eq!((run.status, run.question.as_deref()), (StoredStatus::AwaitingInput, Some("Which order number?")), "{name}");
         let holder = Holder::new(Duration::from_secs(30));
@@ -324,7 +324,7 @@ async fn a_database_migrated_by_a_newer_runtime_is_refused_by_every_store() {
             pool.close().await;
         }
         let err = fabric::store::open(&url).await.unwrap_err();
-        assert!(matches!(err, StoreError::TooNew { found: 999, known: 12 }), "{name}: {err}");
+        assert!(matches!(err, StoreError::TooNew { found: 999, known: 13 }), "{name}: {err}");
     }
 }
 
@@ -350,7 +350,7 @@ async fn an_older_database_gets_its_checksums_and_an_edited_migration_is_refused
             }};
         }
         let filled = if name == "sqlite" { older_then_edited!(sqlx::sqlite::SqlitePoolOptions) } else { older_then_edited!(sqlx::postgres::PgPoolOptions) };
-        assert_eq!(filled, 12, "{name}: every applied migration's checksum filled in");
+        assert_eq!(filled, 13, "{name}: every applied migration's checksum filled in");
         let err = fabric::store::open(&url).await.unwrap_err();
         assert!(err.to_string().contains("migration 3 was changed after it was applied"), "{name}: {err}");
     }
@@ -365,7 +365,7 @@ async fn replicas_opening_one_new_postgres_database_together_migrate_it_once() {
     }
     let pool = sqlx::postgres::PgPoolOptions::new().connect(&url).await.unwrap();
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM fabric_schema").fetch_all(&pool).await.unwrap();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
 }
 
 /// Several processes opening one new SQLite file at once migrate it once: the version is read
@@ -398,7 +398,7 @@ fn processes_opening_one_new_sqlite_file_together_migrate_it_once() {
             let pool = sqlx::sqlite::SqlitePoolOptions::new().connect(&url).await.unwrap();
             sqlx::query_scalar("SELECT version FROM fabric_schema").fetch_all(&pool).await.unwrap()
         });
-        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], "round {round}");
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], "round {round}");
     }
 }
 

@@ -395,5 +395,22 @@ pub fn bare_data(kind: fabric::events::EventKind) -> fabric::events::EventData {
         K::RunAwaitingInput => D::RunAwaitingInput { question: s(), duration_ms: ms },
         K::RunResumed => D::RunResumed { reply: s() },
         K::RunCancelled => D::RunCancelled { reason: s(), duration_ms: Some(ms) },
+        K::CatalogueMoved => D::CatalogueMoved { from: None, to: s(), reason: s() },
     }
+}
+
+/// Copies the files of `from` (not its folders) into `to`, made if missing.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// A temporary copy of the files of `from`, to change without touching the fixture.
+pub fn temp_copy(from: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(from, dir.path());
+    dir
 }

@@ -31,11 +31,12 @@ pub enum ErrorCode {
     NotReady,
     Timeout,
     RequestTimeout,
+    CatalogueRefused,
 }
 
 impl ErrorCode {
     /// Every code, in the order `ErrorDetail.code` documents them.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
@@ -58,6 +59,7 @@ impl ErrorCode {
         ErrorCode::NotReady,
         ErrorCode::Timeout,
         ErrorCode::RequestTimeout,
+        ErrorCode::CatalogueRefused,
     ];
 
     pub fn status(self) -> StatusCode {
@@ -84,6 +86,7 @@ impl ErrorCode {
             ErrorCode::NotReady => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorCode::CatalogueRefused => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 
@@ -113,6 +116,7 @@ impl ErrorCode {
             ErrorCode::NotReady => "not_ready",
             ErrorCode::Timeout => "timeout",
             ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::CatalogueRefused => "catalogue_refused",
         }
     }
 }
@@ -143,7 +147,7 @@ pub struct ErrorDetail {
     /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `session_busy`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `not_ready`, `timeout`, `request_timeout`.
     pub code: String,
     pub message: String,
-    /// Located problems (`path:line:col: message`) of a broken route.
+    /// Located problems (`path:line:col: message`) of a broken route or a refused catalogue.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
 }

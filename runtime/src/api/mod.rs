@@ -9,6 +9,7 @@
 
 mod body;
 mod cancel;
+mod catalogue;
 mod error;
 mod follow;
 mod health;
@@ -131,6 +132,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runs/{run_id}/cancel", post(cancel::cancel_run))
         .route("/v1/runs/{run_id}/webhooks", get(webhooks::run_webhooks))
         .route("/v1/routes", get(list_routes))
+        .route("/v1/catalogue", get(catalogue::catalogue_info))
+        .route("/v1/catalogue/reload", post(catalogue::reload))
         .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))

@@ -144,7 +144,8 @@ pub(super) async fn start_run(
     let status = match (permit, accepted.lease) {
         (Some(permit), Some(lease)) => {
             let held = lease.clone();
-            run_segment(&state, &held, permit, move |runtime, sink, cancel| async move { runtime.execute(&lease, &req, sink, cancel).await });
+            let edition = accepted.edition.clone();
+            run_segment(&state, &held, permit, move |runtime, sink, cancel| async move { runtime.execute(&lease, &req, &edition, sink, cancel).await });
             AcceptedStatus::Running
         }
         _ => AcceptedStatus::Queued,
@@ -341,6 +342,7 @@ pub(super) async fn reply(
         ReplyError::NotWaiting { .. } => ApiError::new(ErrorCode::NotWaiting, e.to_string()),
         ReplyError::Store(s) => store_error(s),
         ReplyError::Start(s) => start_error(s),
+        ReplyError::VersionGone { .. } => ApiError::new(ErrorCode::CannotStart, e.to_string()),
     })?;
     let lease = claimed.lease().clone();
     run_segment(&state, &lease, permit, move |runtime, sink, cancel| async move { runtime.continue_run(claimed, sink, cancel).await });

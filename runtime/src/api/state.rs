@@ -90,6 +90,10 @@ pub(super) struct Shared {
     pub(super) webhook_wake: tokio::sync::Notify,
     /// The replica's background loops: which are down, how often each panicked.
     pub(super) loops: Arc<loops::Loops>,
+    /// The catalogue reloads, by outcome.
+    pub(super) reloads: catalogue::Reloads,
+    /// Asks the replica's catalogue loop for a reload (`SIGHUP`).
+    pub(super) reload_wake: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for AppState {
@@ -119,6 +123,8 @@ impl AppState {
                 stream_slots: Arc::default(),
                 webhook_wake: tokio::sync::Notify::new(),
                 loops: Arc::default(),
+                reloads: Default::default(),
+                reload_wake: tokio::sync::Notify::new(),
             }),
         }
     }

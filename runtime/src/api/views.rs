@@ -78,6 +78,10 @@ pub struct RunView {
     pub error: Option<RunError>,
     pub created_at: String,
     pub updated_at: String,
+    /// The catalogue version the run started on, and finishes on (`null` for a run accepted
+    /// before versions were kept).
+    #[serde(default)]
+    pub catalogue_version: Option<String>,
 }
 
 impl RunView {
@@ -104,6 +108,7 @@ impl RunView {
             error,
             created_at: run.created_at,
             updated_at: run.updated_at,
+            catalogue_version: run.catalogue_version.map(|v| v.to_string()),
         }
     }
 }
@@ -135,6 +140,9 @@ pub struct RouteInfo {
     pub description: String,
     /// Whether this runtime starts it (its fleet, and not broken).
     pub runs_here: bool,
+    /// The catalogue version this replica serves it from (also the `Fabric-Catalogue-Version`
+    /// header): new runs start on it.
+    pub catalogue_version: String,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -29,10 +29,11 @@ pub enum EventKind {
     RunAwaitingInput,
     RunResumed,
     RunCancelled,
+    CatalogueMoved,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::RunStarted,
         EventKind::StageStarted,
         EventKind::StageCompleted,
@@ -50,6 +51,7 @@ impl EventKind {
         EventKind::RunAwaitingInput,
         EventKind::RunResumed,
         EventKind::RunCancelled,
+        EventKind::CatalogueMoved,
     ];
 
     /// The wire name, the event's `type`.
@@ -72,6 +74,7 @@ impl EventKind {
             EventKind::RunAwaitingInput => "run.awaiting_input",
             EventKind::RunResumed => "run.resumed",
             EventKind::RunCancelled => "run.cancelled",
+            EventKind::CatalogueMoved => "run.catalogue_moved",
         }
     }
 
@@ -222,6 +225,15 @@ pub enum EventData {
         /// None for a run ended without a walk (queued, awaiting input, or taken over).
         duration_ms: Option<f64>,
     },
+    /// A run taken up again (after a crash, by another replica, after a reply) goes on on
+    /// another catalogue version than the one it recorded: `FABRIC_RESUME_ON=current`, or its
+    /// own version could not be rebuilt here.
+    CatalogueMoved {
+        /// The version it recorded; none for a run accepted before versions were kept.
+        from: Option<String>,
+        to: String,
+        reason: String,
+    },
 }
 
 impl EventData {
@@ -244,6 +256,7 @@ impl EventData {
             EventData::RunAwaitingInput { .. } => EventKind::RunAwaitingInput,
             EventData::RunResumed { .. } => EventKind::RunResumed,
             EventData::RunCancelled { .. } => EventKind::RunCancelled,
+            EventData::CatalogueMoved { .. } => EventKind::CatalogueMoved,
         }
     }
 
@@ -372,6 +385,11 @@ impl Serialize for EventData {
                 if let Some(d) = duration_ms {
                     m.serialize_entry("duration_ms", d)?;
                 }
+            }
+            EventData::CatalogueMoved { from, to, reason } => {
+                m.serialize_entry("from", from)?;
+                m.serialize_entry("to", to)?;
+                m.serialize_entry("reason", reason)?;
             }
         }
         m.end()

@@ -25,6 +25,7 @@ use indexmap::IndexMap;
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass, ReplyMeta, ReplyValue, Usage, finish_shared_reply};
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::llm::OutputSpec;
+use crate::source::NamedText;
 use crate::structured::{FieldType, Scalar};
 use crate::yaml::{self, Ctx, Value};
 
@@ -43,6 +44,8 @@ pub struct StubLlm {
     /// Where each script came from and the stage keys it named (with their places), for the
     /// check against the catalogue ([`StubLlm::keys`]).
     files: Vec<ScriptFile>,
+    /// The scripts as read, for the catalogue version ([`StubLlm::texts`]).
+    texts: Vec<NamedText>,
 }
 
 /// A script file as read: its route (the file's name), path and stage keys.
@@ -62,11 +65,35 @@ impl StubLlm {
             diags.error(dir, crate::diag::Pos::FILE, "the stub script directory does not exist (or is not a directory)");
             return Err(diags.into_vec());
         }
+        let layers = crate::source::Layers::one(dir);
+        let mut read = Vec::new();
+        for path in crate::source::yaml_files(dir, &mut diags) {
+            let text = crate::source::read_text(&path, &mut diags);
+            read.push((path, text));
+        }
+        let texts = read.iter().filter_map(|(path, text)| Some(NamedText { name: layers.name_of(path), text: text.clone()? })).collect();
+        Ok(StubLlm::from_read(read, diags, texts))
+    }
+
+    /// The stub of scripts already read (a catalogue version's, rebuilt from the run store): each
+    /// file's name is its path, and names its route.
+    pub fn from_texts(files: &[NamedText]) -> StubLlm {
+        let read = files.iter().map(|f| (std::path::PathBuf::from(&f.name), Some(f.text.clone()))).collect();
+        StubLlm::from_read(read, Diagnostics::default(), files.to_vec())
+    }
+
+    /// The scripts it was read from, named as a catalogue version keeps them (none for a stub
+    /// built in code).
+    pub fn texts(&self) -> &[NamedText] {
+        &self.texts
+    }
+
+    fn from_read(read: Vec<(std::path::PathBuf, Option<String>)>, mut diags: Diagnostics, texts: Vec<NamedText>) -> StubLlm {
         let mut scripts = HashMap::default();
         let mut broken: HashMap<String, Vec<Diagnostic>> = HashMap::new();
         let mut first_path: HashMap<String, std::path::PathBuf> = HashMap::new();
         let mut files = Vec::new();
-        for path in crate::source::yaml_files(dir, &mut diags) {
+        for (path, text) in read {
             let Some(route_id) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
             let mark = diags.len();
             if let Some(first) = first_path.get(&route_id) {
@@ -74,7 +101,7 @@ impl StubLlm {
             } else {
                 first_path.insert(route_id.clone(), path.clone());
                 let mut keys = Vec::new();
-                if let Some(stages) = Self::load_file(&path, &route_id, &mut diags, &mut keys) {
+                if let Some(stages) = text.and_then(|text| Self::load_file(&path, &text, &route_id, &mut diags, &mut keys)) {
                     scripts.insert(route_id.clone(), stages);
                 }
                 files.push(ScriptFile { route_id: route_id.clone(), path: path.clone(), stages: keys });
@@ -83,7 +110,7 @@ impl StubLlm {
                 broken.entry(route_id).or_default().extend(diags.since(mark).iter().filter(|d| d.is_error()).cloned());
             }
         }
-        Ok(StubLlm { scripts, broken, latency: Duration::ZERO, strict: false, files })
+        StubLlm { scripts, broken, latency: Duration::ZERO, strict: false, files, texts }
     }
 
     /// The problems of `route_id`'s script file, when it has any: its runs are refused.
@@ -92,6 +119,13 @@ impl StubLlm {
             return None;
         }
         self.broken.get(route_id).map(Vec::as_slice)
+    }
+
+    /// Every problem of every broken script, route by route in name order.
+    pub fn broken(&self) -> impl Iterator<Item = &Diagnostic> {
+        let mut routes: Vec<_> = self.broken.iter().collect();
+        routes.sort_by(|a, b| a.0.cmp(b.0));
+        routes.into_iter().flat_map(|(_, problems)| problems)
     }
 
     /// The script files read, with the stage keys each named: what the runtime checks against
@@ -106,11 +140,10 @@ impl StubLlm {
         self.broken.entry(route_id.to_owned()).or_default().extend(problems);
     }
 
-    fn load_file(path: &Path, route_id: &str, diags: &mut Diagnostics, keys: &mut Vec<(String, crate::diag::Pos)>) -> Option<Script> {
+    fn load_file(path: &Path, text: &str, route_id: &str, diags: &mut Diagnostics, keys: &mut Vec<(String, crate::diag::Pos)>) -> Option<Script> {
         {
             {
-                let text = crate::source::read_text(path, diags)?;
-                let root = yaml::parse(path, &text, diags)?;
+                let root = yaml::parse(path, text, diags)?;
                 let mut ctx = Ctx { path, diags };
                 let mut f = ctx.map(&root, &format!("stub script `{route_id}`"))?;
                 let mut stages = Script::default();

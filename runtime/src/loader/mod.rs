@@ -49,12 +49,14 @@ pub struct Loaded {
 /// Reads and decodes the catalogue of the `catalogue` directories with the prompt packs of the
 /// `packs` directories. The layers' files are taken in order as one catalogue, so a name defined
 /// in two layers is a duplicate like one defined in two files of one directory.
-pub fn load_dirs(catalogue: &Layers, packs: &Layers) -> Loaded {
+/// The files read are handed back with it, in the order they were taken: what the catalogue's
+/// version is made of.
+pub fn load_dirs(catalogue: &Layers, packs: &Layers) -> (Loaded, Vec<SourceFile>, Vec<SourceFile>) {
     let mut diags = Diagnostics::default();
     let mut unloaded = Vec::new();
     let packs = read_layers(packs, &mut diags, &mut Vec::new());
     let files = read_layers(catalogue, &mut diags, &mut unloaded);
-    load_sources(&files, &packs, diags, unloaded)
+    (load_sources(&files, &packs, diags, unloaded), files, packs)
 }
 
 /// Decodes a catalogue from texts already in memory (benchmarks, fuzzing, embedders).

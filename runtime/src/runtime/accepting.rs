@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{AcceptError, AcceptedRun, Durable, StartRequest, Started};
+use super::{AcceptError, AcceptedRun, Durable, Edition, StartRequest, Started};
 use crate::config::SessionPolicy;
 use crate::store::{IdempotencyKey, Keyed, NewRun, RunStore, SessionStart};
 
@@ -92,15 +92,18 @@ impl Durable {
 
     /// The start checks, then the run's row (or the key's run); with `hooks`, its webhook URL.
     async fn create(&self, req: &StartRequest, here: bool, key: Option<&IdempotencyKey>, hooks: bool) -> Result<Made, AcceptError> {
-        let (store, webhook) = self.check_start(req)?;
+        let edition = self.runtime.current();
+        let (store, webhook) = self.check_start(req, &edition)?;
         let webhook = webhook.filter(|_| hooks);
-        let run_id = self.runtime.runner.new_id();
+        // The version's sources are in the store before any run that records it.
+        self.keep_version(&edition).await?;
+        let run_id = edition.runner().new_id();
         let holder = here.then_some(&self.holder);
         // An empty session is none (a client's unset field, not one session of every client).
         let session = req.session_id.as_deref().filter(|s| !s.is_empty());
-        let run = NewRun { webhook: webhook.as_deref(), session_id: session, ..NewRun::new(&run_id, req) };
+        let run = NewRun { webhook: webhook.as_deref(), session_id: session, catalogue_version: Some(edition.version()), ..NewRun::new(&run_id, req) };
         let policy = req.multitask.unwrap_or(self.runtime.settings().service.session_policy);
-        let accepted = |lease, interrupted| Made::New(AcceptedRun { run_id: run_id.clone(), lease, interrupted });
+        let accepted = |lease, interrupted| Made::New(AcceptedRun { run_id: run_id.clone(), lease, interrupted, edition: edition.clone() });
         if let (Some(session), false) = (session, policy == SessionPolicy::Allow) {
             return match store.create_session_run(run, holder, policy, key).await? {
                 SessionStart::Created { lease, interrupted } => Ok(accepted(lease, interrupted)),
@@ -118,10 +121,10 @@ impl Durable {
     }
 
     /// Every start check; the store a run is accepted into, and where its ends are posted.
-    fn check_start(&self, req: &StartRequest) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
-        self.runtime.check_route(&req.route_id)?;
+    fn check_start(&self, req: &StartRequest, edition: &Edition) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
+        edition.check_route(&req.route_id)?;
         if let Some(p) = &req.model_profile
-            && !self.runtime.catalogue().profiles().any(|(name, _)| name == p)
+            && !edition.catalogue().profiles().any(|(name, _)| name == p)
         {
             return Err(AcceptError::UnknownProfile(p.clone()));
         }

@@ -4,15 +4,16 @@
 //! limits against the catalogue's prompts, the tools and the tool client.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::Runtime;
+use super::edition::{Parts, StubSource};
 use crate::catalogue::{self, Catalogue, Layers, RouteEntry, SourceFile};
 use crate::config::{ConfigError, ProviderKind, ProviderTarget, Settings, Tuning, choose_model};
 use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos, Severity};
-use crate::exec::{ProfileError, ProfileStack, Runner, VarLookup};
+use crate::exec::{ProfileError, ProfileStack, VarLookup};
 use crate::hydrate::NodeKind;
 use crate::llm::flow::Flow;
 use crate::llm::providers::backend_for;
@@ -146,66 +147,53 @@ impl RuntimeBuilder {
             None => Settings::from_env()?,
         };
         let mut warnings = settings.warnings.clone();
+        let mut dirs = None;
         let catalogue = match self.catalogue {
             CatalogueSource::Dirs { catalogue, packs } => {
                 let missing = catalogue::missing_dirs(&catalogue, &packs);
                 if !missing.is_empty() {
                     return Err(BuildError::MissingDirs(missing));
                 }
-                Arc::new(catalogue::load_layers(&catalogue, &packs))
+                let loaded = Arc::new(catalogue::load_layers(&catalogue, &packs));
+                dirs = Some((catalogue, packs));
+                loaded
             }
             CatalogueSource::Texts { files, packs } => Arc::new(catalogue::load_from_texts(&files, &packs)),
             CatalogueSource::Loaded(c) => c,
         };
-        let mut stub = None;
-        let mut profile_llms = HashMap::new();
         let flow = Flow::new(settings.flow.clone());
-        let llm = if let Some(backend) = self.backend {
+        let (llm, client, stub) = if let Some(backend) = self.backend {
             let gate = flow.gate(&backend.info(), false);
-            stack::gated(backend, settings.retry, gate)
-        } else if settings.stub || self.stub.is_some() {
+            (Some(stack::gated(backend, settings.retry, gate)), None, StubSource::None)
+        } else if let Some(s) = self.stub {
             // A stub given by the embedder is used as it is; one read from scripts takes the
             // latency and strictness of the settings.
-            let s = match (self.stub, self.stub_dir) {
-                (Some(s), _) => s,
-                (None, dir) => {
-                    let scripts = match dir {
-                        Some(dir) => load_stub(&dir)?,
-                        None if Path::new(DEFAULT_STUB_DIR).is_dir() => load_stub(Path::new(DEFAULT_STUB_DIR))?,
-                        None => {
-                            warnings.push(format!("no stub script directory `{DEFAULT_STUB_DIR}` here; every stub reply is generated from the stage's schema"));
-                            StubLlm::default()
-                        }
-                    };
-                    let mut scripts = scripts.with_latency(settings.stub_latency).strict(settings.stub_strict);
-                    check_scripts(&mut scripts, &catalogue, &mut warnings)?;
-                    scripts
-                }
-            };
-            stub = Some(s.clone());
-            let gate = flow.gate(&s.info(), false);
-            stack::gated(s, settings.retry, gate)
+            (None, None, StubSource::Given(s))
+        } else if settings.stub {
+            (None, None, StubSource::Scripts(self.stub_dir))
         } else {
             let client = stack::client().map_err(BuildError::Client)?;
-            if settings.honor_model_profile {
-                profile_llms = profile_stacks(&settings, &client, catalogue.profiles(), &flow);
-            }
-            provider_stack(&settings, &client, &flow)?
+            let llm = provider_stack(&settings, &client, &flow)?;
+            (Some(llm), Some(client), StubSource::None)
         };
-        check_tpm(&flow, &catalogue, &llm, &profile_llms)?;
+        let http: Arc<dyn HttpPort> = match self.http {
+            Some(http) => http,
+            None => Arc::new(crate::tools::HttpTools::new().map_err(BuildError::Client)?),
+        };
         let vars = self.vars.unwrap_or_else(|| Arc::new(|k: &str| std::env::var(k).ok()));
-        let runner = match self.http {
-            Some(http) => Runner::with_port(catalogue, llm, vars, http),
-            None => Runner::new(catalogue, llm, vars).map_err(BuildError::Client)?,
-        };
-        let mut runner = runner.with_fleet(settings.fleet.clone()).with_profile_llms(profile_llms).with_tool_timeout(settings.tool_timeout);
-        if let Some(ids) = self.run_ids {
-            runner = runner.with_run_ids(ids);
-        }
-        for (name, tool) in self.tools {
-            runner = runner.with_tool(&name, tool);
-        }
-        Ok(Runtime { runner, settings, stub, warnings, flow })
+        let parts = Parts { llm, client, stub, http, vars, tools: self.tools, ids: self.run_ids };
+        let scripts = parts.read_stub(&mut warnings)?;
+        let edition = parts.edition(&settings, &flow, catalogue, scripts, &mut warnings)?;
+        Ok(Runtime {
+            settings,
+            warnings,
+            flow,
+            parts,
+            current: std::sync::RwLock::new(Arc::new(edition)),
+            others: std::sync::Mutex::new(Vec::new()),
+            dirs,
+            reloading: tokio::sync::Mutex::new(()),
+        })
     }
 }
 
@@ -214,7 +202,7 @@ impl RuntimeBuilder {
 /// the mistake would pass unseen: warnings, or, with `FABRIC_LLM_STUB_STRICT`, errors (a file
 /// of no route stops the build; a stray stage key breaks its route's script). The diagnostics
 /// are errors in form either way: a front end says "warning" before a warning's line.
-fn check_scripts(stub: &mut StubLlm, catalogue: &Catalogue, warnings: &mut Vec<String>) -> Result<(), BuildError> {
+pub(super) fn check_scripts(stub: &mut StubLlm, catalogue: &Catalogue, warnings: &mut Vec<String>) -> Result<(), BuildError> {
     let strict = stub.is_strict();
     let mut stray_files = Vec::new();
     let mut broken: Vec<(String, Vec<Diagnostic>)> = Vec::new();
@@ -262,10 +250,6 @@ fn check_scripts(stub: &mut StubLlm, catalogue: &Catalogue, warnings: &mut Vec<S
     Ok(())
 }
 
-fn load_stub(dir: &Path) -> Result<StubLlm, BuildError> {
-    StubLlm::load(dir).map_err(|problems| BuildError::Stub(problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")))
-}
-
 /// The default provider stack of the configuration (`FABRIC_LLM_MODEL` / `OLLAMA_MODEL`).
 fn provider_stack(settings: &Settings, client: &reqwest::Client, flow: &Flow) -> Result<Arc<dyn Llm>, ConfigError> {
     let target = settings.target.clone().ok_or_else(|| ConfigError { var: settings.model_string.1.to_owned(), message: "no provider is configured".into() })?;
@@ -281,7 +265,7 @@ fn hosted_stack(settings: &Settings, client: &reqwest::Client, target: ProviderT
 
 /// A TPM limit below one call's input could never let that call through: refused at start,
 /// naming the limit, the model, and the route and stage whose system prompt alone exceeds it.
-fn check_tpm(flow: &Flow, catalogue: &Catalogue, llm: &Arc<dyn Llm>, profiles: &HashMap<String, ProfileStack>) -> Result<(), ConfigError> {
+pub(super) fn check_tpm(flow: &Flow, catalogue: &Catalogue, llm: &Arc<dyn Llm>, profiles: &HashMap<String, ProfileStack>) -> Result<(), ConfigError> {
     let plan = flow.plan();
     if !plan.any() {
         return Ok(());

@@ -87,7 +87,7 @@ impl Durable {
                 return Err(e);
             }
         };
-        let result = self.runtime.runner.end_cancelled(route_id, history, reason, sink, &Fenced { store: store.as_ref(), lease }).await;
+        let result = self.runtime.current().runner().end_cancelled(route_id, history, reason, sink, &Fenced { store: store.as_ref(), lease }).await;
         if result.status() != crate::exec::RunStatus::Cancelled {
             let _ = store.release(lease).await;
             let why = result.error().map(|e| e.message.clone()).unwrap_or_default();

@@ -7,12 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{RunOutcome, Runtime};
+use super::{Edition, RunOutcome, Runtime};
 use crate::cancel::{Cancel, CancelHandle};
 use crate::events::EventSink;
 use crate::exec::{Begin, RunHistory, StartError};
 use crate::failure::ReasonClass;
 use crate::store::{Fenced, Holder, IdempotencyKey, Lease, RunStore, StartRequest, StoreError, StoredRun, StoredStatus};
+use crate::version::CatalogueVersion;
 
 /// A runtime with its run store (see the module docs). Cheap to share behind an `Arc`; the
 /// runtime inside is shared too ([`Durable::runtime`]).
@@ -53,11 +54,19 @@ impl Durable {
         &self.holder
     }
 
-    /// Runs an accepted run this process holds, recording it in the store as it goes (every
-    /// write fenced by the lease).
-    pub async fn execute(&self, lease: &Lease, req: &StartRequest, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
+    /// Runs an accepted run this process holds on the edition it was accepted on
+    /// ([`AcceptedRun::edition`]), recording it in the store as it goes (every write fenced by
+    /// the lease).
+    pub async fn execute(
+        &self,
+        lease: &Lease,
+        req: &StartRequest,
+        edition: &Edition,
+        sink: Arc<dyn EventSink>,
+        cancel: Cancel,
+    ) -> Result<RunOutcome, StartError> {
         let fenced = Fenced { store: self.store.as_ref(), lease };
-        let result = self.runtime.runner.execute(req.run_request(), Begin::New { run_id: lease.run_id().to_owned() }, sink, cancel, Some(&fenced)).await?;
+        let result = edition.runner().execute(req.run_request(), Begin::New { run_id: lease.run_id().to_owned() }, sink, cancel, Some(&fenced)).await?;
         Ok(RunOutcome { result, unused_script_lines: Vec::new() })
     }
 
@@ -67,8 +76,9 @@ impl Durable {
     /// anyway, `handle` (the one of `cancel`) stops the run with the reason "lease lost". What
     /// `fabric run --store` does.
     pub async fn run_recorded(&self, req: &StartRequest, sink: Arc<dyn EventSink>, handle: &CancelHandle, cancel: Cancel) -> Result<RunOutcome, AcceptError> {
-        let lease = self.accept_here(req).await?.lease.ok_or(AcceptError::NotClaimed)?;
-        Ok(self.holding(&lease, handle, self.execute(&lease, req, sink, cancel)).await?)
+        let accepted = self.accept_here(req).await?;
+        let lease = accepted.lease.ok_or(AcceptError::NotClaimed)?;
+        Ok(self.holding(&lease, handle, self.execute(&lease, req, &accepted.edition, sink, cancel)).await?)
     }
 
     /// [`Durable::run_recorded`] once per idempotency key: the first call with `key` runs the
@@ -87,7 +97,7 @@ impl Durable {
         let mut run = match self.accept_once_here(req, key).await? {
             Started::New(accepted) => {
                 let lease = accepted.lease.ok_or(AcceptError::NotClaimed)?;
-                let outcome = self.holding(&lease, handle, self.execute(&lease, req, sink, cancel)).await?;
+                let outcome = self.holding(&lease, handle, self.execute(&lease, req, &accepted.edition, sink, cancel)).await?;
                 return Ok(RecordedOnce::Ran(Box::new(outcome)));
             }
             Started::Replayed(run) => run,
@@ -164,8 +174,11 @@ impl Durable {
             .await?
             .into_iter()
             .map(|claimed| {
-                let request = claimed.run.map(|run| run.request);
-                ClaimedRun { lease: claimed.lease, route_id: claimed.route_id, request, cancel: claimed.cancel_reason }
+                let (request, version) = match claimed.run {
+                    Ok(run) => (Ok(run.request), run.catalogue_version),
+                    Err(e) => (Err(e), None),
+                };
+                ClaimedRun { lease: claimed.lease, route_id: claimed.route_id, request, version, cancel: claimed.cancel_reason }
             })
             .collect())
     }
@@ -177,7 +190,7 @@ impl Durable {
     /// did. When its journal cannot be read the run is let go for another claim, and the
     /// outcome says `store_error` (nothing recorded).
     pub async fn resume(&self, claimed: ClaimedRun, sink: Arc<dyn EventSink>, cancel: Cancel) -> RunOutcome {
-        let ClaimedRun { lease, route_id, request, cancel: asked } = claimed;
+        let ClaimedRun { lease, route_id, request, version, cancel: asked } = claimed;
         let done = |result| RunOutcome { result, unused_script_lines: Vec::new() };
         // Someone asked to cancel it (its holder died first, or it was let go): it ends so.
         if let Some(reason) = asked {
@@ -187,8 +200,16 @@ impl Durable {
             };
         }
         let store = self.store.as_ref();
-        let history = match read_history(store, lease.run_id()).await {
-            Ok(h) => h,
+        let read = async {
+            let mut history = read_history(store, lease.run_id()).await?;
+            let on = self.edition_of(version.as_ref()).await?;
+            if let (Some(moved), Ok(_)) = (on.moved.clone(), &request) {
+                self.note_moved(&lease, &route_id, &mut history, moved, sink.clone()).await?;
+            }
+            Ok::<_, StoreError>((history, on.edition))
+        };
+        let (history, edition) = match read.await {
+            Ok(read) => read,
             Err(e) => {
                 let _ = store.release(&lease).await;
                 let why = format!("the run's record could not be read: {e}");
@@ -198,13 +219,13 @@ impl Durable {
         let fenced = Fenced { store, lease: &lease };
         let why = match request {
             Ok(_) if lease.token() > MAX_TAKEOVERS => format!("it was taken over {} times", lease.token() - 1),
-            Ok(req) => match self.runtime.runner.execute(req.run_request(), Begin::Recover(history.clone()), sink.clone(), cancel, Some(&fenced)).await {
+            Ok(req) => match edition.runner().execute(req.run_request(), Begin::Recover(history.clone()), sink.clone(), cancel, Some(&fenced)).await {
                 Ok(result) => return done(result),
                 Err(e) => format!("it cannot go on here: {e}"),
             },
             Err(e) => format!("its record does not read ({e})"),
         };
-        done(self.runtime.runner.abandon(&route_id, history, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await)
+        done(edition.runner().abandon(&route_id, history, ReasonClass::Interrupted, &format!("the run was taken over, but {why}"), sink, &fenced).await)
     }
 
     /// Extends the leases of the runs this process executes; returns the runs another process
@@ -269,6 +290,9 @@ pub struct AcceptedRun {
     pub lease: Option<Lease>,
     /// The session's live runs it interrupted (a cancel is requested on each; `interrupt`).
     pub interrupted: Vec<String>,
+    /// The edition it was accepted on (its recorded catalogue version), which
+    /// [`Durable::execute`] runs it on whatever reload came since.
+    pub edition: Arc<Edition>,
 }
 
 /// A run this process claimed from the store ([`Durable::claim_runs`]), to [`Durable::resume`].
@@ -278,6 +302,8 @@ pub struct ClaimedRun {
     route_id: String,
     /// The start contract, or why the run's row does not read.
     request: Result<StartRequest, StoreError>,
+    /// The catalogue version it recorded.
+    version: Option<CatalogueVersion>,
     /// A cancel request's reason: the run is ended `cancelled`, not resumed.
     cancel: Option<String>,
 }

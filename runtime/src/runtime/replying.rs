@@ -46,10 +46,11 @@ impl Durable {
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: StoredStatus::Cancelled.as_str() });
         }
         // Everything that could stop the continuation is checked before the run is claimed: a
-        // claimed run that cannot go on would be stuck `running`.
+        // claimed run that cannot go on would be stuck `running`. It goes on on its own version.
         let request = run.request;
-        self.runtime.check_route(&request.route_id)?;
-        if self.runtime.catalogue().route(&request.route_id).is_ok_and(|r| r.path() != crate::hydrate::RoutePath::DecisionLoop) {
+        let on = self.edition_of(run.catalogue_version.as_ref()).await?;
+        let route = on.edition.check_route(&request.route_id)?;
+        if route.path() != crate::hydrate::RoutePath::DecisionLoop {
             return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
         }
         let Some(lease) = store.claim_reply(run_id, &self.holder).await? else {
@@ -58,7 +59,7 @@ impl Durable {
         // Read after the claim: between a read and the claim another process could have
         // continued the run and seen it ask again, and this claim would go on from stale history.
         match read_history(store.as_ref(), run_id).await {
-            Ok(history) => Ok(ClaimedReply { request, lease, history, reply: message }),
+            Ok(history) => Ok(ClaimedReply { request, lease, history, reply: message, edition: on.edition, moved: on.moved }),
             Err(e) => {
                 let _ = store.reopen_reply(&lease).await;
                 Err(e.into())
@@ -68,9 +69,18 @@ impl Durable {
 
     /// Continues a claimed run: the decision loop goes on with the reply as a note.
     pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
-        let ClaimedReply { request, lease, history, reply } = claimed;
+        let ClaimedReply { request, lease, mut history, reply, edition, moved } = claimed;
+        if let Some(moved) = moved
+            && let Err(e) = self.note_moved(&lease, &request.route_id, &mut history, moved, sink.clone()).await
+        {
+            // Not continued: it awaits the reply again, and the outcome says why.
+            let _ = self.store.reopen_reply(&lease).await;
+            let why = format!("the run's record could not be written: {e}");
+            let result = crate::exec::result_from_journal(lease.run_id(), &request.route_id, &history.entries, crate::failure::ReasonClass::StoreError, &why);
+            return Ok(RunOutcome { result, unused_script_lines: Vec::new() });
+        }
         let fenced = Fenced { store: self.store.as_ref(), lease: &lease };
-        match self.runtime.runner.execute(request.run_request(), Begin::Continue { history, reply }, sink, cancel, Some(&fenced)).await {
+        match edition.runner().execute(request.run_request(), Begin::Continue { history, reply }, sink, cancel, Some(&fenced)).await {
             Ok(result) => Ok(RunOutcome { result, unused_script_lines: Vec::new() }),
             Err(e) => {
                 // Not started after all (the catalogue changed since the check): it still waits.
@@ -80,17 +90,30 @@ impl Durable {
         }
     }
 
-    /// Re-executes a finished run from its journal with no model and no tool call, on this
-    /// runtime's catalogue, and reports every divergence: a prompt, a user message, a result or
-    /// a path that differs from what was recorded, and an end that differs from the stored one.
-    pub async fn replay(&self, run_id: &str) -> Result<crate::exec::ReplayReport, ReplyError> {
+    /// Re-executes a finished run from its journal with no model and no tool call, and reports
+    /// every divergence: a prompt, a user message, a result or a path that differs from what was
+    /// recorded, and an end that differs from the stored one. On `ReplayOn::Recorded` the run's
+    /// own catalogue version (rebuilt from the store), so a run replays as it ran; on
+    /// `ReplayOn::Loaded` the catalogue this runtime loaded, to see what another catalogue would
+    /// have done.
+    pub async fn replay(&self, run_id: &str, on: ReplayOn) -> Result<crate::exec::ReplayReport, ReplyError> {
         let store = &self.store;
         let run = store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
         if run.status == StoredStatus::Running {
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
         }
+        let edition = match on {
+            ReplayOn::Loaded => self.runtime.current(),
+            ReplayOn::Recorded => {
+                let on = self.edition_of(run.catalogue_version.as_ref()).await?;
+                if let Some(crate::events::EventData::CatalogueMoved { reason, .. }) = on.moved {
+                    return Err(ReplyError::VersionGone { run_id: run_id.to_owned(), reason });
+                }
+                on.edition
+            }
+        };
         let history = store.journal(run_id).await?;
-        let result = self.runtime.runner.execute(run.request.run_request(), Begin::Replay(history), Arc::new(NullSink), Cancel::never(), None).await?;
+        let result = edition.runner().execute(run.request.run_request(), Begin::Replay(history), Arc::new(NullSink), Cancel::never(), None).await?;
         let mut report = crate::exec::ReplayReport::from(result);
         // Compared as written: the stored result is what a `RunResult` serialises to.
         let recorded = serde_json::to_value(&run.result).unwrap_or(Value::Null);
@@ -116,6 +139,18 @@ pub enum ReplyError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Start(#[from] StartError),
+    /// A replay on the run's own version, which cannot be had here.
+    #[error("run `{run_id}` cannot be replayed on the catalogue version it ran on: {reason}")]
+    VersionGone { run_id: String, reason: String },
+}
+
+/// Which catalogue a replay runs on ([`Durable::replay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayOn {
+    /// The version the run recorded.
+    Recorded,
+    /// The catalogue this runtime loaded.
+    Loaded,
 }
 
 /// A run a reply may continue: claimed in the store (no other reply can take it).
@@ -127,6 +162,9 @@ pub struct ClaimedReply {
     history: RunHistory,
     /// The user's reply.
     reply: String,
+    /// The edition it goes on on, and the event that says it moved when that is not its own.
+    edition: Arc<super::Edition>,
+    moved: Option<crate::events::EventData>,
 }
 
 impl ClaimedReply {

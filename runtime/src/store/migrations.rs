@@ -64,6 +64,7 @@ impl Schema for sqlx::Sqlite {
         (10, include_str!("migrations/sqlite/0010_webhook_writer.sql")),
         (11, include_str!("migrations/sqlite/0011_session_order.sql")),
         (12, include_str!("migrations/sqlite/0012_llm_shares.sql")),
+        (13, include_str!("migrations/sqlite/0013_catalogue_versions.sql")),
     ];
     // The write lock, taken first (a read first would make the later upgrade fail at once).
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
@@ -87,6 +88,7 @@ impl Schema for sqlx::Postgres {
         (10, include_str!("migrations/postgres/0010_webhook_writer.sql")),
         (11, include_str!("migrations/postgres/0011_session_order.sql")),
         (12, include_str!("migrations/postgres/0012_llm_shares.sql")),
+        (13, include_str!("migrations/postgres/0013_catalogue_versions.sql")),
     ];
     const BEGIN: &'static str = "BEGIN";
     // Any constant every migrating process agrees on: 0x6661_6272_6963, `fabric` in ASCII (the
@@ -213,6 +215,7 @@ mod tests {
         (10, "ece5fc142878e10b90d69cd47af0c75ea58327baf3b42a982c89b343b97a9dbf", "f2c9e71bebafdf0612dce9e38d3c6a4c5842c7cb97a8b4c5a82b4e0f58e4ba46"),
         (11, "5f28c84f3d77e4e0f9181141507a647956091d16fc0710cc2cdebe18bd552a89", "676b36525eec163fd0140838dcbf8129dbf051d644057f19ab83b903c3dda5e7"),
         (12, "17d4125a6f42316a11cd6532908ee2d7ac2c02a209bf9d25ddaf66e8fbcd98fc", "02c47440773722d33a6ac4400a669111526955e590cebc0003331f0c16161b15"),
+        (13, "6e32a7b1c107e178c9a2364dc41e2a0fff1e2fa30aacb39cf9524da7e704531c", "6e32a7b1c107e178c9a2364dc41e2a0fff1e2fa30aacb39cf9524da7e704531c"),
     ];
 
     #[test]

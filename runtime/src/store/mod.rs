@@ -20,6 +20,7 @@
 //! helper drawer: what two of them share lives in the lowest one that needs it.
 
 mod cancels;
+mod catalogues;
 mod claims;
 mod contract;
 mod dialect;
@@ -54,6 +55,7 @@ pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox
 
 use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
 use crate::failure::BoxFuture;
+pub use crate::version::{CatalogueVersion, Sources};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -140,12 +142,17 @@ pub struct NewRun<'a> {
     pub webhook: Option<&'a str>,
     /// The contract's `session_id`: what a session policy looks at.
     pub session_id: Option<&'a str>,
+    /// The catalogue version it starts on, and finishes on: its sources must be in the store
+    /// ([`RunStore::put_catalogue`]) before the run is. [`crate::runtime::Durable`] gives every
+    /// run its version; a row without one (written before versions were kept, or by a tool of
+    /// its own) runs on whichever version the process that takes it has loaded.
+    pub catalogue_version: Option<&'a CatalogueVersion>,
 }
 
 impl<'a> NewRun<'a> {
-    /// A run of `request` (its route is the request's), without webhook or session.
+    /// A run of `request` (its route is the request's), without webhook, session or version.
     pub fn new(run_id: &'a str, request: &'a StartRequest) -> NewRun<'a> {
-        NewRun { run_id, route_id: &request.route_id, request, webhook: None, session_id: None }
+        NewRun { run_id, route_id: &request.route_id, request, webhook: None, session_id: None, catalogue_version: None }
     }
 
     /// The start contract as the row keeps it.
@@ -191,6 +198,8 @@ pub struct StoredRun {
     pub lease_token: i64,
     /// The reason of a cancel request, once one was made ([`RunStore::request_cancel`]).
     pub cancel_reason: Option<String>,
+    /// The catalogue version it started on; none for a run accepted before versions were kept.
+    pub catalogue_version: Option<CatalogueVersion>,
 }
 
 /// What a cancel request found ([`RunStore::request_cancel`]).
@@ -315,6 +324,14 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
     /// Writes a batch and waits until every batch of the run is durable (see [`RunJournal`]).
     fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Keeps a catalogue version's `sources` under `version`, their digest, once (a version kept
+    /// already is left as it is). Done before the first run that records the version.
+    fn put_catalogue<'a>(&'a self, version: &'a CatalogueVersion, sources: &'a Sources) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// The sources of `version`, checked against it (a row whose digest differs is an error);
+    /// `None` when the store does not keep it.
+    fn catalogue<'a>(&'a self, version: &'a CatalogueVersion) -> BoxFuture<'a, Result<Option<Sources>, StoreError>>;
+    /// The versions kept whose digest starts with `prefix` (hex digits), in order, at most `limit`.
+    fn catalogue_versions<'a>(&'a self, prefix: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<CatalogueVersion>, StoreError>>;
     /// How many runs wait for a claim.
     fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// Whether the database answers (`/readyz`).

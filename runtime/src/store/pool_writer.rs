@@ -147,8 +147,8 @@ where
         // New runs whose idempotency key another run has: not written, and returned with the fenced.
         let mut refused = HashSet::new();
         for chunk in rows.creates.chunks(per_insert) {
-            let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, lease_until) VALUES ";
-            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
+            let head = "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, catalogue_version, lease_until) VALUES ";
+            let row = format!("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {} + ?)", DB::NOW_MS);
             let sql = format!(
                 "{} ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING run_id",
                 rows_sql(head, &row, chunk.len(), 1, DB::NUMBERED)
@@ -169,6 +169,7 @@ where
                     .bind(c.key)
                     .bind(c.webhook)
                     .bind(c.session)
+                    .bind(c.version)
                     .bind(ms);
             }
             let written: HashSet<String> =

@@ -419,6 +419,7 @@ mod tests {
             key: None,
             webhook: None,
             session: None,
+            version: None,
         };
         let commit = |run: &str, seq| Write::Commit { lease: lease(run), batch: Box::new(Prepared::of(batch(run, seq))) };
         let jobs: Vec<Job> = vec![(create("a"), None), (create("b"), None), (commit("a", 1), None), (commit("b", 1), None)];
@@ -520,7 +521,16 @@ mod tests {
     async fn a_start_refused_while_its_jobs_are_tried_one_by_one_stops_no_writer() {
         let db = Arc::new(Flaky { poison: Some("bad"), creates_away: true, ..Flaky::default() });
         let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
-        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None, webhook: None, session: None };
+        let create = Write::Create {
+            run_id: "new".into(),
+            route_id: "r".into(),
+            request: "{}".into(),
+            claim: None,
+            key: None,
+            webhook: None,
+            session: None,
+            version: None,
+        };
         // Queued together: one transaction, which the bad run's rows make fail.
         queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
         let refused = queue.write(create).await;
@@ -544,7 +554,16 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(health.failing());
-        let create = Write::Create { run_id: "new".into(), route_id: "r".into(), request: "{}".into(), claim: None, key: None, webhook: None, session: None };
+        let create = Write::Create {
+            run_id: "new".into(),
+            route_id: "r".into(),
+            request: "{}".into(),
+            claim: None,
+            key: None,
+            webhook: None,
+            session: None,
+            version: None,
+        };
         let refused = tokio::time::timeout(Duration::from_secs(1), queue.write(create)).await.expect("refused within a second, not held");
         assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
         let second = tokio::spawn({

@@ -9,7 +9,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 use super::dialect::Dialect;
 use super::sql::SqlStore;
 use super::sql_error::db;
-use super::{IdempotencyKey, RunFilter, StoreError, StoredEvent, StoredRun, StoredStatus};
+use super::{CatalogueVersion, IdempotencyKey, RunFilter, StoreError, StoredEvent, StoredRun, StoredStatus};
 use crate::exec::JournalEntry;
 
 /// Text PostgreSQL cannot hold (NUL) cannot be a key any row has: such a lookup finds nothing
@@ -132,7 +132,7 @@ where
 
 /// The columns [`run_of`] reads.
 pub(crate) const RUN_COLUMNS: &str =
-    "run_id, route_id, status, request, result, reason_class, question, next_seq, created_at, updated_at, lease_token, cancel_reason";
+    "run_id, route_id, status, request, result, reason_class, question, next_seq, created_at, updated_at, lease_token, cancel_reason, catalogue_version";
 
 /// A `runs` row (as selected with [`RUN_COLUMNS`]), on any database whose text and integers
 /// decode as `String` and `i64`.
@@ -155,7 +155,9 @@ where
     let reason_class = opt("reason_class")?
         .map(|c| crate::failure::ReasonClass::parse(&c).ok_or_else(|| bad("reason class", &format_args!("`{c}` is no reason class"))))
         .transpose()?;
+    let catalogue_version = opt("catalogue_version")?.map(|v| CatalogueVersion::parse(&v)).transpose().map_err(|e| bad("catalogue version", &e))?;
     Ok(StoredRun {
+        catalogue_version,
         route_id: text("route_id")?,
         status,
         request,

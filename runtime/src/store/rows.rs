@@ -25,6 +25,8 @@ pub(crate) enum Write {
         /// Where the run's ends are posted (`runs.webhook_url`).
         webhook: Option<String>,
         session: Option<String>,
+        /// The catalogue version it starts on (`runs.catalogue_version`).
+        version: Option<String>,
     },
     Commit {
         lease: Lease,
@@ -94,6 +96,7 @@ impl Write {
             key: key.map(|k| k.as_str().to_owned()),
             webhook: run.webhook.map(str::to_owned),
             session: run.session_id.map(str::to_owned),
+            version: run.catalogue_version.map(|v| v.as_str().to_owned()),
         }
     }
 
@@ -125,6 +128,7 @@ pub(crate) struct Create<'a> {
     pub key: Option<&'a str>,
     pub webhook: Option<&'a str>,
     pub session: Option<&'a str>,
+    pub version: Option<&'a str>,
 }
 
 /// What one transaction writes, table by table, in the order the jobs came.
@@ -152,7 +156,7 @@ impl<'a> Rows<'a> {
         let mut seen = HashSet::new();
         for (job, _) in jobs {
             match job {
-                Write::Create { run_id, route_id, request, claim, key, webhook, session } => rows.creates.push(Create {
+                Write::Create { run_id, route_id, request, claim, key, webhook, session, version } => rows.creates.push(Create {
                     run_id,
                     route_id,
                     request,
@@ -160,6 +164,7 @@ impl<'a> Rows<'a> {
                     key: key.as_deref(),
                     webhook: webhook.as_deref(),
                     session: session.as_deref(),
+                    version: version.as_deref(),
                 }),
                 Write::Commit { lease, batch } => {
                     let run_id = lease.run_id();

@@ -13,7 +13,7 @@ use sqlx::Row;
 use super::dialect::Dialect;
 use super::sql::SqlStore;
 use super::sql_error::{db, write_error};
-use super::{Holder, IdempotencyKey, Lease, NewRun, SessionStart, StoreError, now};
+use super::{CatalogueVersion, Holder, IdempotencyKey, Lease, NewRun, SessionStart, StoreError, now};
 use crate::config::{INTERRUPTED_BY_SESSION, SessionPolicy};
 
 /// The statuses of a live run.
@@ -66,9 +66,9 @@ where
     // SQLite reads `INSERT … SELECT … ON CONFLICT` only with a WHERE in the SELECT.
     let sql = format!(
         "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, session_gate, \
-             session_seq, lease_until) \
+             session_seq, catalogue_version, lease_until) \
              SELECT $1, $2, $3, $4, $5, $5, $6, $7, $8, $9, $11, $10, \
-             (SELECT COALESCE(MAX(s.session_seq), 0) + 1 FROM runs s WHERE s.session_id = $11 AND s.session_seq IS NOT NULL), {} + $12 WHERE {only_if_free} \
+             (SELECT COALESCE(MAX(s.session_seq), 0) + 1 FROM runs s WHERE s.session_id = $11 AND s.session_seq IS NOT NULL), $13, {} + $12 WHERE {only_if_free} \
              ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING run_id",
         DB::NOW_MS
     );
@@ -85,6 +85,7 @@ where
         .bind(gate)
         .bind(session)
         .bind(lease_ms)
+        .bind(run.catalogue_version.map(CatalogueVersion::as_str))
         .fetch_optional(&mut *tx)
         .await
         .map_err(fail)?;

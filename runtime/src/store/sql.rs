@@ -14,7 +14,10 @@ use super::health::Health;
 use super::queue::WriteQueue;
 use super::rows::Write;
 use super::sql_error::db;
-use super::{CancelAsk, Claimed, Holder, IdempotencyKey, Keyed, Lease, NewRun, RunFilter, RunStore, SessionStart, StoreError, StoredEvent, StoredRun};
+use super::{
+    CancelAsk, CatalogueVersion, Claimed, Holder, IdempotencyKey, Keyed, Lease, NewRun, RunFilter, RunStore, SessionStart, Sources, StoreError, StoredEvent,
+    StoredRun,
+};
 use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
 
@@ -171,6 +174,18 @@ where
 
     fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.queue.commit(lease, batch))
+    }
+
+    fn put_catalogue<'a>(&'a self, version: &'a CatalogueVersion, sources: &'a Sources) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(SqlStore::put_catalogue(self, version, sources))
+    }
+
+    fn catalogue<'a>(&'a self, version: &'a CatalogueVersion) -> BoxFuture<'a, Result<Option<Sources>, StoreError>> {
+        Box::pin(SqlStore::catalogue(self, version))
+    }
+
+    fn catalogue_versions<'a>(&'a self, prefix: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<CatalogueVersion>, StoreError>> {
+        Box::pin(SqlStore::catalogue_versions(self, prefix, limit))
     }
 
     fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>> {

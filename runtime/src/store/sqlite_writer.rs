@@ -103,13 +103,13 @@ fn write<'a>(tx: &rusqlite::Transaction<'_>, rows: &Rows<'a>, known: &Known) -> 
     if !rows.creates.is_empty() {
         // A new run whose idempotency key another run has is not written (and is returned).
         let mut create = tx.prepare_cached(&format!(
-            "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, lease_until) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, ?8, ?10, ?11, {NOW_MS} + ?9) ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+            "INSERT INTO runs (status, run_id, route_id, request, created_at, updated_at, lease_owner, lease_token, idempotency_key, webhook_url, session_id, catalogue_version, lease_until) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7, ?8, ?10, ?11, ?12, {NOW_MS} + ?9) ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
         ))?;
         for c in &rows.creates {
             let status = if c.claim.is_some() { "running" } else { "queued" };
             let (owner, token, ms) = c.claim.map_or((None, 0, 0), |(o, ms)| (Some(o), 1, ms));
-            if create.execute(params![status, c.run_id, c.route_id, c.request, at, owner, token, c.key, ms, c.webhook, c.session])? == 0 {
+            if create.execute(params![status, c.run_id, c.route_id, c.request, at, owner, token, c.key, ms, c.webhook, c.session, c.version])? == 0 {
                 fenced.insert(c.run_id.to_owned());
             }
         }

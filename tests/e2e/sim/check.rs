@@ -152,7 +152,7 @@ pub fn after(real: &Real, replay: Durable, world: &World, seen: &[String]) -> Ve
         // A replay of a completed run diverges nowhere.
         if run.status == StoredStatus::Completed {
             let (rt, rid) = (replay.clone(), id.clone());
-            match real.block(async move { rt.replay(&rid).await.map_err(|e| e.to_string()) }) {
+            match real.block(async move { rt.replay(&rid, fabric::runtime::ReplayOn::Recorded).await.map_err(|e| e.to_string()) }) {
                 Ok(report) if !report.divergences.is_empty() => out.push(format!("run {id}: its replay diverges: {:?}", report.divergences)),
                 Ok(_) => {}
                 Err(e) => out.push(format!("run {id}: its replay could not run: {e}")),

@@ -305,7 +305,7 @@ impl Process<'_> {
                         *live.entry(lease.run_id().to_owned()).or_default() += 1;
                         let (rt, sink) = (self.runtime.clone(), self.segment_sink(&lease));
                         segments.spawn(async move {
-                            let class = match rt.execute(&lease, &req, sink, Cancel::never()).await {
+                            let class = match rt.execute(&lease, &req, &accepted.edition, sink, Cancel::never()).await {
                                 Ok(o) => o.result.error().map(|e| e.reason_class),
                                 Err(e) => panic!("an accepted run did not start: {e}"),
                             };

@@ -519,6 +519,21 @@ impl RunStore for SimStore {
         })
     }
 
+    fn put_catalogue<'a>(&'a self, version: &'a fabric::store::CatalogueVersion, sources: &'a fabric::store::Sources) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (store, version, sources) = (self.real.store.clone(), version.clone(), sources.clone());
+        Box::pin(self.call("put_catalogue", async move { store.put_catalogue(&version, &sources).await }))
+    }
+
+    fn catalogue<'a>(&'a self, version: &'a fabric::store::CatalogueVersion) -> BoxFuture<'a, Result<Option<fabric::store::Sources>, StoreError>> {
+        let (store, version) = (self.real.store.clone(), version.clone());
+        Box::pin(self.call("catalogue", async move { store.catalogue(&version).await }))
+    }
+
+    fn catalogue_versions<'a>(&'a self, prefix: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<fabric::store::CatalogueVersion>, StoreError>> {
+        let (store, prefix) = (self.real.store.clone(), prefix.to_owned());
+        Box::pin(self.call("catalogue_versions", async move { store.catalogue_versions(&prefix, limit).await }))
+    }
+
     fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
         let store = self.real.store.clone();
         Box::pin(self.call("queued", async move { store.queued().await }))

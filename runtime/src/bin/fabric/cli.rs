@@ -40,6 +40,11 @@ pub struct Cli {
     /// Seed data of the seeded stub [default: stub, when it exists].
     #[arg(long, global = true, env = "FABRIC_LLM_STUB_DIR")]
     stub_dir: Option<PathBuf>,
+    /// Whether `--catalogue` or `--prompt-packs` was given on the command line (not by a variable
+    /// or the default): `fabric replay` then compares a run with that catalogue instead of the
+    /// version it ran on.
+    #[arg(skip)]
+    catalogue_named: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -235,7 +240,11 @@ fn output_failed(e: std::io::Error) -> ExitCode {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // A global argument given after the subcommand is the subcommand's.
+    let named = |m: &clap::ArgMatches| ["catalogue", "prompt_packs"].iter().any(|id| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine));
+    cli.catalogue_named = named(&matches) || matches.subcommand().is_some_and(|(_, m)| named(m));
     // The tool server is a side process (benchmarks, demos): one thread keeps it from competing
     // with the runtime it serves for both cores.
     let mut builder = match cli.command {
@@ -298,7 +307,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         return code;
     }
     let printed = match &cli.command {
-        Command::Routes { action: RoutesAction::List } => routes_list(&load(&cli)),
+        Command::Routes { action: RoutesAction::List } => routes_list(&cli, &load(&cli)),
         Command::Routes { action: RoutesAction::Check } => routes_check(&load(&cli)),
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
@@ -323,7 +332,20 @@ async fn dispatch(cli: Cli) -> ExitCode {
     printed.unwrap_or_else(output_failed)
 }
 
-fn routes_list(cat: &Catalogue) -> std::io::Result<ExitCode> {
+/// The catalogue version `fabric serve` would run with these directories and settings: the
+/// routes and packs, and the stub's scripts when the stub answers.
+fn version_here(cli: &Cli, cat: &Catalogue) -> fabric::version::CatalogueVersion {
+    let stub_on = fabric::config::Settings::from_env().is_ok_and(|s| s.stub);
+    let stub = stub_on.then(|| {
+        let dir = cli.stub_dir.clone().unwrap_or_else(|| PathBuf::from(fabric::runtime::DEFAULT_STUB_DIR));
+        if dir.is_dir() { fabric::source::read_named(&Layers::one(dir)) } else { Vec::new() }
+    });
+    fabric::version::Sources { routes: cat.texts().routes.clone(), packs: cat.texts().packs.clone(), stub }.version()
+}
+
+fn routes_list(cli: &Cli, cat: &Catalogue) -> std::io::Result<ExitCode> {
+    // On stderr with the other notes: stdout stays one line per route.
+    say(format_args!("catalogue version {}", version_here(cli, cat)));
     let mut text = String::new();
     for entry in cat.routes() {
         match entry {
@@ -468,7 +490,8 @@ fn text_arg(flag: &str, value: &str, limit: u64) -> Result<String, String> {
 /// The largest goal or reply message read from a file or standard input.
 const MAX_TEXT_ARG_BYTES: u64 = 16 * 1024 * 1024;
 
-/// `fabric replay`: the run's journal through the current catalogue. The backend is never asked:
+/// `fabric replay`: the run's journal through its own catalogue version (rebuilt from the store),
+/// or through the catalogue `--catalogue` names on the command line. The backend is never asked:
 /// a strict replay takes every reply from the journal, or reports that it has none.
 async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Result<ExitCode> {
     let Some(run_id) = RunId::parse(run_id) else { return Ok(no_run(run_id)) };
@@ -487,7 +510,9 @@ async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Re
         Ok(r) => Durable::new(r, store),
         Err(e) => return Ok(usage(e)),
     };
-    let report = match runtime.replay(run_id).await {
+    // Its own version, unless a catalogue was named to compare it with.
+    let on = if cli.catalogue_named { fabric::runtime::ReplayOn::Loaded } else { fabric::runtime::ReplayOn::Recorded };
+    let report = match runtime.replay(run_id, on).await {
         Ok(r) => r,
         Err(e) => return Ok(usage(e)),
     };
@@ -987,6 +1012,11 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         kept(svc.awaiting_retention)
     ));
     out.push_str(&format!("sessions: {} (FABRIC_SESSION_POLICY; a start contract's `multitask` overrides it)\n", svc.session_policy.as_str()));
+    out.push_str(&format!(
+        "catalogue versions: runs taken up again go on on the {} version (FABRIC_RESUME_ON); reload on SIGHUP and POST /v1/catalogue/reload{}\n",
+        svc.resume_on.as_str(),
+        if svc.catalogue_watch { ", and on a change on disk (FABRIC_CATALOGUE_WATCH)" } else { "; files on disk not watched (FABRIC_CATALOGUE_WATCH unset)" }
+    ));
     let hooks = &svc.webhooks;
     out.push_str(&match &hooks.secret {
         None => "webhooks: off (FABRIC_WEBHOOK_URL and FABRIC_WEBHOOK_ALLOWED_ORIGINS unset)\n".to_owned(),

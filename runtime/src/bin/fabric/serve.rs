@@ -1,5 +1,5 @@
 //! `fabric serve`: the HTTP API over the runtime facade, with the run store, structured logs,
-//! a bearer token, and a graceful shutdown on SIGTERM/SIGINT/SIGHUP.
+//! a bearer token, a graceful shutdown on SIGTERM/SIGINT, and a catalogue reload on SIGHUP.
 //!
 //! The checks of the settings, the logs and the signals are here; serving, the drain and the
 //! handover are the library's ([`fabric::api::serve`]), which this turns the first signal into
@@ -124,24 +124,30 @@ pub async fn serve(
         writeln!(out, "http://{local}")?;
         out.flush()?;
     }
+    let reloads = state.clone();
     let shutdown = async move {
-        let signal = signals.next().await;
-        if signal == "SIGHUP" {
-            // A terminal closing, or an operator used to `kill -HUP` meaning "reload": either way
-            // the runs in flight are drained and handed over rather than cut off. No reload yet.
-            tracing::info!(signal, "SIGHUP is handled like SIGTERM (no reload): draining, then exiting");
-        }
+        // SIGHUP reloads the catalogue (the replica's catalogue loop does it); the others stop.
+        let signal = loop {
+            match signals.next().await {
+                "SIGHUP" => {
+                    tracing::info!(signal = "SIGHUP", "reloading the catalogue");
+                    reloads.ask_reload();
+                }
+                stop => break stop,
+            }
+        };
         tracing::info!(signal, "shutting down: no new requests; running runs get up to the grace period");
         // A second signal stops the process at once, at any point of the shutdown (the drain,
         // the last commits, the spans' flush): this task lives as long as the runtime does.
         tokio::spawn(async move {
-            let again = signals.next().await;
+            let again = loop {
+                match signals.next().await {
+                    "SIGHUP" => tracing::info!(signal = "SIGHUP", "shutting down: no reload"),
+                    stop => break stop,
+                }
+            };
             tracing::warn!(signal = again, "second signal: stopping at once");
-            std::process::exit(match again {
-                "SIGINT" => 130,
-                "SIGHUP" => 129,
-                _ => 143,
-            });
+            std::process::exit(if again == "SIGINT" { 130 } else { 143 });
         });
     };
     fabric::api::serve(listener, state, shutdown).await;
@@ -171,10 +177,10 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 /// 128 bits and more from hex or base64, beyond guessing over the network).
 const MIN_TOKEN_CHARS: usize = 32;
 
-/// The signals that stop the server: SIGTERM, SIGINT and SIGHUP. SIGHUP's default action would
-/// kill the process at once (nothing logged, leases held until they expire), so it is caught and
-/// drains like SIGTERM. Installed before the address is printed: a signal sent as soon as the
-/// server says it listens must find the handlers in place.
+/// The signals of the server: SIGTERM and SIGINT stop it (drained), SIGHUP reloads the
+/// catalogue (its default action would kill the process at once). Installed before the address
+/// is printed: a signal sent as soon as the server says it listens must find the handlers in
+/// place.
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,

@@ -1,0 +1,147 @@
+//! The catalogue resource: `GET /v1/catalogue` (the version in force) and
+//! `POST /v1/catalogue/reload`, and [`AppState::reload_catalogue`], the one way a serving replica
+//! reloads (the endpoint, `SIGHUP` and `FABRIC_CATALOGUE_WATCH` all go through it): counted in
+//! the metrics and logged, a refusal with every located problem.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+use crate::runtime::{ReloadError, Reloaded};
+
+/// The reloads of this replica, by outcome (`fabric_catalogue_reloads_total`).
+#[derive(Debug, Default)]
+pub(super) struct Reloads {
+    applied: AtomicU64,
+    unchanged: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Reloads {
+    /// The counters and the version in force, as Prometheus text.
+    pub(super) fn render(&self, version: &str, text: &mut String) {
+        text.push_str("# HELP fabric_catalogue_reloads_total Catalogue reloads (endpoint, SIGHUP, watch) by outcome: applied (a new version), unchanged, refused (a problem in it; the old version stays).\n# TYPE fabric_catalogue_reloads_total counter\n");
+        for (outcome, n) in [("applied", &self.applied), ("unchanged", &self.unchanged), ("refused", &self.refused)] {
+            text.push_str(&format!("fabric_catalogue_reloads_total{{outcome=\"{outcome}\"}} {}\n", n.load(Ordering::Relaxed)));
+        }
+        text.push_str(
+            "# HELP fabric_catalogue_version The catalogue version new runs start on (1 for the version in force).\n# TYPE fabric_catalogue_version gauge\n",
+        );
+        text.push_str(&format!("fabric_catalogue_version{{version=\"{version}\"}} 1\n"));
+    }
+}
+
+/// The catalogue in force.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CatalogueInfo {
+    /// The version new runs start on: the SHA-256 of its route files, prompt packs and (with the
+    /// stub) stub scripts.
+    pub version: String,
+    pub routes_ready: usize,
+    pub routes_broken: usize,
+}
+
+/// What a reload did.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CatalogueReloaded {
+    /// The version in force now.
+    pub version: String,
+    /// The version before the reload.
+    pub previous: String,
+    /// Whether the files read make a new version (false: nothing changed).
+    pub changed: bool,
+    /// Problems that do not refuse a catalogue.
+    pub warnings: Vec<String>,
+}
+
+impl AppState {
+    /// Reloads the catalogue (see [`crate::runtime::Runtime::reload`]), counted and logged;
+    /// `trigger` says what asked (`endpoint`, `sighup`, `watch`).
+    pub async fn reload_catalogue(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
+        let reloads = &self.inner.reloads;
+        let outcome = self.runtime().reload().await;
+        match &outcome {
+            Ok(r) if r.changed() => {
+                reloads.applied.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(trigger, version = %r.version, previous = %r.previous, "catalogue reloaded: new runs start on the new version");
+            }
+            Ok(r) => {
+                reloads.unchanged.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(trigger, version = %r.version, "catalogue reload: nothing changed");
+            }
+            Err(e) => {
+                reloads.refused.fetch_add(1, Ordering::Relaxed);
+                let problems = match e {
+                    ReloadError::Refused { problems, .. } => problems.join("; "),
+                    ReloadError::NotFromDirs => String::new(),
+                };
+                tracing::warn!(trigger, error = %e, problems, "catalogue reload refused");
+            }
+        }
+        for w in outcome.iter().flat_map(|r| &r.warnings) {
+            tracing::warn!(warning = %w, "catalogue reload");
+        }
+        outcome
+    }
+}
+
+impl AppState {
+    /// Asks the replica's catalogue loop to reload ([`AppState::watch_catalogue`]): what
+    /// `SIGHUP` does. A request made while a reload runs is not lost: one more follows it.
+    pub fn ask_reload(&self) {
+        self.inner.reload_wake.notify_one();
+    }
+
+    /// The replica's catalogue loop: a reload for each [`AppState::ask_reload`], and with
+    /// `FABRIC_CATALOGUE_WATCH`, one when the files on disk make another version than the one in
+    /// force, once two polls [`WATCH_POLL`] apart read the same (a change written as several
+    /// files is loaded whole). A version refused is not tried again until the files change.
+    pub async fn watch_catalogue(self) {
+        let watch = self.runtime().settings().service.catalogue_watch;
+        let mut tick = tokio::time::interval(crate::config::WATCH_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut seen, mut tried) = (None, None);
+        loop {
+            tokio::select! {
+                () = self.inner.reload_wake.notified() => {
+                    let _ = self.reload_catalogue("sighup").await;
+                }
+                _ = tick.tick(), if watch => {
+                    // Reading the files blocks: off the runtime's threads.
+                    let runtime = self.runtime().clone();
+                    let Ok(Some(disk)) = tokio::task::spawn_blocking(move || runtime.version_on_disk()).await else { continue };
+                    let stable = seen.as_ref() == Some(&disk);
+                    seen = Some(disk.clone());
+                    if stable && disk != *self.runtime().current().version() && tried.as_ref() != Some(&disk) {
+                        tried = Some(disk);
+                        let _ = self.reload_catalogue("watch").await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The catalogue version in force here, and its routes.
+#[utoipa::path(get, path = "/v1/catalogue", responses((status = 200, body = CatalogueInfo), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+pub(super) async fn catalogue_info(State(state): State<AppState>) -> Json<CatalogueInfo> {
+    let edition = state.runtime().current();
+    let ready = edition.catalogue().routes().filter(|r| matches!(r, RouteEntry::Ready(_))).count();
+    Json(CatalogueInfo { version: edition.version().to_string(), routes_ready: ready, routes_broken: edition.catalogue().routes().count() - ready })
+}
+
+/// Loads the catalogue again from this replica's disk: a good one becomes the version new runs start on (runs in flight keep theirs); one with any problem is refused whole, with every located problem, and the version in force stays.
+#[utoipa::path(post, path = "/v1/catalogue/reload", responses((status = 200, body = CatalogueReloaded),
+    (status = 422, description = "`catalogue_refused`: the catalogue read has problems (`error.problems`, each `path:line:col: message`); nothing changed", body = ErrorBody),
+    (status = 401, body = ErrorBody)), security(("bearer" = [])))]
+pub(super) async fn reload(State(state): State<AppState>) -> Result<Json<CatalogueReloaded>, ApiError> {
+    match state.reload_catalogue("endpoint").await {
+        Ok(r) => Ok(Json(CatalogueReloaded { changed: r.changed(), version: r.version.to_string(), previous: r.previous.to_string(), warnings: r.warnings })),
+        Err(e) => {
+            let mut err = ApiError::new(ErrorCode::CatalogueRefused, e.to_string());
+            if let ReloadError::Refused { problems, .. } = e {
+                err.problems = problems;
+            }
+            Err(err)
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! A recorded run on its catalogue version: the version's sources kept in the store before the
+//! first run that records it ([`Durable::keep_version`]); the edition a run taken up again goes on
+//! on ([`Durable::edition_of`]: the one it recorded, rebuilt from the store when this process does
+//! not have it, or the current one under `FABRIC_RESUME_ON=current`); and the event that says a
+//! run moved to another version ([`Durable::note_moved`]), so that no run mixes two versions
+//! without saying so.
+
+use std::sync::Arc;
+
+use super::{Durable, Edition};
+use crate::config::ResumeOn;
+use crate::events::{EventData, EventSink, RunEvents};
+use crate::exec::{JournalBatch, RunHistory};
+use crate::store::{Lease, StoreError};
+use crate::version::CatalogueVersion;
+
+/// The edition a run goes on on, and, when it is not the version the run recorded, the event
+/// that says so.
+pub(super) struct OnVersion {
+    pub edition: Arc<Edition>,
+    pub moved: Option<EventData>,
+}
+
+impl Durable {
+    /// Keeps `edition`'s sources in the store, once per process and version (the store keeps
+    /// them once per version): before the first run that records the version, so that any
+    /// replica can rebuild it.
+    pub(super) async fn keep_version(&self, edition: &Edition) -> Result<(), StoreError> {
+        edition.kept.get_or_try_init(|| self.store.put_catalogue(edition.version(), edition.sources())).await.map(|_| ())
+    }
+
+    /// The edition a run recorded on `recorded` goes on on here (see the module docs). A run
+    /// accepted before versions were kept (`None`) goes on on the current one. A version the
+    /// store does not have, or that cannot be built here, moves the run to the current one,
+    /// saying why; a store that cannot be read is an error (the run waits for another try).
+    pub(super) async fn edition_of(&self, recorded: Option<&CatalogueVersion>) -> Result<OnVersion, StoreError> {
+        let current = self.runtime.current();
+        let Some(recorded) = recorded.filter(|v| *v != current.version()) else { return Ok(OnVersion { edition: current, moved: None }) };
+        let moved = |current: Arc<Edition>, reason: String| {
+            let to = current.version().to_string();
+            OnVersion { edition: current, moved: Some(EventData::CatalogueMoved { from: Some(recorded.to_string()), to, reason }) }
+        };
+        if self.runtime.settings().service.resume_on == ResumeOn::Current {
+            return Ok(moved(current, "FABRIC_RESUME_ON=current: runs go on on the version loaded".into()));
+        }
+        if let Some(built) = self.runtime.built(recorded) {
+            return Ok(OnVersion { edition: built, moved: None });
+        }
+        Ok(match self.store.catalogue(recorded).await? {
+            None => moved(current, "the run store does not keep the version it started on".into()),
+            Some(sources) => match self.runtime.rebuild(sources) {
+                Ok(edition) => OnVersion { edition, moved: None },
+                Err(e) => moved(current, format!("the version it started on cannot be built here: {e}")),
+            },
+        })
+    }
+
+    /// Records `moved` (a [`EventData::CatalogueMoved`]) as the run's next event, committed
+    /// before the run goes on; `history` then numbers the events after it. Logged too.
+    pub(super) async fn note_moved(
+        &self,
+        lease: &Lease,
+        route_id: &str,
+        history: &mut RunHistory,
+        moved: EventData,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<(), StoreError> {
+        if let EventData::CatalogueMoved { from, to, reason } = &moved {
+            tracing::warn!(run_id = lease.run_id(), from = from.as_deref().unwrap_or("none"), to = %to, reason = %reason, "a run goes on on another catalogue version");
+        }
+        let events = RunEvents::new(lease.run_id(), route_id, None, sink).recording(history.next_seq);
+        events.emit(None, || moved);
+        let recorded = events.take_recorded();
+        history.next_seq += recorded.len() as u64;
+        self.store.commit(lease, JournalBatch { events: recorded, entries: Vec::new(), end: None }).await
+    }
+}

@@ -1,0 +1,87 @@
+//! Loading the catalogue again without a restart ([`Runtime::reload`]): the directories it was
+//! built from are read again, with the stub's scripts where the stub answers. A catalogue with
+//! any problem is refused whole and the current edition stays; a good one becomes the current
+//! edition at once, whole (new runs start on it), and the one it replaces stays built for the
+//! runs still on it.
+
+use std::sync::Arc;
+
+use super::Runtime;
+use crate::catalogue;
+use crate::version::CatalogueVersion;
+
+/// What a reload did.
+#[derive(Debug, Clone)]
+pub struct Reloaded {
+    /// The version in force now.
+    pub version: CatalogueVersion,
+    /// The version before the reload (the same when nothing changed).
+    pub previous: CatalogueVersion,
+    /// Problems that do not refuse a catalogue (a stub script key naming no stage, say).
+    pub warnings: Vec<String>,
+}
+
+impl Reloaded {
+    /// Whether the reload changed the version (the files read are not those of the current one).
+    pub fn changed(&self) -> bool {
+        self.version != self.previous
+    }
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReloadError {
+    #[error("the catalogue was not loaded from directories here, so there is nothing to load again")]
+    NotFromDirs,
+    /// Every problem found, each located (`path:line:col: message`) where it has a place.
+    #[error("the catalogue was refused ({} problem(s)); version {} stays in force", problems.len(), kept.short())]
+    Refused { problems: Vec<String>, kept: CatalogueVersion },
+}
+
+impl Runtime {
+    /// The version the files on disk make now, read but not loaded (what
+    /// `FABRIC_CATALOGUE_WATCH` compares with the version in force); `None` when the catalogue
+    /// was not loaded from directories.
+    pub fn version_on_disk(&self) -> Option<CatalogueVersion> {
+        let (dirs, packs) = self.dirs.as_ref()?;
+        let sources =
+            crate::version::Sources { routes: crate::source::read_named(dirs), packs: crate::source::read_named(packs), stub: self.parts.stub_on_disk() };
+        Some(sources.version())
+    }
+
+    /// Reads the catalogue (and the stub's scripts) again; see the module docs. One reload at a
+    /// time: a second waits for the first. The files are read on this task: a catalogue is
+    /// small, and reloads are rare.
+    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+        let Some((dirs, packs)) = &self.dirs else { return Err(ReloadError::NotFromDirs) };
+        let _one = self.reloading.lock().await;
+        let previous = self.current();
+        let refused = |problems: Vec<String>| ReloadError::Refused { problems, kept: previous.version().clone() };
+        let missing = catalogue::missing_dirs(dirs, packs);
+        if !missing.is_empty() {
+            return Err(refused(missing.iter().map(ToString::to_string).collect()));
+        }
+        let loaded = catalogue::load_layers(dirs, packs);
+        let mut problems: Vec<String> = loaded.diagnostics().iter().filter(|d| d.is_error()).map(ToString::to_string).collect();
+        let mut warnings = Vec::new();
+        let scripts = self.parts.read_stub(&mut warnings).unwrap_or_else(|e| {
+            problems.push(e.to_string());
+            None
+        });
+        if !problems.is_empty() {
+            return Err(refused(problems));
+        }
+        let edition = self.parts.edition(&self.settings, &self.flow, Arc::new(loaded), scripts, &mut warnings).map_err(|e| refused(vec![e.to_string()]))?;
+        // A script broken by its own errors, or (strict stub) by a key naming no stage.
+        let broken: Vec<String> = edition.stub().map(|s| s.broken().map(ToString::to_string).collect()).unwrap_or_default();
+        if !broken.is_empty() {
+            return Err(refused(broken));
+        }
+        let version = edition.version().clone();
+        if version != *previous.version() {
+            *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(edition);
+            self.keep_built(previous.clone());
+        }
+        Ok(Reloaded { version, previous: previous.version().clone(), warnings })
+    }
+}

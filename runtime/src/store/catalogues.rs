@@ -1,0 +1,76 @@
+//! Catalogue versions kept in the store: each version's sources, once, under their digest
+//! (`catalogue_versions`), written before the first run that records the version, read by any
+//! replica that must finish a run on a version it did not load. A row is content-addressed and
+//! never changes, so it is inserted with `ON CONFLICT DO NOTHING`, and read back checked: sources
+//! whose digest is not their version are refused, not run.
+
+use std::time::Instant;
+
+use sqlx::Row;
+
+use super::dialect::Dialect;
+use super::sql::SqlStore;
+use super::sql_error::{db, write_error};
+use super::{StoreError, now};
+use crate::version::{CatalogueVersion, Sources};
+
+// The catalogue methods of `RunStore` (`super::sql` delegates to them).
+impl<DB> SqlStore<DB>
+where
+    DB: sqlx::Database + Dialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> String: sqlx::Encode<'t, DB> + sqlx::Decode<'t, DB> + sqlx::Type<DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Decode<'t, DB> + sqlx::Type<DB>,
+    for<'r> &'r str: sqlx::ColumnIndex<DB::Row>,
+{
+    pub(super) async fn put_catalogue(&self, version: &CatalogueVersion, sources: &Sources) -> Result<(), StoreError> {
+        self.health_ref().check()?;
+        // JSON escapes a NUL, which PostgreSQL's text cannot hold.
+        let body = serde_json::to_string(sources).map_err(|e| StoreError::Database(format!("catalogue version {version}: {e}")))?;
+        let began = Instant::now();
+        sqlx::query("INSERT INTO catalogue_versions (version, body, created_at) VALUES ($1, $2, $3) ON CONFLICT (version) DO NOTHING")
+            .bind(version.as_str())
+            .bind(body)
+            .bind(now())
+            .execute(self.pool_ref())
+            .await
+            .map_err(|e| write_error(self.health_ref(), began, e))?;
+        Ok(())
+    }
+
+    pub(super) async fn catalogue(&self, version: &CatalogueVersion) -> Result<Option<Sources>, StoreError> {
+        let row =
+            sqlx::query("SELECT body FROM catalogue_versions WHERE version = $1").bind(version.as_str()).fetch_optional(self.pool_ref()).await.map_err(db)?;
+        let Some(row) = row else { return Ok(None) };
+        let body: String = row.try_get("body").map_err(db)?;
+        let sources: Sources =
+            serde_json::from_str(&body).map_err(|e| StoreError::Database(format!("catalogue version {version}: its stored sources do not read: {e}")))?;
+        let digest = sources.version();
+        if &digest != version {
+            return Err(StoreError::Database(format!("catalogue version {version}: its stored sources are version {digest}; the row was changed")));
+        }
+        Ok(Some(sources))
+    }
+
+    pub(super) async fn catalogue_versions(&self, prefix: &str, limit: usize) -> Result<Vec<CatalogueVersion>, StoreError> {
+        // A prefix of hex digits only: anything else matches no version (and no LIKE pattern).
+        if !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query("SELECT version FROM catalogue_versions WHERE version LIKE $1 ORDER BY version LIMIT $2")
+            .bind(format!("{}%", prefix.to_ascii_lowercase()))
+            .bind(limit.min(1000) as i64)
+            .fetch_all(self.pool_ref())
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                let text: String = r.try_get("version").map_err(db)?;
+                CatalogueVersion::parse(&text).map_err(|e| StoreError::Database(format!("catalogue_versions: {e}")))
+            })
+            .collect()
+    }
+}
