@@ -1,26 +1,28 @@
 //! What changed between two catalogues, route by route and stage by stage: what a roll-out
-//! would change (`fabric routes diff OLD NEW`).
-//!
-//! Both sides are hydrated catalogues, so the diff compares what runs would see, not the YAML
-//! that spells it: a prompt pack edit shows at every stage whose resolved prompt it changes, a
-//! capability edit at every stage bound to it, and a definition moved to another file changes
-//! nothing. Stages are matched by id; the text view is in `diff/text.rs`.
+//! would change (`fabric routes diff OLD NEW`). Both sides are hydrated, so the diff compares
+//! what runs would see, not the YAML that spells it: a prompt pack edit shows at every stage
+//! whose resolved prompt it changes, a capability edit at every stage bound to it, and a
+//! definition moved to another file changes nothing. Stages are matched by id; a stage's parts
+//! as the diff shows them are in `diff/views.rs`, the text view in `diff/text.rs`.
 
 use std::collections::BTreeSet;
 
 use petgraph::graph::NodeIndex;
 use petgraph::visit::EdgeRef;
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::catalogue::{BrokenRoute, Catalogue, RouteEntry};
-use crate::defs::{HttpMethod, LlmRole};
+use crate::defs::LlmRole;
 use crate::hydrate::{self, NodeKind, Route, StageNode};
 use crate::prompt::PromptSource;
 use crate::redact::redact_url;
-use crate::vocab::OutputSpec;
 
 mod text;
+mod views;
+
+pub use views::{EdgeView, InvokeView, Output, StageKind};
+use views::{role_name, source_name};
 
 /// Every route that differs between two catalogues, by route id.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -180,98 +182,18 @@ pub enum FieldChange {
     },
 }
 
-/// A graph node's kind as the diff names it (`child_run` with the route it starts).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StageKind {
-    Stage,
-    QueryFormulation,
-    ChildRun { route: String },
-    AppendedSynthesis,
-    Decision,
-    Tool,
-}
-
-impl StageKind {
-    fn of(kind: &NodeKind) -> StageKind {
-        match kind {
-            // The end marker is not a stage; the diff leaves it out before it asks.
-            NodeKind::Stage | NodeKind::End => StageKind::Stage,
-            NodeKind::QueryFormulation => StageKind::QueryFormulation,
-            NodeKind::ChildRun { route } => StageKind::ChildRun { route: route.clone() },
-            NodeKind::AppendedSynthesis => StageKind::AppendedSynthesis,
-            NodeKind::Decision => StageKind::Decision,
-            NodeKind::Tool => StageKind::Tool,
-        }
-    }
-}
-
-/// What a model call of the stage must return.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Output {
-    Text,
-    /// A bindable schema, as written.
-    Structured(Value),
-    /// A schema that cannot be bound: the call is plain text, for this reason. (Hydration keeps
-    /// only the reason, so two such schemas differ here only when their reasons do.)
-    Unbindable(String),
-    /// The decision loop's decision, over these tools.
-    Decision(Vec<String>),
-}
-
-impl Output {
-    fn of(spec: &OutputSpec) -> Output {
-        match spec {
-            OutputSpec::Text => Output::Text,
-            OutputSpec::Bindable(flat) => Output::Structured(flat.source().clone()),
-            OutputSpec::Unbindable { why } => Output::Unbindable(why.clone()),
-            OutputSpec::Decision(spec) => Output::Decision(spec.tools().to_vec()),
-        }
-    }
-}
-
-/// An edge: the stage it leads to (`end` for the end) and its condition, if it has one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EdgeView {
-    pub to: String,
-    pub when: Option<String>,
-}
-
-/// An HTTP call as the catalogue writes it: the URL template with its `${VAR}`s unresolved, and
-/// through `redact` (a literal secret in it is not shown; a change there is still reported).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct InvokeView {
-    #[serde(serialize_with = "method_name")]
-    pub method: HttpMethod,
-    pub url: String,
-    pub timeout_ms: u64,
-}
-
-fn role_name<S: Serializer>(role: &LlmRole, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(role.as_str())
-}
-
-fn source_name<S: Serializer>(source: &PromptSource, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(source.as_str())
-}
-
-fn method_name<S: Serializer>(method: &HttpMethod, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(method.as_str())
-}
-
 /// What changed from `old` to `new`, routes by id.
 pub fn diff(old: &Catalogue, new: &Catalogue) -> CatalogueDiff {
-    let ids: BTreeSet<&str> = old.routes().chain(new.routes()).map(entry_id).collect();
+    let ids: BTreeSet<&str> = old
+        .routes()
+        .chain(new.routes())
+        .map(|entry| match entry {
+            RouteEntry::Ready(route) => route.id(),
+            RouteEntry::Broken(broken) => &broken.id,
+        })
+        .collect();
     let routes = ids.into_iter().filter_map(|id| route_change(old.get(id), new.get(id)).map(|change| RouteDiff { route: id.to_owned(), change })).collect();
     CatalogueDiff { routes }
-}
-
-fn entry_id(entry: &RouteEntry) -> &str {
-    match entry {
-        RouteEntry::Ready(route) => route.id(),
-        RouteEntry::Broken(broken) => &broken.id,
-    }
 }
 
 fn broken(entry: &RouteEntry) -> Option<Problems> {

@@ -1,3 +1,6 @@
+//! The diff of two catalogues loaded from texts: each kind of change at its route and stage,
+//! in the text view and as JSON; the line excerpt.
+
 use super::text::{Line, changed_lines};
 use super::*;
 use crate::catalogue::{SourceFile, load_from_texts};
