@@ -10,7 +10,9 @@ use crate::hydrate::NodeKind;
 use crate::prompt::PromptSource;
 use crate::vocab::OutputSpec;
 
-/// A graph node's kind as the diff names it (`child_run` with the route it starts).
+/// A graph node's kind as the diff names it (`child_run` with the route it starts): hydrate's
+/// `NodeKind` without the end marker, which is no stage, and with names that are the JSON's
+/// contract, so that hydrate's type can change without changing what a diff consumer reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StageKind {
