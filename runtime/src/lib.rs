@@ -8,8 +8,9 @@
 //! - built on leaves only: [`otel`], [`vocab`] (what the catalogue and the model port share:
 //!   `OutputSpec`, provider kinds, model strings, `ConfigError`, the parity constants and tool
 //!   limits), [`yaml`] (located YAML trees), [`source`] (catalogue files);
-//! - [`defs`] → [`prompt`] → [`loader`] → [`hydrate`] → [`svg`] → [`catalogue`]: files become
-//!   definitions, prompts resolve, routes become graphs (and their SVG pictures); no model port;
+//! - [`defs`] → [`prompt`] → [`loader`] → [`hydrate`] → [`svg`] → [`catalogue`] → [`diff`]: files
+//!   become definitions, prompts resolve, routes become graphs (and their SVG pictures), two
+//!   catalogues are compared; no model port;
 //! - [`llm`]: the model port, its decorators, the stub and the providers, and [`llm::model`]
 //!   (targets, tuning, keys); [`config`]: settings from the environment; no catalogue;
 //! - [`tools`]: the tool port (HTTP and in-process tools); [`exec`]: the walker and the decision
@@ -24,6 +25,7 @@ pub mod config;
 pub mod decision;
 pub mod defs;
 pub mod diag;
+pub mod diff;
 pub mod events;
 pub mod exec;
 pub mod failure;

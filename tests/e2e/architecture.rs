@@ -36,6 +36,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("hydrate", &["diag", "decision", "vocab", "defs", "prompt", "loader"]),
     ("svg", &["defs", "prompt", "hydrate"]),
     ("catalogue", &["diag", "vocab", "source", "defs", "loader", "hydrate"]),
+    // Two hydrated catalogues compared (`fabric routes diff`).
+    ("diff", &["redact", "vocab", "defs", "prompt", "hydrate", "catalogue"]),
     // The model port and its configuration. They know no catalogue.
     ("llm", &["diag", "redact", "cancel", "failure", "events", "structured", "decision", "otel", "vocab", "yaml", "source"]),
     ("config", &["textfile", "redact", "vocab", "yaml", "llm"]),
@@ -83,7 +85,7 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
 ];
 
 /// The catalogue's modules, and the model port's: neither side may import the other.
-const CATALOGUE: &[&str] = &["defs", "prompt", "loader", "hydrate", "svg", "catalogue"];
+const CATALOGUE: &[&str] = &["defs", "prompt", "loader", "hydrate", "svg", "catalogue", "diff"];
 const MODEL_PORT: &[&str] = &["llm", "config"];
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {

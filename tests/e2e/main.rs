@@ -25,6 +25,7 @@ mod parity;
 mod prompts;
 mod providers;
 mod retention;
+mod routes_diff;
 mod run;
 mod service;
 mod sessions;

@@ -1,7 +1,8 @@
 //! The `fabric` command line: parses arguments, prints, picks exit codes; every decision about
 //! runs is the library's ([`Runtime`]). Exit codes: 0 completed / ok, 1 run failed (or a reply
 //! refused by `validate`), 2 bad usage, configuration or catalogue, 3 the run awaits the user,
-//! 4 output could not be written, 128 + N a signal ended the run.
+//! 4 output could not be written, 128 + N a signal ended the run; `routes diff` exits as diff(1)
+//! does: 0 no difference, 1 differences, 2 trouble.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -94,7 +95,7 @@ enum Command {
         #[command(subcommand)]
         action: RunsAction,
     },
-    /// List or check the routes of the catalogue.
+    /// List or check the routes of the catalogue, or compare two catalogues.
     Routes {
         #[command(subcommand)]
         action: RoutesAction,
@@ -216,6 +217,24 @@ enum RoutesAction {
     List,
     /// Every problem as `path:line:col: message`; exit 2 when there are errors.
     Check,
+    /// What changed from OLD to NEW, per route and stage: prompts, roles, schemas, edges, tools.
+    ///
+    /// Each is a project directory (its `routes/`, and its `prompt-packs/` if it has one) or,
+    /// without a `routes/` in it, a catalogue directory with the packs of --prompt-packs. Exits
+    /// 0 when nothing differs, 1 when something does, 2 when a side cannot be read.
+    Diff {
+        old: String,
+        new: String,
+        #[arg(long, value_enum, default_value_t = DiffFormat::Text)]
+        format: DiffFormat,
+    },
+}
+
+/// How `routes diff` prints: one line per change, or the `CatalogueDiff` as JSON.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DiffFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -301,14 +320,22 @@ fn dirs_exist(cli: &Cli) -> Result<(), ExitCode> {
 }
 
 async fn dispatch(cli: Cli) -> ExitCode {
-    let reads_catalogue =
-        matches!(cli.command, Command::Routes { .. } | Command::Hydrate { .. } | Command::Run { .. } | Command::Serve { .. } | Command::Replay { .. });
+    // `routes diff` reads the two catalogues its arguments name, not the configured one.
+    let reads_catalogue = matches!(
+        cli.command,
+        Command::Routes { action: RoutesAction::List | RoutesAction::Check }
+            | Command::Hydrate { .. }
+            | Command::Run { .. }
+            | Command::Serve { .. }
+            | Command::Replay { .. }
+    );
     if reads_catalogue && let Err(code) = dirs_exist(&cli) {
         return code;
     }
     let printed = match &cli.command {
         Command::Routes { action: RoutesAction::List } => routes_list(&cli, &load(&cli)),
         Command::Routes { action: RoutesAction::Check } => routes_check(&load(&cli)),
+        Command::Routes { action: RoutesAction::Diff { old, new, format } } => routes_diff(&cli, old, new, *format),
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
@@ -376,6 +403,53 @@ fn routes_check(cat: &Catalogue) -> std::io::Result<ExitCode> {
     };
     say(format_args!("{ready} of {total} routes ready{unloaded}; {} errors, {warnings} warnings", cat.error_count()));
     Ok(if cat.error_count() > 0 { ExitCode::from(EXIT_USAGE) } else { ExitCode::SUCCESS })
+}
+
+/// One side of `routes diff`: a project directory (its `routes/`, and its `prompt-packs/` when it
+/// has one: without, the routes that name a pack are broken, and the diff says so), or else a
+/// catalogue directory itself, with the packs of `--prompt-packs`.
+fn diff_side(arg: &str, cli: &Cli) -> Result<Catalogue, String> {
+    let dir = Path::new(arg);
+    if !dir.is_dir() {
+        return Err(format!("`{arg}` is not a directory (give a project directory, or a catalogue directory)"));
+    }
+    let routes = dir.join("routes");
+    if routes.is_dir() {
+        return Ok(catalogue::load(&routes, &dir.join("prompt-packs")));
+    }
+    let catalogue = Layers::one(dir);
+    match catalogue::missing_dirs(&catalogue, &cli.prompt_packs).first() {
+        Some(missing) => {
+            Err(format!("`{arg}` has no `routes/`, so it is read as a catalogue directory with the packs of --prompt-packs: {}", missing_dir(missing)))
+        }
+        None => Ok(catalogue::load_layers(&catalogue, &cli.prompt_packs)),
+    }
+}
+
+fn routes_diff(cli: &Cli, old: &str, new: &str, format: DiffFormat) -> std::io::Result<ExitCode> {
+    let (old_cat, new_cat) = match (diff_side(old, cli), diff_side(new, cli)) {
+        (Ok(old_cat), Ok(new_cat)) => (old_cat, new_cat),
+        (old_side, new_side) => {
+            for problem in [old_side.err(), new_side.err()].into_iter().flatten() {
+                say(format_args!("fabric: routes diff: {problem}"));
+            }
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    // A file that did not load may have held routes, which then look removed or added.
+    for (side, cat) in [(old, &old_cat), (new, &new_cat)] {
+        for d in cat.unloaded() {
+            say(format_args!("fabric: routes diff: {side}: not loaded, the routes in it are missing: {d}"));
+        }
+    }
+    let changes = fabric::diff::diff(&old_cat, &new_cat);
+    let text = match format {
+        DiffFormat::Text if changes.is_empty() => "no differences\n".to_owned(),
+        DiffFormat::Text => changes.to_string(),
+        DiffFormat::Json => format!("{}\n", serde_json::to_string(&changes).map_err(std::io::Error::other)?),
+    };
+    print_out(&text)?;
+    Ok(if changes.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_FAILED) })
 }
 
 fn hydrate_cmd(cat: &Catalogue, route_id: &str, format: Format) -> std::io::Result<ExitCode> {

@@ -1,0 +1,118 @@
+//! `fabric routes diff OLD NEW`: two copies of the fixture catalogue, one edited as a route
+//! author would (a prompt, a role, an edge, a schema, a tool URL, a route added and one
+//! removed), each change reported at its route and stage; exit codes as diff(1)'s.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::support::{fabric_cli, packs_dir, routes_dir};
+
+/// A project directory (`routes/`, `prompt-packs/`) holding a copy of the fixture catalogue.
+fn project(root: &Path, name: &str) -> PathBuf {
+    let dir = root.join(name);
+    for (from, to) in [(routes_dir(), "routes"), (packs_dir(), "prompt-packs")] {
+        std::fs::create_dir_all(dir.join(to)).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.join(to).join(entry.file_name())).unwrap();
+        }
+    }
+    dir
+}
+
+/// Replaces `from` (which must be there, once) by `to` in a file of `dir`.
+fn edit(dir: &Path, file: &str, from: &str, to: &str) {
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches(from).count(), 1, "`{from}` in {file}");
+    std::fs::write(path, text.replace(from, to)).unwrap();
+}
+
+/// The fixture catalogue in `OLD`, and in `NEW` the same with one change of each kind.
+fn old_and_new() -> (tempfile::TempDir, String, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (old, new) = (project(tmp.path(), "old"), project(tmp.path(), "new"));
+    edit(&new, "prompt-packs/support.yaml", "Reply with the category and the urgency only.", "Reply with the category, the urgency and why.");
+    edit(&new, "routes/ticket-router.yaml", "      - id: escalate\n        llm_role: synthesis", "      - id: escalate\n        llm_role: classify");
+    edit(&new, "routes/ticket-router.yaml", "equals: billing", "equals: technical");
+    edit(&new, "routes/refund-review.yaml", "        message: {type: string}\n", "        message: {type: string}\n        tone: {type: string}\n");
+    edit(&new, "routes/support-triage.yaml", "url: ${KB_SEARCH_URL}/search", "url: ${KB_SEARCH_URL}/v2/search");
+    std::fs::remove_file(new.join("routes/support-agent.yaml")).unwrap();
+    std::fs::write(new.join("routes/faq.yaml"), "routes:\n  faq:\n    model_profile: default\n    prompt_pack: support\n    workflow: support-triage\n")
+        .unwrap();
+    let path = |p: PathBuf| p.to_str().unwrap().to_owned();
+    (tmp, path(old), path(new))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn routes_diff_reports_each_change_at_its_route_and_stage() {
+    let (_tmp, old, new) = old_and_new();
+    let out = fabric_cli(&["routes", "diff", &old, &new], &[]).await;
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    for expected in [
+        "route support-triage: stage intake: system prompt changed\n",
+        "  - Classify the customer's ticket. Reply with the category and the urgency only.\n  + Classify the customer's ticket. Reply with the category, the urgency and why.\n",
+        "route ticket-router: stage escalate: llm_role: synthesis -> classify\n",
+        "route ticket-router: stage intake: edges changed\n  - -> billing_answer when intake.category == \"billing\"\n  + -> billing_answer when intake.category == \"technical\"\n",
+        "route refund-review: stage memo: output schema changed\n",
+        "  +     \"tone\": {\n",
+        "route support-triage: stage lookup: tool call: GET ${KB_SEARCH_URL}/search (timeout 5000 ms) -> GET ${KB_SEARCH_URL}/v2/search (timeout 5000 ms)\n",
+        "route faq: added\n",
+        "route support-agent: removed\n",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+    assert!(!stdout.contains("broken"), "every edit keeps its route ready:\n{stdout}");
+}
+
+/// The changes of `stage` of `route` in the JSON view.
+fn stage_fields<'a>(diff: &'a Value, route: &str, stage: &str) -> Vec<&'a str> {
+    let route = diff["routes"].as_array().unwrap().iter().find(|r| r["route"] == route).unwrap_or_else(|| panic!("{route}: {diff}"));
+    assert_eq!(route["change"], "changed", "{route}");
+    let stage = route["stages"].as_array().unwrap().iter().find(|s| s["stage"] == stage).unwrap_or_else(|| panic!("{stage}: {route}"));
+    stage["fields"].as_array().unwrap().iter().map(|f| f["field"].as_str().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn routes_diff_as_json_is_the_typed_diff() {
+    let (_tmp, old, new) = old_and_new();
+    let out = fabric_cli(&["routes", "diff", &old, &new, "--format", "json"], &[]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let diff: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stage_fields(&diff, "support-triage", "intake"), ["system_prompt"]);
+    assert!(stage_fields(&diff, "ticket-router", "escalate").contains(&"role"));
+    assert!(stage_fields(&diff, "ticket-router", "intake").contains(&"edges"));
+    assert_eq!(stage_fields(&diff, "refund-review", "memo"), ["output"]);
+    assert_eq!(stage_fields(&diff, "support-triage", "lookup"), ["invoke"]);
+    let changes: Vec<(&str, &str)> = diff["routes"].as_array().unwrap().iter().map(|r| (r["route"].as_str().unwrap(), r["change"].as_str().unwrap())).collect();
+    assert!(changes.contains(&("faq", "added")) && changes.contains(&("support-agent", "removed")), "{changes:?}");
+    let lookup = &diff["routes"].as_array().unwrap().iter().find(|r| r["route"] == "support-triage").unwrap()["stages"];
+    let invoke = &lookup.as_array().unwrap().iter().find(|s| s["stage"] == "lookup").unwrap()["fields"][0];
+    assert_eq!(invoke["new"], serde_json::json!({"method": "GET", "url": "${KB_SEARCH_URL}/v2/search", "timeout_ms": 5000}));
+}
+
+#[tokio::test]
+async fn routes_diff_of_the_same_catalogue_is_empty_and_a_missing_side_is_trouble() {
+    let (tmp, old, _) = old_and_new();
+    let same = project(tmp.path(), "same");
+    let same = same.to_str().unwrap();
+    let out = fabric_cli(&["routes", "diff", &old, same], &[]).await;
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "no differences\n".into()), "{}", text(&out.stderr));
+    let out = fabric_cli(&["routes", "diff", &old, same, "--format", "json"], &[]).await;
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "{\"routes\":[]}\n".into()));
+    // Catalogue directories themselves, with the packs of --prompt-packs.
+    let (old_routes, same_routes, packs) = (format!("{old}/routes"), format!("{same}/routes"), format!("{old}/prompt-packs"));
+    let out = fabric_cli(&["--prompt-packs", &packs, "routes", "diff", &old_routes, &same_routes], &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let missing = tmp.path().join("nowhere");
+    let out = fabric_cli(&["routes", "diff", &old, missing.to_str().unwrap()], &[]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains(&format!("`{}` is not a directory", missing.display())), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+}
