@@ -34,6 +34,7 @@ mod skip;
 mod store;
 mod support;
 mod telemetry;
+mod versions;
 mod webdriver;
 mod webhooks;
 mod wire;

@@ -1,6 +1,7 @@
 //! Loading the catalogue again without a restart ([`Runtime::reload`]): the directories it was
 //! built from are read again, with the stub's scripts where the stub answers. A catalogue with
-//! any problem is refused whole and the current edition stays; a good one becomes the current
+//! any problem (an error or a warning of its files, a stub script that does not read) is
+//! refused whole and the current edition stays; a good one becomes the current
 //! edition at once, whole (new runs start on it), and the one it replaces stays built for the
 //! runs still on it.
 
@@ -62,7 +63,10 @@ impl Runtime {
             return Err(refused(missing.iter().map(ToString::to_string).collect()));
         }
         let loaded = catalogue::load_layers(dirs, packs);
-        let mut problems: Vec<String> = loaded.diagnostics().iter().filter(|d| d.is_error()).map(ToString::to_string).collect();
+        // Stricter than a start, which runs every route that builds: a live fleet takes no
+        // catalogue with a problem in it, a warning included (an unbindable schema would turn
+        // its stages into plain text calls).
+        let mut problems: Vec<String> = loaded.diagnostics().iter().map(ToString::to_string).collect();
         let mut warnings = Vec::new();
         let scripts = self.parts.read_stub(&mut warnings).unwrap_or_else(|e| {
             problems.push(e.to_string());
