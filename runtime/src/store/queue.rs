@@ -340,6 +340,11 @@ mod tests {
     use crate::failure::BoxFuture;
     use crate::store::pool_writer::PoolWriter;
 
+    /// A new run's row of route `r`, claimed or queued.
+    fn create_write(run: &str, claim: Option<(String, i64)>) -> Write {
+        Write::Create { run_id: run.into(), route_id: "r".into(), request: "{}".into(), claim, key: None, webhook: None, session: None, version: None }
+    }
+
     /// A database that keeps the (run, seq) of every event it committed, and misbehaves on cue.
     #[derive(Default)]
     struct Flaky {
@@ -411,16 +416,7 @@ mod tests {
         let store = super::super::sqlite::SqliteStore::open("sqlite::memory:").await.unwrap();
         let writer = PoolWriter { pool: store.pool().clone(), per_insert: 100, health: Arc::new(Health::new(false)), known: Default::default() };
         let holder = super::super::Holder::new(Duration::from_secs(30));
-        let create = |run: &str| Write::Create {
-            run_id: run.into(),
-            route_id: "r".into(),
-            request: "{}".into(),
-            claim: Some((holder.owner.clone(), 30_000)),
-            key: None,
-            webhook: None,
-            session: None,
-            version: None,
-        };
+        let create = |run: &str| create_write(run, Some((holder.owner.clone(), 30_000)));
         let commit = |run: &str, seq| Write::Commit { lease: lease(run), batch: Box::new(Prepared::of(batch(run, seq))) };
         let jobs: Vec<Job> = vec![(create("a"), None), (create("b"), None), (commit("a", 1), None), (commit("b", 1), None)];
         let never: Vec<Job> = vec![(commit("a", 2), None)];
@@ -521,16 +517,7 @@ mod tests {
     async fn a_start_refused_while_its_jobs_are_tried_one_by_one_stops_no_writer() {
         let db = Arc::new(Flaky { poison: Some("bad"), creates_away: true, ..Flaky::default() });
         let queue = WriteQueue::start(db.clone(), 1, Arc::new(Health::new(true)));
-        let create = Write::Create {
-            run_id: "new".into(),
-            route_id: "r".into(),
-            request: "{}".into(),
-            claim: None,
-            key: None,
-            webhook: None,
-            session: None,
-            version: None,
-        };
+        let create = create_write("new", None);
         // Queued together: one transaction, which the bad run's rows make fail.
         queue.append(&lease("bad"), batch("bad", 1)).await.unwrap();
         let refused = queue.write(create).await;
@@ -554,16 +541,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(health.failing());
-        let create = Write::Create {
-            run_id: "new".into(),
-            route_id: "r".into(),
-            request: "{}".into(),
-            claim: None,
-            key: None,
-            webhook: None,
-            session: None,
-            version: None,
-        };
+        let create = create_write("new", None);
         let refused = tokio::time::timeout(Duration::from_secs(1), queue.write(create)).await.expect("refused within a second, not held");
         assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
         let second = tokio::spawn({
