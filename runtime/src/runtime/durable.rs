@@ -22,6 +22,11 @@ pub struct Durable {
     pub(super) store: Arc<dyn RunStore>,
     /// This process as the store's claims name it (a new name at every start).
     pub(super) holder: Holder,
+    /// The catalogue versions this process kept in the store (before its first run on each).
+    pub(super) kept: std::sync::Mutex<std::collections::HashSet<CatalogueVersion>>,
+    /// One rebuild of a version from the store at a time: runs taken over together after a
+    /// crash, all on one version, rebuild it once.
+    pub(super) rebuilding: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Durable {
@@ -36,7 +41,7 @@ impl Durable {
     pub fn new(runtime: impl Into<Arc<Runtime>>, store: Arc<dyn RunStore>) -> Durable {
         let runtime = runtime.into();
         let holder = Holder::new(runtime.settings().service.run_lease);
-        Durable { runtime, store, holder }
+        Durable { runtime, store, holder, kept: Default::default(), rebuilding: tokio::sync::Mutex::new(()) }
     }
 
     /// The runtime: the catalogue, the settings, the model gates, runs with no record.

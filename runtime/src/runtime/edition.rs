@@ -26,8 +26,6 @@ pub struct Edition {
     sources: Sources,
     runner: Runner,
     stub: Option<StubLlm>,
-    /// Set once this process kept the sources in its run store (before its first run on it).
-    pub(super) kept: tokio::sync::OnceCell<()>,
 }
 
 impl std::fmt::Debug for Edition {
@@ -173,7 +171,7 @@ impl Parts {
         for (name, tool) in &self.tools {
             runner = runner.with_tool(name, tool.clone());
         }
-        Ok(Edition { version: sources.version(), sources, runner, stub, kept: tokio::sync::OnceCell::new() })
+        Ok(Edition { version: sources.version(), sources, runner, stub })
     }
 }
 

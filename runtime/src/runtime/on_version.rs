@@ -26,7 +26,13 @@ impl Durable {
     /// them once per version): before the first run that records the version, so that any
     /// replica can rebuild it.
     pub(super) async fn keep_version(&self, edition: &Edition) -> Result<(), StoreError> {
-        edition.kept.get_or_try_init(|| self.store.put_catalogue(edition.version(), edition.sources())).await.map(|_| ())
+        let kept = |v| self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(v);
+        if !kept(edition.version()) {
+            // Two first runs at once both write it: the store keeps one row.
+            self.store.put_catalogue(edition.version(), edition.sources()).await?;
+            self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(edition.version().clone());
+        }
+        Ok(())
     }
 
     /// The edition a run recorded on `recorded` goes on on here (see the module docs). A run
@@ -43,6 +49,11 @@ impl Durable {
         if self.runtime.settings().service.resume_on == ResumeOn::Current {
             return Ok(moved(current, "FABRIC_RESUME_ON=current: runs go on on the version loaded".into()));
         }
+        if let Some(built) = self.runtime.built(recorded) {
+            return Ok(OnVersion { edition: built, moved: None });
+        }
+        let _one = self.rebuilding.lock().await;
+        // Built by the rebuild this one waited for.
         if let Some(built) = self.runtime.built(recorded) {
             return Ok(OnVersion { edition: built, moved: None });
         }
