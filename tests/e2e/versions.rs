@@ -216,11 +216,21 @@ async fn takeover_on_the_old_version(db: &str) {
 /// is not in its pack) is refused whole with each problem located; the version in force stays
 /// and new runs start on it; a metric and a log line say so. Then a good change is applied.
 #[tokio::test]
-async fn a_broken_change_is_refused_with_its_place_and_runs_keep_the_old_version() {
+async fn a_broken_change_is_refused_with_its_place_and_runs_keep_the_old_version_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let db = sqlite_db(&dir);
+    a_broken_change_is_refused(&sqlite_db(&dir)).await;
+}
+
+#[tokio::test]
+async fn a_broken_change_is_refused_with_its_place_and_runs_keep_the_old_version_on_postgres() {
+    if let Some(url) = crate::store::fresh_postgres().await {
+        a_broken_change_is_refused(&url).await;
+    }
+}
+
+async fn a_broken_change_is_refused(db: &str) {
     let (cat, stub) = (Catalogue::new(), asking_stub());
-    let s = server(&db, &cat, stub.path(), &[]);
+    let s = server(db, &cat, stub.path(), &[]);
     let before = version(&s).await;
     let triage = cat.path("routes/support-triage.yaml");
     let original = std::fs::read_to_string(&triage).unwrap();
@@ -264,12 +274,22 @@ async fn a_broken_change_is_refused_with_its_place_and_runs_keep_the_old_version
 /// each run lasting several reloads): no run fails, and every model call of a run was made on one
 /// version, the one the run records.
 #[tokio::test]
-async fn reloads_under_load_fail_no_run_and_mix_no_versions() {
+async fn reloads_under_load_fail_no_run_and_mix_no_versions_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let db = sqlite_db(&dir);
+    reloads_under_load(&sqlite_db(&dir)).await;
+}
+
+#[tokio::test]
+async fn reloads_under_load_fail_no_run_and_mix_no_versions_on_postgres() {
+    if let Some(url) = crate::store::fresh_postgres().await {
+        reloads_under_load(&url).await;
+    }
+}
+
+async fn reloads_under_load(db: &str) {
     let (cat, stub) = (Catalogue::new(), asking_stub());
     cat.mark(Some("mark 0"));
-    let s = server(&db, &cat, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "1000")]);
+    let s = server(db, &cat, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "1000")]);
     let mut marks = std::collections::HashMap::new();
     marks.insert(version(&s).await, "mark 0".to_owned());
     let (mut ids, mut in_flight) = (Vec::new(), 0);
