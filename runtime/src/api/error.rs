@@ -144,7 +144,7 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
-    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `session_busy`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `not_ready`, `timeout`, `request_timeout`.
+    /// A stable code: `unauthorized`, `not_found`, `method_not_allowed`, `wrong_fleet`, `invalid_request`, `unsupported_media_type`, `broken_route`, `cannot_start`, `not_waiting`, `not_cancellable`, `idempotency_key_reused`, `webhook_not_allowed`, `session_busy`, `too_large`, `too_many_runs`, `too_many_streams`, `store_unavailable`, `store_error`, `not_ready`, `timeout`, `request_timeout`, `catalogue_refused`.
     pub code: String,
     pub message: String,
     /// Located problems (`path:line:col: message`) of a broken route or a refused catalogue.
@@ -170,7 +170,7 @@ mod tests {
     /// The codes `ErrorDetail.code` documents (and the OpenAPI document with it) are every code.
     #[test]
     fn the_documented_codes_are_every_code() {
-        let doc = "unauthorized, not_found, method_not_allowed, wrong_fleet, invalid_request, unsupported_media_type, broken_route, cannot_start, not_waiting, not_cancellable, idempotency_key_reused, webhook_not_allowed, session_busy, too_large, too_many_runs, too_many_streams, store_unavailable, store_error, not_ready, timeout, request_timeout";
+        let doc = "unauthorized, not_found, method_not_allowed, wrong_fleet, invalid_request, unsupported_media_type, broken_route, cannot_start, not_waiting, not_cancellable, idempotency_key_reused, webhook_not_allowed, session_busy, too_large, too_many_runs, too_many_streams, store_unavailable, store_error, not_ready, timeout, request_timeout, catalogue_refused";
         let mut names: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
         names.dedup();
         assert_eq!(names.join(", "), doc);

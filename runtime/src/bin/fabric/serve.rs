@@ -116,7 +116,7 @@ pub async fn serve(
         Err(e) => return fail(format!("cannot install the signal handlers: {e}")),
     };
     let local = listener.local_addr()?;
-    tracing::info!(addr = %local, routes_ready = ready, "listening");
+    tracing::info!(addr = %local, routes_ready = ready, catalogue_version = %state.runtime().version(), "listening");
     // The address on stdout, so scripts and tests that asked for port 0 learn the port.
     {
         use std::io::Write;
