@@ -1,6 +1,7 @@
 //! `fabric routes diff OLD NEW`: two copies of the fixture catalogue, one edited as a route
 //! author would (a prompt, a role, an edge, a schema, a tool URL, a route added and one
-//! removed), each change reported at its route and stage; exit codes as diff(1)'s.
+//! removed), each change reported at its route and stage; exit codes as diff(1)'s; and catalogue
+//! versions kept in the run store, named by a prefix of their digest.
 
 use std::path::{Path, PathBuf};
 
@@ -115,4 +116,61 @@ async fn routes_diff_of_the_same_catalogue_is_empty_and_a_missing_side_is_troubl
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains(&format!("`{}` is not a directory", missing.display())), "{}", text(&out.stderr));
     assert!(out.stdout.is_empty());
+}
+
+/// `fabric run --store` of support-triage on the project `dir` with the stub: the run's
+/// `catalogue_version`, as `fabric runs show` prints it.
+async fn recorded_version(dir: &Path, store: &str) -> String {
+    let env = [
+        ("FABRIC_CATALOGUE_DIR", dir.join("routes").to_str().unwrap().to_owned()),
+        ("FABRIC_PROMPT_PACKS_DIR", dir.join("prompt-packs").to_str().unwrap().to_owned()),
+        ("FABRIC_LLM_STUB", "1".to_owned()),
+    ];
+    let out = fabric_cli(&["run", "support-triage", "--goal", r#"{"ticket":"I was charged twice"}"#, "--store", store], &env).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = fabric_cli(&["runs", "show", run["run_id"].as_str().unwrap(), "--store", store], &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    shown["catalogue_version"].as_str().unwrap_or_else(|| panic!("no catalogue_version: {shown}")).to_owned()
+}
+
+/// Two runs recorded before and after a prompt's edit: their versions, compared from the store by
+/// the whole digest or its first 12 digits, or one of them against a directory.
+#[tokio::test]
+async fn routes_diff_compares_catalogue_versions_kept_in_the_run_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = project(tmp.path(), "live");
+    let store = format!("sqlite://{}", tmp.path().join("runs.db").display());
+    let before = recorded_version(&dir, &store).await;
+    edit(&dir, "prompt-packs/support.yaml", "Reply with the category and the urgency only.", "Reply with the category, the urgency and why.");
+    let after = recorded_version(&dir, &store).await;
+    assert_ne!(before, after, "a prompt's edit is a new version");
+    let prompt_changed = "route support-triage: stage intake: system prompt changed\n";
+    for (old, new) in [(before.as_str(), after.as_str()), (&before[..12], &after[..12])] {
+        let out = fabric_cli(&["routes", "diff", old, new, "--store", &store], &[]).await;
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+        assert!(stdout.contains(prompt_changed), "{stdout}");
+        assert!(stdout.contains("  + Classify the customer's ticket. Reply with the category, the urgency and why.\n"), "{stdout}");
+    }
+    // The store by FABRIC_DATABASE_URL, and a version against a directory.
+    let out = fabric_cli(&["routes", "diff", &before, dir.to_str().unwrap()], &[("FABRIC_DATABASE_URL", store.clone())]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(prompt_changed), "{}", text(&out.stdout));
+    let out = fabric_cli(&["routes", "diff", dir.to_str().unwrap(), &after[..8], "--store", &store, "--format", "json"], &[]).await;
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "{\"routes\":[]}\n".into()), "{}", text(&out.stderr));
+    let out = fabric_cli(&["routes", "diff", &before, &before, "--store", &store], &[]).await;
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "no differences\n".into()), "{}", text(&out.stderr));
+    // A version the store does not keep.
+    let unknown = if before.starts_with("0000") { "ffffffffffff" } else { "000000000000" };
+    let out = fabric_cli(&["routes", "diff", &before, unknown, "--store", &store], &[]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains(&format!("no catalogue version starting with `{unknown}` in the store")), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+    // A store that is not there is trouble too, said before anything is compared.
+    let missing = format!("sqlite://{}", tmp.path().join("none.db").display());
+    let out = fabric_cli(&["routes", "diff", &before, &after, "--store", &missing], &[]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("run store"), "{}", text(&out.stderr));
 }
