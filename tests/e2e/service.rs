@@ -238,6 +238,7 @@ async fn the_openapi_document_is_generated_kept_in_docs_and_describes_the_respon
         "/v1/runs/updates",
         "/v1/routes",
         "/v1/routes/{route_id}/graph.svg",
+        "/v1/catalogue/diff",
         "/healthz",
         "/readyz",
         "/metrics",
