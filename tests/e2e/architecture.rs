@@ -47,7 +47,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["redact", "failure", "events", "version", "config", "exec"]),
     ("runtime", &["cancel", "diag", "failure", "events", "source", "version", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // The service: HTTP over the facade.
-    ("api", &["redact", "cancel", "failure", "events", "svg", "catalogue", "config", "exec", "store", "runtime"]),
+    ("api", &["redact", "cancel", "failure", "events", "version", "svg", "catalogue", "diff", "config", "exec", "store", "runtime"]),
     ("replica", &["api"]),
 ];
 

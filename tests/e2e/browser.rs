@@ -256,6 +256,20 @@ async fn support_triage_started_from_its_route_page_completes_live_with_its_time
         .await;
     let answer = &stages.iter().find(|(id, _)| id == "answer").unwrap().1;
     assert!(answer[2].contains("You were charged twice; the duplicate charge has been refunded."), "{answer:?}");
+    // Its catalogue version, the one in force: 12 digits shown, the whole in the title; the
+    // header shows the version in force; no diff of a version against itself.
+    let version = settled(&s.server, &id).await["catalogue_version"].as_str().unwrap().to_owned();
+    assert_eq!(get(&s.server, "/v1/catalogue").await["version"], version.as_str());
+    for css in ["#run-catalogue code", "#catalogue-version-code"] {
+        let shown = b
+            .wait_for(&format!("the catalogue version in {css}"), async || {
+                let code = b.find(css).await.ok()?;
+                Some((code.text().await.ok()?, code.attr("title").await.ok()??))
+            })
+            .await;
+        assert_eq!(shown, (version[..12].to_owned(), version.clone()), "{css}");
+    }
+    assert!(gone(b, "#catalogue-diff-open").await, "no diff against the version in force itself");
     b.screenshot("run-completed").await;
     // Back on the runs page it is listed as completed.
     b.find("a#nav-runs").await.unwrap().click().await.unwrap();
@@ -439,6 +453,46 @@ async fn assert_not_pwned(b: &Browser) {
     assert_eq!(pwned, "undefined", "markup from a run ran in the page");
     assert_eq!(b.count("img[src=\"x\"]").await, 0, "an <img> from a run's text is in the page");
     assert_eq!(b.count("#stages script, #run script, #runs script, #question script").await, 0, "a <script> from a run's text is in the page");
+}
+
+/// A run started before a reload: its page shows its version and, since it is no longer the one
+/// in force, a button that shows what changed since (`GET /v1/catalogue/diff`), as text.
+#[tokio::test]
+async fn a_run_on_an_older_catalogue_version_links_to_its_diff_against_the_current_one() {
+    let stub = asking_stub();
+    let (routes, packs) = (crate::support::temp_copy(&routes_dir()), crate::support::temp_copy(&crate::support::packs_dir()));
+    let dirs = [("FABRIC_CATALOGUE_DIR", routes.path().to_str().unwrap()), ("FABRIC_PROMPT_PACKS_DIR", packs.path().to_str().unwrap())];
+    let Some(s) = setup(stub.path(), &dirs).await else { return };
+    let b = &s.browser;
+    let (_, run) =
+        post(&s.server, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let old = get(&s.server, &format!("/v1/runs/{id}")).await["catalogue_version"].as_str().unwrap().to_owned();
+    // A prompt edited (with markup in it, which the page must show as text), and reloaded.
+    let pack = packs.path().join("support.yaml");
+    let text = std::fs::read_to_string(&pack).unwrap();
+    std::fs::write(&pack, text.replace("and the urgency only.", r#"and the urgency, and <b>why</b> <img src=x onerror="window.__pwned=9">."#)).unwrap();
+    let (status, reloaded) = post(&s.server, "/v1/catalogue/reload", json!({})).await;
+    assert_eq!((status, reloaded["changed"].as_bool()), (200, Some(true)), "{reloaded}");
+    let new = reloaded["version"].as_str().unwrap().to_owned();
+    s.sign_in().await;
+    b.goto(&s.ui(&format!("#/runs/{id}"))).await;
+    s.run_reaches(&id, "completed").await;
+    let shown = b.wait_for("the run's version", async || b.find("#run-catalogue code").await.ok()?.attr("title").await.ok()?).await;
+    assert_eq!(shown, old);
+    let header = b.wait_for("the version in force in the header", async || b.find("#catalogue-version-code").await.ok()?.text().await.ok()).await;
+    assert_eq!(header, new[..12]);
+    b.wait_displayed("#catalogue-diff-open").await.click().await.unwrap();
+    let diff = b
+        .wait_for("the diff against the version in force", async || {
+            b.find("#catalogue-diff-text").await.ok()?.text().await.ok().filter(|t| t.contains("route support-triage: stage intake: system prompt changed"))
+        })
+        .await;
+    assert!(diff.contains(r#"and <b>why</b> <img src=x onerror="window.__pwned=9">."#), "the prompt as text: {diff}");
+    assert_eq!(b.count("#catalogue-diff b").await, 0, "no <b> from a prompt");
+    b.screenshot("run-catalogue-diff").await;
+    assert_not_pwned(b).await;
 }
 
 #[tokio::test]

@@ -1,6 +1,8 @@
 //! `fabric routes diff OLD NEW`: two copies of the fixture catalogue, one edited as a route
 //! author would (a prompt, a role, an edge, a schema, a tool URL, a route added and one
-//! removed), each change reported at its route and stage; exit codes as diff(1)'s.
+//! removed), each change reported at its route and stage; exit codes as diff(1)'s; catalogue
+//! versions kept in the run store, named by a prefix of their digest; and `GET
+//! /v1/catalogue/diff` on `fabric serve`, a run's version against the one in force.
 
 use std::path::{Path, PathBuf};
 
@@ -115,4 +117,118 @@ async fn routes_diff_of_the_same_catalogue_is_empty_and_a_missing_side_is_troubl
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains(&format!("`{}` is not a directory", missing.display())), "{}", text(&out.stderr));
     assert!(out.stdout.is_empty());
+}
+
+/// `fabric run --store` of support-triage on the project `dir` with the stub: the run's
+/// `catalogue_version`, as `fabric runs show` prints it.
+async fn recorded_version(dir: &Path, store: &str) -> String {
+    let env = [
+        ("FABRIC_CATALOGUE_DIR", dir.join("routes").to_str().unwrap().to_owned()),
+        ("FABRIC_PROMPT_PACKS_DIR", dir.join("prompt-packs").to_str().unwrap().to_owned()),
+        ("FABRIC_LLM_STUB", "1".to_owned()),
+    ];
+    let out = fabric_cli(&["run", "support-triage", "--goal", r#"{"ticket":"I was charged twice"}"#, "--store", store], &env).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = fabric_cli(&["runs", "show", run["run_id"].as_str().unwrap(), "--store", store], &[]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    shown["catalogue_version"].as_str().unwrap_or_else(|| panic!("no catalogue_version: {shown}")).to_owned()
+}
+
+/// Two runs recorded before and after a prompt's edit: their versions, compared from the store by
+/// the whole digest or its first 12 digits, or one of them against a directory.
+#[tokio::test]
+async fn routes_diff_compares_catalogue_versions_kept_in_the_run_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = project(tmp.path(), "live");
+    let store = format!("sqlite://{}", tmp.path().join("runs.db").display());
+    let before = recorded_version(&dir, &store).await;
+    edit(&dir, "prompt-packs/support.yaml", "Reply with the category and the urgency only.", "Reply with the category, the urgency and why.");
+    let after = recorded_version(&dir, &store).await;
+    assert_ne!(before, after, "a prompt's edit is a new version");
+    let prompt_changed = "route support-triage: stage intake: system prompt changed\n";
+    for (old, new) in [(before.as_str(), after.as_str()), (&before[..12], &after[..12])] {
+        let out = fabric_cli(&["routes", "diff", old, new, "--store", &store], &[]).await;
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+        assert!(stdout.contains(prompt_changed), "{stdout}");
+        assert!(stdout.contains("  + Classify the customer's ticket. Reply with the category, the urgency and why.\n"), "{stdout}");
+    }
+    // The store by FABRIC_DATABASE_URL, and a version against a directory.
+    let out = fabric_cli(&["routes", "diff", &before, dir.to_str().unwrap()], &[("FABRIC_DATABASE_URL", store.clone())]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(prompt_changed), "{}", text(&out.stdout));
+    let out = fabric_cli(&["routes", "diff", dir.to_str().unwrap(), &after[..8], "--store", &store, "--format", "json"], &[]).await;
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "{\"routes\":[]}\n".into()), "{}", text(&out.stderr));
+    let out = fabric_cli(&["routes", "diff", &before, &before, "--store", &store], &[]).await;
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "no differences\n".into()), "{}", text(&out.stderr));
+    // A version the store does not keep.
+    let unknown = if before.starts_with("0000") { "ffffffffffff" } else { "000000000000" };
+    let out = fabric_cli(&["routes", "diff", &before, unknown, "--store", &store], &[]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains(&format!("no catalogue version starting with `{unknown}` in the store")), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+    // A store that is not there is trouble too, said before anything is compared.
+    let missing = format!("sqlite://{}", tmp.path().join("none.db").display());
+    let out = fabric_cli(&["routes", "diff", &before, &after, "--store", &missing], &[]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("run store"), "{}", text(&out.stderr));
+}
+
+/// `GET /v1/catalogue/diff` on `fabric serve`: a run's version against the one in force after a
+/// reload, then, on a replica started after the change, the same version read from the store.
+#[tokio::test]
+async fn the_service_diffs_a_runs_catalogue_version_against_the_one_in_force() {
+    use crate::service::{Server, TOKEN, client, get, post};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = project(tmp.path(), "live");
+    let store = format!("sqlite://{}", tmp.path().join("runs.db").display());
+    let (routes, packs) = (dir.join("routes"), dir.join("prompt-packs"));
+    let dirs = [("FABRIC_CATALOGUE_DIR", routes.to_str().unwrap()), ("FABRIC_PROMPT_PACKS_DIR", packs.to_str().unwrap())];
+    let server = Server::start(&store, &crate::support::stub_dir(), &dirs);
+    let (_, run) =
+        post(&server, "/v1/runs?wait=true", serde_json::json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"}))
+            .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let old = get(&server, &format!("/v1/runs/{}", run["run_id"].as_str().unwrap())).await["catalogue_version"].as_str().unwrap().to_owned();
+    edit(&dir, "prompt-packs/support.yaml", "Reply with the category and the urgency only.", "Reply with the category, the urgency and why.");
+    let (status, reloaded) = post(&server, "/v1/catalogue/reload", serde_json::json!({})).await;
+    assert_eq!((status, reloaded["changed"].as_bool()), (200, Some(true)), "{reloaded}");
+    let new = reloaded["version"].as_str().unwrap().to_owned();
+    let ask = async |server: &Server, query: &str, token: bool| {
+        let mut request = client().get(format!("{}/v1/catalogue/diff{query}", server.url));
+        if token {
+            request = request.bearer_auth(TOKEN);
+        }
+        let response = request.send().await.unwrap();
+        (response.status().as_u16(), response.json::<Value>().await.unwrap())
+    };
+    let changed = |diff: &Value| {
+        assert_eq!((diff["from"].as_str(), diff["to"].as_str()), (Some(old.as_str()), Some(new.as_str())), "{diff}");
+        assert!(diff["text"].as_str().unwrap().contains("route support-triage: stage intake: system prompt changed\n"), "{diff}");
+        assert_eq!(stage_fields(&diff["differences"], "support-triage", "intake"), ["system_prompt"]);
+    };
+    // `to` is the version in force by default.
+    let (status, diff) = ask(&server, &format!("?from={old}"), true).await;
+    assert_eq!(status, 200, "{diff}");
+    changed(&diff);
+    let (status, same) = ask(&server, &format!("?from={new}&to={new}"), true).await;
+    assert_eq!((status, same["differences"].clone(), same["text"].as_str()), (200, serde_json::json!({"routes": []}), Some("")), "{same}");
+    // A version only the store keeps now: this replica started on the new one.
+    drop(server);
+    let server = Server::start(&store, &crate::support::stub_dir(), &dirs);
+    let (status, diff) = ask(&server, &format!("?from={old}&to={new}"), true).await;
+    assert_eq!(status, 200, "{diff}");
+    changed(&diff);
+    let unknown = "0".repeat(64);
+    let (status, body) = ask(&server, &format!("?from={unknown}"), true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(&unknown), "{body}");
+    for bad in [format!("?from={}", &old[..12]), format!("?from={old}&to=NEW"), String::new()] {
+        let (status, body) = ask(&server, &bad, true).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_request")), "{bad}: {body}");
+    }
+    let (status, body) = ask(&server, &format!("?from={old}"), false).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")), "{body}");
 }

@@ -238,6 +238,7 @@ async fn the_openapi_document_is_generated_kept_in_docs_and_describes_the_respon
         "/v1/runs/updates",
         "/v1/routes",
         "/v1/routes/{route_id}/graph.svg",
+        "/v1/catalogue/diff",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -634,7 +635,7 @@ async fn the_inspector_is_served_without_a_token_under_a_strict_policy() {
         let name: String = rest.chars().take_while(|c| c.is_ascii_alphabetic()).collect();
         assert!(name.is_empty() || !rest[name.len()..].trim_start().starts_with('='), "an inline handler `on{name}=`");
     }
-    for id in ["token-form", "token", "token-save", "token-clear", "nav-runs", "nav-routes"] {
+    for id in ["token-form", "token", "token-save", "token-clear", "nav-runs", "nav-routes", "catalogue-version"] {
         assert!(html.contains(&format!(r#"id="{id}""#)), "#{id} in index.html");
     }
     // Data reaches the page as text, never as markup.

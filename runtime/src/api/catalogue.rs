@@ -1,12 +1,17 @@
-//! The catalogue resource: `GET /v1/catalogue` (the version in force) and
+//! The catalogue resource: `GET /v1/catalogue` (the version in force),
 //! `POST /v1/catalogue/reload`, and [`AppState::reload_catalogue`], the one way a serving replica
 //! reloads (the endpoint, `SIGHUP` and `FABRIC_CATALOGUE_WATCH` all go through it): counted in
-//! the metrics and logged, a refusal with every located problem.
+//! the metrics and logged, a refusal with every located problem; `GET /v1/catalogue/diff`, what
+//! changed between two versions (a run's and the one in force, say), as `fabric routes diff`
+//! tells it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
+use crate::catalogue::{Catalogue, Texts};
+use crate::diff::CatalogueDiff;
 use crate::runtime::{ReloadError, Reloaded};
+use crate::version::CatalogueVersion;
 
 /// The reloads of this replica, by outcome (`fabric_catalogue_reloads_total`).
 #[derive(Debug, Default)]
@@ -144,4 +149,67 @@ pub(super) async fn reload(State(state): State<AppState>) -> Result<Json<Catalog
             Err(err)
         }
     }
+}
+
+/// The versions `GET /v1/catalogue/diff` compares.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DiffParams {
+    /// The version compared from (a run's `catalogue_version`, say): 64 lowercase hex digits.
+    pub from: String,
+    /// The version compared to: 64 lowercase hex digits; default the version in force here.
+    pub to: Option<String>,
+}
+
+/// What changed from one catalogue version to another.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CatalogueChanges {
+    /// The version compared from.
+    pub from: String,
+    /// The version compared to (the one in force, when the request named none).
+    pub to: String,
+    /// Every route that differs, as `fabric routes diff --format json` prints it
+    /// (`{"routes": [...]}`, docs/catalogue.md, "Comparing two catalogues").
+    #[schema(value_type = Object)]
+    pub differences: CatalogueDiff,
+    /// The same as `fabric routes diff` prints it: one line per change, the lines of a prompt or
+    /// schema that differ under it; empty when nothing differs.
+    pub text: String,
+}
+
+/// What changed between two catalogue versions, route by route and stage by stage: prompts, roles, schemas, edges, tools. A version is the one in force here, one this replica keeps built, or one the run store keeps (every version a run started on), rebuilt from its sources.
+#[utoipa::path(get, path = "/v1/catalogue/diff", params(DiffParams), responses((status = 200, body = CatalogueChanges),
+    (status = 400, description = "`invalid_request`: no `from`, or a `from` or `to` that is no catalogue version (64 lowercase hex digits)", body = ErrorBody),
+    (status = 404, description = "`not_found`: a version neither in force here nor kept in the run store (the message names it)", body = ErrorBody),
+    (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)), security(("bearer" = [])))]
+pub(super) async fn catalogue_diff(State(state): State<AppState>, p: Result<Query<DiffParams>, QueryRejection>) -> Result<Json<CatalogueChanges>, ApiError> {
+    let p = query(p)?;
+    let from = version_param("from", &p.from)?;
+    let to = match p.to.as_deref() {
+        Some(to) => version_param("to", to)?,
+        None => state.runtime().current().version().clone(),
+    };
+    let (old, new) = (catalogue_of(&state, &from).await?, catalogue_of(&state, &to).await?);
+    // Both catalogues are hydrated; comparing them walks every route: off the runtime's threads.
+    let changes = tokio::task::spawn_blocking(move || crate::diff::diff(&old, &new)).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    Ok(Json(CatalogueChanges { from: from.to_string(), to: to.to_string(), text: changes.to_string(), differences: changes }))
+}
+
+fn version_param(name: &str, text: &str) -> Result<CatalogueVersion, ApiError> {
+    CatalogueVersion::parse(text)
+        .map_err(|_| ApiError::new(ErrorCode::InvalidRequest, format!("`{name}` is not a catalogue version (64 lowercase hex digits): `{}`", echo_id(text))))
+}
+
+/// The catalogue of `version`: the edition in force or one this replica keeps built, else the
+/// version's sources from the run store, rebuilt (off the runtime's threads: every route is
+/// hydrated).
+async fn catalogue_of(state: &AppState, version: &CatalogueVersion) -> Result<Arc<Catalogue>, ApiError> {
+    if let Some(edition) = state.runtime().built(version) {
+        return Ok(edition.catalogue().clone());
+    }
+    let Some(sources) = state.durable().store().catalogue(version).await.map_err(store_error)? else {
+        return Err(ApiError::new(ErrorCode::NotFound, format!("no catalogue version {version}: not in force here, and not kept in the run store")));
+    };
+    let texts = Texts { routes: sources.routes, packs: sources.packs };
+    Ok(tokio::task::spawn_blocking(move || Arc::new(Catalogue::rebuild(&texts))).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())))
 }

@@ -134,6 +134,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/routes", get(list_routes))
         .route("/v1/catalogue", get(catalogue::catalogue_info))
         .route("/v1/catalogue/reload", post(catalogue::reload))
+        .route("/v1/catalogue/diff", get(catalogue::catalogue_diff))
         .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))

@@ -81,6 +81,7 @@
       /* storage unavailable */
     }
     clear($('view'));
+    clear($('catalogue-version'));
     $('view').hidden = true;
     $('token-form').hidden = false;
     $('token-clear').hidden = true;
@@ -289,6 +290,34 @@
     setText($('conn'), text);
   }
 
+  // ---- Catalogue versions --------------------------------------------------------------------
+
+  // How many digits of a version are shown (the whole one is in the title), as `fabric routes list`.
+  const SHORT_VERSION = 12;
+
+  // A catalogue version as the page shows it: its first digits, the whole of it in the title.
+  function versionCode(version, id) {
+    return el('code', { id, title: version, 'data-version': version }, String(version).slice(0, SHORT_VERSION));
+  }
+
+  // The version new runs start on (GET /v1/catalogue), read again at every page change (a reload
+  // may have changed it) and shown in the header; null until the service answered.
+  let inForce = null;
+  let inForceAsked = Promise.resolve(null);
+
+  function loadInForce() {
+    inForceAsked = api('/v1/catalogue')
+      .then((info) => {
+        inForce = info.version;
+        const header = $('catalogue-version');
+        clear(header);
+        header.append('catalogue ', versionCode(inForce, 'catalogue-version-code'));
+        return inForce;
+      })
+      .catch(() => inForce);
+    return inForceAsked;
+  }
+
   // ---- Pages ---------------------------------------------------------------------------------
 
   function leavePage() {
@@ -361,6 +390,7 @@
     $('token-form').hidden = true;
     $('view').hidden = false;
     $('token-clear').hidden = false;
+    loadInForce();
     const hash = location.hash || '#/runs';
     const parts = hash.replace(/^#\/?/, '').split('/').map((s) => {
       try {
@@ -626,6 +656,7 @@
     const recordNote = el('p', { id: 'record-note', class: 'muted' });
     const problem = el('div', { id: 'run-problem' });
     const hooks = el('ul', { id: 'webhooks' });
+    const catalogueDiff = el('div', { id: 'catalogue-diff', hidden: true });
     const body = [
       el('h3', null, 'Goal'),
       goal,
@@ -639,7 +670,7 @@
       el('h3', null, 'Webhooks'),
       hooks,
     ];
-    section.append(el('h2', null, 'Run ', el('code', null, runId), ' ', status, ' ', cancelBtn, cancelErr), problem, meta, failure, asking, ...body);
+    section.append(el('h2', null, 'Run ', el('code', null, runId), ' ', status, ' ', cancelBtn, cancelErr), problem, meta, catalogueDiff, failure, asking, ...body);
     cancelBtn.addEventListener('click', async () => {
       cancelBtn.disabled = true;
       setText(cancelErr, '');
@@ -976,7 +1007,8 @@
       add('route', el('a', { href: '#/routes/' + encodeURIComponent(v.route_id) }, v.route_id), 'run-route');
       add('started', fmtTime(v.created_at));
       add('updated', fmtTime(v.updated_at));
-      add('duration', fmtDuration(runDuration(v)));
+      add('duration', fmtDuration(runDuration(v)), 'run-duration');
+      add('catalogue', catalogueOf(v), 'run-catalogue');
       const req = record && record.request;
       if (req && req.session_id) add('session', el('code', null, String(req.session_id) + (req.multitask ? ' (' + String(req.multitask) + ')' : '')), 'run-session');
       if (ENDED.includes(v.status) && hooksFor !== v.status) {
@@ -1001,6 +1033,42 @@
         failure.hidden = true;
       }
       renderAsking(v);
+    }
+
+    // The run's catalogue version, and a button to what changed since when the version in force
+    // is another.
+    function catalogueOf(v) {
+      if (!v.catalogue_version) return el('span', { class: 'muted' }, 'not recorded (a run started before versions were kept)');
+      if (inForce === null) return versionCode(v.catalogue_version);
+      if (v.catalogue_version === inForce) return [versionCode(v.catalogue_version), ' ', el('span', { class: 'muted' }, '(in force)')];
+      const open = el('button', { id: 'catalogue-diff-open', type: 'button' }, 'diff against current');
+      open.addEventListener('click', () => showDiff(v.catalogue_version, open));
+      return [versionCode(v.catalogue_version), ' ', el('span', { class: 'muted' }, '(not the one in force)'), open];
+    }
+
+    // What changed from the run's version to the one in force (GET /v1/catalogue/diff), as text:
+    // prompts and schemas are the catalogue's, shown with textContent like everything else.
+    async function showDiff(from, open) {
+      open.disabled = true;
+      clear(catalogueDiff);
+      catalogueDiff.hidden = false;
+      catalogueDiff.append(el('p', { class: 'muted' }, 'Comparing…'));
+      let d;
+      try {
+        d = await api('/v1/catalogue/diff?from=' + encodeURIComponent(from), { signal: p.abort.signal });
+      } catch (err) {
+        if (p.abort.signal.aborted || err.status === 401) return;
+        open.disabled = false;
+        clear(catalogueDiff);
+        catalogueDiff.append(errorBox(err));
+        return;
+      }
+      open.disabled = false;
+      clear(catalogueDiff);
+      catalogueDiff.append(
+        el('h3', null, 'What changed from the run\'s catalogue ', versionCode(d.from), ' to the one in force ', versionCode(d.to)),
+        el('pre', { id: 'catalogue-diff-text' }, d.text || 'no differences'),
+      );
     }
 
     function renderAsking(v) {
@@ -1097,7 +1165,7 @@
       () => {
         if (runEnd === null && section.getAttribute('data-status') === 'running') layout();
         if (view_ && !ENDED.includes(view_.status)) {
-          const dd = meta.querySelectorAll('dd')[3];
+          const dd = meta.querySelector('#run-duration');
           if (dd) setText(dd, fmtDuration(runDuration(view_)));
         }
       },
@@ -1119,6 +1187,10 @@
         }
         return;
       }
+      // The version in force, once the service answers (asked again if it did not at first).
+      (inForce === null ? loadInForce() : inForceAsked).then(() => {
+        if (!p.abort.signal.aborted && view_) renderView(view_);
+      });
       loadRecord();
       follow();
     })();

@@ -220,13 +220,19 @@ enum RoutesAction {
     /// What changed from OLD to NEW, per route and stage: prompts, roles, schemas, edges, tools.
     ///
     /// Each is a project directory (its `routes/`, and its `prompt-packs/` if it has one) or,
-    /// without a `routes/` in it, a catalogue directory with the packs of --prompt-packs. Exits
-    /// 0 when nothing differs, 1 when something does, 2 when a side cannot be read.
+    /// without a `routes/` in it, a catalogue directory with the packs of --prompt-packs; or,
+    /// when no directory has that name, a catalogue version kept in the run store, by its first
+    /// 8 to 64 hex digits (`fabric runs show ID` prints a run's `catalogue_version`). Exits 0
+    /// when nothing differs, 1 when something does, 2 when a side cannot be read.
     Diff {
         old: String,
         new: String,
         #[arg(long, value_enum, default_value_t = DiffFormat::Text)]
         format: DiffFormat,
+        /// The run store that keeps the versions named [default: FABRIC_DATABASE_URL, else
+        /// sqlite://fabric.db]; opened only when a side is a version.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
 }
 
@@ -335,7 +341,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
     let printed = match &cli.command {
         Command::Routes { action: RoutesAction::List } => routes_list(&cli, &load(&cli)),
         Command::Routes { action: RoutesAction::Check } => routes_check(&load(&cli)),
-        Command::Routes { action: RoutesAction::Diff { old, new, format } } => routes_diff(&cli, old, new, *format),
+        Command::Routes { action: RoutesAction::Diff { old, new, format, store } } => routes_diff(&cli, [old, new], *format, store.as_deref()).await,
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
         Command::Doctor { probe } => doctor_cmd(&cli, *probe).await,
@@ -407,11 +413,18 @@ fn routes_check(cat: &Catalogue) -> std::io::Result<ExitCode> {
 
 /// One side of `routes diff`: a project directory (its `routes/`, and its `prompt-packs/` when it
 /// has one: without, the routes that name a pack are broken, and the diff says so), or else a
-/// catalogue directory itself, with the packs of `--prompt-packs`.
-fn diff_side(arg: &str, cli: &Cli) -> Result<Catalogue, String> {
+/// catalogue directory itself, with the packs of `--prompt-packs`; or, with `store` (opened
+/// because this side names no directory but a version, [`version_prefix`]), a catalogue version
+/// the run store keeps, rebuilt from its sources.
+async fn diff_side(arg: &str, cli: &Cli, store: Option<&dyn RunStore>) -> Result<Catalogue, String> {
+    if let (Some(prefix), Some(store)) = (version_prefix(arg), store) {
+        return stored_catalogue(store, prefix).await;
+    }
     let dir = Path::new(arg);
     if !dir.is_dir() {
-        return Err(format!("`{arg}` is not a directory (give a project directory, or a catalogue directory)"));
+        return Err(format!(
+            "`{arg}` is not a directory (give a project directory, a catalogue directory, or the first 8 to 64 hex digits of a catalogue version in the run store)"
+        ));
     }
     let routes = dir.join("routes");
     if routes.is_dir() {
@@ -426,8 +439,41 @@ fn diff_side(arg: &str, cli: &Cli) -> Result<Catalogue, String> {
     }
 }
 
-fn routes_diff(cli: &Cli, old: &str, new: &str, format: DiffFormat) -> std::io::Result<ExitCode> {
-    let (old_cat, new_cat) = match (diff_side(old, cli), diff_side(new, cli)) {
+/// A side of `routes diff` that names a catalogue version, not a directory: no directory has
+/// that name, and it is 8 to 64 lowercase hex digits (a version's first digits, or all 64).
+fn version_prefix(arg: &str) -> Option<&str> {
+    let hex = (8..=64).contains(&arg.len()) && arg.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (hex && !Path::new(arg).is_dir()).then_some(arg)
+}
+
+/// The catalogue of the one version the store keeps whose digest starts with `prefix`, rebuilt
+/// from its sources as a replica rebuilds a run's version.
+async fn stored_catalogue(store: &dyn RunStore, prefix: &str) -> Result<Catalogue, String> {
+    let found = store.catalogue_versions(prefix, 2).await.map_err(|e| format!("run store: {e}"))?;
+    let version = match found.as_slice() {
+        [] => return Err(format!("no catalogue version starting with `{prefix}` in the store")),
+        [one] => one,
+        [a, b, ..] => return Err(format!("`{prefix}` is ambiguous: catalogue versions {a} and {b} start with it (give more digits)")),
+    };
+    match store.catalogue(version).await {
+        Ok(Some(sources)) => Ok(Catalogue::rebuild(&catalogue::Texts { routes: sources.routes, packs: sources.packs })),
+        Ok(None) => Err(format!("catalogue version {version} is no longer in the store")),
+        Err(e) => Err(format!("run store: catalogue version {version}: {e}")),
+    }
+}
+
+/// `fabric routes diff OLD NEW`: the run store is opened only when a side names a version.
+async fn routes_diff(cli: &Cli, sides: [&str; 2], format: DiffFormat, store: Option<&str>) -> std::io::Result<ExitCode> {
+    let store = if sides.iter().any(|side| version_prefix(side).is_some()) {
+        match settings_and_store(store).await {
+            Ok((_, store)) => Some(store),
+            Err(code) => return Ok(code),
+        }
+    } else {
+        None
+    };
+    let [old, new] = sides;
+    let (old_cat, new_cat) = match (diff_side(old, cli, store.as_deref()).await, diff_side(new, cli, store.as_deref()).await) {
         (Ok(old_cat), Ok(new_cat)) => (old_cat, new_cat),
         (old_side, new_side) => {
             for problem in [old_side.err(), new_side.err()].into_iter().flatten() {
