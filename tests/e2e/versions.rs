@@ -401,6 +401,9 @@ async fn replicas_loading_the_same_files_from_their_own_disks_agree_on_the_versi
     let o = crate::support::fabric_cli(&["routes", "list"], &env).await;
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains(&format!("catalogue version {version_a}")), "{stderr}");
+    let o = crate::support::fabric_cli(&["doctor"], &env).await;
+    let doctor = String::from_utf8_lossy(&o.stdout);
+    assert!(doctor.contains(&format!("; version {version_a}\n")), "{doctor}");
     // Another file, another version, on the replica that reloads it only.
     two.mark(Some("two"));
     assert_eq!(reload(&b).await.0, 200);

@@ -1184,11 +1184,12 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     }
     let cat = runtime.catalogue();
     out.push_str(&format!(
-        "catalogue: {} ({} routes, {} errors, {} files not loaded)\n",
+        "catalogue: {} ({} routes, {} errors, {} files not loaded); version {}\n",
         cli.catalogue,
         cat.routes().count(),
         cat.error_count(),
-        cat.unloaded().len()
+        cat.unloaded().len(),
+        runtime.version()
     ));
     for p in runtime.profiles() {
         match p.model {
