@@ -190,7 +190,9 @@ async fn takeover_on_the_old_version(db: &str) {
         assert_ne!(new, old, "the second replica loaded only the new version");
         let view = settled(&second, &id).await;
         assert_eq!(view["status"], "completed", "{resume_on}: {view}");
-        assert_eq!(view["catalogue_version"], old.as_str(), "{resume_on}: the run records the version it started on: {view}");
+        // Recorded: the version it started on and finished on; current: the one it moved to.
+        let on = if resume_on == "recorded" { &old } else { &new };
+        assert_eq!(view["catalogue_version"], on.as_str(), "{resume_on}: the run records the version it runs on: {view}");
         let all = prompts(&second, &id).await;
         let after = &all[done_before..];
         assert!(!after.is_empty(), "{resume_on}: the second replica made model calls: {all:?}");
@@ -382,6 +384,19 @@ async fn a_watched_catalogue_reloads_a_change_on_disk_and_refuses_a_broken_one()
     let (_, run) = post(&s, "/v1/runs?wait=true", start("support-triage", json!({"ticket": "x"}))).await;
     let calls = prompts(&s, run["run_id"].as_str().unwrap()).await;
     assert!(all_marked(&calls, "watched"), "{calls:?}");
+    // Another version loaded by other means, then the watched files back: loaded again.
+    cat.mark(Some("by hand"));
+    assert_eq!(reload(&s).await.0, 200);
+    cat.mark(Some("watched"));
+    let mut back = String::new();
+    for _ in 0..100 {
+        back = version(&s).await;
+        if back == now {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(back, now, "{}", s.logs());
 }
 
 /// Two replicas that load the same files from different directories run one version, and say
@@ -430,7 +445,111 @@ async fn replay_runs_on_the_recorded_version_unless_a_catalogue_is_named() {
     let o = crate::support::fabric_cli(&["replay", &id, "--store", &db], &env).await;
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("0 divergence(s)"), "{}", text(&o));
+    // Whatever version the fleet resumes runs on.
+    let mut current = env.clone();
+    current.push(("FABRIC_RESUME_ON", "current".to_owned()));
+    let o = crate::support::fabric_cli(&["replay", &id, "--store", &db], &current).await;
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = crate::support::fabric_cli(&["--prompt-packs", packs.to_str().unwrap(), "replay", &id, "--store", &db], &env).await;
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("the prompt differs"), "{}", text(&o));
+}
+
+#[tokio::test]
+async fn a_run_moved_once_goes_on_on_the_version_it_moved_to_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    moved_once(&sqlite_db(&dir)).await;
+}
+
+#[tokio::test]
+async fn a_run_moved_once_goes_on_on_the_version_it_moved_to_on_postgres() {
+    if let Some(url) = crate::store::fresh_postgres().await {
+        moved_once(&url).await;
+    }
+}
+
+/// A run that moved (`FABRIC_RESUME_ON=current` on the replica its first reply reached) records
+/// the version it moved to: the replica its second reply reaches, which loaded the first version
+/// and resumes runs on their recorded one, goes on on the second, rebuilt from the store, and
+/// no second move happens unsaid.
+async fn moved_once(db: &str) {
+    let stub = asking_stub();
+    std::fs::write(
+        stub.path().join("support-agent.yaml"),
+        "stages:\n  decide:\n    - 'ASK Which order?'\n    - 'ASK Which account?'\n    - 'DONE Refunded.'\n",
+    )
+    .unwrap();
+    let (one, two) = (Catalogue::new(), Catalogue::new());
+    one.mark(Some("one"));
+    two.mark(Some("two"));
+    let a = server(db, &one, stub.path(), &[]);
+    let b = server(db, &two, stub.path(), &[("FABRIC_RESUME_ON", "current")]);
+    let (v1, v2) = (version(&a).await, version(&b).await);
+    let (_, asked) = post(&a, "/v1/runs?wait=true", start("support-agent", json!({"question": "refund?"}))).await;
+    assert_eq!((asked["status"].as_str(), asked["catalogue_version"].as_str()), (Some("awaiting_input"), Some(v1.as_str())), "{asked}");
+    let id = asked["run_id"].as_str().unwrap().to_owned();
+    let (_, again) = post(&b, &format!("/v1/runs/{id}/reply?wait=true"), json!({"message": "order 42"})).await;
+    assert_eq!((again["status"].as_str(), again["catalogue_version"].as_str()), (Some("awaiting_input"), Some(v2.as_str())), "moved, and recorded: {again}");
+    let (_, done) = post(&a, &format!("/v1/runs/{id}/reply?wait=true"), json!({"message": "account 7"})).await;
+    assert_eq!((done["status"].as_str(), done["catalogue_version"].as_str()), (Some("completed"), Some(v2.as_str())), "{done}");
+    let calls = prompts(&a, &id).await;
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(all_marked(&calls[..1], "one") && all_marked(&calls[1..], "two"), "{calls:?}");
+    let events = crate::service::sse(&a, &id, None).await;
+    let moves: Vec<&Value> = events.iter().filter(|(_, k, _)| k == "run.catalogue_moved").map(|(_, _, d)| d).collect();
+    assert_eq!(moves.len(), 1, "{events:?}");
+    assert_eq!((moves[0]["from"].as_str(), moves[0]["to"].as_str()), (Some(v1.as_str()), Some(v2.as_str())));
+}
+
+/// A kept version whose row no longer reads (changed by hand) is not a reason to claim the run
+/// for ever: the replica that takes it over goes on on its own version and says why.
+#[tokio::test]
+async fn a_version_that_does_not_read_moves_the_run_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite_db(&dir);
+    let (cat, stub) = (Catalogue::new(), asking_stub());
+    cat.mark(Some("old"));
+    let slow = [("FABRIC_LLM_STUB_LATENCY_MS", "700"), ("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")];
+    let first = server(&db, &cat, stub.path(), &slow);
+    let (_, run) = post(&first, "/v1/runs", start("support-triage", json!({"ticket": "x"}))).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    for _ in 0..100 {
+        if !prompts(&first, &id).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.signal("KILL");
+    crate::store::sql(&db, "UPDATE catalogue_versions SET body = '{\"routes\": [], \"packs\": []}'").await;
+    cat.mark(Some("new"));
+    let second = server(&db, &cat, stub.path(), &[("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")]);
+    let view = settled(&second, &id).await;
+    assert_eq!(view["status"], "completed", "{view}");
+    assert_eq!(view["catalogue_version"].as_str(), Some(version(&second).await.as_str()), "{view}");
+    let events = crate::service::sse(&second, &id, None).await;
+    let moved: Vec<&Value> = events.iter().filter(|(_, k, _)| k == "run.catalogue_moved").map(|(_, _, d)| d).collect();
+    assert_eq!(moved.len(), 1, "{events:?}");
+    assert!(moved[0]["reason"].as_str().unwrap().contains("stored sources"), "{moved:?}");
+}
+
+/// A reload of the files in force is `unchanged` even when they hold a warning (a start takes
+/// them); a reload that finds the stub's scripts gone is refused.
+#[tokio::test]
+async fn the_files_in_force_reload_unchanged_and_vanished_stub_scripts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite_db(&dir);
+    let (cat, stub) = (Catalogue::new(), asking_stub());
+    let triage = cat.path("routes/support-triage.yaml");
+    let text =
+        std::fs::read_to_string(&triage).unwrap().replacen("        text: {type: string}", "        text: {type: object, properties: {a: {type: object}}}", 1);
+    std::fs::write(&triage, text).unwrap();
+    let s = server(&db, &cat, stub.path(), &[]);
+    let (status, body) = reload(&s).await;
+    assert_eq!((status, body["changed"].as_bool()), (200, Some(false)), "{body}");
+    for entry in std::fs::read_dir(stub.path()).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let (status, body) = reload(&s).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["problems"].to_string().contains("stub's scripts are gone"), "{body}");
 }

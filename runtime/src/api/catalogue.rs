@@ -99,12 +99,14 @@ impl AppState {
     /// The replica's catalogue loop: a reload for each [`AppState::ask_reload`], and with
     /// `FABRIC_CATALOGUE_WATCH`, one when the files on disk make another version than the one in
     /// force, once two polls [`WATCH_POLL`] apart read the same (a change written as several
-    /// files is loaded whole). A version refused is not tried again until the files change.
+    /// files is loaded whole). A version refused is not tried again until the files change or
+    /// another version comes into force (a reload by other means).
     pub async fn watch_catalogue(self) {
         let watch = self.runtime().settings().service.catalogue_watch;
         let mut tick = tokio::time::interval(crate::config::WATCH_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (mut seen, mut tried) = (None, None);
+        // The files' version last seen, and the last one refused with the version then in force.
+        let (mut seen, mut refused) = (None, None);
         loop {
             tokio::select! {
                 () = self.inner.reload_wake.notified() => {
@@ -116,9 +118,9 @@ impl AppState {
                     let Ok(Some(disk)) = tokio::task::spawn_blocking(move || runtime.version_on_disk()).await else { continue };
                     let stable = seen.as_ref() == Some(&disk);
                     seen = Some(disk.clone());
-                    if stable && disk != *self.runtime().current().version() && tried.as_ref() != Some(&disk) {
-                        tried = Some(disk);
-                        let _ = self.reload_catalogue("watch").await;
+                    let in_force = self.runtime().version();
+                    if stable && disk != in_force && refused != Some((disk.clone(), in_force.clone())) {
+                        refused = self.reload_catalogue("watch").await.is_err().then_some((disk, in_force));
                     }
                 }
             }
@@ -211,5 +213,9 @@ async fn catalogue_of(state: &AppState, version: &CatalogueVersion) -> Result<Ar
         return Err(ApiError::new(ErrorCode::NotFound, format!("no catalogue version {version}: not in force here, and not kept in the run store")));
     };
     let texts = Texts { routes: sources.routes, packs: sources.packs };
+    // One rebuild at a time: a client asking for old versions again and again takes one blocking
+    // thread, not all of them.
+    static REBUILDS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let _one = REBUILDS.acquire().await.map_err(|_| ApiError::new(ErrorCode::NotReady, "shutting down"))?;
     Ok(tokio::task::spawn_blocking(move || Arc::new(Catalogue::rebuild(&texts))).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())))
 }

@@ -78,8 +78,8 @@ pub struct RunView {
     pub error: Option<RunError>,
     pub created_at: String,
     pub updated_at: String,
-    /// The catalogue version the run started on, and finishes on (`null` for a run accepted
-    /// before versions were kept).
+    /// The catalogue version the run runs on: the one it started on, unless a
+    /// `run.catalogue_moved` event moved it (`null` for a run accepted before versions were kept).
     #[serde(default)]
     pub catalogue_version: Option<String>,
 }

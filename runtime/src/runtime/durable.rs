@@ -207,9 +207,11 @@ impl Durable {
         let store = self.store.as_ref();
         let read = async {
             let mut history = read_history(store, lease.run_id()).await?;
-            let on = self.edition_of(version.as_ref()).await?;
+            // A run taken over too often is failed below, whatever its version.
+            let version = version.as_ref().filter(|_| lease.token() <= MAX_TAKEOVERS);
+            let on = self.edition_of(version, Some(self.runtime.settings().service.resume_on)).await?;
             if let (Some(moved), Ok(_)) = (on.moved.clone(), &request) {
-                self.note_moved(&lease, &route_id, &mut history, moved, sink.clone()).await?;
+                self.note_moved(&lease, &route_id, &mut history, moved, &on.edition, sink.clone()).await?;
             }
             Ok::<_, StoreError>((history, on.edition))
         };

@@ -35,18 +35,22 @@ impl Durable {
         Ok(())
     }
 
-    /// The edition a run recorded on `recorded` goes on on here (see the module docs). A run
-    /// accepted before versions were kept (`None`) goes on on the current one. A version the
-    /// store does not have, or that cannot be built here, moves the run to the current one,
-    /// saying why; a store that cannot be read is an error (the run waits for another try).
-    pub(super) async fn edition_of(&self, recorded: Option<&CatalogueVersion>) -> Result<OnVersion, StoreError> {
+    /// The edition a run recorded on `recorded` goes on on here (see the module docs), under
+    /// `resume_on` (the fleet's `FABRIC_RESUME_ON`; a replay asks for the recorded one, and takes
+    /// its catalogue whatever the stub's part of it: a replay asks no model). A
+    /// run accepted before versions were kept (`None`) goes on on the current one. A version the
+    /// store does not have or cannot read, or that builds here as another version, moves the run
+    /// to the current one, saying why; a store that cannot be read is an error (the run waits for
+    /// another try).
+    pub(super) async fn edition_of(&self, recorded: Option<&CatalogueVersion>, resume_on: Option<ResumeOn>) -> Result<OnVersion, StoreError> {
+        let replay = resume_on.is_none();
         let current = self.runtime.current();
         let Some(recorded) = recorded.filter(|v| *v != current.version()) else { return Ok(OnVersion { edition: current, moved: None }) };
         let moved = |current: Arc<Edition>, reason: String| {
             let to = current.version().to_string();
             OnVersion { edition: current, moved: Some(EventData::CatalogueMoved { from: Some(recorded.to_string()), to, reason }) }
         };
-        if self.runtime.settings().service.resume_on == ResumeOn::Current {
+        if resume_on == Some(ResumeOn::Current) {
             return Ok(moved(current, "FABRIC_RESUME_ON=current: runs go on on the version loaded".into()));
         }
         if let Some(built) = self.runtime.built(recorded) {
@@ -57,32 +61,48 @@ impl Durable {
         if let Some(built) = self.runtime.built(recorded) {
             return Ok(OnVersion { edition: built, moved: None });
         }
-        Ok(match self.store.catalogue(recorded).await? {
-            None => moved(current, "the run store does not keep the version it started on".into()),
-            Some(sources) => match self.runtime.rebuild(sources) {
-                Ok(edition) => OnVersion { edition, moved: None },
-                Err(e) => moved(current, format!("the version it started on cannot be built here: {e}")),
-            },
+        let sources = match self.store.catalogue(recorded).await {
+            Ok(Some(sources)) => sources,
+            Ok(None) => return Ok(moved(current, "the run store does not keep the version it started on".into())),
+            // A row that will never read: going on elsewhere beats being claimed for ever.
+            Err(StoreError::VersionUnreadable(why)) => return Ok(moved(current, why)),
+            Err(e) => return Err(e),
+        };
+        // Parsing and hydrating a catalogue is work for a blocking thread, not the runtime's.
+        let runtime = self.runtime.clone();
+        let rebuilt = tokio::task::spawn_blocking(move || runtime.rebuild(sources)).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        Ok(match rebuilt {
+            Ok(edition) if replay || edition.version() == recorded => OnVersion { edition, moved: None },
+            // The stub's scripts are part of a version: one recorded under the stub is another
+            // version under a provider, and the reverse.
+            Ok(edition) => moved(current, format!("the version it started on builds here as version {} (the stub or the provider differs)", edition.version())),
+            Err(e) => moved(current, format!("the version it started on cannot be built here: {e}")),
         })
     }
 
     /// Records `moved` (a [`EventData::CatalogueMoved`]) as the run's next event, committed
     /// before the run goes on; `history` then numbers the events after it. Logged too.
+    /// The run's row then names `edition`'s version (kept in the store first), so whoever takes
+    /// the run up next goes on on it, not back on the one it left. The event comes first: a crash
+    /// between the two leaves an event the next holder repeats, never a move unsaid.
     pub(super) async fn note_moved(
         &self,
         lease: &Lease,
         route_id: &str,
         history: &mut RunHistory,
         moved: EventData,
+        edition: &Edition,
         sink: Arc<dyn EventSink>,
     ) -> Result<(), StoreError> {
         if let EventData::CatalogueMoved { from, to, reason } = &moved {
             tracing::warn!(run_id = lease.run_id(), from = from.as_deref().unwrap_or("none"), to = %to, reason = %reason, "a run goes on on another catalogue version");
         }
+        self.keep_version(edition).await?;
         let events = RunEvents::new(lease.run_id(), route_id, None, sink).recording(history.next_seq);
         events.emit(None, || moved);
         let recorded = events.take_recorded();
         history.next_seq += recorded.len() as u64;
-        self.store.commit(lease, JournalBatch { events: recorded, entries: Vec::new(), end: None }).await
+        self.store.commit(lease, JournalBatch { events: recorded, entries: Vec::new(), end: None }).await?;
+        self.store.move_catalogue(lease, edition.version()).await
     }
 }

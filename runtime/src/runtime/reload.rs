@@ -51,11 +51,19 @@ impl Runtime {
     }
 
     /// Reads the catalogue (and the stub's scripts) again; see the module docs. One reload at a
-    /// time: a second waits for the first. The files are read on this task: a catalogue is
-    /// small, and reloads are rare.
-    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
-        let Some((dirs, packs)) = &self.dirs else { return Err(ReloadError::NotFromDirs) };
+    /// time: a second waits for the first. The files are read, parsed and hydrated on a blocking
+    /// thread, not the runtime's.
+    pub async fn reload(self: &Arc<Self>) -> Result<Reloaded, ReloadError> {
+        if self.dirs.is_none() {
+            return Err(ReloadError::NotFromDirs);
+        }
         let _one = self.reloading.lock().await;
+        let runtime = self.clone();
+        tokio::task::spawn_blocking(move || runtime.load_again()).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+
+    fn load_again(&self) -> Result<Reloaded, ReloadError> {
+        let Some((dirs, packs)) = &self.dirs else { return Err(ReloadError::NotFromDirs) };
         let previous = self.current();
         let refused = |problems: Vec<String>| ReloadError::Refused { problems, kept: previous.version().clone() };
         let missing = catalogue::missing_dirs(dirs, packs);
@@ -63,15 +71,32 @@ impl Runtime {
             return Err(refused(missing.iter().map(ToString::to_string).collect()));
         }
         let loaded = catalogue::load_layers(dirs, packs);
+        let mut warnings = Vec::new();
+        let read = self.parts.read_stub(&mut warnings);
+        let scripts = read.as_ref().ok().cloned().flatten();
+        let unchanged = Reloaded { version: previous.version().clone(), previous: previous.version().clone(), warnings: Vec::new() };
+        let candidate = crate::version::Sources {
+            routes: loaded.texts().routes.clone(),
+            packs: loaded.texts().packs.clone(),
+            stub: scripts.as_ref().map(|s| s.texts().to_vec()),
+        };
+        // The files of the version in force: nothing to load, whatever problems it has (it was
+        // loaded at the start, where a broken route is refused on its own).
+        if read.is_ok() && candidate.version() == *previous.version() {
+            return Ok(unchanged);
+        }
         // Stricter than a start, which runs every route that builds: a live fleet takes no
         // catalogue with a problem in it, a warning included (an unbindable schema would turn
         // its stages into plain text calls).
         let mut problems: Vec<String> = loaded.diagnostics().iter().map(ToString::to_string).collect();
-        let mut warnings = Vec::new();
-        let scripts = self.parts.read_stub(&mut warnings).unwrap_or_else(|e| {
+        if let Err(e) = &read {
             problems.push(e.to_string());
-            None
-        });
+        }
+        // The stub's scripts gone from where they were read: every reply would be generated.
+        if previous.sources().stub.as_ref().is_some_and(|s| !s.is_empty()) && candidate.stub.as_ref().is_some_and(Vec::is_empty) {
+            problems.extend(warnings.drain(..));
+            problems.push("the stub's scripts are gone: the version in force has some, the files read have none".into());
+        }
         if !problems.is_empty() {
             return Err(refused(problems));
         }

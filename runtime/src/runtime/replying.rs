@@ -48,7 +48,7 @@ impl Durable {
         // Everything that could stop the continuation is checked before the run is claimed: a
         // claimed run that cannot go on would be stuck `running`. It goes on on its own version.
         let request = run.request;
-        let on = self.edition_of(run.catalogue_version.as_ref()).await?;
+        let on = self.edition_of(run.catalogue_version.as_ref(), Some(self.runtime.settings().service.resume_on)).await?;
         let route = on.edition.check_route(&request.route_id)?;
         if route.path() != crate::hydrate::RoutePath::DecisionLoop {
             return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
@@ -71,7 +71,7 @@ impl Durable {
     pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
         let ClaimedReply { request, lease, mut history, reply, edition, moved } = claimed;
         if let Some(moved) = moved
-            && let Err(e) = self.note_moved(&lease, &request.route_id, &mut history, moved, sink.clone()).await
+            && let Err(e) = self.note_moved(&lease, &request.route_id, &mut history, moved, &edition, sink.clone()).await
         {
             // Not continued: it awaits the reply again, and the outcome says why.
             let _ = self.store.reopen_reply(&lease).await;
@@ -105,7 +105,8 @@ impl Durable {
         let edition = match on {
             ReplayOn::Loaded => self.runtime.current(),
             ReplayOn::Recorded => {
-                let on = self.edition_of(run.catalogue_version.as_ref()).await?;
+                // Replay is on the version the run ran on, whatever the fleet resumes runs on.
+                let on = self.edition_of(run.catalogue_version.as_ref(), None).await?;
                 if let Some(crate::events::EventData::CatalogueMoved { reason, .. }) = on.moved {
                     return Err(ReplyError::VersionGone { run_id: run_id.to_owned(), reason });
                 }

@@ -11,7 +11,7 @@ use sqlx::Row;
 use super::dialect::Dialect;
 use super::sql::SqlStore;
 use super::sql_error::{db, write_error};
-use super::{StoreError, now};
+use super::{Lease, StoreError, now};
 use crate::version::{CatalogueVersion, Sources};
 
 // The catalogue methods of `RunStore` (`super::sql` delegates to them).
@@ -46,13 +46,29 @@ where
             sqlx::query("SELECT body FROM catalogue_versions WHERE version = $1").bind(version.as_str()).fetch_optional(self.pool_ref()).await.map_err(db)?;
         let Some(row) = row else { return Ok(None) };
         let body: String = row.try_get("body").map_err(db)?;
-        let sources: Sources =
-            serde_json::from_str(&body).map_err(|e| StoreError::Database(format!("catalogue version {version}: its stored sources do not read: {e}")))?;
+        let sources: Sources = serde_json::from_str(&body)
+            .map_err(|e| StoreError::VersionUnreadable(format!("catalogue version {version}: its stored sources do not read: {e}")))?;
         let digest = sources.version();
         if &digest != version {
-            return Err(StoreError::Database(format!("catalogue version {version}: its stored sources are version {digest}; the row was changed")));
+            return Err(StoreError::VersionUnreadable(format!("catalogue version {version}: its stored sources are version {digest}; the row was changed")));
         }
         Ok(Some(sources))
+    }
+
+    pub(super) async fn move_catalogue(&self, lease: &Lease, version: &CatalogueVersion) -> Result<(), StoreError> {
+        self.health_ref().check()?;
+        let began = Instant::now();
+        let moved = sqlx::query("UPDATE runs SET catalogue_version = $1 WHERE run_id = $2 AND lease_token = $3 AND status = 'running' RETURNING run_id")
+            .bind(version.as_str())
+            .bind(lease.run_id())
+            .bind(lease.token())
+            .fetch_optional(self.pool_ref())
+            .await
+            .map_err(|e| write_error(self.health_ref(), began, e))?;
+        if moved.is_none() {
+            return Err(StoreError::LeaseLost(lease.run_id().to_owned()));
+        }
+        Ok(())
     }
 
     pub(super) async fn catalogue_versions(&self, prefix: &str, limit: usize) -> Result<Vec<CatalogueVersion>, StoreError> {

@@ -83,6 +83,10 @@ pub enum StoreError {
     /// which [`RunStore::create_keyed_run`] turns into that run).
     #[error("the idempotency key is another run's")]
     KeyTaken,
+    /// A kept catalogue version whose row does not read, or is not the version it is kept
+    /// under (changed by hand, or written by another program): it cannot be had, now or later.
+    #[error("{0}")]
+    VersionUnreadable(String),
 }
 
 /// What a keyed start found: its run created (claimed or queued, as `create_run`), or the run
@@ -327,11 +331,14 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// Keeps a catalogue version's `sources` under `version`, their digest, once (a version kept
     /// already is left as it is). Done before the first run that records the version.
     fn put_catalogue<'a>(&'a self, version: &'a CatalogueVersion, sources: &'a Sources) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// The sources of `version`, checked against it (a row whose digest differs is an error);
-    /// `None` when the store does not keep it.
+    /// The sources of `version`, checked against it (a row that does not read, or whose digest
+    /// differs, is [`StoreError::VersionUnreadable`]); `None` when the store does not keep it.
     fn catalogue<'a>(&'a self, version: &'a CatalogueVersion) -> BoxFuture<'a, Result<Option<Sources>, StoreError>>;
     /// The versions kept whose digest starts with `prefix` (hex digits), in order, at most `limit`.
     fn catalogue_versions<'a>(&'a self, prefix: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<CatalogueVersion>, StoreError>>;
+    /// Records that the run `lease` holds goes on on `version` from now on (it moved, and its
+    /// events say so); refused ([`StoreError::LeaseLost`]) when the lease is not the run's.
+    fn move_catalogue<'a>(&'a self, lease: &'a Lease, version: &'a CatalogueVersion) -> BoxFuture<'a, Result<(), StoreError>>;
     /// How many runs wait for a claim.
     fn queued(&self) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// Whether the database answers (`/readyz`).

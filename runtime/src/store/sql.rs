@@ -184,6 +184,10 @@ where
         Box::pin(SqlStore::catalogue(self, version))
     }
 
+    fn move_catalogue<'a>(&'a self, lease: &'a Lease, version: &'a CatalogueVersion) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(SqlStore::move_catalogue(self, lease, version))
+    }
+
     fn catalogue_versions<'a>(&'a self, prefix: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<CatalogueVersion>, StoreError>> {
         Box::pin(SqlStore::catalogue_versions(self, prefix, limit))
     }

@@ -529,6 +529,11 @@ impl RunStore for SimStore {
         Box::pin(self.call("catalogue", async move { store.catalogue(&version).await }))
     }
 
+    fn move_catalogue<'a>(&'a self, lease: &'a Lease, version: &'a fabric::store::CatalogueVersion) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (store, lease, version) = (self.real.store.clone(), lease.clone(), version.clone());
+        Box::pin(self.call("move_catalogue", async move { store.move_catalogue(&lease, &version).await }))
+    }
+
     fn catalogue_versions<'a>(&'a self, prefix: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<fabric::store::CatalogueVersion>, StoreError>> {
         let (store, prefix) = (self.real.store.clone(), prefix.to_owned());
         Box::pin(self.call("catalogue_versions", async move { store.catalogue_versions(&prefix, limit).await }))
