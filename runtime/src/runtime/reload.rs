@@ -94,7 +94,7 @@ impl Runtime {
         }
         // The stub's scripts gone from where they were read: every reply would be generated.
         if previous.sources().stub.as_ref().is_some_and(|s| !s.is_empty()) && candidate.stub.as_ref().is_some_and(Vec::is_empty) {
-            problems.extend(warnings.drain(..));
+            problems.append(&mut warnings);
             problems.push("the stub's scripts are gone: the version in force has some, the files read have none".into());
         }
         if !problems.is_empty() {
