@@ -729,6 +729,9 @@ impl RunStore for Watched {
     fn catalogue<'a>(&'a self, version: &'a fabric::store::CatalogueVersion) -> BoxFuture<'a, Result<Option<fabric::store::Sources>, StoreError>> {
         self.inner.catalogue(version)
     }
+    fn stranded_versions<'a>(&'a self, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<fabric::store::CatalogueVersion>, StoreError>> {
+        self.inner.stranded_versions(routes, limit)
+    }
     fn move_catalogue<'a>(&'a self, lease: &'a Lease, version: &'a fabric::store::CatalogueVersion) -> BoxFuture<'a, Result<(), StoreError>> {
         self.inner.move_catalogue(lease, version)
     }

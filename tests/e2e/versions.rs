@@ -553,3 +553,37 @@ async fn the_files_in_force_reload_unchanged_and_vanished_stub_scripts_are_refus
     assert_eq!(status, 422, "{body}");
     assert!(body["error"]["problems"].to_string().contains("stub's scripts are gone"), "{body}");
 }
+
+/// A run whose route a reload removed is still taken over when its replica dies: the replica that
+/// takes it finds the version the run recorded, builds it, claims the run and finishes it there.
+#[tokio::test]
+async fn a_run_of_a_route_removed_since_is_taken_over_on_its_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sqlite_db(&dir);
+    let (cat, stub) = (Catalogue::new(), asking_stub());
+    let slow = [("FABRIC_LLM_STUB_LATENCY_MS", "700"), ("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")];
+    let first = server(&db, &cat, stub.path(), &slow);
+    let old = version(&first).await;
+    let (_, run) = post(&first, "/v1/runs", start("ticket-router", json!({"ticket": "charged twice"}))).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    for _ in 0..100 {
+        if !prompts(&first, &id).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.signal("KILL");
+    std::fs::remove_file(cat.path("routes/ticket-router.yaml")).unwrap();
+    let second = server(&db, &cat, stub.path(), &[("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")]);
+    let routes: Value = get(&second, "/v1/routes").await;
+    assert!(routes.as_array().unwrap().iter().all(|r| r["id"] != "ticket-router"), "{routes}");
+    let mut view = Value::Null;
+    for _ in 0..300 {
+        view = get(&second, &format!("/v1/runs/{id}")).await;
+        if view["status"] == "completed" || view["status"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!((view["status"].as_str(), view["catalogue_version"].as_str()), (Some("completed"), Some(old.as_str())), "{view}");
+}

@@ -27,6 +27,8 @@ pub struct Durable {
     /// One rebuild of a version from the store at a time: runs taken over together after a
     /// crash, all on one version, rebuild it once.
     pub(super) rebuilding: tokio::sync::Mutex<()>,
+    /// When the store was last asked for the versions of runs no route in force covers.
+    pub(super) stranded_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Durable {
@@ -41,7 +43,7 @@ impl Durable {
     pub fn new(runtime: impl Into<Arc<Runtime>>, store: Arc<dyn RunStore>) -> Durable {
         let runtime = runtime.into();
         let holder = Holder::new(runtime.settings().service.run_lease);
-        Durable { runtime, store, holder, kept: Default::default(), rebuilding: tokio::sync::Mutex::new(()) }
+        Durable { runtime, store, holder, kept: Default::default(), rebuilding: tokio::sync::Mutex::new(()), stranded_at: Default::default() }
     }
 
     /// The runtime: the catalogue, the settings, the model gates, runs with no record.
@@ -173,7 +175,7 @@ impl Durable {
     /// [`Durable::resume`] each.
     pub async fn claim_runs(&self, limit: usize) -> Result<Vec<ClaimedRun>, StoreError> {
         let store = &self.store;
-        let routes = self.runtime.claimable_routes();
+        let routes = self.claimable_routes().await;
         Ok(store
             .claim_runs(&self.holder, &routes, limit)
             .await?

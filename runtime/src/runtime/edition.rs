@@ -213,6 +213,11 @@ impl Runtime {
         Ok(edition)
     }
 
+    /// The editions built other than the current one.
+    pub fn others(&self) -> Vec<Arc<Edition>> {
+        self.others.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
     /// Keeps `edition` among the built ones, forgetting the oldest past [`KEPT_EDITIONS`].
     pub(super) fn keep_built(&self, edition: Arc<Edition>) {
         let mut others = self.others.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

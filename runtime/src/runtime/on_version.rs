@@ -14,6 +14,9 @@ use crate::exec::{JournalBatch, RunHistory};
 use crate::store::{Lease, StoreError};
 use crate::version::CatalogueVersion;
 
+/// How often a replica asks the store which other catalogue versions its unclaimed runs recorded.
+pub const STRANDED_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The edition a run goes on on, and, when it is not the version the run recorded, the event
 /// that says so.
 pub(super) struct OnVersion {
@@ -78,6 +81,46 @@ impl Durable {
             Ok(edition) => moved(current, format!("the version it started on builds here as version {} (the stub or the provider differs)", edition.version())),
             Err(e) => moved(current, format!("the version it started on cannot be built here: {e}")),
         })
+    }
+
+    /// The routes this process may claim runs of: those of the version in force, and those of
+    /// the other versions it has built or that runs waiting for a claim recorded (a route a
+    /// reload removed still has its runs, which finish on their version). The store is asked
+    /// for those versions at most every [`STRANDED_EVERY`].
+    pub(super) async fn claimable_routes(&self) -> Vec<String> {
+        let current = self.runtime.current();
+        let mut routes = self.runtime.claimable_routes();
+        let due = {
+            let mut last = self.stranded_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let due = last.is_none_or(|t| t.elapsed() >= STRANDED_EVERY);
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            match self.store.stranded_versions(&routes, 8).await {
+                Ok(versions) => {
+                    for v in versions.iter().filter(|v| *v != current.version()) {
+                        // Built once and kept; a version that cannot be had waits for a replica
+                        // that can (its runs are not claimed here).
+                        let _ = self.edition_of(Some(v), None).await;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "run store: looking for runs of other catalogue versions"),
+            }
+        }
+        for edition in self.runtime.others() {
+            for entry in edition.catalogue().routes() {
+                if let crate::catalogue::RouteEntry::Ready(r) = entry
+                    && !routes.iter().any(|known| known == r.id())
+                    && edition.check_route(r.id()).is_ok()
+                {
+                    routes.push(r.id().to_owned());
+                }
+            }
+        }
+        routes
     }
 
     /// Records `moved` (a [`EventData::CatalogueMoved`]) as the run's next event, committed

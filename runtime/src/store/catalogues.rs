@@ -55,6 +55,22 @@ where
         Ok(Some(sources))
     }
 
+    pub(super) async fn stranded_versions(&self, routes: &[String], limit: usize) -> Result<Vec<CatalogueVersion>, StoreError> {
+        let now_ms = DB::NOW_MS;
+        let others =
+            if routes.is_empty() { String::new() } else { format!("AND route_id NOT IN ({})", super::dialect::rows_sql("", "?", routes.len(), 2, true)) };
+        let sql = format!(
+            "SELECT DISTINCT catalogue_version FROM runs WHERE catalogue_version IS NOT NULL              AND (status = 'queued' OR (status = 'running' AND lease_until < {now_ms})) {others} LIMIT $1"
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(limit.min(100) as i64);
+        for r in routes {
+            q = q.bind(r.as_str());
+        }
+        let rows = q.fetch_all(self.pool_ref()).await.map_err(db)?;
+        // A row's version that does not read is its run's business (its claim says so).
+        Ok(rows.iter().filter_map(|r| r.try_get::<String, _>("catalogue_version").ok()).filter_map(|v| CatalogueVersion::parse(&v).ok()).collect())
+    }
+
     pub(super) async fn move_catalogue(&self, lease: &Lease, version: &CatalogueVersion) -> Result<(), StoreError> {
         self.health_ref().check()?;
         let began = Instant::now();

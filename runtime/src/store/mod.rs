@@ -336,6 +336,9 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn catalogue<'a>(&'a self, version: &'a CatalogueVersion) -> BoxFuture<'a, Result<Option<Sources>, StoreError>>;
     /// The versions kept whose digest starts with `prefix` (hex digits), in order, at most `limit`.
     fn catalogue_versions<'a>(&'a self, prefix: &'a str, limit: usize) -> BoxFuture<'a, Result<Vec<CatalogueVersion>, StoreError>>;
+    /// The catalogue versions (at most `limit`) that runs waiting for a claim (queued, or running
+    /// with their lease expired) recorded, of routes other than `routes`.
+    fn stranded_versions<'a>(&'a self, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<CatalogueVersion>, StoreError>>;
     /// Records that the run `lease` holds goes on on `version` from now on (it moved, and its
     /// events say so); refused ([`StoreError::LeaseLost`]) when the lease is not the run's.
     fn move_catalogue<'a>(&'a self, lease: &'a Lease, version: &'a CatalogueVersion) -> BoxFuture<'a, Result<(), StoreError>>;

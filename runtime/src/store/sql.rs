@@ -184,6 +184,10 @@ where
         Box::pin(SqlStore::catalogue(self, version))
     }
 
+    fn stranded_versions<'a>(&'a self, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<CatalogueVersion>, StoreError>> {
+        Box::pin(SqlStore::stranded_versions(self, routes, limit))
+    }
+
     fn move_catalogue<'a>(&'a self, lease: &'a Lease, version: &'a CatalogueVersion) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(SqlStore::move_catalogue(self, lease, version))
     }

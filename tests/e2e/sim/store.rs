@@ -529,6 +529,11 @@ impl RunStore for SimStore {
         Box::pin(self.call("catalogue", async move { store.catalogue(&version).await }))
     }
 
+    fn stranded_versions<'a>(&'a self, routes: &'a [String], limit: usize) -> BoxFuture<'a, Result<Vec<fabric::store::CatalogueVersion>, StoreError>> {
+        let (store, routes) = (self.real.store.clone(), routes.to_vec());
+        Box::pin(self.call("stranded_versions", async move { store.stranded_versions(&routes, limit).await }))
+    }
+
     fn move_catalogue<'a>(&'a self, lease: &'a Lease, version: &'a fabric::store::CatalogueVersion) -> BoxFuture<'a, Result<(), StoreError>> {
         let (store, lease, version) = (self.real.store.clone(), lease.clone(), version.clone());
         Box::pin(self.call("move_catalogue", async move { store.move_catalogue(&lease, &version).await }))
