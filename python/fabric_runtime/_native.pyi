@@ -57,6 +57,11 @@ class Runtime:
         run cannot start (``invalid_goal`` for a goal that is not a JSON object)."""
     def routes(self) -> list[str]:
         """The routes that can run here."""
+    @property
+    def catalogue_version(self) -> str:
+        """The catalogue version runs start on: the SHA-256 (64 hex digits) of the route files,
+        prompt packs and, with the stub, its scripts; the same files give the same version
+        wherever they are read, and a run recorded in a store keeps it."""
 
 class CancelToken:
     """Cancels the run it is given to: the run ends with the status ``cancelled`` (reason class

@@ -383,6 +383,12 @@ impl Runtime {
         self.core.claimable_routes()
     }
 
+    /// The catalogue version runs start on (docs/catalogue.md, "Versions").
+    #[getter]
+    fn catalogue_version(&self) -> String {
+        self.core.version().to_string()
+    }
+
     fn __repr__(&self) -> String {
         format!("Runtime({} routes)", self.core.catalogue().routes().count())
     }

@@ -260,6 +260,22 @@ def test_paths_may_be_path_objects():
     assert "support-triage" in rt.routes()
 
 
+def test_the_catalogue_version_names_the_files(tmp_path):
+    import shutil
+
+    rt = Runtime(ROUTES, PACKS, stub_dir=STUB, llm_stub=True)
+    version = rt.catalogue_version
+    assert len(version) == 64 and all(c in "0123456789abcdef" for c in version)
+    # The same files elsewhere: the same version; a changed prompt: another.
+    routes, packs = tmp_path / "routes", tmp_path / "packs"
+    shutil.copytree(ROUTES, routes)
+    shutil.copytree(PACKS, packs)
+    assert Runtime(routes, packs, stub_dir=STUB, llm_stub=True).catalogue_version == version
+    pack = next(packs.glob("*.yaml"))
+    pack.write_text(pack.read_text() + "\n# changed\n")
+    assert Runtime(routes, packs, stub_dir=STUB, llm_stub=True).catalogue_version != version
+
+
 def team_dirs(tmp_path):
     """A team's catalogue (one route on the shipped `default` profile) and pack directory."""
     team, packs = tmp_path / "team", tmp_path / "team-packs"
