@@ -199,6 +199,9 @@ pub struct StageDef {
     pub kind: StageKindDef,
     pub capability: Option<Ref>,
     pub flow: Flow,
+    /// `stream: true|false`: whether its model calls stream their text (`run.llm.delta`);
+    /// unset, a `synthesis` stage streams and the others do not.
+    pub stream: Option<bool>,
 }
 
 #[derive(Debug, Clone)]

@@ -82,12 +82,19 @@ pub struct StageNode {
     /// A branch condition reads a field of this stage's structured output (`slot: id.field`):
     /// only then does a run keep that output beside the slot.
     fields_read: bool,
+    /// Whether its model calls stream their text (`stream:`; by default a synthesis streams).
+    streams: bool,
 }
 
 impl StageNode {
     fn new(id: String, role: LlmRole, kind: NodeKind, capability: Option<BoundCapability>, prompt: ResolvedPrompt) -> StageNode {
         let output = capability.as_ref().map_or(OutputSpec::Text, |c| c.def.output.clone());
-        StageNode { id: id.into(), role, kind, capability, prompt, output, fields_read: false }
+        StageNode { id: id.into(), role, kind, capability, prompt, output, fields_read: false, streams: role == LlmRole::Synthesis }
+    }
+
+    /// Whether its model calls stream their text as it is written (`run.llm.delta`).
+    pub fn streams(&self) -> bool {
+        self.streams
     }
 
     pub fn id(&self) -> &str {
@@ -441,7 +448,9 @@ fn add_workflow(graph: &mut DiGraph<StageNode, Edge>, wf: &WorkflowDef, defs: &D
                 StageKindDef::Task => NodeKind::Stage,
                 StageKindDef::ChildRun { route } => NodeKind::ChildRun { route: route.name.clone() },
             };
-            graph.add_node(StageNode::new(s.id.clone(), role, kind, s.capability.as_ref().and_then(|c| resolve_cap(defs, c)), resolve(role)))
+            let mut node = StageNode::new(s.id.clone(), role, kind, s.capability.as_ref().and_then(|c| resolve_cap(defs, c)), resolve(role));
+            node.streams = s.stream.unwrap_or(node.streams);
+            graph.add_node(node)
         })
         .collect();
     let end = graph.add_node(end_node());

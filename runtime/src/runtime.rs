@@ -221,8 +221,7 @@ impl Runtime {
             user: "Reply with {\"ok\": true}.",
             output: &output,
             cx: &cx,
-            cancel: &never,
-        };
+            cancel: &never, stream: None };
         let edition = self.current();
         let llm = edition.runner().llm();
         let info = llm.info();

@@ -152,8 +152,9 @@ fn ticket() -> Value {
     json!({"ticket": "I was charged twice for my subscription"})
 }
 
-/// The stub, whose first call of stage `answer` fails with a 503 (a retry after 1 ms), and
-/// whose replies of stage `lookup` say nothing of their tokens.
+/// The stub, whose first call of stage `answer` streams a piece of text and then fails with a
+/// 503 (a retry after 1 ms: the retry's text starts again), and whose replies of stage `lookup`
+/// say nothing of their tokens.
 struct Flaky {
     inner: StubLlm,
     failed: Mutex<bool>,
@@ -163,6 +164,10 @@ impl Llm for Flaky {
     fn complete<'a>(&'a self, req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
         Box::pin(async move {
             if req.stage_id == "answer" && !std::mem::replace(&mut *self.failed.lock().unwrap(), true) {
+                if let Some(deltas) = req.stream {
+                    deltas.push("The first attempt's text");
+                    deltas.flush();
+                }
                 let mut e = LlmError::new(ReasonClass::ServerError, "HTTP 503 from stub");
                 e.retry_after = Some(fabric::llm::Wait { after: std::time::Duration::from_millis(1), from: "retry-after" });
                 return Err(e);

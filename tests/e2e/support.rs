@@ -385,6 +385,8 @@ pub fn bare_data(kind: fabric::events::EventKind) -> fabric::events::EventData {
         K::LlmStarted => D::LlmStarted { provider: s(), model: s(), turn: 0, structured: false },
         K::LlmWaiting => D::LlmWaiting { limit: "concurrency", waited_ms: 0 },
         K::LlmRetrying => D::LlmRetrying { attempt: 2, delay_ms: 0, reason_class: fabric::failure::ReasonClass::Timeout, message: s() },
+        K::LlmDelta => D::LlmDelta { turn: 0, attempt: 1, index: 0, text: s() },
+        K::LlmRestarted => D::LlmRestarted { turn: 0, attempt: 2 },
         K::LlmCompleted => D::LlmCompleted { duration_ms: ms, tokens: None },
         K::LlmFailed => D::LlmFailed { reason_class: fabric::failure::ReasonClass::Interrupted, message: s(), duration_ms: ms, reply: None },
         K::ToolStarted => D::ToolStarted { tool: s(), method: "in_process", url: None },

@@ -408,7 +408,7 @@ async fn call_full(backend: &dyn Llm, stage_id: &str, system: &str, user: &str, 
     let events = fabric::events::RunEvents::new("wire", "wire", None, Arc::new(fabric::events::NullSink));
     let never = fabric::cancel::Cancel::never();
     let cx = opentelemetry::Context::current();
-    let req = LlmRequest { events: &events, route_id: "wire", stage_id, turn: 0, priority: 0, system, user, output, cx: &cx, cancel: &never };
+    let req = LlmRequest { events: &events, route_id: "wire", stage_id, turn: 0, priority: 0, system, user, output, cx: &cx, cancel: &never, stream: None };
     backend.complete(&req).await
 }
 

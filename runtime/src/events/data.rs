@@ -19,6 +19,8 @@ pub enum EventKind {
     LlmStarted,
     LlmWaiting,
     LlmRetrying,
+    LlmDelta,
+    LlmRestarted,
     LlmCompleted,
     LlmFailed,
     ToolStarted,
@@ -33,7 +35,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 20] = [
         EventKind::RunStarted,
         EventKind::StageStarted,
         EventKind::StageCompleted,
@@ -41,6 +43,8 @@ impl EventKind {
         EventKind::LlmStarted,
         EventKind::LlmWaiting,
         EventKind::LlmRetrying,
+        EventKind::LlmDelta,
+        EventKind::LlmRestarted,
         EventKind::LlmCompleted,
         EventKind::LlmFailed,
         EventKind::ToolStarted,
@@ -64,6 +68,8 @@ impl EventKind {
             EventKind::LlmStarted => "run.llm.started",
             EventKind::LlmWaiting => "run.llm.waiting",
             EventKind::LlmRetrying => "run.llm.retrying",
+            EventKind::LlmDelta => "run.llm.delta",
+            EventKind::LlmRestarted => "run.llm.restarted",
             EventKind::LlmCompleted => "run.llm.completed",
             EventKind::LlmFailed => "run.llm.failed",
             EventKind::ToolStarted => "run.tool.started",
@@ -170,6 +176,20 @@ pub enum EventData {
         reason_class: ReasonClass,
         message: String,
     },
+    /// A piece of the reply's text as the model writes it (`llm::stream`).
+    LlmDelta {
+        turn: u32,
+        /// The attempt the text is of (1 for the first; a retry's text starts again).
+        attempt: u32,
+        /// Its number within the attempt, from 0.
+        index: u32,
+        text: String,
+    },
+    /// The call's text starts again (a new attempt after one that showed text): drop it.
+    LlmRestarted {
+        turn: u32,
+        attempt: u32,
+    },
     LlmCompleted {
         duration_ms: f64,
         tokens: Option<Tokens>,
@@ -246,6 +266,8 @@ impl EventData {
             EventData::LlmStarted { .. } => EventKind::LlmStarted,
             EventData::LlmWaiting { .. } => EventKind::LlmWaiting,
             EventData::LlmRetrying { .. } => EventKind::LlmRetrying,
+            EventData::LlmDelta { .. } => EventKind::LlmDelta,
+            EventData::LlmRestarted { .. } => EventKind::LlmRestarted,
             EventData::LlmCompleted { .. } => EventKind::LlmCompleted,
             EventData::LlmFailed { .. } => EventKind::LlmFailed,
             EventData::ToolStarted { .. } => EventKind::ToolStarted,
@@ -323,6 +345,16 @@ impl Serialize for EventData {
                 m.serialize_entry("delay_ms", delay_ms)?;
                 m.serialize_entry("reason_class", reason_class.as_str())?;
                 m.serialize_entry("message", message)?;
+            }
+            EventData::LlmDelta { turn, attempt, index, text } => {
+                m.serialize_entry("turn", turn)?;
+                m.serialize_entry("attempt", attempt)?;
+                m.serialize_entry("index", index)?;
+                m.serialize_entry("text", text)?;
+            }
+            EventData::LlmRestarted { turn, attempt } => {
+                m.serialize_entry("turn", turn)?;
+                m.serialize_entry("attempt", attempt)?;
             }
             EventData::LlmCompleted { duration_ms, tokens } => {
                 m.serialize_entry("duration_ms", duration_ms)?;

@@ -282,6 +282,11 @@ impl RunEvents {
     /// drops events, so a run without an event consumer pays nothing for them (the check is
     /// inlined at every call site).
     #[inline]
+    /// Whether anyone sees the events (a sink that takes them, or a journal that records them).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     pub fn emit(&self, stage_id: Option<&str>, data: impl FnOnce() -> EventData) {
         if !self.enabled || self.muted.load(Ordering::Relaxed) {
             return;

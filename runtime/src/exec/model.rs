@@ -8,6 +8,7 @@ use super::state::{Run, RunState, StageFailure};
 use super::{JournalEntry, Runner, message};
 use crate::failure::ReasonClass;
 use crate::hydrate::StageNode;
+use crate::llm::stream::Deltas;
 use crate::llm::{LlmRequest, OutputSpec, ReplyValue};
 
 impl Runner {
@@ -25,6 +26,8 @@ impl Runner {
             }
         };
         let turn = &mut state.llm_calls[idx].2;
+        // Only where someone may see it: a run whose events go nowhere streams nothing.
+        let deltas = (stage.streams() && events.enabled()).then(|| Deltas::new(events, stage.id(), *turn));
         let req = LlmRequest {
             events,
             route_id: route.id(),
@@ -36,6 +39,7 @@ impl Runner {
             output: stage.output(),
             cx,
             cancel,
+            stream: deltas.as_ref(),
         };
         *turn += 1;
         if let Some(value) = state.source.model_reply(stage.id(), req.turn, req.system, &user, events)? {
@@ -47,7 +51,17 @@ impl Runner {
             Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.to_string())),
             None => &self.llm,
         };
-        let reply = llm.complete(&req).await.map_err(|e| StageFailure::new(e.class, e.message))?;
+        let reply = llm.complete(&req).await;
+        if let Some(deltas) = &deltas {
+            // A backend that does not stream shows its whole reply as one delta, at its end.
+            if let Ok(reply) = &reply
+                && !deltas.sent()
+            {
+                deltas.push(&reply.raw_text());
+            }
+            deltas.flush();
+        }
+        let reply = reply.map_err(|e| StageFailure::new(e.class, e.message))?;
         if run.journal.is_some() {
             let (stage_id, system, raw, value) = (stage.id().to_owned(), req.system.to_owned(), reply.raw_text(), reply.value.recorded());
             state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value });

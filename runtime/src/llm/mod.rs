@@ -14,6 +14,7 @@ pub mod model;
 pub mod providers;
 pub mod retry;
 pub mod stack;
+pub mod stream;
 pub mod stub;
 pub mod telemetry;
 
@@ -44,6 +45,9 @@ pub struct LlmRequest<'a> {
     pub cx: &'a opentelemetry::Context,
     /// Fires when the run is cancelled; the call then ends with `interrupted`.
     pub cancel: &'a crate::cancel::Cancel,
+    /// Where a backend that streams writes the reply's text as it comes (a stage that streams,
+    /// in a run someone may watch); `None`: the reply comes whole.
+    pub stream: Option<&'a stream::Deltas<'a>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

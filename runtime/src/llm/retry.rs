@@ -46,6 +46,10 @@ impl<L: Llm> RetryLlm<L> {
             });
             tokio::time::sleep(delay).await;
             attempt += 1;
+            // The new attempt's text starts again; watchers drop what the last one showed.
+            if let Some(deltas) = req.stream {
+                deltas.restart();
+            }
             error = match self.inner.call(req).await {
                 Ok(reply) => return Ok(reply),
                 Err(e) => e,

@@ -241,12 +241,17 @@ impl Llm for StubLlm {
     }
 
     async fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> Result<LlmReply, LlmError> {
-        if !self.latency.is_zero() {
-            // Boxed: most calls have no latency, and the timer would make every call's future
-            // (boxed once per call, copied into its box) larger.
-            Box::pin(tokio::time::sleep(self.latency)).await;
-        }
         let raw = self.reply_for(req)?;
+        match req.stream {
+            // Streamed in seeded pieces, the latency spread over them as a model's would be.
+            Some(deltas) => Box::pin(stream_reply(deltas, req, &raw, self.latency)).await,
+            None if !self.latency.is_zero() => {
+                // Boxed: most calls have no latency, and the timer would make every call's future
+                // (boxed once per call, copied into its box) larger.
+                Box::pin(tokio::time::sleep(self.latency)).await;
+            }
+            None => {}
+        }
         // Token counts the way a real reply would report them, so telemetry has figures.
         let usage = Usage { input_tokens: approx_tokens(req.system) + approx_tokens(req.user), output_tokens: approx_tokens(&raw) };
         let meta = ReplyMeta { usage: Some(usage), ..ReplyMeta::default() };
@@ -262,6 +267,29 @@ impl Llm for StubLlm {
 
     fn info(&self) -> ModelInfo {
         ModelInfo { provider: "stub".into(), model: "seeded-stub".into(), ..ModelInfo::default() }
+    }
+}
+
+/// The reply's text in pieces of 1 to 16 characters, their lengths drawn from the call's seed (the
+/// same call gives the same pieces every time), `latency` spread over them.
+async fn stream_reply(deltas: &super::stream::Deltas<'_>, req: &LlmRequest<'_>, raw: &str, latency: Duration) {
+    let turn = req.turn.to_string();
+    let mut seed = fnv1a(&[req.route_id, req.stage_id, &turn, req.user]);
+    let mut pieces = Vec::new();
+    let mut rest = raw;
+    while !rest.is_empty() {
+        seed = seed.rotate_left(5) ^ 0x9e37_79b9_7f4a_7c15;
+        let want = 1 + (seed % 16) as usize;
+        let cut = rest.char_indices().nth(want).map_or(rest.len(), |(i, _)| i);
+        pieces.push(&rest[..cut]);
+        rest = &rest[cut..];
+    }
+    let each = latency / (pieces.len().max(1) as u32);
+    for piece in pieces {
+        if !each.is_zero() {
+            tokio::time::sleep(each).await;
+        }
+        deltas.push(piece);
     }
 }
 

@@ -311,8 +311,9 @@ fn stage(ctx: &mut Ctx<'_>, workflow: &str, node: &Node) -> Option<StageDef> {
         }),
         (None, None) => Some(Flow::FallThrough),
     };
+    let stream = f.get("stream").and_then(|n| ctx.bool(n, "`stream`"));
     f.finish(ctx);
-    Some(StageDef { id: id?, pos: node.pos, role, kind: kind?, capability, flow: flow? })
+    Some(StageDef { id: id?, pos: node.pos, role, kind: kind?, capability, flow: flow?, stream })
 }
 
 fn branch(ctx: &mut Ctx<'_>, node: &Node) -> Option<BranchDef> {

@@ -226,7 +226,7 @@ async fn the_decorator_pauses_its_gate_on_a_429_and_says_what_held_a_call() {
     let (cx, never) = (opentelemetry::Context::current(), crate::cancel::Cancel::never());
     let output = crate::llm::OutputSpec::Text;
     let req =
-        LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never };
+        LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never, stream: None };
     let e = llm.call(&req).await.unwrap_err();
     assert_eq!(e.class, ReasonClass::RateLimited);
     assert!(gate.status().paused_for.is_some());
@@ -273,7 +273,7 @@ async fn a_call_told_to_wait_past_the_longest_pause_fails_at_once_and_is_not_ret
     let (cx, never) = (opentelemetry::Context::current(), crate::cancel::Cancel::never());
     let output = crate::llm::OutputSpec::Text;
     let req =
-        LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never };
+        LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never, stream: None };
     let start = Instant::now();
     let e = llm.call(&req).await.unwrap_err();
     assert!(start.elapsed().is_zero(), "failed at once: {:?}", start.elapsed());

@@ -1,0 +1,165 @@
+//! Streaming a model's reply as it is written: a backend that streams hands each piece of text to
+//! the call's [`Deltas`], which batches them into `run.llm.delta` events (at most one every
+//! [`DELTA_EVERY`] or [`DELTA_BYTES`] of text, whichever comes first, so a fast model does not
+//! cost an event per token). What a stream changes is only what a watcher sees while the call
+//! runs: the reply is read, validated, journalled, retried and replayed whole, as without it.
+//!
+//! A new attempt of the same call (a retry after a transient error) starts its text again: when
+//! the failed attempt had shown any, `run.llm.restarted` says to drop it first.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::events::{EventData, RunEvents};
+
+/// The longest a piece of text waits for others before it is sent.
+pub const DELTA_EVERY: Duration = Duration::from_millis(50);
+
+/// The most text one delta carries before it is sent, whatever the time.
+pub const DELTA_BYTES: usize = 2048;
+
+/// The deltas of one model call (all of its attempts).
+#[derive(Debug)]
+pub struct Deltas<'a> {
+    events: &'a RunEvents,
+    stage_id: &'a str,
+    turn: u32,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The attempt the text is of (1 for the first).
+    attempt: u32,
+    /// The next delta's number within the attempt (from 0).
+    index: u32,
+    /// Text not sent yet, and since when it waits.
+    pending: String,
+    since: Option<Instant>,
+}
+
+impl<'a> Deltas<'a> {
+    pub fn new(events: &'a RunEvents, stage_id: &'a str, turn: u32) -> Deltas<'a> {
+        Deltas { events, stage_id, turn, state: Mutex::new(State { attempt: 1, ..State::default() }) }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A piece of the reply's text, as it came; sent with the pieces before it once
+    /// [`DELTA_EVERY`] passed since the first of them or they reach [`DELTA_BYTES`].
+    pub fn push(&self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let mut s = self.state();
+        s.pending.push_str(text);
+        let since = *s.since.get_or_insert_with(Instant::now);
+        if s.pending.len() >= DELTA_BYTES || since.elapsed() >= DELTA_EVERY {
+            self.send(&mut s);
+        }
+    }
+
+    /// Sends what waits (the end of an attempt's text).
+    pub fn flush(&self) {
+        let mut s = self.state();
+        self.send(&mut s);
+    }
+
+    /// Whether the current attempt sent any text.
+    pub fn sent(&self) -> bool {
+        let s = self.state();
+        s.index > 0 || !s.pending.is_empty()
+    }
+
+    /// A new attempt of the call begins: what the last one did not send is dropped, and when it
+    /// sent anything, `run.llm.restarted` tells the watchers to drop that text.
+    pub fn restart(&self) {
+        let mut s = self.state();
+        let shown = s.index > 0;
+        s.pending.clear();
+        s.since = None;
+        s.index = 0;
+        s.attempt += 1;
+        if shown {
+            let attempt = s.attempt;
+            self.events.emit(Some(self.stage_id), || EventData::LlmRestarted { turn: self.turn, attempt });
+        }
+    }
+
+    fn send(&self, s: &mut State) {
+        if s.pending.is_empty() {
+            return;
+        }
+        let text = std::mem::take(&mut s.pending);
+        let (attempt, index) = (s.attempt, s.index);
+        s.index += 1;
+        s.since = None;
+        self.events.emit(Some(self.stage_id), || EventData::LlmDelta { turn: self.turn, attempt, index, text });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{EventKind, MemorySink};
+    use std::sync::Arc;
+
+    fn events() -> (RunEvents, Arc<MemorySink>) {
+        let sink = Arc::new(MemorySink::default());
+        (RunEvents::new("r", "route", None, sink.clone()), sink)
+    }
+
+    #[test]
+    fn pieces_are_batched_by_size_and_sent_in_order_at_the_end() {
+        let (ev, sink) = events();
+        let d = Deltas::new(&ev, "s", 0);
+        for _ in 0..(DELTA_BYTES / 8 + 1) {
+            d.push("abcdefgh");
+        }
+        d.push("tail");
+        d.flush();
+        let got = sink.events();
+        assert_eq!(got.len(), 2, "one delta at {DELTA_BYTES} bytes, one at the end");
+        let texts: Vec<String> = got
+            .iter()
+            .map(|e| match &e.data {
+                EventData::LlmDelta { text, index, attempt: 1, turn: 0 } => format!("{index}:{}", text.len()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(texts, [format!("0:{DELTA_BYTES}"), "1:12".to_owned()]);
+    }
+
+    #[test]
+    fn a_retry_after_shown_text_says_restarted_and_one_before_any_does_not() {
+        let (ev, sink) = events();
+        let d = Deltas::new(&ev, "s", 2);
+        d.push("unsent");
+        d.restart();
+        assert!(sink.events().is_empty(), "nothing was shown, nothing to take back");
+        d.push("shown");
+        d.flush();
+        d.restart();
+        d.push("again");
+        d.flush();
+        let kinds: Vec<EventKind> = sink.events().iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [EventKind::LlmDelta, EventKind::LlmRestarted, EventKind::LlmDelta]);
+        match &sink.events()[2].data {
+            EventData::LlmDelta { attempt: 3, index: 0, text, turn: 2 } => assert_eq!(text, "again"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_slow_stream_sends_each_piece_once_its_time_is_up() {
+        let (ev, sink) = events();
+        let d = Deltas::new(&ev, "s", 0);
+        d.push("a");
+        std::thread::sleep(DELTA_EVERY + Duration::from_millis(5));
+        d.push("b");
+        assert_eq!(sink.events().len(), 1, "sent when the next piece came after the wait");
+        assert!(d.sent());
+    }
+}
