@@ -76,6 +76,7 @@ fn micro(c: &mut Criterion) {
         output: &output,
         cx: &cx,
         cancel: &never,
+        stream: None,
     };
     c.bench_function("stub_call_structured", |b| {
         b.iter(|| {

@@ -140,6 +140,11 @@ pub enum FieldChange {
         #[serde(serialize_with = "role_name")]
         new: LlmRole,
     },
+    /// Whether its model calls stream their text (`stream:`).
+    Stream {
+        old: bool,
+        new: bool,
+    },
     Kind {
         old: StageKind,
         new: StageKind,
@@ -267,6 +272,9 @@ fn fields(old: &Route, o: NodeIndex, new: &Route, n: NodeIndex) -> Vec<FieldChan
     let mut out = Vec::new();
     if os.role() != ns.role() {
         out.push(FieldChange::Role { old: os.role(), new: ns.role() });
+    }
+    if os.streams() != ns.streams() {
+        out.push(FieldChange::Stream { old: os.streams(), new: ns.streams() });
     }
     if os.kind() != ns.kind() {
         out.push(FieldChange::Kind { old: StageKind::of(os.kind()), new: StageKind::of(ns.kind()) });

@@ -221,7 +221,9 @@ impl Runtime {
             user: "Reply with {\"ok\": true}.",
             output: &output,
             cx: &cx,
-            cancel: &never, stream: None };
+            cancel: &never,
+            stream: None,
+        };
         let edition = self.current();
         let llm = edition.runner().llm();
         let info = llm.info();

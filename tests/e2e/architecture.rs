@@ -325,6 +325,7 @@ const LONG_FILES: &[(&str, &str)] = &[
     ("otel.rs", "the tracer, its exporter from the standard variables, and the flush: one outside world"),
     ("tools/mod.rs", "the `HttpPort` and its adapter: URL cache, redirects, caps"),
     ("loader/decode.rs", "one decoder per definition kind, sharing the decoding vocabulary"),
+    ("events/data.rs", "one closed enum of event types and its wire form, variant by variant: the table docs/events.md mirrors"),
     ("llm/providers/mod.rs", "the one HTTP executor every codec shares: the request, the bounded read of the reply, the mapping of failures to reason classes"),
 ];
 

@@ -87,7 +87,7 @@ fn every_shipped_route_runs_with_the_stub() {
 fn events_to_stderr_with_dash() {
     let out = fabric(&["run", "support-triage", "--goal", GOAL, "--events-out", "-"], &[STUB]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(stderr(&out).lines().count(), 14);
+    assert_eq!(stderr(&out).lines().count(), 15, "14 events and the synthesis's one delta");
 }
 
 #[test]
@@ -375,7 +375,7 @@ fn a_cli_run_can_be_recorded_and_read_back() {
     let out = fabric(&["runs", "--store", &store, "show", id, "--events"], &[]);
     let lines: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!((lines[0]["status"].as_str(), lines[0]["output"].as_str()), (Some("completed"), result["output"].as_str()));
-    assert_eq!(lines.len(), 1 + 14, "the run and its 14 events");
+    assert_eq!(lines.len(), 1 + 15, "the run and its 15 events");
     let out = fabric(&["runs", "--store", &store, "show", "nope"], &[]);
     assert_eq!(out.status.code(), Some(2));
     let out = fabric(&["run", "support-triage", "--goal", GOAL, "--store", "mysql://x"], &[STUB]);

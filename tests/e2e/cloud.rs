@@ -132,8 +132,19 @@ async fn call(backend: &dyn fabric::llm::Llm, output: &OutputSpec) -> Result<fab
     let events = fabric::events::RunEvents::new("cloud", "cloud", None, Arc::new(fabric::events::NullSink));
     let never = fabric::cancel::Cancel::never();
     let cx = opentelemetry::Context::current();
-    let req =
-        LlmRequest { events: &events, route_id: "cloud", stage_id: "intake", turn: 0, priority: 0, system: "s", user: "u", output, cx: &cx, cancel: &never, stream: None };
+    let req = LlmRequest {
+        events: &events,
+        route_id: "cloud",
+        stage_id: "intake",
+        turn: 0,
+        priority: 0,
+        system: "s",
+        user: "u",
+        output,
+        cx: &cx,
+        cancel: &never,
+        stream: None,
+    };
     backend.complete(&req).await
 }
 

@@ -238,7 +238,9 @@ async fn replies_cut_at_the_token_limit_fail_on_every_provider() {
         user: "u",
         output: &fabric::llm::OutputSpec::Text,
         cx: &cx,
-        cancel: &never, stream: None };
+        cancel: &never,
+        stream: None,
+    };
     use fabric::llm::Llm;
     let e = backend.complete(&req).await.unwrap_err();
     assert!(e.message.contains("stop_reason: max_tokens"), "{e}");

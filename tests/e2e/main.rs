@@ -32,6 +32,7 @@ mod sessions;
 mod sim;
 mod skip;
 mod store;
+mod streaming;
 mod support;
 mod telemetry;
 mod versions;

@@ -72,11 +72,23 @@ async fn support_triage_tells_its_whole_story() {
             "run.stage.completed:lookup",
             "run.stage.started:answer",
             "run.llm.started:answer",
+            // The synthesis streams: its text before the call's end.
+            "run.llm.delta:answer",
             "run.llm.completed:answer",
             "run.stage.completed:answer",
             "run.completed",
         ]
     );
+    let shown: String = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            fabric::events::EventData::LlmDelta { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    // The reply as the model wrote it: the structured answer's JSON.
+    let written: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(written["text"].as_str(), result.output(), "the deltas joined are the reply");
     for (idx, e) in events.iter().enumerate() {
         assert_eq!(e.seq, idx as u64 + 1);
         assert_eq!(e.run_id.as_ref(), result.run_id);

@@ -103,6 +103,7 @@ fn write_field(f: &mut Formatter<'_>, at: &str, field: &FieldChange) -> fmt::Res
     let or_none = |name: &Option<String>| name.clone().unwrap_or_else(|| "none".into());
     match field {
         FieldChange::Role { old, new } => writeln!(f, "{at}: llm_role: {} -> {}", old.as_str(), new.as_str()),
+        FieldChange::Stream { old, new } => writeln!(f, "{at}: stream: {old} -> {new}"),
         FieldChange::Kind { old, new } => writeln!(f, "{at}: kind: {old} -> {new}"),
         FieldChange::Capability { old, new } => writeln!(f, "{at}: capability: {} -> {}", or_none(old), or_none(new)),
         FieldChange::PromptSource { old, new } => writeln!(f, "{at}: prompt source: {} -> {}", old.as_str(), new.as_str()),

@@ -51,17 +51,8 @@ impl Runner {
             Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.to_string())),
             None => &self.llm,
         };
-        let reply = llm.complete(&req).await;
-        if let Some(deltas) = &deltas {
-            // A backend that does not stream shows its whole reply as one delta, at its end.
-            if let Ok(reply) = &reply
-                && !deltas.sent()
-            {
-                deltas.push(&reply.raw_text());
-            }
-            deltas.flush();
-        }
-        let reply = reply.map_err(|e| StageFailure::new(e.class, e.message))?;
+        // The stack's telemetry layer sends the deltas' last text before the call's end.
+        let reply = llm.complete(&req).await.map_err(|e| StageFailure::new(e.class, e.message))?;
         if run.journal.is_some() {
             let (stage_id, system, raw, value) = (stage.id().to_owned(), req.system.to_owned(), reply.raw_text(), reply.value.recorded());
             state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value });

@@ -68,6 +68,16 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
                 Err(why) => Err(LlmError::new(ReasonClass::Interrupted, format!("the run was interrupted ({why})"))),
             };
             let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+            // The text shown comes before the call's end: what waits is sent, and a backend that
+            // does not stream shows its whole reply as one delta.
+            if let Some(deltas) = req.stream {
+                if let Ok(reply) = &result
+                    && !deltas.sent()
+                {
+                    deltas.push(&reply.raw_text());
+                }
+                deltas.flush();
+            }
             match &result {
                 Ok(reply) => {
                     set_response(&cx, &reply.meta);

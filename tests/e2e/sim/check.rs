@@ -22,6 +22,8 @@ const FIELDS: &[(&str, &[&str])] = &[
     ("run.llm.started", &["provider", "model", "turn", "structured"]),
     ("run.llm.waiting", &["limit", "waited_ms"]),
     ("run.llm.retrying", &["attempt", "delay_ms", "reason_class", "message"]),
+    ("run.llm.delta", &["turn", "attempt", "index", "text"]),
+    ("run.llm.restarted", &["turn", "attempt"]),
     ("run.llm.completed", &["duration_ms"]),
     ("run.llm.failed", &["reason_class", "message", "duration_ms"]),
     ("run.tool.started", &["tool", "method"]),

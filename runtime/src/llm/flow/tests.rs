@@ -225,8 +225,7 @@ async fn the_decorator_pauses_its_gate_on_a_429_and_says_what_held_a_call() {
     let events = crate::events::RunEvents::new("run", "r", None, sink.clone());
     let (cx, never) = (opentelemetry::Context::current(), crate::cancel::Cancel::never());
     let output = crate::llm::OutputSpec::Text;
-    let req =
-        LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never, stream: None };
+    let req = bare_request(&events, &output, &cx, &never);
     let e = llm.call(&req).await.unwrap_err();
     assert_eq!(e.class, ReasonClass::RateLimited);
     assert!(gate.status().paused_for.is_some());
@@ -272,8 +271,7 @@ async fn a_call_told_to_wait_past_the_longest_pause_fails_at_once_and_is_not_ret
     let events = crate::events::RunEvents::new("run", "r", None, Arc::new(crate::events::MemorySink::default()));
     let (cx, never) = (opentelemetry::Context::current(), crate::cancel::Cancel::never());
     let output = crate::llm::OutputSpec::Text;
-    let req =
-        LlmRequest { events: &events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output: &output, cx: &cx, cancel: &never, stream: None };
+    let req = bare_request(&events, &output, &cx, &never);
     let start = Instant::now();
     let e = llm.call(&req).await.unwrap_err();
     assert!(start.elapsed().is_zero(), "failed at once: {:?}", start.elapsed());
@@ -284,4 +282,14 @@ async fn a_call_told_to_wait_past_the_longest_pause_fails_at_once_and_is_not_ret
     }
     assert_eq!(llm.info().model, "m");
     assert!(gate.status().paused_for.unwrap() <= DEFAULT_MAX_PAUSE, "the model pauses at most the longest pause");
+}
+
+/// A call of stage `s` of route `r` with empty texts.
+fn bare_request<'a>(
+    events: &'a crate::events::RunEvents,
+    output: &'a crate::llm::OutputSpec,
+    cx: &'a opentelemetry::Context,
+    cancel: &'a crate::cancel::Cancel,
+) -> LlmRequest<'a> {
+    LlmRequest { events, route_id: "r", stage_id: "s", turn: 0, priority: 0, system: "", user: "", output, cx, cancel, stream: None }
 }
