@@ -282,9 +282,10 @@ impl RunEvents {
     /// drops events, so a run without an event consumer pays nothing for them (the check is
     /// inlined at every call site).
     #[inline]
-    /// Whether anyone sees the events (a sink that takes them, or a journal that records them).
-    pub fn enabled(&self) -> bool {
-        self.enabled
+    /// Whether anyone watches the run as it goes: a sink that takes its events (a journal that
+    /// only records them does not count).
+    pub fn watched(&self) -> bool {
+        self.sink.enabled()
     }
 
     pub fn emit(&self, stage_id: Option<&str>, data: impl FnOnce() -> EventData) {

@@ -26,8 +26,9 @@ impl Runner {
             }
         };
         let turn = &mut state.llm_calls[idx].2;
-        // Only where someone may see it: a run whose events go nowhere streams nothing.
-        let deltas = (stage.streams() && events.enabled()).then(|| Deltas::new(events, stage.id(), *turn));
+        // Only where someone watches (a live sink: the service's, `--events-out`, a library's):
+        // a run whose events are only recorded streams nothing and pays nothing for it.
+        let deltas = (stage.streams() && events.watched()).then(|| Deltas::new(events, stage.id(), *turn));
         let req = LlmRequest {
             events,
             route_id: route.id(),
