@@ -85,7 +85,11 @@ fn role_edges_schema_and_settings_are_reported_where_they_change() {
     assert!(text.contains("route staged: stage b: llm_role: synthesis -> classify\n"), "{text}");
     assert!(text.contains("route staged: stage a: edges changed\n  - -> b when a.u == \"x\"\n  + -> b when a.u == \"y\"\n"), "{text}");
     assert!(text.contains("route staged: stage a: output schema changed\n  - ") && text.contains("\"type\": \"integer\""), "{text}");
-    assert!(matches!(fields(&d, "staged", "b"), [FieldChange::Role { .. }, FieldChange::PromptSource { .. }, FieldChange::SystemPrompt { .. }]));
+    // A synthesis streams by default, a classify stage does not: the role takes the switch along.
+    assert!(matches!(
+        fields(&d, "staged", "b"),
+        [FieldChange::Role { .. }, FieldChange::Stream { old: true, new: false }, FieldChange::PromptSource { .. }, FieldChange::SystemPrompt { .. }]
+    ));
     let json = serde_json::to_value(&d).unwrap();
     let staged = &json["routes"][0];
     assert_eq!(staged["route"], "staged");
