@@ -90,7 +90,7 @@ pub use crate::store::StartRequest;
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
 pub use durable::{AcceptError, AcceptedRun, ClaimedRun, Durable, MAX_TAKEOVERS, RecordedOnce, Started};
-pub use edition::{Edition, KEPT_EDITIONS};
+pub use edition::{Edition, KEPT_EDITIONS, stub_scripts_on_disk};
 pub use reload::{ReloadError, Reloaded};
 pub use replying::{ClaimedReply, ReplayOn, ReplyError};
 pub use retention::{EXPIRED_REASON, PRUNE_BATCH};
@@ -174,15 +174,7 @@ impl Runtime {
 
     /// The routes whose runs this process may claim: those [`Runtime::check_route`] accepts.
     pub fn claimable_routes(&self) -> Vec<String> {
-        let edition = self.current();
-        edition
-            .catalogue()
-            .routes()
-            .filter_map(|entry| match entry {
-                crate::catalogue::RouteEntry::Ready(r) if edition.check_route(r.id()).is_ok() => Some(r.id().to_owned()),
-                _ => None,
-            })
-            .collect()
+        self.current().claimable_routes().map(str::to_owned).collect()
     }
     /// A run with a goal and nothing else: no events, no cancellation.
     pub async fn run_goal(&self, route_id: &str, goal: Map<String, Value>) -> Result<RunOutcome, StartError> {

@@ -87,6 +87,45 @@ fn sqlite_db(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}", dir.path().join("fabric.db").display())
 }
 
+/// A replica that takes runs over fast: a lease of 2 s, claims every 100 ms.
+const TAKES_OVER: [(&str, &str); 2] = [("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")];
+
+/// A run of `route` on a slow replica over `cat` (each model call 700 ms), killed (`kill -9`)
+/// once its first model reply is committed: its id, the version it started on, and how many
+/// replies it committed.
+async fn killed_mid_run(db: &str, cat: &Catalogue, stub: &Path, route: &str, goal: Value) -> (String, String, usize) {
+    let first = server(db, cat, stub, &[("FABRIC_LLM_STUB_LATENCY_MS", "700"), TAKES_OVER[0], TAKES_OVER[1]]);
+    let old = version(&first).await;
+    let (status, run) = post(&first, "/v1/runs", start(route, goal)).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let mut done = 0;
+    for _ in 0..100 {
+        done = prompts(&first, &id).await.len();
+        if done >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(done >= 1, "the first stage never committed");
+    first.signal("KILL");
+    (id, old, done)
+}
+
+/// The version in force once `until` holds of it, polled 100 times `step` apart (the last one
+/// read when it never does).
+async fn version_when(s: &Server, step: Duration, until: impl Fn(&str) -> bool) -> String {
+    let mut now = String::new();
+    for _ in 0..100 {
+        now = version(s).await;
+        if until(&now) {
+            break;
+        }
+        tokio::time::sleep(step).await;
+    }
+    now
+}
+
 #[tokio::test]
 async fn a_reply_after_a_reload_continues_on_the_old_prompt_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
@@ -165,26 +204,11 @@ async fn takeover_on_the_old_version(db: &str) {
     for resume_on in ["recorded", "current"] {
         let (cat, stub) = (Catalogue::new(), asking_stub());
         cat.mark(Some("old"));
-        let slow = [("FABRIC_LLM_STUB_LATENCY_MS", "700"), ("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")];
-        let first = server(db, &cat, stub.path(), &slow);
-        let old = version(&first).await;
-        let (status, run) = post(&first, "/v1/runs", start("support-triage", json!({"ticket": "charged twice"}))).await;
-        assert_eq!(status, 201, "{run}");
-        let id = run["run_id"].as_str().unwrap().to_owned();
         // Killed once its first stage is committed, before its last.
-        let mut done_before = 0;
-        for _ in 0..100 {
-            done_before = prompts(&first, &id).await.len();
-            if done_before >= 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(done_before >= 1, "the first stage never committed");
-        first.signal("KILL");
+        let (id, old, done_before) = killed_mid_run(db, &cat, stub.path(), "support-triage", json!({"ticket": "charged twice"})).await;
 
         cat.mark(Some("new"));
-        let env = [("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100"), ("FABRIC_RESUME_ON", resume_on)];
+        let env = [TAKES_OVER[0], TAKES_OVER[1], ("FABRIC_RESUME_ON", resume_on)];
         let second = server(db, &cat, stub.path(), &env);
         let new = version(&second).await;
         assert_ne!(new, old, "the second replica loaded only the new version");
@@ -337,14 +361,7 @@ async fn sighup_reloads_and_does_not_stop() {
     let before = version(&s).await;
     cat.mark(Some("hup"));
     s.signal("HUP");
-    let mut now = before.clone();
-    for _ in 0..100 {
-        now = version(&s).await;
-        if now != before {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let now = version_when(&s, Duration::from_millis(50), |v| v != before).await;
     assert_ne!(now, before, "{}", s.logs());
     let (status, run) = post(&s, "/v1/runs?wait=true", start("support-triage", json!({"ticket": "x"}))).await;
     assert_eq!((status, run["catalogue_version"].as_str()), (200, Some(now.as_str())), "{run}");
@@ -372,14 +389,7 @@ async fn a_watched_catalogue_reloads_a_change_on_disk_and_refuses_a_broken_one()
     // Put right with a change: loaded.
     std::fs::write(&triage, &original).unwrap();
     cat.mark(Some("watched"));
-    let mut now = before.clone();
-    for _ in 0..100 {
-        now = version(&s).await;
-        if now != before {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let now = version_when(&s, Duration::from_millis(100), |v| v != before).await;
     assert_ne!(now, before, "{}", s.logs());
     let (_, run) = post(&s, "/v1/runs?wait=true", start("support-triage", json!({"ticket": "x"}))).await;
     let calls = prompts(&s, run["run_id"].as_str().unwrap()).await;
@@ -388,14 +398,7 @@ async fn a_watched_catalogue_reloads_a_change_on_disk_and_refuses_a_broken_one()
     cat.mark(Some("by hand"));
     assert_eq!(reload(&s).await.0, 200);
     cat.mark(Some("watched"));
-    let mut back = String::new();
-    for _ in 0..100 {
-        back = version(&s).await;
-        if back == now {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let back = version_when(&s, Duration::from_millis(100), |v| v == now).await;
     assert_eq!(back, now, "{}", s.logs());
 }
 
@@ -509,20 +512,10 @@ async fn a_version_that_does_not_read_moves_the_run_and_says_why() {
     let db = sqlite_db(&dir);
     let (cat, stub) = (Catalogue::new(), asking_stub());
     cat.mark(Some("old"));
-    let slow = [("FABRIC_LLM_STUB_LATENCY_MS", "700"), ("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")];
-    let first = server(&db, &cat, stub.path(), &slow);
-    let (_, run) = post(&first, "/v1/runs", start("support-triage", json!({"ticket": "x"}))).await;
-    let id = run["run_id"].as_str().unwrap().to_owned();
-    for _ in 0..100 {
-        if !prompts(&first, &id).await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    first.signal("KILL");
+    let (id, ..) = killed_mid_run(&db, &cat, stub.path(), "support-triage", json!({"ticket": "x"})).await;
     crate::store::sql(&db, "UPDATE catalogue_versions SET body = '{\"routes\": [], \"packs\": []}'").await;
     cat.mark(Some("new"));
-    let second = server(&db, &cat, stub.path(), &[("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")]);
+    let second = server(&db, &cat, stub.path(), &TAKES_OVER);
     let view = settled(&second, &id).await;
     assert_eq!(view["status"], "completed", "{view}");
     assert_eq!(view["catalogue_version"].as_str(), Some(version(&second).await.as_str()), "{view}");
@@ -561,20 +554,9 @@ async fn a_run_of_a_route_removed_since_is_taken_over_on_its_version() {
     let dir = tempfile::tempdir().unwrap();
     let db = sqlite_db(&dir);
     let (cat, stub) = (Catalogue::new(), asking_stub());
-    let slow = [("FABRIC_LLM_STUB_LATENCY_MS", "700"), ("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")];
-    let first = server(&db, &cat, stub.path(), &slow);
-    let old = version(&first).await;
-    let (_, run) = post(&first, "/v1/runs", start("ticket-router", json!({"ticket": "charged twice"}))).await;
-    let id = run["run_id"].as_str().unwrap().to_owned();
-    for _ in 0..100 {
-        if !prompts(&first, &id).await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    first.signal("KILL");
+    let (id, old, _) = killed_mid_run(&db, &cat, stub.path(), "ticket-router", json!({"ticket": "charged twice"})).await;
     std::fs::remove_file(cat.path("routes/ticket-router.yaml")).unwrap();
-    let second = server(&db, &cat, stub.path(), &[("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")]);
+    let second = server(&db, &cat, stub.path(), &TAKES_OVER);
     let routes: Value = get(&second, "/v1/routes").await;
     assert!(routes.as_array().unwrap().iter().all(|r| r["id"] != "ticket-router"), "{routes}");
     let mut view = Value::Null;

@@ -56,6 +56,15 @@ impl Edition {
         self.stub.as_ref()
     }
 
+    /// The routes whose runs this process may claim on this edition: those
+    /// [`Edition::check_route`] accepts.
+    pub fn claimable_routes(&self) -> impl Iterator<Item = &str> {
+        self.catalogue().routes().filter_map(|entry| match entry {
+            crate::catalogue::RouteEntry::Ready(r) if self.check_route(r.id()).is_ok() => Some(r.id()),
+            _ => None,
+        })
+    }
+
     /// Checks that `route_id` can start on this edition: it exists and is not broken, this fleet
     /// serves it, its in-process tools are registered, its model profile is usable, its stub
     /// script loaded.
@@ -113,10 +122,7 @@ impl Parts {
         match &self.stub {
             StubSource::None => None,
             StubSource::Given(s) => Some(s.texts().to_vec()),
-            StubSource::Scripts(dir) => {
-                let dir = dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_STUB_DIR));
-                Some(if dir.is_dir() { crate::source::read_named(&crate::source::Layers::one(dir)) } else { Vec::new() })
-            }
+            StubSource::Scripts(dir) => Some(stub_scripts_on_disk(dir.as_deref())),
         }
     }
 
@@ -173,6 +179,13 @@ impl Parts {
         }
         Ok(Edition { version: sources.version(), sources, runner, stub })
     }
+}
+
+/// The stub's scripts in `dir` (`stub/` when none is given), named as a version keeps them, read
+/// but not loaded; none when the directory is not there.
+pub fn stub_scripts_on_disk(dir: Option<&Path>) -> Vec<crate::source::NamedText> {
+    let dir = dir.unwrap_or(Path::new(DEFAULT_STUB_DIR));
+    if dir.is_dir() { crate::source::read_named(&crate::source::Layers::one(dir)) } else { Vec::new() }
 }
 
 fn load_stub(dir: &Path) -> Result<StubLlm, BuildError> {

@@ -111,12 +111,9 @@ impl Durable {
             }
         }
         for edition in self.runtime.others() {
-            for entry in edition.catalogue().routes() {
-                if let crate::catalogue::RouteEntry::Ready(r) = entry
-                    && !routes.iter().any(|known| known == r.id())
-                    && edition.check_route(r.id()).is_ok()
-                {
-                    routes.push(r.id().to_owned());
+            for id in edition.claimable_routes() {
+                if !routes.iter().any(|known| known == id) {
+                    routes.push(id.to_owned());
                 }
             }
         }

@@ -369,10 +369,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
 /// routes and packs, and the stub's scripts when the stub answers.
 fn version_here(cli: &Cli, cat: &Catalogue) -> fabric::version::CatalogueVersion {
     let stub_on = fabric::config::Settings::from_env().is_ok_and(|s| s.stub);
-    let stub = stub_on.then(|| {
-        let dir = cli.stub_dir.clone().unwrap_or_else(|| PathBuf::from(fabric::runtime::DEFAULT_STUB_DIR));
-        if dir.is_dir() { fabric::source::read_named(&Layers::one(dir)) } else { Vec::new() }
-    });
+    let stub = stub_on.then(|| fabric::runtime::stub_scripts_on_disk(cli.stub_dir.as_deref()));
     fabric::version::Sources { routes: cat.texts().routes.clone(), packs: cat.texts().packs.clone(), stub }.version()
 }
 

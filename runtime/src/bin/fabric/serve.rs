@@ -127,25 +127,17 @@ pub async fn serve(
     let reloads = state.clone();
     let shutdown = async move {
         // SIGHUP reloads the catalogue (the replica's catalogue loop does it); the others stop.
-        let signal = loop {
-            match signals.next().await {
-                "SIGHUP" => {
-                    tracing::info!(signal = "SIGHUP", "reloading the catalogue");
-                    reloads.ask_reload();
-                }
-                stop => break stop,
-            }
-        };
+        let signal = signals
+            .next_stop(|| {
+                tracing::info!(signal = "SIGHUP", "reloading the catalogue");
+                reloads.ask_reload();
+            })
+            .await;
         tracing::info!(signal, "shutting down: no new requests; running runs get up to the grace period");
         // A second signal stops the process at once, at any point of the shutdown (the drain,
         // the last commits, the spans' flush): this task lives as long as the runtime does.
         tokio::spawn(async move {
-            let again = loop {
-                match signals.next().await {
-                    "SIGHUP" => tracing::info!(signal = "SIGHUP", "shutting down: no reload"),
-                    stop => break stop,
-                }
-            };
+            let again = signals.next_stop(|| tracing::info!(signal = "SIGHUP", "shutting down: no reload")).await;
             tracing::warn!(signal = again, "second signal: stopping at once");
             std::process::exit(if again == "SIGINT" { 130 } else { 143 });
         });
@@ -191,6 +183,17 @@ impl Signals {
     fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok(Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())?, hup: signal(SignalKind::hangup())? })
+    }
+
+    /// The next signal that stops the server (SIGTERM or SIGINT), calling `on_hup` at each
+    /// SIGHUP before it.
+    async fn next_stop(&mut self, mut on_hup: impl FnMut()) -> &'static str {
+        loop {
+            match self.next().await {
+                "SIGHUP" => on_hup(),
+                stop => return stop,
+            }
+        }
     }
 
     /// The next one of them.
