@@ -32,6 +32,7 @@ mod sessions;
 mod sim;
 mod skip;
 mod store;
+mod stream_fleet;
 mod streaming;
 mod support;
 mod telemetry;
