@@ -25,6 +25,7 @@ mod server;
 mod state;
 mod stream;
 mod sweep;
+mod ui_stream;
 mod ui;
 mod views;
 mod webhooks;
