@@ -35,6 +35,7 @@ mod store;
 mod streaming;
 mod support;
 mod telemetry;
+mod ui_stream;
 mod versions;
 mod webdriver;
 mod webhooks;
