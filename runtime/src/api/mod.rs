@@ -25,8 +25,8 @@ mod server;
 mod state;
 mod stream;
 mod sweep;
-mod ui_stream;
 mod ui;
+mod ui_stream;
 mod views;
 mod webhooks;
 

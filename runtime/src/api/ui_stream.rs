@@ -435,7 +435,10 @@ mod tests {
             ("run.completed", json!({"output": "Right"})),
         ]);
         let r = read(&frames(&events, 0).0);
-        assert_eq!(r.texts.iter().map(|t| (t.0.as_str(), t.1.as_str(), t.2)).collect::<Vec<_>>(), [("text-answer-0-1-3", "Wrong", true), ("text-answer-0-2-5", "Right", true)]);
+        assert_eq!(
+            r.texts.iter().map(|t| (t.0.as_str(), t.1.as_str(), t.2)).collect::<Vec<_>>(),
+            [("text-answer-0-1-3", "Wrong", true), ("text-answer-0-2-5", "Right", true)]
+        );
         let dropped: Vec<&Value> = r.data.iter().filter(|d| d["type"] == "data-fabric-restarted").collect();
         assert_eq!(dropped.len(), 1);
         assert_eq!(dropped[0]["id"], "text-answer-0-1-3");
@@ -520,7 +523,13 @@ mod tests {
                 assert!(rest.is_empty(), "after the end, nothing");
             }
             // The text after the cut, in a part with the same id.
-            let sent: String = all.iter().filter(|f| f.id > after).filter_map(|f| serde_json::from_str::<Value>(&f.data).ok()).filter(|c| c["type"] == "text-delta").map(|c| c["delta"].as_str().unwrap().to_owned()).collect();
+            let sent: String = all
+                .iter()
+                .filter(|f| f.id > after)
+                .filter_map(|f| serde_json::from_str::<Value>(&f.data).ok())
+                .filter(|c| c["type"] == "text-delta")
+                .map(|c| c["delta"].as_str().unwrap().to_owned())
+                .collect();
             let got: String = r.texts.iter().map(|t| t.1.as_str()).collect();
             assert_eq!(got, sent, "{after}");
             assert!(r.texts.iter().all(|t| t.0 == "text-answer-0-1-8" && t.2), "{after}: {:?}", r.texts);
