@@ -134,9 +134,11 @@ pub(super) struct EventsParams {
     /// `events` (the default): each event as it is. `ui-message-stream`: the Vercel AI SDK's UI
     /// message stream (docs/ui-message-stream.md), header `x-vercel-ai-ui-message-stream: v1`.
     #[serde(default)]
+    #[param(inline)]
     pub format: EventsFormat,
 }
 
+/// The format of an event stream.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub(super) enum EventsFormat {
