@@ -94,6 +94,14 @@ fn texts(message: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `fabric serve` on a SQLite file with the asking stub, each model call taking `latency_ms`;
+/// with the folders it uses (kept as long as the server runs).
+fn serve(latency_ms: &str) -> (Server, [tempfile::TempDir; 2]) {
+    let (db, stub) = (tempfile::tempdir().unwrap(), asking_stub());
+    let s = Server::start(&format!("sqlite://{}", db.path().join("fabric.db").display()), stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", latency_ms)]);
+    (s, [db, stub])
+}
+
 /// The reply the journal keeps for a stage.
 async fn journalled(s: &Server, id: &str, stage: &str) -> String {
     let record = get(s, &format!("/v1/runs/{id}/record")).await;
@@ -105,9 +113,7 @@ async fn journalled(s: &Server, id: &str, stage: &str) -> String {
 #[tokio::test]
 async fn the_ai_package_reads_a_run_as_one_assistant_message_whose_text_is_the_reply() {
     let Some(dir) = clients() else { return };
-    let db = tempfile::tempdir().unwrap();
-    let stub = asking_stub();
-    let s = Server::start(&format!("sqlite://{}", db.path().join("fabric.db").display()), stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "800")]);
+    let (s, _folders) = serve("800");
     let (status, run) = post(&s, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
     assert_eq!(status, 201, "{run}");
     let id = run["run_id"].as_str().unwrap().to_owned();
@@ -147,9 +153,7 @@ async fn the_ai_package_reads_a_run_as_one_assistant_message_whose_text_is_the_r
 #[tokio::test]
 async fn a_resume_in_the_middle_of_a_text_part_is_a_stream_the_ai_package_reads() {
     let Some(dir) = clients() else { return };
-    let db = tempfile::tempdir().unwrap();
-    let stub = asking_stub();
-    let s = Server::start(&format!("sqlite://{}", db.path().join("fabric.db").display()), stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "1200")]);
+    let (s, _folders) = serve("1200");
     let (_, run) = post(&s, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
     let id = run["run_id"].as_str().unwrap().to_owned();
     let events = sse(&s, &id, None).await;
