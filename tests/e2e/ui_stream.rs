@@ -182,6 +182,20 @@ async fn a_resume_in_the_middle_of_a_text_part_is_a_stream_the_ai_package_reads(
     assert_eq!(bad.status(), 400);
 }
 
+#[tokio::test]
+async fn another_replica_serves_the_same_message_through_its_store_poller() {
+    let Some(dir) = clients() else { return };
+    let (runner, folders) = serve("800");
+    let db = format!("sqlite://{}", folders[0].path().join("fabric.db").display());
+    let other = Server::start(&db, folders[1].path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "800")]);
+    let (_, run) = post(&runner, "/v1/runs", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let (followed, direct) = tokio::join!(read_ui(&dir, &other, &id, None), read_ui(&dir, &runner, &id, None));
+    assert_eq!(followed["errors"], json!([]), "{followed}");
+    assert_eq!(texts(&followed["message"]), texts(&direct["message"]));
+    assert_eq!(texts(&followed["message"])[0].0, journalled(&runner, &id, "answer").await);
+}
+
 /// What npm's `eventsource` saw of a run (its events, each `{seq, type, data}`) while the server
 /// was stopped (SIGTERM: the run in flight is handed over) in the middle of the answer's text
 /// and started again on the same port, on the same SQLite file; the record; the reply.
