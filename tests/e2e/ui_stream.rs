@@ -144,10 +144,18 @@ async fn the_ai_package_reads_a_run_as_one_assistant_message_whose_text_is_the_r
     // A run that asks: the question is the message's last text; the stream ends there.
     let (_, asked) = post(&s, "/v1/runs?wait=true", json!({"route_id": "support-agent", "goal": {"question": "refund?"}, "model_profile": "default"})).await;
     assert_eq!(asked["status"], "awaiting_input", "{asked}");
-    let read = read_ui(&dir, &s, asked["run_id"].as_str().unwrap(), None).await;
-    let texts = texts(&read["message"]);
-    assert_eq!(texts.last().map(|t| t.0.as_str()), asked["question"].as_str(), "{read}");
+    let asked_id = asked["run_id"].as_str().unwrap();
+    let read = read_ui(&dir, &s, asked_id, None).await;
+    let question = texts(&read["message"]);
+    assert_eq!(question.last().map(|t| t.0.as_str()), asked["question"].as_str(), "{read}");
     assert_eq!(read["types"].as_array().unwrap().last().unwrap(), "finish");
+    // The reply, then the rest from the question's id: the next message of the run.
+    let ask_seq = sse(&s, asked_id, None).await.last().unwrap().0;
+    let (_, replied) = post(&s, &format!("/v1/runs/{asked_id}/reply?wait=true"), json!({"message": "order 42"})).await;
+    assert_eq!(replied["status"], "completed", "{replied}");
+    let rest = read_ui(&dir, &s, asked_id, Some(ask_seq)).await;
+    assert_eq!(rest["message"]["id"], format!("{asked_id}-{}", ask_seq + 1), "{rest}");
+    assert_eq!(texts(&rest["message"]).last().map(|t| t.0.as_str()), replied["output"].as_str(), "{rest}");
 }
 
 #[tokio::test]
