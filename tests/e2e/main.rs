@@ -36,6 +36,7 @@ mod stream_fleet;
 mod streaming;
 mod support;
 mod telemetry;
+mod ui_stream;
 mod versions;
 mod webdriver;
 mod webhooks;
