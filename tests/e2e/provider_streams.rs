@@ -205,7 +205,32 @@ fn provider_env(kind: ProviderKind, url: &str) -> Vec<(&'static str, String)> {
         ProviderKind::Gemini => ("GOOGLE_GEMINI_BASE_URL", "GOOGLE_API_KEY"),
         _ => ("OLLAMA_BASE_URL", "OLLAMA_API_KEY"),
     };
-    vec![model, (base, url.to_owned()), (key, "test-key-123".to_owned()), ("FABRIC_LLM_STUB", "0".to_owned())]
+    vec![model, (base, url.to_owned()), (key, "test-key-123".to_owned())]
+}
+
+/// A support-triage run through `fabric serve` with `env` (a real provider's variables): the
+/// run's events, the synthesis stage's delta texts in order, and its reply as journalled.
+pub(crate) async fn streamed_triage(env: &[(&str, String)]) -> (Vec<(u64, String, Value)>, Vec<String>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let stub = asking_stub();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(("FABRIC_LLM_STUB", "0"));
+    let s = Server::start(&db, stub.path(), &env);
+    let (status, run) =
+        post(&s, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+    assert_eq!((status, run["status"].as_str()), (200, Some("completed")), "{run}\n{}", s.logs());
+    let id = run["run_id"].as_str().unwrap();
+    let events = sse(&s, id, None).await;
+    let deltas: Vec<String> = events
+        .iter()
+        .filter(|(_, kind, d)| kind == "run.llm.delta" && d["stage_id"] == "answer")
+        .map(|(_, _, d)| d["text"].as_str().unwrap().to_owned())
+        .collect();
+    let record = get(&s, &format!("/v1/runs/{id}/record")).await;
+    let entries = record["entries"].as_array().unwrap();
+    let raw = entries.iter().find(|e| e["entry"] == "model_reply" && e["stage_id"] == "answer").unwrap()["raw"].as_str().unwrap().to_owned();
+    (events, deltas, raw)
 }
 
 #[tokio::test]
@@ -213,27 +238,10 @@ async fn every_provider_streams_the_synthesis_and_its_deltas_join_into_the_journ
     for (format, kind) in FORMATS {
         let fake = StreamingFake::new(Behaviour::Answer);
         let url = fake.start().await;
-        let dir = tempfile::tempdir().unwrap();
-        let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
-        let stub = asking_stub();
-        let env = provider_env(kind, &url);
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let s = Server::start(&db, stub.path(), &env);
-        let (status, run) =
-            post(&s, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
-        assert_eq!((status, run["status"].as_str()), (200, Some("completed")), "{format:?}: {run}\n{}", s.logs());
-        let id = run["run_id"].as_str().unwrap();
-        let events = sse(&s, id, None).await;
-        let deltas: Vec<String> = events
-            .iter()
-            .filter(|(_, kind, d)| kind == "run.llm.delta" && d["stage_id"] == "answer")
-            .map(|(_, _, d)| d["text"].as_str().unwrap().to_owned())
-            .collect();
+        let (events, deltas, raw) = streamed_triage(&provider_env(kind, &url)).await;
         assert!(deltas.len() >= 3, "{format:?}: the text came in several deltas: {deltas:?}");
-        let record = get(&s, &format!("/v1/runs/{id}/record")).await;
-        let raw = record["entries"].as_array().unwrap().iter().find(|e| e["entry"] == "model_reply" && e["stage_id"] == "answer").unwrap()["raw"].clone();
-        assert_eq!(deltas.concat(), raw.as_str().unwrap(), "{format:?}: the deltas joined are the journalled reply");
-        let value: Value = serde_json::from_str(raw.as_str().unwrap()).unwrap();
+        assert_eq!(deltas.concat(), raw, "{format:?}: the deltas joined are the journalled reply");
+        let value: Value = serde_json::from_str(&raw).unwrap();
         assert_eq!(value["text"], ANSWER, "{format:?}");
         // The usage of the stream's last chunk.
         let completed = events.iter().filter(|(_, k, d)| k == "run.llm.completed" && d["stage_id"] == "answer").map(|(_, _, d)| d.clone()).next().unwrap();
@@ -249,7 +257,6 @@ async fn every_provider_streams_the_synthesis_and_its_deltas_join_into_the_journ
             Format::Gemini => assert_eq!(answer.query.as_deref(), Some("alt=sse")),
             _ => {}
         }
-        drop(s);
     }
 }
 
