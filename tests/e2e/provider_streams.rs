@@ -11,7 +11,7 @@ use std::time::Duration;
 use fabric::config::{ProviderKind, Tuning};
 use fabric::llm::providers::{HttpBackend, ReplyLimits, shared_client};
 use fabric::llm::stream::Deltas;
-use fabric::llm::{Llm, LlmError, LlmReply, LlmRequest, OutputSpec, ReasonClass};
+use fabric::llm::{Llm, LlmError, LlmReply, OutputSpec, ReasonClass};
 use serde_json::{Value, json};
 
 use crate::service::{Server, asking_stub, get, post, sse};
@@ -265,22 +265,7 @@ async fn call_streaming(backend: &dyn Llm, output: &OutputSpec) -> (Result<LlmRe
     let sink = Arc::new(fabric::events::MemorySink::default());
     let events = fabric::events::RunEvents::new("r", "route", None, sink.clone());
     let deltas = Deltas::new(&events, "answer", 0);
-    let never = fabric::cancel::Cancel::never();
-    let cx = opentelemetry::Context::current();
-    let req = LlmRequest {
-        events: &events,
-        route_id: "route",
-        stage_id: "answer",
-        turn: 0,
-        priority: 0,
-        system: "s",
-        user: "u",
-        output,
-        cx: &cx,
-        cancel: &never,
-        stream: Some(&deltas),
-    };
-    let reply = backend.complete(&req).await;
+    let reply = crate::support::complete(backend, &events, "answer", output, Some(&deltas)).await;
     deltas.flush();
     let shown: String = sink.events().iter().filter_map(|e| e.to_json()["text"].as_str().map(str::to_owned)).collect();
     (reply, shown)
@@ -436,8 +421,9 @@ async fn langchain_reads_the_same_streams_to_the_same_text() {
     assert_eq!(serde_json::from_str::<Value>(&raw).unwrap(), theirs["anthropic_tool"]);
 }
 
-/// `HttpBackend` is public: a codec that does not stream keeps its whole call even when asked to
-/// stream (the telemetry layer then shows its reply as one delta).
+/// A codec that does not stream keeps its whole call even when asked to stream (the telemetry
+/// layer then shows its reply as one delta); a streaming request answered with a whole JSON body
+/// is read whole.
 #[tokio::test]
 async fn a_provider_that_does_not_stream_keeps_its_whole_call() {
     let fake = crate::support::FakeProvider::new(|body| {
@@ -449,4 +435,10 @@ async fn a_provider_that_does_not_stream_keeps_its_whole_call() {
     assert!(reply.is_ok(), "{reply:?}");
     assert_eq!(shown, "", "the backend itself shows nothing (the telemetry layer does)");
     assert_ne!(fake.requests()[0].body["stream"], json!(true));
+    // A server that ignores `stream` and answers with a whole JSON body: read as a whole reply.
+    let fake = crate::support::FakeProvider::new(|body| crate::support::Canned::json(200, crate::support::reply_json(ProviderKind::OpenAi, body)));
+    let url = fake.start().await;
+    let (reply, _) = call_streaming(backend(ProviderKind::OpenAi, &url, ReplyLimits::from(1 << 20)).as_ref(), &OutputSpec::Text).await;
+    assert_eq!(reply.unwrap().raw_text(), r#"{"text":"Refunded."}"#);
+    assert_eq!(fake.requests()[0].body["stream"], json!(true));
 }

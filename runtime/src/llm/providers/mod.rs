@@ -352,7 +352,10 @@ impl<C: Codec> Llm for HttpBackend<C> {
         }
         let wait = retry_after(response.headers());
         let limit = self.max_reply_bytes;
-        if let Some((deltas, stream)) = streaming.filter(|_| (200..300).contains(&status)) {
+        // A server that answers a streaming request with a whole JSON body (one that ignores
+        // `stream`) is read as a whole reply.
+        let whole = response.headers().get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("application/json"));
+        if let Some((deltas, stream)) = streaming.filter(|_| (200..300).contains(&status) && !whole) {
             let limits = streaming::StreamLimits { max_bytes: limit, idle: self.stream_idle, timeout: self.timeout };
             let whole = streaming::read(&mut response, stream.fold(&call), stream.framing(), limits, deltas).await?;
             let (text, meta) = self.codec.decode(&serde_json::to_vec(&whole).unwrap_or_default(), &call)?;

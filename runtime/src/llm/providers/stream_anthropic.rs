@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use super::anthropic::Anthropic;
 use super::stream_json::CompactJson;
-use super::streaming::{Fold, Framing, StreamCodec, cut_short, parse_chunk, stream_error};
-use super::{CallSpec, Codec, WireRequest, nested_error_code};
+use super::streaming::{Fold, StreamCodec, cut_short, parse_chunk, stream_error};
+use super::{CallSpec, Codec, nested_error_code};
 use crate::llm::{LlmError, ReasonClass};
 
 #[derive(Deserialize)]
@@ -111,16 +111,6 @@ struct MessagesFold {
 }
 
 impl StreamCodec for Anthropic {
-    fn framing(&self) -> Framing {
-        Framing::Sse
-    }
-
-    fn encode_stream(&self, call: &CallSpec<'_>) -> WireRequest {
-        let mut wire = self.encode(call);
-        wire.body["stream"] = json!(true);
-        wire
-    }
-
     fn fold(&self, call: &CallSpec<'_>) -> Box<dyn Fold> {
         Box::new(MessagesFold {
             key: self.kind().key(),
@@ -230,21 +220,8 @@ impl Fold for MessagesFold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
-    use crate::llm::providers::WireSchema;
-    use crate::llm::providers::streaming::tests::fold_all;
-
-    fn target() -> ProviderTarget {
-        ProviderTarget {
-            provider: ProviderKind::Anthropic,
-            model: "m".into(),
-            base_url: "http://x".into(),
-            api_key: None,
-            api_key_var: None,
-            api_version: "v1".into(),
-            cloud: None,
-        }
-    }
+    use crate::llm::model::ProviderKind;
+    use crate::llm::providers::streaming::tests::{fold_decode, test_call, test_target};
 
     fn sse(events: &[Value]) -> String {
         events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect()
@@ -261,15 +238,10 @@ mod tests {
         ]
     }
 
-    fn run(call: &CallSpec<'_>, body: &str, size: usize) -> (String, Result<(String, crate::llm::ReplyMeta), LlmError>) {
-        let (shown, whole) = fold_all(Anthropic.fold(call), Framing::Sse, body, size);
-        (shown, whole.and_then(|w| Anthropic.decode(&serde_json::to_vec(&w).unwrap(), call)))
-    }
-
     #[test]
     fn text_streams_and_decodes_as_the_same_reply_whole() {
-        let t = target();
-        let call = CallSpec { target: &t, tuning: Tuning::default(), system: "s", user: "u", schema: None, schema_name: "x".into() };
+        let t = test_target(ProviderKind::Anthropic);
+        let call = test_call(&t, None);
         let mut events =
             vec![start(), json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}), json!({"type": "ping"})];
         for piece in ["Hel", "lo ", "é"] {
@@ -280,7 +252,7 @@ mod tests {
         let whole = json!({"id": "msg_1", "model": "claude-x", "content": [{"type": "text", "text": "Hello é"}], "stop_reason": "end_turn", "usage": {"input_tokens": 12, "output_tokens": 7}});
         let want = Anthropic.decode(&serde_json::to_vec(&whole).unwrap(), &call).unwrap();
         for size in [1, 10, 4096] {
-            let (shown, got) = run(&call, &sse(&events), size);
+            let (shown, got) = fold_decode(&Anthropic, &call, &sse(&events), size);
             assert_eq!((shown.as_str(), got.unwrap()), ("Hello é", want.clone()));
         }
         assert_eq!(Anthropic.encode_stream(&call).body["stream"], json!(true));
@@ -288,16 +260,9 @@ mod tests {
 
     #[test]
     fn a_tool_input_is_shown_as_the_compact_json_read_whole() {
-        let t = target();
+        let t = test_target(ProviderKind::Anthropic);
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
-        let call = CallSpec {
-            target: &t,
-            tuning: Tuning::default(),
-            system: "s",
-            user: "u",
-            schema: Some(WireSchema { json: &schema, strict: false }),
-            schema_name: "x".into(),
-        };
+        let call = test_call(&t, Some(&schema));
         let mut events = vec![
             start(),
             json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "Let me"}}),
@@ -309,16 +274,16 @@ mod tests {
         }
         events.push(json!({"type": "content_block_stop", "index": 1}));
         events.extend(end("tool_use"));
-        let (shown, got) = run(&call, &sse(&events), 7);
+        let (shown, got) = fold_decode(&Anthropic, &call, &sse(&events), 7);
         assert_eq!((shown.as_str(), got.unwrap().0.as_str()), ("{\"a\":10}", "{\"a\":10}"));
     }
 
     #[test]
     fn hostile_streams_are_clear_errors() {
-        let t = target();
-        let call = CallSpec { target: &t, tuning: Tuning::default(), system: "s", user: "u", schema: None, schema_name: "x".into() };
+        let t = test_target(ProviderKind::Anthropic);
+        let call = test_call(&t, None);
         let text = json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "a"}});
-        let err = |events: &[Value]| run(&call, &sse(events), 5).1.unwrap_err();
+        let err = |events: &[Value]| fold_decode(&Anthropic, &call, &sse(events), 5).1.unwrap_err();
         let overloaded = err(&[start(), text.clone(), json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded sk-ant-secret"}})]);
         assert_eq!(overloaded.class, ReasonClass::ServerError);
         assert!(overloaded.message.contains("overloaded_error") && !overloaded.message.contains("sk-ant"), "{overloaded}");
@@ -327,7 +292,7 @@ mod tests {
         assert!(err(&[start(), text.clone(), delta, stop]).message.contains("output token limit"));
         let stray = json!({"type": "content_block_delta", "index": 3, "delta": {"type": "text_delta", "text": "x"}});
         assert_eq!(err(&[start(), stray]).class, ReasonClass::ProviderError);
-        let (_, bad) = run(&call, "event: message_start\ndata: {\"type\": \"message_start\", \"message\": [}\n\n", 4);
+        let (_, bad) = fold_decode(&Anthropic, &call, "event: message_start\ndata: {\"type\": \"message_start\", \"message\": [}\n\n", 4);
         assert_eq!(bad.unwrap_err().class, ReasonClass::ProviderError);
     }
 }

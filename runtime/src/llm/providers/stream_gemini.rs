@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::gemini::Gemini;
-use super::streaming::{Fold, Framing, StreamCodec, cut_short, parse_chunk, stream_error};
+use super::streaming::{Fold, StreamCodec, cut_short, parse_chunk, stream_error};
 use super::{CallSpec, Codec, WireRequest, nested_error_code};
 use crate::llm::LlmError;
 
@@ -50,10 +50,6 @@ struct GenerateFold {
 }
 
 impl StreamCodec for Gemini {
-    fn framing(&self) -> Framing {
-        Framing::Sse
-    }
-
     fn encode_stream(&self, call: &CallSpec<'_>) -> WireRequest {
         let mut wire = self.encode(call);
         wire.url = wire.url.replacen(":generateContent", ":streamGenerateContent?alt=sse", 1);
@@ -110,23 +106,14 @@ impl Fold for GenerateFold {
 mod tests {
     use super::*;
     use crate::llm::ReasonClass;
-    use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
-    use crate::llm::providers::streaming::tests::fold_all;
+    use crate::llm::model::ProviderKind;
+    use crate::llm::providers::streaming::tests::{fold_decode, test_call, test_target};
 
     fn run(body: &str, size: usize) -> (String, Result<(String, crate::llm::ReplyMeta), LlmError>) {
-        let t = ProviderTarget {
-            provider: ProviderKind::Gemini,
-            model: "m".into(),
-            base_url: "http://x".into(),
-            api_key: None,
-            api_key_var: None,
-            api_version: "v1".into(),
-            cloud: None,
-        };
-        let call = CallSpec { target: &t, tuning: Tuning::default(), system: "s", user: "u", schema: None, schema_name: "x".into() };
+        let t = test_target(ProviderKind::Gemini);
+        let call = test_call(&t, None);
         assert!(Gemini.encode_stream(&call).url.ends_with("/v1/models/m:streamGenerateContent?alt=sse"));
-        let (shown, whole) = fold_all(Gemini.fold(&call), Framing::Sse, body, size);
-        (shown, whole.and_then(|w| Gemini.decode(&serde_json::to_vec(&w).unwrap(), &call)))
+        fold_decode(&Gemini, &call, body, size)
     }
 
     fn chunk(parts: Value, finish: Option<&str>) -> String {
@@ -145,16 +132,8 @@ mod tests {
                 .concat();
         let whole = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "hm", "thought": true}, {"text": "Hello é"}]}, "finishReason": "STOP"}],
             "usageMetadata": {"promptTokenCount": 4, "candidatesTokenCount": 3, "thoughtsTokenCount": 2}, "modelVersion": "gemini-x", "responseId": "r1"});
-        let t = ProviderTarget {
-            provider: ProviderKind::Gemini,
-            model: "m".into(),
-            base_url: "http://x".into(),
-            api_key: None,
-            api_key_var: None,
-            api_version: "v1".into(),
-            cloud: None,
-        };
-        let call = CallSpec { target: &t, tuning: Tuning::default(), system: "s", user: "u", schema: None, schema_name: "x".into() };
+        let t = test_target(ProviderKind::Gemini);
+        let call = test_call(&t, None);
         let want = Gemini.decode(&serde_json::to_vec(&whole).unwrap(), &call).unwrap();
         for size in [1, 9, body.len()] {
             let (shown, got) = run(&body, size);

@@ -8,9 +8,9 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::CallSpec;
 use super::ollama::Ollama;
 use super::streaming::{Fold, Framing, StreamCodec, cut_short, parse_chunk};
-use super::{CallSpec, Codec, WireRequest};
 use crate::llm::{LlmError, ReasonClass};
 
 #[derive(Deserialize)]
@@ -41,12 +41,6 @@ struct ChatFold {
 impl StreamCodec for Ollama {
     fn framing(&self) -> Framing {
         Framing::Ndjson
-    }
-
-    fn encode_stream(&self, call: &CallSpec<'_>) -> WireRequest {
-        let mut wire = self.encode(call);
-        wire.body["stream"] = json!(true);
-        wire
     }
 
     fn fold(&self, _call: &CallSpec<'_>) -> Box<dyn Fold> {
@@ -85,23 +79,15 @@ impl Fold for ChatFold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
-    use crate::llm::providers::streaming::tests::fold_all;
+    use crate::llm::model::ProviderKind;
+    use crate::llm::providers::Codec;
+    use crate::llm::providers::streaming::tests::{fold_decode, test_call, test_target};
 
     fn run(body: &str, size: usize) -> (String, Result<(String, crate::llm::ReplyMeta), LlmError>) {
-        let t = ProviderTarget {
-            provider: ProviderKind::Ollama,
-            model: "m".into(),
-            base_url: "http://x".into(),
-            api_key: None,
-            api_key_var: None,
-            api_version: "v1".into(),
-            cloud: None,
-        };
-        let call = CallSpec { target: &t, tuning: Tuning::default(), system: "s", user: "u", schema: None, schema_name: "x".into() };
+        let t = test_target(ProviderKind::Ollama);
+        let call = test_call(&t, None);
         assert_eq!(Ollama.encode_stream(&call).body["stream"], json!(true));
-        let (shown, whole) = fold_all(Ollama.fold(&call), Framing::Ndjson, body, size);
-        (shown, whole.and_then(|w| Ollama.decode(&serde_json::to_vec(&w).unwrap(), &call)))
+        fold_decode(&Ollama, &call, body, size)
     }
 
     const STREAM: &str = concat!(
@@ -112,16 +98,8 @@ mod tests {
 
     #[test]
     fn a_stream_decodes_as_the_same_reply_whole() {
-        let t = ProviderTarget {
-            provider: ProviderKind::Ollama,
-            model: "m".into(),
-            base_url: "http://x".into(),
-            api_key: None,
-            api_key_var: None,
-            api_version: "v1".into(),
-            cloud: None,
-        };
-        let call = CallSpec { target: &t, tuning: Tuning::default(), system: "s", user: "u", schema: None, schema_name: "x".into() };
+        let t = test_target(ProviderKind::Ollama);
+        let call = test_call(&t, None);
         let whole = json!({"model": "q", "message": {"role": "assistant", "content": "Hello é"}, "done": true, "done_reason": "stop", "prompt_eval_count": 4, "eval_count": 2});
         let want = Ollama.decode(&serde_json::to_vec(&whole).unwrap(), &call).unwrap();
         for size in [1, 11, STREAM.len()] {

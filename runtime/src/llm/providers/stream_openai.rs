@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::compat::Structured;
 use super::openai::OpenAi;
-use super::streaming::{Fold, Framing, StreamCodec, cut_short, parse_chunk, stream_error};
+use super::streaming::{Fold, StreamCodec, cut_short, parse_chunk, stream_error};
 use super::{CallSpec, Codec, WireRequest, nested_error_code};
 use crate::llm::LlmError;
 
@@ -80,10 +80,6 @@ struct ChatFold {
 }
 
 impl StreamCodec for OpenAi {
-    fn framing(&self) -> Framing {
-        Framing::Sse
-    }
-
     fn encode_stream(&self, call: &CallSpec<'_>) -> WireRequest {
         let mut wire = self.encode(call);
         wire.body["stream"] = json!(true);
@@ -180,21 +176,8 @@ impl Fold for ChatFold {
 mod tests {
     use super::*;
     use crate::llm::ReasonClass;
-    use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
-    use crate::llm::providers::WireSchema;
-    use crate::llm::providers::streaming::tests::fold_all;
-
-    pub(crate) fn target(kind: ProviderKind) -> ProviderTarget {
-        ProviderTarget {
-            provider: kind,
-            model: "m".into(),
-            base_url: "http://x".into(),
-            api_key: None,
-            api_key_var: None,
-            api_version: "v1".into(),
-            cloud: None,
-        }
-    }
+    use crate::llm::model::ProviderKind;
+    use crate::llm::providers::streaming::tests::{fold_decode, test_call, test_target};
 
     const STREAM: &str = concat!(
         "data: {\"id\":\"c1\",\"model\":\"gpt-x\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
@@ -205,20 +188,15 @@ mod tests {
         "data: [DONE]\n\n",
     );
 
-    fn decode(codec: &OpenAi, call: &CallSpec<'_>, body: &str, size: usize) -> (String, Result<(String, crate::llm::ReplyMeta), LlmError>) {
-        let (shown, whole) = fold_all(codec.fold(call), Framing::Sse, body, size);
-        (shown, whole.and_then(|w| codec.decode(&serde_json::to_vec(&w).unwrap(), call)))
-    }
-
     #[test]
     fn a_stream_decodes_as_the_same_reply_whole() {
-        let t = target(ProviderKind::OpenAi);
+        let t = test_target(ProviderKind::OpenAi);
         let codec = OpenAi::new(ProviderKind::OpenAi);
-        let call = CallSpec { target: &t, tuning: Tuning::default(), system: "s", user: "u", schema: None, schema_name: "x".into() };
+        let call = test_call(&t, None);
         let whole = json!({"id": "c1", "model": "gpt-x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello é"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 5, "completion_tokens": 3}});
         let want = codec.decode(&serde_json::to_vec(&whole).unwrap(), &call).unwrap();
         for size in [1, 7, STREAM.len()] {
-            let (shown, got) = decode(&codec, &call, STREAM, size);
+            let (shown, got) = fold_decode(&codec, &call, STREAM, size);
             assert_eq!(got.unwrap(), want);
             assert_eq!(shown, "Hello é");
         }
@@ -229,33 +207,26 @@ mod tests {
     #[test]
     fn a_forced_tool_shows_its_arguments() {
         let kind = ProviderKind::Compat(crate::vocab::Compat::Groq);
-        let t = target(kind);
+        let t = test_target(kind);
         let codec = OpenAi::new(kind);
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
-        let call = CallSpec {
-            target: &t,
-            tuning: Tuning::default(),
-            system: "s",
-            user: "u",
-            schema: Some(WireSchema { json: &schema, strict: false }),
-            schema_name: "x".into(),
-        };
+        let call = test_call(&t, Some(&schema));
         let body = concat!(
             "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"t\",\"function\":{\"name\":\"x\",\"arguments\":\"\"}}]}}]}\n\n",
             "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"a\\\": \"}}]}}]}\n\n",
             "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"1}\"}}]}}]}\n\n",
             "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n",
         );
-        let (shown, got) = decode(&codec, &call, body, 5);
+        let (shown, got) = fold_decode(&codec, &call, body, 5);
         assert_eq!((shown.as_str(), got.unwrap().0.as_str()), ("{\"a\": 1}", "{\"a\": 1}"));
     }
 
     #[test]
     fn hostile_streams_are_clear_errors() {
-        let t = target(ProviderKind::OpenAi);
+        let t = test_target(ProviderKind::OpenAi);
         let codec = OpenAi::new(ProviderKind::OpenAi);
-        let call = CallSpec { target: &t, tuning: Tuning::default(), system: "s", user: "u", schema: None, schema_name: "x".into() };
-        let class = |body: &str| decode(&codec, &call, body, 3).1.unwrap_err();
+        let call = test_call(&t, None);
+        let class = |body: &str| fold_decode(&codec, &call, body, 3).1.unwrap_err();
         let cut = class(&STREAM[..STREAM.find("data: [DONE]").unwrap()]);
         assert_eq!(cut.class, ReasonClass::Connection, "{cut}");
         assert!(cut.message.contains("ended before its last event"), "{cut}");

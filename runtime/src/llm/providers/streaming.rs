@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{CallSpec, WireRequest, transport_error};
+use super::{CallSpec, Codec, WireRequest, transport_error};
 use crate::llm::stream::Deltas;
 use crate::llm::{LlmError, ReasonClass};
 
@@ -57,10 +57,18 @@ pub enum Framing {
 }
 
 /// A codec's streaming half.
-pub trait StreamCodec: Send + Sync {
-    fn framing(&self) -> Framing;
-    /// The streaming request: the whole request's, with the provider's streaming switches.
-    fn encode_stream(&self, call: &CallSpec<'_>) -> WireRequest;
+pub trait StreamCodec: Codec {
+    /// SSE, unless the provider says otherwise.
+    fn framing(&self) -> Framing {
+        Framing::Sse
+    }
+    /// The streaming request: the whole request's with the provider's streaming switches (by
+    /// default `"stream": true` in the body).
+    fn encode_stream(&self, call: &CallSpec<'_>) -> WireRequest {
+        let mut wire = self.encode(call);
+        wire.body["stream"] = Value::Bool(true);
+        wire
+    }
     /// The fold of one call's stream.
     fn fold(&self, call: &CallSpec<'_>) -> Box<dyn Fold>;
 }
@@ -251,6 +259,8 @@ impl Event {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::llm::ReplyMeta;
+    use crate::llm::model::{ProviderKind, ProviderTarget, Tuning};
 
     /// The events of `body` fed in chunks of `size` bytes.
     pub(crate) fn events(framing: Framing, body: &[u8], size: usize) -> Vec<(String, String)> {
@@ -268,19 +278,43 @@ pub(crate) mod tests {
         out
     }
 
-    /// Folds `body` cut in chunks of `size` bytes, as [`read`] does: the text shown and the
-    /// reply rebuilt (or the error).
-    pub(crate) fn fold_all(fold: Box<dyn Fold>, framing: Framing, body: &str, size: usize) -> (String, Result<Value, LlmError>) {
-        let mut fold = fold;
+    /// Folds `body` cut in chunks of `size` bytes, as [`read`] does, and decodes the reply
+    /// rebuilt as the codec decodes a whole one: the text shown and the reply (or the error).
+    pub(crate) fn fold_decode<C: StreamCodec>(codec: &C, call: &CallSpec<'_>, body: &str, size: usize) -> (String, Result<(String, ReplyMeta), LlmError>) {
+        let mut fold = codec.fold(call);
         let mut shown = String::new();
-        for (name, data) in events(framing, body.as_bytes(), size) {
+        let mut whole = None;
+        for (name, data) in events(codec.framing(), body.as_bytes(), size) {
             match fold.event(&name, &data, &mut |t: &str| shown.push_str(t)) {
-                Ok(true) => return (shown, fold.finish()),
+                Ok(true) => break,
                 Ok(false) => {}
-                Err(e) => return (shown, Err(e)),
+                Err(e) => whole = Some(Err(e)),
+            }
+            if whole.is_some() {
+                break;
             }
         }
-        (shown, fold.finish())
+        let whole = whole.unwrap_or_else(|| fold.finish());
+        (shown, whole.and_then(|w| codec.decode(&serde_json::to_vec(&w).unwrap_or_default(), call)))
+    }
+
+    /// A target of `kind` for the codecs' tests (no key, a base URL that is never called).
+    pub(crate) fn test_target(kind: ProviderKind) -> ProviderTarget {
+        ProviderTarget {
+            provider: kind,
+            model: "m".into(),
+            base_url: "http://x".into(),
+            api_key: None,
+            api_key_var: None,
+            api_version: "v1".into(),
+            cloud: None,
+        }
+    }
+
+    /// A call on `target`, plain text or with `schema` (its forced tool named `x`).
+    pub(crate) fn test_call<'a>(target: &'a ProviderTarget, schema: Option<&'a Value>) -> CallSpec<'a> {
+        let schema = schema.map(|json| super::super::WireSchema { json, strict: false });
+        CallSpec { target, tuning: Tuning::default(), system: "s", user: "u", schema, schema_name: "x".into() }
     }
 
     #[test]
