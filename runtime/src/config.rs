@@ -734,9 +734,17 @@ mod tests {
             ("FABRIC_TOOL_TIMEOUT_MS", "0"),
             ("FABRIC_TOOL_TIMEOUT_MS", "600001"),
             ("FABRIC_TOOL_TIMEOUT_MS", "1s"),
+            ("FABRIC_LLM_STREAM_IDLE_S", "0"),
+            ("FABRIC_LLM_STREAM_IDLE_S", "soon"),
         ] {
             assert_eq!(load(&[("FABRIC_LLM_STUB", "1"), (var, value)]).unwrap_err().var, var, "{var}={value}");
         }
+    }
+
+    #[test]
+    fn the_stream_idle_timeout_defaults_to_two_minutes() {
+        assert_eq!(load(&[("FABRIC_LLM_STUB", "1")]).unwrap().stream_idle, Duration::from_secs(120));
+        assert_eq!(load(&[("FABRIC_LLM_STUB", "1"), ("FABRIC_LLM_STREAM_IDLE_S", "2.5")]).unwrap().reply_limits().stream_idle, Duration::from_millis(2500));
     }
 
     #[test]
