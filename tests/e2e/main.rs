@@ -23,6 +23,7 @@ mod llama;
 mod newcomer;
 mod parity;
 mod prompts;
+mod provider_streams;
 mod providers;
 mod retention;
 mod routes_diff;
