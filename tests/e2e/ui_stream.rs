@@ -272,20 +272,19 @@ async fn eventsource_follows_a_run_across_a_restart_of_the_server_and_sees_each_
     assert_eq!(seen, recorded, "the events of the record, by seq and type");
     // The answer's text as shown: from its call's last (re)start. The seeded stub writes the
     // same pieces in both processes, so this holds even where the pieces came from two
-    // processes (see the ignored test below).
+    // processes (see the test below).
     let answer: Vec<&Value> = events.iter().filter(|e| e["data"]["stage_id"] == "answer").collect();
     let from = answer.iter().rposition(|e| e["type"] == "run.llm.restarted" || e["type"] == "run.llm.started").unwrap();
     let text: String = answer[from..].iter().filter(|e| e["type"] == "run.llm.delta").map(|e| e["data"]["text"].as_str().unwrap()).collect();
     assert_eq!(text, reply);
 }
 
-/// The gap this pins (on main as of issue 48, part 4): the first process streamed the answer's
-/// first deltas live before they were recorded; the next one did the stage again and recorded
-/// its own events under the same `seq`s; `eventsource` resumed after the last one it had, so it
-/// shows the first process's pieces up to there and the second's after: a splice of two model
-/// calls, with no `run.llm.restarted` between. With a real model the text is wrong.
+/// What closed the gap found here (issue 48): a replica shows a model's text only once it was
+/// handed to the run's record (a streaming call records its events every 100 ms), and the run's
+/// next holder goes on from a call its last holder was streaming with `run.llm.restarted`. So a
+/// client that resumes after the last event it saw gets either the record, or the word to drop
+/// the text it has, never a splice of two model calls.
 #[tokio::test]
-#[ignore = "known gap: a takeover re-does a call whose unrecorded deltas a client saw, under the same seqs, with no run.llm.restarted"]
 async fn eventsource_after_a_takeover_mid_call_sees_the_record_or_is_told_to_drop_its_text() {
     let Some((events, record, reply)) = follow_across_a_restart().await else { return };
     let answer: Vec<&Value> = events.iter().filter(|e| e["data"]["stage_id"] == "answer").collect();

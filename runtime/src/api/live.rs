@@ -32,6 +32,10 @@ pub struct LiveRun {
     stopped: std::sync::atomic::AtomicBool,
     /// Every event of this segment, in order.
     log: Mutex<Vec<LiveEvent>>,
+    /// The last `seq` handed to the run's record. A model's text is shown only once it was
+    /// (and what came after it waits with it): a client must never see text of a call that a
+    /// takeover could make again under the same `seq`s without a `run.llm.restarted` between.
+    recorded: std::sync::atomic::AtomicU64,
     /// Bumped on every event and at the end, so waiters wake up.
     tick: watch::Sender<u64>,
     /// The result object once the segment ended.
@@ -70,7 +74,9 @@ impl LiveRun {
     pub fn events_after(&self, after: u64) -> (Vec<LiveEvent>, bool) {
         let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let ended = self.end.lock().unwrap_or_else(|p| p.into_inner()).is_some();
-        (log.iter().filter(|e| e.seq > after).cloned().collect(), ended)
+        let recorded = self.recorded.load(std::sync::atomic::Ordering::Acquire);
+        let shown = log.iter().filter(|e| e.seq > after).take_while(|e| e.seq <= recorded || e.kind != "run.llm.delta");
+        (shown.cloned().collect(), ended)
     }
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
@@ -97,6 +103,15 @@ impl LiveRun {
 }
 
 impl EventSink for LiveRun {
+    /// The run's events up to `through` were handed to its record: the text among them can
+    /// be shown.
+    fn recorded(&self, run_id: &str, through: u64) {
+        if *run_id == *self.run_id {
+            self.recorded.fetch_max(through, std::sync::atomic::Ordering::AcqRel);
+            self.tick.send_modify(|t| *t += 1);
+        }
+    }
+
     fn emit(&self, event: &Event) {
         // A child run's events have their own ids and numbering; the parent's stream shows the
         // child through its stage.
@@ -135,6 +150,7 @@ impl Live {
             stop,
             stopped: false.into(),
             log: Mutex::default(),
+            recorded: 0.into(),
             tick: watch::channel(0).0,
             end: Mutex::default(),
         });
@@ -169,5 +185,29 @@ impl Live {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::events::{EventData, RunEvents};
+
+    #[test]
+    fn text_is_shown_once_it_was_handed_to_the_record_and_what_follows_waits_with_it() {
+        let live = Live::default();
+        let run = live.begin(&Lease::new("r", 1));
+        let events = RunEvents::new("r", "route", None, run.clone() as Arc<dyn EventSink>).recording(1);
+        events.emit(Some("answer"), || EventData::LlmDelta { turn: 0, attempt: 1, index: 0, text: "Hel".into() });
+        events.emit(Some("answer"), || EventData::LlmRestarted { turn: 0, attempt: 2 });
+        assert!(run.events_after(0).0.is_empty(), "not recorded yet, and what follows waits with it");
+        assert_eq!(events.take_recorded().len(), 2);
+        events.emit(Some("answer"), || EventData::LlmDelta { turn: 0, attempt: 2, index: 0, text: "Hello".into() });
+        let seqs: Vec<u64> = run.events_after(0).0.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2], "the recorded ones");
+        events.take_recorded();
+        assert_eq!(run.events_after(2).0.len(), 1);
     }
 }

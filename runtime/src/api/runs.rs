@@ -30,6 +30,10 @@ impl EventSink for Segment {
             self.metrics.emit(event);
         }
     }
+
+    fn recorded(&self, run_id: &str, through: u64) {
+        self.live.recorded(run_id, through);
+    }
 }
 
 /// Starts a run.

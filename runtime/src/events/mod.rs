@@ -96,6 +96,10 @@ pub trait EventSink: Send + Sync {
     fn enabled(&self) -> bool {
         true
     }
+
+    /// The events of `run_id` up to `through` were handed to its record (a journalled run's
+    /// events go to the store in batches, after the sink saw them).
+    fn recorded(&self, _run_id: &str, _through: u64) {}
 }
 
 /// Drops everything (benchmarks without event output).
@@ -186,6 +190,12 @@ impl EventSink for FanOut {
             s.emit(event);
         }
     }
+
+    fn recorded(&self, run_id: &str, through: u64) {
+        for s in &self.0 {
+            s.recorded(run_id, through);
+        }
+    }
 }
 
 /// A duration for an event: it reads the clock only when the run's events go somewhere (a run
@@ -270,7 +280,11 @@ impl RunEvents {
 
     /// The events recorded since the last call (empty when the run is not journalled).
     pub fn take_recorded(&self) -> Vec<Event> {
-        self.recorded.as_ref().map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default()
+        let taken = self.recorded.as_ref().map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default();
+        if let Some(last) = taken.last() {
+            self.sink.recorded(&self.run_id, last.seq);
+        }
+        taken
     }
 
     pub fn run_id(&self) -> &str {
