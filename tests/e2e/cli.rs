@@ -1,10 +1,11 @@
 //! The `fabric` binary as a user runs it: exit codes, stdout/stderr, files.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::support::{fixture_env, fixtures, packs_dir, portable, repo, routes_dir, stub_dir};
+use crate::support::{fixture_env, fixtures, packs_dir, portable, repo, routes_dir, stub_dir, two_streams};
 
 /// Runs `fabric` in the repository on the fixture catalogue (`support::fixture_env`), with `env`.
 fn fabric(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -525,4 +526,69 @@ fn a_missing_catalogue_or_pack_directory_names_its_setting() {
         "{}",
         stdout(&out)
     );
+}
+
+/// The `run.llm.delta` texts of `stage` in an events file, in order.
+fn delta_texts(events: &Path, stage: &str) -> Vec<String> {
+    std::fs::read_to_string(events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "run.llm.delta" && e["stage_id"] == stage)
+        .map(|e| e["text"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn stream_prints_each_streaming_stage_s_text_on_stdout_and_its_events_to_events_out() {
+    let (catalogue, stub) = two_streams();
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let env = [("FABRIC_CATALOGUE_DIR", catalogue.as_str()), ("FABRIC_LLM_STUB_DIR", stub.to_str().unwrap()), STUB, ("FABRIC_LLM_STUB_LATENCY_MS", "400")];
+    let out = fabric(&["run", "two-streams", "--goal", GOAL, "--stream", "--events-out", events.to_str().unwrap()], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (draft, answer) = (delta_texts(&events, "draft"), delta_texts(&events, "answer"));
+    assert!(draft.len() >= 2 && answer.len() >= 2, "each text came in pieces: {draft:?} {answer:?}");
+    let (draft, answer) = (draft.concat(), answer.concat());
+    // stdout: each stage's text as streamed, a newline after each; no result JSON.
+    assert_eq!(stdout(&out), format!("{draft}\n{answer}\n"));
+    // The text streamed is each stage's output (a text stage's reply is its output).
+    let lines: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let output_of = |stage: &str| lines.iter().find(|e| e["type"] == "run.stage.completed" && e["stage_id"] == stage).unwrap()["output"].clone();
+    assert_eq!((output_of("draft"), output_of("answer")), (Value::from(draft), Value::from(answer)));
+    let end = lines.last().unwrap();
+    assert_eq!(end["type"], "run.completed");
+    // stderr: a header per stage, then the run's id and status.
+    let err = stderr(&out);
+    let run_id = end["run_id"].as_str().unwrap();
+    assert_eq!(err, format!("── stage draft ──\n── stage answer ──\nfabric: run {run_id} completed\n"));
+}
+
+#[test]
+fn stream_shows_the_text_before_the_run_ends_and_records_with_store() {
+    let (catalogue, stub) = two_streams();
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
+    cmd.current_dir(repo())
+        .args(["run", "two-streams", "--goal", GOAL, "--stream", "--store", &db])
+        .envs(fixture_env())
+        .envs([("FABRIC_CATALOGUE_DIR", catalogue.as_str()), ("FABRIC_LLM_STUB_DIR", stub.to_str().unwrap()), STUB, ("FABRIC_LLM_STUB_LATENCY_MS", "1500")])
+        .env_remove("FABRIC_DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // The first stage's text, whole, while the second stage's call still runs.
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut first).unwrap();
+    assert!(child.try_wait().unwrap().is_none(), "the run goes on after the first stage's text: {first:?}");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    let run_id = err.lines().last().unwrap().strip_prefix("fabric: run ").unwrap().strip_suffix(" completed").unwrap().to_owned();
+    // Recorded as without --stream: its result has the text streamed as the stages' output.
+    let shown = fabric(&["runs", "--store", &db, "show", &run_id], &[]);
+    let result: Value = serde_json::from_str(&stdout(&shown)).unwrap();
+    assert_eq!(result["slots"]["draft"].as_str().map(|d| format!("{d}\n")), Some(first));
+    assert_eq!(result["slots"]["answer"].as_str().map(|a| format!("{a}\n")).as_deref(), Some(stdout(&out).as_str()));
 }
