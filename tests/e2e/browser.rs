@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::service::{Server, TOKEN, asking_stub, get, post, settled};
-use crate::support::routes_dir;
+use crate::support::{routes_dir, two_streams};
 use crate::webdriver::{Browser, Element};
 
 /// One browser at a time: several Chromiums beside the other tests would starve a small machine.
@@ -817,4 +817,55 @@ async fn the_status_filter_finds_runs_older_than_the_newest_200() {
     b.wait_for("the old failed run", async || (visible_runs(b).await == vec![failed.clone()]).then_some(())).await;
     assert_eq!(run_cell(b, &failed, "td.reason").await.trim(), "schema_validation");
     b.screenshot("runs-filter-old-failed").await;
+}
+
+/// The reply a stage shows and whether it is still streaming, read in one script.
+async fn shown_reply(b: &Browser, stage: &str) -> (String, bool) {
+    let v = b
+        .script(
+            "const r = document.querySelector('div#stages > div.stage[data-stage-id=\"' + arguments[0] + '\"] pre.reply'); \
+             return r ? [r.textContent, r.classList.contains('streaming')] : ['', false];",
+            json!([stage]),
+        )
+        .await;
+    (v[0].as_str().unwrap_or_default().to_owned(), v[1].as_bool().unwrap_or_default())
+}
+
+#[tokio::test]
+async fn the_run_page_shows_a_stage_s_text_growing_as_it_is_written() {
+    let (catalogue, stub) = two_streams();
+    let Some(s) = setup(&stub, &[("FABRIC_CATALOGUE_DIR", &catalogue), ("FABRIC_LLM_STUB_LATENCY_MS", "2500")]).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    let (status, run) = post(&s.server, "/v1/runs", json!({"route_id": "two-streams", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    b.goto(&s.ui(&format!("#/runs/{id}"))).await;
+    s.run_reaches(&id, "running").await;
+    // The answer's text, read while it is written: it grows, piece by piece.
+    let mut seen: Vec<String> = Vec::new();
+    let ended = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < ended {
+        let (text, streaming) = shown_reply(b, "answer").await;
+        if streaming && !text.is_empty() && seen.last() != Some(&text) {
+            seen.push(text);
+        }
+        if b.find(&format!("section#run[data-run-id=\"{id}\"][data-status=\"completed\"]")).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    b.screenshot("run-streamed").await;
+    assert!(seen.len() >= 2, "the text was read at least twice as it grew: {seen:?}");
+    assert!(seen.windows(2).all(|w| w[1].len() > w[0].len() && w[1].starts_with(&w[0])), "it grew: {seen:?}");
+    // It ends as the stage's output, the run's.
+    let output = settled(&s.server, &id).await["output"].as_str().unwrap().to_owned();
+    assert!(seen.iter().all(|t| output.starts_with(t.as_str())), "each reading a start of {output:?}: {seen:?}");
+    let last = b
+        .wait_for("the answer's whole text", async || {
+            let (text, streaming) = shown_reply(b, "answer").await;
+            (!streaming && text == output).then_some(text)
+        })
+        .await;
+    assert_eq!(last, output);
 }
