@@ -205,10 +205,7 @@ impl Runtime {
         let sink = Arc::new(MemorySink::default());
         let events: Arc<dyn EventSink> = sink.clone();
         let req = fabric::runtime::StartRequest { route_id, goal, prefetch: prefetch.unwrap_or_default(), ..Default::default() };
-        let (handle, token) = match cancel {
-            Some(token) => (token.handle.clone(), token.handle.token()),
-            None => CancelHandle::new(),
-        };
+        let (handle, token) = cancel_of(cancel);
         let done = py.detach(move || {
             tokio.block_on(async move {
                 let store = durable.store();
@@ -258,6 +255,22 @@ impl Runtime {
             map.entry("idempotent_replayed").or_insert(Value::Bool(false));
         }
         from_json(py, &result.to_string())
+    }
+}
+
+/// The goal of a run: a dict, as a JSON object.
+fn goal_of(py: Python<'_>, goal: &Bound<'_, PyAny>) -> PyResult<Map<String, Value>> {
+    match to_json::<StartError>(py, goal, "invalid_goal")? {
+        Value::Object(goal) => Ok(goal),
+        _ => Err(error::<StartError>(py, "invalid_goal", "`goal` must be a dict".into())),
+    }
+}
+
+/// What cancels a run: the caller's token, else one of its own.
+fn cancel_of(cancel: Option<PyRef<'_, CancelToken>>) -> (CancelHandle, fabric::cancel::Cancel) {
+    match cancel {
+        Some(token) => (token.handle.clone(), token.handle.token()),
+        None => CancelHandle::new(),
     }
 }
 
@@ -334,9 +347,7 @@ impl Runtime {
         cancel: Option<PyRef<'py, CancelToken>>,
         idempotency_key: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let Value::Object(goal) = to_json::<StartError>(py, goal, "invalid_goal")? else {
-            return Err(error::<StartError>(py, "invalid_goal", "`goal` must be a dict".into()));
-        };
+        let goal = goal_of(py, goal)?;
         if let Some(key) = idempotency_key {
             return self.run_once(py, route_id, goal, prefetch, cancel, &key);
         }
@@ -348,10 +359,7 @@ impl Runtime {
         // The GIL is released while the run executes: Python tools and other threads go on.
         // Every 100 ms the run looks at Python's signals: Ctrl-C interrupts it (it ends
         // `interrupted`, as `fabric run` does on SIGINT) and raises `KeyboardInterrupt`.
-        let (handle, cancel) = match cancel {
-            Some(token) => (token.handle.clone(), token.handle.token()),
-            None => CancelHandle::new(),
-        };
+        let (handle, cancel) = cancel_of(cancel);
         let (outcome, interrupted) = py.detach(move || {
             tokio.block_on(async move {
                 let run = core.run(req, events, cancel);
@@ -385,7 +393,6 @@ impl Runtime {
         from_json(py, &result.to_string())
     }
 
-    /// The routes of the catalogue that can run here.
     /// Starts `route_id` with `goal` and returns its events as they happen: an iterator of
     /// dicts (deltas included), ending after the run's last event; the stream's `result` is the
     /// run's result then. Closing the stream before (`close()`, leaving a `with` block, or
@@ -400,15 +407,10 @@ impl Runtime {
         prefetch: Option<Vec<String>>,
         cancel: Option<PyRef<'py, CancelToken>>,
     ) -> PyResult<stream::RunStream> {
-        let Value::Object(goal) = to_json::<StartError>(py, goal, "invalid_goal")? else {
-            return Err(error::<StartError>(py, "invalid_goal", "`goal` must be a dict".into()));
-        };
+        let goal = goal_of(py, goal)?;
         let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
         self.core.check_route(&route_id).map_err(|e| error::<StartError>(py, e.code(), e.to_string()))?;
-        let (handle, token) = match cancel {
-            Some(token) => (token.handle.clone(), token.handle.token()),
-            None => CancelHandle::new(),
-        };
+        let (handle, token) = cancel_of(cancel);
         let core = self.core.clone();
         let req = RunRequest { route_id, goal, prefetch: prefetch.unwrap_or_default() };
         Ok(stream::RunStream::start(tokio, handle, move |sink| async move {
@@ -419,6 +421,7 @@ impl Runtime {
         }))
     }
 
+    /// The routes of the catalogue that can run here.
     fn routes(&self) -> Vec<String> {
         self.core.claimable_routes()
     }

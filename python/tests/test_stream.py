@@ -3,12 +3,12 @@ the run's last event; closing it early cancels the run instead of leaving it run
 
 import asyncio
 import gc
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from conftest import ticking, ticking_async
 from fabric_runtime import CancelToken, Runtime, StartError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,43 +83,21 @@ def test_a_route_that_cannot_run_raises_at_once():
 
 
 def test_the_gil_is_released_while_waiting():
-    ticks = []
-    stop = threading.Event()
-
-    def tick():
-        while not stop.is_set():
-            ticks.append(1)
-            time.sleep(0.01)
-
-    t = threading.Thread(target=tick)
-    t.start()
-    try:
+    with ticking(0.01) as ticks:
         kinds = [e["type"] for e in runtime(latency_ms=300).stream("two-streams", {"ticket": "x"})]
-    finally:
-        stop.set()
-        t.join()
     assert kinds[-1] == "run.completed"
     assert len(ticks) > 20, "another thread ran while the stream waited"
 
 
 def test_stream_async_yields_the_same_events_without_blocking_the_loop():
     async def main():
-        ticks = 0
-
-        async def tick():
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        ticker = asyncio.create_task(tick())
-        events = [e async for e in runtime(latency_ms=300).stream_async("two-streams", {"ticket": "x"})]
-        ticker.cancel()
+        async with ticking_async(0.01) as ticks:
+            events = [e async for e in runtime(latency_ms=300).stream_async("two-streams", {"ticket": "x"})]
         # Leaving early cancels the run.
         async for e in runtime(latency_ms=6000).stream_async("two-streams", {"ticket": "x"}):
             if e["type"] == "run.llm.delta":
                 break
-        return events, ticks
+        return events, len(ticks)
 
     started = time.monotonic()
     events, ticks = asyncio.run(main())
