@@ -849,6 +849,10 @@ async fn the_run_page_shows_a_stage_s_text_growing_as_it_is_written() {
         let (text, streaming) = shown_reply(b, "answer").await;
         if streaming && !text.is_empty() && seen.last() != Some(&text) {
             seen.push(text);
+            if seen.len() == 2 {
+                b.script("document.querySelector('div.stage[data-stage-id=\"answer\"]').scrollIntoView();", json!([])).await;
+                b.screenshot("run-streaming").await;
+            }
         }
         if b.find(&format!("section#run[data-run-id=\"{id}\"][data-status=\"completed\"]")).await.is_ok() {
             break;

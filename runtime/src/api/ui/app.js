@@ -881,12 +881,14 @@
 
     // The text of a stage's model call as it is written (`run.llm.delta`), until the journal has
     // the reply: {turn, attempt, text, restarts, done}. `run.llm.restarted` drops the text shown:
-    // the new attempt writes it again from its start.
+    // the new attempt writes it again from its start. So does a first piece (index 0) of the
+    // attempt shown: the stage started again on the replica that took the run over.
     function streamed(s, ev) {
       const turn = ev.turn || 0;
       const same = s.live && s.live.turn === turn;
       const restarts = (same ? s.live.restarts : 0) + (ev.type === 'run.llm.restarted' ? 1 : 0);
-      if (!same || s.live.attempt !== ev.attempt) s.live = { turn, attempt: ev.attempt, text: '', restarts, done: false };
+      const again = ev.type === 'run.llm.delta' && ev.index === 0;
+      if (!same || s.live.attempt !== ev.attempt || again) s.live = { turn, attempt: ev.attempt, text: '', restarts, done: false };
       s.live.restarts = restarts;
       if (ev.type === 'run.llm.delta') s.live.text += ev.text || '';
     }
