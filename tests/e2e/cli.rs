@@ -592,3 +592,20 @@ fn stream_shows_the_text_before_the_run_ends_and_records_with_store() {
     assert_eq!(result["slots"]["draft"].as_str().map(|d| format!("{d}\n")), Some(first));
     assert_eq!(result["slots"]["answer"].as_str().map(|a| format!("{a}\n")).as_deref(), Some(stdout(&out).as_str()));
 }
+
+#[test]
+fn stream_says_the_question_of_a_run_that_asks_and_runs_reply_streams_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("runs.db").display());
+    let stub = repo().join("examples/stub-asking");
+    let stub = stub.to_str().unwrap();
+    let o = fabric(&["--stub-dir", stub, "run", "support-agent", "--goal", r#"{"question":"refund?"}"#, "--stream", "--store", &db], &[STUB]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    // The decision loop does not stream: nothing on stdout; the question on stderr.
+    assert_eq!(stdout(&o), "");
+    let err = stderr(&o);
+    let id = err.strip_prefix("fabric: run ").and_then(|e| e.strip_suffix(" awaiting_input: Which order number?\n")).unwrap_or_else(|| panic!("{err}"));
+    let o = fabric(&["--stub-dir", stub, "runs", "--store", &db, "reply", id, "--message", "order 42", "--stream"], &[STUB]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!((stdout(&o), stderr(&o)), (String::new(), format!("fabric: run {id} completed\n")));
+}
