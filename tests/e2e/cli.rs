@@ -549,19 +549,24 @@ fn stream_prints_each_streaming_stage_s_text_on_stdout_and_its_events_to_events_
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let (draft, answer) = (delta_texts(&events, "draft"), delta_texts(&events, "answer"));
     assert!(draft.len() >= 2 && answer.len() >= 2, "each text came in pieces: {draft:?} {answer:?}");
-    let (draft, answer) = (draft.concat(), answer.concat());
+    let (draft, answer): (String, String) = (draft.concat(), answer.concat());
     // stdout: each stage's text as streamed, a newline after each; no result JSON.
     assert_eq!(stdout(&out), format!("{draft}\n{answer}\n"));
     // The text streamed is each stage's output (a text stage's reply is its output).
     let lines: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let output_of = |stage: &str| lines.iter().find(|e| e["type"] == "run.stage.completed" && e["stage_id"] == stage).unwrap()["output"].clone();
-    assert_eq!((output_of("draft"), output_of("answer")), (Value::from(draft), Value::from(answer)));
+    assert_eq!((output_of("draft"), output_of("answer")), (Value::from(draft.as_str()), Value::from(answer.as_str())));
     let end = lines.last().unwrap();
     assert_eq!(end["type"], "run.completed");
     // stderr: a header per stage, then the run's id and status.
     let err = stderr(&out);
     let run_id = end["run_id"].as_str().unwrap();
     assert_eq!(err, format!("── stage draft ──\n── stage answer ──\nfabric: run {run_id} completed\n"));
+    // With `--events-out -`, stderr is the events alone.
+    let out = fabric(&["run", "two-streams", "--goal", GOAL, "--stream", "--events-out", "-"], &env[..3]);
+    assert_eq!((out.status.code(), stdout(&out)), (Some(0), format!("{draft}\n{answer}\n")));
+    let err = stderr(&out);
+    assert!(err.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()), "{err}");
 }
 
 #[test]

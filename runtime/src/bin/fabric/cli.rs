@@ -66,7 +66,7 @@ struct RunOutput {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run one route and print its result as JSON.
+    /// Run one route and print its result as JSON (with `--stream`, the text its stages stream).
     Run {
         route: String,
         /// The goal, a JSON object; `@FILE` reads it from a file, `-` from standard input (for
