@@ -59,6 +59,7 @@ pub const VARIABLES: &[&str] = &[
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_BASE_URL",
     "FABRIC_LLM_MAX_REPLY_BYTES",
+    "FABRIC_LLM_STREAM_IDLE_S",
     "FABRIC_TOOL_TIMEOUT_MS",
     "FABRIC_DATABASE_URL",
     "FABRIC_API_TOKEN",
@@ -220,6 +221,9 @@ pub struct Settings {
     pub target: Option<ProviderTarget>,
     /// The cap on one provider reply body (`FABRIC_LLM_MAX_REPLY_BYTES`).
     pub max_reply_bytes: usize,
+    /// How long a streaming provider reply may send nothing before the call fails with `timeout`
+    /// (`FABRIC_LLM_STREAM_IDLE_S`, default 120).
+    pub stream_idle: Duration,
     /// How long an in-process tool may take before the call fails with `tool_timeout`
     /// (`FABRIC_TOOL_TIMEOUT_MS`, default 10000).
     pub tool_timeout: Duration,
@@ -383,6 +387,11 @@ fn read_config_file(path: &std::path::Path) -> Result<String, ConfigError> {
 }
 
 impl Settings {
+    /// What a provider's reply may cost (`FABRIC_LLM_MAX_REPLY_BYTES`, `FABRIC_LLM_STREAM_IDLE_S`).
+    pub fn reply_limits(&self) -> crate::llm::providers::ReplyLimits {
+        crate::llm::providers::ReplyLimits { max_bytes: self.max_reply_bytes, stream_idle: self.stream_idle }
+    }
+
     /// Reads the process environment (and the `FABRIC_CONFIG` file, if set).
     pub fn from_env() -> Result<Settings, ConfigError> {
         Settings::load(|k| std::env::var(k).ok())
@@ -457,6 +466,8 @@ impl Settings {
                 _ => return Err(err("FABRIC_LLM_MAX_REPLY_BYTES", format!("`{v}` must be a whole number of bytes from 1024 to 1073741824"))),
             },
         };
+        let default_idle = crate::llm::providers::streaming::DEFAULT_STREAM_IDLE.as_secs_f64();
+        let stream_idle = parse_seconds("FABRIC_LLM_STREAM_IDLE_S", get("FABRIC_LLM_STREAM_IDLE_S"), default_idle)?;
         let tool_timeout = match get("FABRIC_TOOL_TIMEOUT_MS").map(str::trim) {
             None => Duration::from_millis(DEFAULT_TOOL_TIMEOUT_MS),
             Some(v) => match v.parse::<u64>() {
@@ -546,6 +557,7 @@ impl Settings {
             model_default,
             target: None,
             max_reply_bytes,
+            stream_idle,
             tool_timeout,
             warnings: Vec::new(),
             service,
@@ -722,9 +734,17 @@ mod tests {
             ("FABRIC_TOOL_TIMEOUT_MS", "0"),
             ("FABRIC_TOOL_TIMEOUT_MS", "600001"),
             ("FABRIC_TOOL_TIMEOUT_MS", "1s"),
+            ("FABRIC_LLM_STREAM_IDLE_S", "0"),
+            ("FABRIC_LLM_STREAM_IDLE_S", "soon"),
         ] {
             assert_eq!(load(&[("FABRIC_LLM_STUB", "1"), (var, value)]).unwrap_err().var, var, "{var}={value}");
         }
+    }
+
+    #[test]
+    fn the_stream_idle_timeout_defaults_to_two_minutes() {
+        assert_eq!(load(&[("FABRIC_LLM_STUB", "1")]).unwrap().stream_idle, Duration::from_secs(120));
+        assert_eq!(load(&[("FABRIC_LLM_STUB", "1"), ("FABRIC_LLM_STREAM_IDLE_S", "2.5")]).unwrap().reply_limits().stream_idle, Duration::from_millis(2500));
     }
 
     #[test]

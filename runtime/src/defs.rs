@@ -227,6 +227,9 @@ pub enum RouteBodyDef {
     /// The decision loop over these tools.
     DecisionLoop {
         tools: Vec<Ref>,
+        /// `stream: true|false`: whether its decisions stream their question or answer; unset,
+        /// they do.
+        stream: Option<bool>,
     },
 }
 

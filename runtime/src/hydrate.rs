@@ -82,14 +82,16 @@ pub struct StageNode {
     /// A branch condition reads a field of this stage's structured output (`slot: id.field`):
     /// only then does a run keep that output beside the slot.
     fields_read: bool,
-    /// Whether its model calls stream their text (`stream:`; by default a synthesis streams).
+    /// Whether its model calls stream their text (`stream:`; by default a synthesis and the
+    /// decision loop's decisions stream).
     streams: bool,
 }
 
 impl StageNode {
     fn new(id: String, role: LlmRole, kind: NodeKind, capability: Option<BoundCapability>, prompt: ResolvedPrompt) -> StageNode {
         let output = capability.as_ref().map_or(OutputSpec::Text, |c| c.def.output.clone());
-        StageNode { id: id.into(), role, kind, capability, prompt, output, fields_read: false, streams: role == LlmRole::Synthesis }
+        let streams = role == LlmRole::Synthesis || kind == NodeKind::Decision;
+        StageNode { id: id.into(), role, kind, capability, prompt, output, fields_read: false, streams }
     }
 
     /// Whether its model calls stream their text as it is written (`run.llm.delta`).
@@ -375,7 +377,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 (RoutePath::Manifest, Some(m.name.clone()))
             }
         },
-        Some(RouteBodyDef::DecisionLoop { tools: tool_refs }) => {
+        Some(RouteBodyDef::DecisionLoop { tools: tool_refs, stream }) => {
             for t in tool_refs {
                 match defs.capabilities.get(&t.name) {
                     None => {
@@ -401,6 +403,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
             let mut decide_node = StageNode::new("decide".into(), LlmRole::None, NodeKind::Decision, None, prompt);
             // The schema's tool enum, the prompt's tool list and the tool nodes come from one list.
             decide_node.output = OutputSpec::Decision(Arc::new(crate::decision::DecisionSpec::new(tools.iter().map(|t| t.name.clone()).collect())));
+            decide_node.streams = stream.unwrap_or(true);
             let decide = graph.add_node(decide_node);
             for (order, tool) in tools.iter().enumerate() {
                 let n = graph.add_node(StageNode::new(tool.name.clone(), LlmRole::None, NodeKind::Tool, Some(tool.clone()), ResolvedPrompt::none()));
@@ -693,6 +696,9 @@ mod tests {
         assert_eq!(spec.tools(), ["t"]);
         assert_eq!(r.entry_node().role_name(), "decision");
         assert!(r.entry_node().prompt().text.contains("- t\n  input schema: {\"type\":\"object\"}"), "{}", r.entry_node().prompt().text);
+        assert!(r.entry_node().streams(), "decisions stream unless told not to");
+        let quiet = route(&format!("{CAPS}routes:\n  r: {{model_profile: p, prompt_pack: pack, decision_loop: {{tools: [t], stream: false}}}}\n"), "r");
+        assert!(!quiet.entry_node().streams());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use fabric::config::{ApiKey, ProviderKind, Tuning};
 use fabric::llm::cloud::{AwsKeys, Cloud};
 use fabric::llm::providers::{DEFAULT_MAX_REPLY_BYTES, backend_for, shared_client};
-use fabric::llm::{LlmError, LlmRequest, OutputSpec, ReasonClass};
+use fabric::llm::{LlmError, OutputSpec, ReasonClass};
 use serde_json::{Value, json};
 
 use crate::cloud_support::{AWS_KEY_ID, AWS_SECRET, test_account, token_server, wire_target};
@@ -130,22 +130,7 @@ async fn a_slow_token_endpoint_times_out_as_a_timeout() {
 
 async fn call(backend: &dyn fabric::llm::Llm, output: &OutputSpec) -> Result<fabric::llm::LlmReply, LlmError> {
     let events = fabric::events::RunEvents::new("cloud", "cloud", None, Arc::new(fabric::events::NullSink));
-    let never = fabric::cancel::Cancel::never();
-    let cx = opentelemetry::Context::current();
-    let req = LlmRequest {
-        events: &events,
-        route_id: "cloud",
-        stage_id: "intake",
-        turn: 0,
-        priority: 0,
-        system: "s",
-        user: "u",
-        output,
-        cx: &cx,
-        cancel: &never,
-        stream: None,
-    };
-    backend.complete(&req).await
+    crate::support::complete(backend, &events, "intake", output, None).await
 }
 
 fn structured() -> OutputSpec {

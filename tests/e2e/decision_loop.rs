@@ -62,6 +62,8 @@ async fn tool_call_tool_call_done() {
             "run.stage.completed:add",
             "run.stage.started:decide",
             "run.llm.started:decide",
+            // The answer, as the decision is written (a tool call shows nothing).
+            "run.llm.delta:decide",
             "run.llm.completed:decide",
             "run.stage.completed:decide",
             "run.completed",

@@ -294,7 +294,7 @@ async fn every_event_type_keeps_its_wire_form() {
 
     // A recovered run given up: its last event.
     let c = capture();
-    let history = RunHistory { run_id: fabric::exec::new_run_id(), entries: Vec::new(), next_seq: 4 };
+    let history = RunHistory { run_id: fabric::exec::new_run_id(), entries: Vec::new(), next_seq: 4, open: None };
     triage.abandon("gone-route", history, ReasonClass::StoreError, "the route `gone-route` is not in the catalogue", c.sink.clone(), &Discard).await;
     record.add("a recovered run given up", &c);
 
@@ -307,7 +307,7 @@ async fn every_event_type_keeps_its_wire_form() {
     triage.execute(req, fabric::exec::Begin::New { run_id: fabric::exec::new_run_id() }, c.sink.clone(), token, None).await.unwrap();
     record.add("a run cancelled on request", &c);
     let c = capture();
-    let history = RunHistory { run_id: fabric::exec::new_run_id(), entries: Vec::new(), next_seq: 1 };
+    let history = RunHistory { run_id: fabric::exec::new_run_id(), entries: Vec::new(), next_seq: 1, open: None };
     triage.end_cancelled("support-triage", history, "cancelled by request", c.sink.clone(), &Discard).await;
     record.add("a queued run cancelled", &c);
 

@@ -297,7 +297,12 @@ pub(crate) async fn settled(server: &Server, id: &str) -> Value {
 
 impl Server {
     pub(crate) fn start(store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
-        Server::spawn(Command::new(env!("CARGO_BIN_EXE_fabric")), store, stub, extra)
+        Server::start_at("127.0.0.1:0", store, stub, extra)
+    }
+
+    /// As `start`, listening on `listen` (a port given again after a restart).
+    pub(crate) fn start_at(listen: &str, store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
+        Server::spawn(Command::new(env!("CARGO_BIN_EXE_fabric")), listen, store, stub, extra)
     }
 
     /// As `start`, as another user (`setpriv` execs the binary in its place: the pid is the
@@ -320,14 +325,14 @@ impl Server {
         }
         let mut cmd = Command::new("setpriv");
         cmd.args([&format!("--reuid={user}"), "--regid=nogroup", "--clear-groups", env!("CARGO_BIN_EXE_fabric")]);
-        Server::spawn(cmd, store, stub, extra)
+        Server::spawn(cmd, "127.0.0.1:0", store, stub, extra)
     }
 
-    fn spawn(mut cmd: Command, store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
+    fn spawn(mut cmd: Command, listen: &str, store: &str, stub: &std::path::Path, extra: &[(&str, &str)]) -> Server {
         let log = tempfile::NamedTempFile::new().unwrap();
         cmd.current_dir(repo())
             .envs(fixture_env())
-            .args(["--stub-dir", stub.to_str().unwrap(), "serve", "--listen", "127.0.0.1:0"])
+            .args(["--stub-dir", stub.to_str().unwrap(), "serve", "--listen", listen])
             .env("FABRIC_LLM_STUB", "1")
             .env("FABRIC_API_TOKEN", TOKEN)
             .env("FABRIC_DATABASE_URL", store)

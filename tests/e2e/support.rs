@@ -424,3 +424,30 @@ pub fn temp_copy(from: &Path) -> tempfile::TempDir {
     copy_dir(from, dir.path());
     dir
 }
+
+/// One model call of `backend` as stage `stage_id` makes it (system `s`, user `u`), its events to
+/// `events`, its text to `stream` when given.
+pub async fn complete(
+    backend: &dyn fabric::llm::Llm,
+    events: &fabric::events::RunEvents,
+    stage_id: &str,
+    output: &fabric::llm::OutputSpec,
+    stream: Option<&fabric::llm::stream::Deltas<'_>>,
+) -> Result<fabric::llm::LlmReply, fabric::llm::LlmError> {
+    let never = fabric::cancel::Cancel::never();
+    let cx = opentelemetry::Context::current();
+    let req = fabric::llm::LlmRequest {
+        events,
+        route_id: events.route_id(),
+        stage_id,
+        turn: 0,
+        priority: 0,
+        system: "s",
+        user: "u",
+        output,
+        cx: &cx,
+        cancel: &never,
+        stream,
+    };
+    backend.complete(&req).await
+}

@@ -26,6 +26,7 @@ mod state;
 mod stream;
 mod sweep;
 mod ui;
+mod ui_stream;
 mod views;
 mod webhooks;
 

@@ -6,15 +6,19 @@ use super::*;
 
 /// A run's events as Server-Sent Events: from the start, or after `Last-Event-ID`; live until
 /// the run ends or asks (or a shutdown's grace period is over: then a `: shutting down` comment
-/// ends it). Each event's id is its `seq`.
-#[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = RUN_ID_PARAM), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq (0 to 9223372036854775807)")),
-    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type", content_type = "text/event-stream"), (status = 400, description = "A `Last-Event-ID` that is not a seq, or a path that does not parse", body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, description = "Too many event streams open, of this run (32) or in all (4096); see `Retry-After`", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+/// ends it). Each event's id is its `seq`. With `format=ui-message-stream`, the same events as
+/// the Vercel AI SDK's UI message stream (docs/ui-message-stream.md).
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events", params(("run_id" = String, Path, description = RUN_ID_PARAM), EventsParams, ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq (0 to 9223372036854775807)")),
+    responses((status = 200, description = "`text/event-stream`; `data` is the event JSON, `event` its type. With `format=ui-message-stream`: header `x-vercel-ai-ui-message-stream: v1`, `data` is a UI message chunk (`start`, `start-step`, `text-start`, `text-delta`, `text-end`, `data-fabric-*`, `finish-step`, `error`, `abort`, `finish`) or `[DONE]`, no `event`; the `id` of an event's last chunk is its `seq`, of the chunks before it `seq - 1`", content_type = "text/event-stream",
+            headers(("x-vercel-ai-ui-message-stream" = String, description = "`v1`, with `format=ui-message-stream`"))), (status = 400, description = "A `Last-Event-ID` that is not a seq, a `format` that is neither `events` nor `ui-message-stream`, or a path that does not parse", body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, description = "Too many event streams open, of this run (32) or in all (4096); see `Retry-After`", body = ErrorBody), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub(super) async fn run_events(
     State(state): State<AppState>,
     RunIdPath(run_id): RunIdPath,
     headers: HeaderMap,
-) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    params: Result<Query<EventsParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let ui = query(params)?.format == EventsFormat::UiMessageStream;
     let run_id = run_id.as_str().to_owned();
     let after: u64 = match headers.get("last-event-id") {
         None => 0,
@@ -38,14 +42,18 @@ pub(super) async fn run_events(
     })?;
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     let follower = state.clone();
+    // The UI message stream reads the run from its start, silent up to `after`, so that a resume
+    // opens again what was open there.
+    let (mut out, after) = match ui {
+        true => (Out { tx: tx.clone(), stall: config.stream_stall, ui: Some(ui_stream::UiStream::new(&run_id, after)) }, 0),
+        false => (Out { tx: tx.clone(), stall: config.stream_stall, ui: None }, after),
+    };
     // The stream's slot is given back when the client goes, whatever the task waits on then (a
     // live run's next event, a poller's next read): hyper drops the body, `rx` with it, as soon
     // as it reads the connection's end, and `closed` fires. Waiting only on sends held the slot
     // of a gone client for as long as its run made no event (issue 46).
-    let gone = tx.clone();
-    let stall = config.stream_stall;
+    let gone = tx;
     let stream = async move {
-        let sse = |seq: u64, kind: &str, json: &str| SseEvent::default().id(seq.to_string()).event(kind).data(json);
         let mut last = after;
         loop {
             // The live segment first, then the record: an event is in one or the other (a
@@ -61,7 +69,7 @@ pub(super) async fn run_events(
             let Ok(stored) = store.events_after(&run_id, last).await else { return };
             for e in stored {
                 last = e.seq;
-                if !send_within(&tx, sse(e.seq, &e.kind, &e.body), stall).await {
+                if !out.send(e.seq, &e.kind, &e.body).await {
                     return;
                 }
             }
@@ -71,7 +79,7 @@ pub(super) async fn run_events(
                     let (events, ended) = live.events_after(last);
                     for e in events {
                         last = e.seq;
-                        if !send_within(&tx, sse(e.seq, e.kind, &e.json), stall).await {
+                        if !out.send(e.seq, e.kind, &e.json).await {
                             return;
                         }
                     }
@@ -99,7 +107,7 @@ pub(super) async fn run_events(
                 return;
             }
             let Some(mut feed) = feed else { continue };
-            match follow_feed(&follower, &run_id, &mut feed, &mut last, &tx, &*store, stall).await {
+            match follow_feed(&follower, &run_id, &mut feed, &mut last, &mut out, &*store).await {
                 Followed::Ended => return,
                 Followed::Again => continue,
             }
@@ -112,7 +120,55 @@ pub(super) async fn run_events(
             () = gone.closed() => {}
         }
     });
-    Ok(Sse::new(until_closing(&state, rx)).keep_alive(KeepAlive::default()))
+    let sse = Sse::new(until_closing(&state, rx)).keep_alive(KeepAlive::default());
+    Ok(match ui {
+        true => ([ui_stream::HEADER, ("x-accel-buffering", "no")], sse).into_response(),
+        false => sse.into_response(),
+    })
+}
+
+/// `GET /v1/runs/{id}/events?format=`: how the events are sent.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct EventsParams {
+    /// `events` (the default): each event as it is. `ui-message-stream`: the Vercel AI SDK's UI
+    /// message stream (docs/ui-message-stream.md), header `x-vercel-ai-ui-message-stream: v1`.
+    #[serde(default)]
+    #[param(inline)]
+    pub format: EventsFormat,
+}
+
+/// The format of an event stream.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum EventsFormat {
+    #[default]
+    Events,
+    UiMessageStream,
+}
+
+/// Where a stream's events go: the body's channel, within the stall limit; each event as it
+/// is, or translated into the UI message stream.
+pub(super) struct Out {
+    pub tx: tokio::sync::mpsc::Sender<SseEvent>,
+    pub stall: Duration,
+    pub ui: Option<ui_stream::UiStream>,
+}
+
+impl Out {
+    /// Sends an event; false when the client went (or took nothing for the stall limit), or the
+    /// UI message ended: the stream ends.
+    pub async fn send(&mut self, seq: u64, kind: &str, json: &str) -> bool {
+        let Some(ui) = &mut self.ui else {
+            return send_within(&self.tx, SseEvent::default().id(seq.to_string()).event(kind).data(json), self.stall).await;
+        };
+        for frame in ui.push(seq, kind, json) {
+            if !send_within(&self.tx, SseEvent::default().id(frame.id.to_string()).data(frame.data), self.stall).await {
+                return false;
+            }
+        }
+        !ui.ended()
+    }
 }
 
 /// How following a run through its shared poller stopped.
@@ -135,20 +191,20 @@ pub(super) enum Sent {
 }
 
 /// Sends an event a poller handed on, if it is the next one (`seq` right after `last`).
-pub(super) async fn send_next(e: &crate::store::StoredEvent, last: &mut u64, tx: &tokio::sync::mpsc::Sender<SseEvent>, stall: Duration) -> Sent {
+pub(super) async fn send_next(e: &crate::store::StoredEvent, last: &mut u64, out: &mut Out) -> Sent {
     if e.seq > last.saturating_add(1) {
         return Sent::Gap;
     }
-    send_after(e, last, tx, stall).await
+    send_after(e, last, out).await
 }
 
 /// Sends an event read from the store (the record: whatever its `seq`s), if it is after `last`.
-pub(super) async fn send_after(e: &crate::store::StoredEvent, last: &mut u64, tx: &tokio::sync::mpsc::Sender<SseEvent>, stall: Duration) -> Sent {
+pub(super) async fn send_after(e: &crate::store::StoredEvent, last: &mut u64, out: &mut Out) -> Sent {
     if e.seq <= *last {
         return Sent::Ok;
     }
     *last = e.seq;
-    if send_within(tx, SseEvent::default().id(e.seq.to_string()).event(&e.kind).data(&e.body), stall).await { Sent::Ok } else { Sent::Gone }
+    if out.send(e.seq, &e.kind, &e.body).await { Sent::Ok } else { Sent::Gone }
 }
 
 /// Hands an event to a stream's body; false when the client went, or took nothing for `stall`
@@ -164,24 +220,23 @@ pub(super) async fn follow_feed(
     run_id: &str,
     feed: &mut follow::Follower,
     last: &mut u64,
-    tx: &tokio::sync::mpsc::Sender<SseEvent>,
+    out: &mut Out,
     store: &dyn crate::store::RunStore,
-    stall: Duration,
 ) -> Followed {
     use tokio::sync::broadcast::error::{RecvError, TryRecvError};
     loop {
         tokio::select! {
             biased;
-            _ = tx.closed() => return Followed::Ended,
+            _ = out.tx.closed() => return Followed::Ended,
             e = feed.events.recv() => match e {
-                Ok(e) => match send_next(&e, last, tx, stall).await {
+                Ok(e) => match send_next(&e, last, out).await {
                     Sent::Ok => {}
                     Sent::Gone => return Followed::Ended,
                     // This stream joined between the poller's reads: the store has the rest.
                     Sent::Gap => {
                         let Ok(stored) = store.events_after(run_id, *last).await else { return Followed::Ended };
                         for e in stored {
-                            if let Sent::Gone = send_after(&e, last, tx, stall).await {
+                            if let Sent::Gone = send_after(&e, last, out).await {
                                 return Followed::Ended;
                             }
                         }
@@ -202,7 +257,7 @@ pub(super) async fn follow_feed(
                 // event waits for the next one to be seen.
                 loop {
                     match feed.events.try_recv() {
-                        Ok(e) => match send_next(&e, last, tx, stall).await {
+                        Ok(e) => match send_next(&e, last, out).await {
                             Sent::Ok => {}
                             Sent::Gap => break,
                             Sent::Gone => return Followed::Ended,
@@ -214,7 +269,7 @@ pub(super) async fn follow_feed(
                 if *last < now.last {
                     let Ok(stored) = store.events_after(run_id, *last).await else { return Followed::Ended };
                     for e in stored {
-                        if let Sent::Gone = send_after(&e, last, tx, stall).await {
+                        if let Sent::Gone = send_after(&e, last, out).await {
                             return Followed::Ended;
                         }
                     }

@@ -5,6 +5,7 @@
 //! Events are serialised once, by the sink that writes them. Their fields are typed, one
 //! [`EventData`] variant per type (`data`), and serialised in wire order.
 
+mod continuing;
 mod data;
 
 use std::io::Write;
@@ -212,6 +213,10 @@ pub struct RunEvents {
     /// While a recovered run replays what its journal holds, its events were already recorded:
     /// nothing is emitted (and no `seq` is used) until the replay catches up.
     muted: std::sync::atomic::AtomicBool,
+    /// A recovered run's call whose start its last holder recorded (see
+    /// [`RunEvents::continue_call`]); `continuing` says whether one is set, read on every event.
+    continuing: std::sync::atomic::AtomicBool,
+    through: Mutex<Option<continuing::Through>>,
 }
 
 impl std::fmt::Debug for RunEvents {
@@ -233,6 +238,8 @@ impl RunEvents {
             enabled,
             recorded: None,
             muted: std::sync::atomic::AtomicBool::new(false),
+            continuing: std::sync::atomic::AtomicBool::new(false),
+            through: Mutex::new(None),
         }
     }
 
@@ -292,7 +299,11 @@ impl RunEvents {
         if !self.enabled || self.muted.load(Ordering::Relaxed) {
             return;
         }
-        self.send(stage_id, data());
+        let data = data();
+        if self.continuing.load(Ordering::Relaxed) && self.continued(stage_id, &data) {
+            return;
+        }
+        self.send(stage_id, data);
     }
 
     fn send(&self, stage_id: Option<&str>, data: EventData) {

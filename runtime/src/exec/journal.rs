@@ -72,6 +72,48 @@ pub struct RunHistory {
     pub entries: Vec<JournalEntry>,
     /// The `seq` the next event gets (one past the last recorded).
     pub next_seq: u64,
+    /// The model call a process was streaming when it stopped (its start and some of its text
+    /// recorded, its reply not): the call made again goes on from its recorded events.
+    pub open: Option<OpenCall>,
+}
+
+/// A model call whose start and text its last holder recorded as it streamed, and not its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenCall {
+    pub stage_id: String,
+    pub turn: u32,
+    /// The attempt of its last recorded text (or of its last `run.llm.restarted`).
+    pub attempt: u32,
+    /// Whether text of that attempt was recorded (then `run.llm.restarted` takes it back).
+    pub shown: bool,
+}
+
+/// The call a run's recorded events stream without its end: deltas (or a `run.llm.restarted`)
+/// of a model call, and after them no `run.llm.completed`, `run.llm.failed` or end of its stage.
+/// `events` are a run's recorded events in order, as (type, JSON).
+pub fn open_call<'a>(events: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<OpenCall> {
+    #[derive(Deserialize)]
+    struct Call {
+        stage_id: Option<String>,
+        turn: Option<u32>,
+        attempt: Option<u32>,
+    }
+    let mut open: Option<OpenCall> = None;
+    for (kind, body) in events {
+        let streams = matches!(kind, "run.llm.delta" | "run.llm.restarted");
+        let ends = matches!(kind, "run.llm.completed" | "run.llm.failed" | "run.stage.completed" | "run.stage.failed");
+        if !streams && !ends {
+            continue;
+        }
+        let Ok(Call { stage_id: Some(stage_id), turn, attempt }) = serde_json::from_str(body) else { continue };
+        if streams {
+            let (turn, attempt) = (turn.unwrap_or(0), attempt.unwrap_or(1));
+            open = Some(OpenCall { stage_id, turn, attempt, shown: kind == "run.llm.delta" });
+        } else if open.as_ref().is_some_and(|o| o.stage_id == stage_id) {
+            open = None;
+        }
+    }
+    open
 }
 
 /// A journal entry in a divergence message.
@@ -81,5 +123,27 @@ pub(super) fn describe(entry: &JournalEntry) -> String {
         JournalEntry::StageCompleted { stage_id, .. } => format!("the completion of stage `{stage_id}`"),
         JournalEntry::Note { .. } => "a tool error".into(),
         JournalEntry::UserReply { .. } => "a reply of the user".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_call_is_the_last_streamed_one_without_its_end() {
+        let e = |kind: &'static str, body: &'static str| (kind, body);
+        let delta = r#"{"stage_id":"answer","turn":0,"attempt":1,"index":0,"text":"Hel"}"#;
+        let started = e("run.stage.started", r#"{"stage_id":"answer"}"#);
+        assert_eq!(open_call([started, e("run.llm.delta", delta)]), Some(OpenCall { stage_id: "answer".into(), turn: 0, attempt: 1, shown: true }));
+        let restarted = e("run.llm.restarted", r#"{"stage_id":"answer","turn":0,"attempt":2}"#);
+        assert_eq!(open_call([e("run.llm.delta", delta), restarted]), Some(OpenCall { stage_id: "answer".into(), turn: 0, attempt: 2, shown: false }));
+        for end in ["run.llm.completed", "run.llm.failed", "run.stage.failed"] {
+            assert_eq!(open_call([e("run.llm.delta", delta), e(end, r#"{"stage_id":"answer"}"#)]), None, "{end}");
+        }
+        // Another stage's end, or an event that does not read, leaves it open.
+        let other = e("run.stage.completed", r#"{"stage_id":"intake"}"#);
+        assert!(open_call([e("run.llm.delta", delta), other, e("run.llm.completed", "not json")]).is_some());
+        assert_eq!(open_call([started]), None, "nothing streamed: the start was not recorded apart from its end");
     }
 }

@@ -33,7 +33,7 @@ use opentelemetry::Context;
 use serde_json::{Map, Value};
 
 pub use input::{GoalError, PrefetchError, parse_goal, parse_prefetch};
-pub use journal::{JournalBatch, JournalEntry, JournalError, RunHistory, RunJournal};
+pub use journal::{JournalBatch, JournalEntry, JournalError, OpenCall, RunHistory, RunJournal, open_call};
 pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, ended_from_journal, result_from_journal};
 use source::ReplySource;
 use state::{Run, RunState};
@@ -276,9 +276,13 @@ impl Runner {
         let journal = journal.filter(|_| !matches!(begin, Begin::Replay(_)));
         let (events, state, reply) = match begin {
             Begin::New { run_id } => (top_events(&run_id, &route, sink, 1, journal), fresh, None),
-            Begin::Recover(RunHistory { run_id, entries, next_seq }) => {
+            Begin::Recover(RunHistory { run_id, entries, next_seq, open }) => {
                 let events = top_events(&run_id, &route, sink, next_seq, journal);
-                let state = RunState { source: ReplySource::recovering(entries, &events), ..fresh };
+                if let Some(call) = &open {
+                    let restarted = EventData::LlmRestarted { turn: call.turn, attempt: call.attempt + 1 };
+                    events.continue_call(&call.stage_id, call.shown.then_some(restarted));
+                }
+                let state = RunState { source: ReplySource::recovering(entries, &events), open, ..fresh };
                 (events, state, None)
             }
             Begin::Continue { history, reply } => {

@@ -2,14 +2,21 @@
 //! reply source asked first (a recorded reply is read the way the reply was read when it came),
 //! and the reply journalled at once.
 
+use std::time::Duration;
+
 use opentelemetry::Context;
 
 use super::state::{Run, RunState, StageFailure};
-use super::{JournalEntry, Runner, message};
+use super::{JournalBatch, JournalEntry, RunJournal, Runner, message};
+use crate::events::RunEvents;
 use crate::failure::ReasonClass;
 use crate::hydrate::StageNode;
 use crate::llm::stream::Deltas;
 use crate::llm::{LlmRequest, OutputSpec, ReplyValue};
+
+/// How often a journalled call that streams records its events so far (its deltas), so that
+/// another replica's watchers see the text while the call runs, not when the stage ends.
+pub const STREAM_RECORD_EVERY: Duration = Duration::from_millis(100);
 
 impl Runner {
     pub(super) async fn call_model(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<ReplyValue, StageFailure> {
@@ -28,7 +35,10 @@ impl Runner {
         let turn = &mut state.llm_calls[idx].2;
         // Only where someone watches (a live sink: the service's, `--events-out`, a library's):
         // a run whose events are only recorded streams nothing and pays nothing for it.
-        let deltas = (stage.streams() && events.watched()).then(|| Deltas::new(events, stage.id(), *turn));
+        let deltas = (stage.streams() && events.watched()).then(|| {
+            let deltas = Deltas::new(events, stage.id(), *turn);
+            if matches!(stage.output(), OutputSpec::Decision(_)) { deltas.for_decision() } else { deltas }
+        });
         let req = LlmRequest {
             events,
             route_id: route.id(),
@@ -52,8 +62,29 @@ impl Runner {
             Some(Err(e)) => return Err(StageFailure::new(ReasonClass::ProviderError, e.to_string())),
             None => &self.llm,
         };
+        // Asked of the model: a call its last holder was streaming when it stopped is made again,
+        // its text the attempt after the one recorded (`RunEvents::continue_call` said
+        // `run.llm.restarted` when that one had shown text).
+        if let Some(open) = state.open.take_if(|o| o.stage_id == stage.id() && o.turn == req.turn)
+            && let Some(d) = &deltas
+        {
+            d.continuing(if open.shown { open.attempt + 1 } else { open.attempt });
+        }
         // The stack's telemetry layer sends the deltas' last text before the call's end.
-        let reply = llm.complete(&req).await.map_err(|e| StageFailure::new(e.class, e.message))?;
+        let call = llm.complete(&req);
+        let reply = match (run.journal, &deltas) {
+            (Some(journal), Some(d)) => {
+                let (reply, unrecorded) = recorded_as_it_streams(call, journal, events, d).await;
+                // A write of the run failed during the call: the run stops here, as after a
+                // checkpoint that failed (the reply is not used, nor recorded).
+                if let Some(e) = unrecorded {
+                    return Err(StageFailure::new(ReasonClass::StoreError, format!("the run's record could not be written: {e}")));
+                }
+                reply
+            }
+            _ => call.await,
+        };
+        let reply = reply.map_err(|e| StageFailure::new(e.class, e.message))?;
         if run.journal.is_some() {
             let (stage_id, system, raw, value) = (stage.id().to_owned(), req.system.to_owned(), reply.raw_text(), reply.value.recorded());
             state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value });
@@ -74,4 +105,36 @@ fn recorded_reply(stage: &StageNode, value: &str) -> Result<ReplyValue, StageFai
         OutputSpec::Decision(spec) => ReplyValue::Decision(spec.parse_json(value).map_err(|e| bad(e.to_string()))?),
         OutputSpec::Text | OutputSpec::Unbindable { .. } => ReplyValue::Text(value.to_owned()),
     })
+}
+
+/// Awaits a streaming call, handing its events so far to the journal every
+/// [`STREAM_RECORD_EVERY`] once it has shown text: the store is how other replicas follow a run,
+/// and a client that reconnects to one of them mid-call must get the text written so far. (Not
+/// before: the run's next holder goes on from a recorded call only when it streamed, see
+/// [`super::open_call`].) A write that fails ends the recording, not the call; the caller stops
+/// the run with it once the call is over.
+async fn recorded_as_it_streams<T>(
+    call: impl std::future::Future<Output = T>,
+    journal: &dyn RunJournal,
+    events: &RunEvents,
+    deltas: &Deltas<'_>,
+) -> (T, Option<super::JournalError>) {
+    let mut call = std::pin::pin!(call);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + STREAM_RECORD_EVERY, STREAM_RECORD_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            reply = &mut call => return (reply, None),
+            _ = tick.tick() => {
+                if !deltas.shown() {
+                    continue;
+                }
+                let so_far = events.take_recorded();
+                if let Err(e) = journal.append(events.run_id(), JournalBatch { events: so_far, entries: Vec::new(), end: None }).await {
+                    return (call.await, Some(e));
+                }
+            }
+        }
+    }
 }

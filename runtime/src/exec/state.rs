@@ -57,6 +57,8 @@ pub(super) struct RunState {
     pub(super) llm_calls: Vec<(Arc<str>, Arc<str>, u32)>,
     pub(super) child_calls: Vec<(Arc<str>, Arc<str>, u32)>,
     pub(super) last_output: Option<Last>,
+    /// A recovered run's call its last holder was streaming (see [`super::OpenCall`]).
+    pub(super) open: Option<super::OpenCall>,
 }
 
 /// What a completed run returns as its output: the slot of the stage that completed last (kept

@@ -246,7 +246,7 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
         if result.status() == RunStatus::AwaitingInput {
             let all = journal.batches.lock().unwrap().len();
             let (history, events) = journal.prefix(all);
-            let history = RunHistory { run_id: "run-1".into(), entries: history, next_seq: events.last().unwrap().seq + 1 };
+            let history = RunHistory { run_id: "run-1".into(), entries: history, next_seq: events.last().unwrap().seq + 1, open: None };
             result = r
                 .execute(
                     req.clone(),
@@ -272,7 +272,7 @@ async fn a_recovered_run_asks_for_nothing_recorded_and_its_events_go_on_without_
             let sink = Arc::new(MemorySink::default());
             let next_seq = events.last().map_or(1, |e| e.seq + 1);
             let recovered_journal = MemoryJournal::default();
-            let recovery = RunHistory { run_id: "run-1".into(), entries: history.clone(), next_seq };
+            let recovery = RunHistory { run_id: "run-1".into(), entries: history.clone(), next_seq, open: None };
             let recovered = again.execute(req.clone(), Begin::Recover(recovery), sink.clone(), Cancel::never(), Some(&recovered_journal)).await.unwrap();
             let recorded_replies = history.iter().filter(|e| matches!(e, JournalEntry::ModelReply { .. })).count();
             if route == "looped" && !history.iter().any(|e| matches!(e, JournalEntry::UserReply { .. })) {

@@ -9,6 +9,7 @@
 //! backend is the seeded stub or a real provider ([`providers`]).
 
 pub mod cloud;
+pub mod decision_text;
 pub mod flow;
 pub mod model;
 pub mod providers;

@@ -7,12 +7,15 @@
 //! A new attempt of the same call (a retry after a transient error) starts its text again: when
 //! the failed attempt had shown any, `run.llm.restarted` says to drop it first.
 //!
+//! A decision shows only the text a user reads in it ([`DecisionText`]): its question or answer.
+//!
 //! The other end: [`TextFollower`] reads a run's events back into the text a watcher shows, call
 //! by call (what `fabric run --stream` prints).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::decision_text::DecisionText;
 use crate::events::{Event, EventData, RunEvents};
 
 /// The longest a piece of text waits for others before it is sent.
@@ -39,11 +42,35 @@ struct State {
     /// Text not sent yet, and since when it waits.
     pending: String,
     since: Option<Instant>,
+    /// Whether the attempt's backend handed on any of its reply (shown or not).
+    received: bool,
+    /// Whether any attempt sent a delta.
+    ever: bool,
+    /// For a decision, what of the reply is shown (a fresh one per attempt).
+    decision: Option<DecisionText>,
 }
 
 impl<'a> Deltas<'a> {
     pub fn new(events: &'a RunEvents, stage_id: &'a str, turn: u32) -> Deltas<'a> {
         Deltas { events, stage_id, turn, state: Mutex::new(State { attempt: 1, ..State::default() }) }
+    }
+
+    /// The deltas of a decision: only its question or answer is shown.
+    pub fn for_decision(self) -> Deltas<'a> {
+        self.state().decision = Some(DecisionText::default());
+        self
+    }
+
+    /// The deltas of a call a process that did not finish it (it died, or lost the run) was
+    /// streaming: this call's text is `attempt`'s (the run's events said `run.llm.restarted`
+    /// when the earlier attempt's text was shown).
+    pub fn continuing(&self, attempt: u32) {
+        self.state().attempt = attempt;
+    }
+
+    /// Whether any attempt of the call sent text.
+    pub fn shown(&self) -> bool {
+        self.state().ever
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -57,7 +84,15 @@ impl<'a> Deltas<'a> {
             return;
         }
         let mut s = self.state();
-        s.pending.push_str(text);
+        s.received = true;
+        let State { pending, decision, .. } = &mut *s;
+        match decision {
+            Some(d) => d.feed(text, pending),
+            None => pending.push_str(text),
+        }
+        if s.pending.is_empty() {
+            return;
+        }
         let since = *s.since.get_or_insert_with(Instant::now);
         if s.pending.len() >= DELTA_BYTES || since.elapsed() >= DELTA_EVERY {
             self.send(&mut s);
@@ -70,10 +105,10 @@ impl<'a> Deltas<'a> {
         self.send(&mut s);
     }
 
-    /// Whether the current attempt sent any text.
+    /// Whether the current attempt's backend handed on any of its reply (a backend that does
+    /// not stream hands on none, and its reply is shown whole at the end).
     pub fn sent(&self) -> bool {
-        let s = self.state();
-        s.index > 0 || !s.pending.is_empty()
+        self.state().received
     }
 
     /// A new attempt of the call begins: what the last one did not send is dropped, and when it
@@ -84,7 +119,11 @@ impl<'a> Deltas<'a> {
         s.pending.clear();
         s.since = None;
         s.index = 0;
+        s.received = false;
         s.attempt += 1;
+        if s.decision.is_some() {
+            s.decision = Some(DecisionText::default());
+        }
         if shown {
             let attempt = s.attempt;
             self.events.emit(Some(self.stage_id), || EventData::LlmRestarted { turn: self.turn, attempt });
@@ -98,6 +137,7 @@ impl<'a> Deltas<'a> {
         let text = std::mem::take(&mut s.pending);
         let (attempt, index) = (s.attempt, s.index);
         s.index += 1;
+        s.ever = true;
         s.since = None;
         self.events.emit(Some(self.stage_id), || EventData::LlmDelta { turn: self.turn, attempt, index, text });
     }

@@ -400,8 +400,9 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
                 .require(ctx, "tools")
                 .and_then(|t| ctx.seq(t, &format!("`{key}.tools`")))
                 .map(|items| items.iter().filter_map(|i| reference(ctx, i, "a tool name")).collect::<Vec<_>>());
+            let stream = a.get("stream").and_then(|n| ctx.bool(n, &format!("`{key}.stream`")));
             a.finish(ctx);
-            tools.map(|tools| RouteBodyDef::DecisionLoop { tools })
+            tools.map(|tools| RouteBodyDef::DecisionLoop { tools, stream })
         });
         bodies.push((n.pos, body));
     }

@@ -258,7 +258,7 @@ fn provider_stack(settings: &Settings, client: &reqwest::Client, flow: &Flow) ->
 
 /// A provider backend in its stack, through its model's gate.
 fn hosted_stack(settings: &Settings, client: &reqwest::Client, target: ProviderTarget, tuning: Tuning, flow: &Flow) -> Arc<dyn Llm> {
-    let backend = backend_for(client.clone(), target, tuning, settings.max_reply_bytes);
+    let backend = backend_for(client.clone(), target, tuning, settings.reply_limits());
     let gate = flow.gate(&backend.info(), true);
     stack::gated(backend, settings.retry, gate)
 }

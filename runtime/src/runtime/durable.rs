@@ -207,8 +207,14 @@ impl Durable {
             };
         }
         let store = self.store.as_ref();
+        let claimed_before = lease.token() > 1;
         let read = async {
             let mut history = read_history(store, lease.run_id()).await?;
+            // Taken over: the call its last holder was streaming, if any, is made again.
+            if claimed_before {
+                let events = store.events_after(lease.run_id(), 0).await?;
+                history.open = crate::exec::open_call(events.iter().map(|e| (e.kind.as_str(), e.body.as_str())));
+            }
             // A run taken over too often is failed below, whatever its version.
             let version = version.as_ref().filter(|_| lease.token() <= MAX_TAKEOVERS);
             let on = self.edition_of(version, Some(self.runtime.settings().service.resume_on)).await?;
@@ -334,7 +340,7 @@ impl ClaimedRun {
 
 /// A run's journal and the `seq` its next event gets, as a run taken up again needs them.
 pub(super) async fn read_history(store: &dyn RunStore, run_id: &str) -> Result<RunHistory, StoreError> {
-    Ok(RunHistory { run_id: run_id.to_owned(), entries: store.journal(run_id).await?, next_seq: store.next_seq(run_id).await? })
+    Ok(RunHistory { run_id: run_id.to_owned(), entries: store.journal(run_id).await?, next_seq: store.next_seq(run_id).await?, open: None })
 }
 
 /// How many times a run may be taken over before the next claim fails it instead: a run that

@@ -1129,11 +1129,12 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let r = settings.retry;
     out.push_str(&format!("retry: {} attempts, base {:?}, cap {:?}\n", r.max_attempts, r.base, r.max_backoff));
     out.push_str(&format!(
-        "fixed: temperature {}, max tokens {}, timeout {:?}; reply cap {} bytes\n",
+        "fixed: temperature {}, max tokens {}, timeout {:?}; reply cap {} bytes; stream idle {:?} (FABRIC_LLM_STREAM_IDLE_S)\n",
         fabric::llm::TEMPERATURE,
         fabric::llm::MAX_OUTPUT_TOKENS,
         fabric::llm::CALL_TIMEOUT,
-        settings.max_reply_bytes
+        settings.max_reply_bytes,
+        settings.stream_idle
     ));
     out.push_str(&format!(
         "model profiles: {}\n",

@@ -108,6 +108,9 @@ impl Codec for Anthropic {
     fn error_code(&self, body: &[u8]) -> Option<String> {
         nested_error_code(body)
     }
+    fn streaming(&self) -> Option<&dyn super::streaming::StreamCodec> {
+        Some(self)
+    }
 }
 
 /// The Messages API body: the model in it or not (`with_model`), the API version in it where the

@@ -157,6 +157,9 @@ impl Codec for Gemini {
     fn error_code(&self, body: &[u8]) -> Option<String> {
         nested_error_code(body)
     }
+    fn streaming(&self) -> Option<&dyn super::streaming::StreamCodec> {
+        Some(self)
+    }
 }
 
 /// A `generateContent` reply (the Gemini API's and Vertex AI's alike): the first candidate's

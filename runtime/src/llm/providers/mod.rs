@@ -13,6 +13,13 @@ pub mod limits;
 pub mod ollama;
 pub mod openai;
 pub mod responses;
+pub mod stream_anthropic;
+pub mod stream_gemini;
+mod stream_json;
+pub mod stream_ollama;
+pub mod stream_openai;
+pub mod streaming;
+pub use streaming::ReplyLimits;
 // Cloud providers (issue 30, parts 3 and 4).
 pub mod anthropic_hosted;
 pub mod bedrock;
@@ -86,6 +93,10 @@ pub trait Codec: Send + Sync + 'static {
     fn header_error_code(&self, _headers: &reqwest::header::HeaderMap) -> Option<String> {
         None
     }
+    /// Its streaming half, when the provider streams here ([`streaming`]).
+    fn streaming(&self) -> Option<&dyn streaming::StreamCodec> {
+        None
+    }
 }
 
 /// The headers an [`Auth`] adds to one request, or why it cannot.
@@ -145,6 +156,8 @@ pub struct HttpBackend<C> {
     server: Option<(String, u16)>,
     timeout: Duration,
     max_reply_bytes: usize,
+    /// The longest a streaming reply may send nothing.
+    stream_idle: Duration,
     /// Request signing or a token source (cloud providers).
     auth: Option<Box<dyn Auth>>,
 }
@@ -161,7 +174,17 @@ impl<C: Codec> HttpBackend<C> {
     pub fn new(client: reqwest::Client, codec: C, target: ProviderTarget, tuning: Tuning) -> HttpBackend<C> {
         // Parsed once: every span carries it.
         let server = reqwest::Url::parse(&target.base_url).ok().and_then(|u| Some((u.host_str()?.to_owned(), u.port_or_known_default()?)));
-        HttpBackend { client, codec, target, tuning, server, timeout: super::CALL_TIMEOUT, max_reply_bytes: DEFAULT_MAX_REPLY_BYTES, auth: None }
+        HttpBackend {
+            client,
+            codec,
+            target,
+            tuning,
+            server,
+            timeout: super::CALL_TIMEOUT,
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            stream_idle: streaming::DEFAULT_STREAM_IDLE,
+            auth: None,
+        }
     }
 
     /// Signs or authorises every request with `auth` (cloud providers).
@@ -193,6 +216,11 @@ impl<C: Codec> HttpBackend<C> {
     pub fn with_max_reply_bytes(mut self, max: usize) -> HttpBackend<C> {
         self.max_reply_bytes = max;
         self
+    }
+
+    /// The reply cap and, for a streaming reply, its idle timeout.
+    pub fn with_limits(self, limits: ReplyLimits) -> HttpBackend<C> {
+        HttpBackend { stream_idle: limits.stream_idle, ..self.with_max_reply_bytes(limits.max_bytes) }
     }
 }
 
@@ -293,7 +321,9 @@ impl<C: Codec> Llm for HttpBackend<C> {
     async fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> Result<LlmReply, LlmError> {
         let schema = WireSchema::of(req.output);
         let call = CallSpec { target: &self.target, tuning: self.tuning, system: req.system, user: req.user, schema, schema_name: schema_name(req.stage_id) };
-        let wire = self.codec.encode(&call);
+        // A stage that streams, on a provider that can: the streaming request.
+        let streaming = req.stream.zip(self.codec.streaming());
+        let wire = streaming.map_or_else(|| self.codec.encode(&call), |(_, s)| s.encode_stream(&call));
         let mut response = match &self.auth {
             None => {
                 let mut builder = self.client.post(&wire.url).timeout(self.timeout).json(&wire.body);
@@ -322,6 +352,15 @@ impl<C: Codec> Llm for HttpBackend<C> {
         }
         let wait = retry_after(response.headers());
         let limit = self.max_reply_bytes;
+        // A server that answers a streaming request with a whole JSON body (one that ignores
+        // `stream`) is read as a whole reply.
+        let whole = response.headers().get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("application/json"));
+        if let Some((deltas, stream)) = streaming.filter(|_| (200..300).contains(&status) && !whole) {
+            let limits = streaming::StreamLimits { max_bytes: limit, idle: self.stream_idle, timeout: self.timeout };
+            let whole = streaming::read(&mut response, stream.fold(&call), stream.framing(), limits, deltas).await?;
+            let (text, meta) = self.codec.decode(&serde_json::to_vec(&whole).unwrap_or_default(), &call)?;
+            return finish_provider_reply(self.codec.kind(), req.output, text, meta);
+        }
         let body = read_body(&mut response, limit, self.timeout).await?;
         if !(200..300).contains(&status) {
             // The status decides the class (and so the retry); of the body only the provider's
@@ -337,26 +376,7 @@ impl<C: Codec> Llm for HttpBackend<C> {
             return Err(LlmError::new(ReasonClass::ProviderError, why));
         };
         let (text, meta) = self.codec.decode(&bytes, &call)?;
-        // LangChain reads Ollama's and Gemini's structured replies (stage models and the
-        // decision alike) as Markdown: a reply in a code fence is accepted there, so it is
-        // here (on those two only, as there).
-        if matches!(req.output, super::OutputSpec::Bindable(_) | super::OutputSpec::Decision(_))
-            && reads_markdown(self.codec.kind())
-            && let Some(inner) = unfence(&text)
-        {
-            return match finish_reply(req.output, inner, meta) {
-                Ok(mut reply) => {
-                    reply.raw = Some(text.into());
-                    Ok(reply)
-                }
-                Err(mut e) => {
-                    // As received: the fence included.
-                    e.raw_reply = Some(text);
-                    Err(e)
-                }
-            };
-        }
-        finish_reply(req.output, text, meta)
+        finish_provider_reply(self.codec.kind(), req.output, text, meta)
     }
 
     fn info(&self) -> ModelInfo {
@@ -368,6 +388,30 @@ impl<C: Codec> Llm for HttpBackend<C> {
             server: self.server.clone(),
         }
     }
+}
+
+/// The stage value of a provider's reply text, streamed or whole.
+fn finish_provider_reply(kind: ProviderKind, output: &OutputSpec, text: String, meta: ReplyMeta) -> Result<LlmReply, LlmError> {
+    // LangChain reads Ollama's and Gemini's structured replies (stage models and the
+    // decision alike) as Markdown: a reply in a code fence is accepted there, so it is
+    // here (on those two only, as there).
+    if matches!(output, OutputSpec::Bindable(_) | OutputSpec::Decision(_))
+        && reads_markdown(kind)
+        && let Some(inner) = unfence(&text)
+    {
+        return match finish_reply(output, inner, meta) {
+            Ok(mut reply) => {
+                reply.raw = Some(text.into());
+                Ok(reply)
+            }
+            Err(mut e) => {
+                // As received: the fence included.
+                e.raw_reply = Some(text);
+                Err(e)
+            }
+        };
+    }
+    finish_reply(output, text, meta)
 }
 
 /// Whether LangChain reads this provider's structured replies as Markdown (Ollama, Gemini, and
@@ -398,12 +442,14 @@ pub fn unfence(text: &str) -> Option<String> {
 }
 
 /// Builds the backend for a target.
-pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuning, max_reply_bytes: usize) -> Box<dyn Llm> {
+pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuning, limits: impl Into<ReplyLimits>) -> Box<dyn Llm> {
+    let limits = limits.into();
+    let max_reply_bytes = limits.max_bytes;
     match target.provider {
-        ProviderKind::Ollama => Box::new(HttpBackend::new(client, ollama::Ollama, target, tuning).with_max_reply_bytes(max_reply_bytes)),
-        ProviderKind::OpenAi => Box::new(HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes)),
-        ProviderKind::Gemini => Box::new(HttpBackend::new(client, gemini::Gemini, target, tuning).with_max_reply_bytes(max_reply_bytes)),
-        ProviderKind::Anthropic => Box::new(HttpBackend::new(client, anthropic::Anthropic, target, tuning).with_max_reply_bytes(max_reply_bytes)),
+        ProviderKind::Ollama => Box::new(HttpBackend::new(client, ollama::Ollama, target, tuning).with_limits(limits)),
+        ProviderKind::OpenAi => Box::new(HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_limits(limits)),
+        ProviderKind::Gemini => Box::new(HttpBackend::new(client, gemini::Gemini, target, tuning).with_limits(limits)),
+        ProviderKind::Anthropic => Box::new(HttpBackend::new(client, anthropic::Anthropic, target, tuning).with_limits(limits)),
         ProviderKind::Bedrock | ProviderKind::BedrockConverse => bedrock::backend(client, target, tuning, max_reply_bytes),
         ProviderKind::VertexAi => vertex::backend(client, target, tuning, max_reply_bytes),
         // The OpenAI-compatible family: the OpenAI codec in each package's dialect, or the
@@ -418,7 +464,7 @@ pub fn backend_for(client: reqwest::Client, target: ProviderTarget, tuning: Tuni
         }
         ProviderKind::Compat(_) => {
             let keys = mantle_keys(&target);
-            let backend = HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_max_reply_bytes(max_reply_bytes);
+            let backend = HttpBackend::new(client, openai::OpenAi::new(target.provider), target, tuning).with_limits(limits);
             match keys {
                 Some(keys) => Box::new(backend.with_auth(Box::new(keys))),
                 None => Box::new(backend),

@@ -81,4 +81,7 @@ impl Codec for Ollama {
         // Ollama's errors are free text (`{"error": "model 'x' not found"}`): nothing to keep.
         None
     }
+    fn streaming(&self) -> Option<&dyn super::streaming::StreamCodec> {
+        Some(self)
+    }
 }

@@ -39,6 +39,10 @@ impl OpenAi {
     pub fn with_dialect(kind: ProviderKind, dialect: Dialect) -> OpenAi {
         OpenAi { kind, dialect }
     }
+
+    pub(super) fn dialect(&self) -> Dialect {
+        self.dialect
+    }
 }
 
 /// Keywords OpenAI structured outputs accept on our flat schemas.
@@ -317,6 +321,10 @@ impl Codec for OpenAi {
 
     fn error_code(&self, body: &[u8]) -> Option<String> {
         nested_error_code(body)
+    }
+
+    fn streaming(&self) -> Option<&dyn super::streaming::StreamCodec> {
+        Some(self)
     }
 }
 
