@@ -606,11 +606,16 @@ fn stream_says_the_question_of_a_run_that_asks_and_runs_reply_streams_too() {
     let stub = stub.to_str().unwrap();
     let o = fabric(&["--stub-dir", stub, "run", "support-agent", "--goal", r#"{"question":"refund?"}"#, "--stream", "--store", &db], &[STUB]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    // The decision loop does not stream: nothing on stdout; the question on stderr.
-    assert_eq!(stdout(&o), "");
+    // A decision streams the text a user reads in it: its question, then its answer.
+    assert_eq!(stdout(&o), "Which order number?\n");
     let err = stderr(&o);
-    let id = err.strip_prefix("fabric: run ").and_then(|e| e.strip_suffix(" awaiting_input: Which order number?\n")).unwrap_or_else(|| panic!("{err}"));
+    let id = err
+        .strip_prefix("── stage decide ──\nfabric: run ")
+        .and_then(|e| e.strip_suffix(" awaiting_input: Which order number?\n"))
+        .unwrap_or_else(|| panic!("{err}"));
     let o = fabric(&["--stub-dir", stub, "runs", "--store", &db, "reply", id, "--message", "order 42", "--stream"], &[STUB]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!((stdout(&o), stderr(&o)), (String::new(), format!("fabric: run {id} completed\n")));
+    // The tool call of turn 1 has no text to show; the answer of turn 2 does.
+    let shown = (stdout(&o), stderr(&o));
+    assert_eq!(shown, ("Order 42 is refunded.\n".to_owned(), format!("── stage decide, turn 2 ──\nfabric: run {id} completed\n")));
 }
