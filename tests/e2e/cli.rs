@@ -619,3 +619,39 @@ fn stream_says_the_question_of_a_run_that_asks_and_runs_reply_streams_too() {
     let shown = (stdout(&o), stderr(&o));
     assert_eq!(shown, ("Order 42 is refunded.\n".to_owned(), format!("── stage decide, turn 2 ──\nfabric: run {id} completed\n")));
 }
+
+/// A terminal cannot take text back: a retry after an attempt that showed text ends the shown
+/// text's line, says so on stderr, and prints the new attempt's text whole. A fake Anthropic
+/// streams the first call's text and breaks off with a retryable error; the retry streams it all.
+#[tokio::test]
+async fn stream_marks_a_restart_on_stderr_and_prints_the_new_attempt_s_text() {
+    const TEXT: &str = "The duplicate charge goes back to your card within five days.";
+    let url = crate::provider_streams::restarting_anthropic(TEXT, TEXT, std::time::Duration::from_millis(10)).await;
+    let (catalogue, _) = two_streams();
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let env = [
+        ("FABRIC_CATALOGUE_DIR", catalogue),
+        ("FABRIC_LLM_MODEL", "anthropic:m-1".to_owned()),
+        ("ANTHROPIC_BASE_URL", url),
+        ("ANTHROPIC_API_KEY", "test-key-123".to_owned()),
+    ];
+    let out = crate::support::fabric_cli(&["run", "two-streams", "--goal", GOAL, "--stream", "--events-out", events.to_str().unwrap()], &env).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of_attempt = |n: u64| -> String {
+        lines.iter().filter(|e| e["type"] == "run.llm.delta" && e["stage_id"] == "draft" && e["attempt"] == n).map(|e| e["text"].as_str().unwrap()).collect()
+    };
+    let dropped = of_attempt(1);
+    assert!(!dropped.is_empty() && TEXT.starts_with(&dropped) && dropped != TEXT, "the first attempt showed part of the text: {dropped:?}");
+    assert_eq!(of_attempt(2), TEXT);
+    assert!(lines.iter().any(|e| e["type"] == "run.llm.restarted" && e["stage_id"] == "draft" && e["attempt"] == 2));
+    assert_eq!(stdout(&out), format!("{dropped}\n{TEXT}\n{TEXT}\n"));
+    let run_id = lines.last().unwrap()["run_id"].as_str().unwrap();
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "── stage draft ──\n── stage draft: restarted (attempt 2): drop the text above; it is written again below ──\n── stage answer ──\nfabric: run {run_id} completed\n"
+        )
+    );
+}
