@@ -873,3 +873,52 @@ async fn the_run_page_shows_a_stage_s_text_growing_as_it_is_written() {
         .await;
     assert_eq!(last, output);
 }
+
+#[tokio::test]
+async fn the_run_page_drops_a_restarted_call_s_text_and_says_it_restarted() {
+    // The first attempt shows text (then breaks off, retried); the second writes another text,
+    // slowly enough to be read as it grows.
+    const TEXT: &str = "The duplicate charge goes back to your card within five days.";
+    let url = crate::provider_streams::restarting_anthropic("WRONG WRONG WRONG WRONG WRONG", TEXT, Duration::from_millis(120)).await;
+    let (catalogue, stub) = two_streams();
+    let env = [
+        ("FABRIC_CATALOGUE_DIR", catalogue.as_str()),
+        ("FABRIC_LLM_STUB", "0"),
+        ("FABRIC_LLM_MODEL", "anthropic:m-1"),
+        ("ANTHROPIC_BASE_URL", url.as_str()),
+        ("ANTHROPIC_API_KEY", "test-key-123"),
+    ];
+    let Some(s) = setup(&stub, &env).await else { return };
+    let b = &s.browser;
+    s.sign_in().await;
+    let (status, run) = post(&s.server, "/v1/runs", json!({"route_id": "two-streams", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    b.goto(&s.ui(&format!("#/runs/{id}"))).await;
+    // While the second attempt writes: the note says it restarted, and none of the first
+    // attempt's text is left.
+    let (text, note) = b
+        .wait_for("the draft's second attempt, streaming", async || {
+            let v = b
+                .script(
+                    "const s = document.querySelector('div#stages > div.stage[data-stage-id=\"draft\"]'); \
+                     const r = s && s.querySelector('pre.reply.streaming'); const n = s && s.querySelector('p.restarted'); \
+                     return r && n && r.textContent ? [r.textContent, n.textContent] : null;",
+                    json!([]),
+                )
+                .await;
+            Some((v[0].as_str()?.to_owned(), v[1].as_str()?.to_owned()))
+        })
+        .await;
+    b.screenshot("run-restarted").await;
+    assert!(TEXT.starts_with(&text) && !text.contains("WRONG"), "{text:?}");
+    assert!(note.contains("restarted: attempt 2"), "{note}");
+    s.run_reaches(&id, "completed").await;
+    let last = b
+        .wait_for("the draft's whole text", async || {
+            let (text, streaming) = shown_reply(b, "draft").await;
+            (!streaming && !text.is_empty()).then_some(text)
+        })
+        .await;
+    assert_eq!(last, TEXT);
+}
