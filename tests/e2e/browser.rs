@@ -102,6 +102,18 @@ impl Setup {
         self.browser.wait_for_within(&format!("run {id} to show {status}"), Duration::from_secs(40), async || self.browser.find(&css).await.ok()).await;
     }
 
+    /// Signs in, starts a `two-streams` run (tests/fixtures/streaming) through the API and opens
+    /// its page; its id.
+    async fn open_two_streams_run(&self) -> String {
+        self.sign_in().await;
+        let (status, run) =
+            post(&self.server, "/v1/runs", json!({"route_id": "two-streams", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+        assert_eq!(status, 201, "{run}");
+        let id = run["run_id"].as_str().unwrap().to_owned();
+        self.browser.goto(&self.ui(&format!("#/runs/{id}"))).await;
+        id
+    }
+
     /// Marks the document, so a later check tells whether it was reloaded meanwhile.
     async fn mark_document(&self) {
         self.browser.script("window.__sameDocument = 'yes';", json!([])).await;
@@ -836,11 +848,7 @@ async fn the_run_page_shows_a_stage_s_text_growing_as_it_is_written() {
     let (catalogue, stub) = two_streams();
     let Some(s) = setup(&stub, &[("FABRIC_CATALOGUE_DIR", &catalogue), ("FABRIC_LLM_STUB_LATENCY_MS", "2500")]).await else { return };
     let b = &s.browser;
-    s.sign_in().await;
-    let (status, run) = post(&s.server, "/v1/runs", json!({"route_id": "two-streams", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
-    assert_eq!(status, 201, "{run}");
-    let id = run["run_id"].as_str().unwrap().to_owned();
-    b.goto(&s.ui(&format!("#/runs/{id}"))).await;
+    let id = s.open_two_streams_run().await;
     s.run_reaches(&id, "running").await;
     // The answer's text, read while it is written: it grows, piece by piece.
     let mut seen: Vec<String> = Vec::new();
@@ -890,11 +898,7 @@ async fn the_run_page_drops_a_restarted_call_s_text_and_says_it_restarted() {
     ];
     let Some(s) = setup(&stub, &env).await else { return };
     let b = &s.browser;
-    s.sign_in().await;
-    let (status, run) = post(&s.server, "/v1/runs", json!({"route_id": "two-streams", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
-    assert_eq!(status, 201, "{run}");
-    let id = run["run_id"].as_str().unwrap().to_owned();
-    b.goto(&s.ui(&format!("#/runs/{id}"))).await;
+    let id = s.open_two_streams_run().await;
     // While the second attempt writes: the note says it restarted, and none of the first
     // attempt's text is left.
     let (text, note) = b
