@@ -1,23 +1,29 @@
 """Fabric Runtime embedded in Python.
 
 The runtime itself is Rust (``fabric_runtime._native``); this package adds only what Python
-needs around it: an ``async`` run that does not block the event loop.
+needs around it: an ``async`` run that does not block the event loop, and an ``async`` stream of
+a run's events.
 
     from fabric_runtime import Runtime
     rt = Runtime("routes", "prompt-packs", llm_stub=True)
     result = rt.run("support-triage", {"ticket": "I was charged twice"})
     print(result["status"], result["output"])
+
+    for event in rt.stream("support-triage", {"ticket": "I was charged twice"}):
+        if event["type"] == "run.llm.delta":
+            print(event["text"], end="", flush=True)
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from . import _native
-from ._native import CancelToken, ConfigError, FabricError, StartError, ValidationError, parse_model, validate
+from ._native import CancelToken, ConfigError, FabricError, RunStream, StartError, ValidationError, parse_model, validate
 
-__all__ = ["Runtime", "CancelToken", "validate", "parse_model", "FabricError", "ConfigError", "StartError", "ValidationError", "__version__"]
+__all__ = ["Runtime", "CancelToken", "RunStream", "validate", "parse_model", "FabricError", "ConfigError", "StartError", "ValidationError", "__version__"]
 __version__: str = _native.__version__
 
 
@@ -35,3 +41,19 @@ class Runtime(_native.Runtime):
         except asyncio.CancelledError:
             token.cancel("cancelled")
             raise
+
+    async def stream_async(
+        self, route_id: str, goal: dict[str, Any], *, prefetch: list[str] | None = None, cancel: CancelToken | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """``stream`` for asyncio: each event is awaited on a worker thread, so the event loop
+        goes on while the run executes. Leaving the ``async for`` early (``break``, an
+        exception, the task cancelled) closes the stream, which cancels the run."""
+        stream = self.stream(route_id, goal, prefetch=prefetch, cancel=cancel)
+        try:
+            while True:
+                event = await asyncio.to_thread(next, stream, None)
+                if event is None:
+                    return
+                yield event
+        finally:
+            stream.close()

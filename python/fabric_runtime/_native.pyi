@@ -1,4 +1,6 @@
 import os
+from collections.abc import Iterator
+from types import TracebackType
 from typing import Any, Callable
 
 __version__: str
@@ -55,6 +57,22 @@ class Runtime:
         and returns that run once it ended or asked (``idempotent_replayed`` true); other
         arguments raise ``StartError`` (``idempotency_key_reused``). Raises ``StartError`` when the
         run cannot start (``invalid_goal`` for a goal that is not a JSON object)."""
+    def stream(
+        self,
+        route_id: str,
+        goal: dict[str, Any],
+        *,
+        prefetch: list[str] | None = None,
+        cancel: CancelToken | None = None,
+    ) -> RunStream:
+        """Starts a run and returns its events as they happen (``RunStream``, an iterator of the
+        dicts ``run`` returns in ``events``, ``run.llm.delta`` included: a run streamed is
+        watched, so its streaming stages send their text), ending after the run's last event.
+        Arguments as ``run``'s; no ``idempotency_key`` (a run recorded once per key may have
+        ended before: ``run`` gives its stored events). Raises ``StartError`` when the route
+        cannot run. Closing the stream before the end (``close()``, leaving ``with``, or
+        dropping it: ``break`` out of the ``for`` loop) cancels the run (status ``cancelled``,
+        reason ``the stream was closed``); with ``cancel`` given, through that token."""
     def routes(self) -> list[str]:
         """The routes that can run here."""
     @property
@@ -62,6 +80,21 @@ class Runtime:
         """The catalogue version runs start on: the SHA-256 (64 hex digits) of the route files,
         prompt packs and, with the stub, its scripts; the same files give the same version
         wherever they are read, and a run recorded in a store keeps it."""
+
+class RunStream(Iterator[dict[str, Any]]):
+    """A run's events as they happen (``Runtime.stream``). ``next`` waits with the GIL released;
+    Ctrl-C (on the main thread) interrupts the run and raises ``KeyboardInterrupt``. Events are
+    kept for the reader however slowly it reads (a run never waits for its stream)."""
+
+    def __iter__(self) -> RunStream: ...
+    def __next__(self) -> dict[str, Any]: ...
+    def close(self) -> None:
+        """Cancels the run unless it ended; harmless after the end."""
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The result object of ``fabric run`` (without ``events``) once the run ended, else ``None``."""
+    def __enter__(self) -> RunStream: ...
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None: ...
 
 class CancelToken:
     """Cancels the run it is given to: the run ends with the status ``cancelled`` (reason class

@@ -26,13 +26,15 @@ use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyList, PyString, PyTuple};
 use serde_json::{Map, Value};
 
+mod stream;
+
 pyo3::create_exception!(_native, FabricError, PyException, "Every error of the runtime; `reason_class` says which.");
 pyo3::create_exception!(_native, ConfigError, FabricError, "The runtime could not be built (`reason_class` `config`).");
 pyo3::create_exception!(_native, StartError, FabricError, "A run could not start; nothing ran.");
 pyo3::create_exception!(_native, ValidationError, FabricError, "A reply a stage would refuse (`invalid_json`, `schema_validation`).");
 
 /// An exception of class `E` with its `reason_class`.
-fn error<E: pyo3::PyTypeInfo>(py: Python<'_>, reason_class: &str, message: String) -> PyErr {
+pub(crate) fn error<E: pyo3::PyTypeInfo>(py: Python<'_>, reason_class: &str, message: String) -> PyErr {
     let err = PyErr::new::<E, _>(message);
     let _ = err.value(py).setattr("reason_class", reason_class);
     err
@@ -71,7 +73,7 @@ fn has_wide_integer(v: &Value) -> bool {
 }
 
 /// JSON as a Python value.
-fn from_json<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn from_json<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
     py.import("json")?.call_method1("loads", (text,))
 }
 
@@ -169,12 +171,17 @@ struct Runtime {
 }
 
 impl Drop for Runtime {
-    /// Without waiting: a Python tool still running (its run was interrupted) needs the GIL,
-    /// which the dropping thread holds; waiting for it would never end.
     fn drop(&mut self) {
-        if let Some(tokio) = self.tokio.take().and_then(|t| Arc::try_unwrap(t).ok()) {
-            tokio.shutdown_background();
-        }
+        shut_down(self.tokio.take());
+    }
+}
+
+/// Stops the runtime's threads when this was the last holder of them (a `Runtime`, or a stream
+/// of one of its runs). Without waiting: a Python tool still running (its run was interrupted)
+/// needs the GIL, which the dropping thread holds; waiting for it would never end.
+fn shut_down(tokio: Option<Arc<tokio::runtime::Runtime>>) {
+    if let Some(tokio) = tokio.and_then(|t| Arc::try_unwrap(t).ok()) {
+        tokio.shutdown_background();
     }
 }
 
@@ -198,10 +205,7 @@ impl Runtime {
         let sink = Arc::new(MemorySink::default());
         let events: Arc<dyn EventSink> = sink.clone();
         let req = fabric::runtime::StartRequest { route_id, goal, prefetch: prefetch.unwrap_or_default(), ..Default::default() };
-        let (handle, token) = match cancel {
-            Some(token) => (token.handle.clone(), token.handle.token()),
-            None => CancelHandle::new(),
-        };
+        let (handle, token) = cancel_of(cancel);
         let done = py.detach(move || {
             tokio.block_on(async move {
                 let store = durable.store();
@@ -251,6 +255,22 @@ impl Runtime {
             map.entry("idempotent_replayed").or_insert(Value::Bool(false));
         }
         from_json(py, &result.to_string())
+    }
+}
+
+/// The goal of a run: a dict, as a JSON object.
+fn goal_of(py: Python<'_>, goal: &Bound<'_, PyAny>) -> PyResult<Map<String, Value>> {
+    match to_json::<StartError>(py, goal, "invalid_goal")? {
+        Value::Object(goal) => Ok(goal),
+        _ => Err(error::<StartError>(py, "invalid_goal", "`goal` must be a dict".into())),
+    }
+}
+
+/// What cancels a run: the caller's token, else one of its own.
+fn cancel_of(cancel: Option<PyRef<'_, CancelToken>>) -> (CancelHandle, fabric::cancel::Cancel) {
+    match cancel {
+        Some(token) => (token.handle.clone(), token.handle.token()),
+        None => CancelHandle::new(),
     }
 }
 
@@ -327,9 +347,7 @@ impl Runtime {
         cancel: Option<PyRef<'py, CancelToken>>,
         idempotency_key: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let Value::Object(goal) = to_json::<StartError>(py, goal, "invalid_goal")? else {
-            return Err(error::<StartError>(py, "invalid_goal", "`goal` must be a dict".into()));
-        };
+        let goal = goal_of(py, goal)?;
         if let Some(key) = idempotency_key {
             return self.run_once(py, route_id, goal, prefetch, cancel, &key);
         }
@@ -341,10 +359,7 @@ impl Runtime {
         // The GIL is released while the run executes: Python tools and other threads go on.
         // Every 100 ms the run looks at Python's signals: Ctrl-C interrupts it (it ends
         // `interrupted`, as `fabric run` does on SIGINT) and raises `KeyboardInterrupt`.
-        let (handle, cancel) = match cancel {
-            Some(token) => (token.handle.clone(), token.handle.token()),
-            None => CancelHandle::new(),
-        };
+        let (handle, cancel) = cancel_of(cancel);
         let (outcome, interrupted) = py.detach(move || {
             tokio.block_on(async move {
                 let run = core.run(req, events, cancel);
@@ -376,6 +391,34 @@ impl Runtime {
             }
         }
         from_json(py, &result.to_string())
+    }
+
+    /// Starts `route_id` with `goal` and returns its events as they happen: an iterator of
+    /// dicts (deltas included), ending after the run's last event; the stream's `result` is the
+    /// run's result then. Closing the stream before (`close()`, leaving a `with` block, or
+    /// dropping it: `break` out of a `for` loop) cancels the run. Raises `StartError` when the
+    /// route cannot run.
+    #[pyo3(signature = (route_id, goal, *, prefetch = None, cancel = None))]
+    fn stream<'py>(
+        &self,
+        py: Python<'py>,
+        route_id: String,
+        goal: &Bound<'py, PyAny>,
+        prefetch: Option<Vec<String>>,
+        cancel: Option<PyRef<'py, CancelToken>>,
+    ) -> PyResult<stream::RunStream> {
+        let goal = goal_of(py, goal)?;
+        let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
+        self.core.check_route(&route_id).map_err(|e| error::<StartError>(py, e.code(), e.to_string()))?;
+        let (handle, token) = cancel_of(cancel);
+        let core = self.core.clone();
+        let req = RunRequest { route_id, goal, prefetch: prefetch.unwrap_or_default() };
+        Ok(stream::RunStream::start(tokio, handle, move |sink| async move {
+            match core.run(req, sink, token).await {
+                Ok(outcome) => Ok(serde_json::to_value(&outcome.result).unwrap_or(Value::Null)),
+                Err(e) => Err((e.code(), e.to_string())),
+            }
+        }))
     }
 
     /// The routes of the catalogue that can run here.
@@ -440,6 +483,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Runtime>()?;
     m.add_class::<CancelToken>()?;
+    m.add_class::<stream::RunStream>()?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(parse_model, m)?)?;
     m.add("FabricError", py.get_type::<FabricError>())?;

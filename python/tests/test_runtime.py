@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ticking, ticking_async
 from fabric_runtime import ConfigError, FabricError, Runtime, StartError, ValidationError, validate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,21 +121,10 @@ def test_validate_is_what_a_stage_does_with_a_reply():
 
 def test_a_run_releases_the_gil():
     rt = runtime(llm_stub_latency_ms=100)
-    ticks = []
-    stop = threading.Event()
-
-    def tick():
-        while not stop.is_set():
-            ticks.append(1)
-            time.sleep(0.005)
-
-    t = threading.Thread(target=tick)
-    t.start()
-    before = len(ticks)
-    rt.run("support-triage", {"ticket": "x"})
-    during = len(ticks) - before
-    stop.set()
-    t.join()
+    with ticking() as ticks:
+        before = len(ticks)
+        rt.run("support-triage", {"ticket": "x"})
+        during = len(ticks) - before
     assert during > 10, during
 
 
@@ -142,18 +132,9 @@ def test_run_async_does_not_block_the_event_loop():
     rt = runtime(llm_stub_latency_ms=100)
 
     async def main():
-        ticks = 0
-
-        async def tick():
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.005)
-
-        ticker = asyncio.create_task(tick())
-        results = await asyncio.gather(*(rt.run_async("support-triage", {"ticket": str(k)}) for k in range(3)))
-        ticker.cancel()
-        return ticks, results
+        async with ticking_async() as ticks:
+            results = await asyncio.gather(*(rt.run_async("support-triage", {"ticket": str(k)}) for k in range(3)))
+        return len(ticks), results
 
     ticks, results = asyncio.run(main())
     assert all(r["status"] == "completed" for r in results)

@@ -62,8 +62,9 @@ const BIN_LAYERS: &[(&str, &[&str])] = &[
     ("progress", &["term"]),
     ("serve", &["term"]),
     ("forward", &["term"]),
+    ("streamed", &["term"]),
     // Arguments, dispatch, exit codes.
-    ("cli", &["term", "progress", "serve", "forward", "toolserver"]),
+    ("cli", &["term", "progress", "streamed", "serve", "forward", "toolserver"]),
     ("main", &["cli"]),
 ];
 

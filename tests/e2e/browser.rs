@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::service::{Server, TOKEN, asking_stub, get, post, settled};
-use crate::support::routes_dir;
+use crate::support::{routes_dir, two_streams};
 use crate::webdriver::{Browser, Element};
 
 /// One browser at a time: several Chromiums beside the other tests would starve a small machine.
@@ -100,6 +100,18 @@ impl Setup {
     async fn run_reaches(&self, id: &str, status: &str) {
         let css = format!("section#run[data-run-id=\"{id}\"][data-status=\"{status}\"]");
         self.browser.wait_for_within(&format!("run {id} to show {status}"), Duration::from_secs(40), async || self.browser.find(&css).await.ok()).await;
+    }
+
+    /// Signs in, starts a `two-streams` run (tests/fixtures/streaming) through the API and opens
+    /// its page; its id.
+    async fn open_two_streams_run(&self) -> String {
+        self.sign_in().await;
+        let (status, run) =
+            post(&self.server, "/v1/runs", json!({"route_id": "two-streams", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+        assert_eq!(status, 201, "{run}");
+        let id = run["run_id"].as_str().unwrap().to_owned();
+        self.browser.goto(&self.ui(&format!("#/runs/{id}"))).await;
+        id
     }
 
     /// Marks the document, so a later check tells whether it was reloaded meanwhile.
@@ -817,4 +829,100 @@ async fn the_status_filter_finds_runs_older_than_the_newest_200() {
     b.wait_for("the old failed run", async || (visible_runs(b).await == vec![failed.clone()]).then_some(())).await;
     assert_eq!(run_cell(b, &failed, "td.reason").await.trim(), "schema_validation");
     b.screenshot("runs-filter-old-failed").await;
+}
+
+/// The reply a stage shows and whether it is still streaming, read in one script.
+async fn shown_reply(b: &Browser, stage: &str) -> (String, bool) {
+    let v = b
+        .script(
+            "const r = document.querySelector('div#stages > div.stage[data-stage-id=\"' + arguments[0] + '\"] pre.reply'); \
+             return r ? [r.textContent, r.classList.contains('streaming')] : ['', false];",
+            json!([stage]),
+        )
+        .await;
+    (v[0].as_str().unwrap_or_default().to_owned(), v[1].as_bool().unwrap_or_default())
+}
+
+#[tokio::test]
+async fn the_run_page_shows_a_stage_s_text_growing_as_it_is_written() {
+    let (catalogue, stub) = two_streams();
+    let Some(s) = setup(&stub, &[("FABRIC_CATALOGUE_DIR", &catalogue), ("FABRIC_LLM_STUB_LATENCY_MS", "2500")]).await else { return };
+    let b = &s.browser;
+    let id = s.open_two_streams_run().await;
+    s.run_reaches(&id, "running").await;
+    // The answer's text, read while it is written: it grows, piece by piece.
+    let mut seen: Vec<String> = Vec::new();
+    let ended = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < ended {
+        let (text, streaming) = shown_reply(b, "answer").await;
+        if streaming && !text.is_empty() && seen.last() != Some(&text) {
+            seen.push(text);
+            if seen.len() == 2 {
+                b.script("document.querySelector('div.stage[data-stage-id=\"answer\"]').scrollIntoView();", json!([])).await;
+                b.screenshot("run-streaming").await;
+            }
+        }
+        if b.find(&format!("section#run[data-run-id=\"{id}\"][data-status=\"completed\"]")).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    b.screenshot("run-streamed").await;
+    assert!(seen.len() >= 2, "the text was read at least twice as it grew: {seen:?}");
+    assert!(seen.windows(2).all(|w| w[1].len() > w[0].len() && w[1].starts_with(&w[0])), "it grew: {seen:?}");
+    // It ends as the stage's output, the run's.
+    let output = settled(&s.server, &id).await["output"].as_str().unwrap().to_owned();
+    assert!(seen.iter().all(|t| output.starts_with(t.as_str())), "each reading a start of {output:?}: {seen:?}");
+    let last = b
+        .wait_for("the answer's whole text", async || {
+            let (text, streaming) = shown_reply(b, "answer").await;
+            (!streaming && text == output).then_some(text)
+        })
+        .await;
+    assert_eq!(last, output);
+}
+
+#[tokio::test]
+async fn the_run_page_drops_a_restarted_call_s_text_and_says_it_restarted() {
+    // The first attempt shows text (then breaks off, retried); the second writes another text,
+    // slowly enough to be read as it grows.
+    const TEXT: &str = "The duplicate charge goes back to your card within five days.";
+    let url = crate::provider_streams::restarting_anthropic("WRONG WRONG WRONG WRONG WRONG", TEXT, Duration::from_millis(120)).await;
+    let (catalogue, stub) = two_streams();
+    let env = [
+        ("FABRIC_CATALOGUE_DIR", catalogue.as_str()),
+        ("FABRIC_LLM_STUB", "0"),
+        ("FABRIC_LLM_MODEL", "anthropic:m-1"),
+        ("ANTHROPIC_BASE_URL", url.as_str()),
+        ("ANTHROPIC_API_KEY", "test-key-123"),
+    ];
+    let Some(s) = setup(&stub, &env).await else { return };
+    let b = &s.browser;
+    let id = s.open_two_streams_run().await;
+    // While the second attempt writes: the note says it restarted, and none of the first
+    // attempt's text is left.
+    let (text, note) = b
+        .wait_for("the draft's second attempt, streaming", async || {
+            let v = b
+                .script(
+                    "const s = document.querySelector('div#stages > div.stage[data-stage-id=\"draft\"]'); \
+                     const r = s && s.querySelector('pre.reply.streaming'); const n = s && s.querySelector('p.restarted'); \
+                     return r && n && r.textContent ? [r.textContent, n.textContent] : null;",
+                    json!([]),
+                )
+                .await;
+            Some((v[0].as_str()?.to_owned(), v[1].as_str()?.to_owned()))
+        })
+        .await;
+    b.screenshot("run-restarted").await;
+    assert!(TEXT.starts_with(&text) && !text.contains("WRONG"), "{text:?}");
+    assert!(note.contains("restarted: attempt 2"), "{note}");
+    s.run_reaches(&id, "completed").await;
+    let last = b
+        .wait_for("the draft's whole text", async || {
+            let (text, streaming) = shown_reply(b, "draft").await;
+            (!streaming && !text.is_empty()).then_some(text)
+        })
+        .await;
+    assert_eq!(last, TEXT);
 }

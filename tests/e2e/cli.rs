@@ -1,10 +1,11 @@
 //! The `fabric` binary as a user runs it: exit codes, stdout/stderr, files.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::support::{fixture_env, fixtures, packs_dir, portable, repo, routes_dir, stub_dir};
+use crate::support::{fixture_env, fixtures, packs_dir, portable, repo, routes_dir, stub_dir, two_streams};
 
 /// Runs `fabric` in the repository on the fixture catalogue (`support::fixture_env`), with `env`.
 fn fabric(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -524,5 +525,133 @@ fn a_missing_catalogue_or_pack_directory_names_its_setting() {
         ),
         "{}",
         stdout(&out)
+    );
+}
+
+/// The `run.llm.delta` texts of `stage` in an events file, in order.
+fn delta_texts(events: &Path, stage: &str) -> Vec<String> {
+    std::fs::read_to_string(events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "run.llm.delta" && e["stage_id"] == stage)
+        .map(|e| e["text"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn stream_prints_each_streaming_stage_s_text_on_stdout_and_its_events_to_events_out() {
+    let (catalogue, stub) = two_streams();
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let env = [("FABRIC_CATALOGUE_DIR", catalogue.as_str()), ("FABRIC_LLM_STUB_DIR", stub.to_str().unwrap()), STUB, ("FABRIC_LLM_STUB_LATENCY_MS", "400")];
+    let out = fabric(&["run", "two-streams", "--goal", GOAL, "--stream", "--events-out", events.to_str().unwrap()], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (draft, answer) = (delta_texts(&events, "draft"), delta_texts(&events, "answer"));
+    assert!(draft.len() >= 2 && answer.len() >= 2, "each text came in pieces: {draft:?} {answer:?}");
+    let (draft, answer): (String, String) = (draft.concat(), answer.concat());
+    // stdout: each stage's text as streamed, a newline after each; no result JSON.
+    assert_eq!(stdout(&out), format!("{draft}\n{answer}\n"));
+    // The text streamed is each stage's output (a text stage's reply is its output).
+    let lines: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let output_of = |stage: &str| lines.iter().find(|e| e["type"] == "run.stage.completed" && e["stage_id"] == stage).unwrap()["output"].clone();
+    assert_eq!((output_of("draft"), output_of("answer")), (Value::from(draft.as_str()), Value::from(answer.as_str())));
+    let end = lines.last().unwrap();
+    assert_eq!(end["type"], "run.completed");
+    // stderr: a header per stage, then the run's id and status.
+    let err = stderr(&out);
+    let run_id = end["run_id"].as_str().unwrap();
+    assert_eq!(err, format!("── stage draft ──\n── stage answer ──\nfabric: run {run_id} completed\n"));
+    // With `--events-out -`, stderr is the events alone.
+    let out = fabric(&["run", "two-streams", "--goal", GOAL, "--stream", "--events-out", "-"], &env[..3]);
+    assert_eq!((out.status.code(), stdout(&out)), (Some(0), format!("{draft}\n{answer}\n")));
+    let err = stderr(&out);
+    assert!(err.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()), "{err}");
+}
+
+#[test]
+fn stream_shows_the_text_before_the_run_ends_and_records_with_store() {
+    let (catalogue, stub) = two_streams();
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
+    cmd.current_dir(repo())
+        .args(["run", "two-streams", "--goal", GOAL, "--stream", "--store", &db])
+        .envs(fixture_env())
+        .envs([("FABRIC_CATALOGUE_DIR", catalogue.as_str()), ("FABRIC_LLM_STUB_DIR", stub.to_str().unwrap()), STUB, ("FABRIC_LLM_STUB_LATENCY_MS", "1500")])
+        .env_remove("FABRIC_DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // The first stage's text, whole, while the second stage's call still runs.
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut first).unwrap();
+    assert!(child.try_wait().unwrap().is_none(), "the run goes on after the first stage's text: {first:?}");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    let run_id = err.lines().last().unwrap().strip_prefix("fabric: run ").unwrap().strip_suffix(" completed").unwrap().to_owned();
+    // Recorded as without --stream: its result has the text streamed as the stages' output.
+    let shown = fabric(&["runs", "--store", &db, "show", &run_id], &[]);
+    let result: Value = serde_json::from_str(&stdout(&shown)).unwrap();
+    assert_eq!(result["slots"]["draft"].as_str().map(|d| format!("{d}\n")), Some(first));
+    assert_eq!(result["slots"]["answer"].as_str().map(|a| format!("{a}\n")).as_deref(), Some(stdout(&out).as_str()));
+}
+
+#[test]
+fn stream_says_the_question_of_a_run_that_asks_and_runs_reply_streams_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("runs.db").display());
+    let stub = repo().join("examples/stub-asking");
+    let stub = stub.to_str().unwrap();
+    let o = fabric(&["--stub-dir", stub, "run", "support-agent", "--goal", r#"{"question":"refund?"}"#, "--stream", "--store", &db], &[STUB]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    // A decision streams the text a user reads in it: its question, then its answer.
+    assert_eq!(stdout(&o), "Which order number?\n");
+    let err = stderr(&o);
+    let id = err
+        .strip_prefix("── stage decide ──\nfabric: run ")
+        .and_then(|e| e.strip_suffix(" awaiting_input: Which order number?\n"))
+        .unwrap_or_else(|| panic!("{err}"));
+    let o = fabric(&["--stub-dir", stub, "runs", "--store", &db, "reply", id, "--message", "order 42", "--stream"], &[STUB]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The tool call of turn 1 has no text to show; the answer of turn 2 does.
+    let shown = (stdout(&o), stderr(&o));
+    assert_eq!(shown, ("Order 42 is refunded.\n".to_owned(), format!("── stage decide, turn 2 ──\nfabric: run {id} completed\n")));
+}
+
+/// A terminal cannot take text back: a retry after an attempt that showed text ends the shown
+/// text's line, says so on stderr, and prints the new attempt's text whole. A fake Anthropic
+/// streams the first call's text and breaks off with a retryable error; the retry streams it all.
+#[tokio::test]
+async fn stream_marks_a_restart_on_stderr_and_prints_the_new_attempt_s_text() {
+    const TEXT: &str = "The duplicate charge goes back to your card within five days.";
+    let url = crate::provider_streams::restarting_anthropic(TEXT, TEXT, std::time::Duration::from_millis(10)).await;
+    let (catalogue, _) = two_streams();
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.jsonl");
+    let env = [
+        ("FABRIC_CATALOGUE_DIR", catalogue),
+        ("FABRIC_LLM_MODEL", "anthropic:m-1".to_owned()),
+        ("ANTHROPIC_BASE_URL", url),
+        ("ANTHROPIC_API_KEY", "test-key-123".to_owned()),
+    ];
+    let out = crate::support::fabric_cli(&["run", "two-streams", "--goal", GOAL, "--stream", "--events-out", events.to_str().unwrap()], &env).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines: Vec<Value> = std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of_attempt = |n: u64| -> String {
+        lines.iter().filter(|e| e["type"] == "run.llm.delta" && e["stage_id"] == "draft" && e["attempt"] == n).map(|e| e["text"].as_str().unwrap()).collect()
+    };
+    let dropped = of_attempt(1);
+    assert!(!dropped.is_empty() && TEXT.starts_with(&dropped) && dropped != TEXT, "the first attempt showed part of the text: {dropped:?}");
+    assert_eq!(of_attempt(2), TEXT);
+    assert!(lines.iter().any(|e| e["type"] == "run.llm.restarted" && e["stage_id"] == "draft" && e["attempt"] == 2));
+    assert_eq!(stdout(&out), format!("{dropped}\n{TEXT}\n{TEXT}\n"));
+    let run_id = lines.last().unwrap()["run_id"].as_str().unwrap();
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "── stage draft ──\n── stage draft: restarted (attempt 2): drop the text above; it is written again below ──\n── stage answer ──\nfabric: run {run_id} completed\n"
+        )
     );
 }

@@ -22,7 +22,7 @@ const ANSWER: &str = "Refunded: the duplicate charge of 42 € (order \"#7\") go
 
 /// The four formats, as the fake tells them apart by path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
+pub(crate) enum Format {
     OpenAi,
     Anthropic,
     Gemini,
@@ -60,7 +60,7 @@ fn pieces(text: &str) -> Vec<String> {
 
 /// The chunks of a streaming reply in `format` whose text is `text`; with `tool`, Anthropic's
 /// forced tool call whose input is that (JSON) text.
-fn stream_chunks(format: Format, text: &str, tool: Option<&str>) -> Vec<String> {
+pub(crate) fn stream_chunks(format: Format, text: &str, tool: Option<&str>) -> Vec<String> {
     let sse = |v: Value| format!("data: {v}\n\n");
     let named = |v: Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
     let mut out = Vec::new();
@@ -194,6 +194,28 @@ impl StreamingFake {
         });
         crate::support::serve(app).await
     }
+}
+
+/// A fake Anthropic whose first call streams the start of `shown` (9 pieces 10 ms apart, some
+/// of them sent as deltas) and breaks off with an overloaded error (a server error: retried);
+/// every later call streams `text` whole, a piece every `gap`. Its URL.
+pub(crate) async fn restarting_anthropic(shown: &str, text: &str, gap: Duration) -> String {
+    let mut broken = stream_chunks(Format::Anthropic, shown, None)[..12].to_vec();
+    broken.push("event: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\n\n".into());
+    let whole = stream_chunks(Format::Anthropic, text, None);
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = axum::Router::new().fallback(move || {
+        let first = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        let (chunks, gap) = if first { (broken.clone(), Duration::from_millis(10)) } else { (whole.clone(), gap) };
+        async move {
+            let stream = futures_util::stream::unfold(chunks.into_iter(), move |mut it| async move {
+                tokio::time::sleep(gap).await;
+                it.next().map(|c| (Ok::<_, std::convert::Infallible>(c), it))
+            });
+            axum::response::Response::builder().header("content-type", "text/event-stream").body(axum::body::Body::from_stream(stream)).unwrap()
+        }
+    });
+    crate::support::serve(app).await
 }
 
 /// The provider variables of `kind` pointed at `url`.

@@ -45,6 +45,14 @@ pub fn fixture_env() -> [(&'static str, String); 3] {
     [("FABRIC_CATALOGUE_DIR", s(routes_dir())), ("FABRIC_PROMPT_PACKS_DIR", s(packs_dir())), ("FABRIC_LLM_STUB_DIR", s(stub_dir()))]
 }
 
+/// The catalogue of the streaming tests: the fixture routes with `two-streams` over them (two
+/// synthesis stages with no output schema: each stage's output is its text as streamed), for
+/// `FABRIC_CATALOGUE_DIR`; and the stub directory with its script.
+pub fn two_streams() -> (String, PathBuf) {
+    let dir = fixtures().join("streaming");
+    (format!("{}:{}", routes_dir().display(), dir.join("routes").display()), dir.join("stub"))
+}
+
 /// `fabric-bench` beside the `fabric` under test, where `fabric bench` (the forwarder) looks for
 /// it, when it is there and current; else `None`, the test skipping (`skip_unless`: a failure
 /// under `CI=true`).

@@ -8,12 +8,15 @@
 //! the failed attempt had shown any, `run.llm.restarted` says to drop it first.
 //!
 //! A decision shows only the text a user reads in it ([`DecisionText`]): its question or answer.
+//!
+//! The other end: [`TextFollower`] reads a run's events back into the text a watcher shows, call
+//! by call (what `fabric run --stream` prints).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::decision_text::DecisionText;
-use crate::events::{EventData, RunEvents};
+use crate::events::{Event, EventData, RunEvents};
 
 /// The longest a piece of text waits for others before it is sent.
 pub const DELTA_EVERY: Duration = Duration::from_millis(50);
@@ -140,6 +143,78 @@ impl<'a> Deltas<'a> {
     }
 }
 
+/// What a run's events change in the streamed text a watcher shows ([`TextFollower::follow`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shown<'e> {
+    /// A call's text begins (its first delta), or goes on after another call's text came in
+    /// between (`again`). `parent_run_id` is set for a child run's stage.
+    Begins { stage_id: &'e str, turn: u32, again: bool, parent_run_id: Option<&'e str> },
+    /// More text of the call that began last.
+    Text(&'e str),
+    /// The text shown of the call is dropped: attempt `attempt` writes it again from its start.
+    Restarted { stage_id: &'e str, turn: u32, attempt: u32 },
+    /// The call's text is complete (its call ended, or the run did).
+    Ends,
+}
+
+/// One model call of one run: (run, stage, turn).
+type CallKey = (String, String, u32);
+
+/// Follows a run's events (a child run's too) and says what changes in its streamed text: which
+/// call's text is being written, its pieces in order, a restart, its end. Events other than
+/// `run.llm.*` and a run's end change nothing.
+#[derive(Debug, Default)]
+pub struct TextFollower {
+    /// The call whose text was written last, while it is open.
+    open: Option<CallKey>,
+    /// Every call that showed text, to tell a call that goes on from a new one.
+    seen: std::collections::HashSet<CallKey>,
+}
+
+impl TextFollower {
+    /// What `e` changes, in order (empty for most events).
+    pub fn follow<'e>(&mut self, e: &'e Event) -> Vec<Shown<'e>> {
+        let stage_id = e.stage_id.as_deref().unwrap_or_default();
+        let key = |turn: u32| (e.run_id.to_string(), stage_id.to_owned(), turn);
+        let open_here = |open: &Option<CallKey>| open.as_ref().is_some_and(|(run, stage, _)| **run == *e.run_id && stage == stage_id);
+        let mut out = Vec::new();
+        match &e.data {
+            EventData::LlmDelta { turn, text, .. } => {
+                let call = key(*turn);
+                if self.open.as_ref() != Some(&call) {
+                    if self.open.take().is_some() {
+                        out.push(Shown::Ends);
+                    }
+                    let again = !self.seen.insert(call.clone());
+                    out.push(Shown::Begins { stage_id, turn: *turn, again, parent_run_id: e.parent_run_id.as_deref() });
+                    self.open = Some(call);
+                }
+                out.push(Shown::Text(text));
+            }
+            EventData::LlmRestarted { turn, attempt } if self.seen.contains(&key(*turn)) => {
+                let call = key(*turn);
+                if self.open.as_ref() != Some(&call) {
+                    if self.open.take().is_some() {
+                        out.push(Shown::Ends);
+                    }
+                    self.open = Some(call);
+                }
+                out.push(Shown::Restarted { stage_id, turn: *turn, attempt: *attempt });
+            }
+            EventData::LlmCompleted { .. } | EventData::LlmFailed { .. } if open_here(&self.open) => {
+                self.open = None;
+                out.push(Shown::Ends);
+            }
+            _ if e.kind.ends_run() && self.open.as_ref().is_some_and(|(run, ..)| **run == *e.run_id) => {
+                self.open = None;
+                out.push(Shown::Ends);
+            }
+            _ => {}
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +276,41 @@ mod tests {
         d.push("b");
         assert_eq!(sink.events().len(), 1, "sent when the next piece came after the wait");
         assert!(d.sent());
+    }
+
+    #[test]
+    fn a_follower_shows_each_call_its_restart_and_its_end() {
+        let (ev, sink) = events();
+        let (a, b) = (Deltas::new(&ev, "a", 0), Deltas::new(&ev, "b", 0));
+        a.push("one ");
+        a.flush();
+        a.restart();
+        a.push("two");
+        a.flush();
+        b.push("other");
+        b.flush();
+        a.push(" more");
+        a.flush();
+        ev.emit(Some("a"), || EventData::LlmCompleted { duration_ms: 1.0, tokens: None });
+        let mut f = TextFollower::default();
+        let events = sink.events();
+        let shown: Vec<Shown<'_>> = events.iter().flat_map(|e| f.follow(e)).collect();
+        let begins = |stage_id, again| Shown::Begins { stage_id, turn: 0, again, parent_run_id: None };
+        assert_eq!(
+            shown,
+            [
+                begins("a", false),
+                Shown::Text("one "),
+                Shown::Restarted { stage_id: "a", turn: 0, attempt: 2 },
+                Shown::Text("two"),
+                Shown::Ends,
+                begins("b", false),
+                Shown::Text("other"),
+                Shown::Ends,
+                begins("a", true),
+                Shown::Text(" more"),
+                Shown::Ends,
+            ]
+        );
     }
 }

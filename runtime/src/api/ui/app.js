@@ -693,7 +693,7 @@
     const openStage = new Map(); // stage_id -> span in progress
     const openLlm = new Map(); // stage_id -> span in progress
     const openTool = new Map();
-    const stageInfo = new Map(); // stage_id -> {role, kind, outputs: [], failed}
+    const stageInfo = new Map(); // stage_id -> {role, kind, outputs: [], failed, live}
     const stageOrder = [];
     let runStart = null;
     let runEnd = null;
@@ -827,7 +827,12 @@
           s.li.title = ev.message || '';
           break;
         }
+        case 'run.llm.delta':
+        case 'run.llm.restarted':
+          streamed(stage(sid), ev);
+          break;
         case 'run.llm.completed': {
+          if (stage(sid).live) stage(sid).live.done = true;
           const s = openLlm.get(sid);
           endSpan(s, t, ev.duration_ms);
           if (s && ev.input_tokens !== undefined) setText(s.li.querySelector('.label'), s.label + ' · ' + ev.input_tokens + '→' + ev.output_tokens + ' tokens');
@@ -835,6 +840,7 @@
           break;
         }
         case 'run.llm.failed':
+          if (stage(sid).live) stage(sid).live.done = true;
           endSpan(openLlm.get(sid), t, ev.duration_ms, ev.reason_class || true);
           openLlm.delete(sid);
           // The reply that could not be used, as received (the journal keeps only used ones).
@@ -871,6 +877,30 @@
       }
       layout();
       renderStages();
+    }
+
+    // The text of a stage's model call as it is written (`run.llm.delta`), until the journal has
+    // the reply: {turn, attempt, text, restarts, done}. `run.llm.restarted` drops the text shown:
+    // the new attempt writes it again from its start. So does a first piece (index 0) of the
+    // attempt shown: the stage started again on the replica that took the run over.
+    function streamed(s, ev) {
+      const turn = ev.turn || 0;
+      const same = s.live && s.live.turn === turn;
+      const restarts = (same ? s.live.restarts : 0) + (ev.type === 'run.llm.restarted' ? 1 : 0);
+      const again = ev.type === 'run.llm.delta' && ev.index === 0;
+      if (!same || s.live.attempt !== ev.attempt || again) s.live = { turn, attempt: ev.attempt, text: '', restarts, done: false };
+      s.live.restarts = restarts;
+      if (ev.type === 'run.llm.delta') s.live.text += ev.text || '';
+    }
+
+    // The streamed text of `live` as a field (as it came, never reformatted: it grows).
+    function liveFields(live) {
+      const title = live.done ? 'reply as received' : 'reply as received (streaming…)';
+      const fields = [el('div', { class: 'field' }, el('h5', null, title), el('pre', { class: 'reply' + (live.done ? '' : ' streaming'), 'data-attempt': live.attempt }, live.text))];
+      if (live.restarts) {
+        fields.push(el('p', { class: 'restarted' }, 'restarted: attempt ' + live.attempt + ' writes the reply again (the text of the attempt before was dropped)'));
+      }
+      return fields;
     }
 
     let recordTimer = null;
@@ -964,13 +994,17 @@
         const cs = calls.get(id) || [];
         const pending = s.kind === 'tool' || s.kind === 'child_run' ? 'no model call in this stage' : 'not recorded: written when the stage completes' + (s.failed ? ' (this stage failed; a failed stage keeps no record)' : '');
         const failedReply = s.failedReply !== undefined ? s.failedReply : null;
+        // The call being written, while the journal has no reply of its turn.
+        const live = s.live && !cs.some((c, i) => (c.turn !== undefined ? c.turn : i) === s.live.turn) ? s.live : null;
         if (cs.length === 0) {
           div.append(
             field('prompt', 'resolved prompt', null, pending),
             field('user', 'user message', null, pending),
-            failedReply !== null
-              ? field('reply failed-reply', 'reply as received (not usable: ' + ((s.failed && s.failed.reason_class) || 'failed') + ')', failedReply)
-              : field('reply', 'reply as received', null, pending),
+            ...(failedReply !== null
+              ? [field('reply failed-reply', 'reply as received (not usable: ' + ((s.failed && s.failed.reason_class) || 'failed') + ')', failedReply)]
+              : live
+                ? liveFields(live)
+                : [field('reply', 'reply as received', null, pending)]),
           );
         }
         cs.forEach((c, i) => {
@@ -980,6 +1014,9 @@
           if (c.value !== c.raw && pretty(c.value) !== pretty(c.raw)) box.appendChild(field('value', 'value taken', c.value));
           div.appendChild(box);
         });
+        if (cs.length > 0 && live && failedReply === null) {
+          div.appendChild(el('div', { class: 'call', 'data-turn': live.turn }, el('h5', { class: 'turn' }, 'turn ' + live.turn), ...liveFields(live)));
+        }
         if (cs.length > 0 && failedReply !== null) {
           // A decision loop's last turn failed after turns that were used.
           div.appendChild(field('failed-reply', 'last reply as received (not usable: ' + ((s.failed && s.failed.reason_class) || 'failed') + ')', failedReply));

@@ -21,6 +21,7 @@ use fabric::runtime::{Durable, Runtime, StartRequest, Validation};
 use fabric::store::{RunFilter, RunId, RunStore, StoredStatus};
 
 use crate::progress::Progress;
+use crate::streamed::Streamed;
 use crate::term::{print_out, say};
 
 const EXIT_FAILED: u8 = 1;
@@ -50,9 +51,22 @@ pub struct Cli {
     command: Command,
 }
 
+/// Where a run's events and text go (`fabric run`, `fabric runs reply`).
+#[derive(Debug, clap::Args)]
+struct RunOutput {
+    /// Write events as JSON lines to FILE (`-` for stderr).
+    #[arg(long, value_name = "FILE|-")]
+    events_out: Option<String>,
+    /// Print the text of the stages that stream on stdout as the model writes it (each call's
+    /// text followed by a newline) instead of the result JSON; a header per stage and restarts
+    /// on stderr, and the run's id and status at its end.
+    #[arg(long)]
+    stream: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run one route and print its result as JSON.
+    /// Run one route and print its result as JSON (with `--stream`, the text its stages stream).
     Run {
         route: String,
         /// The goal, a JSON object; `@FILE` reads it from a file, `-` from standard input (for
@@ -62,9 +76,8 @@ enum Command {
         /// A prefetch pack: a JSON array of strings (or {"chunks": [...]}).
         #[arg(long)]
         prefetch: Option<PathBuf>,
-        /// Write events as JSON lines to FILE (`-` for stderr).
-        #[arg(long, value_name = "FILE|-")]
-        events_out: Option<String>,
+        #[command(flatten)]
+        output: RunOutput,
         /// Record the run in a run store, as the service does: `--store` alone uses the same
         /// store as `fabric runs` (FABRIC_DATABASE_URL, else sqlite://fabric.db); `--store URL`
         /// names one.
@@ -160,9 +173,8 @@ enum RunsAction {
         /// The answer; `@FILE` reads it from a file, `-` from standard input.
         #[arg(long, value_name = "TEXT|@FILE|-")]
         message: String,
-        /// Write events as JSON lines to FILE (`-` for stderr).
-        #[arg(long, value_name = "FILE|-")]
-        events_out: Option<String>,
+        #[command(flatten)]
+        output: RunOutput,
     },
     /// Deletes the ended runs (completed, failed, cancelled) whose last change is older than
     /// DUR, with their events, journal and webhook deliveries, as the service's sweeper does with
@@ -350,9 +362,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
             Ok(()) => Ok(ExitCode::SUCCESS),
             Err(e) => Ok(usage(format_args!("tool-server: {e}"))),
         },
-        Command::Run { route, goal, prefetch, events_out, store } => {
-            run_cmd(&cli, route, goal, prefetch.as_deref(), events_out.as_deref(), store.as_deref()).await
-        }
+        Command::Run { route, goal, prefetch, output, store } => run_cmd(&cli, route, goal, prefetch.as_deref(), output, store.as_deref()).await,
         Command::Serve { listen, no_auth } => crate::serve::serve(listen.as_deref(), *no_auth, |settings, store| build_durable(&cli, settings, store)).await,
         Command::Runs { store, action } => runs_cmd(&cli, store.as_deref(), action).await,
         Command::Completions { shell } => {
@@ -650,8 +660,8 @@ fn no_run(run_id: &str) -> ExitCode {
 
 async fn runs_cmd(cli: &Cli, store: Option<&str>, action: &RunsAction) -> std::io::Result<ExitCode> {
     match action {
-        RunsAction::Reply { run_id, message, events_out } => match RunId::parse(run_id) {
-            Some(run_id) => runs_reply(cli, store, &run_id, message, events_out.as_deref()).await,
+        RunsAction::Reply { run_id, message, output } => match RunId::parse(run_id) {
+            Some(run_id) => runs_reply(cli, store, &run_id, message, output).await,
             None => Ok(no_run(run_id)),
         },
         RunsAction::Prune { older_than, dry_run } => runs_prune(cli, store, older_than, *dry_run).await,
@@ -791,7 +801,7 @@ fn settings_or_exit() -> Result<Settings, ExitCode> {
     Settings::from_env().map_err(|e: ConfigError| usage(format_args!("bad configuration: {e}")))
 }
 
-async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>, events_out: Option<&str>, store: Option<&str>) -> std::io::Result<ExitCode> {
+async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>, output: &RunOutput, store: Option<&str>) -> std::io::Result<ExitCode> {
     let settings = match settings_or_exit() {
         Ok(s) => s,
         Err(code) => return Ok(code),
@@ -831,7 +841,7 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
     if let Err(e) = runtime.check_route(route_id) {
         return Ok(usage(e));
     }
-    let RunIo { sink, json_sink, handle: lost_handle, cancel, signal } = match run_io(events_out) {
+    let RunIo { sink, outs, handle: lost_handle, cancel, signal } = match run_io(output) {
         Ok(io) => io,
         Err(code) => return Ok(code),
     };
@@ -847,7 +857,7 @@ async fn run_cmd(cli: &Cli, route_id: &str, goal: &str, prefetch: Option<&Path>,
         runtime.run(RunRequest { route_id: route_id.to_owned(), goal, prefetch }, sink, cancel).await
     };
     match outcome {
-        Ok(outcome) => finish_run(&outcome, json_sink, &signal, hint.as_deref()),
+        Ok(outcome) => finish_run(&outcome, &outs, &signal, hint.as_deref()),
         Err(e) => Ok(usage(e)),
     }
 }
@@ -868,25 +878,33 @@ fn first_run_hint(settings: &Settings) -> Option<String> {
 /// lost lease) and the signal that did.
 struct RunIo {
     sink: Arc<dyn EventSink>,
-    json_sink: Option<Arc<JsonLinesSink>>,
+    outs: Outs,
     handle: CancelHandle,
     cancel: fabric::cancel::Cancel,
     signal: Arc<std::sync::atomic::AtomicU8>,
 }
 
 /// The events' sinks and the signal handlers of a run (`fabric run`, `fabric runs reply`).
-fn run_io(events_out: Option<&str>) -> Result<RunIo, ExitCode> {
-    let (sink, json_sink) = event_sink(events_out)?;
+fn run_io(output: &RunOutput) -> Result<RunIo, ExitCode> {
+    let (sink, outs) = event_sink(output)?;
     let (handle, cancel) = CancelHandle::new();
     let signal = on_signals(handle.clone()).map_err(usage)?;
-    Ok(RunIo { sink, json_sink, handle, cancel, signal })
+    Ok(RunIo { sink, outs, handle, cancel, signal })
 }
 
-/// Where a run's events go, and the JSON-lines file among them (whose failure is reported).
-type Sinks = (Arc<dyn EventSink>, Option<Arc<JsonLinesSink>>);
+/// The sinks among a run's whose failure to write is reported: the JSON-lines file, the
+/// streamed text (which also takes stdout from the result).
+struct Outs {
+    json: Option<Arc<JsonLinesSink>>,
+    streamed: Option<Arc<Streamed>>,
+    /// `--events-out -`: stderr carries JSON lines.
+    events_on_stderr: bool,
+}
 
-/// The events' destinations: `--events-out FILE|-`, and the progress view on a terminal.
-fn event_sink(events_out: Option<&str>) -> Result<Sinks, ExitCode> {
+/// The events' destinations: `--events-out FILE|-`, the streamed text (`--stream`), and the
+/// progress view on a terminal.
+fn event_sink(output: &RunOutput) -> Result<(Arc<dyn EventSink>, Outs), ExitCode> {
+    let events_out = output.events_out.as_deref();
     let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
     let mut json_sink = None;
     if let Some(target) = events_out {
@@ -902,6 +920,10 @@ fn event_sink(events_out: Option<&str>) -> Result<Sinks, ExitCode> {
         json_sink = Some(sink.clone());
         sinks.push(sink);
     }
+    let streamed = output.stream.then(|| Arc::new(Streamed::new(events_out != Some("-"))));
+    if let Some(s) = &streamed {
+        sinks.push(s.clone());
+    }
     if events_out != Some("-") && std::io::stderr().is_terminal() {
         sinks.push(Arc::new(Progress::default()));
     }
@@ -910,20 +932,30 @@ fn event_sink(events_out: Option<&str>) -> Result<Sinks, ExitCode> {
         1 => sinks.pop().unwrap_or_else(|| Arc::new(NullSink)),
         _ => Arc::new(FanOut(sinks)),
     };
-    Ok((sink, json_sink))
+    Ok((sink, Outs { json: json_sink, streamed, events_on_stderr: events_out == Some("-") }))
 }
 
 /// Prints a run's result and picks the exit code: 0 completed, 1 failed, 3 awaiting the user,
 /// 4 the output or the events could not be written, 128 + N a signal interrupted it.
-fn finish_run(
-    outcome: &fabric::runtime::RunOutcome,
-    json_sink: Option<Arc<JsonLinesSink>>,
-    signal: &std::sync::atomic::AtomicU8,
-    hint: Option<&str>,
-) -> std::io::Result<ExitCode> {
+fn finish_run(outcome: &fabric::runtime::RunOutcome, outs: &Outs, signal: &std::sync::atomic::AtomicU8, hint: Option<&str>) -> std::io::Result<ExitCode> {
     let result = &outcome.result;
-    let printed = print_out(&format!("{}\n", serde_json::to_string(result).unwrap_or_default()));
-    let events_failed = json_sink.and_then(|s| s.failure());
+    // With `--stream`, stdout is the streamed text alone; the run's id and end go to stderr.
+    let printed = match &outs.streamed {
+        None => print_out(&format!("{}\n", serde_json::to_string(result).unwrap_or_default())),
+        Some(streamed) => {
+            if !outs.events_on_stderr {
+                let status = serde_json::to_value(result.status()).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+                let why = match (result.error(), result.question()) {
+                    (Some(e), _) => format!(": {} — {}", e.reason_class, e.message),
+                    (None, Some(question)) => format!(": {question}"),
+                    (None, None) => String::new(),
+                };
+                say(format_args!("fabric: run {} {status}{why}", result.run_id));
+            }
+            streamed.failure().map_or(Ok(()), |why| Err(std::io::Error::other(why)))
+        }
+    };
+    let events_failed = outs.json.as_ref().and_then(|s| s.failure());
     if let Some(why) = &events_failed {
         say(format_args!("fabric: the events of run {} are incomplete: {why}", result.run_id));
     }
@@ -960,7 +992,7 @@ fn finish_run(
 
 /// `fabric runs reply`: the run that asked continues here with the answer, recorded in the
 /// same store, and ends like `fabric run`.
-async fn runs_reply(cli: &Cli, store: Option<&str>, run_id: &RunId, message: &str, events_out: Option<&str>) -> std::io::Result<ExitCode> {
+async fn runs_reply(cli: &Cli, store: Option<&str>, run_id: &RunId, message: &str, output: &RunOutput) -> std::io::Result<ExitCode> {
     let message = match text_arg("--message", message, MAX_TEXT_ARG_BYTES) {
         Ok(m) => m,
         Err(e) => return Ok(usage(e)),
@@ -980,12 +1012,12 @@ async fn runs_reply(cli: &Cli, store: Option<&str>, run_id: &RunId, message: &st
     for w in runtime.runtime().warnings() {
         say(format_args!("fabric: warning: {w}"));
     }
-    let RunIo { sink, json_sink, handle: lost_handle, cancel, signal } = match run_io(events_out) {
+    let RunIo { sink, outs, handle: lost_handle, cancel, signal } = match run_io(output) {
         Ok(io) => io,
         Err(code) => return Ok(code),
     };
     match runtime.reply_recorded(run_id.as_str(), message, sink, &lost_handle, cancel).await {
-        Ok(outcome) => finish_run(&outcome, json_sink, &signal, hint.as_deref()),
+        Ok(outcome) => finish_run(&outcome, &outs, &signal, hint.as_deref()),
         Err(e) => Ok(usage(e)),
     }
 }

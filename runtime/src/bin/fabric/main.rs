@@ -7,6 +7,7 @@ mod cli;
 mod forward;
 mod progress;
 mod serve;
+mod streamed;
 mod term;
 mod toolserver;
 
