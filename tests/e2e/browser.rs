@@ -60,7 +60,7 @@ impl Setup {
     /// Routes → the route's page (through the list, as a reader would).
     async fn open_route(&self, route: &str) {
         let b = &self.browser;
-        b.wait_displayed("a#nav-routes").await.click().await.unwrap();
+        b.click_displayed("a#nav-routes").await;
         let open = format!("table#routes tr.route[data-route-id=\"{route}\"] a.open");
         b.wait_for(&format!("the link to {route}"), async || {
             let link = b.find(&open).await.ok()?;
@@ -210,7 +210,7 @@ async fn the_token_is_asked_for_kept_in_session_storage_and_never_put_in_an_addr
     s.open_route("support-triage").await;
     s.assert_token_kept_private().await;
     // Forgetting it asks again.
-    b.wait_displayed("button#token-clear").await.click().await.unwrap();
+    b.click_displayed("button#token-clear").await;
     b.wait_displayed("form#token-form").await;
     let stored = b.script("return window.sessionStorage.getItem('fabric-token');", json!([])).await;
     assert_eq!(stored, Value::Null, "the token is forgotten");
@@ -495,7 +495,7 @@ async fn a_run_on_an_older_catalogue_version_links_to_its_diff_against_the_curre
     assert_eq!(shown, old);
     let header = b.wait_for("the version in force in the header", async || b.find("#catalogue-version-code").await.ok()?.text().await.ok()).await;
     assert_eq!(header, new[..12]);
-    b.wait_displayed("#catalogue-diff-open").await.click().await.unwrap();
+    b.click_displayed("#catalogue-diff-open").await;
     let diff = b
         .wait_for("the diff against the version in force", async || {
             b.find("#catalogue-diff-text").await.ok()?.text().await.ok().filter(|t| t.contains("route support-triage: stage intake: system prompt changed"))

@@ -200,6 +200,19 @@ impl Browser {
         .await
     }
 
+    /// Clicks the element once it is displayed; found again when the page re-rendered it between
+    /// the finding and the click (a live page redraws as a run's events come).
+    pub(crate) async fn click_displayed(&self, css: &str) {
+        self.wait_for(&format!("a click on `{css}`"), async || {
+            let e = self.find(css).await.ok()?;
+            if !e.displayed().await {
+                return None;
+            }
+            e.click().await.ok()
+        })
+        .await
+    }
+
     /// A PNG of the viewport at `target/ui-screenshots/<name>.png`; returns its path.
     pub(crate) async fn screenshot(&self, name: &str) -> PathBuf {
         self.save_screenshot("/screenshot", name).await
