@@ -67,19 +67,30 @@ pub fn stub(latency: Duration) -> StubLlm {
         .script("loop-http", "decide", &[r#"CALL add_http {"a":2,"b":3}"#, r#"CALL add_http {"a":5,"b":7}"#, "DONE 12"])
 }
 
-pub fn bench_catalogue() -> Arc<Catalogue> {
-    let files = [SourceFile { path: PathBuf::from("bench/catalogue.yaml"), text: CATALOGUE.to_owned() }];
+/// The bench catalogue's text, streaming (as the routes are written) or not (`--no-stream`).
+pub fn catalogue_text(stream: bool) -> String {
+    if stream {
+        return CATALOGUE.to_owned();
+    }
+    CATALOGUE
+        .replace("{id: answer, llm_role: synthesis, capability: answer_text}", "{id: answer, llm_role: synthesis, capability: answer_text, stream: false}")
+        .replace("decision_loop: {tools: [add]}", "decision_loop: {tools: [add], stream: false}")
+        .replace("decision_loop: {tools: [add_http]}", "decision_loop: {tools: [add_http], stream: false}")
+}
+
+pub fn bench_catalogue(stream: bool) -> Arc<Catalogue> {
+    let files = [SourceFile { path: PathBuf::from("bench/catalogue.yaml"), text: catalogue_text(stream) }];
     let packs = [SourceFile { path: PathBuf::from("bench/bench.yaml"), text: PACK.to_owned() }];
     Arc::new(catalogue::load_from_texts(&files, &packs))
 }
 
 /// The runtime every scenario drives: the library facade, as `fabric run` and the service use it.
-pub fn runner(latency: Duration, tool_url: Option<String>) -> Result<Runtime, String> {
+pub fn runner(latency: Duration, tool_url: Option<String>, stream: bool) -> Result<Runtime, String> {
     // Default settings, whatever the environment says: the figures must not depend on it.
     let settings = Settings::load(|_| None).map_err(|e| e.to_string())?;
     Runtime::builder()
         .settings(settings)
-        .catalogue(bench_catalogue())
+        .catalogue(bench_catalogue(stream))
         .stub(stub(latency))
         .vars(move |k: &str| if k == "BENCH_TOOL_URL" { tool_url.clone() } else { None })
         .tool("add", fabric::tools::builtin_add())

@@ -19,7 +19,7 @@ use crate::measure::{cpu_ns, meta, round2, stats, status_kib};
 use crate::options::BenchOptions;
 
 pub async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOptions, tool_url: Option<String>) -> Result<Value, String> {
-    let runner = runner(Duration::from_millis(opts.latency_ms.unwrap_or(0)), tool_url)?;
+    let runner = runner(Duration::from_millis(opts.latency_ms.unwrap_or(0)), tool_url, opts.stream)?;
     let sink = sink(opts);
     let req = RunRequest { route_id: route.into(), goal: goal(), prefetch: vec![] };
     let (runs, warmup, timed) = (opts.runs, opts.warmup, !opts.untimed);
@@ -50,7 +50,7 @@ pub async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOption
     let cpu_us = cpu_ns_total as f64 / 1e3 / opts.runs.max(1) as f64;
     let per_stage: Vec<f64> = samples.iter().map(|s| s / stages).collect();
     Ok(json!({
-        "scenario": name, "route": route, "runs": opts.runs, "failed_runs": failed, "stub_latency_ms": opts.latency_ms.unwrap_or(0), "events": opts.events_name(),
+        "scenario": name, "route": route, "runs": opts.runs, "failed_runs": failed, "stub_latency_ms": opts.latency_ms.unwrap_or(0), "events": opts.events_name(), "stream": opts.stream,
         "runs_per_s": round2(opts.runs as f64 / wall), "run_us": stats(samples), "stages_per_run": stages, "stages_us": stats(per_stage),
         "cpu_us_per_run": round2(cpu_us), "meta": meta(),
     }))
@@ -58,7 +58,7 @@ pub async fn sequential(name: &str, route: &str, stages: f64, opts: &BenchOption
 
 pub async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opts: &BenchOptions) -> Result<Value, String> {
     let tool = tool_url.is_some();
-    let runner = Arc::new(runner(Duration::from_millis(latency_ms), tool_url)?);
+    let runner = Arc::new(runner(Duration::from_millis(latency_ms), tool_url, opts.stream)?);
     let sink = sink(opts);
     // Warm the connection pool and the allocator a little.
     for _ in 0..10 {
@@ -87,7 +87,7 @@ pub async fn concurrent(c: usize, latency_ms: u64, tool_url: Option<String>, opt
     let peak = status_kib("VmHWM:").unwrap_or(0);
     let ideal_ms = 3.0 * latency_ms as f64;
     Ok(json!({
-        "scenario": "C", "route": "staged", "runs": c, "concurrency": c, "failed_runs": failed, "stub_latency_ms": latency_ms, "tool_url": tool, "events": opts.events_name(),
+        "scenario": "C", "route": "staged", "runs": c, "concurrency": c, "failed_runs": failed, "stub_latency_ms": latency_ms, "tool_url": tool, "events": opts.events_name(), "stream": opts.stream,
         "wall_ms": round2(wall * 1e3), "ideal_ms": ideal_ms, "wall_over_ideal": round2(wall * 1e3 / ideal_ms.max(1.0)),
         "runs_per_s": round2(c as f64 / wall), "peak_rss_mib": round2(peak as f64 / 1024.0),
         "rss_kib_per_inflight_run": round2(peak.saturating_sub(rss0) as f64 / c as f64),
@@ -102,8 +102,12 @@ async fn journalled_runtime(opts: &BenchOptions, dir: &Path, file: &str, latency
     let kind = if url.starts_with("sqlite:") { "sqlite" } else { "postgres" };
     let store = fabric::store::open(&url).await.map_err(|e| e.to_string())?;
     let settings = Settings::load(|_| None).map_err(|e| e.to_string())?;
-    let runtime =
-        Runtime::builder().settings(settings).catalogue(bench_catalogue()).stub(stub(Duration::from_millis(latency_ms))).build().map_err(|e| e.to_string())?;
+    let runtime = Runtime::builder()
+        .settings(settings)
+        .catalogue(bench_catalogue(opts.stream))
+        .stub(stub(Duration::from_millis(latency_ms)))
+        .build()
+        .map_err(|e| e.to_string())?;
     Ok((Durable::new(runtime, store), kind))
 }
 
@@ -156,7 +160,7 @@ pub async fn journalled(opts: &BenchOptions) -> Result<Value, String> {
     let per_stage: Vec<f64> = samples.iter().map(|s| s / 3.0).collect();
     let _ = std::fs::remove_dir_all(&dir);
     Ok(json!({
-        "scenario": "A2", "route": "staged", "runs": opts.runs, "failed_runs": failed, "journal": kind, "events": opts.events_name(),
+        "scenario": "A2", "route": "staged", "runs": opts.runs, "failed_runs": failed, "journal": kind, "events": opts.events_name(), "stream": opts.stream,
         "runs_per_s": round2(opts.runs as f64 / wall), "run_us": stats(samples), "stages_per_run": 3, "stages_us": stats(per_stage),
         "cpu_us_per_run": round2(cpu_us), "meta": meta(),
     }))
@@ -192,7 +196,7 @@ pub async fn concurrent_journalled(c: usize, latency_ms: u64, opts: &BenchOption
     let _ = std::fs::remove_dir_all(&dir);
     Ok(json!({
         "scenario": "C2", "route": "staged", "runs": c, "concurrency": c, "failed_runs": failed, "stub_latency_ms": latency_ms, "journal": kind,
-        "events": opts.events_name(),
+        "events": opts.events_name(), "stream": opts.stream,
         "wall_ms": round2(wall * 1e3), "ideal_ms": ideal_ms, "wall_over_ideal": round2(wall * 1e3 / ideal_ms.max(1.0)),
         "runs_per_s": round2(c as f64 / wall), "cpu_us_per_run": round2(cpu_ns().saturating_sub(cpu0) as f64 / 1e3 / c as f64), "meta": meta(),
     }))

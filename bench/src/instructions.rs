@@ -34,7 +34,7 @@ pub async fn instructions(opts: BenchOptions, exe: &Path) -> Result<(), String> 
         let r = json!({
             "scenario": scenario.as_str(), "measure": "instructions", "tool": "valgrind --tool=callgrind",
             "runs": [low, high], "instructions": counts, "instructions_per_run": marginal.round(),
-            "events": opts.events_name(), "meta": meta(),
+            "events": opts.events_name(), "stream": opts.stream, "meta": meta(),
         });
         writeln!(std::io::stdout(), "{r}").map_err(|e| format!("cannot write the results: {e}"))?;
         let _ = writeln!(std::io::stderr(), "{scenario:<8} {:>10.0} instructions per run ({low} → {high} runs)", marginal);
@@ -57,6 +57,9 @@ async fn callgrind(exe: &Path, scenario: Scenario, runs: usize, opts: &BenchOpti
     cmd.args(["--untimed", "--scenario", scenario.as_str(), "--runs", &runs.to_string(), "--warmup", &opts.warmup.min(100).to_string()]);
     if opts.events {
         cmd.arg("--events");
+    }
+    if !opts.stream {
+        cmd.arg("--no-stream");
     }
     if let Some(j) = &opts.journal {
         cmd.args(["--journal", j]);

@@ -11,6 +11,7 @@
 //! B, B-http, C, C2, H), `service` (the `fabric` processes: S, R), `instructions` (callgrind).
 
 mod ceiling;
+mod first_text;
 mod fixture;
 mod inprocess;
 mod instructions;
@@ -112,7 +113,8 @@ async fn run(opts: BenchOptions, fabric: &Path) -> Result<(), String> {
                 }
                 out
             }
-            Scenario::S => vec![service::service(fabric, opts.clients, opts.requests, latency, opts.journal.as_deref()).await?],
+            Scenario::T => vec![first_text::first_text(&opts).await?],
+            Scenario::S => vec![service::service(fabric, opts.clients, opts.requests, latency, opts.journal.as_deref(), opts.stream).await?],
         };
         for r in &results {
             output::emit(r)?;

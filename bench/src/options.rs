@@ -39,6 +39,11 @@ pub struct Cli {
     /// Serialise every event as JSON (to a discarding writer); default: no event consumer.
     #[arg(long)]
     events: bool,
+    /// The bench routes without streaming (`stream: false` on the synthesis stage and the
+    /// decision loop): what streaming costs is the difference (it streams only where events are
+    /// watched: with --events, and always in S).
+    #[arg(long)]
+    no_stream: bool,
     /// Scenario S: concurrent clients of the service.
     #[arg(long, default_value_t = 1000)]
     clients: usize,
@@ -88,6 +93,7 @@ impl Cli {
             no_tool: self.no_tool,
             ceiling_secs: self.ceiling,
             events: self.events,
+            stream: !self.no_stream,
             clients: self.clients,
             requests: self.requests,
             journal: self.journal,
@@ -118,6 +124,8 @@ pub struct BenchOptions {
     pub ceiling_secs: Option<u64>,
     /// Serialise every event as a JSON line (to a discarding writer) instead of having no consumer.
     pub events: bool,
+    /// Whether the bench routes stream their model text (`--no-stream`: not).
+    pub stream: bool,
     /// Scenario S: concurrent clients, and requests each makes.
     pub clients: usize,
     pub requests: usize,
@@ -139,7 +147,8 @@ impl BenchOptions {
 }
 
 /// Every scenario, in the order a bare `fabric bench` runs them.
-pub const SCENARIOS: &[Scenario] = &[Scenario::A, Scenario::A2, Scenario::B, Scenario::BHttp, Scenario::C, Scenario::C2, Scenario::H, Scenario::R, Scenario::S];
+pub const SCENARIOS: &[Scenario] =
+    &[Scenario::A, Scenario::A2, Scenario::B, Scenario::BHttp, Scenario::C, Scenario::C2, Scenario::H, Scenario::R, Scenario::S, Scenario::T];
 
 /// The scenarios `--instructions` counts by default.
 pub const INSTRUCTION_SCENARIOS: &[Scenario] = &[Scenario::A, Scenario::B, Scenario::BHttp];
@@ -165,6 +174,9 @@ pub enum Scenario {
     R,
     #[value(name = "S")]
     S,
+    /// The first text's latency behind a streaming provider's first byte.
+    #[value(name = "T")]
+    T,
 }
 
 impl Scenario {
@@ -179,6 +191,7 @@ impl Scenario {
             Scenario::H => "H",
             Scenario::R => "R",
             Scenario::S => "S",
+            Scenario::T => "T",
         }
     }
 }

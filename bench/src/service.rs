@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
-use crate::fixture::{CATALOGUE, PACK, STAGED_SCRIPT, goal};
+use crate::fixture::{PACK, STAGED_SCRIPT, catalogue_text, goal};
 use crate::measure::{meta, proc_kib, round2, stats};
 use crate::options::BenchOptions;
 
@@ -92,7 +92,7 @@ pub async fn replicated(exe: &Path, replicas: usize, runs: usize, latency_ms: u6
     let store = fabric::store::open(&url).await.map_err(|e| e.to_string())?;
     let mut servers = Vec::new();
     for _ in 0..replicas {
-        let mut cmd = serve_command(exe, &dir, latency_ms, &url)?;
+        let mut cmd = serve_command(exe, &dir, latency_ms, &url, opts.stream)?;
         cmd.env("FABRIC_MAX_RUNS_IN_FLIGHT", "64").env("FABRIC_CLAIM_POLL_MS", "20");
         servers.push(FabricProcess::spawn(cmd, "a replica").await?);
     }
@@ -137,12 +137,12 @@ const BENCH_TOKEN: &str = "bench-token";
 /// The bench route's catalogue, prompt pack and stub script written under `dir`, and
 /// the `fabric serve` command over them: the stub at `latency_ms`, [`BENCH_TOKEN`], quiet logs,
 /// the store at `database_url`, any free port on loopback (printed on its stdout).
-fn serve_command(exe: &Path, dir: &Path, latency_ms: u64, database_url: &str) -> Result<tokio::process::Command, String> {
+fn serve_command(exe: &Path, dir: &Path, latency_ms: u64, database_url: &str, stream: bool) -> Result<tokio::process::Command, String> {
     let (catalogue, packs, stub_dir) = (dir.join("routes"), dir.join("packs"), dir.join("stub"));
     for d in [&catalogue, &packs, &stub_dir] {
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
-    std::fs::write(catalogue.join("bench.yaml"), CATALOGUE)
+    std::fs::write(catalogue.join("bench.yaml"), catalogue_text(stream))
         .and_then(|_| std::fs::write(packs.join("bench.yaml"), PACK))
         .and_then(|_| std::fs::write(stub_dir.join("staged.yaml"), STAGED_SCRIPT))
         .map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -162,7 +162,7 @@ fn serve_command(exe: &Path, dir: &Path, latency_ms: u64, database_url: &str) ->
 /// `POST /v1/runs?wait=true` `requests` times. Besides speed, what the runs cost the store
 /// ([`stored_bytes`] before the service starts and after it stopped, per run it completed) and
 /// the service's memory (its peak RSS over its idle one, per client: one run in flight each).
-pub async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u64, journal: Option<&str>) -> Result<Value, String> {
+pub async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u64, journal: Option<&str>, stream: bool) -> Result<Value, String> {
     let dir = std::env::temp_dir().join(format!("fabric-bench-s-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let token = BENCH_TOKEN;
@@ -173,7 +173,7 @@ pub async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u6
         _ => return Err(format!("--journal `{}` is not a store URL; use sqlite://PATH or postgres://…", fabric::redact::redact_url(&url))),
     };
     let stored_before = stored_bytes(&url).await?;
-    let mut cmd = serve_command(exe, &dir, latency_ms, &url)?;
+    let mut cmd = serve_command(exe, &dir, latency_ms, &url, stream)?;
     cmd.env("FABRIC_MAX_RUNS_IN_FLIGHT", (clients * 2).to_string());
     let server = FabricProcess::spawn(cmd, "the service").await?;
     let pid = server.child.id().unwrap_or(0);
@@ -231,7 +231,7 @@ pub async fn service(exe: &Path, clients: usize, requests: usize, latency_ms: u6
         _ => None,
     };
     Ok(json!({
-        "scenario": "S", "clients": clients, "requests_per_client": requests, "runs": done, "errors": errors, "stub_latency_ms": latency_ms, "journal": kind,
+        "scenario": "S", "clients": clients, "requests_per_client": requests, "runs": done, "errors": errors, "stub_latency_ms": latency_ms, "journal": kind, "stream": stream,
         "wall_ms": round2(wall * 1e3), "runs_per_s": round2(done as f64 / wall), "latency_ms": stats(latencies),
         "server_idle_rss_mib": round2(rss_before as f64 / 1024.0), "server_peak_rss_mib": round2(peak as f64 / 1024.0),
         "server_rss_kib_per_inflight_run": round2(peak.saturating_sub(rss_before) as f64 / clients as f64),

@@ -81,8 +81,9 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
     ("ceiling", &["measure"]),
     ("inprocess", &["options", "measure", "fixture"]),
     ("service", &["options", "measure", "fixture"]),
+    ("first_text", &["options", "measure", "fixture"]),
     ("instructions", &["options", "measure"]),
-    ("main", &["options", "output", "ceiling", "inprocess", "service", "instructions"]),
+    ("main", &["options", "output", "ceiling", "inprocess", "service", "first_text", "instructions"]),
 ];
 
 /// The catalogue's modules, and the model port's: neither side may import the other.

@@ -292,7 +292,7 @@ fn bench_prints_every_scenario() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let lines: Vec<Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<&str> = lines.iter().map(|l| l["scenario"].as_str().unwrap()).collect();
-    assert_eq!(names, ["A", "A2", "B", "B-http", "C", "C2", "H", "R", "R", "S"]);
+    assert_eq!(names, ["A", "A2", "B", "B-http", "C", "C2", "H", "R", "R", "S", "T"]);
     for l in &lines {
         match l["scenario"].as_str().unwrap() {
             "A" | "A2" | "B" | "B-http" => {
@@ -323,6 +323,7 @@ fn bench_prints_every_scenario() {
                 assert!(l["stored_bytes_per_run"].as_f64().unwrap() > 0.0, "{l}");
                 assert!(l["server_rss_kib_per_inflight_run"].as_f64().is_some(), "{l}");
             }
+            "T" => assert_eq!((l["runs"].as_u64(), l["failed_runs"].as_u64()), (Some(30), Some(0)), "{l}"),
             _ => unreachable!(),
         }
     }
@@ -654,4 +655,20 @@ async fn stream_marks_a_restart_on_stderr_and_prints_the_new_attempt_s_text() {
             "── stage draft ──\n── stage draft: restarted (attempt 2): drop the text above; it is written again below ──\n── stage answer ──\nfabric: run {run_id} completed\n"
         )
     );
+}
+
+/// Scenario T: the first delta's latency behind a streaming provider's first text (a fake
+/// OpenAI-compatible provider in the bench's process), with the real backend.
+#[test]
+fn bench_measures_the_first_texts_latency_behind_a_streaming_provider() {
+    if !bench_built() {
+        return;
+    }
+    let out = bench(&["--scenario", "T", "--runs", "8"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let line = String::from_utf8_lossy(&out.stdout).lines().find(|l| l.contains("\"scenario\":\"T\"")).map(str::to_owned).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!((v["runs"].as_u64(), v["failed_runs"].as_u64()), (Some(8), Some(0)), "{v}");
+    assert!(v["first_delta_after_first_text_us"]["p50"].as_f64().is_some_and(|us| us >= 0.0), "{v}");
+    assert!(stderr(&out).lines().any(|l| l.starts_with("T ") && l.contains("first delta")), "{}", stderr(&out));
 }

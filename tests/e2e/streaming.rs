@@ -77,3 +77,33 @@ async fn a_stage_says_whether_it_streams() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("stage intake: stream: false -> true") && text.contains("stage answer: stream: true -> false"), "{text}");
 }
+
+#[tokio::test]
+async fn a_streamed_reply_that_fails_its_schema_was_shown_and_fails_the_stage_as_without_a_stream() {
+    // The answer's script: JSON whose `text` is a number, so the schema refuses it.
+    let stub = asking_stub();
+    let bad = r#"{"text": 42, "note": "a reply long enough to come in several pieces of text"}"#;
+    std::fs::write(
+        stub.path().join("support-triage.yaml"),
+        format!(
+            "stages:\n  intake: ['{{\"category\":\"billing\",\"urgency\":\"high\"}}']\n  lookup: ['{{\"query\":\"refund\"}}']\n  answer: ['{}']\n",
+            bad.replace('\'', "''")
+        ),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let s = Server::start(&db, stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "600")]);
+    let (_, run) = post(&s, "/v1/runs?wait=true", json!({"route_id": "support-triage", "goal": {"ticket": "x"}, "model_profile": "default"})).await;
+    assert_eq!((run["status"].as_str(), run["error"]["reason_class"].as_str()), (Some("failed"), Some("schema_validation")), "{run}");
+    let events = sse(&s, run["run_id"].as_str().unwrap(), None).await;
+    let answer = deltas(&events, "answer");
+    assert!(answer.len() >= 2, "the text was shown as it came: {answer:?}");
+    assert_eq!(answer.iter().map(|(.., t)| t.as_str()).collect::<String>(), bad, "all of it");
+    // Then the call fails with the reply it could not use, the stage and the run with it.
+    let after: Vec<&str> =
+        events.iter().skip_while(|(_, k, _)| k != "run.llm.delta").filter(|(_, k, _)| k != "run.llm.delta").map(|(_, k, _)| k.as_str()).collect();
+    assert_eq!(after, ["run.llm.failed", "run.stage.failed", "run.failed"], "{events:?}");
+    let failed = &events.iter().find(|(_, k, _)| k == "run.llm.failed").unwrap().2;
+    assert_eq!((failed["reason_class"].as_str(), failed["reply"].as_str()), (Some("schema_validation"), Some(bad)), "{failed}");
+}

@@ -1,7 +1,7 @@
 //! Streaming a model's reply as it is written: a backend that streams hands each piece of text to
-//! the call's [`Deltas`], which batches them into `run.llm.delta` events (at most one every
-//! [`DELTA_EVERY`] or [`DELTA_BYTES`] of text, whichever comes first, so a fast model does not
-//! cost an event per token). What a stream changes is only what a watcher sees while the call
+//! the call's [`Deltas`], which batches them into `run.llm.delta` events (the first piece at once,
+//! then at most one every [`DELTA_EVERY`], or sooner for [`DELTA_BYTES`] of text, so a fast model
+//! does not cost an event per token and a watcher waits for no batch to see the first word). What a stream changes is only what a watcher sees while the call
 //! runs: the reply is read, validated, journalled, retried and replayed whole, as without it.
 //!
 //! A new attempt of the same call (a retry after a transient error) starts its text again: when
@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use super::decision_text::DecisionText;
 use crate::events::{Event, EventData, RunEvents};
 
-/// The longest a piece of text waits for others before it is sent.
+/// The shortest time between two deltas (a piece that comes sooner waits, with the others after
+/// it, until this has passed since the last delta; the streaming backends flush what waits then
+/// even when no piece follows, through [`Deltas::due_in`] and [`Deltas::flush_due`]).
 pub const DELTA_EVERY: Duration = Duration::from_millis(50);
 
 /// The most text one delta carries before it is sent, whatever the time.
@@ -39,9 +41,9 @@ struct State {
     attempt: u32,
     /// The next delta's number within the attempt (from 0).
     index: u32,
-    /// Text not sent yet, and since when it waits.
+    /// Text not sent yet, and when the last delta was sent.
     pending: String,
-    since: Option<Instant>,
+    last_sent: Option<Instant>,
     /// Whether the attempt's backend handed on any of its reply (shown or not).
     received: bool,
     /// Whether any attempt sent a delta.
@@ -93,8 +95,24 @@ impl<'a> Deltas<'a> {
         if s.pending.is_empty() {
             return;
         }
-        let since = *s.since.get_or_insert_with(Instant::now);
-        if s.pending.len() >= DELTA_BYTES || since.elapsed() >= DELTA_EVERY {
+        if s.pending.len() >= DELTA_BYTES || s.last_sent.is_none_or(|t| t.elapsed() >= DELTA_EVERY) {
+            self.send(&mut s);
+        }
+    }
+
+    /// How long the text that waits has left before it is due (`None`: none waits).
+    pub fn due_in(&self) -> Option<Duration> {
+        let s = self.state();
+        if s.pending.is_empty() {
+            return None;
+        }
+        Some(s.last_sent.map_or(Duration::ZERO, |t| DELTA_EVERY.saturating_sub(t.elapsed())))
+    }
+
+    /// Sends the text that waits once it is due (a backend whose model paused).
+    pub fn flush_due(&self) {
+        let mut s = self.state();
+        if s.last_sent.is_none_or(|t| t.elapsed() >= DELTA_EVERY) {
             self.send(&mut s);
         }
     }
@@ -117,7 +135,7 @@ impl<'a> Deltas<'a> {
         let mut s = self.state();
         let shown = s.index > 0;
         s.pending.clear();
-        s.since = None;
+        s.last_sent = None;
         s.index = 0;
         s.received = false;
         s.attempt += 1;
@@ -138,7 +156,7 @@ impl<'a> Deltas<'a> {
         let (attempt, index) = (s.attempt, s.index);
         s.index += 1;
         s.ever = true;
-        s.since = None;
+        s.last_sent = Some(Instant::now());
         self.events.emit(Some(self.stage_id), || EventData::LlmDelta { turn: self.turn, attempt, index, text });
     }
 }
@@ -236,7 +254,7 @@ mod tests {
         d.push("tail");
         d.flush();
         let got = sink.events();
-        assert_eq!(got.len(), 2, "one delta at {DELTA_BYTES} bytes, one at the end");
+        assert_eq!(got.len(), 3, "the first piece at once, then one delta at {DELTA_BYTES} bytes, one at the end");
         let texts: Vec<String> = got
             .iter()
             .map(|e| match &e.data {
@@ -244,14 +262,13 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(texts, [format!("0:{DELTA_BYTES}"), "1:12".to_owned()]);
+        assert_eq!(texts, ["0:8".to_owned(), format!("1:{DELTA_BYTES}"), "2:4".to_owned()]);
     }
 
     #[test]
     fn a_retry_after_shown_text_says_restarted_and_one_before_any_does_not() {
         let (ev, sink) = events();
         let d = Deltas::new(&ev, "s", 2);
-        d.push("unsent");
         d.restart();
         assert!(sink.events().is_empty(), "nothing was shown, nothing to take back");
         d.push("shown");
@@ -272,9 +289,20 @@ mod tests {
         let (ev, sink) = events();
         let d = Deltas::new(&ev, "s", 0);
         d.push("a");
-        std::thread::sleep(DELTA_EVERY + Duration::from_millis(5));
+        assert_eq!(sink.events().len(), 1, "the first piece at once");
         d.push("b");
-        assert_eq!(sink.events().len(), 1, "sent when the next piece came after the wait");
+        assert_eq!(sink.events().len(), 1, "the next one waits");
+        let due = d.due_in().expect("text waits");
+        assert!(due <= DELTA_EVERY);
+        d.flush_due();
+        assert_eq!(sink.events().len(), 1, "not due yet");
+        std::thread::sleep(due + Duration::from_millis(5));
+        d.flush_due();
+        assert_eq!(sink.events().len(), 2, "due: sent without a piece after it");
+        assert_eq!(d.due_in(), None);
+        std::thread::sleep(DELTA_EVERY + Duration::from_millis(5));
+        d.push("c");
+        assert_eq!(sink.events().len(), 3, "a piece after a quiet time goes at once");
         assert!(d.sent());
     }
 

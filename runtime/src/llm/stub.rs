@@ -243,8 +243,10 @@ impl Llm for StubLlm {
     async fn call<'a>(&'a self, req: &'a LlmRequest<'a>) -> Result<LlmReply, LlmError> {
         let raw = self.reply_for(req)?;
         match req.stream {
-            // Streamed in seeded pieces, the latency spread over them as a model's would be.
-            Some(deltas) => Box::pin(stream_reply(deltas, req, &raw, self.latency)).await,
+            // Streamed in seeded pieces, the latency spread over them as a model's would be. A stub
+            // without latency writes its reply at once: the telemetry layer shows it as one delta.
+            Some(deltas) if !self.latency.is_zero() => Box::pin(stream_reply(deltas, req, &raw, self.latency)).await,
+            Some(_) => {}
             None if !self.latency.is_zero() => {
                 // Boxed: most calls have no latency, and the timer would make every call's future
                 // (boxed once per call, copied into its box) larger.

@@ -132,13 +132,7 @@ pub(super) async fn read(
     let mut read = 0usize;
     let mut show = |text: &str| deltas.push(text);
     loop {
-        let chunk = match tokio::time::timeout(limits.idle, response.chunk()).await {
-            Err(_) => {
-                let why = format!("the stream stalled: nothing for {} s (FABRIC_LLM_STREAM_IDLE_S)", limits.idle.as_secs_f64());
-                return Err(LlmError::new(ReasonClass::Timeout, why));
-            }
-            Ok(chunk) => chunk.map_err(|e| transport_error(e, limits.timeout))?,
-        };
+        let chunk = next_chunk(response, &limits, deltas).await?;
         let Some(chunk) = chunk else { break };
         read += chunk.len();
         if read > limits.max_bytes {
@@ -167,6 +161,36 @@ pub(super) async fn read(
         return fold.finish();
     }
     fold.finish()
+}
+
+/// The body's next chunk (`None` at its end), within the idle timeout; while it waits, the text
+/// that waits in `deltas` is sent once it is due (a model that pauses mid-sentence still shows
+/// what it wrote).
+async fn next_chunk(
+    response: &mut reqwest::Response,
+    limits: &StreamLimits,
+    deltas: &Deltas<'_>,
+) -> Result<Option<impl std::ops::Deref<Target = [u8]> + use<>>, LlmError> {
+    let mut next = std::pin::pin!(response.chunk());
+    let mut stalled = std::pin::pin!(tokio::time::sleep(limits.idle));
+    loop {
+        let due = deltas.due_in();
+        let flush = async {
+            match due {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            chunk = &mut next => return chunk.map_err(|e| transport_error(e, limits.timeout)),
+            () = &mut stalled => {
+                let why = format!("the stream stalled: nothing for {} s (FABRIC_LLM_STREAM_IDLE_S)", limits.idle.as_secs_f64());
+                return Err(LlmError::new(ReasonClass::Timeout, why));
+            }
+            () = flush => deltas.flush_due(),
+        }
+    }
 }
 
 /// Complete lines out of a body's chunks (`\n`, `\r\n` or `\r` ends a line).
