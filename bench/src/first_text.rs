@@ -44,12 +44,13 @@ impl EventSink for FirstDelta {
 pub async fn first_text(opts: &BenchOptions) -> Result<Value, String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("cannot listen on loopback: {e}"))?;
     let url = format!("http://{}/v1", listener.local_addr().map_err(|e| e.to_string())?);
+    let base = url.clone();
     let written: Arc<Mutex<Option<Instant>>> = Arc::default();
     let provider = tokio::spawn(serve(listener, written.clone()));
     let vars = move |k: &str| -> Option<String> {
         match k {
             "FABRIC_LLM_MODEL" => Some("openai:m-1".into()),
-            "OPENAI_BASE_URL" => Some(url.clone()),
+            "OPENAI_BASE_URL" => Some(base.clone()),
             "OPENAI_API_KEY" => Some("bench-key".into()),
             _ => None,
         }
@@ -76,11 +77,28 @@ pub async fn first_text(opts: &BenchOptions) -> Result<Value, String> {
             _ => failed += 1,
         }
     }
+    // The floor, in the same run: a bare HTTP client reading the same stream, the time from the
+    // provider's first text to the client holding the chunk that carries it.
+    let client = reqwest::Client::new();
+    let mut floor = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        *written.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let Ok(mut response) = client.post(format!("{url}/chat/completions")).body("{}").send().await else { continue };
+        let mut seen = None;
+        while let Ok(Some(chunk)) = response.chunk().await {
+            if seen.is_none() && chunk.windows(4).any(|w| w == b"word") {
+                seen = Some(Instant::now());
+            }
+        }
+        if let (Some(s), Some(w)) = (seen, *written.lock().unwrap_or_else(|p| p.into_inner())) {
+            floor.push(s.saturating_duration_since(w).as_secs_f64() * 1e6);
+        }
+    }
     provider.abort();
     Ok(json!({
         "scenario": "T", "route": "first-text", "runs": runs, "failed_runs": failed, "provider": "openai (fake, loopback)",
         "chunk_every_ms": CHUNK_EVERY.as_millis() as u64, "pieces": PIECES,
-        "first_delta_after_first_text_us": stats(after_first_byte), "meta": meta(),
+        "first_delta_after_first_text_us": stats(after_first_byte), "bare_client_after_first_text_us": stats(floor), "meta": meta(),
     }))
 }
 

@@ -95,10 +95,11 @@ fn table_line(v: &Value) -> String {
             v["us_per_route"].as_f64().unwrap_or(0.0)
         ),
         "T" => format!(
-            "T       runs {:>6}  first delta after the provider's first text: p50 {:.0} µs  p99 {:.0} µs  (a chunk every {} ms)  failed {}",
+            "T       runs {:>6}  first delta after the provider's first text: p50 {:.0} µs  p99 {:.0} µs  (bare client: p50 {:.0} µs)  (a chunk every {} ms)  failed {}",
             v["runs"].as_u64().unwrap_or(0),
             v["first_delta_after_first_text_us"]["p50"].as_f64().unwrap_or(0.0),
             v["first_delta_after_first_text_us"]["p99"].as_f64().unwrap_or(0.0),
+            v["bare_client_after_first_text_us"]["p50"].as_f64().unwrap_or(0.0),
             v["chunk_every_ms"].as_u64().unwrap_or(0),
             v["failed_runs"].as_u64().unwrap_or(0)
         ),
