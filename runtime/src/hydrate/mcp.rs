@@ -1,0 +1,143 @@
+//! MCP tools in hydration: a capability's `invoke: {mcp, tool}` completed from its server's
+//! `tools/list` (description and input schema, where the catalogue gives none), and a decision
+//! loop's `tools_from` (with `only`) made into one capability per tool. Without the servers'
+//! listings (a catalogue checked without `--connect`) only what the files say is checked.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::BoundCapability;
+use crate::defs::*;
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::loader::{Defs, known_names as names};
+use crate::vocab::{DEFAULT_TOOL_TIMEOUT_MS, OutputSpec};
+
+/// The tools a server's listing gives, or `None` (with the problem reported or inherited) when
+/// the route cannot use the server; `Some(None)` when there is no listing to check against.
+fn server_tools<'l>(
+    defs: &Defs,
+    listings: Option<&'l McpListings>,
+    server: &Ref,
+    path: &Path,
+    diags: &mut Diagnostics,
+    inherited: &mut Vec<Diagnostic>,
+) -> Option<Option<&'l [McpToolDef]>> {
+    match defs.mcp_servers.get(&server.name) {
+        None => {
+            diags.error(path, server.pos, format!("MCP server `{}` is not declared (mcp_servers: {})", server.name, names(defs.mcp_servers.keys())));
+            return None;
+        }
+        Some(Err(o)) => {
+            inherited.extend(o.problems.iter().cloned());
+            return None;
+        }
+        Some(Ok(s)) if s.origin.is_broken() => {
+            inherited.extend(s.origin.problems.iter().filter(|d| d.is_error()).cloned());
+            return None;
+        }
+        Some(Ok(_)) => {}
+    }
+    match listings.map(|l| l.get(&server.name)) {
+        None => Some(None),
+        Some(Some(McpListing::Tools(tools))) => Some(Some(tools)),
+        Some(Some(McpListing::Unavailable(why))) => {
+            diags.error(path, server.pos, format!("MCP server `{}` could not list its tools: {why}", server.name));
+            None
+        }
+        Some(None) => {
+            diags.error(path, server.pos, format!("MCP server `{}` was not listed", server.name));
+            None
+        }
+    }
+}
+
+fn missing_tool(server: &str, tool: &Ref, tools: &[McpToolDef]) -> String {
+    let have: Vec<&String> = tools.iter().map(|t| &t.name).collect();
+    format!("MCP server `{server}` has no tool `{}` (its tools: {})", tool.name, names(have.into_iter()))
+}
+
+fn validator(schema: &Value) -> Option<Arc<jsonschema::Validator>> {
+    jsonschema::validator_for(schema).ok().map(Arc::new)
+}
+
+/// A capability as a route uses it: when it calls an MCP tool, with its server checked and its
+/// description and input schema taken from the listing where the file gives none. `None` when
+/// the route cannot use it (the problem reported or inherited).
+pub(super) fn bind(defs: &Defs, listings: Option<&McpListings>, c: &Arc<CapabilityDef>, diags: &mut Diagnostics, inherited: &mut Vec<Diagnostic>) -> Option<Arc<CapabilityDef>> {
+    let Some(mcp) = &c.mcp else { return Some(c.clone()) };
+    let path = c.origin.path.clone();
+    let tools = server_tools(defs, listings, &mcp.server, &path, diags, inherited)?;
+    let Some(tools) = tools else { return Some(c.clone()) };
+    let Some(tool) = tools.iter().find(|t| t.name == mcp.tool.name) else {
+        diags.error(&path, mcp.tool.pos, missing_tool(&mcp.server.name, &mcp.tool, tools));
+        return None;
+    };
+    if c.input_schema.is_some() && !c.description.is_empty() {
+        return Some(c.clone());
+    }
+    let mut def = (**c).clone();
+    if def.description.is_empty() {
+        def.description.clone_from(&tool.description);
+    }
+    if def.input_schema.is_none() {
+        def.input_validator = validator(&tool.input_schema);
+        def.input_schema = Some(tool.input_schema.clone());
+    }
+    Some(Arc::new(def))
+}
+
+/// The tools of `tools_from` (all of the server's, or those of `only`, in its order), each a
+/// capability named after the tool. `None` when the route cannot use the server.
+pub(super) fn tools_from(
+    defs: &Defs,
+    listings: Option<&McpListings>,
+    from: &ToolsFrom,
+    path: &Path,
+    diags: &mut Diagnostics,
+    inherited: &mut Vec<Diagnostic>,
+) -> Option<Vec<BoundCapability>> {
+    let tools = server_tools(defs, listings, &from.server, path, diags, inherited)?;
+    let origin = match defs.mcp_servers.get(&from.server.name) {
+        Some(Ok(s)) => Origin { path: s.origin.path.clone(), pos: from.server.pos, problems: Vec::new() },
+        _ => return None,
+    };
+    let bound = |name: &str, pos, description: &str, schema: Option<&Value>| BoundCapability {
+        name: name.to_owned(),
+        def: Arc::new(CapabilityDef {
+            origin: Origin { pos, ..origin.clone() },
+            description: description.to_owned(),
+            input_schema: schema.cloned(),
+            input_validator: schema.and_then(validator),
+            output: OutputSpec::Text,
+            invoke: None,
+            mcp: Some(McpInvoke {
+                server: from.server.clone(),
+                tool: Ref { name: name.to_owned(), pos },
+                timeout: std::time::Duration::from_millis(DEFAULT_TOOL_TIMEOUT_MS),
+            }),
+        }),
+    };
+    let Some(tools) = tools else {
+        // Not connected: the tools `only` names, their schemas unknown.
+        return Some(from.only.iter().flatten().map(|r| bound(&r.name, r.pos, "", None)).collect());
+    };
+    match &from.only {
+        None => Some(tools.iter().map(|t| bound(&t.name, from.server.pos, &t.description, Some(&t.input_schema))).collect()),
+        Some(only) => {
+            let mut out = Vec::new();
+            let mut ok = true;
+            for r in only {
+                match tools.iter().find(|t| t.name == r.name) {
+                    Some(t) => out.push(bound(&t.name, r.pos, &t.description, Some(&t.input_schema))),
+                    None => {
+                        diags.error(path, r.pos, missing_tool(&from.server.name, r, tools));
+                        ok = false;
+                    }
+                }
+            }
+            ok.then_some(out)
+        }
+    }
+}
