@@ -557,6 +557,9 @@ fn node_detail(n: &StageNode) -> String {
         if let Some(inv) = &c.def.invoke {
             parts.push(format!("invoke={} {}", inv.method.as_str(), inv.url.raw));
         }
+        if let Some(m) = &c.def.mcp {
+            parts.push(format!("invoke=mcp {}/{}", m.server.name, m.tool.name));
+        }
     }
     parts.join(" ")
 }
