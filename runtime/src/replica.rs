@@ -47,8 +47,8 @@ struct Loop {
 pub struct Replica {
     loops: JoinSet<()>,
     stop: watch::Sender<bool>,
-    /// The process's MCP servers, stopped with the loops.
-    mcp: Option<crate::tools::mcp::McpServers>,
+    /// The state whose runtime's MCP servers are stopped with the loops.
+    state: Option<AppState>,
 }
 
 impl Replica {
@@ -68,7 +68,7 @@ impl Replica {
             Loop { name: "catalogue", needed: false, work: of(|s| Box::pin(s.watch_catalogue())) },
         ];
         let mut replica = Replica::supervising(loops, state.loops_shared());
-        replica.mcp = Some(state.runtime().mcp().clone());
+        replica.state = Some(state);
         replica
     }
 
@@ -78,7 +78,7 @@ impl Replica {
         for l in loops {
             set.spawn(supervise(l, record.clone(), stop.subscribe()));
         }
-        Replica { loops: set, stop, mcp: None }
+        Replica { loops: set, stop, state: None }
     }
 
     /// Ends every loop (each at its next await) and waits for each; the loops that panicked on
@@ -92,8 +92,8 @@ impl Replica {
         }
         tracing::info!(loops = stopped, "every background loop of the replica stopped");
         // Last: a run's tool calls ended with the drain.
-        if let Some(mcp) = &self.mcp {
-            mcp.stop().await;
+        if let Some(state) = &self.state {
+            state.runtime().mcp().stop().await;
         }
     }
 }
