@@ -412,7 +412,11 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, listings: Option<&McpListing
                     Some(more) => {
                         for t in more {
                             if tools.iter().any(|have| have.name == t.name) {
-                                diags.error(path, from.server.pos, format!("tool `{}` of MCP server `{}` is listed twice; a route's tool names are one list", t.name, from.server.name));
+                                diags.error(
+                                    path,
+                                    from.server.pos,
+                                    format!("tool `{}` of MCP server `{}` is listed twice; a route's tool names are one list", t.name, from.server.name),
+                                );
                                 broken = true;
                             } else {
                                 tools.push(t);

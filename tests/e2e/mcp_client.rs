@@ -75,7 +75,13 @@ fn tool_events(events: &[Value]) -> Vec<String> {
         .map(|e| {
             let d = e;
             let how = d.get("reason_class").or(d.get("status")).or(d.get("method")).cloned().unwrap_or(Value::Null);
-            format!("{} {} {} {}", e["type"].as_str().unwrap(), d["tool"].as_str().unwrap(), d["mcp_server"].as_str().unwrap_or("-"), how.as_str().unwrap_or_default())
+            format!(
+                "{} {} {} {}",
+                e["type"].as_str().unwrap(),
+                d["tool"].as_str().unwrap(),
+                d["mcp_server"].as_str().unwrap_or("-"),
+                how.as_str().unwrap_or_default()
+            )
         })
         .collect()
 }
@@ -109,7 +115,12 @@ async fn results_errors_bad_arguments_and_a_timeout(rt: &Runtime, calls_file: &P
     );
     assert_eq!(
         calls(calls_file),
-        [r#"search {"limit": 3, "q": "duplicate charge"}"#, r#"lookup_order {"order_id": "42"}"#, r#"fail {"reason": "not today"}"#, r#"hang {"seconds": 5.0}"#],
+        [
+            r#"search {"limit": 3, "q": "duplicate charge"}"#,
+            r#"lookup_order {"order_id": "42"}"#,
+            r#"fail {"reason": "not today"}"#,
+            r#"hang {"seconds": 5.0}"#
+        ],
         "the bad arguments never reached the server"
     );
 }
@@ -194,7 +205,8 @@ fn routes_check_connect_lists_the_tools_and_locates_a_missing_one() {
     let calls_file = dir.path().join("calls.txt");
     catalogue(dir.path(), &stdio_server(&python, &calls_file));
     // A second route names a tool the server does not have.
-    let bad = "routes:\n  mcp-typo:\n    model_profile: default\n    prompt_pack: support\n    decision_loop:\n      tools_from: kb\n      only: [search, serch]\n";
+    let bad =
+        "routes:\n  mcp-typo:\n    model_profile: default\n    prompt_pack: support\n    decision_loop:\n      tools_from: kb\n      only: [search, serch]\n";
     std::fs::write(dir.path().join("typo.yaml"), bad).unwrap();
     let layers = format!("{}:{}", routes_dir().display(), dir.path().display());
     let check = |connect: bool| {

@@ -23,7 +23,12 @@ const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// The Python of a venv with the reference library; `None` when there is no `python3` with
 /// `venv` here (a skip, a failure under CI).
 fn reference_python() -> Option<PathBuf> {
-    crate::support::python_venv("standardwebhooks-venv", "standardwebhooks==1.1.0", "standardwebhooks", "the webhook tests verify deliveries with Python's standardwebhooks")
+    crate::support::python_venv(
+        "standardwebhooks-venv",
+        "standardwebhooks==1.1.0",
+        "standardwebhooks",
+        "the webhook tests verify deliveries with Python's standardwebhooks",
+    )
 }
 
 /// A delivery as the receiver got it: its headers (lowercase names) and its body, as sent.

@@ -51,7 +51,12 @@ impl Runner {
     ) -> Result<String, StageFailure> {
         let (events, cancel) = (run.events, run.cancel);
         let tool = stage.capability().map_or("", |c| c.name.as_str());
-        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: tool.to_owned(), mcp_server: None, method: invoke.method.as_str(), url: Some(display_url(url)) });
+        events.emit(Some(stage.id()), || EventData::ToolStarted {
+            tool: tool.to_owned(),
+            mcp_server: None,
+            method: invoke.method.as_str(),
+            url: Some(display_url(url)),
+        });
         // An HTTP tool runs here and calls out: an `extension` in the GenAI conventions.
         let span = tool_span(cx, events.run_id(), tool, "extension");
         let outcome = match cancel.race(self.http.call(invoke, url, args)).await {
@@ -74,7 +79,12 @@ impl Runner {
                 Ok(out.text)
             }
             Err(e) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: tool.to_owned(), mcp_server: None, reason_class: e.class, message: e.message.clone() });
+                events.emit(Some(stage.id()), || EventData::ToolFailed {
+                    tool: tool.to_owned(),
+                    mcp_server: None,
+                    reason_class: e.class,
+                    message: e.message.clone(),
+                });
                 Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
             }
         }
@@ -115,7 +125,12 @@ impl Runner {
                 Ok(text)
             }
             Err((class, message)) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: name.to_owned(), mcp_server: None, reason_class: class, message: message.clone() });
+                events.emit(Some(stage.id()), || EventData::ToolFailed {
+                    tool: name.to_owned(),
+                    mcp_server: None,
+                    reason_class: class,
+                    message: message.clone(),
+                });
                 Err(StageFailure::new(class, format!("tool `{name}`: {message}")))
             }
         }
@@ -123,7 +138,14 @@ impl Runner {
 
     /// Calls a tool of an MCP server through the [`McpPort`](crate::tools::mcp::McpPort), with
     /// the same events (naming the server too) and span as an HTTP tool.
-    pub(super) async fn call_mcp_tool(&self, run: &Run<'_>, stage: &StageNode, mcp: &McpInvoke, args: &Map<String, Value>, cx: &Context) -> Result<String, StageFailure> {
+    pub(super) async fn call_mcp_tool(
+        &self,
+        run: &Run<'_>,
+        stage: &StageNode,
+        mcp: &McpInvoke,
+        args: &Map<String, Value>,
+        cx: &Context,
+    ) -> Result<String, StageFailure> {
         let (events, cancel) = (run.events, run.cancel);
         let name = stage.capability().map_or(stage.id(), |c| c.name.as_str());
         let server = || Some(mcp.server.name.clone());
@@ -153,7 +175,12 @@ impl Runner {
                 Ok(out.text)
             }
             Err(e) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: name.to_owned(), mcp_server: server(), reason_class: e.class, message: e.message.clone() });
+                events.emit(Some(stage.id()), || EventData::ToolFailed {
+                    tool: name.to_owned(),
+                    mcp_server: server(),
+                    reason_class: e.class,
+                    message: e.message.clone(),
+                });
                 Err(StageFailure::new(e.class, format!("tool `{name}` of MCP server `{}`: {}", mcp.server.name, e.message)))
             }
         }

@@ -65,7 +65,13 @@ fn validator(schema: &Value) -> Option<Arc<jsonschema::Validator>> {
 /// A capability as a route uses it: when it calls an MCP tool, with its server checked and its
 /// description and input schema taken from the listing where the file gives none. `None` when
 /// the route cannot use it (the problem reported or inherited).
-pub(super) fn bind(defs: &Defs, listings: Option<&McpListings>, c: &Arc<CapabilityDef>, diags: &mut Diagnostics, inherited: &mut Vec<Diagnostic>) -> Option<Arc<CapabilityDef>> {
+pub(super) fn bind(
+    defs: &Defs,
+    listings: Option<&McpListings>,
+    c: &Arc<CapabilityDef>,
+    diags: &mut Diagnostics,
+    inherited: &mut Vec<Diagnostic>,
+) -> Option<Arc<CapabilityDef>> {
     let Some(mcp) = &c.mcp else { return Some(c.clone()) };
     let path = c.origin.path.clone();
     let tools = server_tools(defs, listings, &mcp.server, &path, diags, inherited)?;

@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::process::Stdio;
 
+use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::ServiceExt;
 use serde_json::{Map, Value};
 use tokio::io::AsyncBufReadExt;
 
@@ -59,8 +59,10 @@ pub(super) async fn connect(server: &str, transport: &McpTransportDef, vars: Var
             let mut map = HashMap::new();
             for (k, v) in headers {
                 let value = v.resolve_text(vars).map_err(unset)?;
-                let name = reqwest::header::HeaderName::from_bytes(k.as_bytes()).map_err(|e| McpError::Config(format!("MCP server `{server}`: header `{k}`: {e}")))?;
-                let value = reqwest::header::HeaderValue::from_str(&value).map_err(|_| McpError::Config(format!("MCP server `{server}`: header `{k}` has a value no header may carry")))?;
+                let name =
+                    reqwest::header::HeaderName::from_bytes(k.as_bytes()).map_err(|e| McpError::Config(format!("MCP server `{server}`: header `{k}`: {e}")))?;
+                let value = reqwest::header::HeaderValue::from_str(&value)
+                    .map_err(|_| McpError::Config(format!("MCP server `{server}`: header `{k}` has a value no header may carry")))?;
                 map.insert(name, value);
             }
             let config = StreamableHttpClientTransportConfig::with_uri(url)

@@ -145,7 +145,11 @@ impl Server {
         if let Some(at) = state.retry_at {
             if at > deadline {
                 let why = state.last_error.as_ref().map_or_else(|| "its connection was lost".to_owned(), ToString::to_string);
-                return Err(McpError::Connection(format!("MCP server `{}` is down, next start in {} ms ({why})", self.name, at.saturating_duration_since(Instant::now()).as_millis())));
+                return Err(McpError::Connection(format!(
+                    "MCP server `{}` is down, next start in {} ms ({why})",
+                    self.name,
+                    at.saturating_duration_since(Instant::now()).as_millis()
+                )));
             }
             tokio::time::sleep_until(at.into()).await;
         }
