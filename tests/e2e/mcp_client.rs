@@ -267,3 +267,23 @@ async fn a_run_resumed_after_kill_9_makes_no_second_call_for_a_recorded_result()
     assert_eq!(view["status"], "completed", "{view}\n{}", second.logs());
     assert_eq!(calls(&calls_file), [r#"search {"limit": 3, "q": "duplicate charge"}"#], "the recorded result was not asked for again");
 }
+
+/// The example of docs/mcp.md as a user runs it: the shipped routes with `examples/mcp/routes`
+/// layered over them, the example server started by `fabric run` and gone when it exits.
+#[test]
+fn the_shipped_example_runs_offline() {
+    let Some(python) = python() else { return };
+    let out = Command::new(env!("CARGO_BIN_EXE_fabric"))
+        .current_dir(repo())
+        .env("MCP_PYTHON", &python)
+        .env("FABRIC_LLM_STUB", "1")
+        .args(["--catalogue", "routes:examples/mcp/routes", "--stub-dir", "examples/mcp/stub", "run", "kb-agent"])
+        .args(["--goal", r#"{"question": "Was order 42 refunded?"}"#])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(result["output"], "Order 42 was refunded on 2026-11-30.");
+    assert_eq!(result["notes"][0], r#"search: {"hits":[{"id":7,"title":"Refunds for duplicate charges"}]}"#);
+}
