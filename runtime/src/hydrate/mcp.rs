@@ -147,3 +147,92 @@ pub(super) fn tools_from(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::catalogue::{Catalogue, RouteEntry, SourceFile, load_from_texts_listed};
+    use crate::defs::{McpListing, McpListings, McpToolDef};
+
+    const BASE: &str = "profiles: {p: {}}\nmcp_servers:\n  kb: {command: [python3, server.py], env: {TOKEN: \"${KB_TOKEN}\"}}\n  web: {url: \"https://${KB_HOST}/mcp\", headers: {Authorization: \"Bearer ${KB_TOKEN}\"}}\ncapabilities:\n  status: {invoke: {mcp: kb, tool: lookup, timeout_ms: 500}}\n";
+
+    fn load(routes: &str, listings: Option<&McpListings>) -> Catalogue {
+        let files = [SourceFile { path: "r/a.yaml".into(), text: format!("{BASE}{routes}") }];
+        load_from_texts_listed(&files, &[SourceFile { path: "packs/s.yaml".into(), text: "host: H\nagent: \"A {tools}\"\n".into() }], listings)
+    }
+
+    fn listings() -> McpListings {
+        let tool = |name: &str| McpToolDef {
+            name: name.into(),
+            description: format!("{name} it"),
+            input_schema: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+        };
+        McpListings::from([
+            ("kb".to_owned(), McpListing::Tools(vec![tool("search"), tool("lookup")])),
+            ("web".to_owned(), McpListing::Unavailable("refused".into())),
+        ])
+    }
+
+    fn problems(cat: &Catalogue, id: &str) -> Vec<String> {
+        match cat.get(id) {
+            Some(RouteEntry::Broken(b)) => b.problems.iter().map(ToString::to_string).collect(),
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+
+    const LOOP: &str = "routes:\n  r: {model_profile: p, prompt_pack: s, decision_loop: {tools: [status], tools_from: kb, only: [search, serch]}}\n";
+
+    #[test]
+    fn a_tool_the_server_lacks_is_located_once_listed() {
+        let cat = load(LOOP, Some(&listings()));
+        assert_eq!(problems(&cat, "r"), ["r/a.yaml:8:105: MCP server `kb` has no tool `serch` (its tools: search, lookup)"]);
+        // Unlisted, only the files are checked: the tools `only` names.
+        let cat = load(LOOP, None);
+        let Some(RouteEntry::Ready(r)) = cat.get("r") else { panic!("{:?}", cat.diagnostics()) };
+        assert_eq!(r.tools().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["status", "search", "serch"]);
+    }
+
+    #[test]
+    fn listed_tools_take_the_server_s_description_and_schema() {
+        let cat = load("routes:\n  r: {model_profile: p, prompt_pack: s, decision_loop: {tools: [status], tools_from: kb}}\n", Some(&listings()));
+        let Some(RouteEntry::Ready(r)) = cat.get("r") else { panic!("{:?}", cat.diagnostics()) };
+        let tools: Vec<_> = r.tools().collect();
+        assert_eq!(tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["status", "search", "lookup"]);
+        assert_eq!(tools[0].def.description, "lookup it");
+        assert!(tools[0].def.input_validator.is_some());
+        assert_eq!(tools[0].def.mcp.as_ref().map(|m| (m.server.name.as_str(), m.tool.name.as_str(), m.timeout.as_millis())), Some(("kb", "lookup", 500)));
+        assert_eq!(tools[1].def.mcp.as_ref().map(|m| m.tool.name.as_str()), Some("search"));
+    }
+
+    #[test]
+    fn an_unlisted_or_undeclared_server_breaks_the_routes_that_use_it() {
+        let cat = load(
+            "routes:\n  r: {model_profile: p, prompt_pack: s, decision_loop: {tools_from: web}}\n  u: {model_profile: p, prompt_pack: s, decision_loop: {tools_from: nope}}\n",
+            Some(&listings()),
+        );
+        assert_eq!(problems(&cat, "r"), ["r/a.yaml:8:69: MCP server `web` could not list its tools: refused"]);
+        assert_eq!(problems(&cat, "u"), ["r/a.yaml:9:69: MCP server `nope` is not declared (mcp_servers: kb, web)"]);
+    }
+
+    #[test]
+    fn bad_server_declarations_are_located() {
+        let files = [SourceFile {
+            path: "r/b.yaml".into(),
+            text: "mcp_servers:\n  both: {command: [x], url: \"http://h/mcp\"}\n  none: {}\n  bad: {command: [\"${A-B}\"]}\n  file: {url: \"file:///x\"}\n"
+                .into(),
+        }];
+        let cat = load_from_texts_listed(&files, &[], None);
+        let got: Vec<String> = cat.diagnostics().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "r/b.yaml:2:29: MCP server `both` has both `command` (stdio) and `url` (Streamable HTTP); pick one",
+                "r/b.yaml:3:9: MCP server `none` needs `command` (stdio) or `url` (Streamable HTTP)",
+                "r/b.yaml:4:19: `command` names `${A-B}`, which is not an environment variable name",
+                "r/b.yaml:5:15: `url` `file:///x` must start with http:// or https://",
+            ]
+        );
+        assert!(cat.mcp_servers().is_empty());
+    }
+}
