@@ -44,6 +44,16 @@ fn stdio_server(python: &Path, calls: &Path) -> String {
     format!("    command: [{:?}, {:?}]\n    env: {{MCP_CALLS_FILE: {:?}}}", python.to_str().unwrap(), server_py(), calls.to_str().unwrap())
 }
 
+/// A folder with the catalogue layer of a stdio `kb` and the file its calls are counted in;
+/// `None` when there is no Python to run the server with (a skip).
+fn stdio_catalogue() -> Option<(tempfile::TempDir, PathBuf)> {
+    let python = python()?;
+    let dir = tempfile::tempdir().unwrap();
+    let calls_file = dir.path().join("calls.txt");
+    catalogue(dir.path(), &stdio_server(&python, &calls_file));
+    Some((dir, calls_file))
+}
+
 /// The tools called, in order, as the server recorded them (`TOOL ARGS` lines).
 fn calls(file: &Path) -> Vec<String> {
     std::fs::read_to_string(file).unwrap_or_default().lines().map(str::to_owned).collect()
@@ -136,10 +146,7 @@ const SCRIPT: [&str; 6] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_server_s_tools_are_called_and_their_errors_noted() {
-    let Some(python) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let calls_file = dir.path().join("calls.txt");
-    catalogue(dir.path(), &stdio_server(&python, &calls_file));
+    let Some((dir, calls_file)) = stdio_catalogue() else { return };
     let rt = runtime(dir.path(), &SCRIPT, vec![]);
     results_errors_bad_arguments_and_a_timeout(&rt, &calls_file).await;
     rt.mcp().stop().await;
@@ -180,10 +187,7 @@ async fn a_streamable_http_server_s_tools_are_called_and_their_errors_noted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_server_that_dies_mid_run_is_started_again_and_the_loop_goes_on() {
-    let Some(python) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let calls_file = dir.path().join("calls.txt");
-    catalogue(dir.path(), &stdio_server(&python, &calls_file));
+    let Some((dir, calls_file)) = stdio_catalogue() else { return };
     let script = [r#"CALL crash {}"#, r#"CALL search {"q":"cancelling"}"#, "DONE Order 42 was refunded."];
     let rt = runtime(dir.path(), &script, vec![]);
     let (result, events) = run(&rt).await;
@@ -200,10 +204,7 @@ async fn a_stdio_server_that_dies_mid_run_is_started_again_and_the_loop_goes_on(
 
 #[test]
 fn routes_check_connect_lists_the_tools_and_locates_a_missing_one() {
-    let Some(python) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let calls_file = dir.path().join("calls.txt");
-    catalogue(dir.path(), &stdio_server(&python, &calls_file));
+    let Some((dir, calls_file)) = stdio_catalogue() else { return };
     // A second route names a tool the server does not have.
     let bad =
         "routes:\n  mcp-typo:\n    model_profile: default\n    prompt_pack: support\n    decision_loop:\n      tools_from: kb\n      only: [search, serch]\n";

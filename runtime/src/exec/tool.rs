@@ -33,6 +33,57 @@ fn tool_span(cx: &Context, run_id: &str, tool: &str, tool_type: &'static str) ->
     )
 }
 
+/// A tool call's answer, as its `run.tool.completed` tells it.
+struct Done {
+    text: String,
+    status: ToolStatus,
+    bytes: usize,
+    duration: std::time::Duration,
+}
+
+fn interrupted(why: impl std::fmt::Display) -> ToolError {
+    ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }
+}
+
+/// The end of an HTTP or MCP tool call: its span closed, its `run.tool.completed` or
+/// `run.tool.failed` (naming the MCP server, when it is one), the result or the stage's failure.
+fn end_call(
+    run: &Run<'_>,
+    stage: &StageNode,
+    tool: &str,
+    server: Option<&str>,
+    span: &Context,
+    outcome: Result<Done, ToolError>,
+) -> Result<String, StageFailure> {
+    if let Err(e) = &outcome {
+        crate::otel::fail_cx(span, e.class.as_str());
+    }
+    crate::otel::end(span);
+    let mcp_server = || server.map(str::to_owned);
+    match outcome {
+        Ok(done) => {
+            run.events.emit(Some(stage.id()), || EventData::ToolCompleted {
+                tool: tool.to_owned(),
+                mcp_server: mcp_server(),
+                status: done.status,
+                bytes: done.bytes,
+                duration_ms: round_ms(done.duration.as_secs_f64() * 1000.0),
+            });
+            Ok(done.text)
+        }
+        Err(e) => {
+            run.events.emit(Some(stage.id()), || EventData::ToolFailed {
+                tool: tool.to_owned(),
+                mcp_server: mcp_server(),
+                reason_class: e.class,
+                message: e.message.clone(),
+            });
+            let of = server.map(|s| format!(" of MCP server `{s}`")).unwrap_or_default();
+            Err(StageFailure::new(e.class, format!("tool `{tool}`{of}: {}", e.message)))
+        }
+    }
+}
+
 impl Runner {
     pub(super) fn tool_url<'s>(&self, stage: &'s StageNode) -> Option<(&'s Invoke, String)> {
         let invoke = stage.capability()?.def.invoke.as_ref()?;
@@ -60,34 +111,10 @@ impl Runner {
         // An HTTP tool runs here and calls out: an `extension` in the GenAI conventions.
         let span = tool_span(cx, events.run_id(), tool, "extension");
         let outcome = match cancel.race(self.http.call(invoke, url, args)).await {
-            Ok(r) => r,
-            Err(why) => Err(ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
+            Ok(r) => r.map(|out| Done { text: out.text, status: ToolStatus::Http(out.status), bytes: out.bytes, duration: out.duration }),
+            Err(why) => Err(interrupted(why)),
         };
-        if let Err(e) = &outcome {
-            crate::otel::fail_cx(&span, e.class.as_str());
-        }
-        crate::otel::end(&span);
-        match outcome {
-            Ok(out) => {
-                events.emit(Some(stage.id()), || EventData::ToolCompleted {
-                    tool: tool.to_owned(),
-                    mcp_server: None,
-                    status: ToolStatus::Http(out.status),
-                    bytes: out.bytes,
-                    duration_ms: round_ms(out.duration.as_secs_f64() * 1000.0),
-                });
-                Ok(out.text)
-            }
-            Err(e) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed {
-                    tool: tool.to_owned(),
-                    mcp_server: None,
-                    reason_class: e.class,
-                    message: e.message.clone(),
-                });
-                Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
-            }
-        }
+        end_call(run, stage, tool, None, &span, outcome)
     }
 
     /// Calls a registered in-process tool, with the same events as an HTTP tool.
@@ -148,42 +175,17 @@ impl Runner {
     ) -> Result<String, StageFailure> {
         let (events, cancel) = (run.events, run.cancel);
         let name = stage.capability().map_or(stage.id(), |c| c.name.as_str());
-        let server = || Some(mcp.server.name.clone());
-        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: name.to_owned(), mcp_server: server(), method: "mcp", url: None });
+        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: name.to_owned(), mcp_server: Some(mcp.server.name.clone()), method: "mcp", url: None });
         // The server runs the tool outside this process: an `extension` in the GenAI conventions.
         let span = tool_span(cx, events.run_id(), name, "extension");
         let outcome = match &self.mcp {
             None => Err(ToolError { class: ReasonClass::ToolConnection, message: format!("no MCP client in this runtime for server `{}`", mcp.server.name) }),
             Some(port) => match cancel.race(port.call(&mcp.server.name, &mcp.tool.name, args, mcp.timeout)).await {
-                Ok(r) => r,
-                Err(why) => Err(ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
+                Ok(r) => r.map(|out| Done { bytes: out.text.len(), text: out.text, status: ToolStatus::InProcess, duration: out.duration }),
+                Err(why) => Err(interrupted(why)),
             },
         };
-        if let Err(e) = &outcome {
-            crate::otel::fail_cx(&span, e.class.as_str());
-        }
-        crate::otel::end(&span);
-        match outcome {
-            Ok(out) => {
-                events.emit(Some(stage.id()), || EventData::ToolCompleted {
-                    tool: name.to_owned(),
-                    mcp_server: server(),
-                    status: ToolStatus::InProcess,
-                    bytes: out.text.len(),
-                    duration_ms: round_ms(out.duration.as_secs_f64() * 1000.0),
-                });
-                Ok(out.text)
-            }
-            Err(e) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed {
-                    tool: name.to_owned(),
-                    mcp_server: server(),
-                    reason_class: e.class,
-                    message: e.message.clone(),
-                });
-                Err(StageFailure::new(e.class, format!("tool `{name}` of MCP server `{}`: {}", mcp.server.name, e.message)))
-            }
-        }
+        end_call(run, stage, name, Some(&mcp.server.name), &span, outcome)
     }
 
     /// Checks a tool's arguments against its input schema, before anything is sent; a
