@@ -32,10 +32,11 @@ fn server_py() -> String {
 
 /// A catalogue layer over the fixture routes: the MCP server `kb` (as `server` declares it), the
 /// capabilities `order_status` (`lookup_order`) and `slow` (`hang`, 300 ms), and the route
-/// `mcp-agent` over them and three tools of `tools_from: kb`.
+/// `mcp-agent` over them and three tools of `tools_from: kb`; the route `mcp-stage`, a
+/// workflow whose one stage is the tool `order_status` (the goal its arguments).
 fn catalogue(dir: &Path, server: &str) {
     let yaml = format!(
-        "mcp_servers:\n  kb:\n{server}\ncapabilities:\n  order_status:\n    description: The status of an order.\n    invoke: {{mcp: kb, tool: lookup_order}}\n  slow:\n    invoke: {{mcp: kb, tool: hang, timeout_ms: 300}}\nroutes:\n  mcp-agent:\n    model_profile: default\n    prompt_pack: support\n    decision_loop:\n      tools: [order_status, slow]\n      tools_from: kb\n      only: [search, fail, crash]\n"
+        "mcp_servers:\n  kb:\n{server}\ncapabilities:\n  order_status:\n    description: The status of an order.\n    invoke: {{mcp: kb, tool: lookup_order}}\n  slow:\n    invoke: {{mcp: kb, tool: hang, timeout_ms: 300}}\nroutes:\n  mcp-agent:\n    model_profile: default\n    prompt_pack: support\n    decision_loop:\n      tools: [order_status, slow]\n      tools_from: kb\n      only: [search, fail, crash]\n  mcp-stage:\n    model_profile: default\n    prompt_pack: support\n    workflow: order-lookup\nworkflows:\n  order-lookup:\n    stages: [{{id: status, llm_role: none, capability: order_status}}]\n"
     );
     std::fs::write(dir.join("mcp.yaml"), yaml).unwrap();
 }
@@ -71,9 +72,13 @@ fn runtime(dir: &Path, script: &[&str], vars: Vec<(&'static str, String)>) -> Ru
 }
 
 async fn run(rt: &Runtime) -> (RunResult, Vec<Value>) {
+    run_route(rt, "mcp-agent", json!({"question": "Was order 42 refunded?"})).await
+}
+
+async fn run_route(rt: &Runtime, route: &str, goal: Value) -> (RunResult, Vec<Value>) {
     let sink = Arc::new(MemorySink::default());
-    let goal = json!({"question": "Was order 42 refunded?"}).as_object().unwrap().clone();
-    let out = rt.run(RunRequest { route_id: "mcp-agent".into(), goal, prefetch: vec![] }, sink.clone(), fabric::cancel::Cancel::never()).await.unwrap();
+    let goal = goal.as_object().unwrap().clone();
+    let out = rt.run(RunRequest { route_id: route.into(), goal, prefetch: vec![] }, sink.clone(), fabric::cancel::Cancel::never()).await.unwrap();
     (out.result, sink.events().iter().map(Event::to_json).collect())
 }
 
@@ -152,9 +157,9 @@ async fn a_stdio_server_s_tools_are_called_and_their_errors_noted() {
     rt.mcp().stop().await;
 }
 
-/// Picks a free loopback port and starts the server on it over Streamable HTTP.
-fn http_server(python: &Path, calls_file: &Path) -> (Child, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+/// Starts the server over Streamable HTTP on `port`, else on a free loopback port.
+fn http_server(python: &Path, calls_file: &Path, port: Option<u16>) -> (Child, u16) {
+    let port = port.unwrap_or_else(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
     let child = Command::new(python)
         .args([server_py(), "http".into(), port.to_string()])
         .env("MCP_CALLS_FILE", calls_file)
@@ -175,7 +180,7 @@ async fn a_streamable_http_server_s_tools_are_called_and_their_errors_noted() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let calls_file = dir.path().join("calls.txt");
-    let (mut child, port) = http_server(&python, &calls_file);
+    let (mut child, port) = http_server(&python, &calls_file, None);
     // The URL's port from the environment, as a deployment would give it.
     catalogue(dir.path(), "    url: \"http://127.0.0.1:${KB_MCP_PORT}/mcp\"\n    headers: {X-Fabric-Test: \"${KB_MCP_PORT}\"}");
     let rt = runtime(dir.path(), &SCRIPT, vec![("KB_MCP_PORT", port.to_string())]);
@@ -200,6 +205,45 @@ async fn a_stdio_server_that_dies_mid_run_is_started_again_and_the_loop_goes_on(
     );
     assert_eq!(calls(&calls_file), ["crash {}", r#"search {"limit": 3, "q": "cancelling"}"#], "the second call went to a new process");
     rt.mcp().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_stage_calls_its_mcp_tool_with_the_goal_checked_first() {
+    let Some((dir, calls_file)) = stdio_catalogue() else { return };
+    let rt = runtime(dir.path(), &[], vec![]);
+    let (result, events) = run_route(&rt, "mcp-stage", json!({"order_id": "42"})).await;
+    assert_eq!(result.status(), RunStatus::Completed, "{result:?}");
+    assert_eq!(result.output(), Some("Order 42 was refunded on 2026-11-30."));
+    assert_eq!(tool_events(&events), ["run.tool.started order_status kb mcp", "run.tool.completed order_status kb ok"]);
+    // A goal that does not match the tool's schema (from the server) fails the stage unsent.
+    let (result, events) = run_route(&rt, "mcp-stage", json!({"order": 42})).await;
+    assert_eq!(result.status(), RunStatus::Failed, "{result:?}");
+    assert_eq!(tool_events(&events), ["run.tool.failed order_status kb invalid_tool_arguments"]);
+    assert_eq!(calls(&calls_file), [r#"lookup_order {"order_id": "42"}"#]);
+    rt.mcp().stop().await;
+}
+
+/// A Streamable HTTP server restarted between two runs does not know the session the client
+/// holds: the session is established again and the second run's call goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_streamable_http_session_is_established_again() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let calls_file = dir.path().join("calls.txt");
+    let (mut child, port) = http_server(&python, &calls_file, None);
+    catalogue(dir.path(), "    url: \"http://127.0.0.1:${KB_MCP_PORT}/mcp\"");
+    let rt = runtime(dir.path(), &[], vec![("KB_MCP_PORT", port.to_string())]);
+    let (first, _) = run_route(&rt, "mcp-stage", json!({"order_id": "1"})).await;
+    assert_eq!(first.status(), RunStatus::Completed, "{first:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (mut child, _) = http_server(&python, &calls_file, Some(port));
+    let (second, events) = run_route(&rt, "mcp-stage", json!({"order_id": "2"})).await;
+    assert_eq!(second.status(), RunStatus::Completed, "{second:?}\n{events:#?}");
+    assert_eq!(calls(&calls_file), [r#"lookup_order {"order_id": "1"}"#, r#"lookup_order {"order_id": "2"}"#]);
+    rt.mcp().stop().await;
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 #[test]

@@ -206,7 +206,7 @@ impl Runner {
         }
         let mcp_server = cap.def.mcp.as_ref().map(|m| m.server.name.clone());
         run.events.emit(Some(tool.id()), || EventData::ToolFailed {
-            tool: tool.id().to_owned(),
+            tool: cap.name.clone(),
             mcp_server,
             reason_class: ReasonClass::InvalidToolArguments,
             message: problems.join("; "),
