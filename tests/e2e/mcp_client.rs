@@ -331,4 +331,16 @@ fn the_shipped_example_runs_offline() {
     let result: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(result["output"], "Order 42 was refunded on 2026-11-30.");
     assert_eq!(result["notes"][0], r#"search: {"hits":[{"id":7,"title":"Refunds for duplicate charges"}]}"#);
+    // `doctor` names the server and whether its variables are set, never their values.
+    let doctor = |python: Option<&Path>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabric"));
+        cmd.current_dir(repo()).env("FABRIC_LLM_STUB", "1").env_remove("MCP_PYTHON").args(["--catalogue", "routes:examples/mcp/routes", "doctor"]);
+        if let Some(p) = python {
+            cmd.env("MCP_PYTHON", p);
+        }
+        String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+    };
+    let line = "  mcp server kb: stdio `${MCP_PYTHON} examples/mcp/server.py`; variables: MCP_PYTHON";
+    assert!(doctor(Some(&python)).contains(&format!("{line} set\n")), "{}", doctor(Some(&python)));
+    assert!(doctor(None).contains(&format!("{line} UNSET\n")), "{}", doctor(None));
 }

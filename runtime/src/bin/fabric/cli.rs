@@ -1126,6 +1126,38 @@ fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>, prov
     }
 }
 
+/// `doctor`'s lines of the catalogue's MCP servers: how each is reached (a URL redacted) and
+/// whether each `${VAR}` it names is set (never its value).
+fn mcp_lines(cat: &Catalogue) -> String {
+    use fabric::defs::{McpTransportDef, UrlPart, UrlTemplate};
+    let mut out = String::new();
+    for (name, server) in cat.mcp_servers() {
+        let (how, templates): (String, Vec<&UrlTemplate>) = match &server.transport {
+            McpTransportDef::Stdio { command, env } => {
+                let words: Vec<&str> = command.iter().map(|w| w.raw.as_str()).collect();
+                (format!("stdio `{}`", words.join(" ")), command.iter().chain(env.iter().map(|(_, v)| v)).collect())
+            }
+            McpTransportDef::Http { url, headers } => {
+                (format!("Streamable HTTP {}", fabric::redact::redact_url(&url.raw)), std::iter::once(url).chain(headers.iter().map(|(_, v)| v)).collect())
+            }
+        };
+        let mut vars: Vec<String> = Vec::new();
+        for t in templates {
+            for part in &t.parts {
+                if let UrlPart::Var(v) = part
+                    && !vars.iter().any(|seen| seen.starts_with(&format!("{v} ")))
+                {
+                    let set = std::env::var(v).is_ok_and(|x| !x.is_empty());
+                    vars.push(format!("{v} {}", if set { "set" } else { "UNSET" }));
+                }
+            }
+        }
+        let vars = if vars.is_empty() { String::new() } else { format!("; variables: {}", vars.join(", ")) };
+        out.push_str(&format!("  mcp server {name}: {how}{vars}\n"));
+    }
+    out
+}
+
 async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let settings = match Settings::from_env() {
         Ok(s) => s,
@@ -1263,6 +1295,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
             Err(e) => out.push_str(&format!("  profile {}: UNUSABLE ({e}); its routes are refused\n", p.name)),
         }
     }
+    out.push_str(&mcp_lines(&cat));
     print_out(&out)?;
     if !probe {
         return Ok(ExitCode::SUCCESS);
