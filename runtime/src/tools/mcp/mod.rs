@@ -243,7 +243,7 @@ impl McpServers {
 
     /// Takes the servers a catalogue declares (a server whose definition changed gets a new
     /// client), connects each and lists its tools: what hydration reads. Blocks (on a thread
-    /// of its own) up to [`LIST_TIMEOUT`] per server that does not answer.
+    /// of its own) up to [`LIST_TIMEOUT`] when a server does not answer (they are listed at once).
     pub fn prepare(&self, defs: &IndexMap<String, McpServerDef>) -> McpListings {
         let mut replaced = Vec::new();
         let servers: Vec<Arc<Server>> = {
@@ -273,15 +273,15 @@ impl McpServers {
                         for old in replaced {
                             old.stop().await;
                         }
-                        let mut out = McpListings::new();
-                        for s in servers {
+                        // All at once: a server that does not answer costs one timeout, not one each.
+                        let lists = servers.iter().map(|s| async {
                             let listing = match s.list(&vars).await {
                                 Ok(tools) => McpListing::Tools(tools),
                                 Err(e) => McpListing::Unavailable(e.to_string()),
                             };
-                            out.insert(s.name.clone(), listing);
-                        }
-                        out
+                            (s.name.clone(), listing)
+                        });
+                        futures_util::future::join_all(lists).await.into_iter().collect::<McpListings>()
                     })
                 })
                 .join()
