@@ -175,14 +175,21 @@ fn http_server(python: &Path, calls_file: &Path, port: Option<u16>) -> (Child, u
     (child, port)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_streamable_http_server_s_tools_are_called_and_their_errors_noted() {
-    let Some(python) = python() else { return };
+/// The server over Streamable HTTP and a catalogue layer with `kb` at its URL (the port from the
+/// environment, `KB_MCP_PORT`, as a deployment would give it; `more` added to its declaration):
+/// the folder, the calls file, the Python, the server's process and port.
+fn http_catalogue(more: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf, Child, u16)> {
+    let python = python()?;
     let dir = tempfile::tempdir().unwrap();
     let calls_file = dir.path().join("calls.txt");
-    let (mut child, port) = http_server(&python, &calls_file, None);
-    // The URL's port from the environment, as a deployment would give it.
-    catalogue(dir.path(), "    url: \"http://127.0.0.1:${KB_MCP_PORT}/mcp\"\n    headers: {X-Fabric-Test: \"${KB_MCP_PORT}\"}");
+    let (child, port) = http_server(&python, &calls_file, None);
+    catalogue(dir.path(), &format!("    url: \"http://127.0.0.1:${{KB_MCP_PORT}}/mcp\"{more}"));
+    Some((dir, calls_file, python, child, port))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamable_http_server_s_tools_are_called_and_their_errors_noted() {
+    let Some((dir, calls_file, _, mut child, port)) = http_catalogue("\n    headers: {X-Fabric-Test: \"${KB_MCP_PORT}\"}") else { return };
     let rt = runtime(dir.path(), &SCRIPT, vec![("KB_MCP_PORT", port.to_string())]);
     results_errors_bad_arguments_and_a_timeout(&rt, &calls_file).await;
     rt.mcp().stop().await;
@@ -227,11 +234,7 @@ async fn a_workflow_stage_calls_its_mcp_tool_with_the_goal_checked_first() {
 /// holds: the session is established again and the second run's call goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_streamable_http_session_is_established_again() {
-    let Some(python) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let calls_file = dir.path().join("calls.txt");
-    let (mut child, port) = http_server(&python, &calls_file, None);
-    catalogue(dir.path(), "    url: \"http://127.0.0.1:${KB_MCP_PORT}/mcp\"");
+    let Some((dir, calls_file, python, mut child, port)) = http_catalogue("") else { return };
     let rt = runtime(dir.path(), &[], vec![("KB_MCP_PORT", port.to_string())]);
     let (first, _) = run_route(&rt, "mcp-stage", json!({"order_id": "1"})).await;
     assert_eq!(first.status(), RunStatus::Completed, "{first:?}");
