@@ -95,7 +95,7 @@ impl HttpMethod {
 }
 
 /// One piece of a URL template: literal text or `${VAR}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum UrlPart {
     Lit(String),
     Var(String),
@@ -103,7 +103,7 @@ pub enum UrlPart {
 
 /// A tool URL from the catalogue. `${VAR}` parts come from the runtime's environment; when one
 /// is unset or empty the URL is absent and the stage makes no HTTP call.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UrlTemplate {
     pub raw: String,
     pub parts: Vec<UrlPart>,
@@ -173,7 +173,7 @@ pub struct McpInvoke {
 
 /// How an MCP server of `mcp_servers` is reached. Every string may hold `${VAR}`s from the
 /// environment, resolved when the server is started (so no secret sits in a file).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum McpTransportDef {
     /// A child process speaking MCP on its stdin and stdout: the program and its arguments,
     /// and the variables added to its environment.

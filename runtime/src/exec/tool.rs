@@ -178,9 +178,12 @@ impl Runner {
         events.emit(Some(stage.id()), || EventData::ToolStarted { tool: name.to_owned(), mcp_server: Some(mcp.server.name.clone()), method: "mcp", url: None });
         // The server runs the tool outside this process: an `extension` in the GenAI conventions.
         let span = tool_span(cx, events.run_id(), name, "extension");
-        let outcome = match &self.mcp {
-            None => Err(ToolError { class: ReasonClass::ToolConnection, message: format!("no MCP client in this runtime for server `{}`", mcp.server.name) }),
-            Some(port) => match cancel.race(port.call(&mcp.server.name, &mcp.tool.name, args, mcp.timeout)).await {
+        let declared = self.catalogue.mcp_servers().get(&mcp.server.name);
+        let outcome = match (&self.mcp, declared) {
+            (None, _) | (_, None) => {
+                Err(ToolError { class: ReasonClass::ToolConnection, message: format!("no MCP client in this runtime for server `{}`", mcp.server.name) })
+            }
+            (Some(port), Some(def)) => match cancel.race(port.call(&mcp.server.name, &def.transport, &mcp.tool.name, args, mcp.timeout)).await {
                 Ok(r) => r.map(|out| Done { bytes: out.text.len(), text: out.text, status: ToolStatus::InProcess, duration: out.duration }),
                 Err(why) => Err(interrupted(why)),
             },

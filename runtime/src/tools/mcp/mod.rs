@@ -1,5 +1,6 @@
 //! MCP tools: the [`McpPort`] the executor calls an MCP server's tool through, and its adapter
-//! [`McpServers`], the process's one client per server declared in the catalogue.
+//! [`McpServers`], the process's one client per server declared in the catalogue (per name and
+//! definition: catalogue versions that declare a server otherwise each call their own).
 //!
 //! A server is connected when its tools are first listed (at start-up, [`McpServers::prepare`])
 //! or called; a stdio server is one child process shared by every run. A server whose
@@ -64,12 +65,19 @@ pub struct McpOutput {
     pub duration: Duration,
 }
 
-/// The port MCP tool calls go through. Contract: call `tool` of the declared server `server`
-/// with `args` (already checked against the tool's input schema) within `timeout`; a failure
+/// The port MCP tool calls go through. Contract: call `tool` of the server `server`, reached
+/// as `transport` says (its declaration in the run's catalogue), with `args` (already checked against the tool's input schema) within `timeout`; a failure
 /// carries a tool reason class (`tool_failed` for `isError` and protocol errors, `tool_timeout`,
 /// `tool_connection` for a server that cannot be started or reached).
 pub trait McpPort: Send + Sync {
-    fn call<'a>(&'a self, server: &'a str, tool: &'a str, args: &'a Map<String, Value>, timeout: Duration) -> BoxFuture<'a, Result<McpOutput, ToolError>>;
+    fn call<'a>(
+        &'a self,
+        server: &'a str,
+        transport: &'a McpTransportDef,
+        tool: &'a str,
+        args: &'a Map<String, Value>,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<McpOutput, ToolError>>;
 }
 
 /// A result larger than this fails with `tool_response_too_large` (as an HTTP tool's default cap).
@@ -89,7 +97,7 @@ pub struct McpServers {
 
 impl std::fmt::Debug for McpServers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<String> = self.inner.servers.lock().map(|s| s.keys().cloned().collect()).unwrap_or_default();
+        let names: Vec<String> = self.inner.servers.lock().map(|s| s.keys().map(|(n, _)| n.clone()).collect()).unwrap_or_default();
         f.debug_struct("McpServers").field("servers", &names).finish_non_exhaustive()
     }
 }
@@ -98,7 +106,9 @@ struct Inner {
     vars: Vars,
     /// The runtime the sessions live on, made with the first server.
     rt: OnceLock<tokio::runtime::Runtime>,
-    servers: Mutex<HashMap<String, Arc<Server>>>,
+    /// One client per server name and definition: a catalogue version that declares a server
+    /// otherwise than another gets a client of its own, so runs on each call their own.
+    servers: Mutex<HashMap<(String, McpTransportDef), Arc<Server>>>,
 }
 
 impl Drop for Inner {
@@ -237,30 +247,18 @@ impl McpServers {
         })
     }
 
-    fn server(&self, name: &str) -> Option<Arc<Server>> {
-        self.inner.servers.lock().ok()?.get(name).cloned()
+    /// The client of `name` as `transport` declares it, made (not yet started) when new.
+    fn server(&self, name: &str, transport: &McpTransportDef) -> Option<Arc<Server>> {
+        let mut map = self.inner.servers.lock().ok()?;
+        let key = (name.to_owned(), transport.clone());
+        Some(map.entry(key).or_insert_with(|| Arc::new(Server { name: name.to_owned(), transport: transport.clone(), state: Default::default() })).clone())
     }
 
-    /// Takes the servers a catalogue declares (a server whose definition changed gets a new
-    /// client), connects each and lists its tools: what hydration reads. Blocks (on a thread
-    /// of its own) up to [`LIST_TIMEOUT`] when a server does not answer (they are listed at once).
+    /// Takes the servers a catalogue declares (one client per name and definition), connects
+    /// each and lists its tools: what hydration reads. Blocks (on a thread of its own) up to
+    /// [`LIST_TIMEOUT`] when a server does not answer (they are listed at once).
     pub fn prepare(&self, defs: &IndexMap<String, McpServerDef>) -> McpListings {
-        let mut replaced = Vec::new();
-        let servers: Vec<Arc<Server>> = {
-            let Ok(mut map) = self.inner.servers.lock() else { return McpListings::new() };
-            defs.iter()
-                .map(|(name, def)| {
-                    if let Some(s) = map.get(name).filter(|s| s.transport == def.transport) {
-                        return s.clone();
-                    }
-                    let s = Arc::new(Server { name: name.clone(), transport: def.transport.clone(), state: Default::default() });
-                    if let Some(old) = map.insert(name.clone(), s.clone()) {
-                        replaced.push(old);
-                    }
-                    s
-                })
-                .collect()
-        };
+        let servers: Vec<Arc<Server>> = defs.iter().filter_map(|(name, def)| self.server(name, &def.transport)).collect();
         if servers.is_empty() {
             return McpListings::new();
         }
@@ -270,9 +268,6 @@ impl McpServers {
             scope
                 .spawn(|| {
                     rt.block_on(async {
-                        for old in replaced {
-                            old.stop().await;
-                        }
                         // All at once: a server that does not answer costs one timeout, not one each.
                         let lists = servers.iter().map(|s| async {
                             let listing = match s.list(&vars).await {
@@ -312,11 +307,18 @@ impl<T> Drop for AbortOnDrop<T> {
 }
 
 impl McpPort for McpServers {
-    fn call<'a>(&'a self, server: &'a str, tool: &'a str, args: &'a Map<String, Value>, timeout: Duration) -> BoxFuture<'a, Result<McpOutput, ToolError>> {
+    fn call<'a>(
+        &'a self,
+        server: &'a str,
+        transport: &'a McpTransportDef,
+        tool: &'a str,
+        args: &'a Map<String, Value>,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<McpOutput, ToolError>> {
         Box::pin(async move {
             let started = Instant::now();
-            let Some(s) = self.server(server) else {
-                return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("MCP server `{server}` is not started in this process") });
+            let Some(s) = self.server(server, transport) else {
+                return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("MCP server `{server}` has no client in this process") });
             };
             let (vars, tool_name, args) = (self.inner.vars.clone(), tool.to_owned(), args.clone());
             let mut task = AbortOnDrop(self.rt().spawn(async move { s.call(&vars, &tool_name, &args, timeout).await }));
