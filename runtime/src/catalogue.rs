@@ -14,7 +14,7 @@ pub use crate::loader::decode::{DEFAULT_MAX_LOOP_STEPS, DEFAULT_MAX_RESPONSE_BYT
 pub use crate::source::{Layers, SourceFile};
 pub use crate::vocab::DEFAULT_TOOL_TIMEOUT_MS;
 
-use crate::defs::ProfileDef;
+use crate::defs::{McpListings, McpServerDef, ProfileDef};
 use crate::diag::{Diagnostic, Pos};
 use crate::hydrate::Route;
 use crate::loader::{self, Loaded};
@@ -47,6 +47,8 @@ pub struct Catalogue {
     unloaded: Vec<Diagnostic>,
     /// The route files and prompt packs it was loaded from, named as a version keeps them.
     texts: Texts,
+    /// The MCP servers its files declare (those without errors).
+    mcp_servers: IndexMap<String, McpServerDef>,
 }
 
 /// The route files and prompt packs a catalogue was loaded from, each in the order loading took
@@ -66,8 +68,18 @@ impl Catalogue {
 
     /// The catalogue `texts` make, as [`load_from_texts`] loads it (each file's name its path).
     pub fn rebuild(texts: &Texts) -> Catalogue {
+        Catalogue::rebuild_listed(texts, None)
+    }
+
+    /// [`Catalogue::rebuild`] with the MCP servers' tool lists.
+    pub fn rebuild_listed(texts: &Texts, listings: Option<&McpListings>) -> Catalogue {
         let sources = |files: &[NamedText]| files.iter().map(NamedText::to_source).collect::<Vec<_>>();
-        load_from_texts(&sources(&texts.routes), &sources(&texts.packs))
+        load_from_texts_listed(&sources(&texts.routes), &sources(&texts.packs), listings)
+    }
+
+    /// The MCP servers the catalogue declares (`mcp_servers`), those without errors.
+    pub fn mcp_servers(&self) -> &IndexMap<String, McpServerDef> {
+        &self.mcp_servers
     }
 
     pub fn routes(&self) -> impl Iterator<Item = &RouteEntry> {
@@ -137,10 +149,16 @@ pub fn load(catalogue_dir: &Path, packs_dir: &Path) -> Catalogue {
 /// ones) with the prompt packs of several directories. A name defined in two of them is refused
 /// at both places, as one defined twice in one directory is.
 pub fn load_layers(catalogue: &Layers, packs: &Layers) -> Catalogue {
+    load_layers_listed(catalogue, packs, None)
+}
+
+/// [`load_layers`] with the MCP servers' tool lists (the tools of `tools_from`, the schemas of
+/// `invoke.mcp`, and a tool the servers do not have reported where a route names it).
+pub fn load_layers_listed(catalogue: &Layers, packs: &Layers, listings: Option<&McpListings>) -> Catalogue {
     let (loaded, files, pack_files) = loader::load_dirs(catalogue, packs);
     let named = |layers: &Layers, files: Vec<SourceFile>| files.into_iter().map(|f| NamedText { name: layers.name_of(&f.path), text: f.text }).collect();
     let texts = Texts { routes: named(catalogue, files), packs: named(packs, pack_files) };
-    Catalogue::from_loaded(loaded, texts)
+    Catalogue::from_loaded(loaded, texts, listings)
 }
 
 /// Which directory setting a [`MissingDir`] is of.
@@ -169,14 +187,19 @@ pub fn missing_dirs(catalogue: &Layers, packs: &Layers) -> Vec<MissingDir> {
 
 /// Loads a catalogue from texts already in memory (benchmarks, fuzzing, embedders).
 pub fn load_from_texts(files: &[SourceFile], packs: &[SourceFile]) -> Catalogue {
+    load_from_texts_listed(files, packs, None)
+}
+
+/// [`load_from_texts`] with the MCP servers' tool lists.
+pub fn load_from_texts_listed(files: &[SourceFile], packs: &[SourceFile], listings: Option<&McpListings>) -> Catalogue {
     let named = |files: &[SourceFile]| files.iter().map(|f| NamedText { name: f.path.to_string_lossy().into_owned(), text: f.text.clone() }).collect();
-    Catalogue::from_loaded(loader::load_texts(files, packs), Texts { routes: named(files), packs: named(packs) })
+    Catalogue::from_loaded(loader::load_texts(files, packs), Texts { routes: named(files), packs: named(packs) }, listings)
 }
 
 impl Catalogue {
     /// Hydrates every route of the loaded definitions; a route that cannot be built keeps every
     /// problem that stands in its way.
-    fn from_loaded(loaded: Loaded, texts: Texts) -> Catalogue {
+    fn from_loaded(loaded: Loaded, texts: Texts, listings: Option<&McpListings>) -> Catalogue {
         let Loaded { defs, mut diags, unloaded } = loaded;
         let mut routes = IndexMap::with_hasher(foldhash::fast::RandomState::default());
         let route_ids: Vec<String> = defs.routes.keys().cloned().collect();
@@ -184,7 +207,7 @@ impl Catalogue {
             let entry = match &defs.routes[&id] {
                 Ok(def) => {
                     let mark = diags.len();
-                    let built = crate::hydrate::build(&id, def, &defs, &mut diags);
+                    let built = crate::hydrate::build(&id, def, &defs, listings, &mut diags);
                     let own = diags.since(mark).to_vec();
                     match built {
                         Ok(route) if own.iter().all(|d| !d.is_error()) => RouteEntry::Ready(Arc::new(route)),
@@ -213,7 +236,8 @@ impl Catalogue {
             routes.insert(id, entry);
         }
         let profiles = defs.profiles.into_iter().filter_map(|(name, p)| p.ok().filter(|p| !p.origin.is_broken()).map(|p| (name, p))).collect();
-        Catalogue { routes, profiles, diagnostics: diags.into_vec(), unloaded, texts }
+        let mcp_servers = defs.mcp_servers.into_iter().filter_map(|(name, s)| s.ok().filter(|s| !s.origin.is_broken()).map(|s| (name, s))).collect();
+        Catalogue { routes, profiles, diagnostics: diags.into_vec(), unloaded, texts, mcp_servers }
     }
 }
 

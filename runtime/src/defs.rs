@@ -95,7 +95,7 @@ impl HttpMethod {
 }
 
 /// One piece of a URL template: literal text or `${VAR}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum UrlPart {
     Lit(String),
     Var(String),
@@ -103,7 +103,7 @@ pub enum UrlPart {
 
 /// A tool URL from the catalogue. `${VAR}` parts come from the runtime's environment; when one
 /// is unset or empty the URL is absent and the stage makes no HTTP call.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UrlTemplate {
     pub raw: String,
     pub parts: Vec<UrlPart>,
@@ -120,7 +120,25 @@ impl UrlTemplate {
         }
         Some(out)
     }
+
+    /// The text with its variables as they are (not a URL: nothing trimmed), or the first
+    /// variable that is unset or empty.
+    pub fn resolve_text<'t>(&'t self, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, UnsetVar<'t>> {
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                UrlPart::Lit(s) => out.push_str(s),
+                UrlPart::Var(v) => out.push_str(&lookup(v).filter(|s| !s.is_empty()).ok_or(UnsetVar(v))?),
+            }
+        }
+        Ok(out)
+    }
 }
+
+/// A `${VAR}` of the catalogue that is unset or empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the variable `{0}` is unset or empty")]
+pub struct UnsetVar<'t>(pub &'t str);
 
 #[derive(Debug, Clone)]
 pub struct Invoke {
@@ -141,6 +159,61 @@ pub struct CapabilityDef {
     pub input_validator: Option<Arc<jsonschema::Validator>>,
     pub output: OutputSpec,
     pub invoke: Option<Invoke>,
+    /// `invoke: {mcp: SERVER, tool: TOOL}`: the tool of an MCP server declared in `mcp_servers`.
+    pub mcp: Option<McpInvoke>,
+}
+
+/// A capability's call of an MCP server's tool (`invoke: {mcp, tool, timeout_ms}`).
+#[derive(Debug, Clone)]
+pub struct McpInvoke {
+    pub server: Ref,
+    pub tool: Ref,
+    pub timeout: Duration,
+}
+
+/// How an MCP server of `mcp_servers` is reached. Every string may hold `${VAR}`s from the
+/// environment, resolved when the server is started (so no secret sits in a file).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum McpTransportDef {
+    /// A child process speaking MCP on its stdin and stdout: the program and its arguments,
+    /// and the variables added to its environment.
+    Stdio { command: Vec<UrlTemplate>, env: Vec<(String, UrlTemplate)> },
+    /// Streamable HTTP at `url`, with these headers on every request.
+    Http { url: UrlTemplate, headers: Vec<(String, UrlTemplate)> },
+}
+
+/// An MCP server declared in a catalogue file (`mcp_servers: {NAME: ...}`).
+#[derive(Debug, Clone)]
+pub struct McpServerDef {
+    pub origin: Origin,
+    pub transport: McpTransportDef,
+}
+
+/// One tool as an MCP server's `tools/list` describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpToolDef {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// What an MCP server's `tools/list` gave, or why it could not be asked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum McpListing {
+    Tools(Vec<McpToolDef>),
+    Unavailable(String),
+}
+
+/// Each declared MCP server's listing, by server name: what hydration takes the tools of
+/// `tools_from` and the schemas of `invoke.mcp` from. A catalogue loaded without them (no
+/// connection, `fabric routes check` without `--connect`) checks only what the files say.
+pub type McpListings = std::collections::BTreeMap<String, McpListing>;
+
+/// `tools_from: SERVER` (with `only: [...]`) of a decision loop: a server's tools as the route's.
+#[derive(Debug, Clone)]
+pub struct ToolsFrom {
+    pub server: Ref,
+    pub only: Option<Vec<Ref>>,
 }
 
 /// Where control goes after a stage.
@@ -227,6 +300,8 @@ pub enum RouteBodyDef {
     /// The decision loop over these tools.
     DecisionLoop {
         tools: Vec<Ref>,
+        /// `tools_from`: an MCP server's tools too.
+        tools_from: Option<ToolsFrom>,
         /// `stream: true|false`: whether its decisions stream their question or answer; unset,
         /// they do.
         stream: Option<bool>,

@@ -16,6 +16,8 @@ use crate::loader::{Defs, known_names as names, successors};
 use crate::prompt::{PromptPack, ResolvedPrompt};
 use crate::vocab::OutputSpec;
 
+mod mcp;
+
 /// Which resolution path built the route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoutePath {
@@ -291,7 +293,8 @@ fn end_node() -> StageNode {
 
 /// Builds one route. Problems of the route itself go to `diags`; problems it inherits from
 /// broken definitions it uses are returned (they are already in `diags` where they belong).
-pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> Result<Route, Vec<Diagnostic>> {
+/// `listings` are the MCP servers' tool lists (see [`McpListings`]), when connected.
+pub fn build(id: &str, def: &RouteDef, defs: &Defs, listings: Option<&McpListings>, diags: &mut Diagnostics) -> Result<Route, Vec<Diagnostic>> {
     let path = def.origin.path.as_path();
     let mut inherited: Vec<Diagnostic> = Vec::new();
     let mut broken = def.origin.is_broken();
@@ -377,7 +380,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                 (RoutePath::Manifest, Some(m.name.clone()))
             }
         },
-        Some(RouteBodyDef::DecisionLoop { tools: tool_refs, stream }) => {
+        Some(RouteBodyDef::DecisionLoop { tools: tool_refs, tools_from, stream }) => {
             for t in tool_refs {
                 match defs.capabilities.get(&t.name) {
                     None => {
@@ -387,7 +390,12 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                     Some(Err(o)) => inherited.extend(o.problems.iter().cloned()),
                     Some(Ok(c)) => {
                         inherited.extend(c.origin.problems.iter().filter(|d| d.is_error()).cloned());
-                        if c.input_schema.is_none() {
+                        let Some(c) = mcp::bind(defs, listings, c, diags, &mut inherited) else {
+                            broken = true;
+                            continue;
+                        };
+                        // An MCP tool's schema comes from its server (unknown until connected).
+                        if c.input_schema.is_none() && (c.mcp.is_none() || listings.is_some()) {
                             diags.error(
                                 path,
                                 t.pos,
@@ -395,8 +403,27 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
                             );
                             broken = true;
                         }
-                        tools.push(BoundCapability { name: t.name.clone(), def: c.clone() });
+                        tools.push(BoundCapability { name: t.name.clone(), def: c });
                     }
+                }
+            }
+            if let Some(from) = tools_from {
+                match mcp::tools_from(defs, listings, from, path, diags, &mut inherited) {
+                    Some(more) => {
+                        for t in more {
+                            if tools.iter().any(|have| have.name == t.name) {
+                                diags.error(
+                                    path,
+                                    from.server.pos,
+                                    format!("tool `{}` of MCP server `{}` is listed twice; a route's tool names are one list", t.name, from.server.name),
+                                );
+                                broken = true;
+                            } else {
+                                tools.push(t);
+                            }
+                        }
+                    }
+                    None => broken = true,
                 }
             }
             let prompt = pack_ref.map_or_else(ResolvedPrompt::none, |p| p.resolve_agent(&tools_text(&tools)));
@@ -414,6 +441,14 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, diags: &mut Diagnostics) -> 
         }
         None => return Err(inherited),
     };
+    // A workflow stage's MCP tool: its server and tool checked against the listing.
+    for n in graph.node_indices() {
+        let Some(cap) = graph[n].capability.clone().filter(|c| c.def.mcp.is_some() && graph[n].kind != NodeKind::Tool) else { continue };
+        match mcp::bind(defs, listings, &cap.def, diags, &mut inherited) {
+            Some(def) => graph[n].capability = Some(BoundCapability { name: cap.name, def }),
+            None => broken = true,
+        }
+    }
     if broken || !inherited.is_empty() {
         return Err(inherited);
     }
@@ -525,6 +560,9 @@ fn node_detail(n: &StageNode) -> String {
         parts.push(format!("capability={} ({out})", c.name));
         if let Some(inv) = &c.def.invoke {
             parts.push(format!("invoke={} {}", inv.method.as_str(), inv.url.raw));
+        }
+        if let Some(m) = &c.def.mcp {
+            parts.push(format!("invoke=mcp {}/{}", m.server.name, m.tool.name));
         }
     }
     parts.join(" ")

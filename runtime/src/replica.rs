@@ -47,6 +47,8 @@ struct Loop {
 pub struct Replica {
     loops: JoinSet<()>,
     stop: watch::Sender<bool>,
+    /// The state whose runtime's MCP servers are stopped with the loops.
+    state: Option<AppState>,
 }
 
 impl Replica {
@@ -65,7 +67,9 @@ impl Replica {
             Loop { name: "flow", needed: false, work: of(|s| Box::pin(s.durable().clone().share_flow())) },
             Loop { name: "catalogue", needed: false, work: of(|s| Box::pin(s.watch_catalogue())) },
         ];
-        Replica::supervising(loops, state.loops_shared())
+        let mut replica = Replica::supervising(loops, state.loops_shared());
+        replica.state = Some(state);
+        replica
     }
 
     fn supervising(loops: Vec<Loop>, record: Arc<dyn LoopRecord>) -> Replica {
@@ -74,7 +78,7 @@ impl Replica {
         for l in loops {
             set.spawn(supervise(l, record.clone(), stop.subscribe()));
         }
-        Replica { loops: set, stop }
+        Replica { loops: set, stop, state: None }
     }
 
     /// Ends every loop (each at its next await) and waits for each; the loops that panicked on
@@ -87,6 +91,10 @@ impl Replica {
             stopped += 1;
         }
         tracing::info!(loops = stopped, "every background loop of the replica stopped");
+        // Last: a run's tool calls ended with the drain.
+        if let Some(state) = &self.state {
+            state.runtime().mcp().stop().await;
+        }
     }
 }
 

@@ -131,6 +131,12 @@ impl Runtime {
         self.current().version().clone()
     }
 
+    /// The process's MCP servers (one client each, shared by every edition's runs); a serving
+    /// replica stops them at its end ([`crate::replica::Replica::stop`]).
+    pub fn mcp(&self) -> &crate::tools::mcp::McpServers {
+        &self.parts.mcp
+    }
+
     pub fn settings(&self) -> &Settings {
         &self.settings
     }

@@ -99,6 +99,7 @@ fn kind_text(node: &StageNode) -> String {
         NodeKind::Decision => "decision node".into(),
         NodeKind::Tool => match node.capability().and_then(|c| c.def.invoke.as_ref()) {
             Some(inv) => format!("tool · HTTP {}", inv.method.as_str()),
+            None if node.capability().is_some_and(|c| c.def.mcp.is_some()) => "tool · MCP".into(),
             None => "tool · in-process".into(),
         },
         NodeKind::End => "end".into(),

@@ -262,6 +262,13 @@ fn every_library_module_is_in_the_table() {
     assert_eq!(declared, listed);
 }
 
+/// The library's files that may start a process, each with why (path below `runtime/src`, why):
+/// only a port's adapter, so that nothing else of the library spawns.
+const PROCESS_WORK: &[(&str, &str)] = &[(
+    "tools/mcp/client.rs",
+    "the MCP adapter: a stdio server the catalogue declares is a child process (a `tokio::process::Command` and its `Stdio`, behind the `McpPort`)",
+)];
+
 #[test]
 fn the_library_does_no_process_work() {
     let src = repo().join("runtime/src");
@@ -276,7 +283,8 @@ fn the_library_does_no_process_work() {
         // Unit tests may print and spawn; the library may not.
         for (n, line) in code_lines(&text).enumerate() {
             let line = line.split("//").next().unwrap_or_default();
-            if let Some(word) = forbidden.iter().find(|w| line.contains(*w)) {
+            let allowed = |w: &&str| matches!(*w, "tokio::process" | "std::process::") && PROCESS_WORK.iter().any(|(f, _)| Path::new(f) == rel);
+            if let Some(word) = forbidden.iter().filter(|w| !allowed(w)).find(|w| line.contains(*w)) {
                 offences.push(format!("runtime/src/{}:{}: `{word}`", rel.display(), n + 1));
             }
         }

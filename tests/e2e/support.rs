@@ -397,9 +397,9 @@ pub fn bare_data(kind: fabric::events::EventKind) -> fabric::events::EventData {
         K::LlmRestarted => D::LlmRestarted { turn: 0, attempt: 2 },
         K::LlmCompleted => D::LlmCompleted { duration_ms: ms, tokens: None },
         K::LlmFailed => D::LlmFailed { reason_class: fabric::failure::ReasonClass::Interrupted, message: s(), duration_ms: ms, reply: None },
-        K::ToolStarted => D::ToolStarted { tool: s(), method: "in_process", url: None },
-        K::ToolCompleted => D::ToolCompleted { tool: s(), status: ToolStatus::InProcess, bytes: 0, duration_ms: ms },
-        K::ToolFailed => D::ToolFailed { tool: s(), reason_class: fabric::failure::ReasonClass::Interrupted, message: s() },
+        K::ToolStarted => D::ToolStarted { tool: s(), mcp_server: None, method: "in_process", url: None },
+        K::ToolCompleted => D::ToolCompleted { tool: s(), mcp_server: None, status: ToolStatus::InProcess, bytes: 0, duration_ms: ms },
+        K::ToolFailed => D::ToolFailed { tool: s(), mcp_server: None, reason_class: fabric::failure::ReasonClass::Interrupted, message: s() },
         K::RunCompleted => D::RunCompleted { output: None, duration_ms: ms },
         K::RunFailed => D::RunFailed { reason_class: fabric::failure::ReasonClass::Interrupted, message: s(), duration_ms: Some(ms), decisions: None },
         K::RunAwaitingInput => D::RunAwaitingInput { question: s(), duration_ms: ms },
@@ -450,4 +450,28 @@ pub async fn complete(
         stream,
     };
     backend.complete(&req).await
+}
+
+/// The Python of a venv (made once per name, under cargo's scratch folder) with `package`
+/// installed by pip (a pinned `name==version`), checked by importing `import`; `None` when
+/// there is no `python3` with `venv` here (a skip through `skip_unless`: a failure under CI).
+pub fn python_venv(name: &str, package: &str, import: &str, why: &str) -> Option<PathBuf> {
+    static MADE: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, p)) = made.iter().find(|(n, _)| n == name) {
+        return Some(p.clone());
+    }
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let python = venv.join("bin/python");
+    let ready = |python: &PathBuf| std::process::Command::new(python).args(["-c", &format!("import {import}")]).output().is_ok_and(|o| o.status.success());
+    if !ready(&python) {
+        let made_venv = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
+        if crate::support::skip_unless(made_venv, "python3 with venv", why) {
+            return None;
+        }
+        let pip = std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "--disable-pip-version-check", package]).output().unwrap();
+        assert!(pip.status.success(), "pip install {package}: {}", String::from_utf8_lossy(&pip.stderr));
+    }
+    made.push((name.to_owned(), python.clone()));
+    Some(python)
 }

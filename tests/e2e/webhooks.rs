@@ -20,30 +20,15 @@ use crate::support::repo;
 /// A Standard Webhooks secret (24 bytes), as `whsec_` and base64.
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-/// The Python of a venv with the reference library (made once, under cargo's scratch folder);
-/// `None` when there is no `python3` with `venv` here (a skip, a failure under CI).
+/// The Python of a venv with the reference library; `None` when there is no `python3` with
+/// `venv` here (a skip, a failure under CI).
 fn reference_python() -> Option<PathBuf> {
-    static MADE: Mutex<Option<PathBuf>> = Mutex::new(None);
-    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = made.as_ref() {
-        return Some(p.clone());
-    }
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standardwebhooks-venv");
-    let python = venv.join("bin/python");
-    let ready = |python: &PathBuf| std::process::Command::new(python).args(["-c", "import standardwebhooks"]).output().is_ok_and(|o| o.status.success());
-    if !ready(&python) {
-        let made_venv = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
-        if crate::support::skip_unless(made_venv, "python3 with venv", "the webhook tests verify deliveries with Python's standardwebhooks") {
-            return None;
-        }
-        let pip = std::process::Command::new(venv.join("bin/pip"))
-            .args(["install", "-q", "--disable-pip-version-check", "standardwebhooks==1.1.0"])
-            .output()
-            .unwrap();
-        assert!(pip.status.success(), "pip install standardwebhooks: {}", String::from_utf8_lossy(&pip.stderr));
-    }
-    *made = Some(python.clone());
-    Some(python)
+    crate::support::python_venv(
+        "standardwebhooks-venv",
+        "standardwebhooks==1.1.0",
+        "standardwebhooks",
+        "the webhook tests verify deliveries with Python's standardwebhooks",
+    )
 }
 
 /// A delivery as the receiver got it: its headers (lowercase names) and its body, as sent.

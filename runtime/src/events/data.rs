@@ -115,7 +115,7 @@ pub struct Tokens {
     pub output: u64,
 }
 
-/// What a tool call answered: an HTTP status, or `"ok"` from an in-process tool.
+/// What a tool call answered: an HTTP status, or `"ok"` from an in-process or MCP tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolStatus {
     Http(u16),
@@ -203,19 +203,23 @@ pub enum EventData {
     },
     ToolStarted {
         tool: String,
-        /// `GET`, `POST` or `in_process`.
+        /// MCP tools only: the server (`mcp_servers`) whose tool `tool` is.
+        mcp_server: Option<String>,
+        /// `GET`, `POST`, `in_process` or `mcp`.
         method: &'static str,
         /// HTTP tools only, shown without query or credentials.
         url: Option<String>,
     },
     ToolCompleted {
         tool: String,
+        mcp_server: Option<String>,
         status: ToolStatus,
         bytes: usize,
         duration_ms: f64,
     },
     ToolFailed {
         tool: String,
+        mcp_server: Option<String>,
         reason_class: ReasonClass,
         message: String,
     },
@@ -371,15 +375,21 @@ impl Serialize for EventData {
                     m.serialize_entry("reply", reply)?;
                 }
             }
-            EventData::ToolStarted { tool, method, url } => {
+            EventData::ToolStarted { tool, mcp_server, method, url } => {
                 m.serialize_entry("tool", tool)?;
+                if let Some(server) = mcp_server {
+                    m.serialize_entry("mcp_server", server)?;
+                }
                 m.serialize_entry("method", method)?;
                 if let Some(url) = url {
                     m.serialize_entry("url", url)?;
                 }
             }
-            EventData::ToolCompleted { tool, status, bytes, duration_ms } => {
+            EventData::ToolCompleted { tool, mcp_server, status, bytes, duration_ms } => {
                 m.serialize_entry("tool", tool)?;
+                if let Some(server) = mcp_server {
+                    m.serialize_entry("mcp_server", server)?;
+                }
                 match status {
                     ToolStatus::Http(code) => m.serialize_entry("status", code)?,
                     ToolStatus::InProcess => m.serialize_entry("status", "ok")?,
@@ -387,8 +397,11 @@ impl Serialize for EventData {
                 m.serialize_entry("bytes", bytes)?;
                 m.serialize_entry("duration_ms", duration_ms)?;
             }
-            EventData::ToolFailed { tool, reason_class, message } => {
+            EventData::ToolFailed { tool, mcp_server, reason_class, message } => {
                 m.serialize_entry("tool", tool)?;
+                if let Some(server) = mcp_server {
+                    m.serialize_entry("mcp_server", server)?;
+                }
                 m.serialize_entry("reason_class", reason_class.as_str())?;
                 m.serialize_entry("message", message)?;
             }

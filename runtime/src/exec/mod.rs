@@ -44,6 +44,7 @@ use crate::events::{EventData, EventSink, RunEvents};
 use crate::failure::{ClientError, ReasonClass};
 use crate::hydrate::{Route, RoutePath};
 use crate::llm::Llm;
+use crate::tools::mcp::McpPort;
 use crate::tools::{HttpPort, HttpTools, Tool};
 
 /// Child runs nest at most this deep (a route that starts itself stops here).
@@ -119,6 +120,8 @@ pub struct Runner {
     catalogue: Arc<Catalogue>,
     llm: Arc<dyn Llm>,
     http: Arc<dyn HttpPort>,
+    /// MCP tool calls, when the catalogue declares MCP servers.
+    mcp: Option<Arc<dyn McpPort>>,
     vars: VarLookup,
     fleet: Option<String>,
     /// Per-profile stacks when model profiles select the model (opt-in); a profile that cannot
@@ -159,6 +162,7 @@ impl Runner {
             catalogue,
             llm,
             http,
+            mcp: None,
             vars,
             fleet: None,
             profile_llms: HashMap::new(),
@@ -171,6 +175,12 @@ impl Runner {
     /// Sends HTTP tool calls through `http` instead of the real client (tests, embedders).
     pub fn with_http(mut self, http: Arc<dyn HttpPort>) -> Runner {
         self.http = http;
+        self
+    }
+
+    /// Sends MCP tool calls through `mcp` (the process's [`crate::tools::mcp::McpServers`]).
+    pub fn with_mcp(mut self, mcp: Option<Arc<dyn McpPort>>) -> Runner {
+        self.mcp = mcp;
         self
     }
 
@@ -243,7 +253,7 @@ impl Runner {
         {
             return Err(StartError::WrongFleet { route: route_id.into(), target: target.to_owned(), fleet: fleet.clone() });
         }
-        if let Some(tool) = route.tools().find(|t| t.def.invoke.is_none() && !self.tools.contains_key(&t.name)) {
+        if let Some(tool) = route.tools().find(|t| t.def.invoke.is_none() && t.def.mcp.is_none() && !self.tools.contains_key(&t.name)) {
             return Err(StartError::ToolNotRegistered { route: route_id.into(), tool: tool.name.clone() });
         }
         if let Some(Err(e)) = self.profile_llms.get(route.model_profile()) {

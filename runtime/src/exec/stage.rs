@@ -99,6 +99,18 @@ impl Runner {
             }
             NodeKind::QueryFormulation => self.query_stage(run, stage, state, cx).await,
             _ if stage.role() == LlmRole::None => {
+                if let Some(cap) = stage.capability()
+                    && let Some(mcp) = &cap.def.mcp
+                {
+                    let call = || format!("stage `{}` calls its tool", stage.id());
+                    return match state.source.tool_result(stage.id(), call)? {
+                        Some(value) => Ok(value),
+                        None => {
+                            self.check_args(run, stage, cap, goal)?;
+                            self.call_mcp_tool(run, stage, mcp, goal, cx).await
+                        }
+                    };
+                }
                 if let Some((invoke, url)) = self.tool_url(stage) {
                     let call = || format!("stage `{}` calls its tool", stage.id());
                     return match state.source.tool_result(stage.id(), call)? {

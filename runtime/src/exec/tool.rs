@@ -8,10 +8,10 @@ use serde_json::{Map, Value};
 
 use super::Runner;
 use super::state::{Run, StageFailure};
-use crate::defs::Invoke;
+use crate::defs::{Invoke, McpInvoke};
 use crate::events::{EventData, ToolStatus};
 use crate::failure::ReasonClass;
-use crate::hydrate::StageNode;
+use crate::hydrate::{BoundCapability, StageNode};
 use crate::llm::telemetry::round_ms;
 use crate::tools::{ToolError, display_url};
 
@@ -33,6 +33,57 @@ fn tool_span(cx: &Context, run_id: &str, tool: &str, tool_type: &'static str) ->
     )
 }
 
+/// A tool call's answer, as its `run.tool.completed` tells it.
+struct Done {
+    text: String,
+    status: ToolStatus,
+    bytes: usize,
+    duration: std::time::Duration,
+}
+
+fn interrupted(why: impl std::fmt::Display) -> ToolError {
+    ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }
+}
+
+/// The end of an HTTP or MCP tool call: its span closed, its `run.tool.completed` or
+/// `run.tool.failed` (naming the MCP server, when it is one), the result or the stage's failure.
+fn end_call(
+    run: &Run<'_>,
+    stage: &StageNode,
+    tool: &str,
+    server: Option<&str>,
+    span: &Context,
+    outcome: Result<Done, ToolError>,
+) -> Result<String, StageFailure> {
+    if let Err(e) = &outcome {
+        crate::otel::fail_cx(span, e.class.as_str());
+    }
+    crate::otel::end(span);
+    let mcp_server = || server.map(str::to_owned);
+    match outcome {
+        Ok(done) => {
+            run.events.emit(Some(stage.id()), || EventData::ToolCompleted {
+                tool: tool.to_owned(),
+                mcp_server: mcp_server(),
+                status: done.status,
+                bytes: done.bytes,
+                duration_ms: round_ms(done.duration.as_secs_f64() * 1000.0),
+            });
+            Ok(done.text)
+        }
+        Err(e) => {
+            run.events.emit(Some(stage.id()), || EventData::ToolFailed {
+                tool: tool.to_owned(),
+                mcp_server: mcp_server(),
+                reason_class: e.class,
+                message: e.message.clone(),
+            });
+            let of = server.map(|s| format!(" of MCP server `{s}`")).unwrap_or_default();
+            Err(StageFailure::new(e.class, format!("tool `{tool}`{of}: {}", e.message)))
+        }
+    }
+}
+
 impl Runner {
     pub(super) fn tool_url<'s>(&self, stage: &'s StageNode) -> Option<(&'s Invoke, String)> {
         let invoke = stage.capability()?.def.invoke.as_ref()?;
@@ -51,32 +102,19 @@ impl Runner {
     ) -> Result<String, StageFailure> {
         let (events, cancel) = (run.events, run.cancel);
         let tool = stage.capability().map_or("", |c| c.name.as_str());
-        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: tool.to_owned(), method: invoke.method.as_str(), url: Some(display_url(url)) });
+        events.emit(Some(stage.id()), || EventData::ToolStarted {
+            tool: tool.to_owned(),
+            mcp_server: None,
+            method: invoke.method.as_str(),
+            url: Some(display_url(url)),
+        });
         // An HTTP tool runs here and calls out: an `extension` in the GenAI conventions.
         let span = tool_span(cx, events.run_id(), tool, "extension");
         let outcome = match cancel.race(self.http.call(invoke, url, args)).await {
-            Ok(r) => r,
-            Err(why) => Err(ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }),
+            Ok(r) => r.map(|out| Done { text: out.text, status: ToolStatus::Http(out.status), bytes: out.bytes, duration: out.duration }),
+            Err(why) => Err(interrupted(why)),
         };
-        if let Err(e) = &outcome {
-            crate::otel::fail_cx(&span, e.class.as_str());
-        }
-        crate::otel::end(&span);
-        match outcome {
-            Ok(out) => {
-                events.emit(Some(stage.id()), || EventData::ToolCompleted {
-                    tool: tool.to_owned(),
-                    status: ToolStatus::Http(out.status),
-                    bytes: out.bytes,
-                    duration_ms: round_ms(out.duration.as_secs_f64() * 1000.0),
-                });
-                Ok(out.text)
-            }
-            Err(e) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: tool.to_owned(), reason_class: e.class, message: e.message.clone() });
-                Err(StageFailure::new(e.class, format!("tool `{tool}`: {}", e.message)))
-            }
-        }
+        end_call(run, stage, tool, None, &span, outcome)
     }
 
     /// Calls a registered in-process tool, with the same events as an HTTP tool.
@@ -86,7 +124,7 @@ impl Runner {
         let Some(tool) = self.tools.get(name) else {
             return Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{name}` has no in-process implementation registered")));
         };
-        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: name.to_owned(), method: "in_process", url: None });
+        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: name.to_owned(), mcp_server: None, method: "in_process", url: None });
         let span = tool_span(cx, events.run_id(), name, "function");
         let started = events.stopwatch();
         let outcome = match cancel.race(tokio::time::timeout(self.tool_timeout, tool.call(args))).await {
@@ -106,6 +144,7 @@ impl Runner {
                 };
                 events.emit(Some(stage.id()), || EventData::ToolCompleted {
                     tool: name.to_owned(),
+                    mcp_server: None,
                     status: ToolStatus::InProcess,
                     bytes: text.len(),
                     duration_ms: round_ms(started.elapsed().as_secs_f64() * 1000.0),
@@ -113,32 +152,76 @@ impl Runner {
                 Ok(text)
             }
             Err((class, message)) => {
-                events.emit(Some(stage.id()), || EventData::ToolFailed { tool: name.to_owned(), reason_class: class, message: message.clone() });
+                events.emit(Some(stage.id()), || EventData::ToolFailed {
+                    tool: name.to_owned(),
+                    mcp_server: None,
+                    reason_class: class,
+                    message: message.clone(),
+                });
                 Err(StageFailure::new(class, format!("tool `{name}`: {message}")))
             }
         }
     }
 
+    /// Calls a tool of an MCP server through the [`McpPort`](crate::tools::mcp::McpPort), with
+    /// the same events (naming the server too) and span as an HTTP tool.
+    pub(super) async fn call_mcp_tool(
+        &self,
+        run: &Run<'_>,
+        stage: &StageNode,
+        mcp: &McpInvoke,
+        args: &Map<String, Value>,
+        cx: &Context,
+    ) -> Result<String, StageFailure> {
+        let (events, cancel) = (run.events, run.cancel);
+        let name = stage.capability().map_or(stage.id(), |c| c.name.as_str());
+        events.emit(Some(stage.id()), || EventData::ToolStarted { tool: name.to_owned(), mcp_server: Some(mcp.server.name.clone()), method: "mcp", url: None });
+        // The server runs the tool outside this process: an `extension` in the GenAI conventions.
+        let span = tool_span(cx, events.run_id(), name, "extension");
+        let declared = self.catalogue.mcp_servers().get(&mcp.server.name);
+        let outcome = match (&self.mcp, declared) {
+            (None, _) | (_, None) => {
+                Err(ToolError { class: ReasonClass::ToolConnection, message: format!("no MCP client in this runtime for server `{}`", mcp.server.name) })
+            }
+            (Some(port), Some(def)) => match cancel.race(port.call(&mcp.server.name, &def.transport, &mcp.tool.name, args, mcp.timeout)).await {
+                Ok(r) => r.map(|out| Done { bytes: out.text.len(), text: out.text, status: ToolStatus::InProcess, duration: out.duration }),
+                Err(why) => Err(interrupted(why)),
+            },
+        };
+        end_call(run, stage, name, Some(&mcp.server.name), &span, outcome)
+    }
+
+    /// Checks a tool's arguments against its input schema, before anything is sent; a
+    /// mismatch is `invalid_tool_arguments` (with its `run.tool.failed`).
+    pub(super) fn check_args(&self, run: &Run<'_>, tool: &StageNode, cap: &BoundCapability, args: &Map<String, Value>) -> Result<(), StageFailure> {
+        let Some(validator) = &cap.def.input_validator else { return Ok(()) };
+        let instance = Value::Object(args.clone());
+        let problems: Vec<String> = validator
+            .iter_errors(&instance)
+            .take(5)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
+            })
+            .collect();
+        if problems.is_empty() {
+            return Ok(());
+        }
+        let mcp_server = cap.def.mcp.as_ref().map(|m| m.server.name.clone());
+        run.events.emit(Some(tool.id()), || EventData::ToolFailed {
+            tool: cap.name.clone(),
+            mcp_server,
+            reason_class: ReasonClass::InvalidToolArguments,
+            message: problems.join("; "),
+        });
+        Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))))
+    }
+
     pub(super) async fn run_loop_tool(&self, run: &Run<'_>, tool: &StageNode, args: &Map<String, Value>, cx: &Context) -> Result<String, StageFailure> {
         let Some(cap) = &tool.capability() else { return Err(StageFailure::new(ReasonClass::UnknownTool, format!("tool `{}` has no capability", tool.id()))) };
-        if let Some(validator) = &cap.def.input_validator {
-            let instance = Value::Object(args.clone());
-            let problems: Vec<String> = validator
-                .iter_errors(&instance)
-                .take(5)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
-                })
-                .collect();
-            if !problems.is_empty() {
-                run.events.emit(Some(tool.id()), || EventData::ToolFailed {
-                    tool: tool.id().to_owned(),
-                    reason_class: ReasonClass::InvalidToolArguments,
-                    message: problems.join("; "),
-                });
-                return Err(StageFailure::new(ReasonClass::InvalidToolArguments, format!("arguments do not match the input schema: {}", problems.join("; "))));
-            }
+        self.check_args(run, tool, cap, args)?;
+        if let Some(mcp) = &cap.def.mcp {
+            return self.call_mcp_tool(run, tool, mcp, args, cx).await;
         }
         if let Some(invoke) = &cap.def.invoke {
             return match self.tool_url(tool) {

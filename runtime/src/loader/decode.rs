@@ -14,7 +14,7 @@ use crate::yaml::{self, Ctx, Node, Value};
 pub const DEFAULT_MAX_LOOP_STEPS: u32 = 8;
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
 
-fn reference(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Ref> {
+pub(super) fn reference(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Ref> {
     ctx.ident(node, what).map(|name| Ref { name, pos: node.pos })
 }
 
@@ -83,8 +83,9 @@ fn check_profile_routing(
     }
 }
 
-fn url_template(ctx: &mut Ctx<'_>, node: &Node) -> Option<UrlTemplate> {
-    let raw = ctx.string(node, "`invoke.url`")?;
+/// A string with `${VAR}`s from the environment (`what` names it in messages).
+pub(super) fn template(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<UrlTemplate> {
+    let raw = ctx.string(node, what)?;
     let mut parts = Vec::new();
     let mut rest = raw.as_str();
     while let Some(start) = rest.find("${") {
@@ -92,12 +93,12 @@ fn url_template(ctx: &mut Ctx<'_>, node: &Node) -> Option<UrlTemplate> {
             parts.push(UrlPart::Lit(rest[..start].to_owned()));
         }
         let Some(end) = rest[start..].find('}') else {
-            ctx.error(node.pos, "`invoke.url` has an unclosed `${`");
+            ctx.error(node.pos, format!("{what} has an unclosed `${{`"));
             return None;
         };
         let var = &rest[start + 2..start + end];
         if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            ctx.error(node.pos, format!("`invoke.url` names `${{{var}}}`, which is not an environment variable name"));
+            ctx.error(node.pos, format!("{what} names `${{{var}}}`, which is not an environment variable name"));
             return None;
         }
         parts.push(UrlPart::Var(var.to_owned()));
@@ -106,26 +107,33 @@ fn url_template(ctx: &mut Ctx<'_>, node: &Node) -> Option<UrlTemplate> {
     if !rest.is_empty() {
         parts.push(UrlPart::Lit(rest.to_owned()));
     }
+    Some(UrlTemplate { raw, parts })
+}
+
+/// A URL template (`what` names it): literal parts checked now to start with `http(s)://`.
+pub(super) fn url_template(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<UrlTemplate> {
+    let t = template(ctx, node, what)?;
+    let parts = &t.parts;
     // A literal URL is checked now; a templated one when it is resolved at run time.
     if let [UrlPart::Lit(lit)] = parts.as_slice()
         && !(lit.starts_with("http://") || lit.starts_with("https://"))
     {
-        ctx.error(node.pos, format!("`invoke.url` `{lit}` must start with http:// or https://"));
+        ctx.error(node.pos, format!("{what} `{lit}` must start with http:// or https://"));
         return None;
     }
     if let Some(UrlPart::Lit(first)) = parts.first()
         && parts.len() > 1
         && !(first.starts_with("http://") || first.starts_with("https://"))
     {
-        ctx.error(node.pos, "`invoke.url` must start with http://, https:// or a `${VAR}` that holds the origin");
+        ctx.error(node.pos, format!("{what} must start with http://, https:// or a `${{VAR}}` that holds the origin"));
         return None;
     }
-    Some(UrlTemplate { raw, parts })
+    Some(t)
 }
 
 fn invoke(ctx: &mut Ctx<'_>, node: &Node) -> Option<Invoke> {
     let mut f = ctx.map(node, "`invoke`")?;
-    let url = f.require(ctx, "url").and_then(|n| url_template(ctx, n));
+    let url = f.require(ctx, "url").and_then(|n| url_template(ctx, n, "`invoke.url`"));
     let method = match f.get("method") {
         None => Some(HttpMethod::Get),
         Some(n) => match ctx.string(n, "`invoke.method`").as_deref() {
@@ -186,9 +194,13 @@ pub fn capability(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) ->
             },
         },
     };
-    let invoke = f.get("invoke").and_then(|n| invoke(ctx, n));
+    let (invoke, mcp) = match f.get("invoke") {
+        Some(n) if super::mcp::is_mcp_invoke(n) => (None, super::mcp::invoke(ctx, n)),
+        Some(n) => (invoke(ctx, n), None),
+        None => (None, None),
+    };
     f.finish(ctx);
-    Some(CapabilityDef { origin, description, input_schema, input_validator, output, invoke })
+    Some(CapabilityDef { origin, description, input_schema, input_validator, output, invoke, mcp })
 }
 
 fn target(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Target> {
@@ -396,13 +408,16 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
             ctx.warning(n.pos, "route field `agent` is deprecated: write `decision_loop` (the model drives a tool loop)");
         }
         let body = ctx.map(n, &format!("`{key}`")).and_then(|mut a| {
-            let tools = a
-                .require(ctx, "tools")
-                .and_then(|t| ctx.seq(t, &format!("`{key}.tools`")))
-                .map(|items| items.iter().filter_map(|i| reference(ctx, i, "a tool name")).collect::<Vec<_>>());
+            let tools_from = super::mcp::tools_from(ctx, &mut a, key);
+            // With `tools_from`, `tools` may be left out (the server's tools are the list).
+            let tools = match a.get("tools") {
+                Some(t) => ctx.seq(t, &format!("`{key}.tools`")).map(|items| items.iter().filter_map(|i| reference(ctx, i, "a tool name")).collect::<Vec<_>>()),
+                None if tools_from.is_some() => Some(Vec::new()),
+                None => a.require(ctx, "tools").and(None),
+            };
             let stream = a.get("stream").and_then(|n| ctx.bool(n, &format!("`{key}.stream`")));
             a.finish(ctx);
-            tools.map(|tools| RouteBodyDef::DecisionLoop { tools, stream })
+            tools.map(|tools| RouteBodyDef::DecisionLoop { tools, tools_from, stream })
         });
         bodies.push((n.pos, body));
     }

@@ -12,6 +12,7 @@ use indexmap::IndexMap;
 use petgraph::graph::DiGraph;
 
 pub mod decode;
+pub mod mcp;
 
 use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics, Pos};
@@ -33,9 +34,10 @@ pub struct Defs {
     pub workflows: IndexMap<String, Entry<WorkflowDef>>,
     pub manifests: IndexMap<String, Entry<ManifestDef>>,
     pub routes: IndexMap<String, Entry<RouteDef>>,
+    pub mcp_servers: IndexMap<String, Entry<McpServerDef>>,
 }
 
-const SECTIONS: [&str; 5] = ["profiles", "capabilities", "workflows", "manifests", "routes"];
+const SECTIONS: [&str; 6] = ["profiles", "capabilities", "workflows", "manifests", "routes", "mcp_servers"];
 
 /// Everything read from the catalogue and pack directories: the definitions, every problem,
 /// and the files that could not be loaded at all.
@@ -77,6 +79,7 @@ fn singular(section: &str) -> &'static str {
         "capabilities" => "capability",
         "workflows" => "workflow",
         "manifests" => "manifest",
+        "mcp_servers" => "MCP server",
         _ => "route",
     }
 }
@@ -149,6 +152,7 @@ fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnosti
                     "capabilities" => decode_into!(defs.capabilities, decode::capability, Arc::new),
                     "workflows" => decode_into!(defs.workflows, decode::workflow, |d| d),
                     "manifests" => decode_into!(defs.manifests, decode::manifest, |d| d),
+                    "mcp_servers" => decode_into!(defs.mcp_servers, mcp::server, |d| d),
                     _ => decode_into!(defs.routes, decode::route, |d| d),
                 }
             }
@@ -163,6 +167,7 @@ fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnosti
             "capabilities" => defs.capabilities.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut Arc::make_mut(d).origin)),
             "workflows" => defs.workflows.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut d.origin)),
             "manifests" => defs.manifests.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut d.origin)),
+            "mcp_servers" => defs.mcp_servers.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut d.origin)),
             _ => defs.routes.get_mut(&name).map(|e| e.as_mut().map_or_else(|o| o, |d| &mut d.origin)),
         };
         if let Some(origin) = origin {

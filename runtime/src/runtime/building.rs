@@ -19,7 +19,19 @@ use crate::llm::flow::Flow;
 use crate::llm::providers::backend_for;
 use crate::llm::stub::StubLlm;
 use crate::llm::{Llm, stack};
+use crate::tools::mcp::McpServers;
 use crate::tools::{HttpPort, Tool};
+
+/// `catalogue` as it is when it declares no MCP server; else its servers are connected and
+/// listed (`mcp` keeps one client each) and the catalogue is loaded again by `with` with their
+/// tool lists, so that its routes show and check the servers' tools.
+pub(super) fn listed(catalogue: Catalogue, mcp: &McpServers, with: impl FnOnce(&crate::defs::McpListings) -> Catalogue) -> Catalogue {
+    if catalogue.mcp_servers().is_empty() {
+        return catalogue;
+    }
+    let listings = mcp.prepare(catalogue.mcp_servers());
+    with(&listings)
+}
 
 /// Where stub scripts are read from when no directory is given.
 pub const DEFAULT_STUB_DIR: &str = "stub";
@@ -148,18 +160,29 @@ impl RuntimeBuilder {
         };
         let mut warnings = settings.warnings.clone();
         let mut dirs = None;
+        let vars = self.vars.unwrap_or_else(|| Arc::new(|k: &str| std::env::var(k).ok()));
+        let mcp = {
+            let vars = vars.clone();
+            McpServers::new(move |k| vars(k))
+        };
         let catalogue = match self.catalogue {
             CatalogueSource::Dirs { catalogue, packs } => {
                 let missing = catalogue::missing_dirs(&catalogue, &packs);
                 if !missing.is_empty() {
                     return Err(BuildError::MissingDirs(missing));
                 }
-                let loaded = Arc::new(catalogue::load_layers(&catalogue, &packs));
+                let loaded = listed(catalogue::load_layers(&catalogue, &packs), &mcp, |l| catalogue::load_layers_listed(&catalogue, &packs, Some(l)));
                 dirs = Some((catalogue, packs));
-                loaded
+                Arc::new(loaded)
             }
-            CatalogueSource::Texts { files, packs } => Arc::new(catalogue::load_from_texts(&files, &packs)),
-            CatalogueSource::Loaded(c) => c,
+            CatalogueSource::Texts { files, packs } => {
+                Arc::new(listed(catalogue::load_from_texts(&files, &packs), &mcp, |l| catalogue::load_from_texts_listed(&files, &packs, Some(l))))
+            }
+            CatalogueSource::Loaded(c) => {
+                // Hydrated by the embedder: its servers are still the process's to call.
+                mcp.prepare(c.mcp_servers());
+                c
+            }
         };
         let flow = Flow::new(settings.flow.clone());
         let (llm, client, stub) = if let Some(backend) = self.backend {
@@ -180,8 +203,7 @@ impl RuntimeBuilder {
             Some(http) => http,
             None => Arc::new(crate::tools::HttpTools::new().map_err(BuildError::Client)?),
         };
-        let vars = self.vars.unwrap_or_else(|| Arc::new(|k: &str| std::env::var(k).ok()));
-        let parts = Parts { llm, client, stub, http, vars, tools: self.tools, ids: self.run_ids };
+        let parts = Parts { llm, client, stub, http, vars, tools: self.tools, ids: self.run_ids, mcp };
         let scripts = parts.read_stub(&mut warnings)?;
         let edition = parts.edition(&settings, &flow, catalogue, scripts, &mut warnings)?;
         Ok(Runtime {

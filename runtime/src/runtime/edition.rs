@@ -99,6 +99,8 @@ pub(super) struct Parts {
     pub vars: VarLookup,
     pub tools: HashMap<String, Arc<dyn Tool>>,
     pub ids: Option<RunIds>,
+    /// The MCP servers of every edition's catalogue: one client each, for the process.
+    pub mcp: crate::tools::mcp::McpServers,
 }
 
 impl Parts {
@@ -170,7 +172,8 @@ impl Parts {
         let mut runner = Runner::with_port(catalogue, llm, self.vars.clone(), self.http.clone())
             .with_fleet(settings.fleet.clone())
             .with_profile_llms(profile_llms)
-            .with_tool_timeout(settings.tool_timeout);
+            .with_tool_timeout(settings.tool_timeout)
+            .with_mcp(Some(Arc::new(self.mcp.clone())));
         if let Some(ids) = &self.ids {
             runner = runner.with_run_ids(ids.clone());
         }
@@ -219,7 +222,8 @@ impl Runtime {
         if let Some(built) = self.built(&version) {
             return Ok(built);
         }
-        let catalogue = Catalogue::rebuild(&crate::catalogue::Texts { routes: sources.routes.clone(), packs: sources.packs.clone() });
+        let texts = crate::catalogue::Texts { routes: sources.routes.clone(), packs: sources.packs.clone() };
+        let catalogue = super::building::listed(Catalogue::rebuild(&texts), &self.parts.mcp, |l| Catalogue::rebuild_listed(&texts, Some(l)));
         let stub = self.parts.stub_of(&sources);
         let edition = Arc::new(self.parts.edition(&self.settings, &self.flow, Arc::new(catalogue), stub, &mut Vec::new())?);
         self.keep_built(edition.clone());

@@ -70,7 +70,7 @@ impl Runtime {
         if !missing.is_empty() {
             return Err(refused(missing.iter().map(ToString::to_string).collect()));
         }
-        let loaded = catalogue::load_layers(dirs, packs);
+        let loaded = super::building::listed(catalogue::load_layers(dirs, packs), &self.parts.mcp, |l| catalogue::load_layers_listed(dirs, packs, Some(l)));
         let mut warnings = Vec::new();
         let read = self.parts.read_stub(&mut warnings);
         let scripts = read.as_ref().ok().cloned().flatten();

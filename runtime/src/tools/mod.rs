@@ -9,6 +9,7 @@
 
 mod compact;
 mod http1;
+pub mod mcp;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

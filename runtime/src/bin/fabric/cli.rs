@@ -228,7 +228,12 @@ enum RoutesAction {
     /// One line per route: id, path, status.
     List,
     /// Every problem as `path:line:col: message`; exit 2 when there are errors.
-    Check,
+    Check {
+        /// Connect to the catalogue's MCP servers: list their tools, and report a tool a route
+        /// names that its server does not have.
+        #[arg(long)]
+        connect: bool,
+    },
     /// What changed from OLD to NEW, per route and stage: prompts, roles, schemas, edges, tools.
     ///
     /// Each is a project directory (its `routes/`, and its `prompt-packs/` if it has one) or,
@@ -341,7 +346,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
     // `routes diff` reads the two catalogues its arguments name, not the configured one.
     let reads_catalogue = matches!(
         cli.command,
-        Command::Routes { action: RoutesAction::List | RoutesAction::Check }
+        Command::Routes { action: RoutesAction::List | RoutesAction::Check { .. } }
             | Command::Hydrate { .. }
             | Command::Run { .. }
             | Command::Serve { .. }
@@ -352,7 +357,8 @@ async fn dispatch(cli: Cli) -> ExitCode {
     }
     let printed = match &cli.command {
         Command::Routes { action: RoutesAction::List } => routes_list(&cli, &load(&cli)),
-        Command::Routes { action: RoutesAction::Check } => routes_check(&load(&cli)),
+        Command::Routes { action: RoutesAction::Check { connect: false } } => routes_check(&load(&cli)),
+        Command::Routes { action: RoutesAction::Check { connect: true } } => routes_check_connected(&cli).await,
         Command::Routes { action: RoutesAction::Diff { old, new, format, store } } => routes_diff(&cli, [old, new], *format, store.as_deref()).await,
         Command::Hydrate { route, format } => hydrate_cmd(&load(&cli), route, *format),
         Command::Validate { schema, reply } => validate_cmd(schema, reply.as_deref()),
@@ -402,6 +408,36 @@ fn routes_list(cli: &Cli, cat: &Catalogue) -> std::io::Result<ExitCode> {
     }
     print_out(&text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `routes check --connect`: the catalogue loaded with its MCP servers' tool lists, each server's
+/// tools listed (`mcp SERVER: TOOL, ...`, or why it could not be listed), then as `routes check`.
+async fn routes_check_connected(cli: &Cli) -> std::io::Result<ExitCode> {
+    let cat = load(cli);
+    if cat.mcp_servers().is_empty() {
+        say(format_args!("the catalogue declares no MCP server"));
+        return routes_check(&cat);
+    }
+    let mcp = fabric::tools::mcp::McpServers::new(|k| std::env::var(k).ok());
+    let servers = cat.mcp_servers().clone();
+    let listings = {
+        let mcp = mcp.clone();
+        tokio::task::spawn_blocking(move || mcp.prepare(&servers)).await.unwrap_or_default()
+    };
+    let mut text = String::new();
+    for (server, listing) in &listings {
+        match listing {
+            fabric::defs::McpListing::Tools(tools) => {
+                let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+                text.push_str(&format!("mcp {server}: {} tool(s): {}\n", names.len(), names.join(", ")));
+            }
+            fabric::defs::McpListing::Unavailable(why) => text.push_str(&format!("mcp {server}: unavailable: {why}\n")),
+        }
+    }
+    print_out(&text)?;
+    let cat = catalogue::load_layers_listed(&cli.catalogue, &cli.prompt_packs, Some(&listings));
+    mcp.stop().await;
+    routes_check(&cat)
 }
 
 fn routes_check(cat: &Catalogue) -> std::io::Result<ExitCode> {
@@ -1090,6 +1126,38 @@ fn cloud_lines(cloud: &fabric::llm::cloud::Cloud, bearer_var: Option<&str>, prov
     }
 }
 
+/// `doctor`'s lines of the catalogue's MCP servers: how each is reached (a URL redacted) and
+/// whether each `${VAR}` it names is set (never its value).
+fn mcp_lines(cat: &Catalogue) -> String {
+    use fabric::defs::{McpTransportDef, UrlPart, UrlTemplate};
+    let mut out = String::new();
+    for (name, server) in cat.mcp_servers() {
+        let (how, templates): (String, Vec<&UrlTemplate>) = match &server.transport {
+            McpTransportDef::Stdio { command, env } => {
+                let words: Vec<&str> = command.iter().map(|w| w.raw.as_str()).collect();
+                (format!("stdio `{}`", words.join(" ")), command.iter().chain(env.iter().map(|(_, v)| v)).collect())
+            }
+            McpTransportDef::Http { url, headers } => {
+                (format!("Streamable HTTP {}", fabric::redact::redact_url(&url.raw)), std::iter::once(url).chain(headers.iter().map(|(_, v)| v)).collect())
+            }
+        };
+        let mut vars: Vec<String> = Vec::new();
+        for t in templates {
+            for part in &t.parts {
+                if let UrlPart::Var(v) = part
+                    && !vars.iter().any(|seen| seen.starts_with(&format!("{v} ")))
+                {
+                    let set = std::env::var(v).is_ok_and(|x| !x.is_empty());
+                    vars.push(format!("{v} {}", if set { "set" } else { "UNSET" }));
+                }
+            }
+        }
+        let vars = if vars.is_empty() { String::new() } else { format!("; variables: {}", vars.join(", ")) };
+        out.push_str(&format!("  mcp server {name}: {how}{vars}\n"));
+    }
+    out
+}
+
 async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let settings = match Settings::from_env() {
         Ok(s) => s,
@@ -1227,6 +1295,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
             Err(e) => out.push_str(&format!("  profile {}: UNUSABLE ({e}); its routes are refused\n", p.name)),
         }
     }
+    out.push_str(&mcp_lines(&cat));
     print_out(&out)?;
     if !probe {
         return Ok(ExitCode::SUCCESS);
