@@ -66,7 +66,7 @@ use crate::catalogue::{RouteEntry, RouteLookupError};
 use crate::events::EventSink;
 use crate::exec::StartError;
 use crate::runtime::{AcceptError, Durable, ReplyError, Runtime, StartRequest, Started};
-use crate::store::{RunFilter, RunId, StoredRun, StoredStatus};
+use crate::store::{IdempotencyKey, RunFilter, RunId, StoredRun, StoredStatus};
 
 pub(super) fn start_error(e: StartError) -> ApiError {
     match e {
@@ -79,6 +79,11 @@ pub(super) fn start_error(e: StartError) -> ApiError {
         StartError::BrokenRoute { route, problems } => {
             let mut e = ApiError::new(ErrorCode::BrokenRoute, format!("route `{route}` cannot run: the catalogue has errors in it"));
             e.problems = problems.0.iter().map(ToString::to_string).collect();
+            e
+        }
+        StartError::InvalidGoal { route, problems } => {
+            let mut e = ApiError::new(ErrorCode::InvalidContent, format!("the goal does not match the `goal_schema` of route `{route}`"));
+            e.problems = problems;
             e
         }
         other => ApiError::new(ErrorCode::CannotStart, other.to_string()),

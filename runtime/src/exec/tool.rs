@@ -123,14 +123,7 @@ impl Runner {
         let Some(cap) = &tool.capability() else { return Err(StageFailure::new(ReasonClass::UnknownTool, format!("tool `{}` has no capability", tool.id()))) };
         if let Some(validator) = &cap.def.input_validator {
             let instance = Value::Object(args.clone());
-            let problems: Vec<String> = validator
-                .iter_errors(&instance)
-                .take(5)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
-                })
-                .collect();
+            let problems = crate::defs::schema_problems(validator, &instance);
             if !problems.is_empty() {
                 run.events.emit(Some(tool.id()), || EventData::ToolFailed {
                     tool: tool.id().to_owned(),
