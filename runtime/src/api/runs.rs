@@ -47,7 +47,7 @@ impl EventSink for Segment {
         (status = 413, description = "Body, goal or prefetch too large", body = ErrorBody),
         (status = 408, description = "The body did not arrive within the body timeout (`FABRIC_BODY_TIMEOUT_S`); the connection is closed", body = ErrorBody),
         (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody),
-        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; an unknown profile; a route that cannot start (`broken_route`, `cannot_start`); `idempotency_key_reused`: the key started another contract's run; `webhook_not_allowed`: a `webhook_url` whose origin is not in `FABRIC_WEBHOOK_ALLOWED_ORIGINS`", body = ErrorBody),
+        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; a goal that does not match the route's `goal_schema` (`problems`: each mismatch, the JSON Pointer of the value at fault first); an unknown profile; a route that cannot start (`broken_route`, `cannot_start`); `idempotency_key_reused`: the key started another contract's run; `webhook_not_allowed`: a `webhook_url` whose origin is not in `FABRIC_WEBHOOK_ALLOWED_ORIGINS`", body = ErrorBody),
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
         (status = 400, description = "A query string that does not parse; an `Idempotency-Key` that is not 1 to 255 visible ASCII characters, or sent twice", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
