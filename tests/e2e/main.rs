@@ -20,6 +20,7 @@ mod hydrate;
 mod idempotency;
 mod layers;
 mod llama;
+mod mcp_server;
 mod newcomer;
 mod parity;
 mod prompts;

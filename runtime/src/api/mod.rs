@@ -17,6 +17,7 @@ mod inspect;
 mod keyed;
 mod live;
 pub mod loops;
+mod mcp;
 pub mod metrics;
 pub mod openapi;
 mod routes;
@@ -146,8 +147,12 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi_json))
         .layer(axum::middleware::from_fn_with_state(state.clone(), read_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), time_limit));
+    // `/mcp`: Streamable HTTP, whose responses may be event streams (no time limit); a body
+    // read like any other.
+    let mcp = Router::new().route_service("/mcp", mcp::service(&state)).layer(axum::middleware::from_fn_with_state(state.clone(), read_body));
     let api = Router::new()
         .route("/v1/runs/{run_id}/events", get(run_events))
+        .merge(mcp)
         .route("/v1/runs/updates", get(inspect::run_updates))
         .merge(bounded)
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate));
