@@ -14,6 +14,42 @@ pub fn fixtures() -> PathBuf {
     repo().join("tests/fixtures")
 }
 
+/// The Python of a venv named `name` under cargo's scratch folder with `requirement` installed
+/// (`pip install`), made once and kept between runs; `ready` is Python code that exits 0 once it
+/// is there. `None` when there is no `python3` with `venv` here: a skip (a failure under CI),
+/// `why` saying which tests need it.
+pub fn python_venv(name: &str, requirement: &str, ready: &str, why: &str) -> Option<PathBuf> {
+    // One maker at a time: two tests must not pip into one venv at once.
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _making = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let python = venv.join("bin/python");
+    if std::process::Command::new(&python).args(["-c", ready]).output().is_ok_and(|o| o.status.success()) {
+        return Some(python);
+    }
+    let made = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
+    if skip_unless(made, "python3 with venv", why) {
+        return None;
+    }
+    let pip = std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "--disable-pip-version-check", requirement]).output().unwrap();
+    assert!(pip.status.success(), "pip install {requirement}: {}", String::from_utf8_lossy(&pip.stderr));
+    Some(python)
+}
+
+/// `python script` with `input` on its stdin, to its exit (its output captured).
+pub fn run_python(python: &Path, script: &Path, input: &str) -> std::process::Output {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(python)
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// The catalogue the tests of behaviour run on: a copy of the shipped routes (with
 /// `profiles.yaml`), their prompt packs and stub scripts, under `tests/fixtures/catalogue/`.
 /// `routes/` is where users add their own routes; a test that read it would count theirs, or

@@ -20,30 +20,10 @@ use crate::support::repo;
 /// A Standard Webhooks secret (24 bytes), as `whsec_` and base64.
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-/// The Python of a venv with the reference library (made once, under cargo's scratch folder);
-/// `None` when there is no `python3` with `venv` here (a skip, a failure under CI).
+/// The Python of a venv with the reference library (`support::python_venv`).
 fn reference_python() -> Option<PathBuf> {
-    static MADE: Mutex<Option<PathBuf>> = Mutex::new(None);
-    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = made.as_ref() {
-        return Some(p.clone());
-    }
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standardwebhooks-venv");
-    let python = venv.join("bin/python");
-    let ready = |python: &PathBuf| std::process::Command::new(python).args(["-c", "import standardwebhooks"]).output().is_ok_and(|o| o.status.success());
-    if !ready(&python) {
-        let made_venv = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
-        if crate::support::skip_unless(made_venv, "python3 with venv", "the webhook tests verify deliveries with Python's standardwebhooks") {
-            return None;
-        }
-        let pip = std::process::Command::new(venv.join("bin/pip"))
-            .args(["install", "-q", "--disable-pip-version-check", "standardwebhooks==1.1.0"])
-            .output()
-            .unwrap();
-        assert!(pip.status.success(), "pip install standardwebhooks: {}", String::from_utf8_lossy(&pip.stderr));
-    }
-    *made = Some(python.clone());
-    Some(python)
+    let why = "the webhook tests verify deliveries with Python's standardwebhooks";
+    crate::support::python_venv("standardwebhooks-venv", "standardwebhooks==1.1.0", "import standardwebhooks", why)
 }
 
 /// A delivery as the receiver got it: its headers (lowercase names) and its body, as sent.
@@ -115,18 +95,9 @@ impl Receiver {
 
 /// The payloads of `got`, each verified by the reference library (the test fails on any that
 /// does not verify).
-fn verified(python: &PathBuf, got: &[Got]) -> Vec<Value> {
-    use std::io::Write as _;
+fn verified(python: &std::path::Path, got: &[Got]) -> Vec<Value> {
     let input = json!({"secret": SECRET, "deliveries": got.iter().map(|g| json!({"headers": g.headers, "body": g.body})).collect::<Vec<_>>()});
-    let mut child = std::process::Command::new(python)
-        .arg(repo().join("tests/fixtures/webhooks/verify.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = crate::support::run_python(python, &repo().join("tests/fixtures/webhooks/verify.py"), &input.to_string());
     assert!(out.status.success(), "standardwebhooks refused a delivery: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -55,17 +55,34 @@ pub(super) async fn call(
         Begun::New { run_id, .. } => run_id,
         Begun::Replayed(run) => run.run_id,
     };
+    let request = cx.id.to_string();
+    if !cancelled.started(&request, &run_id) {
+        cancel_run(state, &run_id).await;
+        return Err(McpError::new(McpCode::INVALID_REQUEST, "the request was cancelled; so was its run", Some(json!({"run_id": run_id}))));
+    }
+    let answer = follow(state, &cx, &run_id).await;
+    // Answered (or refused): a notice now cancels nothing. A request whose token fired keeps
+    // its run for a notice still to come.
+    if !cx.ct.is_cancelled() {
+        cancelled.answered(&request);
+    }
+    answer
+}
+
+/// The run of a call followed to its end or its question, its questions put to the user.
+async fn follow(state: &AppState, cx: &RequestContext<RoleServer>, run_id: &str) -> Result<CallToolResult, McpError> {
+    let run_id = run_id.to_owned();
     let mut follower = Follower { state, run_id: &run_id, progress: cx.meta.get_progress_token().map(|t| (cx.peer.clone(), t)), last: 0, stages: 0 };
     let elicit = cx.peer.supported_elicitation_modes().contains(&ElicitationMode::Form);
     loop {
         let run = tokio::select! {
             run = follower.until_it_stops() => run?,
-            () = cx.ct.cancelled() => return Err(stopped(state, cancelled, &cx, &run_id).await),
+            () = cx.ct.cancelled() => return Err(stopped(&run_id)),
         };
         let (StoredStatus::AwaitingInput, Some(question), true) = (run.status, run.question.clone(), elicit) else { return Ok(answer(run)) };
         let asked = tokio::select! {
             asked = cx.peer.create_elicitation(question_form(question)) => asked,
-            () = cx.ct.cancelled() => return Err(stopped(state, cancelled, &cx, &run_id).await),
+            () = cx.ct.cancelled() => return Err(stopped(&run_id)),
         };
         match asked {
             Ok(ElicitResult { action: ElicitationAction::Accept, content: Some(content), .. })
@@ -194,17 +211,18 @@ fn answer(run: RunView) -> CallToolResult {
     result
 }
 
-/// A request whose token fired: cancelled by its client, its run is cancelled too; its session
-/// ended (a `DELETE`, the idle timeout, a shutdown), the run goes on (the client can find it by
-/// its id, or start the call again with its idempotency key). Nobody reads the answer.
-async fn stopped(state: &AppState, cancelled: &Cancelled, cx: &RequestContext<RoleServer>, run_id: &str) -> McpError {
-    if !cancelled.by_client(&cx.id.to_string()).await {
-        return McpError::internal_error("the session ended; the run goes on", Some(json!({"run_id": run_id})));
-    }
+/// A request whose token fired: cancelled by its client (whose notice cancels the run,
+/// [`super::Fabric::on_cancelled`]), or its session or stream ended, after which the run goes on
+/// (a retry with the same idempotency key finds it). Nobody reads this answer.
+fn stopped(run_id: &str) -> McpError {
+    McpError::new(McpCode::INVALID_REQUEST, "the request was cancelled or its session ended", Some(json!({"run_id": run_id})))
+}
+
+/// Cancels the run of a request the client cancelled.
+pub(super) async fn cancel_run(state: &AppState, run_id: &str) {
     if let Err(e) = cancel::cancel_here(state, run_id, Some(REQUEST_CANCELLED)).await {
         tracing::warn!(run_id, error = %e, "cancelling the run of a cancelled MCP request");
     }
-    McpError::new(McpCode::INVALID_REQUEST, "the request was cancelled; so was its run", Some(json!({"run_id": run_id})))
 }
 
 /// A refusal of the service as an MCP error: what the client got wrong is `invalid_params`

@@ -12,9 +12,8 @@
 mod call;
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelledNotificationParam, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
@@ -62,51 +61,61 @@ pub(super) struct Fabric {
     cancelled: Arc<Cancelled>,
 }
 
-/// The requests a session's client cancelled (`notifications/cancelled`). A request's token
-/// fires then, and also when its session ends (the client's `DELETE`, the SDK's idle timeout, a
-/// shutdown): only the first cancels its run; after the others the run goes on.
+/// The runs of a session's calls, by request id, for its client's `notifications/cancelled`. A
+/// request's token fires then, and also when its session ends (the client's `DELETE`, the SDK's
+/// idle timeout, a shutdown) or its response stream goes: only a notice cancels its run, whenever
+/// it comes (before the run is accepted, while the call waits, after the call gave up).
 #[derive(Debug, Default)]
 pub(super) struct Cancelled {
-    ids: Mutex<HashSet<String>>,
-    told: tokio::sync::Notify,
+    calls: Mutex<Calls>,
 }
 
-/// The most cancel notices a session keeps (one of a request that already ended is kept until
-/// the session ends, or until this many are).
-const MAX_CANCELLED: usize = 1024;
+#[derive(Debug, Default)]
+struct Calls {
+    /// The run each call started (kept after a call whose token fired, for a late notice).
+    runs: HashMap<String, String>,
+    /// Requests cancelled before their run was accepted.
+    early: HashSet<String>,
+}
+
+/// The most calls a session keeps track of (one whose token fired is kept until the session
+/// ends, or until this many are).
+const MAX_CALLS: usize = 1024;
 
 impl Cancelled {
-    fn note(&self, id: String) {
-        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        if ids.len() >= MAX_CANCELLED {
-            ids.clear();
-        }
-        ids.insert(id);
-        drop(ids);
-        self.told.notify_waiters();
+    fn calls(&self) -> std::sync::MutexGuard<'_, Calls> {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the client cancelled request `id`: its notice is handled right after the
-    /// request's token fired, so it is waited for, a second at most.
-    pub(super) async fn by_client(&self, id: &str) -> bool {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        loop {
-            let told = self.told.notified();
-            tokio::pin!(told);
-            told.as_mut().enable();
-            if self.ids.lock().unwrap_or_else(|p| p.into_inner()).remove(id) {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, told).await.is_err() {
-                return false;
-            }
+    /// Request `id` started `run_id`; false when the client cancelled it already (cancel it).
+    pub(super) fn started(&self, id: &str, run_id: &str) -> bool {
+        let mut calls = self.calls();
+        if calls.early.remove(id) {
+            return false;
         }
+        if calls.runs.len() >= MAX_CALLS {
+            calls.runs.clear();
+        }
+        calls.runs.insert(id.to_owned(), run_id.to_owned());
+        true
     }
-}
 
-impl std::fmt::Debug for Fabric {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Fabric")
+    /// Request `id` answered: no notice can cancel its run any more.
+    pub(super) fn answered(&self, id: &str) {
+        self.calls().runs.remove(id);
+    }
+
+    /// The client cancelled request `id`: the run to cancel, if it has one yet.
+    fn noticed(&self, id: String) -> Option<String> {
+        let mut calls = self.calls();
+        let run = calls.runs.remove(&id);
+        if run.is_none() {
+            if calls.early.len() >= MAX_CALLS {
+                calls.early.clear();
+            }
+            calls.early.insert(id);
+        }
+        run
     }
 }
 
@@ -171,8 +180,8 @@ impl ServerHandler for Fabric {
     }
 
     async fn on_cancelled(&self, notice: CancelledNotificationParam, _cx: NotificationContext<RoleServer>) {
-        if let Some(id) = notice.request_id {
-            self.cancelled.note(id.to_string());
+        if let Some(run_id) = notice.request_id.and_then(|id| self.cancelled.noticed(id.to_string())) {
+            call::cancel_run(&self.state, &run_id).await;
         }
     }
 }
