@@ -71,35 +71,34 @@ pub(super) async fn call(
 
 /// The run of a call followed to its end or its question, its questions put to the user.
 async fn follow(state: &AppState, cx: &RequestContext<RoleServer>, run_id: &str) -> Result<CallToolResult, McpError> {
-    let run_id = run_id.to_owned();
-    let mut follower = Follower { state, run_id: &run_id, progress: cx.meta.get_progress_token().map(|t| (cx.peer.clone(), t)), last: 0, stages: 0 };
+    let mut follower = Follower { state, run_id, progress: cx.meta.get_progress_token().map(|t| (cx.peer.clone(), t)), last: 0, stages: 0 };
     let elicit = cx.peer.supported_elicitation_modes().contains(&ElicitationMode::Form);
     loop {
         let run = tokio::select! {
             run = follower.until_it_stops() => run?,
-            () = cx.ct.cancelled() => return Err(stopped(&run_id)),
+            () = cx.ct.cancelled() => return Err(stopped(run_id)),
         };
         let (StoredStatus::AwaitingInput, Some(question), true) = (run.status, run.question.clone(), elicit) else { return Ok(answer(run)) };
         let asked = tokio::select! {
             asked = cx.peer.create_elicitation(question_form(question)) => asked,
-            () = cx.ct.cancelled() => return Err(stopped(&run_id)),
+            () = cx.ct.cancelled() => return Err(stopped(run_id)),
         };
         match asked {
             Ok(ElicitResult { action: ElicitationAction::Accept, content: Some(content), .. })
                 if content.get("answer").and_then(Value::as_str).is_some_and(|a| !a.trim().is_empty()) =>
             {
                 let text = content.get("answer").and_then(Value::as_str).unwrap_or_default().to_owned();
-                reply_here(state, &run_id, text).await.map_err(mcp_error)?;
+                reply_here(state, run_id, text).await.map_err(mcp_error)?;
             }
             // The user said no: the run cannot go on without the answer, and nobody waits on it.
             Ok(ElicitResult { action: ElicitationAction::Decline, .. }) => {
-                if let Err(e) = cancel::cancel_here(state, &run_id, Some(DECLINED)).await {
+                if let Err(e) = cancel::cancel_here(state, run_id, Some(DECLINED)).await {
                     tracing::warn!(run_id, error = %e, "cancelling a run whose question was declined");
                 }
             }
             // Dismissed, answered with nothing, or the client could not ask: the run stays
             // asking, and the call says how to answer it.
-            Ok(_) | Err(_) => return Ok(answer(view(state, &run_id).await.map_err(mcp_error)?)),
+            Ok(_) | Err(_) => return Ok(answer(view(state, run_id).await.map_err(mcp_error)?)),
         }
     }
 }
