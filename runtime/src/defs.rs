@@ -326,5 +326,28 @@ pub struct RouteDef {
     /// At a model's gate, 0 to 9, higher first (with a floor: lower ones still advance).
     pub priority: u8,
     pub conversation: Conversation,
+    /// The JSON Schema a start's goal must match (`goal_schema`); none: any object.
+    pub goal_schema: Option<GoalSchema>,
     pub body: Option<RouteBodyDef>,
+}
+
+/// A JSON Schema compiled once at load: a route's `goal_schema` (what a start's goal must be;
+/// the input schema of the route's MCP tool).
+#[derive(Debug, Clone)]
+pub struct GoalSchema {
+    pub schema: Value,
+    pub validator: Arc<jsonschema::Validator>,
+}
+
+/// What is wrong with `instance` under `validator`: the first five problems, each `PATH: message`
+/// (the JSON Pointer of the value at fault; no path for the whole instance). Empty: it matches.
+pub fn schema_problems(validator: &jsonschema::Validator, instance: &Value) -> Vec<String> {
+    validator
+        .iter_errors(instance)
+        .take(5)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
+        })
+        .collect()
 }

@@ -160,6 +160,7 @@ pub struct Route {
     max_loop_steps: u32,
     priority: u8,
     conversation: Conversation,
+    goal_schema: Option<GoalSchema>,
     pack: Arc<PromptPack>,
     path: RoutePath,
     /// The workflow (or manifest) the route runs, for display and events.
@@ -180,6 +181,20 @@ impl Route {
 
     pub fn description(&self) -> &str {
         &self.description
+    }
+
+    /// The JSON Schema a start's goal must match (`goal_schema`), if the route has one.
+    pub fn goal_schema(&self) -> Option<&serde_json::Value> {
+        self.goal_schema.as_ref().map(|g| &g.schema)
+    }
+
+    /// What is wrong with `goal` under the route's `goal_schema` (empty: it matches, or the
+    /// route has none).
+    pub fn goal_problems(&self, goal: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
+        match &self.goal_schema {
+            Some(g) => crate::defs::schema_problems(&g.validator, &serde_json::Value::Object(goal.clone())),
+            None => Vec::new(),
+        }
     }
 
     pub fn model_profile(&self) -> &str {
@@ -466,6 +481,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, listings: Option<&McpListing
         max_loop_steps: def.max_loop_steps,
         priority: def.priority,
         conversation: def.conversation,
+        goal_schema: def.goal_schema.clone(),
         pack,
         path: route_path,
         source,

@@ -21,6 +21,7 @@ mod idempotency;
 mod layers;
 mod llama;
 mod mcp_client;
+mod mcp_server;
 mod newcomer;
 mod parity;
 mod prompts;

@@ -23,7 +23,7 @@ use crate::support::{packs_dir, repo, routes_dir, stub_dir};
 const MCP_PACKAGE: &str = "mcp==2.3.0";
 
 fn python() -> Option<PathBuf> {
-    crate::support::python_venv("mcp-venv", MCP_PACKAGE, "mcp.server", "the MCP client tests run the official Python SDK's MCPServer")
+    crate::support::python_venv("mcp-venv", MCP_PACKAGE, "import mcp.server", "the MCP client tests run the official Python SDK's MCPServer")
 }
 
 fn server_py() -> String {

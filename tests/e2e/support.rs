@@ -14,6 +14,42 @@ pub fn fixtures() -> PathBuf {
     repo().join("tests/fixtures")
 }
 
+/// The Python of a venv named `name` under cargo's scratch folder with `requirement` installed
+/// (`pip install`), made once and kept between runs; `ready` is Python code that exits 0 once it
+/// is there. `None` when there is no `python3` with `venv` here: a skip (a failure under CI),
+/// `why` saying which tests need it.
+pub fn python_venv(name: &str, requirement: &str, ready: &str, why: &str) -> Option<PathBuf> {
+    // One maker at a time: two tests must not pip into one venv at once.
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _making = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let python = venv.join("bin/python");
+    if std::process::Command::new(&python).args(["-c", ready]).output().is_ok_and(|o| o.status.success()) {
+        return Some(python);
+    }
+    let made = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
+    if skip_unless(made, "python3 with venv", why) {
+        return None;
+    }
+    let pip = std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "--disable-pip-version-check", requirement]).output().unwrap();
+    assert!(pip.status.success(), "pip install {requirement}: {}", String::from_utf8_lossy(&pip.stderr));
+    Some(python)
+}
+
+/// `python script` with `input` on its stdin, to its exit (its output captured).
+pub fn run_python(python: &Path, script: &Path, input: &str) -> std::process::Output {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(python)
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// The catalogue the tests of behaviour run on: a copy of the shipped routes (with
 /// `profiles.yaml`), their prompt packs and stub scripts, under `tests/fixtures/catalogue/`.
 /// `routes/` is where users add their own routes; a test that read it would count theirs, or
@@ -450,28 +486,4 @@ pub async fn complete(
         stream,
     };
     backend.complete(&req).await
-}
-
-/// The Python of a venv (made once per name, under cargo's scratch folder) with `package`
-/// installed by pip (a pinned `name==version`), checked by importing `import`; `None` when
-/// there is no `python3` with `venv` here (a skip through `skip_unless`: a failure under CI).
-pub fn python_venv(name: &str, package: &str, import: &str, why: &str) -> Option<PathBuf> {
-    static MADE: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
-    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, p)) = made.iter().find(|(n, _)| n == name) {
-        return Some(p.clone());
-    }
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let python = venv.join("bin/python");
-    let ready = |python: &PathBuf| std::process::Command::new(python).args(["-c", &format!("import {import}")]).output().is_ok_and(|o| o.status.success());
-    if !ready(&python) {
-        let made_venv = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
-        if crate::support::skip_unless(made_venv, "python3 with venv", why) {
-            return None;
-        }
-        let pip = std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "--disable-pip-version-check", package]).output().unwrap();
-        assert!(pip.status.success(), "pip install {package}: {}", String::from_utf8_lossy(&pip.stderr));
-    }
-    made.push((name.to_owned(), python.clone()));
-    Some(python)
 }

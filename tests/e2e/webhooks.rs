@@ -20,15 +20,10 @@ use crate::support::repo;
 /// A Standard Webhooks secret (24 bytes), as `whsec_` and base64.
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-/// The Python of a venv with the reference library; `None` when there is no `python3` with
-/// `venv` here (a skip, a failure under CI).
+/// The Python of a venv with the reference library (`support::python_venv`).
 fn reference_python() -> Option<PathBuf> {
-    crate::support::python_venv(
-        "standardwebhooks-venv",
-        "standardwebhooks==1.1.0",
-        "standardwebhooks",
-        "the webhook tests verify deliveries with Python's standardwebhooks",
-    )
+    let why = "the webhook tests verify deliveries with Python's standardwebhooks";
+    crate::support::python_venv("standardwebhooks-venv", "standardwebhooks==1.1.0", "import standardwebhooks", why)
 }
 
 /// A delivery as the receiver got it: its headers (lowercase names) and its body, as sent.
@@ -100,18 +95,9 @@ impl Receiver {
 
 /// The payloads of `got`, each verified by the reference library (the test fails on any that
 /// does not verify).
-fn verified(python: &PathBuf, got: &[Got]) -> Vec<Value> {
-    use std::io::Write as _;
+fn verified(python: &std::path::Path, got: &[Got]) -> Vec<Value> {
     let input = json!({"secret": SECRET, "deliveries": got.iter().map(|g| json!({"headers": g.headers, "body": g.body})).collect::<Vec<_>>()});
-    let mut child = std::process::Command::new(python)
-        .arg(repo().join("tests/fixtures/webhooks/verify.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = crate::support::run_python(python, &repo().join("tests/fixtures/webhooks/verify.py"), &input.to_string());
     assert!(out.status.success(), "standardwebhooks refused a delivery: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -26,13 +26,19 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyK
     IdempotencyKey::parse(text).map(Some).map_err(|e| bad(e.to_string()))
 }
 
-/// The answer to a start whose key accepted `run` already: that run (once it ended or asked,
-/// with `wait`), or 422 when `req` is another start contract than the run's.
-pub(super) async fn replayed(state: &AppState, req: &StartRequest, run: StoredRun, wait: bool) -> Result<Response, ApiError> {
+/// The run a start's key accepted already, when `req` is the start contract it was accepted
+/// with; `422 idempotency_key_reused` when it is another.
+pub(super) fn same_start(state: &AppState, req: &StartRequest, run: StoredRun) -> Result<StoredRun, ApiError> {
     if !state.inner.durable.same_start(&run.request, req) {
         let e = AcceptError::KeyReused { run_id: run.run_id };
         return Err(ApiError::new(ErrorCode::IdempotencyKeyReused, e.to_string()));
     }
+    Ok(run)
+}
+
+/// The answer to a start whose key accepted `run` already: that run (once it ended or asked,
+/// with `wait`), `Idempotent-Replayed: true` and its `Location`.
+pub(super) async fn replayed(state: &AppState, run: StoredRun, wait: bool) -> Result<Response, ApiError> {
     let location = format!("/v1/runs/{}", run.run_id);
     let view = if wait { waited(state, &run.run_id).await? } else { Json(RunView::of(run)) };
     let mut response = (StatusCode::OK, view).into_response();

@@ -17,6 +17,7 @@ mod inspect;
 mod keyed;
 mod live;
 pub mod loops;
+mod mcp;
 pub mod metrics;
 pub mod openapi;
 mod routes;
@@ -66,7 +67,7 @@ use crate::catalogue::{RouteEntry, RouteLookupError};
 use crate::events::EventSink;
 use crate::exec::StartError;
 use crate::runtime::{AcceptError, Durable, ReplyError, Runtime, StartRequest, Started};
-use crate::store::{RunFilter, RunId, StoredRun, StoredStatus};
+use crate::store::{IdempotencyKey, RunFilter, RunId, StoredRun, StoredStatus};
 
 pub(super) fn start_error(e: StartError) -> ApiError {
     match e {
@@ -79,6 +80,11 @@ pub(super) fn start_error(e: StartError) -> ApiError {
         StartError::BrokenRoute { route, problems } => {
             let mut e = ApiError::new(ErrorCode::BrokenRoute, format!("route `{route}` cannot run: the catalogue has errors in it"));
             e.problems = problems.0.iter().map(ToString::to_string).collect();
+            e
+        }
+        StartError::InvalidGoal { route, problems } => {
+            let mut e = ApiError::new(ErrorCode::InvalidContent, format!("the goal does not match the `goal_schema` of route `{route}`"));
+            e.problems = problems;
             e
         }
         other => ApiError::new(ErrorCode::CannotStart, other.to_string()),
@@ -141,8 +147,12 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi_json))
         .layer(axum::middleware::from_fn_with_state(state.clone(), read_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), time_limit));
+    // `/mcp`: Streamable HTTP, whose responses may be event streams (no time limit); a body
+    // read like any other.
+    let mcp = Router::new().route_service("/mcp", mcp::service(&state)).layer(axum::middleware::from_fn_with_state(state.clone(), read_body));
     let api = Router::new()
         .route("/v1/runs/{run_id}/events", get(run_events))
+        .merge(mcp)
         .route("/v1/runs/updates", get(inspect::run_updates))
         .merge(bounded)
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate));

@@ -47,7 +47,7 @@ impl EventSink for Segment {
         (status = 413, description = "Body, goal or prefetch too large", body = ErrorBody),
         (status = 408, description = "The body did not arrive within the body timeout (`FABRIC_BODY_TIMEOUT_S`); the connection is closed", body = ErrorBody),
         (status = 415, description = "A body not sent as `Content-Type: application/json`, or encoded (`Content-Encoding`)", body = ErrorBody),
-        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; an unknown profile; a route that cannot start (`broken_route`, `cannot_start`); `idempotency_key_reused`: the key started another contract's run; `webhook_not_allowed`: a `webhook_url` whose origin is not in `FABRIC_WEBHOOK_ALLOWED_ORIGINS`", body = ErrorBody),
+        (status = 422, description = "Invalid body: not a JSON object, a goal that is not an object, an integer beyond 64 bits; a goal that does not match the route's `goal_schema` (`problems`: each mismatch, the JSON Pointer of the value at fault first); an unknown profile; a route that cannot start (`broken_route`, `cannot_start`); `idempotency_key_reused`: the key started another contract's run; `webhook_not_allowed`: a `webhook_url` whose origin is not in `FABRIC_WEBHOOK_ALLOWED_ORIGINS`", body = ErrorBody),
         (status = 429, description = "Too many runs in flight (see `Retry-After`)", body = ErrorBody),
         (status = 400, description = "A query string that does not parse; an `Idempotency-Key` that is not 1 to 255 visible ASCII characters, or sent twice", body = ErrorBody),
         (status = 401, description = "No valid bearer token", body = ErrorBody),
@@ -61,16 +61,51 @@ pub(super) async fn start_run(
 ) -> Result<Response, ApiError> {
     let wait = query(wait)?;
     let key = keyed::idempotency_key(&headers)?;
-    let config = &state.inner.config;
     let JsonBody(body) = body?;
     let Value::Object(goal) = body.goal else {
         return Err(ApiError::new(ErrorCode::InvalidContent, "`goal` must be a JSON object"));
     };
-    let goal_bytes = serde_json::to_vec(&goal).map_or(0, |g| g.len());
+    let req = StartRequest {
+        route_id: body.route_id,
+        goal,
+        model_profile: Some(body.model_profile),
+        prefetch: body.prefetch.unwrap_or_default(),
+        session_id: body.session_id,
+        webhook_url: body.webhook_url,
+        multitask: body.multitask,
+    };
+    let (run_id, status) = match begin_run(&state, req, key.as_ref()).await? {
+        Begun::New { run_id, status } => (run_id, status),
+        Begun::Replayed(run) => return keyed::replayed(&state, *run, wait.wait).await,
+    };
+    if wait.wait {
+        return Ok(waited(&state, &run_id).await?.into_response());
+    }
+    let mut response = (StatusCode::CREATED, Json(Accepted { run_id: run_id.clone(), status })).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(response)
+}
+
+/// What a start did: a new run (executing here, or queued for any replica with room), or the
+/// run an idempotency key accepted before, for the same start contract.
+pub(super) enum Begun {
+    New { run_id: String, status: AcceptedStatus },
+    Replayed(Box<StoredRun>),
+}
+
+/// A start as every front door of the service makes it (`POST /v1/runs`, an MCP tool call): the
+/// bounds of its goal and prefetch, the run of its idempotency key (`422
+/// idempotency_key_reused` for another contract), the bounds of the runs in flight and of the
+/// queue, the accept (every start check), and the run's first segment here when there is room.
+pub(super) async fn begin_run(state: &AppState, req: StartRequest, key: Option<&IdempotencyKey>) -> Result<Begun, ApiError> {
+    let config = &state.inner.config;
+    let goal_bytes = serde_json::to_vec(&req.goal).map_or(0, |g| g.len());
     if goal_bytes > config.max_goal_bytes {
         return Err(ApiError::new(ErrorCode::TooLarge, format!("the goal is {goal_bytes} bytes; the limit is {}", config.max_goal_bytes)));
     }
-    let prefetch = body.prefetch.unwrap_or_default();
+    let prefetch = &req.prefetch;
     let prefetch_bytes: usize = prefetch.iter().map(String::len).sum();
     if prefetch.len() > config.max_prefetch_chunks || prefetch_bytes > config.max_prefetch_bytes {
         return Err(ApiError::new(
@@ -83,22 +118,13 @@ pub(super) async fn start_run(
             ),
         ));
     }
-    let req = StartRequest {
-        route_id: body.route_id,
-        goal,
-        model_profile: Some(body.model_profile),
-        prefetch,
-        session_id: body.session_id,
-        webhook_url: body.webhook_url,
-        multitask: body.multitask,
-    };
     // Room here: the run is claimed by this process as it is accepted. None: it is queued in
     // the store for any replica with room, up to the queue's bound.
     // A retry of a keyed start is answered before any bound: it starts nothing.
-    if let Some(key) = &key
+    if let Some(key) = key
         && let Some(run) = state.inner.durable.store().run_of_key(key).await.map_err(store_error)?
     {
-        return keyed::replayed(&state, &req, run, wait.wait).await;
+        return keyed::same_start(state, &req, run).map(|run| Begun::Replayed(Box::new(run)));
     }
     let permit = state.inner.in_flight.clone().try_acquire_owned().ok();
     // A session's `enqueue` or `interrupt` start is stored queued whatever room there is (it
@@ -122,12 +148,12 @@ pub(super) async fn start_run(
             return Err(e);
         }
     }
-    let accepted = match &key {
+    let accepted = match key {
         None => state.inner.durable.accept(&req, permit.is_some()).await.map_err(accept_error)?,
         Some(key) => match state.inner.durable.accept_once(&req, permit.is_some(), key).await.map_err(accept_error)? {
             Started::New(accepted) => accepted,
             // Another replica's start with this key won the race.
-            Started::Replayed(run) => return keyed::replayed(&state, &req, *run, wait.wait).await,
+            Started::Replayed(run) => return Ok(Begun::Replayed(run)),
         },
     };
     let run_id = accepted.run_id.clone();
@@ -149,19 +175,12 @@ pub(super) async fn start_run(
         (Some(permit), Some(lease)) => {
             let held = lease.clone();
             let edition = accepted.edition.clone();
-            run_segment(&state, &held, permit, move |runtime, sink, cancel| async move { runtime.execute(&lease, &req, &edition, sink, cancel).await });
+            run_segment(state, &held, permit, move |runtime, sink, cancel| async move { runtime.execute(&lease, &req, &edition, sink, cancel).await });
             AcceptedStatus::Running
         }
         _ => AcceptedStatus::Queued,
     };
-    if wait.wait {
-        return Ok(waited(&state, &run_id).await?.into_response());
-    }
-    let mut response = (StatusCode::CREATED, Json(Accepted { run_id: run_id.clone(), status })).into_response();
-    if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
-        response.headers_mut().insert(header::LOCATION, v);
-    }
-    Ok(response)
+    Ok(Begun::New { run_id, status })
 }
 
 /// A start refused by the facade, as the API answers it.
@@ -332,26 +351,33 @@ pub(super) async fn reply(
 ) -> Result<Response, ApiError> {
     let wait = query(wait)?;
     let JsonBody(body) = body?;
-    if body.message.len() > state.inner.config.max_goal_bytes {
+    let run_id = run_id.as_str().to_owned();
+    reply_here(&state, &run_id, body.message).await?;
+    if wait.wait {
+        return Ok(waited(&state, &run_id).await?.into_response());
+    }
+    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id, status: AcceptedStatus::Running })).into_response())
+}
+
+/// Continues a run that asked with `message`, executing here (the same path for `POST
+/// /v1/runs/{id}/reply` and an MCP client's answer to an elicitation).
+pub(super) async fn reply_here(state: &AppState, run_id: &str, message: String) -> Result<(), ApiError> {
+    if message.len() > state.inner.config.max_goal_bytes {
         return Err(ApiError::new(ErrorCode::TooLarge, "the reply is too large"));
     }
     // An empty reply answers nothing: the run would go on with a note that says nothing.
-    if body.message.trim().is_empty() {
+    if message.trim().is_empty() {
         return Err(ApiError::new(ErrorCode::InvalidContent, "the reply's `message` is empty"));
     }
-    let run_id = run_id.as_str().to_owned();
     let permit = state.inner.in_flight.clone().try_acquire_owned().map_err(|_| too_many())?;
-    let claimed = state.inner.durable.claim_reply(&run_id, body.message).await.map_err(|e| match e {
-        ReplyError::NotFound(_) => no_run(&run_id),
+    let claimed = state.inner.durable.claim_reply(run_id, message).await.map_err(|e| match e {
+        ReplyError::NotFound(_) => no_run(run_id),
         ReplyError::NotWaiting { .. } => ApiError::new(ErrorCode::NotWaiting, e.to_string()),
         ReplyError::Store(s) => store_error(s),
         ReplyError::Start(s) => start_error(s),
         ReplyError::VersionGone { .. } => ApiError::new(ErrorCode::CannotStart, e.to_string()),
     })?;
     let lease = claimed.lease().clone();
-    run_segment(&state, &lease, permit, move |runtime, sink, cancel| async move { runtime.continue_run(claimed, sink, cancel).await });
-    if wait.wait {
-        return Ok(waited(&state, &run_id).await?.into_response());
-    }
-    Ok((StatusCode::ACCEPTED, Json(Accepted { run_id, status: AcceptedStatus::Running })).into_response())
+    run_segment(state, &lease, permit, move |runtime, sink, cancel| async move { runtime.continue_run(claimed, sink, cancel).await });
+    Ok(())
 }

@@ -81,6 +81,13 @@ pub struct RunRequest {
     pub prefetch: Vec<String>,
 }
 
+/// Refuses a goal that does not match the route's `goal_schema` (a new run's only check of
+/// its goal: a run taken up again was checked when it started).
+pub fn check_goal(route: &Route, goal: &Map<String, Value>) -> Result<(), StartError> {
+    let problems = route.goal_problems(goal);
+    if problems.is_empty() { Ok(()) } else { Err(StartError::InvalidGoal { route: route.id().to_owned(), problems }) }
+}
+
 /// The events of a top-level run, numbered from `first_seq` (a run started, or continued where
 /// its record stops), and kept for its journal when it has one.
 fn top_events(run_id: &str, route: &Route, sink: Arc<dyn EventSink>, first_seq: u64, journal: Option<&dyn RunJournal>) -> RunEvents {
@@ -282,6 +289,9 @@ impl Runner {
         journal: Option<&dyn RunJournal>,
     ) -> Result<RunResult, StartError> {
         let route = self.route(&req.route_id)?.clone();
+        if matches!(begin, Begin::New { .. }) {
+            check_goal(&route, &req.goal)?;
+        }
         let fresh = RunState::for_route(&route);
         let journal = journal.filter(|_| !matches!(begin, Begin::Replay(_)));
         let (events, state, reply) = match begin {

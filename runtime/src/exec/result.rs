@@ -186,6 +186,9 @@ pub enum StartError {
     StubScriptBroken { route: String, problems: Problems },
     #[error("route `{route}` does not run a decision loop: only a decision-loop run can ask and be continued")]
     NotResumable { route: String },
+    /// The goal does not match the route's `goal_schema`: each problem `PATH: message`.
+    #[error("the goal does not match the `goal_schema` of route `{route}`: {}", problems.join("; "))]
+    InvalidGoal { route: String, problems: Vec<String> },
 }
 
 impl StartError {
@@ -200,6 +203,7 @@ impl StartError {
             StartError::ProfileUnusable { .. } => "profile_unusable",
             StartError::StubScriptBroken { .. } => "stub_script_broken",
             StartError::NotResumable { .. } => "not_resumable",
+            StartError::InvalidGoal { .. } => "invalid_goal",
         }
     }
 }

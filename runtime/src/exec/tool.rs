@@ -195,15 +195,7 @@ impl Runner {
     /// mismatch is `invalid_tool_arguments` (with its `run.tool.failed`).
     pub(super) fn check_args(&self, run: &Run<'_>, tool: &StageNode, cap: &BoundCapability, args: &Map<String, Value>) -> Result<(), StageFailure> {
         let Some(validator) = &cap.def.input_validator else { return Ok(()) };
-        let instance = Value::Object(args.clone());
-        let problems: Vec<String> = validator
-            .iter_errors(&instance)
-            .take(5)
-            .map(|e| {
-                let at = e.instance_path().to_string();
-                if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
-            })
-            .collect();
+        let problems = crate::defs::schema_problems(validator, &Value::Object(args.clone()));
         if problems.is_empty() {
             return Ok(());
         }

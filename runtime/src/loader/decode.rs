@@ -153,6 +153,30 @@ fn invoke(ctx: &mut Ctx<'_>, node: &Node) -> Option<Invoke> {
     Some(Invoke { url: url?, method: method?, timeout: Duration::from_millis(timeout_ms?), max_response_bytes: max_bytes? as usize, query_param: query_param? })
 }
 
+/// `schema` (read from `node`) compiled, or an error at `node` saying why it is no JSON Schema.
+fn compiled(ctx: &mut Ctx<'_>, node: &Node, schema: &Json, what: &str) -> Option<Arc<jsonschema::Validator>> {
+    match jsonschema::validator_for(schema) {
+        Ok(v) => Some(Arc::new(v)),
+        Err(e) => {
+            ctx.error(node.pos, format!("{what} is not a valid JSON Schema: {e}"));
+            None
+        }
+    }
+}
+
+/// A route's `goal_schema`: a JSON Schema of an object (a goal is always one), compiled.
+fn goal_schema(ctx: &mut Ctx<'_>, node: &Node, route: &str) -> Option<GoalSchema> {
+    let schema = schema(ctx, node, "`goal_schema`")?;
+    let object = |t: &Json| t.as_str() == Some("object");
+    let ty = schema.get("type");
+    if ty.is_some_and(|t| !object(t) && !t.as_array().is_some_and(|a| a.iter().any(object))) {
+        ctx.error(node.pos, format!("`goal_schema` of route `{route}` must describe an object (`type: object`): a goal is always a JSON object"));
+        return None;
+    }
+    let validator = compiled(ctx, node, &schema, &format!("`goal_schema` of route `{route}`"))?;
+    Some(GoalSchema { schema, validator })
+}
+
 fn schema(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Json> {
     match node.value {
         Value::Map(_) => Some(yaml::to_json(node)),
@@ -169,13 +193,7 @@ pub fn capability(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) ->
     let input_node = f.get("input_schema");
     let input_schema = input_node.and_then(|n| schema(ctx, n, "`input_schema`"));
     let input_validator = match (&input_schema, input_node) {
-        (Some(s), Some(n)) => match jsonschema::validator_for(s) {
-            Ok(v) => Some(Arc::new(v)),
-            Err(e) => {
-                ctx.error(n.pos, format!("`input_schema` of capability `{name}` is not a valid JSON Schema: {e}"));
-                None
-            }
-        },
+        (Some(s), Some(n)) => compiled(ctx, n, s, &format!("`input_schema` of capability `{name}`")),
         _ => None,
     };
     let output = match f.get("output_schema") {
@@ -384,6 +402,7 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
     let activation_target = f.get("activation_target").and_then(|n| ctx.ident(n, "`activation_target`"));
     let max_loop_steps = f.get("max_loop_steps").map_or(Some(DEFAULT_MAX_LOOP_STEPS as u64), |n| ctx.uint(n, "`max_loop_steps`", 1, 1000));
     let priority = f.get("priority").map_or(Some(0), |n| ctx.uint(n, "`priority`", 0, 9));
+    let goal_schema = f.get("goal_schema").and_then(|n| goal_schema(ctx, n, name));
     let conversation = match f.get("conversation") {
         None => Conversation::None,
         Some(n) => match ctx.string(n, "`conversation`").as_deref() {
@@ -442,6 +461,7 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
         max_loop_steps: max_loop_steps.unwrap_or(DEFAULT_MAX_LOOP_STEPS as u64) as u32,
         priority: priority.unwrap_or(0) as u8,
         conversation,
+        goal_schema,
         body,
     })
 }

@@ -122,7 +122,8 @@ impl Durable {
 
     /// Every start check; the store a run is accepted into, and where its ends are posted.
     fn check_start(&self, req: &StartRequest, edition: &Edition) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
-        edition.check_route(&req.route_id)?;
+        let route = edition.check_route(&req.route_id)?;
+        crate::exec::check_goal(route, &req.goal)?;
         if let Some(p) = &req.model_profile
             && !edition.catalogue().profiles().any(|(name, _)| name == p)
         {
