@@ -105,7 +105,8 @@ impl std::fmt::Debug for McpServers {
 struct Inner {
     vars: Vars,
     /// The runtime the sessions live on, made with the first server.
-    rt: OnceLock<tokio::runtime::Runtime>,
+    /// The clients' runtime, or why it could not be made (the machine refused a thread).
+    rt: OnceLock<Result<tokio::runtime::Runtime, std::io::Error>>,
     /// One client per server name and definition: a catalogue version that declares a server
     /// otherwise than another gets a client of its own, so runs on each call their own.
     servers: Mutex<HashMap<(String, McpTransportDef), Arc<Server>>>,
@@ -114,7 +115,7 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // Its tasks (and a child process with its session) end with it, from any context.
-        if let Some(rt) = self.rt.take() {
+        if let Some(Ok(rt)) = self.rt.take() {
             rt.shutdown_background();
         }
     }
@@ -236,15 +237,9 @@ impl McpServers {
         McpServers { inner: Arc::new(Inner { vars: Arc::new(vars), rt: OnceLock::new(), servers: Mutex::new(HashMap::new()) }) }
     }
 
-    fn rt(&self) -> &tokio::runtime::Runtime {
-        self.inner.rt.get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("fabric-mcp")
-                .enable_all()
-                .build()
-                .unwrap_or_else(|e| panic!("the MCP clients' runtime could not be built: {e}"))
-        })
+    fn rt(&self) -> Result<&tokio::runtime::Runtime, McpError> {
+        let rt = self.inner.rt.get_or_init(|| tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("fabric-mcp").enable_all().build());
+        rt.as_ref().map_err(|e| McpError::Connection(format!("the MCP clients' runtime could not be started: {e}")))
     }
 
     /// The client of `name` as `transport` declares it, made (not yet started) when new.
@@ -263,7 +258,10 @@ impl McpServers {
             return McpListings::new();
         }
         let vars = self.inner.vars.clone();
-        let rt = self.rt();
+        let rt = match self.rt() {
+            Ok(rt) => rt,
+            Err(e) => return servers.iter().map(|s| (s.name.clone(), McpListing::Unavailable(e.to_string()))).collect(),
+        };
         let listed = std::thread::scope(|scope| {
             scope
                 .spawn(|| {
@@ -286,7 +284,7 @@ impl McpServers {
 
     /// Ends every session (a stdio server's process with it). A later call starts it again.
     pub async fn stop(&self) {
-        let Some(rt) = self.inner.rt.get() else { return };
+        let Some(Ok(rt)) = self.inner.rt.get() else { return };
         let servers: Vec<Arc<Server>> = self.inner.servers.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
         let done = rt.spawn(async move {
             for s in servers {
@@ -321,10 +319,15 @@ impl McpPort for McpServers {
                 return Err(ToolError { class: ReasonClass::ToolConnection, message: format!("MCP server `{server}` has no client in this process") });
             };
             let (vars, tool_name, args) = (self.inner.vars.clone(), tool.to_owned(), args.clone());
-            let mut task = AbortOnDrop(self.rt().spawn(async move { s.call(&vars, &tool_name, &args, timeout).await }));
-            let outcome = match (&mut task.0).await {
-                Ok(r) => r,
-                Err(e) => Err(McpError::Connection(format!("the MCP call ended unexpectedly: {e}"))),
+            let outcome = match self.rt() {
+                Ok(rt) => {
+                    let mut task = AbortOnDrop(rt.spawn(async move { s.call(&vars, &tool_name, &args, timeout).await }));
+                    match (&mut task.0).await {
+                        Ok(r) => r,
+                        Err(e) => Err(McpError::Connection(format!("the MCP call ended unexpectedly: {e}"))),
+                    }
+                }
+                Err(e) => Err(e),
             };
             match outcome {
                 Ok(text) => Ok(McpOutput { text, duration: started.elapsed() }),
