@@ -396,12 +396,13 @@ pub(crate) async fn sse(s: &Server, run_id: &str, last_event_id: Option<u64>) ->
         req = req.header("last-event-id", id.to_string());
     }
     let text = req.send().await.unwrap().text().await.unwrap();
-    let mut out = Vec::new();
-    for block in text.split("\n\n").filter(|b| b.contains("data:")) {
-        let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default();
-        out.push((field("id:").parse().unwrap(), field("event:"), serde_json::from_str(&field("data:")).unwrap()));
-    }
-    out
+    text.split("\n\n").filter(|b| b.contains("data:")).map(sse_block).collect()
+}
+
+/// One SSE event block of a run's stream: (id, event type, data).
+pub(crate) fn sse_block(block: &str) -> (u64, String, Value) {
+    let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default();
+    (field("id:").parse().unwrap(), field("event:"), serde_json::from_str(&field("data:")).unwrap())
 }
 
 #[tokio::test]

@@ -39,8 +39,7 @@ impl Reader {
                 if !block.contains("data:") {
                     continue; // a keep-alive comment
                 }
-                let field = |name: &str| block.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned()).unwrap_or_default();
-                return Some((field("id:").parse().unwrap(), field("event:"), serde_json::from_str(&field("data:")).unwrap()));
+                return Some(crate::service::sse_block(&block));
             }
             let chunk = self.response.chunk().await.ok()??;
             self.buf.push_str(&String::from_utf8_lossy(&chunk));
