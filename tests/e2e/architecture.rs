@@ -21,6 +21,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("events", &["failure"]),
     ("structured", &[]),
     ("decision", &[]),
+    // Scheduled runs' pure core: cron fire times, the planner (issue 50).
+    ("schedule", &[]),
     // Built on leaves only: telemetry, the vocabulary the catalogue and the model port share,
     // the located vocabulary of source files.
     ("otel", &["redact"]),
