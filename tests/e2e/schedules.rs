@@ -3,11 +3,17 @@
 //! taken over once its replica died, and the service's API, loop and policies end to end.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use fabric::api::{ApiConfig, AppState};
+use fabric::runtime::ScheduleDef;
 use fabric::store::schedules::{FireEnd, NewFire, StoredSchedule};
-use serde_json::json;
+use serde_json::{Value, json};
 
+use crate::service::{Server, TOKEN, client, settled};
 use crate::store::stores;
+use crate::support::{fixtures, routes_dir};
 
 fn schedule(id: &str, next_fire_ms: i64) -> StoredSchedule {
     StoredSchedule {
@@ -75,4 +81,175 @@ async fn a_fire_time_is_decided_once_and_a_dead_deciders_start_is_taken_over_onc
         assert!(!s.delete_schedule("s1").await.unwrap(), "{name}");
         let _: Arc<dyn fabric::store::RunStore> = store;
     }
+}
+
+// ---- the service's loop on a clock the test moves (one process, real stores) ----
+
+/// A time on the test's clock: `T0` plus `ms`.
+fn at(ms: i64) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z").unwrap().with_timezone(&Utc) + chrono::Duration::milliseconds(ms)
+}
+
+fn def(route: &str, cron: &str, extra: Value) -> ScheduleDef {
+    let mut v = json!({"route_id": route, "goal": {"q": 1}, "cron": cron});
+    v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    serde_json::from_value(v).unwrap()
+}
+
+/// The outcomes of a schedule's fires, oldest first.
+async fn outcomes(state: &AppState, id: &str) -> Vec<String> {
+    let mut fires = state.durable().schedule_fires(id, 1000).await.unwrap();
+    fires.reverse();
+    fires.into_iter().map(|f| f.outcome).collect()
+}
+
+#[tokio::test]
+async fn each_overlap_policy_with_a_run_that_outlives_its_interval_on_every_store() {
+    let (stores, _dir) = stores().await;
+    for (name, url) in stores {
+        let store = fabric::store::open(&url).await.unwrap();
+        let (state, _stub) = crate::service::state_on(store, None, ApiConfig::default());
+        let durable = state.durable().clone();
+        let mut ids = Vec::new();
+        // support-agent asks the user: its run stays live (awaiting input) past every interval.
+        for overlap in ["skip", "buffer_one", "allow_all", "cancel_other"] {
+            let d = def("support-agent", "* * * * * *", json!({"overlap": overlap}));
+            ids.push(durable.create_schedule(None, &d, false, "api", at(0)).await.unwrap().id);
+        }
+        for second in 1..=3 {
+            assert!(state.schedule_tick(at(second * 1000 + 150)).await > 0, "{name}: a run started at second {second}");
+        }
+        let want =
+            [["started", "skipped", "skipped"], ["started", "buffered", "skipped"], ["started", "started", "started"], ["started", "started", "started"]];
+        for (id, want) in ids.iter().zip(want) {
+            assert_eq!(outcomes(&state, id).await, want, "{name}: {id}");
+        }
+        // cancel_other cancelled each run before the next (newest first): only the last one is live.
+        let fires = durable.schedule_fires(&ids[3], 10).await.unwrap();
+        assert!(fires[2].why.is_none() && fires[0].why.as_deref().unwrap().contains("cancelled the live run"), "{name}: {fires:?}");
+        for f in &fires[1..] {
+            // A running run's cancel is requested; its holder ends it at once.
+            let mut status = String::new();
+            for _ in 0..100 {
+                status = durable.store().get_run(f.run_id.as_deref().unwrap()).await.unwrap().unwrap().status.as_str().to_owned();
+                if status == "cancelled" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(status, "cancelled", "{name}");
+        }
+        // buffer_one: once its live run ends, the buffered fire starts.
+        let live = durable.schedule(&ids[1]).await.unwrap().last_run_id.unwrap();
+        durable.cancel(&live, None, Arc::new(fabric::events::NullSink)).await.unwrap();
+        state.schedule_tick(at(3_500)).await;
+        assert_eq!(outcomes(&state, &ids[1]).await, ["started", "started", "skipped"], "{name}");
+        // Every started fire's run is keyed by its fire time.
+        let fire = &durable.schedule_fires(&ids[2], 10).await.unwrap()[0];
+        let key = fabric::store::IdempotencyKey::parse(&format!("schedule:{}:{}", ids[2], fire.fire_time)).unwrap();
+        assert_eq!(durable.store().run_of_key(&key).await.unwrap().unwrap().run_id, fire.run_id.clone().unwrap(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn an_hour_outage_with_catchup_all_three_runs_three_the_rest_missed_and_two_replicas_fire_each_time_once() {
+    let (stores, _dir) = stores().await;
+    for (name, url) in stores {
+        let store = fabric::store::open(&url).await.unwrap();
+        let (a, _stub_a) = crate::service::state_on(store.clone(), None, ApiConfig::default());
+        let (b, _stub_b) = crate::service::state_on(store, None, ApiConfig::default());
+        let d = def(
+            "support-triage",
+            "* * * * *",
+            json!({"overlap": "allow_all", "catchup": "all", "max_catchup_runs": 3, "catchup_window": "2h", "goal": {"ticket": "t"}}),
+        );
+        let id = a.durable().create_schedule(None, &d, false, "api", at(0)).await.unwrap().id;
+        // No replica was up for an hour: both come back at once.
+        let (ra, rb) = tokio::join!(a.schedule_tick(at(3_600_000 + 300)), b.schedule_tick(at(3_600_000 + 300)));
+        assert_eq!(ra + rb, 3, "{name}: three runs, however long the outage");
+        let fires = outcomes(&a, &id).await;
+        assert_eq!(fires.len(), 60, "{name}: 00:01 to 01:00, each minute once");
+        assert_eq!(fires.iter().filter(|o| *o == "missed").count(), 57, "{name}");
+        assert_eq!(&fires[57..], ["started", "started", "started"], "{name}: the newest three");
+        // Back to normal: each minute once, whichever replica looks first.
+        for minute in 61..=63 {
+            let (ra, rb) = tokio::join!(a.schedule_tick(at(minute * 60_000 + 200)), b.schedule_tick(at(minute * 60_000 + 200)));
+            assert_eq!(ra + rb, 1, "{name}: minute {minute}");
+        }
+        assert_eq!(outcomes(&a, &id).await.len(), 63, "{name}");
+        let why = a.durable().schedule_fires(&id, 100).await.unwrap().last().unwrap().why.clone().unwrap();
+        assert!(why.contains("`max_catchup_runs`: 3"), "{name}: {why}");
+    }
+}
+
+// ---- `fabric serve` over real sockets ----
+
+/// A server over the fixture catalogue with `order-status` (a route with a `goal_schema`) layered on it.
+fn serve(store: &str) -> (Server, tempfile::TempDir) {
+    let stub = crate::service::asking_stub();
+    let catalogue = format!("{}:{}", routes_dir().display(), fixtures().join("mcp/routes").display());
+    (Server::start(store, stub.path(), &[("FABRIC_CATALOGUE_DIR", catalogue.as_str())]), stub)
+}
+
+async fn call(server: &Server, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut req = client().request(method.parse().unwrap(), format!("{}{path}", server.url)).bearer_auth(TOKEN);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn the_api_refuses_bad_schedules_with_where_and_fires_a_good_one_every_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _stub) = serve(&format!("sqlite://{}", dir.path().join("fabric.db").display()));
+    let triage = |cron: &str| json!({"route_id": "support-triage", "goal": {"ticket": "t"}, "cron": cron});
+    for (body, says) in [
+        (triage("0 0 0 1 1 * 2030"), "this one has 7 (the extra field starts at column 13)"),
+        (triage("0 0 31 2 *"), "never fires"),
+        (triage("0 61 * * *"), "field 2 (hour) at column 3"),
+        (json!({"route_id": "support-triage", "goal": {}, "cron": "* * * * *", "timezone": "Mars/Olympus"}), "not an IANA time zone"),
+        (json!({"route_id": "no-such-route", "goal": {}, "cron": "* * * * *"}), "unknown route `no-such-route`"),
+        (json!({"route_id": "order-status", "goal": {"order_id": "x"}, "cron": "* * * * *"}), "goal_schema"),
+        (json!({"route_id": "support-triage", "goal": {}, "crn": "* * * * *"}), "unknown field `crn`"),
+        (json!({"route_id": "support-triage", "goal": {}, "cron": "* * * * *", "catchup": "all", "max_catchup_runs": 500}), "max_catchup_runs"),
+    ] {
+        let (status, error) = call(&server, "POST", "/v1/schedules", Some(body.clone())).await;
+        assert_eq!(status, 422, "{body}: {error}");
+        assert!(error["error"]["message"].as_str().unwrap().contains(says), "{body}: {error}");
+    }
+    let mut every_second = triage("* * * * * *");
+    every_second["overlap"] = json!("allow_all");
+    let (status, made) = call(&server, "POST", "/v1/schedules", Some(every_second)).await;
+    assert_eq!(status, 201, "{made}");
+    let id = made["id"].as_str().unwrap().to_owned();
+    assert_eq!(made["next_fires"].as_array().unwrap().len(), 3, "{made}");
+    tokio::time::sleep(Duration::from_millis(3_300)).await;
+    let (_, paused) = call(&server, "PATCH", &format!("/v1/schedules/{id}"), Some(json!({"paused": true}))).await;
+    assert_eq!(paused["paused"], true, "{paused}");
+    let (_, fires) = call(&server, "GET", &format!("/v1/schedules/{id}/fires"), None).await;
+    let fires = fires["fires"].as_array().unwrap().clone();
+    assert!((2..=4).contains(&fires.len()), "{fires:?}");
+    for f in &fires {
+        assert_eq!(f["outcome"], "started", "{f}");
+        assert!(f["lag_ms"].as_i64().unwrap() < 1_000, "started within a second of its time: {f}");
+        let run = settled(&server, f["run_id"].as_str().unwrap()).await;
+        assert_eq!(run["status"], "completed", "{run}");
+    }
+    // Paused: no fire; a trigger fires it all the same, with a key of its own.
+    let (status, fire) = call(&server, "POST", &format!("/v1/schedules/{id}/trigger"), None).await;
+    assert_eq!((status, fire["manual"].clone(), fire["outcome"].clone()), (202, json!(true), json!("starting")), "{fire}");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (_, after) = call(&server, "GET", &format!("/v1/schedules/{id}/fires"), None).await;
+    let after = after["fires"].as_array().unwrap();
+    assert_eq!(after.len(), fires.len() + 1, "{after:?}");
+    assert_eq!((after[0]["manual"].clone(), after[0]["outcome"].clone()), (json!(true), json!("started")), "{after:?}");
+    let metrics = client().get(format!("{}/metrics", server.url)).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("fabric_schedule_fires_total{outcome=\"started\"}") && metrics.contains("fabric_schedule_lag_seconds_count"), "{metrics}");
+    let (_, list) = call(&server, "GET", "/v1/schedules", None).await;
+    assert_eq!(list["schedules"][0]["id"], id.as_str());
+    assert_eq!(call(&server, "DELETE", &format!("/v1/schedules/{id}"), None).await.0, 204);
+    assert_eq!(call(&server, "GET", &format!("/v1/schedules/{id}"), None).await.0, 404);
 }
