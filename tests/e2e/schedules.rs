@@ -253,3 +253,38 @@ async fn the_api_refuses_bad_schedules_with_where_and_fires_a_good_one_every_sec
     assert_eq!(call(&server, "DELETE", &format!("/v1/schedules/{id}"), None).await.0, 204);
     assert_eq!(call(&server, "GET", &format!("/v1/schedules/{id}"), None).await.0, 404);
 }
+
+/// The fleet test: three replicas on PostgreSQL, a schedule every second for a minute,
+/// one replica `kill -9`'d in the middle: a run per second (one at each edge aside), none twice,
+/// each within a second of its time but those the killed replica held (taken over after their
+/// claim, 10 s).
+#[tokio::test]
+async fn three_replicas_on_postgres_one_killed_fire_every_second_once() {
+    let Some(url) = crate::store::fresh_postgres().await else { return };
+    let (a, _sa) = serve(&url);
+    let (b, _sb) = serve(&url);
+    let (c, _sc) = serve(&url);
+    let body = json!({"route_id": "support-triage", "goal": {"ticket": "t"}, "cron": "* * * * * *", "overlap": "allow_all"});
+    let (status, made) = call(&a, "POST", "/v1/schedules", Some(body)).await;
+    assert_eq!(status, 201, "{made}");
+    let id = made["id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    b.signal("KILL");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (_, paused) = call(&c, "PATCH", &format!("/v1/schedules/{id}"), Some(json!({"paused": true}))).await;
+    assert_eq!(paused["paused"], true, "{paused}");
+    // A start the killed replica held is taken over once its claim ends.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let (_, fires) = call(&a, "GET", &format!("/v1/schedules/{id}/fires?limit=1000"), None).await;
+    let fires = fires["fires"].as_array().unwrap().clone();
+    assert!((59..=61).contains(&fires.len()), "{} fires", fires.len());
+    let runs: std::collections::BTreeSet<&str> = fires.iter().map(|f| f["run_id"].as_str().unwrap_or_else(|| panic!("a fire without its run: {f}"))).collect();
+    assert_eq!(runs.len(), fires.len(), "a run per fire, none twice");
+    assert!(fires.iter().all(|f| f["outcome"] == "started"), "{fires:?}");
+    let late: Vec<&Value> = fires.iter().filter(|f| f["lag_ms"].as_i64().unwrap() >= 1_000).collect();
+    assert!(late.len() <= 2, "only the fires the killed replica held start late: {late:?}");
+    // The store holds exactly those runs of the route: no fire started a second run.
+    let (_, page) = call(&a, "GET", "/v1/runs?route_id=support-triage&limit=200", None).await;
+    assert_eq!(page["runs"].as_array().unwrap().len(), fires.len(), "{page}");
+    drop(b);
+}
