@@ -288,3 +288,35 @@ async fn three_replicas_on_postgres_one_killed_fire_every_second_once() {
     assert_eq!(page["runs"].as_array().unwrap().len(), fires.len(), "{page}");
     drop(b);
 }
+
+#[tokio::test]
+async fn fabric_schedules_creates_lists_pauses_triggers_and_deletes_on_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    let env = [("FABRIC_LLM_STUB", "1".to_owned())];
+    let cli = |args: Vec<String>| {
+        let mut all = vec!["schedules".to_owned(), "--store".to_owned(), store.clone()];
+        all.extend(args);
+        let env = env.clone();
+        async move { crate::support::fabric_cli(&all.iter().map(String::as_str).collect::<Vec<_>>(), &env).await }
+    };
+    let v = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let never = cli(v(&["create", "--route", "support-triage", "--goal", r#"{"ticket": "t"}"#, "--cron", "0 0 31 2 *"])).await;
+    assert_eq!(never.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&never.stderr).contains("never fires"), "{never:?}");
+    let made =
+        cli(v(&["create", "--route", "support-triage", "--goal", r#"{"ticket": "t"}"#, "--cron", "30 7 * * MON-FRI", "--timezone", "Europe/Berlin"])).await;
+    assert!(made.status.success(), "{made:?}");
+    let view: Value = serde_json::from_slice(&made.stdout).unwrap();
+    let id = view["id"].as_str().unwrap().to_owned();
+    let list = String::from_utf8(cli(v(&["list"])).await.stdout).unwrap();
+    assert!(list.starts_with(&format!("{id}\tsupport-triage\t30 7 * * MON-FRI\tEurope/Berlin\tactive\t")), "{list}");
+    let paused: Value = serde_json::from_slice(&cli(v(&["pause", &id])).await.stdout).unwrap();
+    assert_eq!(paused["paused"], true);
+    assert!(cli(v(&["trigger", &id])).await.status.success());
+    let shown = String::from_utf8(cli(v(&["show", &id, "--fires", "5"])).await.stdout).unwrap();
+    let fire: Value = serde_json::from_str(shown.lines().nth(1).unwrap()).unwrap();
+    assert_eq!((fire["manual"].clone(), fire["outcome"].clone()), (json!(true), json!("starting")), "{shown}");
+    assert!(cli(v(&["delete", &id])).await.status.success());
+    assert_eq!(cli(v(&["show", &id])).await.status.code(), Some(2));
+}
