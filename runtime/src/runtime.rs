@@ -85,7 +85,7 @@ mod on_version;
 mod reload;
 mod replying;
 mod retention;
-pub use crate::llm::flow::GateStatus;
+pub use crate::llm::flow::{BreakerState, BreakerStatus, GateStatus};
 pub use crate::store::StartRequest;
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
@@ -176,6 +176,11 @@ impl Runtime {
     /// Each gate as it is now (metrics, `fabric doctor`).
     pub fn flow_status(&self) -> Vec<GateStatus> {
         self.flow.gates().iter().map(|g| g.status()).collect()
+    }
+
+    /// The breaker of each model of a fallback chain, as it is now (metrics, `fabric doctor`).
+    pub fn breaker_status(&self) -> Vec<BreakerStatus> {
+        self.flow.breakers().iter().map(|b| b.status()).collect()
     }
 
     /// The routes whose runs this process may claim: those [`Runtime::check_route`] accepts.

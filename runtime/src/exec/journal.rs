@@ -15,7 +15,18 @@ use crate::failure::BoxFuture;
 pub enum JournalEntry {
     /// A model call: what it was asked (system text, user message), its reply as received, and
     /// the value the stage took from it (what a recovered or replayed run uses instead of asking).
-    ModelReply { stage_id: String, turn: u32, system: String, user: String, raw: String, value: String },
+    /// `model`: the model of a fallback chain that answered (`provider:model`); none outside a
+    /// chain. What answered is recorded, so a resumed or replayed run never asks the chain again.
+    ModelReply {
+        stage_id: String,
+        turn: u32,
+        system: String,
+        user: String,
+        raw: String,
+        value: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+    },
     /// A stage that completed: its slot value and the note it added, if any.
     StageCompleted { stage_id: String, value: String, note: Option<String> },
     /// A note added without a completed stage (a failed tool call in the decision loop).

@@ -87,7 +87,8 @@ impl Runner {
         let reply = reply.map_err(|e| StageFailure::new(e.class, e.message))?;
         if run.journal.is_some() {
             let (stage_id, system, raw, value) = (stage.id().to_owned(), req.system.to_owned(), reply.raw_text(), reply.value.recorded());
-            state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value });
+            let model = reply.served_by.as_deref().map(str::to_owned);
+            state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value, model });
             // Recorded at once: a run recovered after a crash does not ask the model again.
             self.checkpoint(run, state).await?;
         } else {

@@ -1076,6 +1076,19 @@ fn flow_lines(settings: &Settings) -> String {
         "longest pause after a provider's 429: {} s (FABRIC_LLM_MAX_PAUSE_S; a longer stated wait fails its call)\n",
         plan.max_pause.as_secs_f64()
     ));
+    let chain: Vec<String> = settings.fallbacks.iter().map(|t| format!("{}:{}", t.provider.key(), t.model)).collect();
+    let policy = settings.fallback_policy;
+    out.push_str(&format!(
+        "fallbacks of the default model: {} (FABRIC_LLM_FALLBACKS); on invalid output: {} (FABRIC_LLM_FALLBACK_ON_INVALID); skip a paused model: {} (FABRIC_LLM_PREFER_AVAILABLE)\n",
+        if chain.is_empty() { "none".to_owned() } else { chain.join(" -> ") },
+        if policy.on_invalid { "yes" } else { "no" },
+        if policy.prefer_available { "yes" } else { "no" },
+    ));
+    out.push_str(&format!(
+        "breakers of chained models: open after {} failures in a row (FABRIC_LLM_BREAKER_FAILURES), for {} s (FABRIC_LLM_BREAKER_COOLDOWN_S)\n",
+        plan.breaker.failures,
+        plan.breaker.cooldown.as_secs_f64()
+    ));
     if plan.any() {
         let pg = settings.service.database_url.starts_with("postgres");
         out.push_str(if pg {
@@ -1289,9 +1302,12 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         cat.unloaded().len(),
         runtime.version()
     ));
+    let defs: std::collections::HashMap<&str, &fabric::defs::ProfileDef> = cat.profiles().map(|(n, d)| (n.as_str(), d)).collect();
     for p in runtime.profiles() {
+        let fallbacks = fabric::defs::fallback_chain(&p.name, |n| defs.get(n).copied());
+        let then = if fallbacks.len() > 1 { format!(", then profiles {}", fallbacks[1..].join(", ")) } else { String::new() };
         match p.model {
-            Ok(m) => out.push_str(&format!("  profile {}: {} {}\n", p.name, m.provider, m.model)),
+            Ok(m) => out.push_str(&format!("  profile {}: {} {}{then}\n", p.name, m.provider, m.model)),
             Err(e) => out.push_str(&format!("  profile {}: UNUSABLE ({e}); its routes are refused\n", p.name)),
         }
     }
