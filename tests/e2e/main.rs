@@ -11,6 +11,7 @@ mod decision_loop;
 mod durable;
 mod durable_load;
 mod events;
+mod fallbacks;
 mod family;
 mod faults;
 mod flow;
