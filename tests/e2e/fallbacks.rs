@@ -436,3 +436,27 @@ async fn the_fleets_default_model_falls_back_through_fabric_run_and_doctor_shows
         assert!(stderr.contains("FABRIC_LLM_FALLBACKS") && stderr.contains(needle), "{bad}: {stderr}");
     }
 }
+
+#[tokio::test]
+async fn a_paused_model_is_skipped_when_the_profile_prefers_an_available_one() {
+    // A 429 that names a 30 s wait pauses the first model for every call of the process.
+    let a = healthy(ProviderKind::OpenAi);
+    a.push(Canned { headers: vec![("retry-after", "30".into())], ..Canned::json(429, json!({})) });
+    let (b, c) = (healthy(ProviderKind::Anthropic), healthy(ProviderKind::Gemini));
+    let urls = [a.start().await, b.start().await, c.start().await];
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&catalogue(dir.path(), [&urls[0], &urls[1], &urls[2]], "    prefer_available: true\n"), settings(&[]));
+    let run = || async {
+        let sink = Arc::new(MemorySink::default());
+        let out = rt.run(fabric::exec::RunRequest { route_id: "fb".into(), goal: goal(), prefetch: vec![] }, sink.clone(), Cancel::never()).await.unwrap();
+        assert_eq!(out.result.status(), RunStatus::Completed);
+        fallbacks(&sink)
+    };
+    assert_eq!(run().await, [format!("{A}>{B}:rate_limited:rate_limited")]);
+    let started = std::time::Instant::now();
+    for _ in 0..5 {
+        assert_eq!(run().await, [format!("{A}>{B}:paused:rate_limited")], "skipped, not waited for");
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(a.requests().len(), 1);
+}
