@@ -71,7 +71,21 @@ pub enum JournalError {
 pub trait RunJournal: Send + Sync {
     fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>>;
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>>;
+
+    /// [`RunJournal::append`], and `durable` called once the batch is durable (never when its
+    /// write fails): what a watcher may be shown of a run is what a takeover cannot replace. By
+    /// default once queued (a journal whose queue is its record).
+    fn append_then<'a>(&'a self, run_id: &'a str, batch: JournalBatch, durable: Durable) -> BoxFuture<'a, Result<(), JournalError>> {
+        Box::pin(async move {
+            self.append(run_id, batch).await?;
+            durable();
+            Ok(())
+        })
+    }
 }
+
+/// What to do once a batch is durable ([`RunJournal::append_then`]).
+pub type Durable = Box<dyn FnOnce() + Send>;
 
 /// What a run's record holds when the run is taken up again: recovered after its process died
 /// ([`Runner::recover`](super::Runner::recover)), continued after the user replied

@@ -132,7 +132,8 @@ async fn recorded_as_it_streams<T>(
                     continue;
                 }
                 let so_far = events.take_recorded();
-                if let Err(e) = journal.append(events.run_id(), JournalBatch { events: so_far, entries: Vec::new(), end: None }).await {
+                let durable = events.on_durable(&so_far);
+                if let Err(e) = journal.append_then(events.run_id(), JournalBatch { events: so_far, entries: Vec::new(), end: None }, durable).await {
                     return (call.await, Some(e));
                 }
             }

@@ -176,6 +176,10 @@ where
         Box::pin(self.queue.commit(lease, batch))
     }
 
+    fn append_then<'a>(&'a self, lease: &'a Lease, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.queue.append_then(lease, batch, durable))
+    }
+
     fn put_catalogue<'a>(&'a self, version: &'a CatalogueVersion, sources: &'a Sources) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(SqlStore::put_catalogue(self, version, sources))
     }
