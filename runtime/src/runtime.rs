@@ -85,6 +85,7 @@ mod on_version;
 mod reload;
 mod replying;
 mod retention;
+mod scheduling;
 pub use crate::llm::flow::{BreakerState, BreakerStatus, GateStatus};
 pub use crate::store::StartRequest;
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};
@@ -94,6 +95,7 @@ pub use edition::{Edition, KEPT_EDITIONS, stub_scripts_on_disk};
 pub use reload::{ReloadError, Reloaded};
 pub use replying::{ClaimedReply, ReplayOn, ReplyError};
 pub use retention::{EXPIRED_REASON, PRUNE_BATCH};
+pub use scheduling::{ScheduleDef, ScheduleError, ScheduleView};
 
 pub struct Runtime {
     settings: Settings,

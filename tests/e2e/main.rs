@@ -31,6 +31,7 @@ mod providers;
 mod retention;
 mod routes_diff;
 mod run;
+mod schedules;
 mod service;
 mod sessions;
 mod sim;

@@ -46,6 +46,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     let mut text =
         state.inner.metrics.render(state.runs_in_flight(), &state.inner.durable.runtime().flow_status(), &state.inner.durable.runtime().breaker_status());
     state.inner.loops.render(&mut text);
+    state.inner.fires.render(&mut text);
     state.inner.reloads.render(state.runtime().current().version().as_str(), &mut text);
     // The event streams' share of the load: streams open, and the store pollers they share.
     text.push_str(&format!(

@@ -9,9 +9,9 @@ use super::*;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Fabric Runtime", description = "Runs staged LLM routes: the start contract, run records, live events, replies, cancels, webhooks.", license(name = "Apache-2.0")),
-    paths(start_run, list_runs, get_run, run_events, inspect::run_updates, inspect::run_record, reply, cancel::cancel_run, webhooks::run_webhooks, list_routes, route_graph_svg, catalogue::catalogue_info, catalogue::reload, catalogue::catalogue_diff, healthz, readyz, metrics, openapi_json),
-    components(schemas(StartBody, Accepted, RunView, RunPage, ReplyBody, cancel::CancelBody, webhooks::WebhookList, webhooks::WebhookView, webhooks::WebhookPayload, RouteInfo, catalogue::CatalogueInfo, catalogue::CatalogueReloaded, catalogue::CatalogueChanges, RunRecord, ErrorBody, ErrorDetail)),
+    info(title = "Fabric Runtime", description = "Runs staged LLM routes: the start contract, run records, live events, replies, cancels, webhooks, schedules.", license(name = "Apache-2.0")),
+    paths(start_run, list_runs, get_run, run_events, inspect::run_updates, inspect::run_record, reply, cancel::cancel_run, webhooks::run_webhooks, schedules::create_schedule, schedules::list_schedules, schedules::get_schedule, schedules::patch_schedule, schedules::delete_schedule, schedules::trigger_schedule, schedules::schedule_fires, list_routes, route_graph_svg, catalogue::catalogue_info, catalogue::reload, catalogue::catalogue_diff, healthz, readyz, metrics, openapi_json),
+    components(schemas(StartBody, Accepted, RunView, RunPage, ReplyBody, cancel::CancelBody, webhooks::WebhookList, webhooks::WebhookView, webhooks::WebhookPayload, schedules::ScheduleBody, schedules::ScheduleList, schedules::FireList, crate::runtime::ScheduleView, crate::runtime::ScheduleDef, crate::store::schedules::FireRecord, crate::schedule::Overlap, RouteInfo, catalogue::CatalogueInfo, catalogue::CatalogueReloaded, catalogue::CatalogueChanges, RunRecord, ErrorBody, ErrorDetail)),
     modifiers(&Bearer)
 )]
 struct ApiDoc;

@@ -14,7 +14,7 @@
 //! one path: the write path (`queue`, the writer task; `rows`, what a transaction writes;
 //! `pool_writer` and `sqlite_writer`, how each database writes it), then the statements outside
 //! it (`reads`, `claims`, `cancels`, `retention`, `session`: methods of [`sql::SqlStore`];
-//! `outbox`, `flow`: the other ports it implements), all on the same pool; below them what the
+//! `outbox`, `flow`, `schedules`: the other ports it implements), all on the same pool; below them what the
 //! databases differ in (`dialect`), what their errors mean (`sql_error`) and the schema
 //! (`migrations`); the adapters (`sqlite`, `postgres`) only open a pool. No module is another's
 //! helper drawer: what two of them share lives in the lowest one that needs it.
@@ -38,6 +38,7 @@ mod queue;
 mod reads;
 mod retention;
 mod rows;
+pub mod schedules;
 mod session;
 pub mod sql;
 mod sql_error;
@@ -365,6 +366,10 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// The fleet's shared budget of model calls, where the store can hold one for many
     /// replicas (PostgreSQL); `None` where the limits hold per process (SQLite).
     fn fleet(&self) -> Option<&dyn FleetBudget> {
+        None
+    }
+    /// The scheduled runs' schedules and fire records in the same database (`None`: a test's double).
+    fn schedules(&self) -> Option<&dyn schedules::ScheduleStore> {
         None
     }
 }

@@ -216,6 +216,10 @@ where
         (self as &dyn std::any::Any).downcast_ref::<SqlStore<sqlx::Postgres>>().map(|s| s as &dyn super::FleetBudget)
     }
 
+    fn schedules(&self) -> Option<&dyn super::schedules::ScheduleStore> {
+        Some(self)
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db)?;
