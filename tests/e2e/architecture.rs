@@ -46,6 +46,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("exec", &["diag", "cancel", "failure", "events", "structured", "decision", "otel", "defs", "hydrate", "catalogue", "llm", "tools"]),
     ("store", &["redact", "failure", "events", "version", "config", "exec"]),
     ("runtime", &["cancel", "diag", "failure", "events", "source", "version", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
+    // Evaluations over datasets: cases run through the facade and graded from their record.
+    ("eval", &["diag", "textfile", "yaml"]),
     // The service: HTTP over the facade.
     ("api", &["redact", "cancel", "failure", "events", "version", "svg", "catalogue", "diff", "config", "exec", "store", "runtime"]),
     ("replica", &["api"]),
