@@ -4,12 +4,20 @@
 //! tokens.
 //!
 //! `dataset` (files → cases, every problem located), `evaluator` (the kinds, their decoding),
-//! `grade` (the checks).
+//! `grade` (the checks), `check` (a dataset against the runtime it runs on, before any run),
+//! `experiment` (cases run through a [`crate::runtime::Durable`], recorded and tagged; regraded
+//! from the store), `report` (pass rates, spread, the CI gate, JUnit XML).
 
+mod check;
 mod dataset;
 mod evaluator;
+mod experiment;
 mod grade;
+mod report;
 
+pub use check::check;
 pub use dataset::{Case, CaseAt, Dataset, DatasetError, Expected, MAX_DATASET_BYTES};
 pub use evaluator::{Check, Evaluator, JsonPath};
+pub use experiment::{EvalError, RunOptions, experiments, last_report, record_of, regrade, run, stored};
 pub use grade::{RunRecord, Verdict, as_json, grade};
+pub use report::{CaseReport, EvaluatorSummary, Gate, GateFindings, Report, RunReport, junit, regressions};

@@ -24,6 +24,7 @@ mod catalogues;
 mod claims;
 mod contract;
 mod dialect;
+pub mod experiments;
 mod flow;
 mod health;
 mod ids;
@@ -356,6 +357,10 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// The fleet's shared budget of model calls, where the store can hold one for many
     /// replicas (PostgreSQL); `None` where the limits hold per process (SQLite).
     fn fleet(&self) -> Option<&dyn FleetBudget> {
+        None
+    }
+    /// The experiments of `fabric eval` (issue 51), where the store keeps them (SQL stores do).
+    fn experiments(&self) -> Option<&dyn experiments::ExperimentStore> {
         None
     }
 }
