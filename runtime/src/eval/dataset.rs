@@ -106,14 +106,23 @@ impl Dataset {
         let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "dataset".into());
         let mut dataset = Dataset { name: stem, path: path.to_owned(), evaluators: Vec::new(), cases: Vec::new() };
         if path.extension().is_some_and(|e| e == "jsonl") {
+            let mut unparsed = Vec::new();
             for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                let Some(mut node) = yaml::parse(path, line, &mut diags) else { continue };
+                // A line's syntax error is found at its place in the line: moved to the file's.
+                let mut of_line = Diagnostics::default();
+                let parsed = yaml::parse(path, line, &mut of_line);
+                unparsed.extend(of_line.into_vec().into_iter().map(|mut d| {
+                    d.pos.line = d.pos.line.max(1) + n as u32;
+                    d
+                }));
+                let Some(mut node) = parsed else { continue };
                 shift(&mut node, n as u32);
                 let mut ctx = Ctx { path, diags: &mut diags };
                 dataset.cases.extend(decode_case(&mut ctx, &node));
             }
-            // A parse error of a line is reported at line 1 of that line's text: put it right.
-            let problems = diags.into_vec();
+            let mut problems = diags.into_vec();
+            problems.extend(unparsed);
+            problems.sort_by_key(|d| d.pos);
             return finish(dataset, problems);
         }
         if let Some(root) = yaml::parse(path, text, &mut diags) {
@@ -256,6 +265,12 @@ mod tests {
         let good = Dataset::parse(Path::new("d.jsonl"), "{\"id\": \"a\", \"route_id\": \"r\", \"goal\": {\"x\": 1}}\n").unwrap();
         assert_eq!(good.cases[0].goal["x"], 1);
         assert_eq!(good.name, "d");
+        let DatasetError::Invalid(broken) =
+            Dataset::parse(Path::new("d.jsonl"), "{\"id\": \"a\", \"route_id\": \"r\", \"goal\": {}}\n{\"id\": \"b\"\n").unwrap_err()
+        else {
+            panic!()
+        };
+        assert_eq!(broken[0].pos.line, 2, "{broken:?}");
     }
 
     #[test]
