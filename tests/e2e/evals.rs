@@ -95,14 +95,7 @@ async fn fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so() {
 async fn counting_provider() -> (FakeProvider, Vec<(&'static str, String)>) {
     let fake = FakeProvider::new(|body| Canned::json(200, reply_json(fabric::config::ProviderKind::OpenAi, body)));
     let url = fake.start().await;
-    let env = vec![
-        ("FABRIC_LLM_STUB", "0".to_owned()),
-        ("FABRIC_LLM_MODEL", "openai:m".to_owned()),
-        ("OPENAI_BASE_URL", url),
-        ("OPENAI_API_KEY", "sk-test".to_owned()),
-        ("FABRIC_LOG", "warn".to_owned()),
-    ];
-    (fake, env)
+    (fake, crate::support::openai_env(url))
 }
 
 #[tokio::test]
