@@ -85,6 +85,7 @@ mod on_version;
 mod reload;
 mod replying;
 mod retention;
+mod seeding;
 pub use crate::llm::flow::GateStatus;
 pub use crate::store::StartRequest;
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};

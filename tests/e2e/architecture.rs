@@ -47,7 +47,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("store", &["redact", "failure", "events", "version", "config", "exec"]),
     ("runtime", &["cancel", "diag", "failure", "events", "source", "version", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
     // Evaluations over datasets: cases run through the facade and graded from their record.
-    ("eval", &["diag", "textfile", "cancel", "events", "yaml", "defs", "hydrate", "svg", "llm", "exec", "store", "runtime"]),
+    ("eval", &["diag", "textfile", "cancel", "events", "yaml", "defs", "hydrate", "svg", "catalogue", "diff", "llm", "exec", "store", "runtime"]),
     // The service: HTTP over the facade.
     ("api", &["redact", "cancel", "failure", "events", "version", "svg", "catalogue", "diff", "config", "exec", "store", "runtime"]),
     ("replica", &["api"]),

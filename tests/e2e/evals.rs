@@ -166,3 +166,55 @@ async fn a_bad_dataset_is_refused_located_before_any_model_call() {
     let (code, _, err) = eval(&["eval", "regrade", "no-such-experiment", "--store", &db], &[]).await;
     assert_eq!((code, err.as_str()), (Some(2), "fabric: no experiment `no-such-experiment`\n"));
 }
+
+/// The fixture catalogue copied, with a prompt of the third stage of support-triage (`answer`,
+/// the synthesis role) written into its pack.
+fn changed_catalogue(dir: &Path) -> (String, String) {
+    let copy = dir.join("new");
+    for sub in ["routes", "prompt-packs"] {
+        crate::support::copy_dir(&fixtures().join("catalogue").join(sub), &copy.join(sub));
+    }
+    let pack = copy.join("prompt-packs/support.yaml");
+    let text = std::fs::read_to_string(&pack).unwrap();
+    let changed = text.replace("  query_formulation: |", "  synthesis: |\n    Answer the customer kindly, in one sentence.\n  query_formulation: |");
+    assert_ne!(text, changed);
+    std::fs::write(&pack, changed).unwrap();
+    (copy.join("routes").to_str().unwrap().to_owned(), copy.join("prompt-packs").to_str().unwrap().to_owned())
+}
+
+#[tokio::test]
+async fn a_prompt_changed_in_the_third_stage_reruns_only_that_stage_and_compare_names_it() {
+    let (fake, env) = counting_provider().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(5, 5, ""));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json"], &env).await;
+    assert_eq!(code, Some(0), "{err}");
+    let base = serde_json::from_str::<Value>(&out).unwrap()["experiment_id"].as_str().unwrap().to_owned();
+    assert_eq!(fake.requests().len(), 15);
+
+    let (routes, packs) = changed_catalogue(dir.path());
+    let args = ["eval", "run", &dataset, "--store", &db, "--from", &base, "--catalogue", &routes, "--prompt-packs", &packs, "--format", "json"];
+    let (code, out, err) = eval(&args, &env).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let asked = fake.requests();
+    assert_eq!(asked.len(), 15 + 5, "one request a case: the third stage's");
+    assert!(asked[15..].iter().all(|r| r.body.to_string().contains("Answer the customer kindly")), "the changed prompt was asked");
+    assert_eq!(report["llm_calls"], 5);
+    for case in report["cases"].as_array().unwrap() {
+        assert_eq!(case["runs"][0]["started_from"], "answer", "{case:#}");
+        assert!(case["passed"].as_bool().unwrap(), "{case:#}");
+    }
+    // A partial run is a whole run in the store: it replays without a divergence.
+    let run_id = report["cases"][0]["runs"][0]["run_id"].as_str().unwrap();
+    let (code, out, err) = eval(&["replay", run_id, "--store", &db], &[]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("0 divergence(s); status completed"), "{out}");
+
+    let experiment = report["experiment_id"].as_str().unwrap();
+    let (code, out, err) = eval(&["eval", "compare", &base, experiment, "--store", &db], &[]).await;
+    assert_eq!(code, Some(0), "no case regressed: {err}");
+    assert!(out.contains("still_passing case-00 (first divergence: stage `answer`)\n  stage `answer`: the prompt differs\n"), "{out}");
+    assert_eq!(fake.requests().len(), 20, "compare reads the store only");
+}

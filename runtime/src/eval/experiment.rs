@@ -65,6 +65,14 @@ pub async fn run(durable: &Durable, dataset: &Dataset, text: &str, options: &Run
         return Err(EvalError::Refused(problems));
     }
     let store = experiments(durable.store().as_ref())?;
+    let experiment_id = new_experiment(store, dataset, text).await?;
+    let jobs = dataset.cases.iter().flat_map(|case| (0..options.repeat.max(1)).map(move |repeat| Job { case, repeat, seed: None })).collect();
+    let runs = run_jobs(durable, store, &experiment_id, jobs, options, handle).await?;
+    grade_runs(durable.store().as_ref(), store, &experiment_id, dataset, runs).await
+}
+
+/// Keeps a new experiment of `dataset` (`text` as read); its id.
+pub(super) async fn new_experiment(store: &dyn ExperimentStore, dataset: &Dataset, text: &str) -> Result<String, EvalError> {
     let experiment_id = crate::exec::new_run_id();
     let row = StoredExperiment {
         experiment_id: experiment_id.clone(),
@@ -75,25 +83,50 @@ pub async fn run(durable: &Durable, dataset: &Dataset, text: &str, options: &Run
         report: None,
     };
     store.put_experiment(&row).await?;
-    let id = experiment_id.as_str();
-    let jobs = dataset.cases.iter().flat_map(|case| (0..options.repeat.max(1)).map(move |repeat| (case, repeat)));
+    Ok(experiment_id)
+}
+
+/// One run of a case to make: its repeat, and the journal entries it starts from (a partial
+/// re-run, [`super::rerun`]; `None`: a new run from its first stage).
+pub(super) struct Job<'d> {
+    pub case: &'d super::Case,
+    pub repeat: u32,
+    pub seed: Option<Vec<crate::exec::JournalEntry>>,
+}
+
+/// Makes the runs of `jobs`, `options.concurrency` at a time, each recorded and tagged with
+/// experiment `id`; a seeded run's first live stage is its `started_from`.
+pub(super) async fn run_jobs(
+    durable: &Durable,
+    store: &dyn ExperimentStore,
+    id: &str,
+    jobs: Vec<Job<'_>>,
+    options: &RunOptions,
+    handle: &CancelHandle,
+) -> Result<Vec<CaseRun>, EvalError> {
     let ran: Vec<Result<CaseRun, EvalError>> = futures_util::stream::iter(jobs)
-        .map(|(case, repeat)| async move {
+        .map(|Job { case, repeat, seed }| async move {
             let req =
                 StartRequest { route_id: case.route_id.clone(), goal: case.goal.clone(), model_profile: case.model_profile.clone(), ..StartRequest::default() };
-            let outcome = durable
-                .run_recorded(&req, Arc::new(NullSink), handle, handle.token())
-                .await
-                .map_err(|error| EvalError::NotStarted { case: case.id.clone(), error: Box::new(error) })?;
-            let run = CaseRun { case_id: case.id.clone(), repeat, run_id: outcome.result.run_id, started_from: None };
+            let seeded = seed.as_ref().map(Vec::len);
+            let outcome = match seed {
+                None => durable.run_recorded(&req, Arc::new(NullSink), handle, handle.token()).await,
+                Some(seed) => durable.run_seeded(&req, seed, Arc::new(NullSink), handle, handle.token()).await,
+            };
+            let run_id = outcome.map_err(|error| EvalError::NotStarted { case: case.id.clone(), error: Box::new(error) })?.result.run_id;
+            let started_from = match seeded {
+                // The first entry the run did not take from its seed: where it went live.
+                Some(n) => durable.store().journal(&run_id).await?.get(n).and_then(super::rerun::stage_of).map(str::to_owned),
+                None => None,
+            };
+            let run = CaseRun { case_id: case.id.clone(), repeat, run_id, started_from };
             store.add_case_run(id, &run).await?;
             Ok(run)
         })
         .buffer_unordered(options.concurrency.max(1))
         .collect()
         .await;
-    let runs = ran.into_iter().collect::<Result<Vec<_>, _>>()?;
-    grade_runs(durable.store().as_ref(), store, &experiment_id, dataset, runs).await
+    ran.into_iter().collect()
 }
 
 /// Grades experiment `experiment_id`'s recorded runs again with `dataset` (else the dataset it
@@ -129,7 +162,7 @@ pub async fn last_report(runs_store: &dyn RunStore, experiment_id: &str) -> Resu
     serde_json::from_str(&text).map_err(|e| EvalError::Store(StoreError::Database(format!("experiment {experiment_id}: its report does not read: {e}"))))
 }
 
-async fn grade_runs(
+pub(super) async fn grade_runs(
     runs_store: &dyn RunStore,
     store: &dyn ExperimentStore,
     experiment_id: &str,

@@ -31,6 +31,11 @@ pub enum EvalAction {
         /// Runs per case (the report gives each case's spread across them).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
         repeat: u32,
+        /// Run each case again only from the first stage whose prompt or definition changed
+        /// since its run in EXPERIMENT (the stages before it from that run's journal, no model
+        /// call); the report says per case where it started.
+        #[arg(long, value_name = "EXPERIMENT")]
+        from: Option<String>,
         #[command(flatten)]
         out: ReportOut,
     },
@@ -46,6 +51,15 @@ pub enum EvalAction {
     /// An experiment's last report.
     Show {
         experiment: String,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// What changed from experiment A to B, case by case: verdicts, and where each case's runs
+    /// diverge stage by stage (the prompt, the message, the value); exits 1 when a case that
+    /// passed in A fails in B.
+    Compare {
+        a: String,
+        b: String,
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
@@ -99,7 +113,7 @@ pub async fn eval_cmd(
 ) -> std::io::Result<ExitCode> {
     let url = store.map_or_else(|| settings.service.database_url.clone(), str::to_owned);
     match action {
-        EvalAction::Run { dataset, concurrency, repeat, out } => {
+        EvalAction::Run { dataset, concurrency, repeat, from, out } => {
             let (dataset, text) = match read(dataset) {
                 Ok(both) => both,
                 Err(code) => return Ok(code),
@@ -116,7 +130,11 @@ pub async fn eval_cmd(
                 say(format_args!("fabric: warning: {w}"));
             }
             let options = eval::RunOptions { concurrency: usize::from(*concurrency), repeat: *repeat };
-            match eval::run(&durable, &dataset, &text, &options, &handle).await {
+            let report = match from {
+                None => eval::run(&durable, &dataset, &text, &options, &handle).await,
+                Some(base) => eval::rerun(&durable, base, &dataset, &text, &options, &handle).await,
+            };
+            match report {
                 Ok(report) => finish(durable.store().as_ref(), &report, out).await,
                 Err(e) => Ok(refused(e)),
             }
@@ -135,7 +153,7 @@ pub async fn eval_cmd(
                 Err(e) => Ok(refused(e)),
             }
         }
-        EvalAction::Show { .. } | EvalAction::List { .. } => {
+        EvalAction::Show { .. } | EvalAction::List { .. } | EvalAction::Compare { .. } => {
             let store = match fabric::store::open_existing(&url).await {
                 Ok(s) => s,
                 Err(e) => return Ok(usage(format_args!("run store: {e}"))),
@@ -164,6 +182,13 @@ async fn read_only(action: &EvalAction, store: &dyn RunStore) -> std::io::Result
                 Err(e) => Ok(refused(e)),
             }
         }
+        EvalAction::Compare { a, b, format } => match eval::compare(store, a, b).await {
+            Ok(c) => {
+                print_comparison(&c, *format)?;
+                Ok(if c.regressions().next().is_some() { ExitCode::from(EXIT_WORSE) } else { ExitCode::SUCCESS })
+            }
+            Err(e) => Ok(refused(e)),
+        },
         _ => Ok(usage("not a reading command")),
     }
 }
@@ -256,6 +281,22 @@ fn print_report(report: &Report, format: Format) -> std::io::Result<()> {
             for v in run.verdicts.iter().filter(|v| !v.pass) {
                 text.push_str(&format!("    {}: {}\n", v.evaluator, v.reason));
             }
+        }
+    }
+    print_out(&text)
+}
+
+fn print_comparison(c: &eval::Comparison, format: Format) -> std::io::Result<()> {
+    if let Format::Json = format {
+        return print_out(&format!("{}\n", serde_json::to_string_pretty(c).unwrap_or_default()));
+    }
+    let mut text = format!("{} → {}: pass rate {:.1}% → {:.1}%\n", c.a, c.b, c.pass_rate_a * 100.0, c.pass_rate_b * 100.0);
+    for case in &c.cases {
+        let change = serde_json::to_value(case.change).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        let from = case.first_stage.as_deref().map(|s| format!(" (first divergence: stage `{s}`)")).unwrap_or_default();
+        text.push_str(&format!("{change} {}{from}\n", case.case_id));
+        for line in case.verdicts.iter().chain(&case.divergence) {
+            text.push_str(&format!("  {line}\n"));
         }
     }
     print_out(&text)
