@@ -86,6 +86,7 @@ mod reload;
 mod replying;
 mod retention;
 mod scheduling;
+mod seeding;
 pub use crate::llm::flow::{BreakerState, BreakerStatus, GateStatus};
 pub use crate::store::StartRequest;
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};

@@ -290,6 +290,17 @@ impl FakeProvider {
     }
 }
 
+/// The variables that point a `fabric` process at a fake OpenAI provider at `url` (no stub).
+pub fn openai_env(url: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("FABRIC_LLM_STUB", "0".to_owned()),
+        ("FABRIC_LLM_MODEL", "openai:m".to_owned()),
+        ("OPENAI_BASE_URL", url),
+        ("OPENAI_API_KEY", "sk-test".to_owned()),
+        ("FABRIC_LOG", "warn".to_owned()),
+    ]
+}
+
 /// The reply support-triage's stages expect, chosen by the property names of the schema asked.
 pub fn triage_reply_for(props: &[String]) -> serde_json::Value {
     if props.iter().any(|p| p == "category") {

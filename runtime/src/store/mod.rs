@@ -24,6 +24,7 @@ mod catalogues;
 mod claims;
 mod contract;
 mod dialect;
+pub mod experiments;
 mod flow;
 mod health;
 mod ids;
@@ -370,6 +371,11 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     }
     /// The scheduled runs' schedules and fire records in the same database (`None`: a test's double).
     fn schedules(&self) -> Option<&dyn schedules::ScheduleStore> {
+        None
+    }
+
+    /// The experiments of `fabric eval` (issue 51), where the store keeps them (SQL stores do).
+    fn experiments(&self) -> Option<&dyn experiments::ExperimentStore> {
         None
     }
 }

@@ -212,6 +212,10 @@ where
         self
     }
 
+    fn experiments(&self) -> Option<&dyn super::experiments::ExperimentStore> {
+        Some(self)
+    }
+
     fn fleet(&self) -> Option<&dyn super::FleetBudget> {
         (self as &dyn std::any::Any).downcast_ref::<SqlStore<sqlx::Postgres>>().map(|s| s as &dyn super::FleetBudget)
     }

@@ -100,6 +100,14 @@ enum Command {
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },
+    /// Evaluations over datasets: run a dataset as an experiment, regrade one, show, list.
+    Eval {
+        /// The run store [default: FABRIC_DATABASE_URL, else sqlite://fabric.db].
+        #[arg(long, global = true, value_name = "URL")]
+        store: Option<String>,
+        #[command(subcommand)]
+        action: crate::eval::EvalAction,
+    },
     /// Read the run store: list runs, or show one.
     Runs {
         /// The run store [default: FABRIC_DATABASE_URL, else sqlite://fabric.db].
@@ -413,6 +421,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
             | Command::Run { .. }
             | Command::Serve { .. }
             | Command::Replay { .. }
+            | Command::Eval { action: crate::eval::EvalAction::Run { .. }, .. }
     );
     if reads_catalogue && let Err(code) = dirs_exist(&cli) {
         return code;
@@ -440,6 +449,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
             print_out(&String::from_utf8_lossy(&out)).map(|()| ExitCode::SUCCESS)
         }
         Command::Replay { run_id, store } => replay_cmd(&cli, run_id, store.as_deref()).await,
+        Command::Eval { store, action } => eval_cmd(&cli, store.as_deref(), action).await,
     };
     printed.unwrap_or_else(output_failed)
 }
@@ -750,6 +760,19 @@ async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Re
     text.push_str(&format!("replayed run {run_id}: {} divergence(s); status {}\n", report.divergences.len(), status.as_str().unwrap_or("?")));
     print_out(&text)?;
     Ok(if report.divergences.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_FAILED) })
+}
+
+/// `fabric eval`: its settings, the signals that stop its runs, the CLI's runtime.
+async fn eval_cmd(cli: &Cli, store: Option<&str>, action: &crate::eval::EvalAction) -> std::io::Result<ExitCode> {
+    let settings = match settings_or_exit() {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    let (handle, _) = CancelHandle::new();
+    if let Err(e) = on_signals(handle.clone()) {
+        return Ok(usage(e));
+    }
+    crate::eval::eval_cmd(action, store, settings, handle, |settings, store| build_durable(cli, settings, store)).await
 }
 
 /// An id that cannot be a run id names no run: said before the store is opened or asked.
