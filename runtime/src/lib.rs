@@ -17,7 +17,7 @@
 //! - [`tools`]: the tool port (HTTP and in-process tools); [`exec`]: the walker and the decision
 //!   loop; [`store`]: the run store;
 //! - [`runtime`]: the facade every front end (`fabric`, `fabric serve`, Python) is a shell over;
-//!   [`api`]: the HTTP service.
+//!   [`eval`]: evaluations over datasets (graded runs, experiments); [`api`]: the HTTP service.
 
 pub mod api;
 pub mod cancel;
@@ -27,6 +27,7 @@ pub mod decision;
 pub mod defs;
 pub mod diag;
 pub mod diff;
+pub mod eval;
 pub mod events;
 pub mod exec;
 pub mod failure;

@@ -86,7 +86,8 @@ mod reload;
 mod replying;
 mod retention;
 mod scheduling;
-pub use crate::llm::flow::GateStatus;
+mod seeding;
+pub use crate::llm::flow::{BreakerState, BreakerStatus, GateStatus};
 pub use crate::store::StartRequest;
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
@@ -178,6 +179,11 @@ impl Runtime {
     /// Each gate as it is now (metrics, `fabric doctor`).
     pub fn flow_status(&self) -> Vec<GateStatus> {
         self.flow.gates().iter().map(|g| g.status()).collect()
+    }
+
+    /// The breaker of each model of a fallback chain, as it is now (metrics, `fabric doctor`).
+    pub fn breaker_status(&self) -> Vec<BreakerStatus> {
+        self.flow.breakers().iter().map(|b| b.status()).collect()
     }
 
     /// The routes whose runs this process may claim: those [`Runtime::check_route`] accepts.

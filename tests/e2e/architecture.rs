@@ -51,6 +51,8 @@ const LAYERS: &[(&str, &[&str])] = &[
         "runtime",
         &["cancel", "diag", "failure", "events", "schedule", "source", "version", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"],
     ),
+    // Evaluations over datasets: cases run through the facade and graded from their record.
+    ("eval", &["diag", "textfile", "cancel", "events", "yaml", "defs", "hydrate", "svg", "catalogue", "diff", "llm", "exec", "store", "runtime"]),
     // The service: HTTP over the facade.
     ("api", &["redact", "cancel", "failure", "events", "schedule", "version", "svg", "catalogue", "diff", "config", "exec", "store", "runtime"]),
     ("replica", &["api"]),
@@ -68,8 +70,9 @@ const BIN_LAYERS: &[(&str, &[&str])] = &[
     ("serve", &["term"]),
     ("forward", &["term"]),
     ("streamed", &["term"]),
+    ("eval", &["term"]),
     // Arguments, dispatch, exit codes.
-    ("cli", &["term", "progress", "streamed", "serve", "forward", "toolserver"]),
+    ("cli", &["term", "progress", "streamed", "serve", "forward", "toolserver", "eval"]),
     ("main", &["cli"]),
 ];
 

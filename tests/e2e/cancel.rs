@@ -56,14 +56,7 @@ async fn slow_provider() -> (FakeProvider, Vec<(&'static str, String)>) {
         Canned { delay: Duration::from_secs(30), ..Canned::json(200, reply) }
     });
     let url = fake.start().await;
-    let env = vec![
-        ("FABRIC_LLM_STUB", "0".to_owned()),
-        ("FABRIC_LLM_MODEL", "openai:m".to_owned()),
-        ("OPENAI_BASE_URL", url),
-        ("OPENAI_API_KEY", "sk-test".to_owned()),
-        ("FABRIC_LOG", "warn".to_owned()),
-    ];
-    (fake, env)
+    (fake, crate::support::openai_env(url))
 }
 
 #[tokio::test]

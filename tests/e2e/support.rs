@@ -290,6 +290,17 @@ impl FakeProvider {
     }
 }
 
+/// The variables that point a `fabric` process at a fake OpenAI provider at `url` (no stub).
+pub fn openai_env(url: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("FABRIC_LLM_STUB", "0".to_owned()),
+        ("FABRIC_LLM_MODEL", "openai:m".to_owned()),
+        ("OPENAI_BASE_URL", url),
+        ("OPENAI_API_KEY", "sk-test".to_owned()),
+        ("FABRIC_LOG", "warn".to_owned()),
+    ]
+}
+
 /// The reply support-triage's stages expect, chosen by the property names of the schema asked.
 pub fn triage_reply_for(props: &[String]) -> serde_json::Value {
     if props.iter().any(|p| p == "category") {
@@ -431,6 +442,7 @@ pub fn bare_data(kind: fabric::events::EventKind) -> fabric::events::EventData {
         K::LlmRetrying => D::LlmRetrying { attempt: 2, delay_ms: 0, reason_class: fabric::failure::ReasonClass::Timeout, message: s() },
         K::LlmDelta => D::LlmDelta { turn: 0, attempt: 1, index: 0, text: s() },
         K::LlmRestarted => D::LlmRestarted { turn: 0, attempt: 2 },
+        K::LlmFallback => D::LlmFallback { from: s(), to: s(), reason: "unavailable", reason_class: fabric::failure::ReasonClass::ServerError },
         K::LlmCompleted => D::LlmCompleted { duration_ms: ms, tokens: None },
         K::LlmFailed => D::LlmFailed { reason_class: fabric::failure::ReasonClass::Interrupted, message: s(), duration_ms: ms, reply: None },
         K::ToolStarted => D::ToolStarted { tool: s(), mcp_server: None, method: "in_process", url: None },

@@ -97,8 +97,9 @@ pub trait EventSink: Send + Sync {
         true
     }
 
-    /// The events of `run_id` up to `through` were handed to its record (a journalled run's
-    /// events go to the store in batches, after the sink saw them).
+    /// The events of `run_id` up to `through` are durable in its record (a journalled run's
+    /// events go to the store in batches, after the sink saw them; this comes once the batch
+    /// committed, [`RunEvents::on_durable`]).
     fn recorded(&self, _run_id: &str, _through: u64) {}
 }
 
@@ -278,13 +279,22 @@ impl RunEvents {
         self
     }
 
-    /// The events recorded since the last call (empty when the run is not journalled).
+    /// The events recorded since the last call (empty when the run is not journalled). Their
+    /// sink is told they are recorded by [`RunEvents::on_durable`]'s signal, once they are.
     pub fn take_recorded(&self) -> Vec<Event> {
-        let taken = self.recorded.as_ref().map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default();
-        if let Some(last) = taken.last() {
-            self.sink.recorded(&self.run_id, last.seq);
-        }
-        taken
+        self.recorded.as_ref().map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default()
+    }
+
+    /// What tells the sink that `taken` (from [`RunEvents::take_recorded`]) is durable: called
+    /// once its write committed, so a live watcher is shown a model's text only once a takeover
+    /// would find it too.
+    pub fn on_durable(&self, taken: &[Event]) -> Box<dyn FnOnce() + Send> {
+        let (sink, run_id, last) = (self.sink.clone(), self.run_id.clone(), taken.last().map(|e| e.seq));
+        Box::new(move || {
+            if let Some(through) = last {
+                sink.recorded(&run_id, through);
+            }
+        })
     }
 
     pub fn run_id(&self) -> &str {

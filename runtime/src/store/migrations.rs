@@ -66,6 +66,7 @@ impl Schema for sqlx::Sqlite {
         (12, include_str!("migrations/sqlite/0012_llm_shares.sql")),
         (13, include_str!("migrations/sqlite/0013_catalogue_versions.sql")),
         (14, include_str!("migrations/sqlite/0014_schedules.sql")),
+        (15, include_str!("migrations/sqlite/0015_experiments.sql")),
     ];
     // The write lock, taken first (a read first would make the later upgrade fail at once).
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
@@ -91,6 +92,7 @@ impl Schema for sqlx::Postgres {
         (12, include_str!("migrations/postgres/0012_llm_shares.sql")),
         (13, include_str!("migrations/postgres/0013_catalogue_versions.sql")),
         (14, include_str!("migrations/postgres/0014_schedules.sql")),
+        (15, include_str!("migrations/postgres/0015_experiments.sql")),
     ];
     const BEGIN: &'static str = "BEGIN";
     // Any constant every migrating process agrees on: 0x6661_6272_6963, `fabric` in ASCII (the
@@ -219,6 +221,7 @@ mod tests {
         (12, "17d4125a6f42316a11cd6532908ee2d7ac2c02a209bf9d25ddaf66e8fbcd98fc", "02c47440773722d33a6ac4400a669111526955e590cebc0003331f0c16161b15"),
         (13, "6e32a7b1c107e178c9a2364dc41e2a0fff1e2fa30aacb39cf9524da7e704531c", "6e32a7b1c107e178c9a2364dc41e2a0fff1e2fa30aacb39cf9524da7e704531c"),
         (14, "f7867815918bbf95269e9e48f4f0bd3677e43d1f1fe8322e24b48eec6b2bb9bd", "b55aa386824d9bf9278a895fcf52fdeeb7a75896fe2eb1c8843aafeb7fe8eec5"),
+        (15, "d6db087a3d2681257f0b26496a0ff0e8214fd5912628a9782237ac96e5e2ec4b", "33793168f7859cf74f4652d7decf89c3b7f2d122eda095d965ec775b161b74f1"),
     ];
 
     #[test]

@@ -24,6 +24,7 @@ mod catalogues;
 mod claims;
 mod contract;
 mod dialect;
+pub mod experiments;
 mod flow;
 mod health;
 mod ids;
@@ -329,6 +330,15 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
     /// Writes a batch and waits until every batch of the run is durable (see [`RunJournal`]).
     fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// [`RunStore::append`], `durable` called once the batch committed (see
+    /// [`RunJournal::append_then`]); by default once queued.
+    fn append_then<'a>(&'a self, lease: &'a Lease, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.append(lease, batch).await?;
+            durable();
+            Ok(())
+        })
+    }
     /// Keeps a catalogue version's `sources` under `version`, their digest, once (a version kept
     /// already is left as it is). Done before the first run that records the version.
     fn put_catalogue<'a>(&'a self, version: &'a CatalogueVersion, sources: &'a Sources) -> BoxFuture<'a, Result<(), StoreError>>;
@@ -363,6 +373,11 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn schedules(&self) -> Option<&dyn schedules::ScheduleStore> {
         None
     }
+
+    /// The experiments of `fabric eval` (issue 51), where the store keeps them (SQL stores do).
+    fn experiments(&self) -> Option<&dyn experiments::ExperimentStore> {
+        None
+    }
 }
 
 /// A claimed run's journal: every write carries its lease's fencing token.
@@ -381,6 +396,11 @@ impl RunJournal for Fenced<'_> {
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
         debug_assert_eq!(run_id, self.lease.run_id());
         Box::pin(async move { Ok(self.store.commit(self.lease, batch).await?) })
+    }
+
+    fn append_then<'a>(&'a self, run_id: &'a str, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), JournalError>> {
+        debug_assert_eq!(run_id, self.lease.run_id());
+        Box::pin(async move { Ok(self.store.append_then(self.lease, batch, durable).await?) })
     }
 }
 

@@ -176,6 +176,10 @@ where
         Box::pin(self.queue.commit(lease, batch))
     }
 
+    fn append_then<'a>(&'a self, lease: &'a Lease, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.queue.append_then(lease, batch, durable))
+    }
+
     fn put_catalogue<'a>(&'a self, version: &'a CatalogueVersion, sources: &'a Sources) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(SqlStore::put_catalogue(self, version, sources))
     }
@@ -206,6 +210,10 @@ where
 
     fn webhooks(&self) -> &dyn super::WebhookOutbox {
         self
+    }
+
+    fn experiments(&self) -> Option<&dyn super::experiments::ExperimentStore> {
+        Some(self)
     }
 
     fn fleet(&self) -> Option<&dyn super::FleetBudget> {

@@ -100,6 +100,14 @@ enum Command {
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },
+    /// Evaluations over datasets: run a dataset as an experiment, regrade one, show, list.
+    Eval {
+        /// The run store [default: FABRIC_DATABASE_URL, else sqlite://fabric.db].
+        #[arg(long, global = true, value_name = "URL")]
+        store: Option<String>,
+        #[command(subcommand)]
+        action: crate::eval::EvalAction,
+    },
     /// Read the run store: list runs, or show one.
     Runs {
         /// The run store [default: FABRIC_DATABASE_URL, else sqlite://fabric.db].
@@ -413,6 +421,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
             | Command::Run { .. }
             | Command::Serve { .. }
             | Command::Replay { .. }
+            | Command::Eval { action: crate::eval::EvalAction::Run { .. }, .. }
     );
     if reads_catalogue && let Err(code) = dirs_exist(&cli) {
         return code;
@@ -440,6 +449,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
             print_out(&String::from_utf8_lossy(&out)).map(|()| ExitCode::SUCCESS)
         }
         Command::Replay { run_id, store } => replay_cmd(&cli, run_id, store.as_deref()).await,
+        Command::Eval { store, action } => eval_cmd(&cli, store.as_deref(), action).await,
     };
     printed.unwrap_or_else(output_failed)
 }
@@ -750,6 +760,19 @@ async fn replay_cmd(cli: &Cli, run_id: &str, store: Option<&str>) -> std::io::Re
     text.push_str(&format!("replayed run {run_id}: {} divergence(s); status {}\n", report.divergences.len(), status.as_str().unwrap_or("?")));
     print_out(&text)?;
     Ok(if report.divergences.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_FAILED) })
+}
+
+/// `fabric eval`: its settings, the signals that stop its runs, the CLI's runtime.
+async fn eval_cmd(cli: &Cli, store: Option<&str>, action: &crate::eval::EvalAction) -> std::io::Result<ExitCode> {
+    let settings = match settings_or_exit() {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    let (handle, _) = CancelHandle::new();
+    if let Err(e) = on_signals(handle.clone()) {
+        return Ok(usage(e));
+    }
+    crate::eval::eval_cmd(action, store, settings, handle, |settings, store| build_durable(cli, settings, store)).await
 }
 
 /// An id that cannot be a run id names no run: said before the store is opened or asked.
@@ -1139,6 +1162,19 @@ fn flow_lines(settings: &Settings) -> String {
         "longest pause after a provider's 429: {} s (FABRIC_LLM_MAX_PAUSE_S; a longer stated wait fails its call)\n",
         plan.max_pause.as_secs_f64()
     ));
+    let chain: Vec<String> = settings.fallbacks.iter().map(|t| format!("{}:{}", t.provider.key(), t.model)).collect();
+    let policy = settings.fallback_policy;
+    out.push_str(&format!(
+        "fallbacks of the default model: {} (FABRIC_LLM_FALLBACKS); on invalid output: {} (FABRIC_LLM_FALLBACK_ON_INVALID); skip a paused model: {} (FABRIC_LLM_PREFER_AVAILABLE)\n",
+        if chain.is_empty() { "none".to_owned() } else { chain.join(" -> ") },
+        if policy.on_invalid { "yes" } else { "no" },
+        if policy.prefer_available { "yes" } else { "no" },
+    ));
+    out.push_str(&format!(
+        "breakers of chained models: open after {} failures in a row (FABRIC_LLM_BREAKER_FAILURES), for {} s (FABRIC_LLM_BREAKER_COOLDOWN_S)\n",
+        plan.breaker.failures,
+        plan.breaker.cooldown.as_secs_f64()
+    ));
     if plan.any() {
         let pg = settings.service.database_url.starts_with("postgres");
         out.push_str(if pg {
@@ -1352,9 +1388,12 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         cat.unloaded().len(),
         runtime.version()
     ));
+    let defs: std::collections::HashMap<&str, &fabric::defs::ProfileDef> = cat.profiles().map(|(n, d)| (n.as_str(), d)).collect();
     for p in runtime.profiles() {
+        let fallbacks = fabric::defs::fallback_chain(&p.name, |n| defs.get(n).copied());
+        let then = if fallbacks.len() > 1 { format!(", then profiles {}", fallbacks[1..].join(", ")) } else { String::new() };
         match p.model {
-            Ok(m) => out.push_str(&format!("  profile {}: {} {}\n", p.name, m.provider, m.model)),
+            Ok(m) => out.push_str(&format!("  profile {}: {} {}{then}\n", p.name, m.provider, m.model)),
             Err(e) => out.push_str(&format!("  profile {}: UNUSABLE ({e}); its routes are refused\n", p.name)),
         }
     }

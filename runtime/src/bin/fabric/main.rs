@@ -4,6 +4,7 @@
 //! processes and reads `/proc` (the library never does).
 
 mod cli;
+mod eval;
 mod forward;
 mod progress;
 mod serve;

@@ -1,0 +1,29 @@
+//! Evaluations over datasets (issue 51): a [`Dataset`] of cases (a route, a goal, what is
+//! expected), [`Evaluator`]s decoded once from it, and grading: pure functions of a run's
+//! record ([`RunRecord`]) into [`Verdict`]s, so that recorded runs are graded again for zero
+//! tokens.
+//!
+//! `dataset` (files → cases, every problem located), `evaluator` (the kinds, their decoding),
+//! `grade` (the checks), `check` (a dataset against the runtime it runs on, before any run),
+//! `experiment` (cases run through a [`crate::runtime::Durable`], recorded and tagged; regraded
+//! from the store), `report` (pass rates, spread, the CI gate, JUnit XML), `rerun` (a case run again from the first stage that changed, the stages before from the
+//! journal), `compare` (two experiments case by
+//! case, with where their runs' journals diverge).
+
+mod check;
+mod compare;
+mod dataset;
+mod evaluator;
+mod experiment;
+mod grade;
+mod report;
+mod rerun;
+
+pub use check::check;
+pub use compare::{CaseChange, Change, Comparison, compare, divergence};
+pub use dataset::{Case, CaseAt, Dataset, DatasetError, Expected, MAX_DATASET_BYTES};
+pub use evaluator::{Check, Evaluator, JsonPath};
+pub use experiment::{EvalError, RunOptions, experiments, last_report, record_of, regrade, run, stored};
+pub use grade::{RunRecord, Verdict, as_json, grade};
+pub use report::{CaseReport, EvaluatorSummary, Gate, GateFindings, Report, RunReport, junit, regressions};
+pub use rerun::rerun;
