@@ -4,8 +4,10 @@
 //! /v1/runs` ([`runs::begin_run`]) with the idempotency key `schedule:{id}:{fire_time}`. The
 //! starts a dead replica claimed, the CLI's triggers and the buffered fires whose live run ended
 //! are started here too. The time of a look is an argument ([`AppState::schedule_tick`]): the
-//! loop reads the system clock, tests move their own. A schedule whose route left the catalogue
-//! is paused with the reason. The fires are counted for `/metrics`.
+//! loop reads the system clock, tests move their own. A schedule whose route no replica knows a
+//! minute after its fire time (it left the catalogue) is paused with the reason; a replica leaves
+//! the fires of another fleet's routes to that fleet. A start refused for want of room is tried
+//! again after its claim. The fires are counted for `/metrics`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -24,6 +26,8 @@ pub const TICK: Duration = Duration::from_millis(200);
 const CLAIM_MS: i64 = 10_000;
 /// The most schedules (and fires) one look handles; the rest at the next.
 const BATCH: usize = 100;
+/// How long after its fire time a schedule whose route no replica knows is paused.
+const UNKNOWN_ROUTE_GRACE_MS: i64 = 60_000;
 
 /// A fire to start.
 struct ToStart {
@@ -157,9 +161,19 @@ impl AppState {
             Ok(def) => def,
             Err(e) => return self.pause(s, &format!("its stored definition does not read: {e}")).await,
         };
-        if durable.runtime().current().catalogue().get(&def.route_id).is_none() {
-            let why = format!("route `{}` is not in the catalogue (paused by the service; resume it once the route is back)", def.route_id);
-            return self.pause(s, &why).await;
+        let edition = durable.runtime().current();
+        match edition.check_route(&def.route_id) {
+            // A route of another fleet: its replicas decide its fires.
+            Err(StartError::WrongFleet { .. }) => return Vec::new(),
+            // Unknown here: a replica on a newer catalogue (a rolling deploy) decides its fires;
+            // when none did within a minute of its time, the route left the catalogue.
+            Err(StartError::UnknownRoute { .. }) if now.timestamp_millis() - cursor_ms < UNKNOWN_ROUTE_GRACE_MS => return Vec::new(),
+            Err(StartError::UnknownRoute { .. }) => {
+                let why = format!("route `{}` is not in the catalogue (paused by the service; resume it once the route is back)", def.route_id);
+                return self.pause(s, &why).await;
+            }
+            // A broken route or the like: each fire records why it did not start.
+            _ => {}
         }
         let timing = match def.timing() {
             Ok(t) => t,
@@ -239,7 +253,20 @@ impl AppState {
             tracing::warn!(run_id = old, error = %e, "schedules: cancelling the live run of a schedule");
         }
         let begun = match (def, IdempotencyKey::parse(&format!("schedule:{}:{}", f.schedule_id, f.fire_time))) {
-            (Some(def), Ok(key)) => runs::begin_run(self, def.start(), Some(&key)).await.map_err(|e| e.message),
+            (Some(def), Ok(key)) => match runs::begin_run(self, def.start(), Some(&key)).await {
+                // No room now (the fleet's queue is full, the store cannot take writes): the fire
+                // stays `starting`, and a replica starts it when its claim ends.
+                Err(e) if matches!(e.code, ErrorCode::TooManyRuns | ErrorCode::StoreUnavailable | ErrorCode::StoreError) => {
+                    tracing::warn!(
+                        schedule = f.schedule_id,
+                        fire_time = f.fire_time,
+                        why = e.message,
+                        "schedules: a fire's run could not start now; it is tried again"
+                    );
+                    return false;
+                }
+                begun => begun.map_err(|e| e.message),
+            },
             (None, _) => Err("its stored definition does not read".to_owned()),
             (_, Err(e)) => Err(format!("its idempotency key: {e}")),
         };
