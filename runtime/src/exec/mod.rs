@@ -366,7 +366,9 @@ async fn end_without_walk(result: RunResult, last: EventData, next_seq: u64, sin
         failed.fail(ReasonClass::StoreError, format!("the run's record could not be written: {e}"));
         return failed;
     }
-    durable();
+    if let Some(d) = durable {
+        d();
+    }
     result
 }
 

@@ -25,6 +25,7 @@ mod claims;
 mod contract;
 mod dialect;
 pub mod experiments;
+mod fenced;
 mod flow;
 mod health;
 mod ids;
@@ -49,6 +50,7 @@ mod sqlite_writer;
 use serde::Serialize;
 
 pub use contract::StartRequest;
+pub use fenced::Fenced;
 pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
 pub use ids::{BadKey, IdempotencyKey, RunId};
 pub use lease::{Claimed, Holder, Lease};
@@ -377,40 +379,6 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// The experiments of `fabric eval` (issue 51), where the store keeps them (SQL stores do).
     fn experiments(&self) -> Option<&dyn experiments::ExperimentStore> {
         None
-    }
-}
-
-/// A claimed run's journal: every write carries its lease's fencing token.
-#[derive(Debug, Clone, Copy)]
-pub struct Fenced<'a> {
-    pub store: &'a dyn RunStore,
-    pub lease: &'a Lease,
-}
-
-impl RunJournal for Fenced<'_> {
-    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id());
-        Box::pin(async move { Ok(self.store.append(self.lease, batch).await?) })
-    }
-
-    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id());
-        Box::pin(async move { Ok(self.store.commit(self.lease, batch).await?) })
-    }
-
-    fn append_then<'a>(&'a self, run_id: &'a str, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id());
-        Box::pin(async move { Ok(self.store.append_then(self.lease, batch, durable).await?) })
-    }
-}
-
-/// The executor's view of a failed write: whether the lease is gone, in the store's words.
-impl From<StoreError> for JournalError {
-    fn from(e: StoreError) -> JournalError {
-        match e {
-            StoreError::LeaseLost(_) => JournalError::LeaseLost(e.to_string()),
-            other => JournalError::Failed(other.to_string()),
-        }
     }
 }
 
