@@ -323,3 +323,23 @@ async fn fabric_schedules_creates_lists_pauses_triggers_and_deletes_on_the_store
     assert!(cli(v(&["delete", &id])).await.status.success());
     assert_eq!(cli(v(&["show", &id])).await.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn a_schedule_whose_route_no_replica_knows_a_minute_after_its_fire_is_paused_with_why() {
+    let store = fabric::store::open("sqlite::memory:").await.unwrap();
+    let (state, _stub) = crate::service::state_on(store.clone(), None, ApiConfig::default());
+    // A schedule of a route this catalogue does not have (it left it, or a newer one adds it).
+    let mut row = schedule("gone", at(1_000).timestamp_millis());
+    row.route_id = "retired-route".into();
+    row.body = json!({"route_id": "retired-route", "goal": {}, "cron": "* * * * * *"});
+    store.schedules().unwrap().create_schedule(&row).await.unwrap();
+    // Within the minute a replica on a newer catalogue may decide it: nothing here.
+    assert_eq!(state.schedule_tick(at(30_000)).await, 0);
+    let view = state.durable().schedule("gone").await.unwrap();
+    assert!(!view.paused && outcomes(&state, "gone").await.is_empty(), "{view:?}");
+    state.schedule_tick(at(61_500)).await;
+    let view = state.durable().schedule("gone").await.unwrap();
+    assert!(view.paused, "{view:?}");
+    assert!(view.paused_reason.unwrap().contains("route `retired-route` is not in the catalogue"));
+    assert!(outcomes(&state, "gone").await.is_empty(), "no fire decided for it");
+}

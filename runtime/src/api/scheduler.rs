@@ -4,8 +4,10 @@
 //! /v1/runs` ([`runs::begin_run`]) with the idempotency key `schedule:{id}:{fire_time}`. The
 //! starts a dead replica claimed, the CLI's triggers and the buffered fires whose live run ended
 //! are started here too. The time of a look is an argument ([`AppState::schedule_tick`]): the
-//! loop reads the system clock, tests move their own. A schedule whose route left the catalogue
-//! is paused with the reason. The fires are counted for `/metrics`.
+//! loop reads the system clock, tests move their own. A schedule whose route no replica knows a
+//! minute after its fire time (it left the catalogue) is paused with the reason; a replica leaves
+//! the fires of another fleet's routes to that fleet. A start refused for want of room is tried
+//! again after its claim. The fires are counted for `/metrics`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -24,6 +26,8 @@ pub const TICK: Duration = Duration::from_millis(200);
 const CLAIM_MS: i64 = 10_000;
 /// The most schedules (and fires) one look handles; the rest at the next.
 const BATCH: usize = 100;
+/// How long after its fire time a schedule whose route no replica knows is paused.
+const UNKNOWN_ROUTE_GRACE_MS: i64 = 60_000;
 
 /// A fire to start.
 struct ToStart {
@@ -43,9 +47,35 @@ pub struct FireCounts {
     outcomes: Mutex<BTreeMap<&'static str, u64>>,
     /// Per bucket, then the count and the sum.
     lag: Mutex<([u64; LAG_BUCKETS.len()], u64, f64)>,
+    /// The store failed the loop's last look: its errors are logged once per change of state.
+    failing: std::sync::atomic::AtomicBool,
+    /// The store failed the look going on.
+    troubled: std::sync::atomic::AtomicBool,
 }
 
 impl FireCounts {
+    /// A store failure of the loop: logged when the loop starts failing, not at every look.
+    fn trouble(&self, what: &str, e: &dyn std::fmt::Display) {
+        self.troubled.store(true, std::sync::atomic::Ordering::Relaxed);
+        if !self.failing.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::error!(error = %e, "schedules: {what} (logged once until the store answers again)");
+        } else {
+            tracing::debug!(error = %e, "schedules: {what}");
+        }
+    }
+
+    /// A look begins.
+    fn look(&self) {
+        self.troubled.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A look ended: without a failure, the store answers again.
+    fn looked(&self) {
+        if !self.troubled.load(std::sync::atomic::Ordering::Relaxed) && self.failing.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!("schedules: the store answers again");
+        }
+    }
+
     fn count(&self, outcome: &'static str) {
         *self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).entry(outcome).or_default() += 1;
     }
@@ -104,7 +134,12 @@ impl AppState {
     /// started (awaited); how many runs it started.
     pub async fn schedule_tick(&self, now: DateTime<Utc>) -> usize {
         let Ok(store) = self.inner.durable.schedule_store() else { return 0 };
+        // While the store takes no writes (its health says so at once), nothing can be decided.
+        if self.inner.durable.store().health().is_err() {
+            return 0;
+        }
         let now_ms = now.timestamp_millis();
+        self.inner.fires.look();
         let mut starts = Vec::new();
         match store.due_schedules(now_ms, BATCH).await {
             Ok(due) => {
@@ -112,7 +147,7 @@ impl AppState {
                     starts.extend(self.decide(s, now).await);
                 }
             }
-            Err(e) => tracing::error!(error = %e, "schedules: reading the due schedules"),
+            Err(e) => self.inner.fires.trouble("reading the due schedules", &e),
         }
         match store.buffered_fires(BATCH).await {
             Ok(buffered) => {
@@ -126,18 +161,19 @@ impl AppState {
                     }
                 }
             }
-            Err(e) => tracing::error!(error = %e, "schedules: reading the buffered fires"),
+            Err(e) => self.inner.fires.trouble("reading the buffered fires", &e),
         }
         match store.claim_starts(now_ms, now_ms + CLAIM_MS, BATCH).await {
             Ok(claimed) => {
                 starts.extend(claimed.into_iter().map(|f| ToStart { schedule_id: f.schedule_id, fire_ms: f.fire_ms, fire_time: f.fire_time, cancel: None }))
             }
-            Err(e) => tracing::error!(error = %e, "schedules: claiming fires to start"),
+            Err(e) => self.inner.fires.trouble("claiming fires to start", &e),
         }
         let mut started = 0;
         for s in starts {
             started += usize::from(self.start_fire(s, now).await);
         }
+        self.inner.fires.looked();
         started
     }
 
@@ -157,9 +193,19 @@ impl AppState {
             Ok(def) => def,
             Err(e) => return self.pause(s, &format!("its stored definition does not read: {e}")).await,
         };
-        if durable.runtime().current().catalogue().get(&def.route_id).is_none() {
-            let why = format!("route `{}` is not in the catalogue (paused by the service; resume it once the route is back)", def.route_id);
-            return self.pause(s, &why).await;
+        let edition = durable.runtime().current();
+        match edition.check_route(&def.route_id) {
+            // A route of another fleet: its replicas decide its fires.
+            Err(StartError::WrongFleet { .. }) => return Vec::new(),
+            // Unknown here: a replica on a newer catalogue (a rolling deploy) decides its fires;
+            // when none did within a minute of its time, the route left the catalogue.
+            Err(StartError::UnknownRoute { .. }) if now.timestamp_millis() - cursor_ms < UNKNOWN_ROUTE_GRACE_MS => return Vec::new(),
+            Err(StartError::UnknownRoute { .. }) => {
+                let why = format!("route `{}` is not in the catalogue (paused by the service; resume it once the route is back)", def.route_id);
+                return self.pause(s, &why).await;
+            }
+            // A broken route or the like: each fire records why it did not start.
+            _ => {}
         }
         let timing = match def.timing() {
             Ok(t) => t,
@@ -191,7 +237,7 @@ impl AppState {
             Ok(true) => {}
             Ok(false) => return Vec::new(),
             Err(e) => {
-                tracing::error!(schedule = id, error = %e, "schedules: recording fires");
+                self.inner.fires.trouble("recording fires", &e);
                 return Vec::new();
             }
         }
@@ -214,7 +260,7 @@ impl AppState {
     async fn pause(&self, s: StoredSchedule, why: &str) -> Vec<ToStart> {
         tracing::warn!(schedule = s.id, why, "schedules: a schedule paused");
         if let Err(e) = self.inner.durable.pause_schedule(s, why).await {
-            tracing::error!(error = %e, "schedules: pausing a schedule");
+            self.inner.fires.trouble("pausing a schedule", &e);
         }
         Vec::new()
     }
@@ -229,7 +275,7 @@ impl AppState {
             // Deleted meanwhile: nothing to start.
             Ok(None) => return false,
             Err(e) => {
-                tracing::error!(error = %e, "schedules: reading a schedule to start its fire");
+                self.inner.fires.trouble("reading a schedule to start its fire", &e);
                 return false;
             }
         };
@@ -239,7 +285,20 @@ impl AppState {
             tracing::warn!(run_id = old, error = %e, "schedules: cancelling the live run of a schedule");
         }
         let begun = match (def, IdempotencyKey::parse(&format!("schedule:{}:{}", f.schedule_id, f.fire_time))) {
-            (Some(def), Ok(key)) => runs::begin_run(self, def.start(), Some(&key)).await.map_err(|e| e.message),
+            (Some(def), Ok(key)) => match runs::begin_run(self, def.start(), Some(&key)).await {
+                // No room now (the fleet's queue is full, the store cannot take writes): the fire
+                // stays `starting`, and a replica starts it when its claim ends.
+                Err(e) if matches!(e.code, ErrorCode::TooManyRuns | ErrorCode::StoreUnavailable | ErrorCode::StoreError) => {
+                    tracing::warn!(
+                        schedule = f.schedule_id,
+                        fire_time = f.fire_time,
+                        why = e.message,
+                        "schedules: a fire's run could not start now; it is tried again"
+                    );
+                    return false;
+                }
+                begun => begun.map_err(|e| e.message),
+            },
             (None, _) => Err("its stored definition does not read".to_owned()),
             (_, Err(e)) => Err(format!("its idempotency key: {e}")),
         };
@@ -250,7 +309,7 @@ impl AppState {
                 tracing::warn!(schedule = f.schedule_id, fire_time = f.fire_time, why, "schedules: a fire's run was refused");
                 self.inner.fires.count("failed");
                 if let Err(e) = store.record_fire(&f.schedule_id, f.fire_ms, FireEnd::Failed { why: &why }).await {
-                    tracing::error!(error = %e, "schedules: recording a failed fire");
+                    self.inner.fires.trouble("recording a failed fire", &e);
                 }
                 return false;
             }
@@ -259,7 +318,7 @@ impl AppState {
         self.inner.fires.started(lag_ms as f64 / 1000.0);
         if let Err(e) = store.record_fire(&f.schedule_id, f.fire_ms, FireEnd::Started { run_id: &run_id, lag_ms }).await {
             // The run is there under its key: a replica that claims the fire again finds it.
-            tracing::error!(error = %e, "schedules: recording a started fire");
+            self.inner.fires.trouble("recording a started fire", &e);
         }
         true
     }

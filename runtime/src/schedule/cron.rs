@@ -8,7 +8,7 @@
 //! an expression that never fires refused, and the second pass of a repeated wall-clock time of
 //! an interval expression (croner fires each pass of `*/15`) dropped.
 
-use chrono::{DateTime, LocalResult, TimeZone, Utc};
+use chrono::{DateTime, LocalResult, Offset, TimeZone, Utc};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 
@@ -99,11 +99,45 @@ impl CronSpec {
         let mut from = whole_second(after).with_timezone(&tz);
         // Each round drops one second pass of a repeated hour; a few suffice.
         for _ in 0..10_000 {
-            let t = self.cron.find_next_occurrence(&from, false).ok()?;
-            if !second_pass(zone, t.with_timezone(&Utc)) {
-                return Some(t.with_timezone(&Utc));
+            let t = self.cron.find_next_occurrence(&from, false).ok()?.with_timezone(&Utc);
+            // A time the expression names in a spring-forward gap croner skipped (it moves only
+            // a fixed time past a gap; `15 1,2,3 * * *` would lose 02:15): the instant after it.
+            if let Some(gap) = self.gap_fire(zone, from.with_timezone(&Utc), t).filter(|g| *g < t) {
+                return Some(gap);
             }
-            from = t;
+            if !second_pass(zone, t) {
+                return Some(t);
+            }
+            from = t.with_timezone(&tz);
+        }
+        None
+    }
+
+    /// The instant a spring-forward gap in (`lo`, `hi`] ends at, when the expression names a
+    /// wall-clock time inside that gap: the fire of that skipped time.
+    fn gap_fire(&self, zone: Zone, lo: DateTime<Utc>, hi: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let tz = zone.tz();
+        let offset = |t: DateTime<Utc>| tz.offset_from_utc_datetime(&t.naive_utc()).fix().local_minus_utc();
+        // Chunks of 30 days: at most one transition in each.
+        let mut a = lo;
+        while a < hi {
+            let b = (a + chrono::Duration::days(30)).min(hi);
+            let (before, after) = (offset(a), offset(b));
+            if after > before {
+                // The first second on the new offset.
+                let (mut l, mut h) = (a, b);
+                while h - l > chrono::Duration::seconds(1) {
+                    let m = l + (h - l) / 2;
+                    if offset(m) == after { h = m } else { l = m }
+                }
+                let wall_from = h.naive_utc() + chrono::Duration::seconds(i64::from(before));
+                let wall_to = h.naive_utc() + chrono::Duration::seconds(i64::from(after));
+                let named = self.cron.find_next_occurrence(&(wall_from - chrono::Duration::seconds(1)), false).ok();
+                if named.is_some_and(|n| n < wall_to) && h > lo && h <= hi {
+                    return Some(whole_second(h));
+                }
+            }
+            a = b;
         }
         None
     }
@@ -115,12 +149,17 @@ impl CronSpec {
         let mut inclusive = whole_second(before) != before;
         let mut from = whole_second(before).with_timezone(&tz);
         for _ in 0..10_000 {
-            let t = self.cron.find_previous_occurrence(&from, inclusive).ok()?;
+            let t = self.cron.find_previous_occurrence(&from, inclusive).ok()?.with_timezone(&Utc);
+            // As forward: a skipped time's fire between the two.
+            let upto = if inclusive { from.with_timezone(&Utc) } else { from.with_timezone(&Utc) - chrono::Duration::seconds(1) };
             inclusive = false;
-            if !second_pass(zone, t.with_timezone(&Utc)) {
-                return Some(t.with_timezone(&Utc));
+            if let Some(gap) = self.gap_fire(zone, t, upto).filter(|g| *g > t) {
+                return Some(gap);
             }
-            from = t;
+            if !second_pass(zone, t) {
+                return Some(t);
+            }
+            from = t.with_timezone(&tz);
         }
         None
     }

@@ -12,6 +12,8 @@ pub mod cron;
 pub mod plan;
 
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 
 use std::time::Duration;

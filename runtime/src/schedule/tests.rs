@@ -36,6 +36,10 @@ fn new_york_spring_forward_fires_a_skipped_time_once_after_the_gap_and_fall_back
     // 1 November 2026: 02:00 EDT becomes 01:00 EST; 01:30 happens twice: the first (EDT) only.
     let early = timing("30 1 * * *", "America/New_York");
     assert_eq!(fires(&early, "2026-10-31T12:00:00Z", "2026-11-02T12:00:00Z"), ["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]);
+    // A list of hours: croner would skip 02:15 on the spring-forward day; it fires once at 03:00.
+    let listed = timing("15 1,2,3 * * *", "America/New_York");
+    assert_eq!(fires(&listed, "2026-03-08T00:00:00Z", "2026-03-08T12:00:00Z"), ["2026-03-08T06:15:00Z", "2026-03-08T07:00:00Z", "2026-03-08T07:15:00Z"]);
+    assert_eq!(listed.cron.previous_before(listed.zone, utc("2026-03-08T07:15:00Z")), Some(utc("2026-03-08T07:00:00Z")));
     // An interval: each wall-clock time once too (the repeated hour's second pass is dropped).
     let half_hourly = timing("*/30 * * * *", "America/New_York");
     assert_eq!(

@@ -6,7 +6,7 @@
 //! `queued` until a process claims it; a claim holds a lease (renewed by a heartbeat) and a
 //! fencing token that every write of the holder carries and the store checks under the run's row
 //! lock, so a process that lost its lease never writes again ([`Fenced`] is a claimed run's
-//! [`RunJournal`]). A journalled run commits its events and journal entries once per completed
+//! [`RunJournal`](crate::exec::RunJournal)). A journalled run commits its events and journal entries once per completed
 //! stage and once at its end. SQL and its row types stay inside the implementations. Schema
 //! versions are numbered; a store refuses a database whose schema is newer than it knows.
 //!
@@ -53,11 +53,11 @@ pub use contract::StartRequest;
 pub use fenced::Fenced;
 pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
 pub use ids::{BadKey, IdempotencyKey, RunId};
-pub use lease::{Claimed, Holder, Lease};
+pub use lease::{Claimed, Fenced, Holder, Lease};
 pub use open::{open, open_existing};
 pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 
-use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
+use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
 pub use crate::version::{CatalogueVersion, Sources};
 
@@ -327,13 +327,13 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// Extends these leases by the holder's lease length; returns the runs whose lease another
     /// process holds now.
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
-    /// Queues a batch (see [`RunJournal`]): an earlier failure of the run's writes, as it was
+    /// Queues a batch (see [`RunJournal`](crate::exec::RunJournal)): an earlier failure of the run's writes, as it was
     /// (`LeaseLost`, `Database`, `Unavailable`), is the answer.
     fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Writes a batch and waits until every batch of the run is durable (see [`RunJournal`]).
+    /// Writes a batch and waits until every batch of the run is durable (see [`RunJournal`](crate::exec::RunJournal)).
     fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
     /// [`RunStore::append`], `durable` called once the batch committed (see
-    /// [`RunJournal::append_then`]); by default once queued.
+    /// [`RunJournal::append_then`](crate::exec::RunJournal::append_then)); by default once queued.
     fn append_then<'a>(&'a self, lease: &'a Lease, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.append(lease, batch).await?;
