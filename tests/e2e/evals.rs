@@ -218,3 +218,92 @@ async fn a_prompt_changed_in_the_third_stage_reruns_only_that_stage_and_compare_
     assert!(out.contains("still_passing case-00 (first divergence: stage `answer`)\n  stage `answer`: the prompt differs\n"), "{out}");
     assert_eq!(fake.requests().len(), 20, "compare reads the store only");
 }
+
+/// A provider that answers support-triage's stages, and a judge's call (its schema has `pass`)
+/// with a scripted verdict: a pass when the output it is shown says `Refunded`.
+async fn judging_provider() -> (FakeProvider, Vec<(&'static str, String)>) {
+    let fake = FakeProvider::new(|body| {
+        let schema = body.pointer("/response_format/json_schema/schema/properties").cloned().unwrap_or_default();
+        if schema.get("pass").is_none() {
+            return Canned::json(200, reply_json(fabric::config::ProviderKind::OpenAi, body));
+        }
+        let user = body.pointer("/messages/1/content").and_then(Value::as_str).unwrap_or_default();
+        let shown = user.split("Output to grade:").nth(1).unwrap_or_default();
+        let verdict = if shown.contains("Refunded") {
+            serde_json::json!({"pass": true, "score": 0.9, "reason": "it says the charge was refunded"})
+        } else {
+            serde_json::json!({"pass": false, "score": 0.1, "reason": "no refund is mentioned"})
+        };
+        let reply = serde_json::json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": verdict.to_string()}, "finish_reason": "stop"}],
+                                       "usage": {"prompt_tokens": 50, "completion_tokens": 12}});
+        Canned::json(200, reply)
+    });
+    let url = fake.start().await;
+    (fake, crate::support::openai_env(url))
+}
+
+const JUDGE: &str = "  - llm_judge: {rubric: \"The answer tells the customer the charge was refunded.\", profile: default, name: refunded}\n";
+
+#[tokio::test]
+async fn a_judge_grades_through_the_provider_once_and_its_verdicts_regrade_for_nothing() {
+    let (fake, env) = judging_provider().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(4, 4, JUDGE));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json"], &env).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(fake.requests().len(), 4 * 3 + 4, "three stages and one judge a case");
+    assert_eq!((report["judge_calls"].as_u64(), report["judge_tokens"].as_u64()), (Some(4), Some(4 * 62)));
+    let judged = &report["cases"][0]["runs"][0]["verdicts"][2];
+    assert_eq!(judged, &serde_json::json!({"evaluator": "refunded", "pass": true, "score": 0.9, "reason": "it says the charge was refunded"}));
+    let judge_asked = fake.requests().into_iter().find(|r| r.body.to_string().contains("Output to grade")).unwrap();
+    assert!(judge_asked.body.to_string().contains("The answer tells the customer the charge was refunded."), "the rubric is asked");
+    // Regraded, and run again from the journal of that experiment: the kept verdicts answer.
+    let experiment = report["experiment_id"].as_str().unwrap();
+    for _ in 0..3 {
+        let (code, out, err) = eval(&["eval", "regrade", experiment, "--store", &db, "--format", "json"], &env).await;
+        assert_eq!(code, Some(0), "{err}");
+        let again: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(again["cases"], report["cases"]);
+        assert_eq!(again["judge_calls"], 0);
+    }
+    assert_eq!(fake.requests().len(), 16, "no model call to regrade, the judge's included");
+    // A changed rubric is another judge: regrading cannot ask it, and says so.
+    let changed = write(dir.path(), "changed.yaml", &triage_dataset(4, 4, &JUDGE.replace("refunded.\"", "refunded, politely.\"")));
+    let (code, out, _) = eval(&["eval", "regrade", experiment, "--dataset", &changed, "--store", &db, "--format", "json"], &env).await;
+    assert_eq!(code, Some(0));
+    let reason = serde_json::from_str::<Value>(&out).unwrap()["cases"][0]["runs"][0]["verdicts"][2]["reason"].as_str().unwrap().to_owned();
+    assert!(reason.starts_with("not judged"), "{reason}");
+    assert_eq!(fake.requests().len(), 16);
+}
+
+#[tokio::test]
+async fn a_judge_on_llama_cpp_gives_a_verdict_of_the_schema_that_regrades_without_it() {
+    let Some(server) = crate::llama::start("plain") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    // Real inference for the stages and the judge: the tiny model's words mean nothing, but its
+    // verdict is decoded under the verdict's schema, as any provider's is.
+    let url = format!("http://127.0.0.1:{}/v1", server.port);
+    let env = env(&[("FABRIC_LLM_STUB", "0"), ("FABRIC_LLM_MODEL", "openai:tiny"), ("OPENAI_BASE_URL", &url), ("FABRIC_LLM_RETRY_BASE_S", "0.05")]);
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(2, 2, JUDGE));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json", "--concurrency", "1"], &env).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["judge_calls"], 2, "{report:#}");
+    assert!(report["judge_tokens"].as_u64().unwrap() > 0, "the server's usage");
+    for case in report["cases"].as_array().unwrap() {
+        let run = &case["runs"][0];
+        assert_eq!(run["status"], "completed", "{case:#}");
+        let verdict = run["verdicts"].as_array().unwrap().iter().find(|v| v["evaluator"] == "refunded").unwrap();
+        assert!(verdict["pass"].is_boolean() && (0.0..=1.0).contains(&verdict["score"].as_f64().unwrap()), "{verdict}");
+        assert!(!verdict["reason"].as_str().unwrap().starts_with("the judge failed"), "{verdict}");
+    }
+    // The server gone, the experiment regrades the same: its verdicts are kept.
+    drop(server);
+    let experiment = report["experiment_id"].as_str().unwrap();
+    let (code, out, err) = eval(&["eval", "regrade", experiment, "--store", &db, "--format", "json"], &env).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["cases"], report["cases"]);
+}

@@ -26,6 +26,11 @@ pub struct Report {
     /// Model calls made by the runs (not those taken from a journal).
     pub llm_calls: u64,
     pub mean_duration_ms: Option<f64>,
+    /// Judges asked by this grading (a verdict kept from an earlier one costs none).
+    #[serde(default)]
+    pub judge_calls: u32,
+    #[serde(default)]
+    pub judge_tokens: u64,
 }
 
 /// One evaluator over every run.
@@ -162,6 +167,8 @@ pub fn build(experiment_id: &str, dataset: &Dataset, runs: Vec<Graded>) -> Repor
         tokens,
         llm_calls,
         mean_duration_ms,
+        judge_calls: 0,
+        judge_tokens: 0,
     }
 }
 

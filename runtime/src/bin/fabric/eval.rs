@@ -268,6 +268,9 @@ fn print_report(report: &Report, format: Format) -> std::io::Result<()> {
         report.tokens,
         report.mean_duration_ms.map(|d| format!(", mean {d:.1} ms")).unwrap_or_default()
     );
+    if report.judge_calls > 0 {
+        text.push_str(&format!("  judges asked: {} ({} tokens)\n", report.judge_calls, report.judge_tokens));
+    }
     for e in &report.evaluators {
         text.push_str(&format!("  {:<32} {:>5}/{:<5} {:>6.1}%  score {:.2}\n", e.name, e.passed, e.graded, e.pass_rate * 100.0, e.mean_score));
     }
