@@ -45,9 +45,23 @@ async fn fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("e.db").display());
     let dataset = write(dir.path(), "triage.yaml", &triage_dataset(50, 37, ""));
-    let junit = dir.path().join("eval.xml");
-    let (code, out, err) =
-        eval(&["eval", "run", &dataset, "--store", &db, "--format", "json", "--junit", junit.to_str().unwrap(), "--concurrency", "8"], &env(&[STUB])).await;
+    let (junit, html) = (dir.path().join("eval.xml"), dir.path().join("eval.html"));
+    let args = [
+        "eval",
+        "run",
+        &dataset,
+        "--store",
+        &db,
+        "--format",
+        "json",
+        "--junit",
+        junit.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+        "--concurrency",
+        "8",
+    ];
+    let (code, out, err) = eval(&args, &env(&[STUB])).await;
     assert_eq!(code, Some(0), "no gate asked: {err}");
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!((report["cases_passed"].as_u64(), report["cases_total"].as_u64()), (Some(37), Some(50)), "{report:#}");
@@ -65,6 +79,12 @@ async fn fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so() {
     let xml = std::fs::read_to_string(&junit).unwrap();
     assert!(xml.contains("tests=\"50\" failures=\"13\""), "{xml}");
     assert_eq!(xml.matches("<failure ").count(), 13);
+    junit_reads(&junit, 50, 13);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<b>37/50</b> cases passed (74.0%)"), "{page}");
+    let first_row = page.split("<tr><td>").nth(report["evaluators"].as_array().unwrap().len() + 1).unwrap();
+    assert!(first_row.starts_with("case-37</td>") && first_row.contains("FAIL"), "failing cases first: {first_row}");
+    assert!(page.contains(&format!("href=\"http://127.0.0.1:8080/ui/#/runs/{run_id}\"")), "each run links to the inspector");
 
     // The gate: under --min-pass, exit 1 naming the failing cases.
     let experiment = report["experiment_id"].as_str().unwrap().to_owned();
@@ -306,4 +326,23 @@ async fn a_judge_on_llama_cpp_gives_a_verdict_of_the_schema_that_regrades_withou
     let (code, out, err) = eval(&["eval", "regrade", experiment, "--store", &db, "--format", "json"], &env).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["cases"], report["cases"]);
+}
+
+/// The JUnit file read by `junitparser` (PyPI, in a venv), the reader CI tools built on Python
+/// use: its suites, tests and failures as counted.
+fn junit_reads(path: &Path, tests: usize, failures: usize) {
+    let why = "evals::fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so reads its JUnit file with junitparser";
+    let Some(python) = crate::support::python_venv("eval-junit", "junitparser==5.0.3", "import junitparser", why) else { return };
+    let script = path.with_extension("py");
+    std::fs::write(
+        &script,
+        "import sys, junitparser\nxml = junitparser.JUnitXml.fromfile(sys.stdin.read().strip())\n\
+         cases = [c for s in xml for c in s]\n\
+         failed = [c for c in cases if any(isinstance(r, junitparser.Failure) for r in c.result)]\n\
+         print(len(cases), len(failed), all(c.classname == 'support-triage' and c.name for c in cases))\n",
+    )
+    .unwrap();
+    let out = crate::support::run_python(&python, &script, path.to_str().unwrap());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{tests} {failures} True"));
 }

@@ -6,7 +6,7 @@
 //! `dataset` (files → cases, every problem located), `evaluator` (the kinds, their decoding),
 //! `grade` (the checks), `judge` (`llm_judge`: a model profile's verdict, kept per run and judge), `check` (a dataset against the runtime it runs on, before any run),
 //! `experiment` (cases run through a [`crate::runtime::Durable`], recorded and tagged; regraded
-//! from the store), `report` (pass rates, spread, the CI gate, JUnit XML), `rerun` (a case run again from the first stage that changed, the stages before from the
+//! from the store), `report` (pass rates, spread, the CI gate, JUnit XML), `html` (the report as a page), `rerun` (a case run again from the first stage that changed, the stages before from the
 //! journal), `compare` (two experiments case by
 //! case, with where their runs' journals diverge).
 
@@ -16,6 +16,7 @@ mod dataset;
 mod evaluator;
 mod experiment;
 mod grade;
+mod html;
 mod judge;
 mod report;
 mod rerun;
@@ -26,6 +27,7 @@ pub use dataset::{Case, CaseAt, Dataset, DatasetError, Expected, MAX_DATASET_BYT
 pub use evaluator::{Check, Evaluator, JsonPath};
 pub use experiment::{EvalError, RunOptions, experiments, last_report, record_of, regrade, run, stored};
 pub use grade::{RunRecord, Verdict, as_json, grade};
+pub use html::html;
 pub use judge::{JUDGE_ROUTE, judge_key};
 pub use report::{CaseReport, EvaluatorSummary, Gate, GateFindings, Report, RunReport, junit, regressions};
 pub use rerun::rerun;

@@ -81,6 +81,13 @@ pub struct ReportOut {
     /// Also write the report as JUnit XML to FILE.
     #[arg(long, value_name = "FILE")]
     junit: Option<PathBuf>,
+    /// Also write the report as an HTML page to FILE (failing cases first, each run linked to
+    /// the inspector of `--inspector`).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// The base URL of the `fabric serve` whose inspector the HTML report links runs to.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    inspector: String,
     /// Exit 1 when fewer cases than this share (0 to 1) pass.
     #[arg(long, value_name = "RATE")]
     min_pass: Option<f64>,
@@ -234,6 +241,11 @@ async fn finish(store: &dyn RunStore, report: &Report, out: &ReportOut) -> std::
         && let Err(e) = std::fs::write(path, eval::junit(report))
     {
         return Ok(usage(format_args!("--junit {}: {e}", path.display())));
+    }
+    if let Some(path) = &out.html
+        && let Err(e) = std::fs::write(path, eval::html(report, &out.inspector))
+    {
+        return Ok(usage(format_args!("--html {}: {e}", path.display())));
     }
     print_report(report, out.format)?;
     let gate = Gate { min_pass: out.min_pass, max_regressions: out.max_regressions.or(out.baseline.as_ref().map(|_| 0)) };
