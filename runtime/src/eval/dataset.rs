@@ -1,4 +1,5 @@
-//! Datasets: a YAML file (`cases:` and the dataset's `evaluators:`) or JSONL (one case per line)
+//! Datasets: a YAML file (`cases:` and the dataset's `evaluators:`) or JSONL (one case per line),
+//! or another tool's (`interop`: pydantic_evals' YAML, LangSmith's examples as JSON),
 //! decoded from located trees into [`Dataset`] and [`Case`]s, every problem of the file found
 //! in one read, each `path:line:col`.
 //!
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::evaluator::{Evaluator, decode_evaluators};
+use super::interop;
 use crate::diag::{Diagnostic, Diagnostics, Pos};
 use crate::yaml::{self, Ctx, Node};
 
@@ -127,7 +129,11 @@ impl Dataset {
         }
         if let Some(root) = yaml::parse(path, text, &mut diags) {
             let mut ctx = Ctx { path, diags: &mut diags };
-            decode_root(&mut ctx, &root, &mut dataset);
+            match interop::kind(&root) {
+                interop::Kind::Ours => decode_root(&mut ctx, &root, &mut dataset),
+                interop::Kind::Pydantic => interop::decode_pydantic(&mut ctx, &root, &mut dataset),
+                interop::Kind::LangSmith => interop::decode_langsmith(&mut ctx, &root, &mut dataset),
+            }
         }
         finish(dataset, diags.into_vec())
     }

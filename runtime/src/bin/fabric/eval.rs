@@ -63,11 +63,55 @@ pub enum EvalAction {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Datasets: build one from recorded runs, or convert one to another tool's format.
+    Dataset {
+        #[command(subcommand)]
+        action: DatasetAction,
+    },
     /// The newest experiments: id, name, dataset, created.
     List {
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DatasetAction {
+    /// The newest runs of a route as a dataset (their goals; with --expect-output, their
+    /// outputs as the expected ones), printed on stdout.
+    FromRuns {
+        #[arg(long)]
+        route: String,
+        /// Only runs of this status (the store's spelling: completed, failed, ...).
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[arg(long)]
+        expect_output: bool,
+        /// The dataset's name [default: the route's].
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, value_enum, default_value_t = DatasetFormat::Fabric)]
+        to: DatasetFormat,
+    },
+    /// A dataset (ours, pydantic_evals' YAML or LangSmith's JSON) in another format, on stdout.
+    Convert {
+        dataset: PathBuf,
+        #[arg(long, value_enum)]
+        to: DatasetFormat,
+    },
+}
+
+/// The dataset formats written.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DatasetFormat {
+    /// Ours (docs/evals.md).
+    Fabric,
+    /// pydantic_evals' dataset YAML.
+    Pydantic,
+    /// LangSmith's examples, as JSON.
+    Langsmith,
 }
 
 /// Where a report goes, and the gate it must pass.
@@ -160,7 +204,11 @@ pub async fn eval_cmd(
                 Err(e) => Ok(refused(e)),
             }
         }
-        EvalAction::Show { .. } | EvalAction::List { .. } | EvalAction::Compare { .. } => {
+        EvalAction::Dataset { action: DatasetAction::Convert { dataset, to } } => match read(dataset) {
+            Ok((dataset, _)) => write_dataset(&dataset, *to),
+            Err(code) => Ok(code),
+        },
+        EvalAction::Show { .. } | EvalAction::List { .. } | EvalAction::Compare { .. } | EvalAction::Dataset { .. } => {
             let store = match fabric::store::open_existing(&url).await {
                 Ok(s) => s,
                 Err(e) => return Ok(usage(format_args!("run store: {e}"))),
@@ -196,6 +244,19 @@ async fn read_only(action: &EvalAction, store: &dyn RunStore) -> std::io::Result
             }
             Err(e) => Ok(refused(e)),
         },
+        EvalAction::Dataset { action: DatasetAction::FromRuns { route, status, limit, expect_output, name, to } } => {
+            let status = match status.as_deref().map(|s| fabric::store::StoredStatus::parse(s).ok_or(s)).transpose() {
+                Ok(s) => s,
+                Err(bad) => {
+                    return Ok(usage(format_args!("--status: `{bad}` is not a run status (queued, running, completed, failed, awaiting_input, cancelled)")));
+                }
+            };
+            match eval::from_runs(store, route, status, *limit, *expect_output, name.as_deref().unwrap_or(route)).await {
+                Ok(dataset) if dataset.cases.is_empty() => Ok(usage(format_args!("no run of route `{route}` matches"))),
+                Ok(dataset) => write_dataset(&dataset, *to),
+                Err(e) => Ok(usage(e)),
+            }
+        }
         _ => Ok(usage("not a reading command")),
     }
 }
@@ -315,4 +376,21 @@ fn print_comparison(c: &eval::Comparison, format: Format) -> std::io::Result<()>
         }
     }
     print_out(&text)
+}
+
+/// A dataset printed in `format`; what another tool's format cannot hold is said on stderr.
+fn write_dataset(dataset: &Dataset, format: DatasetFormat) -> std::io::Result<ExitCode> {
+    let text = match format {
+        DatasetFormat::Fabric => eval::to_fabric_yaml(dataset),
+        DatasetFormat::Langsmith => format!("{}\n", eval::to_langsmith_json(dataset)),
+        DatasetFormat::Pydantic => {
+            let (text, left_out) = eval::to_pydantic_yaml(dataset);
+            for name in left_out {
+                say(format_args!("fabric: warning: evaluator `{name}` has no pydantic_evals equivalent; left out"));
+            }
+            text
+        }
+    };
+    let newline = if text.ends_with('\n') { "" } else { "\n" };
+    print_out(&format!("{text}{newline}")).map(|()| ExitCode::SUCCESS)
 }
