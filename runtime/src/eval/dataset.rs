@@ -138,6 +138,18 @@ impl Dataset {
         finish(dataset, diags.into_vec())
     }
 
+    /// A list of evaluators given apart from a dataset (`text`, YAML or JSON, read from `path`),
+    /// to add to its own (the Python package's `evaluate(..., evaluators=)`).
+    pub fn parse_evaluators(path: &Path, text: &str) -> Result<Vec<Evaluator>, DatasetError> {
+        let mut diags = Diagnostics::default();
+        let evaluators = match yaml::parse(path, text, &mut diags) {
+            Some(node) => decode_evaluators(&mut Ctx { path, diags: &mut diags }, &node),
+            None => Vec::new(),
+        };
+        let problems = diags.into_vec();
+        if problems.iter().any(Diagnostic::is_error) { Err(DatasetError::Invalid(problems)) } else { Ok(evaluators) }
+    }
+
     /// Every evaluator a case is graded with: the dataset's, then its own.
     pub fn evaluators_of<'a>(&'a self, case: &'a Case) -> impl Iterator<Item = &'a Evaluator> {
         self.evaluators.iter().chain(&case.evaluators)
