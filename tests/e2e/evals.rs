@@ -346,3 +346,27 @@ fn junit_reads(path: &Path, tests: usize, failures: usize) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{tests} {failures} True"));
 }
+
+#[tokio::test]
+async fn the_service_lists_experiments_and_shows_their_reports() {
+    use crate::service::{app_on, authed, call};
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(3, 2, ""));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json"], &env(&[STUB])).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let experiment = report["experiment_id"].as_str().unwrap();
+    let (app, _stub) = app_on(fabric::store::open(&db).await.unwrap(), None, authed(fabric::api::ApiConfig::default()));
+    let (status, _, listed) = call(&app, "GET", "/v1/experiments", None, true).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["experiments"][0]["experiment_id"], experiment);
+    assert_eq!(listed["experiments"][0]["name"], "triage");
+    let (status, _, shown) = call(&app, "GET", &format!("/v1/experiments/{experiment}"), None, true).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown, report, "the report as kept");
+    let (status, _, missing) = call(&app, "GET", "/v1/experiments/nope", None, true).await;
+    assert_eq!((status.as_u16(), missing["error"]["code"].as_str()), (404, Some("not_found")), "{missing}");
+    let (status, _, _) = call(&app, "GET", "/v1/experiments", None, false).await;
+    assert_eq!(status, 401);
+}

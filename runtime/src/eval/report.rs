@@ -9,7 +9,7 @@ use super::grade::{RunRecord, Verdict, grade};
 use crate::svg::escape as esc;
 
 /// A graded experiment.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Report {
     pub experiment_id: String,
     pub name: String,
@@ -34,7 +34,7 @@ pub struct Report {
 }
 
 /// One evaluator over every run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EvaluatorSummary {
     pub name: String,
     pub passed: usize,
@@ -44,7 +44,7 @@ pub struct EvaluatorSummary {
 }
 
 /// One case over its repeats.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CaseReport {
     pub case_id: String,
     pub route_id: String,
@@ -59,7 +59,7 @@ pub struct CaseReport {
 }
 
 /// One run of a case.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunReport {
     pub repeat: u32,
     pub run_id: String,
