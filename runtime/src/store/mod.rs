@@ -53,7 +53,7 @@ pub use contract::StartRequest;
 pub use fenced::Fenced;
 pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
 pub use ids::{BadKey, IdempotencyKey, RunId};
-pub use lease::{Claimed, Fenced, Holder, Lease};
+pub use lease::{Claimed, Holder, Lease};
 pub use open::{open, open_existing};
 pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 
