@@ -40,6 +40,19 @@ class Runtime:
         (sync or async), called with the arguments as keywords, returning a JSON value. A setting
         that is not one raises ``ConfigError``. ``store`` is a run store URL
         (``sqlite://runs.db``, ``postgres://...``), needed by ``idempotency_key``."""
+    def evaluate(
+        self,
+        dataset: str | os.PathLike[str] | dict[str, Any] | list[Any],
+        evaluators: list[dict[str, Any]] | None = None,
+        *,
+        repeat: int = 1,
+        concurrency: int = 4,
+    ) -> dict[str, Any]:
+        """Runs every case of ``dataset`` (a path, or the dataset as a dict or list: ours,
+        pydantic_evals' or LangSmith's) as an experiment recorded in ``store``, graded by its
+        evaluators and ``evaluators`` (ours, as dicts); returns the report (docs/evals.md). A
+        dataset that does not fit the catalogue raises ``StartError`` (``invalid_dataset``)
+        with every problem located, before any model call; without ``store``, ``no_store``."""
     def run(
         self,
         route_id: str,

@@ -26,6 +26,7 @@ use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyList, PyString, PyTuple};
 use serde_json::{Map, Value};
 
+mod evaluate;
 mod schedules;
 mod stream;
 
@@ -44,7 +45,7 @@ pub(crate) fn error<E: pyo3::PyTypeInfo>(py: Python<'_>, reason_class: &str, mes
 /// A Python value as JSON, through Python's `json` (what a caller passes is what a stage gets).
 /// A value that is not JSON (a set, NaN, a circular reference, a number past 64 bits) is
 /// `error` with `reason_class`, its cause chained.
-fn to_json<E: pyo3::PyTypeInfo>(py: Python<'_>, value: &Bound<'_, PyAny>, reason_class: &str) -> PyResult<Value> {
+pub(crate) fn to_json<E: pyo3::PyTypeInfo>(py: Python<'_>, value: &Bound<'_, PyAny>, reason_class: &str) -> PyResult<Value> {
     let dumped = py.import("json")?.call_method("dumps", (value,), Some(&[("allow_nan", false)].into_py_dict(py)?));
     let not_json = |why: String, cause: Option<PyErr>| {
         let e = error::<E>(py, reason_class, format!("not JSON: {why}"));
@@ -333,6 +334,22 @@ impl Runtime {
         let core = Arc::new(builder.build().map_err(|e| build_error(py, e))?);
         let durable = store.map(|store| Arc::new(fabric::runtime::Durable::new(core.clone(), store)));
         Ok(Runtime { core, durable, tokio: Some(Arc::new(tokio)) })
+    }
+
+    /// Runs every case of `dataset` (a path, or the dataset as a dict or list: ours,
+    /// pydantic_evals' or LangSmith's) as an experiment recorded in the runtime's store, graded
+    /// by its evaluators and `evaluators` (ours, as dicts); returns the report (docs/evals.md).
+    #[pyo3(signature = (dataset, evaluators = None, *, repeat = 1, concurrency = 4))]
+    fn evaluate<'py>(
+        &self,
+        py: Python<'py>,
+        dataset: &Bound<'py, PyAny>,
+        evaluators: Option<&Bound<'py, PyAny>>,
+        repeat: u32,
+        concurrency: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let options = fabric::eval::RunOptions { concurrency: concurrency.max(1), repeat: repeat.max(1) };
+        evaluate::Evaluate { durable: self.durable.clone(), tokio: self.tokio.clone() }.run(py, dataset, evaluators, options)
     }
 
     /// Runs `route_id` with `goal` to its end; the result object of `fabric run`, with its

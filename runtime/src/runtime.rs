@@ -76,6 +76,7 @@ pub struct Probe {
 
 /// The embeddable runtime (see the module docs).
 mod accepting;
+mod asking;
 mod building;
 mod cancelling;
 mod durable;
@@ -89,6 +90,7 @@ mod scheduling;
 mod seeding;
 pub use crate::llm::flow::{BreakerState, BreakerStatus, GateStatus};
 pub use crate::store::StartRequest;
+pub use asking::{Ask, AskError};
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};
 pub use cancelling::{CancelError, Cancelling, DEFAULT_CANCEL_REASON, MAX_CANCEL_REASON};
 pub use durable::{AcceptError, AcceptedRun, ClaimedRun, Durable, MAX_TAKEOVERS, RecordedOnce, Started};

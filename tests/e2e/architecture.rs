@@ -54,7 +54,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Evaluations over datasets: cases run through the facade and graded from their record.
     ("eval", &["diag", "textfile", "cancel", "events", "yaml", "defs", "hydrate", "svg", "catalogue", "diff", "llm", "exec", "store", "runtime"]),
     // The service: HTTP over the facade.
-    ("api", &["redact", "cancel", "failure", "events", "schedule", "version", "svg", "catalogue", "diff", "config", "exec", "store", "runtime"]),
+    ("api", &["redact", "cancel", "failure", "events", "schedule", "version", "svg", "catalogue", "diff", "config", "exec", "store", "runtime", "eval"]),
     ("replica", &["api"]),
 ];
 

@@ -45,9 +45,23 @@ async fn fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("e.db").display());
     let dataset = write(dir.path(), "triage.yaml", &triage_dataset(50, 37, ""));
-    let junit = dir.path().join("eval.xml");
-    let (code, out, err) =
-        eval(&["eval", "run", &dataset, "--store", &db, "--format", "json", "--junit", junit.to_str().unwrap(), "--concurrency", "8"], &env(&[STUB])).await;
+    let (junit, html) = (dir.path().join("eval.xml"), dir.path().join("eval.html"));
+    let args = [
+        "eval",
+        "run",
+        &dataset,
+        "--store",
+        &db,
+        "--format",
+        "json",
+        "--junit",
+        junit.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+        "--concurrency",
+        "8",
+    ];
+    let (code, out, err) = eval(&args, &env(&[STUB])).await;
     assert_eq!(code, Some(0), "no gate asked: {err}");
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!((report["cases_passed"].as_u64(), report["cases_total"].as_u64()), (Some(37), Some(50)), "{report:#}");
@@ -65,6 +79,12 @@ async fn fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so() {
     let xml = std::fs::read_to_string(&junit).unwrap();
     assert!(xml.contains("tests=\"50\" failures=\"13\""), "{xml}");
     assert_eq!(xml.matches("<failure ").count(), 13);
+    junit_reads(&junit, 50, 13);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<b>37/50</b> cases passed (74.0%)"), "{page}");
+    let first_row = page.split("<tr><td>").nth(report["evaluators"].as_array().unwrap().len() + 1).unwrap();
+    assert!(first_row.starts_with("case-37</td>") && first_row.contains("FAIL"), "failing cases first: {first_row}");
+    assert!(page.contains(&format!("href=\"http://127.0.0.1:8080/ui/#/runs/{run_id}\"")), "each run links to the inspector");
 
     // The gate: under --min-pass, exit 1 naming the failing cases.
     let experiment = report["experiment_id"].as_str().unwrap().to_owned();
@@ -217,4 +237,136 @@ async fn a_prompt_changed_in_the_third_stage_reruns_only_that_stage_and_compare_
     assert_eq!(code, Some(0), "no case regressed: {err}");
     assert!(out.contains("still_passing case-00 (first divergence: stage `answer`)\n  stage `answer`: the prompt differs\n"), "{out}");
     assert_eq!(fake.requests().len(), 20, "compare reads the store only");
+}
+
+/// A provider that answers support-triage's stages, and a judge's call (its schema has `pass`)
+/// with a scripted verdict: a pass when the output it is shown says `Refunded`.
+async fn judging_provider() -> (FakeProvider, Vec<(&'static str, String)>) {
+    let fake = FakeProvider::new(|body| {
+        let schema = body.pointer("/response_format/json_schema/schema/properties").cloned().unwrap_or_default();
+        if schema.get("pass").is_none() {
+            return Canned::json(200, reply_json(fabric::config::ProviderKind::OpenAi, body));
+        }
+        let user = body.pointer("/messages/1/content").and_then(Value::as_str).unwrap_or_default();
+        let shown = user.split("Output to grade:").nth(1).unwrap_or_default();
+        let verdict = if shown.contains("Refunded") {
+            serde_json::json!({"pass": true, "score": 0.9, "reason": "it says the charge was refunded"})
+        } else {
+            serde_json::json!({"pass": false, "score": 0.1, "reason": "no refund is mentioned"})
+        };
+        let reply = serde_json::json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": verdict.to_string()}, "finish_reason": "stop"}],
+                                       "usage": {"prompt_tokens": 50, "completion_tokens": 12}});
+        Canned::json(200, reply)
+    });
+    let url = fake.start().await;
+    (fake, crate::support::openai_env(url))
+}
+
+const JUDGE: &str = "  - llm_judge: {rubric: \"The answer tells the customer the charge was refunded.\", profile: default, name: refunded}\n";
+
+#[tokio::test]
+async fn a_judge_grades_through_the_provider_once_and_its_verdicts_regrade_for_nothing() {
+    let (fake, env) = judging_provider().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(4, 4, JUDGE));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json"], &env).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(fake.requests().len(), 4 * 3 + 4, "three stages and one judge a case");
+    assert_eq!((report["judge_calls"].as_u64(), report["judge_tokens"].as_u64()), (Some(4), Some(4 * 62)));
+    let judged = &report["cases"][0]["runs"][0]["verdicts"][2];
+    assert_eq!(judged, &serde_json::json!({"evaluator": "refunded", "pass": true, "score": 0.9, "reason": "it says the charge was refunded"}));
+    let judge_asked = fake.requests().into_iter().find(|r| r.body.to_string().contains("Output to grade")).unwrap();
+    assert!(judge_asked.body.to_string().contains("The answer tells the customer the charge was refunded."), "the rubric is asked");
+    // Regraded, and run again from the journal of that experiment: the kept verdicts answer.
+    let experiment = report["experiment_id"].as_str().unwrap();
+    for _ in 0..3 {
+        let (code, out, err) = eval(&["eval", "regrade", experiment, "--store", &db, "--format", "json"], &env).await;
+        assert_eq!(code, Some(0), "{err}");
+        let again: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(again["cases"], report["cases"]);
+        assert_eq!(again["judge_calls"], 0);
+    }
+    assert_eq!(fake.requests().len(), 16, "no model call to regrade, the judge's included");
+    // A changed rubric is another judge: regrading cannot ask it, and says so.
+    let changed = write(dir.path(), "changed.yaml", &triage_dataset(4, 4, &JUDGE.replace("refunded.\"", "refunded, politely.\"")));
+    let (code, out, _) = eval(&["eval", "regrade", experiment, "--dataset", &changed, "--store", &db, "--format", "json"], &env).await;
+    assert_eq!(code, Some(0));
+    let reason = serde_json::from_str::<Value>(&out).unwrap()["cases"][0]["runs"][0]["verdicts"][2]["reason"].as_str().unwrap().to_owned();
+    assert!(reason.starts_with("not judged"), "{reason}");
+    assert_eq!(fake.requests().len(), 16);
+}
+
+#[tokio::test]
+async fn a_judge_on_llama_cpp_gives_a_verdict_of_the_schema_that_regrades_without_it() {
+    let Some(server) = crate::llama::start("plain") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    // Real inference for the stages and the judge: the tiny model's words mean nothing, but its
+    // verdict is decoded under the verdict's schema, as any provider's is.
+    let url = format!("http://127.0.0.1:{}/v1", server.port);
+    let env = env(&[("FABRIC_LLM_STUB", "0"), ("FABRIC_LLM_MODEL", "openai:tiny"), ("OPENAI_BASE_URL", &url), ("FABRIC_LLM_RETRY_BASE_S", "0.05")]);
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(2, 2, JUDGE));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json", "--concurrency", "1"], &env).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["judge_calls"], 2, "{report:#}");
+    assert!(report["judge_tokens"].as_u64().unwrap() > 0, "the server's usage");
+    for case in report["cases"].as_array().unwrap() {
+        let run = &case["runs"][0];
+        assert_eq!(run["status"], "completed", "{case:#}");
+        let verdict = run["verdicts"].as_array().unwrap().iter().find(|v| v["evaluator"] == "refunded").unwrap();
+        assert!(verdict["pass"].is_boolean() && (0.0..=1.0).contains(&verdict["score"].as_f64().unwrap()), "{verdict}");
+        assert!(!verdict["reason"].as_str().unwrap().starts_with("the judge failed"), "{verdict}");
+    }
+    // The server gone, the experiment regrades the same: its verdicts are kept.
+    drop(server);
+    let experiment = report["experiment_id"].as_str().unwrap();
+    let (code, out, err) = eval(&["eval", "regrade", experiment, "--store", &db, "--format", "json"], &env).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["cases"], report["cases"]);
+}
+
+/// The JUnit file read by `junitparser` (PyPI, in a venv), the reader CI tools built on Python
+/// use: its suites, tests and failures as counted.
+fn junit_reads(path: &Path, tests: usize, failures: usize) {
+    let why = "evals::fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so reads its JUnit file with junitparser";
+    let Some(python) = crate::support::python_venv("eval-junit", "junitparser==5.0.3", "import junitparser", why) else { return };
+    let script = path.with_extension("py");
+    std::fs::write(
+        &script,
+        "import sys, junitparser\nxml = junitparser.JUnitXml.fromfile(sys.stdin.read().strip())\n\
+         cases = [c for s in xml for c in s]\n\
+         failed = [c for c in cases if any(isinstance(r, junitparser.Failure) for r in c.result)]\n\
+         print(len(cases), len(failed), all(c.classname == 'support-triage' and c.name for c in cases))\n",
+    )
+    .unwrap();
+    let out = crate::support::run_python(&python, &script, path.to_str().unwrap());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{tests} {failures} True"));
+}
+
+#[tokio::test]
+async fn the_service_lists_experiments_and_shows_their_reports() {
+    use crate::service::{app_on, authed, call};
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(3, 2, ""));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json"], &env(&[STUB])).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let experiment = report["experiment_id"].as_str().unwrap();
+    let (app, _stub) = app_on(fabric::store::open(&db).await.unwrap(), None, authed(fabric::api::ApiConfig::default()));
+    let (status, _, listed) = call(&app, "GET", "/v1/experiments", None, true).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["experiments"][0]["experiment_id"], experiment);
+    assert_eq!(listed["experiments"][0]["name"], "triage");
+    let (status, _, shown) = call(&app, "GET", &format!("/v1/experiments/{experiment}"), None, true).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown, report, "the report as kept");
+    let (status, _, missing) = call(&app, "GET", "/v1/experiments/nope", None, true).await;
+    assert_eq!((status.as_u16(), missing["error"]["code"].as_str()), (404, Some("not_found")), "{missing}");
+    let (status, _, _) = call(&app, "GET", "/v1/experiments", None, false).await;
+    assert_eq!(status, 401);
 }

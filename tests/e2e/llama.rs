@@ -8,9 +8,9 @@ use serde_json::Value;
 
 use crate::support::{fixture_env, repo};
 
-struct Server {
+pub(crate) struct Server {
     pid: String,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Server {
@@ -24,7 +24,7 @@ fn llm_server_dir() -> Option<PathBuf> {
     dir.join("serve.sh").is_file().then_some(dir)
 }
 
-fn start(variant: &str) -> Option<Server> {
+pub(crate) fn start(variant: &str) -> Option<Server> {
     let Some(dir) = llm_server_dir() else {
         crate::support::skip_unless(false, "llama.cpp's server", "../shared/llm-server/ is not beside the repository");
         return None;

@@ -10,6 +10,7 @@ mod cloud_support;
 mod decision_loop;
 mod durable;
 mod durable_load;
+mod eval_datasets;
 mod evals;
 mod events;
 mod fallbacks;

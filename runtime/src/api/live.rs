@@ -112,6 +112,10 @@ impl EventSink for LiveRun {
         }
     }
 
+    fn follows_record(&self) -> bool {
+        true
+    }
+
     fn emit(&self, event: &Event) {
         // A child run's events have their own ids and numbering; the parent's stream shows the
         // child through its stage.
@@ -205,14 +209,14 @@ mod tests {
         assert!(run.events_after(0).0.is_empty(), "not recorded yet, and what follows waits with it");
         let taken = events.take_recorded();
         assert_eq!(taken.len(), 2);
-        let durable = events.on_durable(&taken);
+        let durable = events.on_durable(&taken).unwrap();
         events.emit(Some("answer"), || EventData::LlmDelta { turn: 0, attempt: 2, index: 0, text: "Hello".into() });
         assert!(run.events_after(0).0.is_empty(), "handed to the record, not yet durable there");
         durable();
         let seqs: Vec<u64> = run.events_after(0).0.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, [1, 2], "the durable ones");
         let taken = events.take_recorded();
-        events.on_durable(&taken)();
+        events.on_durable(&taken).unwrap()();
         assert_eq!(run.events_after(2).0.len(), 1);
     }
 }

@@ -11,6 +11,7 @@ mod body;
 mod cancel;
 mod catalogue;
 mod error;
+mod experiments;
 mod follow;
 mod health;
 mod inspect;
@@ -149,6 +150,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/catalogue/reload", post(catalogue::reload))
         .route("/v1/catalogue/diff", get(catalogue::catalogue_diff))
         .route("/v1/routes/{route_id}/graph.svg", get(route_graph_svg))
+        .route("/v1/experiments", get(experiments::list_experiments))
+        .route("/v1/experiments/{experiment_id}", get(experiments::get_experiment))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
         .layer(axum::middleware::from_fn_with_state(state.clone(), read_body))

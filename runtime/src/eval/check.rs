@@ -36,9 +36,6 @@ pub fn check(dataset: &Dataset, runtime: &Runtime) -> Vec<Diagnostic> {
                 Check::LlmJudge { profile, .. } if !profiles.contains(&profile) => {
                     say(evaluator.at, format!("evaluator `{}`: judge profile `{profile}` is not defined in the catalogue", evaluator.name));
                 }
-                Check::LlmJudge { .. } => {
-                    say(evaluator.at, format!("evaluator `{}`: `llm_judge` is not graded by this build yet (docs/evals.md)", evaluator.name));
-                }
                 Check::StageEquals { stage, .. } if route.as_ref().is_some_and(|r| stage_of(r, stage).is_none()) => {
                     say(evaluator.at, format!("case `{}`: evaluator `{}`: route `{}` has no stage `{stage}`", case.id, evaluator.name, case.route_id));
                 }

@@ -1,4 +1,5 @@
-//! Datasets: a YAML file (`cases:` and the dataset's `evaluators:`) or JSONL (one case per line)
+//! Datasets: a YAML file (`cases:` and the dataset's `evaluators:`) or JSONL (one case per line),
+//! or another tool's (`interop`: pydantic_evals' YAML, LangSmith's examples as JSON),
 //! decoded from located trees into [`Dataset`] and [`Case`]s, every problem of the file found
 //! in one read, each `path:line:col`.
 //!
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::evaluator::{Evaluator, decode_evaluators};
+use super::interop;
 use crate::diag::{Diagnostic, Diagnostics, Pos};
 use crate::yaml::{self, Ctx, Node};
 
@@ -127,9 +129,25 @@ impl Dataset {
         }
         if let Some(root) = yaml::parse(path, text, &mut diags) {
             let mut ctx = Ctx { path, diags: &mut diags };
-            decode_root(&mut ctx, &root, &mut dataset);
+            match interop::kind(&root) {
+                interop::Kind::Ours => decode_root(&mut ctx, &root, &mut dataset),
+                interop::Kind::Pydantic => interop::decode_pydantic(&mut ctx, &root, &mut dataset),
+                interop::Kind::LangSmith => interop::decode_langsmith(&mut ctx, &root, &mut dataset),
+            }
         }
         finish(dataset, diags.into_vec())
+    }
+
+    /// A list of evaluators given apart from a dataset (`text`, YAML or JSON, read from `path`),
+    /// to add to its own (the Python package's `evaluate(..., evaluators=)`).
+    pub fn parse_evaluators(path: &Path, text: &str) -> Result<Vec<Evaluator>, DatasetError> {
+        let mut diags = Diagnostics::default();
+        let evaluators = match yaml::parse(path, text, &mut diags) {
+            Some(node) => decode_evaluators(&mut Ctx { path, diags: &mut diags }, &node),
+            None => Vec::new(),
+        };
+        let problems = diags.into_vec();
+        if problems.iter().any(Diagnostic::is_error) { Err(DatasetError::Invalid(problems)) } else { Ok(evaluators) }
     }
 
     /// Every evaluator a case is graded with: the dataset's, then its own.

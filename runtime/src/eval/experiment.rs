@@ -68,7 +68,7 @@ pub async fn run(durable: &Durable, dataset: &Dataset, text: &str, options: &Run
     let experiment_id = new_experiment(store, dataset, text).await?;
     let jobs = dataset.cases.iter().flat_map(|case| (0..options.repeat.max(1)).map(move |repeat| Job { case, repeat, seed: None })).collect();
     let runs = run_jobs(durable, store, &experiment_id, jobs, options, handle).await?;
-    grade_runs(durable.store().as_ref(), store, &experiment_id, dataset, runs).await
+    grade_runs(durable.store().as_ref(), store, &experiment_id, dataset, runs, Some(durable.runtime())).await
 }
 
 /// Keeps a new experiment of `dataset` (`text` as read); its id.
@@ -145,7 +145,7 @@ pub async fn regrade(runs_store: &dyn RunStore, experiment_id: &str, dataset: Op
     if runs.is_empty() && store.experiment(experiment_id).await?.is_none() {
         return Err(EvalError::NotFound(experiment_id.to_owned()));
     }
-    grade_runs(runs_store, store, experiment_id, dataset, runs).await
+    grade_runs(runs_store, store, experiment_id, dataset, runs, None).await
 }
 
 /// The dataset experiment `experiment_id` was run with, as it was read then.
@@ -162,19 +162,34 @@ pub async fn last_report(runs_store: &dyn RunStore, experiment_id: &str) -> Resu
     serde_json::from_str(&text).map_err(|e| EvalError::Store(StoreError::Database(format!("experiment {experiment_id}: its report does not read: {e}"))))
 }
 
+/// Grades `runs` with `dataset` and keeps the report as the experiment's last. A judge's verdict
+/// kept for a run is read; one not kept yet is asked of `judge`'s model, or, without it
+/// (regrading), reported as not judged.
 pub(super) async fn grade_runs(
     runs_store: &dyn RunStore,
     store: &dyn ExperimentStore,
     experiment_id: &str,
     dataset: &Dataset,
     runs: Vec<CaseRun>,
+    judge: Option<&crate::runtime::Runtime>,
 ) -> Result<Report, EvalError> {
     let mut graded = Vec::with_capacity(runs.len());
+    let mut cost = super::judge::JudgeCost::default();
     for run in runs {
         let record = record_of(runs_store, &run.run_id).await?;
-        graded.push(Graded { case_id: run.case_id, repeat: run.repeat, record, started_from: run.started_from, extra: Vec::new() });
+        let mut extra = Vec::new();
+        if let Some(case) = dataset.cases.iter().find(|c| c.id == run.case_id) {
+            for evaluator in dataset.evaluators_of(case).filter(|e| matches!(e.check, super::Check::LlmJudge { .. })) {
+                let (verdict, spent) = super::judge::judge(judge, store, evaluator, case, &record).await?;
+                extra.push(verdict);
+                cost.calls += spent.calls;
+                cost.tokens += spent.tokens;
+            }
+        }
+        graded.push(Graded { case_id: run.case_id, repeat: run.repeat, record, started_from: run.started_from, extra });
     }
-    let report = build(experiment_id, dataset, graded);
+    let mut report = build(experiment_id, dataset, graded);
+    (report.judge_calls, report.judge_tokens) = (cost.calls, cost.tokens);
     let json = serde_json::to_string(&report).map_err(|e| StoreError::Database(format!("experiment {experiment_id}: the report: {e}")))?;
     store.set_report(experiment_id, &json).await?;
     Ok(report)

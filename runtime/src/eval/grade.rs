@@ -28,7 +28,7 @@ pub struct RunRecord {
 }
 
 /// One evaluator's verdict on one run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Verdict {
     pub evaluator: String,
     pub pass: bool,

@@ -9,7 +9,7 @@ use super::grade::{RunRecord, Verdict, grade};
 use crate::svg::escape as esc;
 
 /// A graded experiment.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Report {
     pub experiment_id: String,
     pub name: String,
@@ -26,10 +26,15 @@ pub struct Report {
     /// Model calls made by the runs (not those taken from a journal).
     pub llm_calls: u64,
     pub mean_duration_ms: Option<f64>,
+    /// Judges asked by this grading (a verdict kept from an earlier one costs none).
+    #[serde(default)]
+    pub judge_calls: u32,
+    #[serde(default)]
+    pub judge_tokens: u64,
 }
 
 /// One evaluator over every run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EvaluatorSummary {
     pub name: String,
     pub passed: usize,
@@ -39,7 +44,7 @@ pub struct EvaluatorSummary {
 }
 
 /// One case over its repeats.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CaseReport {
     pub case_id: String,
     pub route_id: String,
@@ -54,7 +59,7 @@ pub struct CaseReport {
 }
 
 /// One run of a case.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunReport {
     pub repeat: u32,
     pub run_id: String,
@@ -162,6 +167,8 @@ pub fn build(experiment_id: &str, dataset: &Dataset, runs: Vec<Graded>) -> Repor
         tokens,
         llm_calls,
         mean_duration_ms,
+        judge_calls: 0,
+        judge_tokens: 0,
     }
 }
 

@@ -45,7 +45,7 @@ pub async fn rerun(durable: &Durable, base: &str, dataset: &Dataset, text: &str,
     }
     let experiment_id = new_experiment(store, dataset, text).await?;
     let runs = run_jobs(durable, store, &experiment_id, jobs, options, handle).await?;
-    grade_runs(durable.store().as_ref(), store, &experiment_id, dataset, runs).await
+    grade_runs(durable.store().as_ref(), store, &experiment_id, dataset, runs, Some(durable.runtime())).await
 }
 
 /// The journal entries of `run_id` a new run of `case` on `now` can start with: those of the

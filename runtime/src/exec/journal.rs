@@ -72,13 +72,15 @@ pub trait RunJournal: Send + Sync {
     fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>>;
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>>;
 
-    /// [`RunJournal::append`], and `durable` called once the batch is durable (never when its
-    /// write fails): what a watcher may be shown of a run is what a takeover cannot replace. By
-    /// default once queued (a journal whose queue is its record).
-    fn append_then<'a>(&'a self, run_id: &'a str, batch: JournalBatch, durable: Durable) -> BoxFuture<'a, Result<(), JournalError>> {
+    /// [`RunJournal::append`], and `durable` (if any) called once the batch is durable (never
+    /// when its write fails): what a watcher may be shown of a run is what a takeover cannot
+    /// replace. By default once queued (a journal whose queue is its record).
+    fn append_then<'a>(&'a self, run_id: &'a str, batch: JournalBatch, durable: Option<Durable>) -> BoxFuture<'a, Result<(), JournalError>> {
         Box::pin(async move {
             self.append(run_id, batch).await?;
-            durable();
+            if let Some(d) = durable {
+                d();
+            }
             Ok(())
         })
     }

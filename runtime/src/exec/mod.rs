@@ -207,6 +207,16 @@ impl Runner {
         &self.llm
     }
 
+    /// The model stack calls of `profile` go through: its own when profiles select the model,
+    /// else the default; or why it cannot be used here.
+    pub fn profile_llm(&self, profile: &str) -> Result<&Arc<dyn Llm>, ProfileError> {
+        match self.profile_llms.get(profile) {
+            Some(Ok(llm)) => Ok(llm),
+            Some(Err(e)) => Err(e.clone()),
+            None => Ok(&self.llm),
+        }
+    }
+
     /// Makes this runtime fleet `fleet`: routes targeted at another fleet are refused.
     pub fn with_fleet(mut self, fleet: Option<String>) -> Runner {
         self.fleet = fleet;
@@ -366,7 +376,9 @@ async fn end_without_walk(result: RunResult, last: EventData, next_seq: u64, sin
         failed.fail(ReasonClass::StoreError, format!("the run's record could not be written: {e}"));
         return failed;
     }
-    durable();
+    if let Some(d) = durable {
+        d();
+    }
     result
 }
 

@@ -110,7 +110,7 @@ impl Runner {
                 let durable = events.on_durable(&taken);
                 let batch = JournalBatch { events: taken, entries: pending, end: Some(result.clone()) };
                 match journal.commit(events.run_id(), batch).await {
-                    Ok(()) => durable(),
+                    Ok(()) => durable.map_or((), |d| d()),
                     // The record lacks the end: the caller must not take the run as settled.
                     Err(e) => result.fail(ReasonClass::StoreError, format!("the run's end could not be recorded: {e}")),
                 }

@@ -144,7 +144,9 @@ impl Durable {
         let durable = events.on_durable(&recorded);
         history.next_seq += recorded.len() as u64;
         self.store.commit(lease, JournalBatch { events: recorded, entries: Vec::new(), end: None }).await?;
-        durable();
+        if let Some(d) = durable {
+            d();
+        }
         self.store.move_catalogue(lease, edition.version()).await
     }
 }

@@ -49,6 +49,10 @@ pub trait ExperimentStore: Send + Sync {
     fn case_runs<'a>(&'a self, experiment_id: &'a str) -> BoxFuture<'a, Result<Vec<CaseRun>, StoreError>>;
     /// The newest `limit` experiments (their dataset texts and reports left out).
     fn list_experiments(&self, limit: u32) -> BoxFuture<'_, Result<Vec<StoredExperiment>, StoreError>>;
+    /// The verdict (JSON) judge `key` gave run `run_id`, with the tokens it cost.
+    fn judgement<'a>(&'a self, run_id: &'a str, key: &'a str) -> BoxFuture<'a, Result<Option<(String, u64)>, StoreError>>;
+    /// Keeps a judge's verdict on a run (the first one kept stays).
+    fn put_judgement<'a>(&'a self, run_id: &'a str, key: &'a str, verdict: &'a str, tokens: u64) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 impl<DB> ExperimentStore for SqlStore<DB>
@@ -151,6 +155,40 @@ where
             .await
             .map_err(db)?;
             rows.iter().map(experiment_of).collect()
+        })
+    }
+
+    fn judgement<'a>(&'a self, run_id: &'a str, key: &'a str) -> BoxFuture<'a, Result<Option<(String, u64)>, StoreError>> {
+        Box::pin(async move {
+            let row = sqlx::query("SELECT verdict, tokens FROM judgements WHERE run_id = $1 AND judge_key = $2")
+                .bind(run_id)
+                .bind(key)
+                .fetch_optional(self.pool_ref())
+                .await
+                .map_err(db)?;
+            row.map(|r| {
+                let tokens: i64 = r.try_get("tokens").map_err(db)?;
+                Ok((r.try_get("verdict").map_err(db)?, u64::try_from(tokens).unwrap_or(0)))
+            })
+            .transpose()
+        })
+    }
+
+    fn put_judgement<'a>(&'a self, run_id: &'a str, key: &'a str, verdict: &'a str, tokens: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let began = std::time::Instant::now();
+            sqlx::query(
+                "INSERT INTO judgements (run_id, judge_key, verdict, tokens, created_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id, judge_key) DO NOTHING",
+            )
+            .bind(run_id)
+            .bind(key)
+            .bind(verdict)
+            .bind(i64::try_from(tokens).unwrap_or(i64::MAX))
+            .bind(now())
+            .execute(self.pool_ref())
+            .await
+            .map_err(|err| write_error(self.health_ref(), began, err))?;
+            Ok(())
         })
     }
 }

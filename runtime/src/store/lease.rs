@@ -2,9 +2,7 @@
 //! run (its fencing token, made by the store only), a [`Claimed`] run, and [`Fenced`], a claimed
 //! run's journal (a store and the lease every write carries).
 
-use super::{RunStore, StoreError, StoredRun};
-use crate::exec::{JournalBatch, JournalError, RunJournal};
-use crate::failure::BoxFuture;
+use super::{StoreError, StoredRun};
 
 /// Who claims runs: this process's name in the store and how long its leases last.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,38 +60,4 @@ pub struct Claimed {
     /// The run as stored, or why its row does not read: the claimer ends it with that reason
     /// (one row that does not read never holds up the others).
     pub run: Result<StoredRun, StoreError>,
-}
-
-/// A claimed run's journal: every write carries its lease's fencing token.
-#[derive(Debug, Clone, Copy)]
-pub struct Fenced<'a> {
-    pub store: &'a dyn RunStore,
-    pub lease: &'a Lease,
-}
-
-impl RunJournal for Fenced<'_> {
-    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id());
-        Box::pin(async move { Ok(self.store.append(self.lease, batch).await?) })
-    }
-
-    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id());
-        Box::pin(async move { Ok(self.store.commit(self.lease, batch).await?) })
-    }
-
-    fn append_then<'a>(&'a self, run_id: &'a str, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id());
-        Box::pin(async move { Ok(self.store.append_then(self.lease, batch, durable).await?) })
-    }
-}
-
-/// The executor's view of a failed write: whether the lease is gone, in the store's words.
-impl From<StoreError> for JournalError {
-    fn from(e: StoreError) -> JournalError {
-        match e {
-            StoreError::LeaseLost(_) => JournalError::LeaseLost(e.to_string()),
-            other => JournalError::Failed(other.to_string()),
-        }
-    }
 }

@@ -25,6 +25,7 @@ mod claims;
 mod contract;
 mod dialect;
 pub mod experiments;
+mod fenced;
 mod flow;
 mod health;
 mod ids;
@@ -49,9 +50,10 @@ mod sqlite_writer;
 use serde::Serialize;
 
 pub use contract::StartRequest;
+pub use fenced::Fenced;
 pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
 pub use ids::{BadKey, IdempotencyKey, RunId};
-pub use lease::{Claimed, Fenced, Holder, Lease};
+pub use lease::{Claimed, Holder, Lease};
 pub use open::{open, open_existing};
 pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 

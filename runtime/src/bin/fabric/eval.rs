@@ -63,11 +63,55 @@ pub enum EvalAction {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Datasets: build one from recorded runs, or convert one to another tool's format.
+    Dataset {
+        #[command(subcommand)]
+        action: DatasetAction,
+    },
     /// The newest experiments: id, name, dataset, created.
     List {
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DatasetAction {
+    /// The newest runs of a route as a dataset (their goals; with --expect-output, their
+    /// outputs as the expected ones), printed on stdout.
+    FromRuns {
+        #[arg(long)]
+        route: String,
+        /// Only runs of this status (the store's spelling: completed, failed, ...).
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[arg(long)]
+        expect_output: bool,
+        /// The dataset's name [default: the route's].
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, value_enum, default_value_t = DatasetFormat::Fabric)]
+        to: DatasetFormat,
+    },
+    /// A dataset (ours, pydantic_evals' YAML or LangSmith's JSON) in another format, on stdout.
+    Convert {
+        dataset: PathBuf,
+        #[arg(long, value_enum)]
+        to: DatasetFormat,
+    },
+}
+
+/// The dataset formats written.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DatasetFormat {
+    /// Ours (docs/evals.md).
+    Fabric,
+    /// pydantic_evals' dataset YAML.
+    Pydantic,
+    /// LangSmith's examples, as JSON.
+    Langsmith,
 }
 
 /// Where a report goes, and the gate it must pass.
@@ -81,6 +125,13 @@ pub struct ReportOut {
     /// Also write the report as JUnit XML to FILE.
     #[arg(long, value_name = "FILE")]
     junit: Option<PathBuf>,
+    /// Also write the report as an HTML page to FILE (failing cases first, each run linked to
+    /// the inspector of `--inspector`).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// The base URL of the `fabric serve` whose inspector the HTML report links runs to.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    inspector: String,
     /// Exit 1 when fewer cases than this share (0 to 1) pass.
     #[arg(long, value_name = "RATE")]
     min_pass: Option<f64>,
@@ -153,7 +204,11 @@ pub async fn eval_cmd(
                 Err(e) => Ok(refused(e)),
             }
         }
-        EvalAction::Show { .. } | EvalAction::List { .. } | EvalAction::Compare { .. } => {
+        EvalAction::Dataset { action: DatasetAction::Convert { dataset, to } } => match read(dataset) {
+            Ok((dataset, _)) => write_dataset(&dataset, *to),
+            Err(code) => Ok(code),
+        },
+        EvalAction::Show { .. } | EvalAction::List { .. } | EvalAction::Compare { .. } | EvalAction::Dataset { .. } => {
             let store = match fabric::store::open_existing(&url).await {
                 Ok(s) => s,
                 Err(e) => return Ok(usage(format_args!("run store: {e}"))),
@@ -189,6 +244,19 @@ async fn read_only(action: &EvalAction, store: &dyn RunStore) -> std::io::Result
             }
             Err(e) => Ok(refused(e)),
         },
+        EvalAction::Dataset { action: DatasetAction::FromRuns { route, status, limit, expect_output, name, to } } => {
+            let status = match status.as_deref().map(|s| fabric::store::StoredStatus::parse(s).ok_or(s)).transpose() {
+                Ok(s) => s,
+                Err(bad) => {
+                    return Ok(usage(format_args!("--status: `{bad}` is not a run status (queued, running, completed, failed, awaiting_input, cancelled)")));
+                }
+            };
+            match eval::from_runs(store, route, status, *limit, *expect_output, name.as_deref().unwrap_or(route)).await {
+                Ok(dataset) if dataset.cases.is_empty() => Ok(usage(format_args!("no run of route `{route}` matches"))),
+                Ok(dataset) => write_dataset(&dataset, *to),
+                Err(e) => Ok(usage(e)),
+            }
+        }
         _ => Ok(usage("not a reading command")),
     }
 }
@@ -235,6 +303,11 @@ async fn finish(store: &dyn RunStore, report: &Report, out: &ReportOut) -> std::
     {
         return Ok(usage(format_args!("--junit {}: {e}", path.display())));
     }
+    if let Some(path) = &out.html
+        && let Err(e) = std::fs::write(path, eval::html(report, &out.inspector))
+    {
+        return Ok(usage(format_args!("--html {}: {e}", path.display())));
+    }
     print_report(report, out.format)?;
     let gate = Gate { min_pass: out.min_pass, max_regressions: out.max_regressions.or(out.baseline.as_ref().map(|_| 0)) };
     let findings = gate.check(report, baseline.as_ref());
@@ -268,6 +341,9 @@ fn print_report(report: &Report, format: Format) -> std::io::Result<()> {
         report.tokens,
         report.mean_duration_ms.map(|d| format!(", mean {d:.1} ms")).unwrap_or_default()
     );
+    if report.judge_calls > 0 {
+        text.push_str(&format!("  judges asked: {} ({} tokens)\n", report.judge_calls, report.judge_tokens));
+    }
     for e in &report.evaluators {
         text.push_str(&format!("  {:<32} {:>5}/{:<5} {:>6.1}%  score {:.2}\n", e.name, e.passed, e.graded, e.pass_rate * 100.0, e.mean_score));
     }
@@ -300,4 +376,21 @@ fn print_comparison(c: &eval::Comparison, format: Format) -> std::io::Result<()>
         }
     }
     print_out(&text)
+}
+
+/// A dataset printed in `format`; what another tool's format cannot hold is said on stderr.
+fn write_dataset(dataset: &Dataset, format: DatasetFormat) -> std::io::Result<ExitCode> {
+    let text = match format {
+        DatasetFormat::Fabric => eval::to_fabric_yaml(dataset),
+        DatasetFormat::Langsmith => format!("{}\n", eval::to_langsmith_json(dataset)),
+        DatasetFormat::Pydantic => {
+            let (text, left_out) = eval::to_pydantic_yaml(dataset);
+            for name in left_out {
+                say(format_args!("fabric: warning: evaluator `{name}` has no pydantic_evals equivalent; left out"));
+            }
+            text
+        }
+    };
+    let newline = if text.ends_with('\n') { "" } else { "\n" };
+    print_out(&format!("{text}{newline}")).map(|()| ExitCode::SUCCESS)
 }

@@ -19,3 +19,13 @@ CREATE TABLE experiment_runs (
     PRIMARY KEY (experiment_id, case_id, repeat_idx)
 );
 CREATE INDEX experiment_runs_by_run ON experiment_runs (run_id);
+-- An `llm_judge`'s verdict on a run, kept once per run and judge (its profile, rubric and
+-- options, hashed into `judge_key`): grading the run again reads it instead of asking the model.
+CREATE TABLE judgements (
+    run_id TEXT NOT NULL,
+    judge_key TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    tokens BIGINT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, judge_key)
+);
