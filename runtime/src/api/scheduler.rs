@@ -207,9 +207,17 @@ impl AppState {
         };
         let live = match timing.overlap {
             crate::schedule::Overlap::AllowAll => LiveRuns::default(),
-            _ => {
-                let buffered = store.fires(&id, 20).await.map(|f| f.iter().any(|f| f.outcome == "buffered")).unwrap_or(false);
-                LiveRuns { run: self.live_run(s.last_run_id.as_deref()).await, buffered }
+            overlap => {
+                let recent = store.fires(&id, 20).await.unwrap_or_default();
+                let buffered = recent.iter().any(|f| f.outcome == "buffered");
+                // A fire another replica is starting now is a live run too (not yet recorded), but
+                // for `cancel_other`, which needs a run to cancel.
+                let starting = recent.iter().find(|f| f.outcome == "starting").filter(|_| overlap != crate::schedule::Overlap::CancelOther);
+                let run = match self.live_run(s.last_run_id.as_deref()).await {
+                    Some(run) => Some(run),
+                    None => starting.map(|f| format!("of the fire at {}, being started,", f.fire_time)),
+                };
+                LiveRuns { run, buffered }
             }
         };
         let Some(cursor) = DateTime::from_timestamp_millis(cursor_ms) else { return Vec::new() };
