@@ -10,7 +10,7 @@ use super::*;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Fabric Runtime", description = "Runs staged LLM routes: the start contract, run records, live events, replies, cancels, webhooks.", license(name = "Apache-2.0")),
-    paths(start_run, list_runs, get_run, run_events, inspect::run_updates, inspect::run_record, reply, cancel::cancel_run, webhooks::run_webhooks, list_routes, route_graph_svg, catalogue::catalogue_info, catalogue::reload, catalogue::catalogue_diff, healthz, readyz, metrics, openapi_json),
+    paths(start_run, list_runs, get_run, run_events, inspect::run_updates, inspect::run_record, reply, cancel::cancel_run, webhooks::run_webhooks, list_routes, route_graph_svg, catalogue::catalogue_info, catalogue::reload, catalogue::catalogue_diff, healthz, readyz, metrics, openapi_json, a2a::card::fleet_card, a2a::card::route_card, a2a::endpoint),
     components(schemas(StartBody, Accepted, RunView, RunPage, ReplyBody, cancel::CancelBody, webhooks::WebhookList, webhooks::WebhookView, webhooks::WebhookPayload, RouteInfo, catalogue::CatalogueInfo, catalogue::CatalogueReloaded, catalogue::CatalogueChanges, RunRecord, ErrorBody, ErrorDetail)),
     modifiers(&Bearer)
 )]
