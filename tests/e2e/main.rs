@@ -1,5 +1,6 @@
 //! End-to-end tests: the catalogue, hydration, runs and the `fabric` CLI, on fixture files.
 
+mod a2a;
 mod architecture;
 mod browser;
 mod cancel;
