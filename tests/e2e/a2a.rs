@@ -184,6 +184,7 @@ async fn bad_input_is_answered_with_the_protocols_error_codes() {
         ("params not an object", json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": [1]}).to_string(), -32602),
         ("no message", json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}).to_string(), -32602),
         ("no parts", send(json!({"messageId": "e-1", "role": "ROLE_USER", "parts": []})), -32602),
+        ("no role", send(json!({"messageId": "e-5", "parts": [{"text": "x"}]})), -32602),
         ("a file part only", send(json!({"messageId": "e-2", "role": "ROLE_USER", "parts": [{"url": "https://example.com/a.pdf"}]})), -32005),
         ("a huge part", send(json!({"messageId": "e-3", "role": "ROLE_USER", "parts": [{"text": huge}]})), -32602),
         ("a task of another route", json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}}).to_string(), -32001),
@@ -200,6 +201,17 @@ async fn bad_input_is_answered_with_the_protocols_error_codes() {
             .await;
     assert_eq!(code(&bad), -32602, "{bad}");
     assert!(bad["error"]["data"]["problems"][0].as_str().unwrap().contains("/order_id"), "the JSON path: {bad}");
+    // A streaming method's error is a stream of that one error response.
+    let r = client()
+        .post(agent(&server, "support-agent"))
+        .bearer_auth(TOKEN)
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": "nope"}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let (_, _, data) = crate::service::sse_block(&format!("id: 0\n{}", r.text().await.unwrap()));
+    assert_eq!(code(&data), -32001, "{data}");
     // An unknown A2A-Version.
     let r = client()
         .post(agent(&server, "support-agent"))

@@ -77,7 +77,7 @@ fn card(state: &AppState, name: String, description: String, endpoint: &str, ski
         "skills": skills.iter().map(skill_json).collect::<Vec<_>>(),
     });
     if state.inner.config.token.is_some() {
-        card["securitySchemes"] = json!({"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer", "description": "FABRIC_API_TOKEN"}}});
+        card["securitySchemes"] = json!({"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer"}}});
         card["securityRequirements"] = json!([{"schemes": {"bearer": {"list": []}}}]);
     }
     card

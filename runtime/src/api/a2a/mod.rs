@@ -99,6 +99,12 @@ pub(in crate::api) async fn endpoint(State(state): State<AppState>, Path(route_i
     match call(&state, &route_id, &headers, &request, &id).await {
         Ok(Answer::Json(v)) => reply(v),
         Ok(Answer::Stream(r)) => r,
+        // A streaming method's error is a stream of that one response, which is what its
+        // client reads.
+        Err(e) if request.get("method").and_then(Value::as_str).and_then(method).is_some_and(|(m, _)| matches!(m, Method::Stream | Method::Subscribe)) => {
+            let event = axum::response::sse::Event::default().data(e.response(&id).to_string());
+            axum::response::sse::Sse::new(futures_util::stream::iter([Ok::<_, std::convert::Infallible>(event)])).into_response()
+        }
         Err(e) => reply(e.response(&id)),
     }
 }

@@ -94,6 +94,10 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Re
         Some(Value::String(m)) if !m.is_empty() => m.as_str(),
         _ => return Err(RpcError::params("`params.message.messageId` must be a non-empty string")),
     };
+    match message.get("role").and_then(Value::as_str) {
+        Some("ROLE_USER" | "user") => {}
+        _ => return Err(RpcError::params("`params.message.role` must be ROLE_USER (a client's message)")),
+    }
     let parts = match message.get("parts") {
         Some(Value::Array(p)) if !p.is_empty() => wire::read_parts(p),
         _ => return Err(RpcError::params("`params.message.parts` must be a non-empty array of parts")),
@@ -191,12 +195,15 @@ fn goal(parts: wire::Parts, schema: Option<&Value>) -> Result<Map<String, Value>
 pub(super) async fn cancel(state: &AppState, route_id: &str, params: &Value) -> Result<Value, RpcError> {
     let run = load(state, route_id, id_param(params)?).await?;
     match cancel_here(state, &run.run_id, Some(CANCELLED)).await {
+        Ok(crate::runtime::Cancelling::Already) => return Err(RpcError::new(Code::TaskNotCancelable, format!("task {} was canceled already", run.run_id))),
         Ok(_) => {}
         Err(e @ CancelError::NotCancellable { .. }) => return Err(RpcError::new(Code::TaskNotCancelable, e.to_string())),
         Err(CancelError::NotFound(_)) => return Err(RpcError::new(Code::TaskNotFound, "no task of this agent has that id")),
         Err(CancelError::Store(e)) => return Err(api(store_error(e))),
         Err(e @ CancelError::BadReason(_)) => return Err(RpcError::new(Code::Internal, e.to_string())),
     }
+    // A running run ends within about a second (at once when it runs here): its end is answered.
+    let _ = super::super::waited(state, &run.run_id).await;
     let run = load(state, route_id, &run.run_id).await?;
     task(state, &run, None, true).await
 }
@@ -222,23 +229,34 @@ pub(super) async fn list(state: &AppState, route_id: &str, params: &Value) -> Re
         Some(t) => Some(RunId::parse(t).ok_or_else(|| RpcError::params("`pageToken` must be a `nextPageToken`"))?.as_str().to_owned()),
     };
     let context = params.get("contextId").and_then(Value::as_str).filter(|c| !c.is_empty());
+    let since = match params.get("statusTimestampAfter") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_str()
+                .and_then(|t| humantime::parse_rfc3339_weak(t.trim_end_matches('Z')).ok())
+                .ok_or_else(|| RpcError::params("`statusTimestampAfter` must be an RFC 3339 timestamp"))?,
+        ),
+    };
+    let updated = |r: &StoredRun| humantime::parse_rfc3339_weak(r.updated_at.trim_end_matches('Z')).ok();
     let history = history_length(params)?.or(Some(0));
     let artifacts = params.get("includeArtifacts").and_then(Value::as_bool).unwrap_or(false);
-    let filter = RunFilter { route_id: Some(route_id.to_owned()), status, before, limit: size + 1 };
-    let mut runs = state.inner.durable.store().list_runs(&filter).await.map_err(|e| api(store_error(e)))?;
-    let next = if runs.len() > size as usize {
-        runs.truncate(size as usize);
-        runs.last().map(|r| r.run_id.clone()).unwrap_or_default()
-    } else {
-        String::new()
-    };
+    // Read at most `LIST_READ` runs: `totalSize` counts up to it, and the filters the store has
+    // no column for (context, time) are applied here.
+    let filter = RunFilter { route_id: Some(route_id.to_owned()), status, before, limit: LIST_READ };
+    let runs = state.inner.durable.store().list_runs(&filter).await.map_err(|e| api(store_error(e)))?;
+    let matching: Vec<&StoredRun> =
+        runs.iter().filter(|r| context.is_none_or(|c| context_of(r) == c) && since.is_none_or(|t| updated(r).is_some_and(|u| u > t))).collect();
+    let page = &matching[..matching.len().min(size as usize)];
+    let next = if matching.len() > page.len() { page.last().map(|r| r.run_id.clone()).unwrap_or_default() } else { String::new() };
     let mut tasks = Vec::new();
-    for run in runs.iter().filter(|r| context.is_none_or(|c| context_of(r) == c)) {
+    for run in page {
         tasks.push(task(state, run, history, artifacts).await?);
     }
-    let total = tasks.len();
-    Ok(json!({"tasks": tasks, "nextPageToken": next, "pageSize": size, "totalSize": total}))
+    Ok(json!({"tasks": tasks, "nextPageToken": next, "pageSize": page.len(), "totalSize": matching.len()}))
 }
+
+/// The most runs `ListTasks` reads (and `totalSize` counts).
+const LIST_READ: u32 = 2000;
 
 /// A request's task id: `id` (1.0 and 0.3).
 pub(super) fn id_param(params: &Value) -> Result<&str, RpcError> {
