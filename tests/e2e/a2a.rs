@@ -201,6 +201,10 @@ async fn bad_input_is_answered_with_the_protocols_error_codes() {
             .await;
     assert_eq!(code(&bad), -32602, "{bad}");
     assert!(bad["error"]["data"]["problems"][0].as_str().unwrap().contains("/order_id"), "the JSON path: {bad}");
+    // A body over the service's limit: an invalid request, its 413 kept.
+    let (status, too_big) =
+        rpc(&server, "support-agent", &send(json!({"messageId": "e-6", "role": "ROLE_USER", "parts": [{"text": "y".repeat(2 << 20)}]})), Some(TOKEN)).await;
+    assert_eq!((status, code(&too_big)), (413, -32600), "{too_big}");
     // A streaming method's error is a stream of that one error response.
     let r = client()
         .post(agent(&server, "support-agent"))

@@ -152,7 +152,7 @@ pub fn router(state: AppState) -> Router {
     // read like any other.
     let mcp = Router::new().route_service("/mcp", mcp::service(&state)).layer(axum::middleware::from_fn_with_state(state.clone(), read_body));
     // `/a2a/{route_id}`: JSON-RPC, whose answers may be event streams (no time limit).
-    let a2a = a2a::rpc().layer(axum::middleware::from_fn_with_state(state.clone(), read_body));
+    let a2a = a2a::rpc(|r| r.layer(axum::middleware::from_fn_with_state(state.clone(), read_body)));
     let api = Router::new()
         .route("/v1/runs/{run_id}/events", get(run_events))
         .merge(mcp)

@@ -30,9 +30,23 @@ pub(super) fn cards() -> Router<AppState> {
     Router::new().route("/.well-known/agent-card.json", get(card::fleet_card)).route("/a2a/{route_id}/.well-known/agent-card.json", get(card::route_card))
 }
 
-/// The JSON-RPC endpoint of each route (behind the bearer token).
-pub(super) fn rpc() -> Router<AppState> {
-    Router::new().route("/a2a/{route_id}", post(endpoint))
+/// The JSON-RPC endpoint of each route (behind the bearer token), its body read by `read` (the
+/// service's bounded read), whose refusals (too large, too slow) are told as JSON-RPC errors.
+pub(super) fn rpc(read: impl FnOnce(Router<AppState>) -> Router<AppState>) -> Router<AppState> {
+    read(Router::new().route("/a2a/{route_id}", post(endpoint))).layer(axum::middleware::map_response(body_refused))
+}
+
+/// A body the service would not read (`413`, `408`) as an invalid request, its status kept.
+async fn body_refused(response: Response) -> Response {
+    let status = response.status();
+    let why = match status.as_u16() {
+        413 => "the request body is larger than the service takes",
+        408 => "the request body did not arrive in time",
+        _ => return response,
+    };
+    let mut answer = reply(RpcError::new(Code::InvalidRequest, why).response(&Value::Null));
+    *answer.status_mut() = status;
+    answer
 }
 
 /// What a request asks, whichever version's name it uses.
@@ -85,7 +99,7 @@ fn method(name: &str) -> Option<(Method, bool)> {
     request_body(content = Object, description = "A JSON-RPC 2.0 request: `SendMessage`, `SendStreamingMessage`, `GetTask`, `CancelTask`, `SubscribeToTask`, `ListTasks` (or `message/send`, `message/stream`, `tasks/get`, `tasks/cancel`, `tasks/resubscribe`, `tasks/list`)", content_type = "application/json"),
     responses((status = 200, description = "A JSON-RPC response (`application/json`), or for `SendStreamingMessage` and `SubscribeToTask` `text/event-stream` of JSON-RPC responses (a `Task`, then status and artifact updates; each SSE `id` a run event's `seq`)", content_type = "application/json"),
         (status = 404, description = "No route of this fleet has that id", body = ErrorBody), (status = 401, description = "No valid bearer token", body = ErrorBody),
-        (status = 413, description = "The body is larger than the limit", body = ErrorBody)),
+        (status = 413, description = "The body is larger than the limit: a JSON-RPC error `-32600`, id `null` (`408` likewise for a body that did not arrive in time)")),
     security(("bearer" = [])))]
 pub(in crate::api) async fn endpoint(State(state): State<AppState>, Path(route_id): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
     if !card::skills(&state).iter().any(|s| s.id == route_id) {
