@@ -314,3 +314,27 @@ async fn resubscribe_after_kill(kind: &str) {
     let output = view["output"].as_str().unwrap();
     assert!(streamed_text(&Value::Array(all)).contains(output), "{kind}: the kept text holds the output {output:?}: {step}");
 }
+
+#[tokio::test]
+async fn a_push_notification_url_gets_the_runs_question_and_end_through_the_outbox() {
+    let receiver = crate::webhooks::Receiver::default();
+    let hooks = receiver.start().await;
+    let env = [("FABRIC_WEBHOOK_ALLOWED_ORIGINS", hooks.as_str()), ("FABRIC_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")];
+    let (server, _dir, _stub) = crate::mcp_server::serve(&env);
+    let with_push = |id: &str, url: &str| {
+        let message = json!({"messageId": id, "role": "ROLE_USER", "parts": [{"text": "refund?"}]});
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message, "configuration": {"taskPushNotificationConfig": {"url": url}}}}).to_string()
+    };
+    let (_, refused) = rpc(&server, "support-agent", &with_push("push-0", "https://evil.example/h"), Some(TOKEN)).await;
+    assert_eq!(refused["error"]["code"], -32602, "an origin not allowed: {refused}");
+    let (_, asked) = rpc(&server, "support-agent", &with_push("push-1", &format!("{hooks}/a2a")), Some(TOKEN)).await;
+    let task = &asked["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{asked}");
+    let (_, cancelled) =
+        rpc(&server, "support-agent", &json!({"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task["id"]}}).to_string(), Some(TOKEN)).await;
+    assert_eq!(cancelled["result"]["status"]["state"], "TASK_STATE_CANCELED", "{cancelled}");
+    let got = receiver.wait_for(2, std::time::Duration::from_secs(20)).await;
+    let kinds: Vec<String> = got.iter().map(|g| serde_json::from_str::<Value>(&g.body).unwrap()["type"].as_str().unwrap_or_default().to_owned()).collect();
+    assert_eq!(kinds, ["run.awaiting_input", "run.cancelled"], "{got:?}");
+    assert!(got.iter().all(|g| g.headers.contains_key("webhook-signature")), "signed: {got:?}");
+}

@@ -114,13 +114,19 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Re
     drop(edition);
     let goal = goal(parts, route.goal_schema())?;
     let context = message.get("contextId").and_then(Value::as_str).filter(|c| !c.is_empty()).map(str::to_owned);
+    // A push notification config's URL is the run's webhook URL (its question and end are posted
+    // there, signed, through the outbox; the allowed origins apply).
+    let config = params.get("configuration");
+    let push = config.and_then(|c| c.get("taskPushNotificationConfig").or_else(|| c.get("pushNotificationConfig")));
+    let webhook_url =
+        push.and_then(|p| p.get("url").or_else(|| p.get("pushNotificationConfig").and_then(|c| c.get("url")))).and_then(Value::as_str).map(str::to_owned);
     let req = StartRequest {
         route_id: route_id.to_owned(),
         goal,
         model_profile: Some(route.model_profile().to_owned()),
         prefetch: Vec::new(),
         session_id: context,
-        webhook_url: None,
+        webhook_url,
         multitask: None,
     };
     let key = key(route_id, message_id);
@@ -285,9 +291,12 @@ pub(super) fn api(e: ApiError) -> RpcError {
     }
     let message = if e.problems.is_empty() { e.message.clone() } else { format!("{}: {}", e.message, e.problems.join("; ")) };
     let code = match e.code {
-        ErrorCode::InvalidContent | ErrorCode::InvalidRequest | ErrorCode::TooLarge | ErrorCode::IdempotencyKeyReused | ErrorCode::SessionBusy => {
-            Code::InvalidParams
-        }
+        ErrorCode::InvalidContent
+        | ErrorCode::InvalidRequest
+        | ErrorCode::TooLarge
+        | ErrorCode::IdempotencyKeyReused
+        | ErrorCode::SessionBusy
+        | ErrorCode::WebhookNotAllowed => Code::InvalidParams,
         ErrorCode::NotFound => Code::TaskNotFound,
         ErrorCode::NotWaiting => Code::UnsupportedOperation,
         _ => Code::Internal,
