@@ -205,6 +205,12 @@ async fn bad_input_is_answered_with_the_protocols_error_codes() {
     let (status, too_big) =
         rpc(&server, "support-agent", &send(json!({"messageId": "e-6", "role": "ROLE_USER", "parts": [{"text": "y".repeat(2 << 20)}]})), Some(TOKEN)).await;
     assert_eq!((status, code(&too_big)), (413, -32600), "{too_big}");
+    // A messageId longer than a key may be is still one start (its SHA-256 is the key).
+    let long = send(json!({"messageId": "m".repeat(300), "role": "ROLE_USER", "parts": [{"text": "hi"}]}));
+    let (_, first) = rpc(&server, "support-triage", &long, Some(TOKEN)).await;
+    let (_, second) = rpc(&server, "support-triage", &long, Some(TOKEN)).await;
+    assert_eq!(first["result"]["task"]["id"], second["result"]["task"]["id"], "{first} {second}");
+    assert!(first["result"]["task"]["id"].is_string(), "{first}");
     // A streaming method's error is a stream of that one error response.
     let r = client()
         .post(agent(&server, "support-agent"))

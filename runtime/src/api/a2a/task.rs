@@ -129,7 +129,7 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Re
         webhook_url,
         multitask: None,
     };
-    let key = key(route_id, message_id);
+    let key = key(route_id, message_id)?;
     let run_id = match begin_run(state, req, Some(&key)).await.map_err(api)? {
         Begun::New { run_id, .. } => run_id,
         Begun::Replayed(run) => run.run_id,
@@ -139,12 +139,12 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Re
 
 /// The idempotency key of a message: `a2a:{route}:{messageId}`, or its SHA-256 when that is no
 /// key (too long, not visible ASCII).
-fn key(route_id: &str, message_id: &str) -> IdempotencyKey {
+fn key(route_id: &str, message_id: &str) -> Result<IdempotencyKey, RpcError> {
     let plain = format!("a2a:{route_id}:{message_id}");
-    IdempotencyKey::parse(&plain).unwrap_or_else(|_| {
+    IdempotencyKey::parse(&plain).or_else(|_| {
         let digest = sha2::Sha256::digest(plain.as_bytes());
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        IdempotencyKey::parse(&format!("a2a-sha256:{hex}")).unwrap_or_else(|_| unreachable!("a hex digest is a key"))
+        IdempotencyKey::parse(&format!("a2a-sha256:{hex}")).map_err(|e| RpcError::new(Code::Internal, e.to_string()))
     })
 }
 
