@@ -42,8 +42,8 @@ async fn session(python: &Path, spec: Value) -> std::process::Output {
 }
 
 /// A server over the fixture catalogue with `order-status` (a route with a `goal_schema`) layered
-/// on it, the asking stub, a store of its own.
-fn serve(extra: &[(&str, &str)]) -> (Server, tempfile::TempDir, tempfile::TempDir) {
+/// on it, the asking stub, a store of its own (the A2A tests' server too).
+pub(crate) fn serve(extra: &[(&str, &str)]) -> (Server, tempfile::TempDir, tempfile::TempDir) {
     let (dir, stub) = (tempfile::tempdir().unwrap(), asking_stub());
     let catalogue = format!("{}:{}", routes_dir().display(), fixtures().join("mcp/routes").display());
     let store = format!("sqlite://{}", dir.path().join("fabric.db").display());

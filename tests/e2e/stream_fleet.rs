@@ -200,13 +200,21 @@ async fn a_replica_killed_mid_stream_is_followed_by_restarted_and_a_whole_new_te
     killed_mid_stream("postgres").await;
 }
 
-async fn killed_mid_stream(kind: &str) {
+/// Two replicas over one store of `kind` whose model calls take 3 s and whose runs are taken
+/// over within about 2 s of their holder's death: (the one to kill, the survivor, and what they
+/// keep: the store's directory and the stub), or `None` when the store cannot be had here.
+pub(crate) async fn killable_pair(kind: &str) -> Option<(Server, Server, tempfile::TempDir, tempfile::TempDir)> {
     let dir = tempfile::tempdir().unwrap();
-    let Some(db) = store_url(kind, &dir).await else { return };
+    let db = store_url(kind, &dir).await?;
     let stub = asking_stub();
     let env = [("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_LLM_STUB_LATENCY_MS", "3000"), ("FABRIC_CLAIM_POLL_MS", "100")];
     let first = Server::start(&db, stub.path(), &env);
     let survivor = Server::start(&db, stub.path(), &env);
+    Some((first, survivor, dir, stub))
+}
+
+async fn killed_mid_stream(kind: &str) {
+    let Some((first, survivor, _dir, _stub)) = killable_pair(kind).await else { return };
     let (_, run) = post(&first, "/v1/runs", start_triage(7)).await;
     let id = run["run_id"].as_str().unwrap().to_owned();
     // Watched on the survivor; the first replica is killed once some of the answer was shown.

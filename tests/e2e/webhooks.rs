@@ -28,9 +28,9 @@ fn reference_python() -> Option<PathBuf> {
 
 /// A delivery as the receiver got it: its headers (lowercase names) and its body, as sent.
 #[derive(Debug, Clone)]
-struct Got {
-    headers: HashMap<String, String>,
-    body: String,
+pub(crate) struct Got {
+    pub(crate) headers: HashMap<String, String>,
+    pub(crate) body: String,
 }
 
 /// An answer: a status, and a `Location` for a redirect.
@@ -39,7 +39,7 @@ type Answer = (u16, Option<String>);
 /// A webhook receiver on loopback: records every POST, answers the queued statuses (with a
 /// `Location` for a redirect) first, 204 after.
 #[derive(Clone, Default)]
-struct Receiver {
+pub(crate) struct Receiver {
     got: Arc<Mutex<Vec<Got>>>,
     answers: Arc<Mutex<Vec<Answer>>>,
     /// How long each answer takes.
@@ -75,7 +75,7 @@ impl Receiver {
         url
     }
 
-    async fn start(&self) -> String {
+    pub(crate) async fn start(&self) -> String {
         self.serve(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap())
     }
 
@@ -84,7 +84,7 @@ impl Receiver {
     }
 
     /// Waits until `n` deliveries came, at most `limit`.
-    async fn wait_for(&self, n: usize, limit: Duration) -> Vec<Got> {
+    pub(crate) async fn wait_for(&self, n: usize, limit: Duration) -> Vec<Got> {
         let deadline = Instant::now() + limit;
         while self.got().len() < n && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -7,6 +7,7 @@
 //! place ([`ApiError`]). The service decides nothing about runs: it parses requests, asks the
 //! runtime, and answers.
 
+mod a2a;
 mod body;
 mod cancel;
 mod catalogue;
@@ -159,9 +160,12 @@ pub fn router(state: AppState) -> Router {
     // `/mcp`: Streamable HTTP, whose responses may be event streams (no time limit); a body
     // read like any other.
     let mcp = Router::new().route_service("/mcp", mcp::service(&state)).layer(axum::middleware::from_fn_with_state(state.clone(), read_body));
+    // `/a2a/{route_id}`: JSON-RPC, whose answers may be event streams (no time limit).
+    let a2a = a2a::rpc(|r| r.layer(axum::middleware::from_fn_with_state(state.clone(), read_body)));
     let api = Router::new()
         .route("/v1/runs/{run_id}/events", get(run_events))
         .merge(mcp)
+        .merge(a2a)
         .route("/v1/runs/updates", get(inspect::run_updates))
         .merge(bounded)
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate));
@@ -169,6 +173,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(ui::router())
+        .merge(a2a::cards())
         .merge(api)
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "this endpoint does not take that method") })

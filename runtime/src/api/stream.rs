@@ -41,18 +41,32 @@ pub(super) async fn run_events(
         e
     })?;
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
-    let follower = state.clone();
     // The UI message stream reads the run from its start, silent up to `after`, so that a resume
     // opens again what was open there.
-    let (mut out, after) = match ui {
-        true => (Out { tx: tx.clone(), stall: config.stream_stall, ui: Some(ui_stream::UiStream::new(&run_id, after)) }, 0),
-        false => (Out { tx: tx.clone(), stall: config.stream_stall, ui: None }, after),
+    let (out, after) = match ui {
+        true => (Out { tx, stall: config.stream_stall, frames: Some(Box::new(ui_stream::UiStream::new(&run_id, after))) }, 0),
+        false => (Out { tx, stall: config.stream_stall, frames: None }, after),
     };
+    spawn_pump(&state, run_id, after, out, slot);
+    let sse = Sse::new(until_closing(&state, rx)).keep_alive(KeepAlive::default());
+    Ok(match ui {
+        true => ([ui_stream::HEADER, ("x-accel-buffering", "no")], sse).into_response(),
+        false => sse.into_response(),
+    })
+}
+
+/// Sends a run's events after `after` through `out` in a task of its own, holding `slot`: from
+/// the store and then the live tail (or the run's shared store poller when another replica
+/// executes it), until the run ends or asks, or the client goes (the run's event stream and
+/// the A2A adapter's streams).
+pub(super) fn spawn_pump(state: &AppState, run_id: String, after: u64, mut out: Out, slot: follow::StreamSlot) {
+    let store = state.inner.durable.store().clone();
+    let follower = state.clone();
     // The stream's slot is given back when the client goes, whatever the task waits on then (a
     // live run's next event, a poller's next read): hyper drops the body, `rx` with it, as soon
     // as it reads the connection's end, and `closed` fires. Waiting only on sends held the slot
     // of a gone client for as long as its run made no event (issue 46).
-    let gone = tx;
+    let gone = out.tx.clone();
     let stream = async move {
         let mut last = after;
         loop {
@@ -120,11 +134,6 @@ pub(super) async fn run_events(
             () = gone.closed() => {}
         }
     });
-    let sse = Sse::new(until_closing(&state, rx)).keep_alive(KeepAlive::default());
-    Ok(match ui {
-        true => ([ui_stream::HEADER, ("x-accel-buffering", "no")], sse).into_response(),
-        false => sse.into_response(),
-    })
 }
 
 /// `GET /v1/runs/{id}/events?format=`: how the events are sent.
@@ -148,26 +157,44 @@ pub(super) enum EventsFormat {
 }
 
 /// Where a stream's events go: the body's channel, within the stall limit; each event as it
-/// is, or translated into the UI message stream.
+/// is, or translated (into the UI message stream, into A2A's stream responses).
 pub(super) struct Out {
     pub tx: tokio::sync::mpsc::Sender<SseEvent>,
     pub stall: Duration,
-    pub ui: Option<ui_stream::UiStream>,
+    pub frames: Option<Box<dyn Frames>>,
+}
+
+/// A translation of a run's events into the frames of another stream.
+pub(super) trait Frames: Send {
+    /// The frames of one event (none for an event the stream does not show).
+    fn push(&mut self, seq: u64, kind: &str, json: &str) -> Vec<SseEvent>;
+    /// The stream is over: nothing more is sent.
+    fn ended(&self) -> bool;
+}
+
+impl Frames for ui_stream::UiStream {
+    fn push(&mut self, seq: u64, kind: &str, json: &str) -> Vec<SseEvent> {
+        ui_stream::UiStream::push(self, seq, kind, json).into_iter().map(|f| SseEvent::default().id(f.id.to_string()).data(f.data)).collect()
+    }
+
+    fn ended(&self) -> bool {
+        ui_stream::UiStream::ended(self)
+    }
 }
 
 impl Out {
     /// Sends an event; false when the client went (or took nothing for the stall limit), or the
     /// UI message ended: the stream ends.
     pub async fn send(&mut self, seq: u64, kind: &str, json: &str) -> bool {
-        let Some(ui) = &mut self.ui else {
+        let Some(frames) = &mut self.frames else {
             return send_within(&self.tx, SseEvent::default().id(seq.to_string()).event(kind).data(json), self.stall).await;
         };
-        for frame in ui.push(seq, kind, json) {
-            if !send_within(&self.tx, SseEvent::default().id(frame.id.to_string()).data(frame.data), self.stall).await {
+        for frame in frames.push(seq, kind, json) {
+            if !send_within(&self.tx, frame, self.stall).await {
                 return false;
             }
         }
-        !ui.ended()
+        !frames.ended()
     }
 }
 
