@@ -361,6 +361,18 @@ pub struct RouteDef {
     /// The JSON Schema a start's goal must match (`goal_schema`); none: any object.
     pub goal_schema: Option<GoalSchema>,
     pub body: Option<RouteBodyDef>,
+    /// The route's declared schedules (`schedules:`), checked at load.
+    pub schedules: Vec<DeclaredSchedule>,
+}
+
+/// A schedule a route declares: its name (the stored schedule is `{route}/{name}`), where, and
+/// the fields of its definition as JSON (`cron`, `goal`, `timezone` ...; `paused`), each checked
+/// by the loader (`loader::schedules`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredSchedule {
+    pub name: String,
+    pub pos: Pos,
+    pub fields: serde_json::Map<String, Value>,
 }
 
 /// A JSON Schema compiled once at load: a route's `goal_schema` (what a start's goal must be;

@@ -161,6 +161,8 @@ pub struct Route {
     priority: u8,
     conversation: Conversation,
     goal_schema: Option<GoalSchema>,
+    /// Its declared schedules (`schedules:`), as the loader checked them.
+    schedules: Vec<crate::defs::DeclaredSchedule>,
     pack: Arc<PromptPack>,
     path: RoutePath,
     /// The workflow (or manifest) the route runs, for display and events.
@@ -195,6 +197,11 @@ impl Route {
             Some(g) => crate::defs::schema_problems(&g.validator, &serde_json::Value::Object(goal.clone())),
             None => Vec::new(),
         }
+    }
+
+    /// The schedules the route declares (`schedules:`), kept in the run store by the service.
+    pub fn schedules(&self) -> &[crate::defs::DeclaredSchedule] {
+        &self.schedules
     }
 
     pub fn model_profile(&self) -> &str {
@@ -482,6 +489,7 @@ pub fn build(id: &str, def: &RouteDef, defs: &Defs, listings: Option<&McpListing
         priority: def.priority,
         conversation: def.conversation,
         goal_schema: def.goal_schema.clone(),
+        schedules: def.schedules.clone(),
         pack,
         path: route_path,
         source,

@@ -34,7 +34,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // no model port and no configuration.
     ("defs", &["diag", "vocab"]),
     ("prompt", &["diag", "yaml", "source", "defs"]),
-    ("loader", &["diag", "structured", "vocab", "yaml", "source", "defs", "prompt"]),
+    ("loader", &["diag", "structured", "schedule", "vocab", "yaml", "source", "defs", "prompt"]),
     ("hydrate", &["diag", "decision", "vocab", "defs", "prompt", "loader"]),
     ("svg", &["defs", "prompt", "hydrate"]),
     ("catalogue", &["diag", "vocab", "source", "defs", "loader", "hydrate"]),

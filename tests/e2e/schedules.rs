@@ -343,3 +343,48 @@ async fn a_schedule_whose_route_no_replica_knows_a_minute_after_its_fire_is_paus
     assert!(view.paused_reason.unwrap().contains("route `retired-route` is not in the catalogue"));
     assert!(outcomes(&state, "gone").await.is_empty(), "no fire decided for it");
 }
+
+/// A route that declares its schedules in the catalogue: kept in the store as `{route}/{name}`
+/// (origin `catalogue`) by the service, fired like any other; a bad declaration is refused when
+/// the catalogue loads, located; a declaration removed from a reloaded catalogue pauses its
+/// schedule with why.
+#[tokio::test]
+async fn a_schedule_declared_in_the_catalogue_is_kept_fired_and_paused_when_it_goes() {
+    let layer = tempfile::tempdir().unwrap();
+    let declare = |cron: &str| {
+        format!(
+            "routes:\n  nightly-triage:\n    model_profile: default\n    prompt_pack: support\n    workflow: support-triage\n    schedules:\n      \
+             every-second: {{cron: \"{cron}\", goal: {{ticket: swept}}, overlap: allow_all}}\n"
+        )
+    };
+    // Bad: refused at load with the place of the expression.
+    std::fs::write(layer.path().join("nightly.yaml"), declare("0 61 * * *")).unwrap();
+    let cat = format!("{}:{}", routes_dir().display(), layer.path().display());
+    let out = crate::support::fabric_cli(&["--catalogue", &cat, "routes", "check"], &[]).await;
+    let said = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("nightly.yaml:7:") && said.contains("`cron` of schedule `every-second` of route `nightly-triage`") && said.contains("field 2 (hour)"),
+        "{said}"
+    );
+    // Good: the service keeps it and fires it every second.
+    std::fs::write(layer.path().join("nightly.yaml"), declare("* * * * * *")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stub = crate::service::asking_stub();
+    let server = Server::start(&format!("sqlite://{}", dir.path().join("fabric.db").display()), stub.path(), &[("FABRIC_CATALOGUE_DIR", cat.as_str())]);
+    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    let (status, s) = call(&server, "GET", "/v1/schedules/nightly-triage%2Fevery-second", None).await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!((s["origin"].clone(), s["route_id"].clone(), s["paused"].clone()), (json!("catalogue"), json!("nightly-triage"), json!(false)), "{s}");
+    let (_, fires) = call(&server, "GET", "/v1/schedules/nightly-triage%2Fevery-second/fires", None).await;
+    let fires = fires["fires"].as_array().unwrap().clone();
+    assert!(!fires.is_empty() && fires.iter().all(|f| f["outcome"] == "started"), "{fires:?}");
+    // The declaration removed, the catalogue reloaded: paused, with why.
+    std::fs::write(layer.path().join("nightly.yaml"), declare("* * * * * *").lines().take(5).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let (status, reloaded) = call(&server, "POST", "/v1/catalogue/reload", None).await;
+    assert_eq!(status, 200, "{reloaded}");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let (_, s) = call(&server, "GET", "/v1/schedules/nightly-triage%2Fevery-second", None).await;
+    assert_eq!(s["paused"], true, "{s}");
+    assert!(s["paused_reason"].as_str().unwrap().contains("no longer declared"), "{s}");
+}

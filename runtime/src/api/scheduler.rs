@@ -121,10 +121,24 @@ impl AppState {
         }
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The catalogue version whose declared schedules are kept in the store.
+        let mut kept = None;
         loop {
             tick.tick().await;
             if self.inner.stopping.load(std::sync::atomic::Ordering::SeqCst) {
                 return;
+            }
+            let version = self.inner.durable.runtime().version();
+            if kept.as_ref() != Some(&version) {
+                match self.inner.durable.keep_declared_schedules(SystemClock.now()).await {
+                    Ok(problems) => {
+                        for p in problems {
+                            tracing::error!(problem = %p, "schedules: a schedule the catalogue declares is not kept");
+                        }
+                        kept = Some(version);
+                    }
+                    Err(e) => self.inner.fires.trouble("keeping the catalogue's declared schedules", &e),
+                }
             }
             self.schedule_tick(SystemClock.now()).await;
         }

@@ -413,6 +413,7 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
     let max_loop_steps = f.get("max_loop_steps").map_or(Some(DEFAULT_MAX_LOOP_STEPS as u64), |n| ctx.uint(n, "`max_loop_steps`", 1, 1000));
     let priority = f.get("priority").map_or(Some(0), |n| ctx.uint(n, "`priority`", 0, 9));
     let goal_schema = f.get("goal_schema").and_then(|n| goal_schema(ctx, n, name));
+    let schedules = f.get("schedules").map(|n| super::schedules::decode(ctx, n, name)).unwrap_or_default();
     let conversation = match f.get("conversation") {
         None => Conversation::None,
         Some(n) => match ctx.string(n, "`conversation`").as_deref() {
@@ -473,5 +474,6 @@ pub fn route(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Opti
         conversation,
         goal_schema,
         body,
+        schedules,
     })
 }

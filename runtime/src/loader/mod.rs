@@ -4,16 +4,16 @@
 //! with the problems found, which [`crate::catalogue`] then hydrates into runnable routes. One
 //! broken definition only breaks what uses it; every problem is kept, located.
 
+use indexmap::IndexMap;
+use petgraph::graph::DiGraph;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use indexmap::IndexMap;
-use petgraph::graph::DiGraph;
-
 pub mod decode;
 pub mod fallbacks;
 pub mod mcp;
+mod schedules;
 
 use crate::defs::*;
 use crate::diag::{Diagnostic, Diagnostics, Pos};

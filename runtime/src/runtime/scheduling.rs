@@ -283,3 +283,75 @@ impl Durable {
         Ok(self.schedule_store()?.fires(id, limit).await?)
     }
 }
+
+/// Why a declared schedule is paused when its route no longer declares it.
+const UNDECLARED: &str = "no longer declared by its route in the catalogue (paused by the service; declare it again, or delete it)";
+
+impl Durable {
+    /// Keeps the schedules the catalogue in force declares (`schedules:` of a route) in the store,
+    /// as `{route}/{name}` with the origin `catalogue`: a new one is created (paused if it says
+    /// so), a changed one updated (its paused state kept; a new expression or zone fires from
+    /// `now` on), one its route no longer declares paused with why, and resumed when declared
+    /// again. A schedule of that id made through the API is left alone. Each declaration's
+    /// problem is returned, the others still kept.
+    pub async fn keep_declared_schedules(&self, now: DateTime<Utc>) -> Result<Vec<String>, ScheduleError> {
+        let store = self.schedule_store()?;
+        let edition = self.runtime.current();
+        let mut problems = Vec::new();
+        let mut declared = std::collections::HashSet::new();
+        for route in edition.catalogue().routes().filter_map(|r| if let crate::catalogue::RouteEntry::Ready(r) = r { Some(r) } else { None }) {
+            for d in route.schedules() {
+                let id = format!("{}/{}", route.id(), d.name);
+                declared.insert(id.clone());
+                if let Err(e) = self.keep_declared(store, &id, route.id(), &d.fields, now).await {
+                    problems.push(format!("schedule `{id}`: {e}"));
+                }
+            }
+        }
+        for row in store.list_schedules(10_000).await? {
+            let route_here = edition.catalogue().route(&row.route_id).is_ok();
+            if row.origin == "catalogue" && route_here && !declared.contains(&row.id) && !row.paused {
+                self.pause_schedule(row, UNDECLARED).await?;
+            }
+        }
+        Ok(problems)
+    }
+
+    async fn keep_declared(
+        &self,
+        store: &dyn ScheduleStore,
+        id: &str,
+        route_id: &str,
+        fields: &Map<String, Value>,
+        now: DateTime<Utc>,
+    ) -> Result<(), ScheduleError> {
+        let mut body = fields.clone();
+        let paused = matches!(body.remove("paused"), Some(Value::Bool(true)));
+        body.insert("route_id".into(), Value::String(route_id.to_owned()));
+        let def: ScheduleDef = serde_json::from_value(Value::Object(body)).map_err(|e| ScheduleError::Definition(e.to_string()))?;
+        let Some(mut row) = store.get_schedule(id).await? else {
+            self.create_schedule(Some(id), &def, paused, "catalogue", now).await?;
+            return Ok(());
+        };
+        if row.origin != "catalogue" {
+            return Ok(());
+        }
+        let old: Option<ScheduleDef> = serde_json::from_value(row.body.clone()).ok();
+        let resumed = row.paused_reason.as_deref() == Some(UNDECLARED);
+        if old.as_ref() == Some(&def) && !resumed {
+            return Ok(());
+        }
+        let timing = self.check_schedule(&def)?;
+        if old.as_ref().is_none_or(|o| o.cron != def.cron || o.timezone != def.timezone) || resumed {
+            row.next_fire_ms = timing.next_after(now).map(|t| t.timestamp_millis());
+        }
+        if resumed {
+            row.paused = paused;
+            row.paused_reason = None;
+        }
+        row.body = serde_json::to_value(&def).map_err(|e| ScheduleError::Definition(e.to_string()))?;
+        row.route_id = def.route_id;
+        store.update_schedule(&row).await?;
+        Ok(())
+    }
+}
