@@ -1398,6 +1398,15 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         }
     }
     out.push_str(&mcp_lines(&cat));
+    let declared: Vec<String> = cat
+        .routes()
+        .filter_map(|r| if let fabric::catalogue::RouteEntry::Ready(r) = r { Some(r) } else { None })
+        .flat_map(|r| r.schedules().iter().map(move |s| format!("{}/{}", r.id(), s.name)))
+        .collect();
+    out.push_str(&format!(
+        "scheduled runs: fired by fabric serve from the run store (once per fire time across the fleet); declared by the catalogue: {}\n",
+        if declared.is_empty() { "none".to_owned() } else { declared.join(", ") }
+    ));
     print_out(&out)?;
     if !probe {
         return Ok(ExitCode::SUCCESS);
