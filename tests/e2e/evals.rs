@@ -370,3 +370,27 @@ async fn the_service_lists_experiments_and_shows_their_reports() {
     let (status, _, _) = call(&app, "GET", "/v1/experiments", None, false).await;
     assert_eq!(status, 401);
 }
+
+#[tokio::test]
+async fn repeats_give_each_case_its_spread_and_a_route_its_own_evaluators() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    let routed = "routes:\n  support-triage:\n    evaluators: [{contains: {text: refunded}}]\n";
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(2, 1, routed));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json", "--repeat", "3"], &env(&[STUB])).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["runs"], 6);
+    let wrong = &report["cases"][0];
+    assert_eq!((wrong["case_id"].as_str(), wrong["runs"].as_array().unwrap().len()), (Some("case-01"), 3));
+    let spread = &wrong["spread"];
+    assert!(spread["min_tokens"].as_u64().unwrap() > 0 && spread["min_tokens"] == spread["max_tokens"], "the stub's runs cost the same: {spread}");
+    let scores: Vec<(&str, u64, u64)> = spread["evaluators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["evaluator"].as_str().unwrap(), e["passed"].as_u64().unwrap(), e["runs"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(scores, [("stage_equals:intake.category", 0, 3), ("tokens_max", 3, 3), ("contains", 3, 3)], "the route's evaluator after the dataset's");
+    assert!(wrong["flaky"].is_null(), "the same verdicts on every repeat");
+}

@@ -11,7 +11,7 @@ use super::*;
 #[openapi(
     info(title = "Fabric Runtime", description = "Runs staged LLM routes: the start contract, run records, live events, replies, cancels, webhooks.", license(name = "Apache-2.0")),
     paths(start_run, list_runs, get_run, run_events, inspect::run_updates, inspect::run_record, reply, cancel::cancel_run, webhooks::run_webhooks, list_routes, route_graph_svg, catalogue::catalogue_info, catalogue::reload, catalogue::catalogue_diff, experiments::list_experiments, experiments::get_experiment, healthz, readyz, metrics, openapi_json),
-    components(schemas(StartBody, Accepted, RunView, RunPage, ReplyBody, cancel::CancelBody, webhooks::WebhookList, webhooks::WebhookView, webhooks::WebhookPayload, RouteInfo, catalogue::CatalogueInfo, catalogue::CatalogueReloaded, catalogue::CatalogueChanges, RunRecord, experiments::ExperimentList, experiments::ExperimentView, crate::eval::Report, crate::eval::EvaluatorSummary, crate::eval::CaseReport, crate::eval::RunReport, crate::eval::Verdict, ErrorBody, ErrorDetail)),
+    components(schemas(StartBody, Accepted, RunView, RunPage, ReplyBody, cancel::CancelBody, webhooks::WebhookList, webhooks::WebhookView, webhooks::WebhookPayload, RouteInfo, catalogue::CatalogueInfo, catalogue::CatalogueReloaded, catalogue::CatalogueChanges, RunRecord, experiments::ExperimentList, experiments::ExperimentView, crate::eval::Report, crate::eval::EvaluatorSummary, crate::eval::CaseReport, crate::eval::RunReport, crate::eval::Spread, crate::eval::ScoreSpread, crate::eval::Verdict, ErrorBody, ErrorDetail)),
     modifiers(&Bearer)
 )]
 struct ApiDoc;
