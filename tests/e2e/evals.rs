@@ -94,6 +94,9 @@ async fn fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so() {
     assert!(err.contains("fabric: gate: failed: case-49"), "{err}");
     let (code, _, err) = eval(&["eval", "regrade", &experiment, "--store", &db, "--min-pass", "0.74"], &[]).await;
     assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = eval(&["eval", "regrade", &experiment, "--store", &db, "--min-pass", "90"], &[]).await;
+    assert_eq!(code, Some(2), "a share, not a percentage");
+    assert!(err.contains("`90` is not a share from 0 to 1 (0.9 is 90%)"), "{err}");
 
     // Against a baseline: a dataset where 40 pass is the baseline; the 37 of now regress 3.
     let better = write(dir.path(), "better.yaml", &triage_dataset(50, 40, ""));
