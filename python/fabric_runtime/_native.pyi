@@ -86,6 +86,29 @@ class Runtime:
         cannot run. Closing the stream before the end (``close()``, leaving ``with``, or
         dropping it: ``break`` out of the ``for`` loop) cancels the run (status ``cancelled``,
         reason ``the stream was closed``); with ``cancel`` given, through that token."""
+    def create_schedule(
+        self,
+        route_id: str,
+        goal: dict[str, Any],
+        cron: str,
+        *,
+        timezone: str | None = None,
+        overlap: str | None = None,
+        catchup: str | None = None,
+        catchup_window: str | None = None,
+        max_catchup_runs: int | None = None,
+        model_profile: str | None = None,
+        session_id: str | None = None,
+        webhook_url: str | None = None,
+        paused: bool = False,
+    ) -> dict[str, Any]:
+        """Stores a schedule on the run store (`store=`); a `fabric serve` on it fires the route on
+        the cron expression once per fire time. StartError (`invalid_schedule`, `no_store`, a
+        route's reason class) when refused."""
+    def schedules(self) -> list[dict[str, Any]]:
+        """The schedules of the run store, by id, each with its `next_fires`."""
+    def schedule_fires(self, schedule_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        """A schedule's fire records, newest first."""
     def routes(self) -> list[str]:
         """The routes that can run here."""
     @property

@@ -27,6 +27,7 @@ use pyo3::types::{IntoPyDict, PyDict, PyList, PyString, PyTuple};
 use serde_json::{Map, Value};
 
 mod evaluate;
+mod schedules;
 mod stream;
 
 pyo3::create_exception!(_native, FabricError, PyException, "Every error of the runtime; `reason_class` says which.");
@@ -436,6 +437,60 @@ impl Runtime {
                 Err(e) => Err((e.code(), e.to_string())),
             }
         }))
+    }
+
+    /// Stores a schedule on the run store (`store=`): a `fabric serve` on that store runs
+    /// `route_id` with `goal` on the cron expression, once per fire time (docs/operations.md,
+    /// "Scheduled runs"). Returns the schedule as a dict (`id`, `next_fires`, ...).
+    #[pyo3(signature = (route_id, goal, cron, *, timezone = None, overlap = None, catchup = None, catchup_window = None, max_catchup_runs = None, model_profile = None, session_id = None, webhook_url = None, paused = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn create_schedule<'py>(
+        &self,
+        py: Python<'py>,
+        route_id: String,
+        goal: &Bound<'py, PyAny>,
+        cron: String,
+        timezone: Option<String>,
+        overlap: Option<String>,
+        catchup: Option<String>,
+        catchup_window: Option<String>,
+        max_catchup_runs: Option<u32>,
+        model_profile: Option<String>,
+        session_id: Option<String>,
+        webhook_url: Option<String>,
+        paused: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let durable = schedules::durable(py, self.durable.as_ref())?;
+        let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
+        let mut def = Map::new();
+        def.insert("route_id".into(), Value::String(route_id));
+        def.insert("goal".into(), Value::Object(goal_of(py, goal)?));
+        def.insert("cron".into(), Value::String(cron));
+        let texts = [("timezone", timezone), ("overlap", overlap), ("catchup", catchup), ("catchup_window", catchup_window), ("model_profile", model_profile)];
+        for (k, v) in texts.into_iter().chain([("session_id", session_id), ("webhook_url", webhook_url)]) {
+            if let Some(v) = v {
+                def.insert(k.into(), Value::String(v));
+            }
+        }
+        if let Some(n) = max_catchup_runs {
+            def.insert("max_catchup_runs".into(), Value::from(n));
+        }
+        from_json(py, &schedules::create(py, &tokio, durable, def, paused)?)
+    }
+
+    /// The schedules of the run store, by id: each a dict with its next fires.
+    fn schedules<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let durable = schedules::durable(py, self.durable.as_ref())?;
+        let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
+        from_json(py, &schedules::list(py, &tokio, durable)?)
+    }
+
+    /// A schedule's fire records, newest first (`fire_time`, `outcome`, `run_id`, `why`, ...).
+    #[pyo3(signature = (schedule_id, limit = 50))]
+    fn schedule_fires<'py>(&self, py: Python<'py>, schedule_id: String, limit: usize) -> PyResult<Bound<'py, PyAny>> {
+        let durable = schedules::durable(py, self.durable.as_ref())?;
+        let tokio = self.tokio.clone().ok_or_else(|| error::<FabricError>(py, "runtime", "this runtime is shut down".into()))?;
+        from_json(py, &schedules::fires(py, &tokio, durable, &schedule_id, limit)?)
     }
 
     /// The routes of the catalogue that can run here.

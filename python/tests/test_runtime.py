@@ -327,3 +327,24 @@ def test_an_idempotency_key_needs_a_store_and_a_valid_key(tmp_path):
     with pytest.raises(ConfigError) as e:
         Runtime(str(ROUTES), str(PACKS), store="postgres://u:Pw8SECRET@127.0.0.1:1/db", llm_stub=True)
     assert "Pw8SECRET" not in str(e.value)
+
+
+def test_schedules_are_created_and_listed_on_a_store_and_refused_with_why(tmp_path):
+    store = f"sqlite://{tmp_path / 'runs.db'}"
+    rt = runtime(store=store)
+    made = rt.create_schedule("support-triage", {"ticket": "nightly"}, "30 7 * * MON-FRI", timezone="Europe/Berlin", catchup="all", max_catchup_runs=3)
+    assert made["id"].startswith("sch_")
+    assert made["timezone"] == "Europe/Berlin" and made["max_catchup_runs"] == 3 and len(made["next_fires"]) == 3
+    # Another Runtime on the same store sees it (as `fabric serve` would, which fires it).
+    listed = runtime(store=store).schedules()
+    assert [s["id"] for s in listed] == [made["id"]]
+    assert runtime(store=store).schedule_fires(made["id"]) == []
+    with pytest.raises(StartError) as e:
+        rt.create_schedule("support-triage", {"ticket": "x"}, "0 0 31 2 *")
+    assert e.value.reason_class == "invalid_schedule" and "never fires" in str(e.value)
+    with pytest.raises(StartError) as e:
+        rt.create_schedule("support-triage", {"ticket": "x"}, "* * * * *", timezone="Mars/Olympus")
+    assert "IANA" in str(e.value)
+    with pytest.raises(StartError) as e:
+        runtime().schedules()
+    assert e.value.reason_class == "no_store"

@@ -23,6 +23,7 @@ use std::time::Duration;
 mod catalogue;
 mod cloud;
 mod compat;
+mod fallbacks;
 mod flow;
 mod session;
 mod webhook;
@@ -87,6 +88,11 @@ pub const VARIABLES: &[&str] = &[
     "FABRIC_LLM_RPM",
     "FABRIC_LLM_TPM",
     "FABRIC_LLM_MAX_PAUSE_S",
+    "FABRIC_LLM_FALLBACKS",
+    "FABRIC_LLM_FALLBACK_ON_INVALID",
+    "FABRIC_LLM_PREFER_AVAILABLE",
+    "FABRIC_LLM_BREAKER_FAILURES",
+    "FABRIC_LLM_BREAKER_COOLDOWN_S",
     // Cloud providers (config/cloud.rs): Amazon Bedrock.
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
@@ -234,6 +240,12 @@ pub struct Settings {
     /// The limits on model calls (`FABRIC_LLM_MAX_CONCURRENCY`, `_RPM`, `_TPM`, the file's
     /// `[llm_limits]`).
     pub flow: crate::llm::flow::FlowPlan,
+    /// The default model's fallbacks, in order (`FABRIC_LLM_FALLBACKS`); empty without the
+    /// stub's provider, or with the stub.
+    pub fallbacks: Vec<ProviderTarget>,
+    /// How the default model's chain moves on (`FABRIC_LLM_FALLBACK_ON_INVALID`,
+    /// `FABRIC_LLM_PREFER_AVAILABLE`).
+    pub fallback_policy: crate::llm::fallback::ChainPolicy,
     raw: RawVars,
     origins: BTreeMap<String, String>,
     env: EnvLookup,
@@ -545,8 +557,11 @@ impl Settings {
             log_json,
         };
         let flow = flow::plan(&|k: &str| get(k).map(str::to_owned), None)?;
+        let fallback_policy = fallbacks::policy(&|k: &str| get(k).map(str::to_owned))?;
         let mut settings = Settings {
             flow,
+            fallbacks: Vec::new(),
+            fallback_policy,
             stub,
             stub_latency,
             stub_strict,
@@ -571,6 +586,12 @@ impl Settings {
             .and_then(|choice| settings.resolve_target(choice.provider, choice.model, None, None));
         match target {
             Ok(t) => settings.target = Some(t),
+            Err(e) if stub => settings.warnings.push(format!("{e} (ignored: the seeded stub answers every call)")),
+            Err(e) => return Err(e),
+        }
+        match fallbacks::targets(&settings, get("FABRIC_LLM_FALLBACKS")) {
+            Ok(t) if !stub => settings.fallbacks = t,
+            Ok(_) => {}
             Err(e) if stub => settings.warnings.push(format!("{e} (ignored: the seeded stub answers every call)")),
             Err(e) => return Err(e),
         }

@@ -77,6 +77,38 @@ pub struct ProfileDef {
     pub api_key_env: Option<String>,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
+    pub fallbacks: ProfileFallbacks,
+}
+
+/// The chain of `name`: the profile itself, then each fallback's own chain, depth first, each
+/// profile once. Profiles that are not defined (or broken) are left out: the loader refuses them
+/// (`loader::fallbacks`).
+pub fn fallback_chain<'a>(name: &'a str, profile: impl Fn(&str) -> Option<&'a ProfileDef>) -> Vec<&'a str> {
+    fn walk<'a>(name: &'a str, profile: &dyn Fn(&str) -> Option<&'a ProfileDef>, out: &mut Vec<&'a str>) {
+        if out.contains(&name) {
+            return;
+        }
+        out.push(name);
+        if let Some(p) = profile(name) {
+            for f in &p.fallbacks.names {
+                walk(&f.name, profile, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(name, &profile, &mut out);
+    out
+}
+
+/// A model profile's fallbacks (`loader::fallbacks`): the profiles tried after it, in order,
+/// when its model fails for a reason another model can fix (`llm::fallback`).
+#[derive(Debug, Clone, Default)]
+pub struct ProfileFallbacks {
+    pub names: Vec<Ref>,
+    /// A reply that fails the schema moves on too.
+    pub on_invalid: bool,
+    /// A model paused after a 429 is skipped instead of waited for.
+    pub prefer_available: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,8 @@
 //!
 //! - leaves: [`diag`] (located problems), [`textfile`] (bounded reads), [`redact`] (URLs without
 //!   secrets), [`cancel`], [`failure`] (reason classes), [`events`], [`structured`]
-//!   (Python-parity replies), [`decision`] (the decision loop's replies);
+//!   (Python-parity replies), [`decision`] (the decision loop's replies), [`schedule`] (cron
+//!   fire times and the scheduled runs' planner);
 //! - built on leaves only: [`otel`], [`vocab`] (what the catalogue and the model port share:
 //!   `OutputSpec`, provider kinds, model strings, `ConfigError`, the parity constants and tool
 //!   limits), [`yaml`] (located YAML trees), [`source`] (catalogue files);
@@ -38,6 +39,7 @@ pub mod prompt;
 pub mod redact;
 pub mod replica;
 pub mod runtime;
+pub mod schedule;
 pub mod source;
 pub mod store;
 pub mod structured;

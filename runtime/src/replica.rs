@@ -3,7 +3,7 @@
 //!
 //! `fabric serve` builds an [`AppState`] (what the handlers share) and starts a [`Replica`] over
 //! it: each loop of the replica's share of the fleet's work (lease renewal, claims, cancel
-//! requests, retention, webhook deliveries, the fleet's model limits) runs in a task of its own
+//! requests, retention, webhook deliveries, the fleet's model limits, scheduled runs) runs in a task of its own
 //! under a supervisor, all in one `JoinSet` under one stop signal. A loop that panics is logged
 //! (ERROR), counted (`fabric_background_panics_total{loop}`) and restarted after a backoff; while a
 //! loop the replica needs (renewal, claims) waits to restart, `/readyz` answers 503. A loop that
@@ -66,6 +66,7 @@ impl Replica {
             Loop { name: "webhooks", needed: false, work: of(|s| Box::pin(s.deliver_webhooks())) },
             Loop { name: "flow", needed: false, work: of(|s| Box::pin(s.durable().clone().share_flow())) },
             Loop { name: "catalogue", needed: false, work: of(|s| Box::pin(s.watch_catalogue())) },
+            Loop { name: "schedules", needed: false, work: of(|s| Box::pin(s.fire_schedules())) },
         ];
         let mut replica = Replica::supervising(loops, state.loops_shared());
         replica.state = Some(state);

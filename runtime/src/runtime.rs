@@ -86,8 +86,9 @@ mod on_version;
 mod reload;
 mod replying;
 mod retention;
+mod scheduling;
 mod seeding;
-pub use crate::llm::flow::GateStatus;
+pub use crate::llm::flow::{BreakerState, BreakerStatus, GateStatus};
 pub use crate::store::StartRequest;
 pub use asking::{Ask, AskError};
 pub use building::{BuildError, DEFAULT_STUB_DIR, RuntimeBuilder};
@@ -97,6 +98,7 @@ pub use edition::{Edition, KEPT_EDITIONS, stub_scripts_on_disk};
 pub use reload::{ReloadError, Reloaded};
 pub use replying::{ClaimedReply, ReplayOn, ReplyError};
 pub use retention::{EXPIRED_REASON, PRUNE_BATCH};
+pub use scheduling::{ScheduleDef, ScheduleError, ScheduleView};
 
 pub struct Runtime {
     settings: Settings,
@@ -179,6 +181,11 @@ impl Runtime {
     /// Each gate as it is now (metrics, `fabric doctor`).
     pub fn flow_status(&self) -> Vec<GateStatus> {
         self.flow.gates().iter().map(|g| g.status()).collect()
+    }
+
+    /// The breaker of each model of a fallback chain, as it is now (metrics, `fabric doctor`).
+    pub fn breaker_status(&self) -> Vec<BreakerStatus> {
+        self.flow.breakers().iter().map(|b| b.status()).collect()
     }
 
     /// The routes whose runs this process may claim: those [`Runtime::check_route`] accepts.

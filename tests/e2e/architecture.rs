@@ -21,6 +21,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("events", &["failure"]),
     ("structured", &[]),
     ("decision", &[]),
+    // Scheduled runs' pure core: cron fire times, the planner (issue 50).
+    ("schedule", &[]),
     // Built on leaves only: telemetry, the vocabulary the catalogue and the model port share,
     // the located vocabulary of source files.
     ("otel", &["redact"]),
@@ -45,11 +47,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("tools", &["redact", "failure", "defs"]),
     ("exec", &["diag", "cancel", "failure", "events", "structured", "decision", "otel", "defs", "hydrate", "catalogue", "llm", "tools"]),
     ("store", &["redact", "failure", "events", "version", "config", "exec"]),
-    ("runtime", &["cancel", "diag", "failure", "events", "source", "version", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"]),
+    (
+        "runtime",
+        &["cancel", "diag", "failure", "events", "schedule", "source", "version", "defs", "hydrate", "catalogue", "llm", "config", "tools", "exec", "store"],
+    ),
     // Evaluations over datasets: cases run through the facade and graded from their record.
     ("eval", &["diag", "textfile", "cancel", "events", "yaml", "defs", "hydrate", "svg", "catalogue", "diff", "llm", "exec", "store", "runtime"]),
     // The service: HTTP over the facade.
-    ("api", &["redact", "cancel", "failure", "events", "version", "svg", "catalogue", "diff", "config", "exec", "store", "runtime", "eval"]),
+    ("api", &["redact", "cancel", "failure", "events", "schedule", "version", "svg", "catalogue", "diff", "config", "exec", "store", "runtime", "eval"]),
     ("replica", &["api"]),
 ];
 

@@ -927,6 +927,28 @@ async fn the_run_page_drops_a_restarted_call_s_text_and_says_it_restarted() {
     assert_eq!(last, TEXT);
 }
 
+/// The schedules page lists each schedule with its next fires and its recent fires, each linked
+/// to its run (issue 50).
+#[tokio::test]
+async fn the_schedules_page_lists_schedules_with_next_fires_and_recent_fires_linked_to_runs() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    let body = json!({"route_id": "support-triage", "goal": {"ticket": "t"}, "cron": "* * * * * *", "overlap": "allow_all"});
+    let (_, made) = post(&s.server, "/v1/schedules", body).await;
+    let id = made["id"].as_str().unwrap().to_owned();
+    s.sign_in().await;
+    b.click_displayed("a#nav-schedules").await;
+    let row = format!("table#schedules tr.schedule[data-schedule-id=\"{id}\"]");
+    b.wait_find(&row).await;
+    let link = format!("{row} li.fire[data-outcome=\"started\"] a.open");
+    b.wait_for("a started fire linked to its run", async || b.find(&link).await.ok()).await;
+    assert!(b.find(&format!("{row} td.cron")).await.unwrap().text().await.unwrap().contains("* * * * * *"));
+    b.screenshot("schedules").await;
+    b.click_displayed(&link).await;
+    b.wait_find("section#run").await;
+}
+
 #[tokio::test]
 async fn the_inspector_lists_experiments_and_shows_a_report_failing_cases_first() {
     let stub = asking_stub();

@@ -185,6 +185,19 @@ impl Llm for Flaky {
     }
 }
 
+/// A model that is down: every call a 503.
+struct Down;
+
+impl Llm for Down {
+    fn complete<'a>(&'a self, _req: &'a LlmRequest<'a>) -> BoxFuture<'a, Result<LlmReply, LlmError>> {
+        Box::pin(async { Err(LlmError::new(ReasonClass::ServerError, "HTTP 503 from down")) })
+    }
+
+    fn info(&self) -> ModelInfo {
+        ModelInfo { provider: "down".into(), model: "m".into(), ..ModelInfo::default() }
+    }
+}
+
 /// A journal that keeps nothing (the abandoned run's last batch).
 struct Discard;
 
@@ -228,6 +241,12 @@ async fn every_event_type_keeps_its_wire_form() {
     // A branched route and a manifest.
     run(&mut record, "branched", &triage, request("ticket-router", ticket(), vec![])).await;
     run(&mut record, "manifest", &triage, request("refund-review", json!({"order": 42}), vec![])).await;
+    // A fallback chain whose first model is down: the stub behind it answers each call.
+    let flow = fabric::llm::flow::Flow::new(Default::default());
+    let once = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
+    let (down, stub) = (fabric::llm::stack::member(Down, once, &flow, false), fabric::llm::stack::member(fixture_stub(), once, &flow, false));
+    let chain = runner(shipped(), fabric::llm::stack::chain(down, vec![stub], Default::default()), Some(kb.clone()));
+    run(&mut record, "a fallback chain, its first model down", &chain, request("support-triage", ticket(), vec![])).await;
 
     // The decision loop: an HTTP tool that fails, arguments that do not match, an in-process
     // tool that fails and one that works, a done.

@@ -1134,7 +1134,7 @@ async fn sigterm_drains_and_hands_over() {
     assert!(logs.contains("handed over"), "{logs}");
     // After the drain the replica's loops are stopped and waited for, every one of them.
     let stopped = logs.lines().find(|l| l.contains("every background loop of the replica stopped")).unwrap_or_else(|| panic!("{logs}"));
-    assert!(stopped.contains("\"loops\":7"), "{stopped}");
+    assert!(stopped.contains("\"loops\":8"), "{stopped}");
     assert!(logs.find("handed over").unwrap() < logs.find("every background loop").unwrap(), "{logs}");
     // Let go: a new holder claims it at once, long before its 30 s lease would have expired.
     let store = fabric::store::open(db).await.unwrap();

@@ -83,6 +83,7 @@ async fn a_journal_row_written_before_prompts_were_split_out_still_reads_on_ever
             user: "u".into(),
             raw: "{}".into(),
             value: "{}".into(),
+            model: None,
         };
         let text = serde_json::to_string(&old).unwrap().replace('\'', "''");
         let insert = format!("INSERT INTO run_journal (run_id, entry) VALUES ('{id}', '{text}') RETURNING entry");

@@ -40,7 +40,7 @@ pub(crate) fn app_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str
 }
 
 /// The service's state over a store of the caller's.
-fn state_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str>, config: ApiConfig) -> (AppState, tempfile::TempDir) {
+pub(crate) fn state_on(store: Arc<dyn fabric::store::RunStore>, fleet: Option<&str>, config: ApiConfig) -> (AppState, tempfile::TempDir) {
     let mut vars = vec![("FABRIC_LLM_STUB", "1".to_owned())];
     if let Some(f) = fleet {
         vars.push(("FABRIC_FLEET", f.to_owned()));

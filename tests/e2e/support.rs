@@ -442,6 +442,7 @@ pub fn bare_data(kind: fabric::events::EventKind) -> fabric::events::EventData {
         K::LlmRetrying => D::LlmRetrying { attempt: 2, delay_ms: 0, reason_class: fabric::failure::ReasonClass::Timeout, message: s() },
         K::LlmDelta => D::LlmDelta { turn: 0, attempt: 1, index: 0, text: s() },
         K::LlmRestarted => D::LlmRestarted { turn: 0, attempt: 2 },
+        K::LlmFallback => D::LlmFallback { from: s(), to: s(), reason: "unavailable", reason_class: fabric::failure::ReasonClass::ServerError },
         K::LlmCompleted => D::LlmCompleted { duration_ms: ms, tokens: None },
         K::LlmFailed => D::LlmFailed { reason_class: fabric::failure::ReasonClass::Interrupted, message: s(), duration_ms: ms, reply: None },
         K::ToolStarted => D::ToolStarted { tool: s(), mcp_server: None, method: "in_process", url: None },

@@ -108,6 +108,31 @@ async fn failed_calls_mark_their_spans() {
     assert_eq!(attr(run, "error.type").unwrap().as_str(), "invalid_json");
 }
 
+#[tokio::test]
+async fn a_fallback_chains_span_names_the_model_that_answered() {
+    let exporter = exporter();
+    let down = FakeProvider::new(|_| Canned::json(503, json!({})));
+    let target = crate::support::target(ProviderKind::OpenAi, &down.start().await, "gpt-down");
+    let client = fabric::llm::providers::shared_client().unwrap();
+    let flow = fabric::llm::flow::Flow::new(Default::default());
+    let once = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
+    let first = fabric::llm::stack::member(backend_for(client, target, Tuning::default(), fabric::llm::providers::DEFAULT_MAX_REPLY_BYTES), once, &flow, true);
+    let backup = fabric::llm::stack::member(fabric::llm::stub::StubLlm::load(&stub_dir()).unwrap(), once, &flow, false);
+    let llm = fabric::llm::stack::chain(first, vec![backup], Default::default());
+    let cat = Arc::new(fabric::catalogue::load(&routes_dir(), &packs_dir()));
+    let runner = Runner::new(cat, llm, Arc::new(|_: &str| None)).unwrap();
+    let goal = json!({"ticket": "x"}).as_object().unwrap().clone();
+    let result = runner.run(RunRequest { route_id: "support-triage".into(), goal, prefetch: vec![] }, Arc::new(MemorySink::default())).await.unwrap();
+    let spans = spans_of(exporter, &result.run_id);
+    let calls: Vec<&SpanData> = spans.iter().filter(|s| s.name == "chat gpt-down").collect();
+    assert_eq!(calls.len(), 3, "one span a logical call, named after the profile's own model");
+    for call in calls {
+        assert_eq!(attr(call, "gen_ai.request.model").unwrap().as_str(), "gpt-down");
+        assert_eq!(attr(call, "fabric.llm.served_by").unwrap().as_str(), "stub:seeded-stub");
+        assert!(attr(call, "error.type").is_none());
+    }
+}
+
 /// A collector that accepts connections and never answers: its port, and the task holding them.
 async fn silent_collector() -> (u16, tokio::task::JoinHandle<()>) {
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -352,7 +352,7 @@ fn provider_kind(key: &str) -> ProviderKind {
 }
 
 /// Where each provider's request carries the output schema.
-fn schema_pointer(kind: ProviderKind) -> &'static str {
+pub(crate) fn schema_pointer(kind: ProviderKind) -> &'static str {
     match kind {
         ProviderKind::Ollama => "/format",
         ProviderKind::OpenAi => "/response_format/json_schema/schema",
@@ -462,7 +462,7 @@ fn non_null(schema: &Value) -> Option<&Value> {
 /// `title` and `default` go, `additionalProperties: true` (the default) goes, `required` is a
 /// sorted set without the nullable properties (OpenAI's strict form lists every property as
 /// required and marks the optional ones nullable), and is dropped when empty.
-fn semantic(schema: &Value) -> Value {
+pub(crate) fn semantic(schema: &Value) -> Value {
     let Some(map) = schema.as_object() else { return schema.clone() };
     let mut map = map.clone();
     if let Some(t) = non_null(schema) {

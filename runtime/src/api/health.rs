@@ -43,8 +43,10 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Result<Json<Value>,
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text exposition 0.0.4", content_type = "text/plain"), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
-    let mut text = state.inner.metrics.render(state.runs_in_flight(), &state.inner.durable.runtime().flow_status());
+    let mut text =
+        state.inner.metrics.render(state.runs_in_flight(), &state.inner.durable.runtime().flow_status(), &state.inner.durable.runtime().breaker_status());
     state.inner.loops.render(&mut text);
+    state.inner.fires.render(&mut text);
     state.inner.reloads.render(state.runtime().current().version().as_str(), &mut text);
     // The event streams' share of the load: streams open, and the store pollers they share.
     text.push_str(&format!(

@@ -103,13 +103,17 @@ impl LiveRun {
 }
 
 impl EventSink for LiveRun {
-    /// The run's events up to `through` were handed to its record: the text among them can
+    /// The run's events up to `through` are durable in its record: the text among them can
     /// be shown.
     fn recorded(&self, run_id: &str, through: u64) {
         if *run_id == *self.run_id {
             self.recorded.fetch_max(through, std::sync::atomic::Ordering::AcqRel);
             self.tick.send_modify(|t| *t += 1);
         }
+    }
+
+    fn follows_record(&self) -> bool {
+        true
     }
 
     fn emit(&self, event: &Event) {
@@ -196,18 +200,23 @@ mod tests {
     use crate::events::{EventData, RunEvents};
 
     #[test]
-    fn text_is_shown_once_it_was_handed_to_the_record_and_what_follows_waits_with_it() {
+    fn text_is_shown_once_its_record_is_durable_and_what_follows_waits_with_it() {
         let live = Live::default();
         let run = live.begin(&Lease::new("r", 1));
         let events = RunEvents::new("r", "route", None, run.clone() as Arc<dyn EventSink>).recording(1);
         events.emit(Some("answer"), || EventData::LlmDelta { turn: 0, attempt: 1, index: 0, text: "Hel".into() });
         events.emit(Some("answer"), || EventData::LlmRestarted { turn: 0, attempt: 2 });
         assert!(run.events_after(0).0.is_empty(), "not recorded yet, and what follows waits with it");
-        assert_eq!(events.take_recorded().len(), 2);
+        let taken = events.take_recorded();
+        assert_eq!(taken.len(), 2);
+        let durable = events.on_durable(&taken).unwrap();
         events.emit(Some("answer"), || EventData::LlmDelta { turn: 0, attempt: 2, index: 0, text: "Hello".into() });
+        assert!(run.events_after(0).0.is_empty(), "handed to the record, not yet durable there");
+        durable();
         let seqs: Vec<u64> = run.events_after(0).0.iter().map(|e| e.seq).collect();
-        assert_eq!(seqs, [1, 2], "the recorded ones");
-        events.take_recorded();
+        assert_eq!(seqs, [1, 2], "the durable ones");
+        let taken = events.take_recorded();
+        events.on_durable(&taken).unwrap()();
         assert_eq!(run.events_after(2).0.len(), 1);
     }
 }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 
 use crate::events::{Event, EventData, EventSink, Tokens};
-use crate::runtime::GateStatus;
+use crate::runtime::{BreakerStatus, GateStatus};
 
 /// Histogram buckets in seconds (stages and model calls: milliseconds to minutes).
 const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0];
@@ -48,6 +48,8 @@ struct Counts {
     pruned: u64,
     /// Webhook attempts this process made, by outcome (`delivered`, `retrying`, `failed`).
     webhooks: BTreeMap<&'static str, u64>,
+    /// Fallbacks of model chains, by (from, to, reason).
+    fallbacks: BTreeMap<(String, String, &'static str), u64>,
 }
 
 const NO_TOKENS: Tokens = Tokens { input: 0, output: 0 };
@@ -91,6 +93,7 @@ impl EventSink for Metrics {
             // A failed call reports no tokens.
             EventData::LlmFailed { duration_ms, .. } => c.model_call(route, *duration_ms, NO_TOKENS),
             EventData::LlmRetrying { .. } => *c.retries.entry(route).or_default() += 1,
+            EventData::LlmFallback { from, to, reason, .. } => *c.fallbacks.entry((from.clone(), to.clone(), reason)).or_default() += 1,
             EventData::LlmWaiting { waited_ms, .. } => c.wait_seconds.entry(route).or_default().observe(*waited_ms as f64 / 1000.0),
             _ => {}
         }
@@ -117,7 +120,7 @@ impl Metrics {
 
     /// The Prometheus text exposition (version 0.0.4), with the runs executing now and the
     /// models' gates as they are now.
-    pub fn render(&self, in_flight: usize, gates: &[GateStatus]) -> String {
+    pub fn render(&self, in_flight: usize, gates: &[GateStatus], breakers: &[BreakerStatus]) -> String {
         let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, rows: &BTreeMap<String, u64>| {
@@ -148,6 +151,15 @@ impl Metrics {
         counter(&mut out, "fabric_model_retries_total", "Model-call retries, by route.", &c.retries);
         histogram(&mut out, "fabric_model_wait_seconds", "How long model calls waited for room under the model limits or a pause, by route.", &c.wait_seconds);
         gate_metrics(&mut out, gates);
+        let _ = writeln!(
+            out,
+            "# HELP fabric_model_fallbacks_total Model calls a fallback chain moved on from, by model moved from and to, and reason.\n\
+             # TYPE fabric_model_fallbacks_total counter"
+        );
+        for ((from, to, reason), v) in &c.fallbacks {
+            let _ = writeln!(out, "fabric_model_fallbacks_total{{from=\"{}\",to=\"{}\",reason=\"{reason}\"}} {v}", label(from), label(to));
+        }
+        breaker_metrics(&mut out, breakers);
         counter(&mut out, "fabric_model_input_tokens_total", "Tokens sent to models, by route.", &c.tokens_in);
         counter(&mut out, "fabric_model_output_tokens_total", "Tokens received from models, by route.", &c.tokens_out);
         counter(&mut out, "fabric_runs_taken_over_total", "Runs this process took over from a process that stopped, by route.", &c.taken_over);
@@ -166,6 +178,25 @@ impl Metrics {
         }
         let _ = writeln!(out, "# HELP fabric_runs_in_flight Runs executing now.\n# TYPE fabric_runs_in_flight gauge\nfabric_runs_in_flight {in_flight}");
         out
+    }
+}
+
+/// The breakers of chains' models: the state (0 closed, 1 open, 2 half-open) and the openings.
+fn breaker_metrics(out: &mut String, breakers: &[BreakerStatus]) {
+    let _ = writeln!(
+        out,
+        "# HELP fabric_model_breaker_state The breaker of a fallback chain's model: 0 closed, 1 open (skipped), 2 half-open (one call tries it).\n\
+         # TYPE fabric_model_breaker_state gauge"
+    );
+    for b in breakers {
+        let _ = writeln!(out, "fabric_model_breaker_state{{model=\"{}\"}} {}", label(&b.key), b.state.gauge());
+    }
+    let _ = writeln!(
+        out,
+        "# HELP fabric_model_breaker_opened_total Times a model's breaker opened, here or told by the fleet.\n# TYPE fabric_model_breaker_opened_total counter"
+    );
+    for b in breakers {
+        let _ = writeln!(out, "fabric_model_breaker_opened_total{{model=\"{}\"}} {}", label(&b.key), b.opened);
     }
 }
 

@@ -23,6 +23,8 @@ pub mod metrics;
 pub mod openapi;
 mod routes;
 mod runs;
+pub mod scheduler;
+mod schedules;
 mod server;
 mod state;
 mod stream;
@@ -139,6 +141,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/runs/{run_id}/reply", post(reply))
         .route("/v1/runs/{run_id}/cancel", post(cancel::cancel_run))
         .route("/v1/runs/{run_id}/webhooks", get(webhooks::run_webhooks))
+        .route("/v1/schedules", post(schedules::create_schedule).get(schedules::list_schedules))
+        .route("/v1/schedules/{id}", get(schedules::get_schedule).patch(schedules::patch_schedule).delete(schedules::delete_schedule))
+        .route("/v1/schedules/{id}/trigger", post(schedules::trigger_schedule))
+        .route("/v1/schedules/{id}/fires", get(schedules::schedule_fires))
         .route("/v1/routes", get(list_routes))
         .route("/v1/catalogue", get(catalogue::catalogue_info))
         .route("/v1/catalogue/reload", post(catalogue::reload))

@@ -34,6 +34,10 @@ impl EventSink for Segment {
     fn recorded(&self, run_id: &str, through: u64) {
         self.live.recorded(run_id, through);
     }
+
+    fn follows_record(&self) -> bool {
+        true
+    }
 }
 
 /// Starts a run.

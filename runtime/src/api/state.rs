@@ -94,6 +94,8 @@ pub(super) struct Shared {
     pub(super) reloads: catalogue::Reloads,
     /// Asks the replica's catalogue loop for a reload (`SIGHUP`).
     pub(super) reload_wake: tokio::sync::Notify,
+    /// The schedules' fires this replica decided or started (`fabric_schedule_*`).
+    pub(super) fires: scheduler::FireCounts,
 }
 
 impl std::fmt::Debug for AppState {
@@ -125,6 +127,7 @@ impl AppState {
                 loops: Arc::default(),
                 reloads: Default::default(),
                 reload_wake: tokio::sync::Notify::new(),
+                fires: Default::default(),
             }),
         }
     }

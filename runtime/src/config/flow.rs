@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use figment::value::Value;
 
-use crate::llm::flow::{DEFAULT_MAX_PAUSE, FlowPlan, Limits, MAX_PAUSE};
+use crate::llm::flow::{BreakerPolicy, DEFAULT_MAX_PAUSE, FlowPlan, Limits, MAX_PAUSE};
 use crate::vocab::{ConfigError, choose_model, err};
 
 /// The largest limit of each kind accepted: far past any provider's quota, small enough that a
@@ -91,12 +91,31 @@ pub(super) fn max_pause(value: Option<&str>) -> Result<Duration, ConfigError> {
     }
 }
 
+/// The breakers of fallback chains' models: `FABRIC_LLM_BREAKER_FAILURES` (failures in a row
+/// that open one, 1 to 1,000) and `FABRIC_LLM_BREAKER_COOLDOWN_S` (seconds it stays open, 0.1
+/// to 3,600).
+pub(super) fn breaker(get: &dyn Fn(&str) -> Option<String>) -> Result<BreakerPolicy, ConfigError> {
+    let mut policy = BreakerPolicy::default();
+    if let Some(n) = limit("FABRIC_LLM_BREAKER_FAILURES", get("FABRIC_LLM_BREAKER_FAILURES").as_deref(), 1_000)? {
+        policy.failures = n as u32;
+    }
+    const COOLDOWN: &str = "FABRIC_LLM_BREAKER_COOLDOWN_S";
+    if let Some(v) = get(COOLDOWN).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()) {
+        policy.cooldown = match v.parse::<f64>() {
+            Ok(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
+            _ => return Err(err(COOLDOWN, format!("`{v}` must be a number of seconds from 0.1 to 3600 (unset: {})", policy.cooldown.as_secs()))),
+        };
+    }
+    Ok(policy)
+}
+
 /// The plan of the variables and the file's tables.
 pub(super) fn plan(get: &dyn Fn(&str) -> Option<String>, file: Option<&Value>) -> Result<FlowPlan, ConfigError> {
     Ok(FlowPlan {
         default: defaults(get)?,
         models: file.map(models).transpose()?.unwrap_or_default(),
         max_pause: max_pause(get("FABRIC_LLM_MAX_PAUSE_S").as_deref())?,
+        breaker: breaker(get)?,
     })
 }
 
@@ -118,6 +137,19 @@ mod tests {
 
     fn get(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn the_breaker_is_bounded() {
+        assert_eq!(breaker(&get(&[])).unwrap(), BreakerPolicy::default());
+        let p = breaker(&get(&[("FABRIC_LLM_BREAKER_FAILURES", "5"), ("FABRIC_LLM_BREAKER_COOLDOWN_S", "2.5")])).unwrap();
+        assert_eq!(p, BreakerPolicy { failures: 5, cooldown: Duration::from_millis(2500) });
+        assert_eq!(breaker(&get(&[("FABRIC_LLM_BREAKER_FAILURES", "0")])).unwrap_err().var, "FABRIC_LLM_BREAKER_FAILURES");
+        for bad in ["0", "-1", "3601", "NaN", "soon"] {
+            let vars: &'static [(&str, &str)] = Box::leak(Box::new([("FABRIC_LLM_BREAKER_COOLDOWN_S", bad)]));
+            let e = breaker(&get(vars)).unwrap_err();
+            assert!(e.var == "FABRIC_LLM_BREAKER_COOLDOWN_S" && e.message.contains(bad), "{bad}: {e:?}");
+        }
     }
 
     #[test]

@@ -161,7 +161,15 @@ mod tests {
 
     fn reply(stage: &str, system: &str, value: &str) -> [JournalEntry; 2] {
         [
-            JournalEntry::ModelReply { stage_id: stage.into(), turn: 0, system: system.into(), user: "u".into(), raw: value.into(), value: value.into() },
+            JournalEntry::ModelReply {
+                stage_id: stage.into(),
+                turn: 0,
+                system: system.into(),
+                user: "u".into(),
+                raw: value.into(),
+                value: value.into(),
+                model: None,
+            },
             JournalEntry::StageCompleted { stage_id: stage.into(), value: value.into(), note: None },
         ]
     }

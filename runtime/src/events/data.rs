@@ -21,6 +21,7 @@ pub enum EventKind {
     LlmRetrying,
     LlmDelta,
     LlmRestarted,
+    LlmFallback,
     LlmCompleted,
     LlmFailed,
     ToolStarted,
@@ -35,7 +36,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 20] = [
+    pub const ALL: [EventKind; 21] = [
         EventKind::RunStarted,
         EventKind::StageStarted,
         EventKind::StageCompleted,
@@ -45,6 +46,7 @@ impl EventKind {
         EventKind::LlmRetrying,
         EventKind::LlmDelta,
         EventKind::LlmRestarted,
+        EventKind::LlmFallback,
         EventKind::LlmCompleted,
         EventKind::LlmFailed,
         EventKind::ToolStarted,
@@ -70,6 +72,7 @@ impl EventKind {
             EventKind::LlmRetrying => "run.llm.retrying",
             EventKind::LlmDelta => "run.llm.delta",
             EventKind::LlmRestarted => "run.llm.restarted",
+            EventKind::LlmFallback => "run.llm.fallback",
             EventKind::LlmCompleted => "run.llm.completed",
             EventKind::LlmFailed => "run.llm.failed",
             EventKind::ToolStarted => "run.tool.started",
@@ -190,6 +193,17 @@ pub enum EventData {
         turn: u32,
         attempt: u32,
     },
+    /// A fallback chain moves on from one model to the next (`llm::fallback`).
+    LlmFallback {
+        /// `provider:model` of each.
+        from: String,
+        to: String,
+        /// Why, from `llm::fallback::Reason` (`unavailable`, `circuit_open`, ...).
+        reason: &'static str,
+        /// The class of the failure it moves on from (of the failures that opened the breaker,
+        /// `rate_limited` for a paused model).
+        reason_class: ReasonClass,
+    },
     LlmCompleted {
         duration_ms: f64,
         tokens: Option<Tokens>,
@@ -272,6 +286,7 @@ impl EventData {
             EventData::LlmRetrying { .. } => EventKind::LlmRetrying,
             EventData::LlmDelta { .. } => EventKind::LlmDelta,
             EventData::LlmRestarted { .. } => EventKind::LlmRestarted,
+            EventData::LlmFallback { .. } => EventKind::LlmFallback,
             EventData::LlmCompleted { .. } => EventKind::LlmCompleted,
             EventData::LlmFailed { .. } => EventKind::LlmFailed,
             EventData::ToolStarted { .. } => EventKind::ToolStarted,
@@ -359,6 +374,12 @@ impl Serialize for EventData {
             EventData::LlmRestarted { turn, attempt } => {
                 m.serialize_entry("turn", turn)?;
                 m.serialize_entry("attempt", attempt)?;
+            }
+            EventData::LlmFallback { from, to, reason, reason_class } => {
+                m.serialize_entry("from", from)?;
+                m.serialize_entry("to", to)?;
+                m.serialize_entry("reason", reason)?;
+                m.serialize_entry("reason_class", reason_class.as_str())?;
             }
             EventData::LlmCompleted { duration_ms, tokens } => {
                 m.serialize_entry("duration_ms", duration_ms)?;

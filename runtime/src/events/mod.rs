@@ -7,8 +7,8 @@
 
 mod continuing;
 mod data;
+mod sinks;
 
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 
 pub use data::{EventData, EventKind, Tokens, ToolStatus};
+pub use sinks::{FanOut, JsonLinesSink, MemorySink, NullSink};
 
 #[derive(Debug, Clone)]
 pub struct Event {
@@ -97,104 +98,15 @@ pub trait EventSink: Send + Sync {
         true
     }
 
-    /// The events of `run_id` up to `through` were handed to its record (a journalled run's
-    /// events go to the store in batches, after the sink saw them).
+    /// The events of `run_id` up to `through` are durable in its record (a journalled run's
+    /// events go to the store in batches, after the sink saw them; this comes once the batch
+    /// committed, [`RunEvents::on_durable`]).
     fn recorded(&self, _run_id: &str, _through: u64) {}
-}
 
-/// Drops everything (benchmarks without event output).
-#[derive(Debug, Default)]
-pub struct NullSink;
-
-impl EventSink for NullSink {
-    fn emit(&self, _: &Event) {}
-
-    fn enabled(&self) -> bool {
+    /// Whether [`EventSink::recorded`] matters to this sink (a live tail that shows a model's
+    /// text once it is durable): only then does a run's journal wait to tell it.
+    fn follows_record(&self) -> bool {
         false
-    }
-}
-
-/// JSON lines to a writer (a file, or stderr for `--events-out -`).
-///
-/// A write that fails does not fail the run (its result still goes to stdout), but it is never
-/// silent: the first error is kept, nothing more is written after it, and [`JsonLinesSink::failure`]
-/// tells the caller that the record is incomplete.
-pub struct JsonLinesSink {
-    out: Mutex<(Box<dyn Write + Send>, Option<String>)>,
-}
-
-impl std::fmt::Debug for JsonLinesSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("JsonLinesSink")
-    }
-}
-
-impl JsonLinesSink {
-    pub fn new(out: Box<dyn Write + Send>) -> JsonLinesSink {
-        JsonLinesSink { out: Mutex::new((out, None)) }
-    }
-
-    /// The first write error, with how many events were lost up to now; `None` when every
-    /// event was written.
-    pub fn failure(&self) -> Option<String> {
-        self.out.lock().unwrap_or_else(|p| p.into_inner()).1.clone()
-    }
-}
-
-impl EventSink for JsonLinesSink {
-    fn emit(&self, event: &Event) {
-        let mut line = Vec::with_capacity(256);
-        event.write_json_line(&mut line);
-        let mut guard = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let (out, failed) = &mut *guard;
-        if failed.is_none()
-            && let Err(e) = out.write_all(&line).and_then(|_| out.flush())
-        {
-            *failed = Some(format!("writing event {} ({}) failed: {e}; later events were not written", event.seq, event.kind.as_str()));
-        }
-    }
-}
-
-/// Keeps events in memory (tests, the service later).
-#[derive(Debug, Default)]
-pub struct MemorySink {
-    events: Mutex<Vec<Event>>,
-}
-
-impl MemorySink {
-    pub fn events(&self) -> Vec<Event> {
-        self.events.lock().map(|e| e.clone()).unwrap_or_default()
-    }
-}
-
-impl EventSink for MemorySink {
-    fn emit(&self, event: &Event) {
-        if let Ok(mut e) = self.events.lock() {
-            e.push(event.clone());
-        }
-    }
-}
-
-/// Sends each event to several sinks.
-pub struct FanOut(pub Vec<Arc<dyn EventSink>>);
-
-impl std::fmt::Debug for FanOut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FanOut({})", self.0.len())
-    }
-}
-
-impl EventSink for FanOut {
-    fn emit(&self, event: &Event) {
-        for s in &self.0 {
-            s.emit(event);
-        }
-    }
-
-    fn recorded(&self, run_id: &str, through: u64) {
-        for s in &self.0 {
-            s.recorded(run_id, through);
-        }
     }
 }
 
@@ -278,13 +190,23 @@ impl RunEvents {
         self
     }
 
-    /// The events recorded since the last call (empty when the run is not journalled).
+    /// The events recorded since the last call (empty when the run is not journalled). Their
+    /// sink is told they are recorded by [`RunEvents::on_durable`]'s signal, once they are.
     pub fn take_recorded(&self) -> Vec<Event> {
-        let taken = self.recorded.as_ref().map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default();
-        if let Some(last) = taken.last() {
-            self.sink.recorded(&self.run_id, last.seq);
+        self.recorded.as_ref().map(|r| std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()))).unwrap_or_default()
+    }
+
+    /// What tells the sink that `taken` (from [`RunEvents::take_recorded`]) is durable: called
+    /// once its write committed, so a live watcher is shown a model's text only once a takeover
+    /// would find it too. `None` when there is nothing to tell, or no sink follows the record
+    /// (the journal then need not wait for the commit to tell it).
+    pub fn on_durable(&self, taken: &[Event]) -> Option<Box<dyn FnOnce() + Send>> {
+        let through = taken.last()?.seq;
+        if !self.sink.follows_record() {
+            return None;
         }
-        taken
+        let (sink, run_id) = (self.sink.clone(), self.run_id.clone());
+        Some(Box::new(move || sink.recorded(&run_id, through)))
     }
 
     pub fn run_id(&self) -> &str {

@@ -15,7 +15,18 @@ use crate::failure::BoxFuture;
 pub enum JournalEntry {
     /// A model call: what it was asked (system text, user message), its reply as received, and
     /// the value the stage took from it (what a recovered or replayed run uses instead of asking).
-    ModelReply { stage_id: String, turn: u32, system: String, user: String, raw: String, value: String },
+    /// `model`: the model of a fallback chain that answered (`provider:model`); none outside a
+    /// chain. What answered is recorded, so a resumed or replayed run never asks the chain again.
+    ModelReply {
+        stage_id: String,
+        turn: u32,
+        system: String,
+        user: String,
+        raw: String,
+        value: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+    },
     /// A stage that completed: its slot value and the note it added, if any.
     StageCompleted { stage_id: String, value: String, note: Option<String> },
     /// A note added without a completed stage (a failed tool call in the decision loop).
@@ -60,7 +71,23 @@ pub enum JournalError {
 pub trait RunJournal: Send + Sync {
     fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>>;
     fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>>;
+
+    /// [`RunJournal::append`], and `durable` (if any) called once the batch is durable (never
+    /// when its write fails): what a watcher may be shown of a run is what a takeover cannot
+    /// replace. By default once queued (a journal whose queue is its record).
+    fn append_then<'a>(&'a self, run_id: &'a str, batch: JournalBatch, durable: Option<Durable>) -> BoxFuture<'a, Result<(), JournalError>> {
+        Box::pin(async move {
+            self.append(run_id, batch).await?;
+            if let Some(d) = durable {
+                d();
+            }
+            Ok(())
+        })
+    }
 }
+
+/// What to do once a batch is durable ([`RunJournal::append_then`]).
+pub type Durable = Box<dyn FnOnce() + Send>;
 
 /// What a run's record holds when the run is taken up again: recovered after its process died
 /// ([`Runner::recover`](super::Runner::recover)), continued after the user replied

@@ -33,7 +33,7 @@ use opentelemetry::Context;
 use serde_json::{Map, Value};
 
 pub use input::{GoalError, PrefetchError, parse_goal, parse_prefetch};
-pub use journal::{JournalBatch, JournalEntry, JournalError, OpenCall, RunHistory, RunJournal, open_call};
+pub use journal::{Durable, JournalBatch, JournalEntry, JournalError, OpenCall, RunHistory, RunJournal, open_call};
 pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, ended_from_journal, result_from_journal};
 use source::ReplySource;
 use state::{Run, RunState};
@@ -368,11 +368,16 @@ impl Runner {
 async fn end_without_walk(result: RunResult, last: EventData, next_seq: u64, sink: Arc<dyn EventSink>, journal: &dyn RunJournal) -> RunResult {
     let events = RunEvents::new(&result.run_id, result.route_id.as_str(), None, sink).recording(next_seq);
     events.emit(None, || last);
-    let batch = JournalBatch { events: events.take_recorded(), entries: Vec::new(), end: Some(result.clone()) };
+    let taken = events.take_recorded();
+    let durable = events.on_durable(&taken);
+    let batch = JournalBatch { events: taken, entries: Vec::new(), end: Some(result.clone()) };
     if let Err(e) = journal.commit(&result.run_id, batch).await {
         let mut failed = result;
         failed.fail(ReasonClass::StoreError, format!("the run's record could not be written: {e}"));
         return failed;
+    }
+    if let Some(d) = durable {
+        d();
     }
     result
 }

@@ -87,7 +87,8 @@ impl Runner {
         let reply = reply.map_err(|e| StageFailure::new(e.class, e.message))?;
         if run.journal.is_some() {
             let (stage_id, system, raw, value) = (stage.id().to_owned(), req.system.to_owned(), reply.raw_text(), reply.value.recorded());
-            state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value });
+            let model = reply.served_by.as_deref().map(str::to_owned);
+            state.pending.push(JournalEntry::ModelReply { stage_id, turn: req.turn, system, user, raw, value, model });
             // Recorded at once: a run recovered after a crash does not ask the model again.
             self.checkpoint(run, state).await?;
         } else {
@@ -131,7 +132,8 @@ async fn recorded_as_it_streams<T>(
                     continue;
                 }
                 let so_far = events.take_recorded();
-                if let Err(e) = journal.append(events.run_id(), JournalBatch { events: so_far, entries: Vec::new(), end: None }).await {
+                let durable = events.on_durable(&so_far);
+                if let Err(e) = journal.append_then(events.run_id(), JournalBatch { events: so_far, entries: Vec::new(), end: None }, durable).await {
                     return (call.await, Some(e));
                 }
             }

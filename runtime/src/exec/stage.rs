@@ -71,9 +71,11 @@ impl Runner {
     /// Hands what the run did since the last checkpoint to the journal (journalled runs only).
     pub(super) async fn checkpoint(&self, run: &Run<'_>, state: &mut RunState) -> Result<(), StageFailure> {
         let Some(journal) = run.journal else { return Ok(()) };
-        let batch = JournalBatch { events: run.events.take_recorded(), entries: std::mem::take(&mut state.pending), end: None };
+        let events = run.events.take_recorded();
+        let durable = run.events.on_durable(&events);
+        let batch = JournalBatch { events, entries: std::mem::take(&mut state.pending), end: None };
         journal
-            .append(run.events.run_id(), batch)
+            .append_then(run.events.run_id(), batch, durable)
             .await
             .map_err(|e| StageFailure::new(ReasonClass::StoreError, format!("the run's record could not be written: {e}")))
     }

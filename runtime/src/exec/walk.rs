@@ -106,10 +106,13 @@ impl Runner {
             };
             crate::otel::end(&run_cx);
             if let Some(journal) = run.journal {
-                let batch = JournalBatch { events: events.take_recorded(), entries: pending, end: Some(result.clone()) };
-                if let Err(e) = journal.commit(events.run_id(), batch).await {
+                let taken = events.take_recorded();
+                let durable = events.on_durable(&taken);
+                let batch = JournalBatch { events: taken, entries: pending, end: Some(result.clone()) };
+                match journal.commit(events.run_id(), batch).await {
+                    Ok(()) => durable.map_or((), |d| d()),
                     // The record lacks the end: the caller must not take the run as settled.
-                    result.fail(ReasonClass::StoreError, format!("the run's end could not be recorded: {e}"));
+                    Err(e) => result.fail(ReasonClass::StoreError, format!("the run's end could not be recorded: {e}")),
                 }
             }
             result

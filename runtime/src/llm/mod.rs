@@ -10,6 +10,7 @@
 
 pub mod cloud;
 pub mod decision_text;
+pub mod fallback;
 pub mod flow;
 pub mod model;
 pub mod providers;
@@ -147,6 +148,9 @@ pub struct LlmReply {
     /// and decisions): what a run journal records so the reply can be read again. Shared, not
     /// copied, when the backend keeps the text (the stub's scripts).
     pub raw: Option<Arc<str>>,
+    /// The model of a fallback chain that answered (`provider:model`), set by the chain
+    /// ([`fallback::FallbackLlm`]): the span and the journal name it. `None` outside a chain.
+    pub served_by: Option<Arc<str>>,
 }
 
 impl LlmReply {
@@ -175,11 +179,30 @@ pub struct LlmError {
     /// The reply text as received, when one came but could not be used (invalid JSON, a schema
     /// or decision it does not meet): `run.llm.failed` shows it, so a failed stage can be read.
     pub raw_reply: Option<String>,
+    /// What the provider refused, when it did (its key, or the content): the class says
+    /// `client_error` or `provider_error`, this says whether another model may answer.
+    pub refused: Option<Refused>,
+}
+
+/// What a provider refused: not the request itself, which another provider would refuse too,
+/// but what is this provider's own (a model fallback chain moves on for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// HTTP 401 or 403: this provider does not take the key (another has a key of its own).
+    Auth,
+    /// The content: an explicit refusal, a content filter, a safety block.
+    Content,
 }
 
 impl LlmError {
     pub fn new(class: ReasonClass, message: impl Into<String>) -> LlmError {
-        LlmError { class, message: message.into(), retry_after: None, give_up: false, reply: None, raw_reply: None }
+        LlmError { class, message: message.into(), retry_after: None, give_up: false, reply: None, raw_reply: None, refused: None }
+    }
+
+    /// The same error, saying what the provider refused.
+    pub fn refusing(mut self, what: Refused) -> LlmError {
+        self.refused = Some(what);
+        self
     }
 
     /// The same error, of a reply that came but could not be used: what it said about itself and
@@ -258,8 +281,8 @@ impl<L: Llm + ?Sized> Llm for std::sync::Arc<L> {
 /// A failure keeps the reply's [`ReplyMeta`].
 pub fn finish_reply(output: &OutputSpec, raw: String, meta: ReplyMeta) -> Result<LlmReply, LlmError> {
     match read_reply(output, &raw) {
-        None => Ok(LlmReply { value: ReplyValue::Text(raw), meta, raw: None }),
-        Some(Ok(value)) => Ok(LlmReply { value, meta, raw: Some(raw.into()) }),
+        None => Ok(LlmReply { value: ReplyValue::Text(raw), meta, raw: None, served_by: None }),
+        Some(Ok(value)) => Ok(LlmReply { value, meta, raw: Some(raw.into()), served_by: None }),
         Some(Err(e)) => Err(e.with_reply(meta, raw)),
     }
 }
@@ -268,8 +291,8 @@ pub fn finish_reply(output: &OutputSpec, raw: String, meta: ReplyMeta) -> Result
 /// reply, not copied into it.
 pub fn finish_shared_reply(output: &OutputSpec, raw: &Arc<str>, meta: ReplyMeta) -> Result<LlmReply, LlmError> {
     match read_reply(output, raw) {
-        None => Ok(LlmReply { value: ReplyValue::Text(raw.to_string()), meta, raw: None }),
-        Some(Ok(value)) => Ok(LlmReply { value, meta, raw: Some(raw.clone()) }),
+        None => Ok(LlmReply { value: ReplyValue::Text(raw.to_string()), meta, raw: None, served_by: None }),
+        Some(Ok(value)) => Ok(LlmReply { value, meta, raw: Some(raw.clone()), served_by: None }),
         Some(Err(e)) => Err(e.with_reply(meta, raw.to_string())),
     }
 }

@@ -260,7 +260,7 @@ impl Llm for StubLlm {
         match req.output {
             // The stub speaks the text protocol for decisions (`CALL` / `ASK` / `DONE`).
             OutputSpec::Decision(spec) => match spec.parse_text(&raw) {
-                Ok(decision) => Ok(LlmReply { value: ReplyValue::Decision(decision), meta, raw: Some(raw) }),
+                Ok(decision) => Ok(LlmReply { value: ReplyValue::Decision(decision), meta, raw: Some(raw), served_by: None }),
                 Err(e) => Err(LlmError::from(e).with_reply(meta, raw.to_string())),
             },
             _ => finish_shared_reply(req.output, &raw, meta),

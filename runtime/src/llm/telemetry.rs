@@ -81,6 +81,10 @@ impl<L: Llm> Llm for TelemetryLlm<L> {
             match &result {
                 Ok(reply) => {
                     set_response(&cx, &reply.meta);
+                    // A fallback chain's reply: which of its models answered.
+                    if let Some(by) = &reply.served_by {
+                        crate::otel::set(&cx, KeyValue::new("fabric.llm.served_by", by.to_string()));
+                    }
                     // Built only when a consumer is attached, like every event.
                     req.events.emit(Some(req.stage_id), || EventData::LlmCompleted {
                         duration_ms: round_ms(duration_ms),

@@ -40,10 +40,20 @@ pub fn profile(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) -> Op
     });
     let max_tokens = f.get("max_tokens").and_then(|n| ctx.uint(n, "`max_tokens`", 1, 1_000_000)).map(|n| n as u32);
     f.get("description");
+    let fallbacks = super::fallbacks::decode(ctx, &mut f);
     check_profile_routing(ctx, f.pos, &provider, &model, &base_url, &api_key_env);
     f.finish(ctx);
     let text = |v: Option<(String, Pos)>| v.map(|(s, _)| s);
-    Some(ProfileDef { origin, provider: text(provider), model: text(model), base_url: text(base_url), api_key_env: text(api_key_env), temperature, max_tokens })
+    Some(ProfileDef {
+        origin,
+        provider: text(provider),
+        model: text(model),
+        base_url: text(base_url),
+        api_key_env: text(api_key_env),
+        temperature,
+        max_tokens,
+        fallbacks,
+    })
 }
 
 /// What can be known about a profile's routing without the environment: it moves as one unit

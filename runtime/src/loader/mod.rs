@@ -12,6 +12,7 @@ use indexmap::IndexMap;
 use petgraph::graph::DiGraph;
 
 pub mod decode;
+pub mod fallbacks;
 pub mod mcp;
 
 use crate::defs::*;
@@ -174,6 +175,7 @@ fn load_sources(files: &[SourceFile], packs: &[SourceFile], mut diags: Diagnosti
             origin.problems.extend(problems);
         }
     }
+    fallbacks::check(&mut defs, &mut diags);
     check_workflows(&mut defs, &mut diags);
     check_manifests(&mut defs, &mut diags);
     Loaded { defs, diags, unloaded }

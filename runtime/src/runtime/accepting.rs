@@ -121,7 +121,7 @@ impl Durable {
     }
 
     /// Every start check; the store a run is accepted into, and where its ends are posted.
-    fn check_start(&self, req: &StartRequest, edition: &Edition) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
+    pub(super) fn check_start(&self, req: &StartRequest, edition: &Edition) -> Result<(&Arc<dyn RunStore>, Option<String>), AcceptError> {
         let route = edition.check_route(&req.route_id)?;
         crate::exec::check_goal(route, &req.goal)?;
         if let Some(p) = &req.model_profile

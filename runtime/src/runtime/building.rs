@@ -15,6 +15,7 @@ use crate::defs::ProfileDef;
 use crate::diag::{Diagnostic, Pos, Severity};
 use crate::exec::{ProfileError, ProfileStack, VarLookup};
 use crate::hydrate::NodeKind;
+use crate::llm::fallback::ChainPolicy;
 use crate::llm::flow::Flow;
 use crate::llm::providers::backend_for;
 use crate::llm::stub::StubLlm;
@@ -272,17 +273,19 @@ pub(super) fn check_scripts(stub: &mut StubLlm, catalogue: &Catalogue, warnings:
     Ok(())
 }
 
-/// The default provider stack of the configuration (`FABRIC_LLM_MODEL` / `OLLAMA_MODEL`).
+/// The default provider stack of the configuration (`FABRIC_LLM_MODEL` / `OLLAMA_MODEL`), with
+/// its fallbacks (`FABRIC_LLM_FALLBACKS`).
 fn provider_stack(settings: &Settings, client: &reqwest::Client, flow: &Flow) -> Result<Arc<dyn Llm>, ConfigError> {
     let target = settings.target.clone().ok_or_else(|| ConfigError { var: settings.model_string.1.to_owned(), message: "no provider is configured".into() })?;
-    Ok(hosted_stack(settings, client, target, Tuning::default(), flow))
+    let first = hosted_member(settings, client, target, Tuning::default(), flow);
+    let fallbacks = settings.fallbacks.iter().map(|t| hosted_member(settings, client, t.clone(), Tuning::default(), flow)).collect();
+    Ok(stack::chain(first, fallbacks, settings.fallback_policy))
 }
 
-/// A provider backend in its stack, through its model's gate.
-fn hosted_stack(settings: &Settings, client: &reqwest::Client, target: ProviderTarget, tuning: Tuning, flow: &Flow) -> Arc<dyn Llm> {
+/// A provider backend with its retries, through its model's gate: one model of a stack.
+fn hosted_member(settings: &Settings, client: &reqwest::Client, target: ProviderTarget, tuning: Tuning, flow: &Flow) -> crate::llm::fallback::Member {
     let backend = backend_for(client.clone(), target, tuning, settings.reply_limits());
-    let gate = flow.gate(&backend.info(), true);
-    stack::gated(backend, settings.retry, gate)
+    stack::member(backend, settings.retry, flow, true)
 }
 
 /// A TPM limit below one call's input could never let that call through: refused at start,
@@ -348,19 +351,32 @@ fn profile_target(settings: &Settings, name: &str, profile: &ProfileDef) -> Resu
     Ok((target, tuning))
 }
 
-/// One stack per model profile, all built before any inference. A profile that cannot be used
-/// here (its key variable is unset, say) keeps its error: runs of the routes that use it are
-/// refused at start, every other route runs.
+/// One stack per model profile, all built before any inference: the profile's model, then its
+/// fallbacks' chain (`loader::fallbacks::chain`), each a whole profile (provider, model, tuning).
+/// A profile that cannot be used here (its key variable, or a fallback's, is unset, say) keeps
+/// its error: runs of the routes that use it are refused at start, every other route runs.
 pub(super) fn profile_stacks<'a>(
     settings: &Settings,
     client: &reqwest::Client,
     profiles: impl Iterator<Item = (&'a String, &'a ProfileDef)>,
     flow: &Flow,
 ) -> HashMap<String, ProfileStack> {
+    let profiles: HashMap<&str, &ProfileDef> = profiles.map(|(n, p)| (n.as_str(), p)).collect();
+    let member = |name: &str| -> Result<crate::llm::fallback::Member, ProfileError> {
+        let profile =
+            profiles.get(name).ok_or_else(|| ProfileError::NoProvider { profile: format!("model profile `{name}` (a fallback that did not load)") })?;
+        profile_target(settings, name, profile).map(|(target, tuning)| hosted_member(settings, client, target, tuning, flow))
+    };
     profiles
+        .iter()
         .map(|(name, profile)| {
-            let stack = profile_target(settings, name, profile).map(|(target, tuning)| hosted_stack(settings, client, target, tuning, flow));
-            (name.clone(), stack)
+            let chain = crate::defs::fallback_chain(name, |n| profiles.get(n).copied());
+            let stack = chain.iter().map(|n| member(n)).collect::<Result<Vec<_>, _>>().map(|mut members| {
+                let first = members.remove(0);
+                let policy = ChainPolicy { on_invalid: profile.fallbacks.on_invalid, prefer_available: profile.fallbacks.prefer_available };
+                stack::chain(first, members, policy)
+            });
+            ((*name).to_owned(), stack)
         })
         .collect()
 }

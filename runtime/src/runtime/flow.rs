@@ -1,6 +1,7 @@
 //! A service replica's part in its fleet's budget of model calls ([`crate::store::FleetBudget`]):
 //! the heartbeat that sets each gate's share, the pauses other replicas' 429s put on a model,
-//! and this replica's own 429s told to the others. Without a store that holds a fleet's budget
+//! and this replica's own 429s told to the others; the same way, the breakers of fallback
+//! chains' models that open (a pause row keyed `breaker/provider:model`). Without a store that holds a fleet's budget
 //! (SQLite, or no store) each process keeps the whole limits, and this does nothing.
 
 use std::sync::Arc;
@@ -36,7 +37,7 @@ impl Durable {
         }
         let beats = async {
             if !limited.is_empty() {
-                beat(store.as_ref(), &fleet, &self.holder.owner, self.holder.lease, &limited).await;
+                beat(store.as_ref(), &fleet, &self.holder.owner, self.holder.lease, &limited, &flow).await;
             }
         };
         // In this task, not spawned: a service that aborts it stops all three.
@@ -56,7 +57,7 @@ impl Durable {
 
 /// The heartbeat, for ever. A replica that cannot beat for two thirds of its lease holds no
 /// share any more: the others take its units once its rows expire.
-async fn beat(store: &dyn RunStore, fleet: &str, replica: &str, lease: Duration, gates: &[Arc<Gate>]) {
+async fn beat(store: &dyn RunStore, fleet: &str, replica: &str, lease: Duration, gates: &[Arc<Gate>], flow: &Flow) {
     let Some(budget) = store.fleet() else { return };
     let mut last_ok = tokio::time::Instant::now();
     loop {
@@ -79,9 +80,7 @@ async fn beat(store: &dyn RunStore, fleet: &str, replica: &str, lease: Duration,
                     hungry |= demand > grant;
                 }
                 for (key, left) in view.pauses {
-                    if let Some(g) = gates.iter().find(|g| **g.key() == *key) {
-                        g.pause_from_fleet(left);
-                    }
+                    flow.from_fleet(&key, left);
                 }
             }
             Err(e) => {
@@ -114,9 +113,7 @@ async fn watch_pauses(store: Arc<dyn RunStore>, fleet: String, flow: Arc<Flow>) 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Duration)>();
     let apply = async {
         while let Some((key, left)) = rx.recv().await {
-            if let Some(g) = flow.gates().into_iter().find(|g| **g.key() == *key) {
-                g.pause_from_fleet(left);
-            }
+            flow.from_fleet(&key, left);
         }
     };
     let listen = async {

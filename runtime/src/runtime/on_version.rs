@@ -141,8 +141,12 @@ impl Durable {
         let events = RunEvents::new(lease.run_id(), route_id, None, sink).recording(history.next_seq);
         events.emit(None, || moved);
         let recorded = events.take_recorded();
+        let durable = events.on_durable(&recorded);
         history.next_seq += recorded.len() as u64;
         self.store.commit(lease, JournalBatch { events: recorded, entries: Vec::new(), end: None }).await?;
+        if let Some(d) = durable {
+            d();
+        }
         self.store.move_catalogue(lease, edition.version()).await
     }
 }

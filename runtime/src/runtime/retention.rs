@@ -1,7 +1,8 @@
 //! Retention: ended runs older than `FABRIC_RUN_RETENTION` deleted with their events and journal
 //! ([`Durable::prune`], the service's sweeper and `fabric runs prune`), and runs that awaited the
 //! user longer than `FABRIC_AWAITING_RETENTION` cancelled with the reason `expired`
-//! ([`Durable::expire_awaiting`]). Runs queued, running or awaiting are never deleted.
+//! ([`Durable::expire_awaiting`]). Runs queued, running or awaiting are never deleted. The
+//! schedules' fire records older than the retention go with the runs.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -36,11 +37,24 @@ impl Durable {
             let n = store.prune(&before, PRUNE_BATCH, false).await?;
             total += n;
             if n < PRUNE_BATCH as u64 {
+                self.prune_fires(older_than).await?;
                 return Ok(total);
             }
             // Between batches, the writers go first.
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Deletes the schedules' fire records decided longer than `older_than` ago (with the runs
+    /// [`Durable::prune`] deletes), but those still to start or buffered.
+    async fn prune_fires(&self, older_than: Duration) -> Result<(), StoreError> {
+        let Some(fires) = self.store.schedules() else { return Ok(()) };
+        let since = SystemTime::now().checked_sub(older_than).unwrap_or(SystemTime::UNIX_EPOCH).duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let cutoff_ms = i64::try_from(since.as_millis()).unwrap_or(i64::MAX);
+        while fires.prune_fires(cutoff_ms, PRUNE_BATCH).await? == PRUNE_BATCH as u64 {
+            tokio::task::yield_now().await;
+        }
+        Ok(())
     }
 
     /// Cancels, with the reason [`EXPIRED_REASON`], the runs that have awaited the user for

@@ -1,5 +1,6 @@
 //! Who holds a run: a [`Holder`] (this process as claims name it), the [`Lease`] of a claimed
-//! run (its fencing token, made by the store only) and a [`Claimed`] run.
+//! run (its fencing token, made by the store only), a [`Claimed`] run, and [`Fenced`], a claimed
+//! run's journal (a store and the lease every write carries).
 
 use super::{StoreError, StoredRun};
 

@@ -65,6 +65,7 @@ impl Schema for sqlx::Sqlite {
         (11, include_str!("migrations/sqlite/0011_session_order.sql")),
         (12, include_str!("migrations/sqlite/0012_llm_shares.sql")),
         (13, include_str!("migrations/sqlite/0013_catalogue_versions.sql")),
+        (14, include_str!("migrations/sqlite/0014_schedules.sql")),
         (15, include_str!("migrations/sqlite/0015_experiments.sql")),
     ];
     // The write lock, taken first (a read first would make the later upgrade fail at once).
@@ -90,6 +91,7 @@ impl Schema for sqlx::Postgres {
         (11, include_str!("migrations/postgres/0011_session_order.sql")),
         (12, include_str!("migrations/postgres/0012_llm_shares.sql")),
         (13, include_str!("migrations/postgres/0013_catalogue_versions.sql")),
+        (14, include_str!("migrations/postgres/0014_schedules.sql")),
         (15, include_str!("migrations/postgres/0015_experiments.sql")),
     ];
     const BEGIN: &'static str = "BEGIN";
@@ -218,7 +220,7 @@ mod tests {
         (11, "5f28c84f3d77e4e0f9181141507a647956091d16fc0710cc2cdebe18bd552a89", "676b36525eec163fd0140838dcbf8129dbf051d644057f19ab83b903c3dda5e7"),
         (12, "17d4125a6f42316a11cd6532908ee2d7ac2c02a209bf9d25ddaf66e8fbcd98fc", "02c47440773722d33a6ac4400a669111526955e590cebc0003331f0c16161b15"),
         (13, "6e32a7b1c107e178c9a2364dc41e2a0fff1e2fa30aacb39cf9524da7e704531c", "6e32a7b1c107e178c9a2364dc41e2a0fff1e2fa30aacb39cf9524da7e704531c"),
-        // 14 is left to the schedules' migration, landing beside this one (issue 51).
+        (14, "f7867815918bbf95269e9e48f4f0bd3677e43d1f1fe8322e24b48eec6b2bb9bd", "b55aa386824d9bf9278a895fcf52fdeeb7a75896fe2eb1c8843aafeb7fe8eec5"),
         (15, "b355db2b582535ef2378e20697d7ab1b66b6b3f589b8cd65ffbd753145c90e65", "d97a0e9c395fa98b09a63a1d0837cb4c8838ec2147023aab1e43cad7db860328"),
     ];
 

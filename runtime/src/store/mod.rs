@@ -6,7 +6,7 @@
 //! `queued` until a process claims it; a claim holds a lease (renewed by a heartbeat) and a
 //! fencing token that every write of the holder carries and the store checks under the run's row
 //! lock, so a process that lost its lease never writes again ([`Fenced`] is a claimed run's
-//! [`RunJournal`]). A journalled run commits its events and journal entries once per completed
+//! [`RunJournal`](crate::exec::RunJournal)). A journalled run commits its events and journal entries once per completed
 //! stage and once at its end. SQL and its row types stay inside the implementations. Schema
 //! versions are numbered; a store refuses a database whose schema is newer than it knows.
 //!
@@ -14,7 +14,7 @@
 //! one path: the write path (`queue`, the writer task; `rows`, what a transaction writes;
 //! `pool_writer` and `sqlite_writer`, how each database writes it), then the statements outside
 //! it (`reads`, `claims`, `cancels`, `retention`, `session`: methods of [`sql::SqlStore`];
-//! `outbox`, `flow`: the other ports it implements), all on the same pool; below them what the
+//! `outbox`, `flow`, `schedules`: the other ports it implements), all on the same pool; below them what the
 //! databases differ in (`dialect`), what their errors mean (`sql_error`) and the schema
 //! (`migrations`); the adapters (`sqlite`, `postgres`) only open a pool. No module is another's
 //! helper drawer: what two of them share lives in the lowest one that needs it.
@@ -25,6 +25,7 @@ mod claims;
 mod contract;
 mod dialect;
 pub mod experiments;
+mod fenced;
 mod flow;
 mod health;
 mod ids;
@@ -39,6 +40,7 @@ mod queue;
 mod reads;
 mod retention;
 mod rows;
+pub mod schedules;
 mod session;
 pub mod sql;
 mod sql_error;
@@ -48,13 +50,14 @@ mod sqlite_writer;
 use serde::Serialize;
 
 pub use contract::StartRequest;
+pub use fenced::Fenced;
 pub use flow::{FleetBudget, FleetView, Lower, ShareBeat};
 pub use ids::{BadKey, IdempotencyKey, RunId};
 pub use lease::{Claimed, Holder, Lease};
 pub use open::{open, open_existing};
 pub use outbox::{Attempt, Delivery, DeliveryRecord, DeliveryState, WebhookOutbox};
 
-use crate::exec::{JournalBatch, JournalEntry, JournalError, RunJournal};
+use crate::exec::{JournalBatch, JournalEntry};
 use crate::failure::BoxFuture;
 pub use crate::version::{CatalogueVersion, Sources};
 
@@ -324,11 +327,20 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     /// Extends these leases by the holder's lease length; returns the runs whose lease another
     /// process holds now.
     fn renew<'a>(&'a self, holder: &'a Holder, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
-    /// Queues a batch (see [`RunJournal`]): an earlier failure of the run's writes, as it was
+    /// Queues a batch (see [`RunJournal`](crate::exec::RunJournal)): an earlier failure of the run's writes, as it was
     /// (`LeaseLost`, `Database`, `Unavailable`), is the answer.
     fn append<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Writes a batch and waits until every batch of the run is durable (see [`RunJournal`]).
+    /// Writes a batch and waits until every batch of the run is durable (see [`RunJournal`](crate::exec::RunJournal)).
     fn commit<'a>(&'a self, lease: &'a Lease, batch: JournalBatch) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// [`RunStore::append`], `durable` called once the batch committed (see
+    /// [`RunJournal::append_then`](crate::exec::RunJournal::append_then)); by default once queued.
+    fn append_then<'a>(&'a self, lease: &'a Lease, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.append(lease, batch).await?;
+            durable();
+            Ok(())
+        })
+    }
     /// Keeps a catalogue version's `sources` under `version`, their digest, once (a version kept
     /// already is left as it is). Done before the first run that records the version.
     fn put_catalogue<'a>(&'a self, version: &'a CatalogueVersion, sources: &'a Sources) -> BoxFuture<'a, Result<(), StoreError>>;
@@ -359,38 +371,14 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
     fn fleet(&self) -> Option<&dyn FleetBudget> {
         None
     }
+    /// The scheduled runs' schedules and fire records in the same database (`None`: a test's double).
+    fn schedules(&self) -> Option<&dyn schedules::ScheduleStore> {
+        None
+    }
+
     /// The experiments of `fabric eval` (issue 51), where the store keeps them (SQL stores do).
     fn experiments(&self) -> Option<&dyn experiments::ExperimentStore> {
         None
-    }
-}
-
-/// A claimed run's journal: every write carries its lease's fencing token.
-#[derive(Debug, Clone, Copy)]
-pub struct Fenced<'a> {
-    pub store: &'a dyn RunStore,
-    pub lease: &'a Lease,
-}
-
-impl RunJournal for Fenced<'_> {
-    fn append<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id());
-        Box::pin(async move { Ok(self.store.append(self.lease, batch).await?) })
-    }
-
-    fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
-        debug_assert_eq!(run_id, self.lease.run_id());
-        Box::pin(async move { Ok(self.store.commit(self.lease, batch).await?) })
-    }
-}
-
-/// The executor's view of a failed write: whether the lease is gone, in the store's words.
-impl From<StoreError> for JournalError {
-    fn from(e: StoreError) -> JournalError {
-        match e {
-            StoreError::LeaseLost(_) => JournalError::LeaseLost(e.to_string()),
-            other => JournalError::Failed(other.to_string()),
-        }
     }
 }
 

@@ -40,6 +40,8 @@ struct ReplyRow<'a> {
     user: &'a str,
     raw: &'a str,
     value: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
 }
 
 /// [`ReplyRow`] read back (the `entry` tag is ignored: the row says it is a reply by naming a prompt).
@@ -50,6 +52,8 @@ struct ReplyRead {
     user: String,
     raw: String,
     value: String,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 /// The hex SHA-256 of `text`.
@@ -83,8 +87,8 @@ fn prompt_of(system: &str) -> Arc<Prompt> {
 /// `entry` as its row: a model reply without its system prompt, which becomes a [`Prompt`].
 pub(crate) fn split(entry: &JournalEntry) -> StoredEntry {
     match entry {
-        JournalEntry::ModelReply { stage_id, turn, system, user, raw, value } => {
-            let row = ReplyRow { stage_id, turn: *turn, user, raw, value };
+        JournalEntry::ModelReply { stage_id, turn, system, user, raw, value, model } => {
+            let row = ReplyRow { stage_id, turn: *turn, user, raw, value, model: model.as_deref() };
             StoredEntry { json: serde_json::to_string(&row).unwrap_or_default(), prompt: Some(prompt_of(system)) }
         }
         other => StoredEntry { json: serde_json::to_string(other).unwrap_or_default(), prompt: None },
@@ -99,8 +103,8 @@ pub(crate) fn join(run_id: &str, json: &str, digest: Option<&str>, body: Option<
     let Some(digest) = digest else { return serde_json::from_str(json).map_err(unreadable) };
     let body = body.ok_or_else(|| StoreError::Database(format!("a journal entry of run {run_id} names the prompt {digest}, which the store does not have")))?;
     let system: String = serde_json::from_str(body).map_err(unreadable)?;
-    let ReplyRead { stage_id, turn, user, raw, value } = serde_json::from_str(json).map_err(unreadable)?;
-    Ok(JournalEntry::ModelReply { stage_id, turn, system, user, raw, value })
+    let ReplyRead { stage_id, turn, user, raw, value, model } = serde_json::from_str(json).map_err(unreadable)?;
+    Ok(JournalEntry::ModelReply { stage_id, turn, system, user, raw, value, model })
 }
 
 /// The digests of prompts a writer knows are committed (it committed them, or found them), so
@@ -135,7 +139,15 @@ mod tests {
     use super::*;
 
     fn reply(system: &str) -> JournalEntry {
-        JournalEntry::ModelReply { stage_id: "s".into(), turn: 2, system: system.into(), user: "u".into(), raw: "{\"a\":1}".into(), value: "{\"a\":1}".into() }
+        JournalEntry::ModelReply {
+            stage_id: "s".into(),
+            turn: 2,
+            system: system.into(),
+            user: "u".into(),
+            raw: "{\"a\":1}".into(),
+            value: "{\"a\":1}".into(),
+            model: None,
+        }
     }
 
     #[test]

@@ -134,6 +134,23 @@ impl WriteQueue {
         self.writer_of(lease.run_id()).send((job, None)).await.map_err(|_| StoreError::Database(WRITER_STOPPED.into()))
     }
 
+    /// [`crate::exec::RunJournal::append_then`]: queued, not waited for; `durable` called by a
+    /// task of its own once the writer committed the batch (not if the write failed).
+    pub async fn append_then(&self, lease: &Lease, batch: JournalBatch, durable: crate::exec::Durable) -> Result<(), StoreError> {
+        if let Some(e) = earlier_failure(&self.failed, lease, false) {
+            return Err(e);
+        }
+        let (ack, done) = oneshot::channel();
+        let job = Write::Commit { lease: lease.clone(), batch: Box::new(Prepared::of(batch)) };
+        self.writer_of(lease.run_id()).send((job, Some(ack))).await.map_err(|_| StoreError::Database(WRITER_STOPPED.into()))?;
+        tokio::spawn(async move {
+            if let Ok(Ok(())) = done.await {
+                durable();
+            }
+        });
+        Ok(())
+    }
+
     /// [`crate::exec::RunJournal::commit`]: waited for. After an earlier queued failure nothing
     /// is written (an end after a hole would record less than the run did): the error is
     /// returned, the run stays `running`, and whoever claims it next goes on from its journal.

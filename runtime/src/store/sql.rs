@@ -176,6 +176,10 @@ where
         Box::pin(self.queue.commit(lease, batch))
     }
 
+    fn append_then<'a>(&'a self, lease: &'a Lease, batch: JournalBatch, durable: crate::exec::Durable) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.queue.append_then(lease, batch, durable))
+    }
+
     fn put_catalogue<'a>(&'a self, version: &'a CatalogueVersion, sources: &'a Sources) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(SqlStore::put_catalogue(self, version, sources))
     }
@@ -214,6 +218,10 @@ where
 
     fn fleet(&self) -> Option<&dyn super::FleetBudget> {
         (self as &dyn std::any::Any).downcast_ref::<SqlStore<sqlx::Postgres>>().map(|s| s as &dyn super::FleetBudget)
+    }
+
+    fn schedules(&self) -> Option<&dyn super::schedules::ScheduleStore> {
+        Some(self)
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {

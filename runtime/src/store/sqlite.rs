@@ -40,17 +40,25 @@ impl SqliteStore {
         let memory = url.contains(":memory:");
         let health = Arc::new(Health::new(!memory));
         let fresh = health.clone();
-        let pool = SqlitePoolOptions::new()
+        let pool_options = SqlitePoolOptions::new()
             .max_connections(if memory { 1 } else { 4 })
             // A connection open when an error poisoned the pool (a read-only file: SQLite keeps
             // such a connection read-only for good) is closed, not handed out.
             .before_acquire(move |_, meta| {
                 let fresh = fresh.fresh(meta.age);
                 Box::pin(async move { Ok(fresh) })
-            })
-            .connect_with(options.clone())
-            .await
-            .map_err(|e| StoreError::Database(format!("cannot open {}: {}", crate::redact::redact_url(url), describe(&e))))?;
+            });
+        // Processes opening one new file together: the first to switch it to WAL holds a lock
+        // the others' switch may meet without SQLite's busy handler (`database is locked` at
+        // once, under load): they try again, within the busy timeout.
+        let opening = tokio::time::Instant::now();
+        let pool = loop {
+            match pool_options.clone().connect_with(options.clone()).await {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && opening.elapsed() < Duration::from_secs(10) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) => return Err(StoreError::Database(format!("cannot open {}: {}", crate::redact::redact_url(url), describe(&e)))),
+            }
+        };
         migrations::migrate(&pool).await?;
         let writer = PoolWriter { pool: pool.clone(), per_insert: ROWS_PER_INSERT, health: health.clone(), known: Default::default() };
         let watch = if memory { None } else { FileWatch::open(options.get_filename()).ok() };
@@ -64,6 +72,11 @@ impl SqliteStore {
         };
         Ok(SqlStore::new(pool, queue, health))
     }
+}
+
+/// SQLite's `SQLITE_BUSY` (5) or `SQLITE_LOCKED` (6): another connection holds the lock.
+fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "5" || c == "6")
 }
 
 /// The file a `sqlite://` URL names.

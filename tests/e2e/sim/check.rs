@@ -24,6 +24,7 @@ const FIELDS: &[(&str, &[&str])] = &[
     ("run.llm.retrying", &["attempt", "delay_ms", "reason_class", "message"]),
     ("run.llm.delta", &["turn", "attempt", "index", "text"]),
     ("run.llm.restarted", &["turn", "attempt"]),
+    ("run.llm.fallback", &["from", "to", "reason", "reason_class"]),
     ("run.llm.completed", &["duration_ms"]),
     ("run.llm.failed", &["reason_class", "message", "duration_ms"]),
     ("run.tool.started", &["tool", "method"]),

@@ -404,6 +404,9 @@
       $('nav-routes').classList.add('current');
       if (parts[1]) routePage(parts[1]);
       else routesPage();
+    } else if (parts[0] === 'schedules') {
+      $('nav-schedules').classList.add('current');
+      schedulesPage();
     } else if (parts[0] === 'experiments') {
       $('nav-experiments').classList.add('current');
       if (parts[1]) experimentPage(parts[1]);
@@ -1326,6 +1329,77 @@
         el('td', { class: 'description' }, r.description || ''),
       ),
     );
+  }
+
+  // ---- Schedules -----------------------------------------------------------------------------
+
+  // Every schedule: its route, expression, zone, state, next fires, and its recent fires with
+  // their runs (read again every 5 s).
+  function schedulesPage() {
+    const p = newPage();
+    const view = $('view');
+    const tbody = el('tbody');
+    const table = el(
+      'table',
+      { id: 'schedules' },
+      el('thead', null, el('tr', null, ['schedule', 'route', 'cron', 'time zone', 'state', 'next fires', 'recent fires'].map((h) => el('th', null, h)))),
+      tbody,
+    );
+    const problem = el('div');
+    const note = el('p', { id: 'schedules-empty', class: 'muted' }, 'Loading…');
+    view.appendChild(el('section', { id: 'schedules-page' }, el('h2', null, 'Schedules'), problem, table, note));
+    async function load() {
+      let list;
+      try {
+        list = await whenReachable(p, problem, () => api('/v1/schedules', { signal: p.abort.signal }));
+      } catch (err) {
+        if (p.abort.signal.aborted || err.status === 401) return;
+        clear(problem);
+        problem.appendChild(errorBox(err));
+        return;
+      }
+      const rows = [];
+      for (const s of list.schedules) {
+        let fires = [];
+        try {
+          fires = (await api('/v1/schedules/' + encodeURIComponent(s.id) + '/fires?limit=5', { signal: p.abort.signal })).fires;
+        } catch (_) {
+          // Deleted meanwhile: shown without its fires.
+        }
+        const state = s.paused ? 'paused' + (s.paused_reason ? ': ' + s.paused_reason : '') : 'active';
+        const fireList = el(
+          'ul',
+          { class: 'fires' },
+          fires.map((f) =>
+            el(
+              'li',
+              { class: 'fire', 'data-outcome': f.outcome, title: f.why || '' },
+              fmtTime(f.fire_time) + ' ' + f.outcome + ' ',
+              f.run_id ? el('a', { class: 'open', href: '#/runs/' + encodeURIComponent(f.run_id), title: f.run_id }, '…' + f.run_id.slice(-8)) : '',
+            ),
+          ),
+        );
+        rows.push(
+          el(
+            'tr',
+            { class: 'schedule', 'data-schedule-id': s.id },
+            el('td', { class: 'id' }, s.id),
+            el('td', { class: 'route' }, el('a', { class: 'open', href: '#/routes/' + encodeURIComponent(s.route_id) }, s.route_id)),
+            el('td', { class: 'cron' }, el('code', null, s.cron)),
+            el('td', { class: 'zone' }, s.timezone),
+            el('td', { class: 'state' + (s.paused ? ' bad' : '') }, state),
+            el('td', { class: 'next' }, s.next_fires.map(fmtTime).join(', ') || '—'),
+            el('td', { class: 'recent' }, fireList),
+          ),
+        );
+      }
+      clear(problem);
+      clear(tbody);
+      rows.forEach((r) => tbody.appendChild(r));
+      setText(note, list.schedules.length ? '' : 'No schedules. Create one with POST /v1/schedules or fabric schedules create.');
+    }
+    load();
+    every(p, load, 5000);
   }
 
   function routePage(routeId) {

@@ -116,6 +116,16 @@ enum Command {
         #[command(subcommand)]
         action: RunsAction,
     },
+    /// Scheduled runs on the run store: create, list, show, pause, resume, delete, trigger.
+    ///
+    /// A replica of `fabric serve` on the same store fires them (docs/operations.md, "Scheduled runs").
+    Schedules {
+        /// The run store [default: FABRIC_DATABASE_URL, else sqlite://fabric.db].
+        #[arg(long, global = true, value_name = "URL")]
+        store: Option<String>,
+        #[command(subcommand)]
+        action: SchedulesAction,
+    },
     /// List or check the routes of the catalogue, or compare two catalogues.
     Routes {
         #[command(subcommand)]
@@ -204,6 +214,58 @@ enum RunsAction {
         #[arg(long, value_name = "TEXT")]
         reason: Option<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum SchedulesAction {
+    /// Stores a schedule, checked like a start of its route (goal, profile) and its cron
+    /// expression parsed; prints it as JSON.
+    Create {
+        #[arg(long)]
+        route: String,
+        /// The goal, a JSON object; `@FILE` reads it from a file, `-` from standard input.
+        #[arg(long, value_name = "JSON|@FILE|-")]
+        goal: String,
+        /// 5 fields (minute hour day-of-month month day-of-week) or 6 (a second first).
+        #[arg(long)]
+        cron: String,
+        /// An IANA time zone [default: UTC].
+        #[arg(long)]
+        timezone: Option<String>,
+        /// skip, buffer_one, allow_all or cancel_other [default: skip].
+        #[arg(long)]
+        overlap: Option<String>,
+        /// none, latest or all [default: none].
+        #[arg(long)]
+        catchup: Option<String>,
+        /// How old a missed fire may be and still run (`6h`, `2d`) [default: 1d].
+        #[arg(long, value_name = "DUR")]
+        catchup_window: Option<String>,
+        /// With `--catchup all`: the most missed fires that run (1 to 100) [default: 1].
+        #[arg(long, value_name = "N")]
+        max_catchup_runs: Option<u32>,
+        #[arg(long, value_name = "NAME")]
+        model_profile: Option<String>,
+        /// Stored paused (`fabric schedules resume ID` starts it).
+        #[arg(long)]
+        paused: bool,
+    },
+    /// One line per schedule: id, route, cron, time zone, state, next fire.
+    List,
+    /// One schedule as JSON; `--fires N` adds its N newest fire records as JSON lines.
+    Show {
+        id: String,
+        #[arg(long, value_name = "N")]
+        fires: Option<usize>,
+    },
+    /// Pauses a schedule: it fires no more until resumed.
+    Pause { id: String },
+    /// Resumes a schedule: it fires from now on (the fires of the pause are not caught up).
+    Resume { id: String },
+    /// Deletes a schedule and its fire records (its runs stay).
+    Delete { id: String },
+    /// Fires a schedule now: a replica of `fabric serve` on the store starts its run within a second.
+    Trigger { id: String },
 }
 
 /// A run status as `runs list --status` takes it (the store's spelling).
@@ -380,6 +442,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Run { route, goal, prefetch, output, store } => run_cmd(&cli, route, goal, prefetch.as_deref(), output, store.as_deref()).await,
         Command::Serve { listen, no_auth } => crate::serve::serve(listen.as_deref(), *no_auth, |settings, store| build_durable(&cli, settings, store)).await,
         Command::Runs { store, action } => runs_cmd(&cli, store.as_deref(), action).await,
+        Command::Schedules { store, action } => schedules_cmd(&cli, store.as_deref(), action).await,
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(*shell, &mut <Cli as clap::CommandFactory>::command(), "fabric", &mut out);
@@ -1099,6 +1162,19 @@ fn flow_lines(settings: &Settings) -> String {
         "longest pause after a provider's 429: {} s (FABRIC_LLM_MAX_PAUSE_S; a longer stated wait fails its call)\n",
         plan.max_pause.as_secs_f64()
     ));
+    let chain: Vec<String> = settings.fallbacks.iter().map(|t| format!("{}:{}", t.provider.key(), t.model)).collect();
+    let policy = settings.fallback_policy;
+    out.push_str(&format!(
+        "fallbacks of the default model: {} (FABRIC_LLM_FALLBACKS); on invalid output: {} (FABRIC_LLM_FALLBACK_ON_INVALID); skip a paused model: {} (FABRIC_LLM_PREFER_AVAILABLE)\n",
+        if chain.is_empty() { "none".to_owned() } else { chain.join(" -> ") },
+        if policy.on_invalid { "yes" } else { "no" },
+        if policy.prefer_available { "yes" } else { "no" },
+    ));
+    out.push_str(&format!(
+        "breakers of chained models: open after {} failures in a row (FABRIC_LLM_BREAKER_FAILURES), for {} s (FABRIC_LLM_BREAKER_COOLDOWN_S)\n",
+        plan.breaker.failures,
+        plan.breaker.cooldown.as_secs_f64()
+    ));
     if plan.any() {
         let pg = settings.service.database_url.starts_with("postgres");
         out.push_str(if pg {
@@ -1312,9 +1388,12 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         cat.unloaded().len(),
         runtime.version()
     ));
+    let defs: std::collections::HashMap<&str, &fabric::defs::ProfileDef> = cat.profiles().map(|(n, d)| (n.as_str(), d)).collect();
     for p in runtime.profiles() {
+        let fallbacks = fabric::defs::fallback_chain(&p.name, |n| defs.get(n).copied());
+        let then = if fallbacks.len() > 1 { format!(", then profiles {}", fallbacks[1..].join(", ")) } else { String::new() };
         match p.model {
-            Ok(m) => out.push_str(&format!("  profile {}: {} {}\n", p.name, m.provider, m.model)),
+            Ok(m) => out.push_str(&format!("  profile {}: {} {}{then}\n", p.name, m.provider, m.model)),
             Err(e) => out.push_str(&format!("  profile {}: UNUSABLE ({e}); its routes are refused\n", p.name)),
         }
     }
@@ -1336,4 +1415,85 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
             Ok(ExitCode::from(EXIT_FAILED))
         }
     }
+}
+
+/// `fabric schedules`: the store's schedules, through the same facade as the service's
+/// `/v1/schedules` (a new or changed one checked against this catalogue).
+async fn schedules_cmd(cli: &Cli, store: Option<&str>, action: &SchedulesAction) -> std::io::Result<ExitCode> {
+    // `create` makes the store if there is none yet (as `fabric run --store` does); the others read one.
+    let opened = match (action, settings_or_exit()) {
+        (_, Err(code)) => return Ok(code),
+        (SchedulesAction::Create { .. }, Ok(settings)) => {
+            let url = store.map_or(settings.service.database_url.clone(), str::to_owned);
+            fabric::store::open(&url).await.map(|s| (settings, s)).map_err(|e| usage(format_args!("run store: {e}")))
+        }
+        _ => settings_and_store(store).await,
+    };
+    let (settings, store) = match opened {
+        Ok(both) => both,
+        Err(code) => return Ok(code),
+    };
+    let durable = match build_durable(cli, settings, store) {
+        Ok(r) => r,
+        Err(e) => return Ok(usage(e)),
+    };
+    let now = fabric::schedule::Clock::now(&fabric::schedule::SystemClock);
+    let paused = |p: bool| serde_json::Map::from_iter([("paused".to_owned(), serde_json::Value::Bool(p))]);
+    let done = match action {
+        SchedulesAction::Create { route, goal, cron, timezone, overlap, catchup, catchup_window, max_catchup_runs, model_profile, paused } => {
+            let goal = match text_arg("--goal", goal, MAX_TEXT_ARG_BYTES).and_then(|g| exec::parse_goal(&g).map_err(|e| format!("--goal: {e}"))) {
+                Ok(g) => g,
+                Err(e) => return Ok(usage(e)),
+            };
+            let mut def = serde_json::json!({"route_id": route, "goal": goal, "cron": cron});
+            let fields =
+                [("timezone", timezone), ("overlap", overlap), ("catchup", catchup), ("catchup_window", catchup_window), ("model_profile", model_profile)];
+            for (k, v) in fields.into_iter().filter_map(|(k, v)| v.as_ref().map(|v| (k, v))) {
+                def[k] = serde_json::Value::String(v.clone());
+            }
+            if let Some(n) = max_catchup_runs {
+                def["max_catchup_runs"] = serde_json::json!(n);
+            }
+            match serde_json::from_value::<fabric::runtime::ScheduleDef>(def) {
+                Ok(def) => durable.create_schedule(None, &def, *paused, "api", now).await.map(|v| json_line(&v)),
+                Err(e) => return Ok(usage(format_args!("the schedule: {e}"))),
+            }
+        }
+        SchedulesAction::List => durable.schedules(10_000).await.map(|list| {
+            list.iter()
+                .map(|s| {
+                    let state = if s.paused { s.paused_reason.as_deref().map_or("paused".to_owned(), |r| format!("paused: {r}")) } else { "active".to_owned() };
+                    format!("{}\t{}\t{}\t{}\t{state}\t{}\n", s.id, s.def.route_id, s.def.cron, s.def.timezone, s.next_fires.first().map_or("-", String::as_str))
+                })
+                .collect()
+        }),
+        SchedulesAction::Show { id, fires } => match durable.schedule(id).await {
+            Ok(view) => {
+                let mut text = json_line(&view);
+                match durable.schedule_fires(id, fires.unwrap_or(0).min(10_000)).await {
+                    Ok(list) if fires.is_some() => list.iter().for_each(|f| text.push_str(&json_line(f))),
+                    Ok(_) => {}
+                    Err(e) => return Ok(usage(e)),
+                }
+                Ok(text)
+            }
+            Err(e) => Err(e),
+        },
+        SchedulesAction::Pause { id } => durable.patch_schedule(id, &paused(true), now).await.map(|v| json_line(&v)),
+        SchedulesAction::Resume { id } => durable.patch_schedule(id, &paused(false), now).await.map(|v| json_line(&v)),
+        SchedulesAction::Delete { id } => durable.delete_schedule(id).await.map(|()| String::new()),
+        SchedulesAction::Trigger { id } => durable.trigger_schedule(id, now).await.map(|f| {
+            say(format_args!("fabric: schedule {id}: fired; a replica of `fabric serve` on this store starts its run within a second"));
+            json_line(&f)
+        }),
+    };
+    match done {
+        Ok(text) => print_out(&text).map(|()| ExitCode::SUCCESS),
+        Err(e) => Ok(usage(e)),
+    }
+}
+
+/// One value as a JSON line.
+fn json_line<T: serde::Serialize>(v: &T) -> String {
+    format!("{}\n", serde_json::to_string(v).unwrap_or_default())
 }

@@ -7,6 +7,7 @@
 //! gate its share of the fleet's limits and the pauses other replicas were told of; on its own a
 //! process holds the whole limits.
 
+pub mod breaker;
 pub mod gate;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+pub use breaker::{Admit, Breaker, BreakerPolicy, BreakerState, BreakerStatus};
 pub use gate::{DEFAULT_MAX_PAUSE, Gate, GateStatus, MAX_PAUSE, Pause, Permit};
 
 use super::{BoxFuture, Llm, LlmError, LlmReply, LlmRequest, ModelInfo, ReasonClass};
@@ -79,11 +81,14 @@ pub struct FlowPlan {
     pub default: Limits,
     pub models: BTreeMap<String, Limits>,
     pub max_pause: Duration,
+    /// When the breaker of a fallback chain's model opens, and for how long
+    /// (`FABRIC_LLM_BREAKER_FAILURES`, `FABRIC_LLM_BREAKER_COOLDOWN_S`).
+    pub breaker: BreakerPolicy,
 }
 
 impl Default for FlowPlan {
     fn default() -> FlowPlan {
-        FlowPlan { default: Limits::default(), models: BTreeMap::new(), max_pause: DEFAULT_MAX_PAUSE }
+        FlowPlan { default: Limits::default(), models: BTreeMap::new(), max_pause: DEFAULT_MAX_PAUSE, breaker: BreakerPolicy::default() }
     }
 }
 
@@ -105,11 +110,12 @@ pub fn key_of(info: &ModelInfo) -> String {
 /// The pauses this process's 429s put on its models, `(key, pause)`, as the fleet is told them.
 pub type Pauses = mpsc::UnboundedReceiver<(Arc<str>, Duration)>;
 
-/// A process's gates, one per model key.
+/// A process's gates and the breakers of its chains' models, one per model key.
 #[derive(Debug)]
 pub struct Flow {
     plan: FlowPlan,
     gates: Mutex<BTreeMap<String, Arc<Gate>>>,
+    breakers: Mutex<BTreeMap<String, Arc<Breaker>>>,
     pauses_tx: mpsc::UnboundedSender<(Arc<str>, Duration)>,
     pauses_rx: Mutex<Option<Pauses>>,
 }
@@ -117,7 +123,7 @@ pub struct Flow {
 impl Flow {
     pub fn new(plan: FlowPlan) -> Arc<Flow> {
         let (pauses_tx, rx) = mpsc::unbounded_channel();
-        Arc::new(Flow { plan, gates: Mutex::default(), pauses_tx, pauses_rx: Mutex::new(Some(rx)) })
+        Arc::new(Flow { plan, gates: Mutex::default(), breakers: Mutex::default(), pauses_tx, pauses_rx: Mutex::new(Some(rx)) })
     }
 
     pub fn plan(&self) -> &FlowPlan {
@@ -140,6 +146,32 @@ impl Flow {
     /// Every gate, by key.
     pub fn gates(&self) -> Vec<Arc<Gate>> {
         self.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect()
+    }
+
+    /// The breaker of the model `key` (`provider:model`), shared by every chain that has it; its
+    /// openings go to the fleet with the pauses, under [`breaker::FLEET_PREFIX`].
+    pub fn breaker(&self, key: &str) -> Arc<Breaker> {
+        let mut breakers = self.breakers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let b = breakers.entry(key.to_owned()).or_insert_with(|| Breaker::new(key.into(), self.plan.breaker, Some(self.pauses_tx.clone())));
+        b.clone()
+    }
+
+    /// Every breaker, by key.
+    pub fn breakers(&self) -> Vec<Arc<Breaker>> {
+        self.breakers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect()
+    }
+
+    /// A pause or a breaker's opening the fleet was told of (`key` as [`Flow::take_pauses`]
+    /// gives it): applied to this process's gate or breaker of that model, if it has one.
+    pub fn from_fleet(&self, key: &str, left: Duration) {
+        if let Some(model) = key.strip_prefix(breaker::FLEET_PREFIX) {
+            let b = self.breakers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(model).cloned();
+            if let Some(b) = b {
+                b.open_from_fleet(left);
+            }
+        } else if let Some(g) = self.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(key).cloned() {
+            g.pause_from_fleet(left);
+        }
     }
 
     /// The pauses this process's 429s caused, `(key, pause)`, for the fleet (taken once).

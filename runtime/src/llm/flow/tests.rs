@@ -206,7 +206,7 @@ impl Llm for Once429 {
                 e.retry_after = Some(Wait { after: Duration::from_secs(2), from: "retry-after" });
                 return Err(e);
             }
-            Ok(LlmReply { value: super::super::ReplyValue::Text("ok".into()), meta: Default::default(), raw: None })
+            Ok(LlmReply { value: super::super::ReplyValue::Text("ok".into()), meta: Default::default(), raw: None, served_by: None })
         })
     }
 

@@ -142,6 +142,9 @@ pub(crate) fn read_messages(kind: ProviderKind, body: &[u8], call: &CallSpec<'_>
     if reply.stop_reason.as_deref() == Some("max_tokens") {
         return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (stop_reason: max_tokens)"));
     }
+    // A refusal's text is still the reply of a text call, as LangChain reads it; a structured
+    // call gets no tool input from it, and says why.
+    let refused = reply.stop_reason.as_deref() == Some("refusal");
     let meta = ReplyMeta::new(usage, reply.stop_reason, reply.model, reply.id);
     if call.schema.is_some() {
         let input = reply.content.into_iter().find_map(|b| match b {
@@ -150,6 +153,9 @@ pub(crate) fn read_messages(kind: ProviderKind, body: &[u8], call: &CallSpec<'_>
         });
         return match input {
             Some(input) => Ok((input.to_string(), meta)),
+            None if refused => {
+                Err(LlmError::new(ReasonClass::ProviderError, "the model refused (stop_reason: refusal)").refusing(crate::llm::Refused::Content))
+            }
             None => Err(LlmError::new(ReasonClass::ProviderError, format!("{} reply has no `{}` tool_use block", kind.key(), call.schema_name))),
         };
     }

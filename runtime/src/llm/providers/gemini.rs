@@ -167,13 +167,14 @@ impl Codec for Gemini {
 pub(super) fn read_reply(kind: ProviderKind, body: &[u8]) -> Result<(Vec<ReplyPart>, ReplyMeta), LlmError> {
     let reply: GenerateResponse = parse_reply(kind, body)?;
     let Some(candidate) = reply.candidates.into_iter().next() else {
-        let why = reply.prompt_feedback.and_then(|f| f.block_reason).unwrap_or_else(|| "no candidates".into());
-        return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini returned no answer ({why})")));
+        let blocked = reply.prompt_feedback.and_then(|f| f.block_reason);
+        let e = LlmError::new(ReasonClass::ProviderError, format!("gemini returned no answer ({})", blocked.as_deref().unwrap_or("no candidates")));
+        return Err(if blocked.is_some() { e.refusing(crate::llm::Refused::Content) } else { e });
     };
     match candidate.finish_reason.as_deref() {
         Some("MAX_TOKENS") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (MAX_TOKENS)")),
         Some(r @ ("SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT")) => {
-            return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini withheld the reply ({r})")));
+            return Err(LlmError::new(ReasonClass::ProviderError, format!("gemini withheld the reply ({r})")).refusing(crate::llm::Refused::Content));
         }
         _ => {}
     }

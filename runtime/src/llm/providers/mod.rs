@@ -368,6 +368,9 @@ impl<C: Codec> Llm for HttpBackend<C> {
             let code = body.as_deref().and_then(|b| self.codec.error_code(b)).or_else(|| self.codec.header_error_code(response.headers()));
             let code = code.map_or(String::new(), |c| format!(" ({c})"));
             let mut e = LlmError::new(status_class(status), format!("HTTP {status} from {provider}{code}"));
+            if matches!(status, 401 | 403) {
+                e = e.refusing(crate::llm::Refused::Auth);
+            }
             e.retry_after = if status == 429 { limits::rate_limit_hint(response.headers(), body.as_deref(), std::time::SystemTime::now()) } else { wait };
             return Err(e);
         }

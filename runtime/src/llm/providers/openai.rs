@@ -296,11 +296,13 @@ impl Codec for OpenAi {
         let choice = reply.choices.into_iter().next().ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{key} reply has no choices")))?;
         let message = choice.message.ok_or_else(|| LlmError::new(ReasonClass::ProviderError, format!("{key} reply has no message")))?;
         if let Some(refusal) = message.refusal {
-            return Err(LlmError::new(ReasonClass::ProviderError, format!("the model refused: {refusal}")));
+            return Err(LlmError::new(ReasonClass::ProviderError, format!("the model refused: {refusal}")).refusing(crate::llm::Refused::Content));
         }
         match choice.finish_reason.as_deref() {
             Some("length") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was cut at the output token limit (finish_reason: length)")),
-            Some("content_filter") => return Err(LlmError::new(ReasonClass::ProviderError, "the reply was withheld by the content filter")),
+            Some("content_filter") => {
+                return Err(LlmError::new(ReasonClass::ProviderError, "the reply was withheld by the content filter").refusing(crate::llm::Refused::Content));
+            }
             _ => {}
         }
         let text = if matches!(self.dialect.structured, Structured::ForcedTool { .. }) && call.schema.is_some() {

@@ -134,7 +134,9 @@ impl Codec for Responses {
                     any = true;
                     text.push_str(&t);
                 }
-                Part::Refusal { refusal } => return Err(LlmError::new(ReasonClass::ProviderError, format!("the model refused: {refusal}"))),
+                Part::Refusal { refusal } => {
+                    return Err(LlmError::new(ReasonClass::ProviderError, format!("the model refused: {refusal}")).refusing(crate::llm::Refused::Content));
+                }
                 Part::Other => {}
             }
         }
