@@ -948,3 +948,51 @@ async fn the_schedules_page_lists_schedules_with_next_fires_and_recent_fires_lin
     b.click_displayed(&link).await;
     b.wait_find("section#run").await;
 }
+
+#[tokio::test]
+async fn the_inspector_lists_experiments_and_shows_a_report_failing_cases_first() {
+    let stub = asking_stub();
+    let Some(s) = setup(stub.path(), &[]).await else { return };
+    let b = &s.browser;
+    // An experiment of `fabric eval` in the service's store: one case right, one wrong.
+    let store = format!("sqlite://{}", s._db.path().join("fabric.db").display());
+    let dataset = s._db.path().join("triage.yaml");
+    let case = |id: &str, category: &str| {
+        format!("  - id: {id}\n    route_id: support-triage\n    goal: {{ticket: hi}}\n    expected: {{stages: {{intake: {{category: {category}}}}}}}\n")
+    };
+    let text = format!(
+        "name: triage\nevaluators:\n  - stage_equals: {{stage: intake, path: category}}\ncases:\n{}{}",
+        case("right", "billing"),
+        case("wrong", "technical")
+    );
+    std::fs::write(&dataset, text).unwrap();
+    let out =
+        crate::support::fabric_cli(&["eval", "run", dataset.to_str().unwrap(), "--store", &store, "--format", "json"], &[("FABRIC_LLM_STUB", "1".into())])
+            .await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let experiment = serde_json::from_slice::<Value>(&out.stdout).unwrap()["experiment_id"].as_str().unwrap().to_owned();
+    s.sign_in().await;
+    b.click_displayed("a#nav-experiments").await;
+    let open = format!("table#experiments tr.experiment[data-experiment-id=\"{experiment}\"] a.open");
+    b.wait_for("the experiment's link", async || b.find(&open).await.ok()?.click().await.ok()).await;
+    let rows = b
+        .wait_for("the report's cases", async || {
+            let rows = b.find_all("table#experiment tr.case").await.ok()?;
+            let mut ids = Vec::new();
+            for r in &rows {
+                ids.push(r.attr("data-case-id").await.ok()??);
+            }
+            (ids.len() == 2).then_some(ids)
+        })
+        .await;
+    assert_eq!(rows, ["wrong", "right"], "failing cases first");
+    let heading = b.find("#experiment-page h2").await.unwrap().text().await.unwrap();
+    assert_eq!(heading, "triage: 1/2 cases passed (50.0%)");
+    let failing = b.find("table#experiment tr.case.fail").await.unwrap().text().await.unwrap();
+    assert!(failing.contains("FAIL 0%") && failing.contains("expected \"technical\""), "{failing}");
+    b.screenshot("experiment-report").await;
+    // Each run links to its page.
+    b.find("table#experiment tr.case.fail a.open").await.unwrap().click().await.unwrap();
+    b.wait_find("section#run").await;
+    assert!(b.current_url().await.contains("#/runs/"));
+}

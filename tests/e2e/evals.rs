@@ -94,6 +94,9 @@ async fn fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so() {
     assert!(err.contains("fabric: gate: failed: case-49"), "{err}");
     let (code, _, err) = eval(&["eval", "regrade", &experiment, "--store", &db, "--min-pass", "0.74"], &[]).await;
     assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = eval(&["eval", "regrade", &experiment, "--store", &db, "--min-pass", "90"], &[]).await;
+    assert_eq!(code, Some(2), "a share, not a percentage");
+    assert!(err.contains("`90` is not a share from 0 to 1 (0.9 is 90%)"), "{err}");
 
     // Against a baseline: a dataset where 40 pass is the baseline; the 37 of now regress 3.
     let better = write(dir.path(), "better.yaml", &triage_dataset(50, 40, ""));
@@ -369,4 +372,28 @@ async fn the_service_lists_experiments_and_shows_their_reports() {
     assert_eq!((status.as_u16(), missing["error"]["code"].as_str()), (404, Some("not_found")), "{missing}");
     let (status, _, _) = call(&app, "GET", "/v1/experiments", None, false).await;
     assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn repeats_give_each_case_its_spread_and_a_route_its_own_evaluators() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    let routed = "routes:\n  support-triage:\n    evaluators: [{contains: {text: refunded}}]\n";
+    let dataset = write(dir.path(), "triage.yaml", &triage_dataset(2, 1, routed));
+    let (code, out, err) = eval(&["eval", "run", &dataset, "--store", &db, "--format", "json", "--repeat", "3"], &env(&[STUB])).await;
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["runs"], 6);
+    let wrong = &report["cases"][0];
+    assert_eq!((wrong["case_id"].as_str(), wrong["runs"].as_array().unwrap().len()), (Some("case-01"), 3));
+    let spread = &wrong["spread"];
+    assert!(spread["min_tokens"].as_u64().unwrap() > 0 && spread["min_tokens"] == spread["max_tokens"], "the stub's runs cost the same: {spread}");
+    let scores: Vec<(&str, u64, u64)> = spread["evaluators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["evaluator"].as_str().unwrap(), e["passed"].as_u64().unwrap(), e["runs"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(scores, [("stage_equals:intake.category", 0, 3), ("tokens_max", 3, 3), ("contains", 3, 3)], "the route's evaluator after the dataset's");
+    assert!(wrong["flaky"].is_null(), "the same verdicts on every repeat");
 }

@@ -60,6 +60,11 @@ pub fn check(dataset: &Dataset, runtime: &Runtime) -> Vec<Diagnostic> {
             }
         }
     }
+    for routed in &dataset.route_evaluators {
+        if let Err(e) = runtime.check_route(&routed.route_id) {
+            say(routed.at, format!("`routes`: {e}"));
+        }
+    }
     // A dataset's evaluator is checked with each case: said once.
     problems.sort_by(|a, b| (a.pos, &a.message).cmp(&(b.pos, &b.message)));
     problems.dedup();

@@ -7,6 +7,8 @@
 //! name: triage-regressions
 //! evaluators:
 //!   - equals: {path: category}
+//! routes:                          # every case of a route
+//!   support-triage: {evaluators: [{duration_max: {ms: 5000}}]}
 //! cases:
 //!   - id: double-charge
 //!     route_id: support-triage
@@ -36,7 +38,18 @@ pub struct Dataset {
     /// The file it was read from, as given.
     pub path: PathBuf,
     pub evaluators: Vec<Evaluator>,
+    /// Evaluators of every case of a route (`routes: {ROUTE: {evaluators: [...]}}`), with where
+    /// the route was named.
+    pub route_evaluators: Vec<RouteEvaluators>,
     pub cases: Vec<Case>,
+}
+
+/// The evaluators a dataset declares for every case of one route.
+#[derive(Debug, Clone)]
+pub struct RouteEvaluators {
+    pub route_id: String,
+    pub at: Pos,
+    pub evaluators: Vec<Evaluator>,
 }
 
 /// One case: a route, a goal, and what is expected of the run.
@@ -106,7 +119,7 @@ impl Dataset {
     pub fn parse(path: &Path, text: &str) -> Result<Dataset, DatasetError> {
         let mut diags = Diagnostics::default();
         let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "dataset".into());
-        let mut dataset = Dataset { name: stem, path: path.to_owned(), evaluators: Vec::new(), cases: Vec::new() };
+        let mut dataset = Dataset { name: stem, path: path.to_owned(), evaluators: Vec::new(), route_evaluators: Vec::new(), cases: Vec::new() };
         if path.extension().is_some_and(|e| e == "jsonl") {
             let mut unparsed = Vec::new();
             for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -150,9 +163,10 @@ impl Dataset {
         if problems.iter().any(Diagnostic::is_error) { Err(DatasetError::Invalid(problems)) } else { Ok(evaluators) }
     }
 
-    /// Every evaluator a case is graded with: the dataset's, then its own.
+    /// Every evaluator a case is graded with: the dataset's, its route's, then its own.
     pub fn evaluators_of<'a>(&'a self, case: &'a Case) -> impl Iterator<Item = &'a Evaluator> {
-        self.evaluators.iter().chain(&case.evaluators)
+        let route = self.route_evaluators.iter().filter(move |r| r.route_id == case.route_id).flat_map(|r| &r.evaluators);
+        self.evaluators.iter().chain(route).chain(&case.evaluators)
     }
 }
 
@@ -191,6 +205,14 @@ fn decode_root(ctx: &mut Ctx<'_>, root: &Node, dataset: &mut Dataset) {
     }
     if let Some(node) = fields.get("evaluators") {
         dataset.evaluators = decode_evaluators(ctx, node);
+    }
+    if let Some(routes) = fields.get("routes") {
+        for (key, node) in yaml::entries(ctx, routes, "route") {
+            let Some(mut route) = ctx.map(node, &format!("route `{}`", key.name)) else { continue };
+            let evaluators = route.require(ctx, "evaluators").map(|n| decode_evaluators(ctx, n)).unwrap_or_default();
+            route.finish(ctx);
+            dataset.route_evaluators.push(RouteEvaluators { route_id: key.name.clone(), at: key.pos, evaluators });
+        }
     }
     if let Some(cases) = fields.require(ctx, "cases").and_then(|n| ctx.seq(n, "`cases`")) {
         dataset.cases = cases.iter().filter_map(|c| decode_case(ctx, c)).collect();
@@ -261,6 +283,11 @@ mod tests {
         assert_eq!(case.expected.output, Some(serde_json::json!({"text": "done"})));
         assert_eq!(case.expected.stage("intake"), Some(&serde_json::json!({"category": "billing"})));
         assert_eq!(case.at.route_id.line, 6);
+        let routed = "evaluators: [equals]\nroutes:\n  r: {evaluators: [schema: {schema: {}}, contains: {text: x}]}\n  other: {evaluators: [regex: {pattern: a}]}\n\
+                      cases:\n  - {id: a, route_id: r, goal: {}, evaluators: [tokens_max: {tokens: 1}]}\n";
+        let d = Dataset::parse(Path::new("d.yaml"), routed).unwrap();
+        let kinds: Vec<&str> = d.evaluators_of(&d.cases[0]).map(|e| e.check.kind()).collect();
+        assert_eq!(kinds, ["equals", "schema", "contains", "tokens_max"], "the dataset's, the route's, the case's");
     }
 
     #[test]

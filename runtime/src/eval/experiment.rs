@@ -176,7 +176,17 @@ pub(super) async fn grade_runs(
     let mut graded = Vec::with_capacity(runs.len());
     let mut cost = super::judge::JudgeCost::default();
     for run in runs {
-        let record = record_of(runs_store, &run.run_id).await?;
+        let record = match record_of(runs_store, &run.run_id).await {
+            Ok(record) => record,
+            // Pruned since (`fabric runs prune`, the service's retention): graded as gone.
+            Err(StoreError::NotFound(_)) => RunRecord {
+                run_id: run.run_id.clone(),
+                status: "missing".into(),
+                error: Some("the run is no longer in the store".into()),
+                ..RunRecord::default()
+            },
+            Err(e) => return Err(e.into()),
+        };
         let mut extra = Vec::new();
         if let Some(case) = dataset.cases.iter().find(|c| c.id == run.case_id) {
             for evaluator in dataset.evaluators_of(case).filter(|e| matches!(e.check, super::Check::LlmJudge { .. })) {

@@ -44,5 +44,5 @@ pub async fn from_runs(
     } else {
         Vec::new()
     };
-    Ok(Dataset { name: name.to_owned(), path: PathBuf::from(format!("{name}.yaml")), evaluators, cases })
+    Ok(Dataset { name: name.to_owned(), path: PathBuf::from(format!("{name}.yaml")), evaluators, route_evaluators: Vec::new(), cases })
 }

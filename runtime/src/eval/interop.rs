@@ -237,7 +237,9 @@ pub fn to_pydantic_yaml(dataset: &Dataset) -> (String, Vec<String>) {
             if let Some(out) = &c.expected.output {
                 case["expected_output"] = out.clone();
             }
-            let own = list(&c.evaluators);
+            // pydantic_evals has no evaluators per route: each case of the route gets them.
+            let route = dataset.route_evaluators.iter().filter(|r| r.route_id == c.route_id).flat_map(|r| r.evaluators.iter().cloned());
+            let own = list(&route.chain(c.evaluators.iter().cloned()).collect::<Vec<_>>());
             if !own.is_empty() {
                 case["evaluators"] = Value::Array(own);
             }
@@ -245,6 +247,8 @@ pub fn to_pydantic_yaml(dataset: &Dataset) -> (String, Vec<String>) {
         })
         .collect();
     let doc = json!({"name": dataset.name, "cases": cases, "evaluators": list(&dataset.evaluators)});
+    left_out.sort();
+    left_out.dedup();
     (serde_saphyr::to_string(&doc).unwrap_or_default(), left_out)
 }
 
@@ -319,6 +323,11 @@ pub fn to_fabric_yaml(dataset: &Dataset) -> String {
             case
         })
         .collect();
-    let doc = json!({"name": dataset.name, "evaluators": dataset.evaluators.iter().map(to_ours).collect::<Vec<_>>(), "cases": cases});
+    let routes: Map<String, Value> =
+        dataset.route_evaluators.iter().map(|r| (r.route_id.clone(), json!({"evaluators": r.evaluators.iter().map(to_ours).collect::<Vec<_>>()}))).collect();
+    let mut doc = json!({"name": dataset.name, "evaluators": dataset.evaluators.iter().map(to_ours).collect::<Vec<_>>(), "cases": cases});
+    if !routes.is_empty() {
+        doc["routes"] = Value::Object(routes);
+    }
     serde_saphyr::to_string(&doc).unwrap_or_default()
 }

@@ -26,7 +26,7 @@ mod rerun;
 
 pub use check::check;
 pub use compare::{CaseChange, Change, Comparison, compare, divergence};
-pub use dataset::{Case, CaseAt, Dataset, DatasetError, Expected, MAX_DATASET_BYTES};
+pub use dataset::{Case, CaseAt, Dataset, DatasetError, Expected, MAX_DATASET_BYTES, RouteEvaluators};
 pub use evaluator::{Check, Evaluator, JsonPath};
 pub use experiment::{EvalError, RunOptions, experiments, last_report, record_of, regrade, run, stored};
 pub use grade::{RunRecord, Verdict, as_json, grade};
@@ -34,5 +34,5 @@ pub use harvest::from_runs;
 pub use html::html;
 pub use interop::{to_fabric_yaml, to_langsmith_json, to_pydantic_yaml};
 pub use judge::{JUDGE_ROUTE, judge_key};
-pub use report::{CaseReport, EvaluatorSummary, Gate, GateFindings, Report, RunReport, junit, regressions};
+pub use report::{CaseReport, EvaluatorSummary, Gate, GateFindings, Report, RunReport, ScoreSpread, Spread, junit, regressions};
 pub use rerun::rerun;

@@ -55,7 +55,71 @@ pub struct CaseReport {
     /// Verdicts that differ between repeats (the evaluators whose verdicts did).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flaky: Vec<String>,
+    /// With repeats: how the runs spread (none for a case run once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
     pub runs: Vec<RunReport>,
+}
+
+/// How a case's repeats spread: latency, tokens, and each evaluator's verdicts and scores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Spread {
+    pub min_duration_ms: Option<f64>,
+    pub max_duration_ms: Option<f64>,
+    pub min_tokens: u64,
+    pub max_tokens: u64,
+    pub evaluators: Vec<ScoreSpread>,
+}
+
+/// One evaluator over a case's repeats.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ScoreSpread {
+    pub evaluator: String,
+    /// Repeats it passed, of `runs`.
+    pub passed: usize,
+    pub runs: usize,
+    pub min_score: f64,
+    pub max_score: f64,
+    pub mean_score: f64,
+}
+
+/// The spread of `runs` (two or more).
+fn spread(runs: &[RunReport]) -> Option<Spread> {
+    if runs.len() < 2 {
+        return None;
+    }
+    let durations: Vec<f64> = runs.iter().filter_map(|r| r.duration_ms).collect();
+    let fold = |f: fn(f64, f64) -> f64| durations.iter().copied().reduce(f);
+    let mut evaluators: Vec<ScoreSpread> = Vec::new();
+    for v in runs.iter().flat_map(|r| &r.verdicts) {
+        match evaluators.iter_mut().find(|s| s.evaluator == v.evaluator) {
+            Some(s) => {
+                s.passed += usize::from(v.pass);
+                s.runs += 1;
+                s.min_score = s.min_score.min(v.score);
+                s.max_score = s.max_score.max(v.score);
+                s.mean_score += v.score;
+            }
+            None => evaluators.push(ScoreSpread {
+                evaluator: v.evaluator.clone(),
+                passed: usize::from(v.pass),
+                runs: 1,
+                min_score: v.score,
+                max_score: v.score,
+                mean_score: v.score,
+            }),
+        }
+    }
+    for s in &mut evaluators {
+        s.mean_score /= s.runs as f64;
+    }
+    Some(Spread {
+        min_duration_ms: fold(f64::min),
+        max_duration_ms: fold(f64::max),
+        min_tokens: runs.iter().map(|r| r.tokens).min().unwrap_or(0),
+        max_tokens: runs.iter().map(|r| r.tokens).max().unwrap_or(0),
+        evaluators,
+    })
 }
 
 /// One run of a case.
@@ -131,6 +195,7 @@ pub fn build(experiment_id: &str, dataset: &Dataset, runs: Vec<Graded>) -> Repor
                 passed: false,
                 pass_rate: 0.0,
                 flaky: Vec::new(),
+                spread: None,
                 runs: vec![report],
             }),
         }
@@ -144,6 +209,7 @@ pub fn build(experiment_id: &str, dataset: &Dataset, runs: Vec<Graded>) -> Repor
         let passed = c.runs.iter().filter(|r| r.passed).count();
         c.pass_rate = ratio(passed, c.runs.len());
         c.passed = passed == c.runs.len();
+        c.spread = spread(&c.runs);
         let first = &c.runs[0].verdicts;
         c.flaky = first
             .iter()

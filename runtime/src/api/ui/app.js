@@ -407,6 +407,10 @@
     } else if (parts[0] === 'schedules') {
       $('nav-schedules').classList.add('current');
       schedulesPage();
+    } else if (parts[0] === 'experiments') {
+      $('nav-experiments').classList.add('current');
+      if (parts[1]) experimentPage(parts[1]);
+      else experimentsPage();
     } else if (parts[0] === 'runs' && parts[1]) {
       $('nav-runs').classList.add('current');
       runPage(parts[1]);
@@ -1243,47 +1247,88 @@
     return r.runs_here ? 'ok: runs here' : 'not started here (another fleet)';
   }
 
-  function routesPage() {
+  // ---- Experiments (`fabric eval`, docs/evals.md) -------------------------------------------
+
+  // A table of `heads` whose rows come from `load` (a promise of a list) through `row`.
+  function listPage(id, title, heads, load, row) {
     const p = newPage();
-    const view = $('view');
     const tbody = el('tbody');
-    const table = el(
-      'table',
-      { id: 'routes' },
-      el('thead', null, el('tr', null, ['route', 'fleet', 'kind', 'checks', 'description'].map((h) => el('th', null, h)))),
-      tbody,
-    );
     const problem = el('div');
-    view.appendChild(el('section', { id: 'routes-page' }, el('h2', null, 'Routes'), problem, table));
+    const table = el('table', { id }, el('thead', null, el('tr', null, heads.map((h) => el('th', null, h)))), tbody);
+    const note = el('p', { class: 'muted' }, 'Loading…');
+    $('view').appendChild(el('section', { id: id + '-page' }, el('h2', null, title), problem, table, note));
     (async () => {
-      let routes;
+      let items;
       try {
-        routes = await whenReachable(p, problem, () => api('/v1/routes', { signal: p.abort.signal }));
+        items = await whenReachable(p, problem, () => load(p));
       } catch (err) {
         if (p.abort.signal.aborted || err.status === 401) return;
         clear(problem);
         problem.appendChild(errorBox(err));
         return;
       }
-      show(routes);
-    })();
-
-    function show(routes) {
       clear(problem);
-      clear(tbody);
-      for (const r of routes) {
-        const tr = el(
-          'tr',
-          { class: 'route', 'data-route-id': r.id, 'data-kind': r.kind },
-          el('td', { class: 'id' }, el('a', { class: 'open', href: '#/routes/' + encodeURIComponent(r.id) }, r.id)),
-          el('td', { class: 'fleet' }, r.fleet || '—'),
-          el('td', { class: 'kind' }, r.kind),
-          el('td', { class: 'checks' + (r.kind === 'broken' ? ' bad' : '') }, checksOf(r)),
-          el('td', { class: 'description' }, r.description || ''),
-        );
-        tbody.appendChild(tr);
-      }
-    }
+      setText(note, items.length ? '' : 'None yet.');
+      for (const item of items) tbody.appendChild(row(item));
+    })();
+  }
+
+  function experimentsPage() {
+    listPage('experiments', 'Experiments', ['experiment', 'name', 'dataset', 'created'], async (p) => (await api('/v1/experiments', { signal: p.abort.signal })).experiments, (e) =>
+      el(
+        'tr',
+        { class: 'experiment', 'data-experiment-id': e.experiment_id },
+        el('td', { class: 'id' }, el('a', { class: 'open', href: '#/experiments/' + encodeURIComponent(e.experiment_id) }, e.experiment_id)),
+        el('td', null, e.name),
+        el('td', null, e.dataset),
+        el('td', null, fmtTime(e.created_at)),
+      ),
+    );
+  }
+
+  // An experiment's last report: failing cases first (as the report orders them), each run linked.
+  function experimentPage(id) {
+    listPage('experiment', 'Experiment ' + id, ['case', 'route', 'result', 'runs'], async (p) => {
+      const report = await api('/v1/experiments/' + encodeURIComponent(id), { signal: p.abort.signal });
+      const summary = report.name + ': ' + report.cases_passed + '/' + report.cases_total + ' cases passed (' + (report.pass_rate * 100).toFixed(1) + '%)';
+      setText(document.querySelector('#experiment-page h2'), summary);
+      return report.cases;
+    }, (c) =>
+      el(
+        'tr',
+        { class: 'case ' + (c.passed ? 'pass' : 'fail'), 'data-case-id': c.case_id },
+        el('td', null, c.case_id),
+        el('td', null, c.route_id),
+        el('td', { class: c.passed ? 'status s-completed' : 'status s-failed' }, (c.passed ? 'pass ' : 'FAIL ') + Math.round(c.pass_rate * 100) + '%'),
+        el(
+          'td',
+          null,
+          c.runs.map((r) =>
+            el(
+              'div',
+              null,
+              el('a', { class: 'open', href: '#/runs/' + encodeURIComponent(r.run_id) }, 'run #' + r.repeat),
+              ' ' + r.status + (r.started_from ? ', from stage ' + r.started_from : ''),
+              r.verdicts.filter((v) => !v.pass).map((v) => el('div', { class: 'muted' }, v.evaluator + ': ' + v.reason)),
+            ),
+          ),
+        ),
+      ),
+    );
+  }
+
+  function routesPage() {
+    listPage('routes', 'Routes', ['route', 'fleet', 'kind', 'checks', 'description'], (p) => api('/v1/routes', { signal: p.abort.signal }), (r) =>
+      el(
+        'tr',
+        { class: 'route', 'data-route-id': r.id, 'data-kind': r.kind },
+        el('td', { class: 'id' }, el('a', { class: 'open', href: '#/routes/' + encodeURIComponent(r.id) }, r.id)),
+        el('td', { class: 'fleet' }, r.fleet || '—'),
+        el('td', { class: 'kind' }, r.kind),
+        el('td', { class: 'checks' + (r.kind === 'broken' ? ' bad' : '') }, checksOf(r)),
+        el('td', { class: 'description' }, r.description || ''),
+      ),
+    );
   }
 
   // ---- Schedules -----------------------------------------------------------------------------

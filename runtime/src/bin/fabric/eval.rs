@@ -125,15 +125,14 @@ pub struct ReportOut {
     /// Also write the report as JUnit XML to FILE.
     #[arg(long, value_name = "FILE")]
     junit: Option<PathBuf>,
-    /// Also write the report as an HTML page to FILE (failing cases first, each run linked to
-    /// the inspector of `--inspector`).
+    /// Also write the report as an HTML page to FILE (failing cases first, runs linked to `--inspector`).
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
     /// The base URL of the `fabric serve` whose inspector the HTML report links runs to.
     #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
     inspector: String,
     /// Exit 1 when fewer cases than this share (0 to 1) pass.
-    #[arg(long, value_name = "RATE")]
+    #[arg(long, value_name = "RATE", value_parser = share)]
     min_pass: Option<f64>,
     /// Exit 1 when more cases than this fail that passed in `--baseline`.
     #[arg(long, value_name = "N")]
@@ -147,6 +146,11 @@ pub struct ReportOut {
 pub enum Format {
     Text,
     Json,
+}
+
+/// A share from 0 to 1 (`--min-pass`).
+fn share(s: &str) -> Result<f64, String> {
+    s.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r)).ok_or_else(|| format!("`{s}` is not a share from 0 to 1 (0.9 is 90%)"))
 }
 
 fn usage(msg: impl std::fmt::Display) -> ExitCode {
