@@ -397,3 +397,16 @@ async fn repeats_give_each_case_its_spread_and_a_route_its_own_evaluators() {
     assert_eq!(scores, [("stage_equals:intake.category", 0, 3), ("tokens_max", 3, 3), ("contains", 3, 3)], "the route's evaluator after the dataset's");
     assert!(wrong["flaky"].is_null(), "the same verdicts on every repeat");
 }
+
+/// The README's and docs/evals.md's example dataset runs offline on the stub as it says: two of
+/// its three cases pass, the third fails the way a regression would.
+#[tokio::test]
+async fn the_shipped_example_dataset_runs_on_the_stub_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("evals.db").display());
+    let (code, out, err) = eval(&["eval", "run", "examples/evals/triage.yaml", "--store", &store], &env(&[STUB])).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("2/3 cases passed") && out.contains("FAIL login-broken"), "{out}{err}");
+    let (code, out, err) = eval(&["eval", "run", "examples/evals/triage.yaml", "--store", &store, "--min-pass", "0.9"], &env(&[STUB])).await;
+    assert_eq!(code, Some(1), "the gate refuses 2/3: {out}{err}");
+}
