@@ -348,6 +348,34 @@ fn junit_reads(path: &Path, tests: usize, failures: usize) {
     let out = crate::support::run_python(&python, &script, path.to_str().unwrap());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{tests} {failures} True"));
+    junit_validates(path);
+}
+
+/// The JUnit file valid under the JUnit XML schema CI tools read (Jenkins' xUnit schema, as
+/// pytest ships it for its own JUnit tests: `testing/example_scripts/junit-10.xsd` of its source
+/// distribution, from PyPI), checked by `xmlschema`.
+fn junit_validates(path: &Path) {
+    let why = "evals::fifty_cases_on_the_stub_pass_exactly_as_built_and_the_gate_says_so validates its JUnit file against the JUnit schema";
+    let Some(python) = crate::support::python_venv("eval-junit-xsd", "xmlschema==4.3.2", "import xmlschema", why) else { return };
+    let venv = python.parent().unwrap().parent().unwrap().to_path_buf();
+    let script = path.with_extension("xsd.py");
+    std::fs::write(
+        &script,
+        "import os, subprocess, sys, tarfile, xmlschema\n\
+         venv, xml = sys.stdin.read().split('\\n')[:2]\n\
+         xsd = os.path.join(venv, 'junit-10.xsd')\n\
+         if not os.path.exists(xsd):\n\
+         \x20   subprocess.run([os.path.join(venv, 'bin', 'pip'), 'download', '-q', '--disable-pip-version-check', '--no-binary', ':all:', '--no-deps', 'pytest==8.3.4', '-d', venv], check=True)\n\
+         \x20   with tarfile.open(os.path.join(venv, 'pytest-8.3.4.tar.gz')) as t:\n\
+         \x20       data = t.extractfile('pytest-8.3.4/testing/example_scripts/junit-10.xsd').read()\n\
+         \x20   open(xsd, 'wb').write(data)\n\
+         xmlschema.XMLSchema(xsd).validate(xml)\n\
+         print('valid')\n",
+    )
+    .unwrap();
+    let out = crate::support::run_python(&python, &script, &format!("{}\n{}", venv.display(), path.display()));
+    assert!(out.status.success(), "the JUnit file is not valid under junit-10.xsd: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "valid");
 }
 
 #[tokio::test]
