@@ -130,7 +130,7 @@ impl FallbackLlm {
     /// Why `m` is skipped before it is asked: its breaker, or its pause when the profile
     /// prefers a model that is available.
     fn skip(&self, m: &Member) -> Result<Option<breaker::Probe>, (Reason, ReasonClass)> {
-        if self.policy.prefer_available && m.gate.as_ref().is_some_and(|g| g.status().paused_for.is_some()) {
+        if self.policy.prefer_available && m.gate.as_ref().is_some_and(|g| g.is_paused()) {
             return Err((Reason::Paused, ReasonClass::RateLimited));
         }
         match m.breaker.admit() {

@@ -501,6 +501,11 @@ impl Gate {
         pause
     }
 
+    /// Whether a 429's pause holds every call of this model now (one lock, no status built).
+    pub fn is_paused(&self) -> bool {
+        self.lock().paused_until.is_some_and(|u| u > Instant::now())
+    }
+
     /// The longest pause a 429 puts on this model.
     pub fn max_pause(&self) -> Duration {
         self.lock().max_pause
