@@ -15,20 +15,10 @@ use crate::service::{Server, TOKEN, asking_stub};
 use crate::support::{repo, routes_dir, skip_unless};
 
 /// The mandatory tests that fail, and why.
-const KNOWN: &[(&str, &str)] = &[
-    (
-        "test_push_notification_not_supported_error_32003_enhanced",
-        "the TCK's own bug at 410ba92: it calls transport_create_task_push_notification_config with 4 arguments (it takes 2 or 3): a TypeError before any request",
-    ),
-    (
-        "test_message_send_continue_task",
-        "a message to a task that is `working` (not `input-required`): a run takes a message only as the reply to its question (-32004)",
-    ),
-    (
-        "test_task_history_length",
-        "three more messages to one task: the first answers its question, the run then completes, and a completed task takes no message (-32004)",
-    ),
-];
+const KNOWN: &[(&str, &str)] = &[(
+    "test_push_notification_not_supported_error_32003_enhanced",
+    "the TCK's own bug at 410ba92: it calls transport_create_task_push_notification_config with 4 arguments (it takes 2 or 3): a TypeError before any request",
+)];
 
 fn tck_source() -> Option<PathBuf> {
     let dir = std::env::var_os("FABRIC_A2A_TCK_DIR").map_or_else(|| repo().join("../shared/a2a-tck"), PathBuf::from);
