@@ -21,7 +21,7 @@ const CANCELLED: &str = "cancelled by an A2A client (CancelTask)";
 
 /// The run of `task_id`, if it is a task of `route_id` (another route's is not found here).
 pub(super) async fn load(state: &AppState, route_id: &str, task_id: &str) -> Result<StoredRun, RpcError> {
-    let not_found = || RpcError::new(Code::TaskNotFound, "no task of this agent has that id");
+    let not_found = || RpcError::new(Code::TaskNotFound, "task not found: no task of this agent has that id");
     let Some(id) = RunId::parse(task_id) else { return Err(not_found()) };
     match state.inner.durable.store().get_run(id.as_str()).await.map_err(|e| api(store_error(e)))? {
         Some(run) if run.route_id == route_id => Ok(run),
