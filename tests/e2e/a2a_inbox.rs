@@ -112,7 +112,7 @@ async fn acknowledged_then_killed(kind: &str) {
 
 /// The inbox on every store, through the facade: once per message id, in order, never for an
 /// ended run; a message taken for a question whose reply was never recorded (its replica died
-/// between the claim and the record) waits again, before the later ones.
+/// between the claim and the record) waits again, before the later ones; pruned with its run.
 #[tokio::test]
 async fn a_taken_message_whose_reply_was_never_recorded_waits_again_on_every_store() {
     use fabric::events::NullSink;
@@ -147,5 +147,9 @@ async fn a_taken_message_whose_reply_was_never_recorded_waits_again_on_every_sto
         assert_eq!(kept, [("m-1".to_owned(), true), ("m-2".to_owned(), false)], "{name}");
         assert_eq!(rt.queue_message(&asking, "m-3", "late").await.unwrap(), Queued::Ended(Some(StoredStatus::Completed)), "{name}");
         assert!(rt.runs_with_waiting_messages().await.unwrap().is_empty(), "{name}: an ended run's messages wait for nothing");
+        // Its messages go with it at retention.
+        crate::store::sql(&url, "UPDATE runs SET created_at = '2000-01-01T00:00:00.000Z', updated_at = '2000-01-01T00:00:00.000Z'").await;
+        assert_eq!(rt.prune(Duration::from_secs(3600), false).await.unwrap(), 1, "{name}");
+        assert!(rt.queued_messages(&asking).await.unwrap().is_empty(), "{name}: pruned with its run");
     }
 }
