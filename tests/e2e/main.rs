@@ -2,6 +2,7 @@
 
 mod a2a;
 mod a2a_inbox;
+mod a2a_js;
 mod a2a_tck;
 mod architecture;
 mod browser;
