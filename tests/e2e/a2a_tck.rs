@@ -1,7 +1,7 @@
 //! The A2A TCK (github.com/a2aproject/a2a-tck, its own `run_tck.py`, in a venv of its own) against
 //! `fabric serve` on SQLite and on PostgreSQL: its mandatory category, every test passing but
 //! the ones listed in `KNOWN` with why (each checked still to fail: a fix takes it out); its
-//! capabilities and quality categories on SQLite, likewise with `KNOWN_OPTIONAL`.
+//! capabilities, quality and features categories on SQLite, likewise with `KNOWN_OPTIONAL`.
 //!
 //! The TCK is found at `FABRIC_A2A_TCK_DIR`, else `../shared/a2a-tck` beside the repository
 //! (`.ci/run` clones the pinned commit there when it is missing); it is copied into the target
@@ -61,13 +61,14 @@ async fn the_tck_mandatory_level_on_postgres() {
 }
 
 /// The capability level (the optional tests of what the cards declare: streaming, push
-/// notifications, state history) and the quality level, on SQLite.
+/// notifications, state history), the quality level and the features category, on SQLite.
 #[tokio::test]
-async fn the_tck_capability_and_quality_levels_on_sqlite() {
+async fn the_tck_capability_quality_and_feature_levels_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("fabric.db").display());
     tck_category(&store, "capabilities", KNOWN_OPTIONAL, 25).await;
     tck_category(&store, "quality", KNOWN_OPTIONAL, 13).await;
+    tck_category(&store, "features", KNOWN_OPTIONAL, 14).await;
 }
 
 async fn tck_category(store: &str, category: &str, known: &[(&str, &str)], at_least: usize) {
