@@ -153,3 +153,121 @@ async fn a_taken_message_whose_reply_was_never_recorded_waits_again_on_every_sto
         assert!(rt.queued_messages(&asking).await.unwrap().is_empty(), "{name}: pruned with its run");
     }
 }
+
+fn call(method: &str, params: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params}).to_string()
+}
+
+/// What an adversarial client found (issue 52's review), each answered with the protocol's
+/// error now: a reply larger than a goal split into parts, an inbox flooded, a `messageId`
+/// reused for another text, fields of the wrong type taken for absent ones, ids that would not
+/// come back as sent, a `Host` that would point the cards elsewhere, a path that is not UTF-8.
+#[tokio::test]
+async fn hostile_messages_and_parameters_are_refused_with_the_protocols_errors() {
+    let (server, _dir, _stub) = crate::mcp_server::serve(&[("FABRIC_LLM_STUB_LATENCY_MS", "20000")]);
+    let code = |v: &Value| v["error"]["code"].as_i64().unwrap_or_else(|| panic!("an error: {v}"));
+    let (_, started) = rpc(&server, "support-agent", &send("h-goal", "Where is my refund?", None), Some(TOKEN)).await;
+    let task = started["result"]["task"]["id"].as_str().unwrap().to_owned();
+    // Four parts of 100 KB: each under the limit, their text over it.
+    let part = json!({"text": "b".repeat(100_000)});
+    let big = json!({"messageId": "h-big", "role": "ROLE_USER", "taskId": task, "parts": [part, part, part]});
+    let (_, refused) = rpc(&server, "support-agent", &call("SendMessage", json!({"message": big})), Some(TOKEN)).await;
+    assert_eq!(code(&refused), -32602, "{refused}");
+    // 32 may wait; the 33rd is refused; the same id with another text too.
+    for i in 0..32 {
+        let (_, ok) = rpc(&server, "support-agent", &send(&format!("h-{i}"), "more", Some(&task)), Some(TOKEN)).await;
+        assert!(ok["result"]["task"].is_object(), "{i}: {ok}");
+    }
+    let (_, full) = rpc(&server, "support-agent", &send("h-32", "one too many", Some(&task)), Some(TOKEN)).await;
+    assert_eq!((code(&full), full["error"]["data"]["waiting"].as_i64()), (-32602, Some(32)), "{full}");
+    let (_, reused) = rpc(&server, "support-agent", &send("h-0", "another text", Some(&task)), Some(TOKEN)).await;
+    assert_eq!(code(&reused), -32602, "{reused}");
+    // Fields of the wrong type.
+    let msg = |extra: Value| {
+        let mut m = json!({"messageId": "h-typed", "role": "ROLE_USER", "parts": [{"text": "x"}]});
+        m.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        m
+    };
+    let typed = [
+        ("taskId 7", call("SendMessage", json!({"message": msg(json!({"taskId": 7}))}))),
+        ("taskId object", call("SendMessage", json!({"message": msg(json!({"taskId": {"id": task}}))}))),
+        ("contextId 5", call("SendMessage", json!({"message": msg(json!({"contextId": 5}))}))),
+        ("configuration a string", call("SendMessage", json!({"message": msg(json!({})), "configuration": "fast"}))),
+        ("returnImmediately a string", call("SendMessage", json!({"message": msg(json!({})), "configuration": {"returnImmediately": "true"}}))),
+        ("pageToken 5", call("ListTasks", json!({"pageToken": 5}))),
+        ("status 5", call("ListTasks", json!({"status": 5}))),
+        ("includeArtifacts yes", call("ListTasks", json!({"includeArtifacts": "yes"}))),
+    ];
+    for (what, body) in typed {
+        let (_, answer) = rpc(&server, "support-agent", &body, Some(TOKEN)).await;
+        assert_eq!(code(&answer), -32602, "{what}: {answer}");
+    }
+    // An offset is RFC 3339 too.
+    let (_, listed) = rpc(&server, "support-agent", &call("ListTasks", json!({"statusTimestampAfter": "2000-01-01T05:00:00+05:00"})), Some(TOKEN)).await;
+    assert!(listed["result"]["tasks"].is_array(), "{listed}");
+    // An unknown method is that, whatever its params.
+    let (_, unknown) =
+        rpc(&server, "support-agent", &json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/explode", "params": [1]}).to_string(), Some(TOKEN)).await;
+    assert_eq!(code(&unknown), -32601, "{unknown}");
+    // Ids that would not come back as sent.
+    for id in ["1.5", "1e5", "123456789012345678901234567890"] {
+        let body = format!(r#"{{"jsonrpc": "2.0", "id": {id}, "method": "ListTasks", "params": {{}}}}"#);
+        let (_, answer) = rpc(&server, "support-agent", &body, Some(TOKEN)).await;
+        assert_eq!((code(&answer), &answer["id"]), (-32600, &Value::Null), "{id}: {answer}");
+    }
+    let (_, exact) = rpc(&server, "support-agent", &json!({"jsonrpc": "2.0", "id": u64::MAX, "method": "ListTasks"}).to_string(), Some(TOKEN)).await;
+    assert_eq!(exact["id"], json!(u64::MAX), "{exact}");
+    // A Host with user info does not make the card's URLs.
+    let card: Value = crate::service::client()
+        .get(format!("{}/a2a/support-agent/.well-known/agent-card.json", server.url))
+        .header("host", "127.0.0.1:1@evil.example")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let url = card["supportedInterfaces"][0]["url"].as_str().unwrap();
+    assert!(url.starts_with("http://localhost/"), "the Host was sent, and not taken: {url}");
+    // A route segment that is not UTF-8: the API's error shape.
+    let r = crate::service::client().post(format!("{}/a2a/%ff", server.url)).bearer_auth(TOKEN).body("{}").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+}
+
+/// A subscribe from the first event of a task that asked, was answered and completed shows it
+/// all to its end; the question it passes was answered.
+#[tokio::test]
+async fn a_resubscribe_from_the_start_of_an_answered_task_goes_to_its_end() {
+    let (server, _dir, _stub) = crate::mcp_server::serve(&[]);
+    let blocking = |id: &str, text: &str, task: Option<&str>| {
+        let mut message = json!({"messageId": id, "role": "ROLE_USER", "parts": [{"text": text}]});
+        if let Some(t) = task {
+            message["taskId"] = json!(t);
+        }
+        call("SendMessage", json!({"message": message}))
+    };
+    let (_, asked) = rpc(&server, "support-agent", &blocking("r-1", "Where is my refund?", None), Some(TOKEN)).await;
+    let task = asked["result"]["task"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(asked["result"]["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{asked}");
+    let (_, done) = rpc(&server, "support-agent", &blocking("r-2", "Order 42", Some(&task)), Some(TOKEN)).await;
+    assert_eq!(done["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{done}");
+    let r = crate::service::client()
+        .post(format!("{}/a2a/support-agent", server.url))
+        .bearer_auth(TOKEN)
+        .header("last-event-id", "0")
+        .body(call("SubscribeToTask", json!({"id": task})))
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    let states: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .filter_map(|v| v["result"]["statusUpdate"]["status"]["state"].as_str().map(str::to_owned))
+        .collect();
+    assert!(states.contains(&"TASK_STATE_INPUT_REQUIRED".to_owned()), "{states:?}");
+    assert_eq!(states.last().map(String::as_str), Some("TASK_STATE_COMPLETED"), "past the answered question: {states:?}");
+}

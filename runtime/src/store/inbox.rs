@@ -26,13 +26,21 @@ use crate::failure::BoxFuture;
 const WAITING: &str = "(i.taken_at IS NULL OR NOT EXISTS \
      (SELECT 1 FROM run_events e WHERE e.run_id = i.run_id AND e.seq >= i.taken_for AND e.kind = 'run.resumed'))";
 
+/// The most messages that may wait for one run: each is at most a goal's size, so a run's inbox
+/// stays small (a client that sends more is told to wait for the run to ask).
+pub const MAX_WAITING: i64 = 32;
+
 /// What queueing a message did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Queued {
     /// It waits for the run's next question.
     Queued,
-    /// A message of that id was queued for the run before: nothing more was.
+    /// A message of that id and text was queued for the run before: nothing more was.
     Again,
+    /// A message of that id but another text was queued for the run before: nothing was.
+    Reused,
+    /// `MAX_WAITING` messages wait for the run already: nothing was queued.
+    Full,
     /// The run ended (or does not exist: `None`): it takes no more messages.
     Ended(Option<StoredStatus>),
 }
@@ -84,33 +92,40 @@ where
                 return Ok(Queued::Ended(None));
             }
             let began = Instant::now();
-            // The run's status is read by the insert itself: a message is never kept for a run
-            // that had ended. (SQLite wants a WHERE on the SELECT before an ON CONFLICT.)
+            // The run's status and its waiting messages are read by the insert itself: a
+            // message is never kept for a run that had ended, nor past `MAX_WAITING`. (SQLite
+            // wants a WHERE on the SELECT before an ON CONFLICT.)
             let inserted = sqlx::query(
                 "INSERT INTO run_inbox (run_id, message_id, text, created_at) SELECT $1, $2, $3, $4 WHERE EXISTS \
                  (SELECT 1 FROM runs WHERE run_id = $1 AND status IN ('queued', 'running', 'awaiting_input')) \
+                 AND (SELECT COUNT(*) FROM run_inbox WHERE run_id = $1 AND taken_at IS NULL) < $5 \
                  ON CONFLICT (run_id, message_id) DO NOTHING RETURNING queued_seq",
             )
             .bind(run_id)
             .bind(message_id)
             .bind(text)
             .bind(now())
+            .bind(MAX_WAITING)
             .fetch_optional(self.pool_ref())
             .await
             .map_err(|e| write_error(self.health_ref(), began, e))?;
             if inserted.is_some() {
                 return Ok(Queued::Queued);
             }
-            let again = sqlx::query("SELECT 1 FROM run_inbox WHERE run_id = $1 AND message_id = $2")
+            let before = sqlx::query("SELECT text FROM run_inbox WHERE run_id = $1 AND message_id = $2")
                 .bind(run_id)
                 .bind(message_id)
                 .fetch_optional(self.pool_ref())
                 .await
                 .map_err(db)?;
-            if again.is_some() {
-                return Ok(Queued::Again);
+            if let Some(row) = before {
+                let was: String = row.try_get("text").map_err(db)?;
+                return Ok(if was == text { Queued::Again } else { Queued::Reused });
             }
-            Ok(Queued::Ended(SqlStore::get_run(self, run_id).await?.map(|r| r.status)))
+            match SqlStore::get_run(self, run_id).await?.map(|r| r.status) {
+                Some(StoredStatus::Queued | StoredStatus::Running | StoredStatus::AwaitingInput) => Ok(Queued::Full),
+                ended => Ok(Queued::Ended(ended)),
+            }
         })
     }
 

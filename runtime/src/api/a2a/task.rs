@@ -10,6 +10,7 @@ use sha2::Digest;
 use super::super::cancel::cancel_here;
 use super::super::runs::{Begun, begin_run};
 use super::super::{ApiError, AppState, ErrorCode, store_error};
+use super::params;
 use super::wire::{self, Code, RpcError};
 use crate::exec::StartError;
 use crate::runtime::{CancelError, ReplyError, StartRequest};
@@ -114,17 +115,17 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Re
     if parts.largest > limit {
         return Err(RpcError::params(format!("a part is {} bytes; the limit is {limit}", parts.largest)).with_data(json!({"limit": limit})));
     }
-    if let Some(task_id) = message.get("taskId").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+    if let Some(task_id) = params::text(message, "taskId", "params.message")? {
         return answer(state, route_id, task_id, message_id, parts).await;
     }
     let edition = state.runtime().current();
     let route = edition.check_route(route_id).map_err(|e| api(super::super::start_error(e)))?.clone();
     drop(edition);
     let goal = goal(parts, route.goal_schema())?;
-    let context = message.get("contextId").and_then(Value::as_str).filter(|c| !c.is_empty()).map(str::to_owned);
+    let context = params::text(message, "contextId", "params.message")?.map(str::to_owned);
     // A push notification config's URL is the run's webhook URL (its question and end are posted
     // there, signed, through the outbox; the allowed origins apply).
-    let config = params.get("configuration");
+    let config = params::object(params, "configuration", "params")?;
     let push = config.and_then(|c| c.get("taskPushNotificationConfig").or_else(|| c.get("pushNotificationConfig")));
     let webhook_url =
         push.and_then(|p| p.get("url").or_else(|| p.get("pushNotificationConfig").and_then(|c| c.get("url")))).and_then(Value::as_str).map(str::to_owned);
@@ -168,6 +169,11 @@ async fn answer(state: &AppState, route_id: &str, task_id: &str, message_id: &st
     if text.trim().is_empty() {
         return Err(RpcError::params("the message's text is empty: it would answer nothing"));
     }
+    // Each part is checked alone before; the reply is all of them, bounded as a goal is.
+    let limit = state.inner.config.max_goal_bytes;
+    if text.len() > limit {
+        return Err(RpcError::params(format!("the message is {} bytes; the limit is {limit}", text.len())).with_data(json!({"limit": limit})));
+    }
     let ended = |status: Option<StoredStatus>| {
         let state = status.map_or("TASK_STATE_UNSPECIFIED", wire::state);
         RpcError::new(Code::UnsupportedOperation, format!("task {task_id} ended: a terminal task takes no more messages")).with_data(json!({"state": state}))
@@ -179,6 +185,14 @@ async fn answer(state: &AppState, route_id: &str, task_id: &str, message_id: &st
     match state.inner.durable.queue_message(&run.run_id, message_id, &text).await {
         Ok(Queued::Queued | Queued::Again) => {}
         Ok(Queued::Ended(status)) => return Err(ended(status)),
+        Ok(Queued::Reused) => {
+            return Err(RpcError::params(format!("messageId `{}` was sent to this task before with another text", super::super::echo_id(message_id))));
+        }
+        Ok(Queued::Full) => {
+            let most = crate::store::inbox::MAX_WAITING;
+            return Err(RpcError::params(format!("{most} messages wait for this task's next questions already; send more once it asks"))
+                .with_data(json!({"waiting": most})));
+        }
         Err(ReplyError::Start(StartError::NotResumable { .. })) => {
             return Err(RpcError::new(Code::UnsupportedOperation, format!("task {task_id} takes no messages after the first: its route never asks")));
         }
@@ -247,26 +261,22 @@ pub(super) async fn list(state: &AppState, route_id: &str, params: &Value) -> Re
         None | Some(Value::Null) => 50,
         Some(v) => v.as_u64().filter(|n| (1..=100).contains(n)).ok_or_else(|| RpcError::params("`pageSize` must be 1 to 100"))? as u32,
     };
-    let status = match params.get("status").and_then(Value::as_str).filter(|s| !s.is_empty() && *s != "TASK_STATE_UNSPECIFIED") {
+    let status = match params::text(params, "status", "params")?.filter(|s| *s != "TASK_STATE_UNSPECIFIED") {
         None => None,
         Some(s) => Some(wire::status_of(s).ok_or_else(|| RpcError::params(format!("`status` `{s}` is not a task state")))?),
     };
-    let before = match params.get("pageToken").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+    let before = match params::text(params, "pageToken", "params")? {
         None => None,
         Some(t) => Some(RunId::parse(t).ok_or_else(|| RpcError::params("`pageToken` must be a `nextPageToken`"))?.as_str().to_owned()),
     };
-    let context = params.get("contextId").and_then(Value::as_str).filter(|c| !c.is_empty());
-    let since = match params.get("statusTimestampAfter") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_str()
-                .and_then(|t| humantime::parse_rfc3339_weak(t.trim_end_matches('Z')).ok())
-                .ok_or_else(|| RpcError::params("`statusTimestampAfter` must be an RFC 3339 timestamp"))?,
-        ),
+    let context = params::text(params, "contextId", "params")?;
+    let since = match params::text(params, "statusTimestampAfter", "params")? {
+        None => None,
+        Some(t) => Some(params::time_ms(t).ok_or_else(|| RpcError::params("`statusTimestampAfter` must be an RFC 3339 timestamp"))?),
     };
-    let updated = |r: &StoredRun| humantime::parse_rfc3339_weak(r.updated_at.trim_end_matches('Z')).ok();
+    let updated = |r: &StoredRun| params::time_ms(&r.updated_at);
     let history = history_length(params)?.or(Some(0));
-    let artifacts = params.get("includeArtifacts").and_then(Value::as_bool).unwrap_or(false);
+    let artifacts = params::flag(params, "includeArtifacts", "params")?.unwrap_or(false);
     // Read at most `LIST_READ` runs: `totalSize` counts up to it, and the filters the store has
     // no column for (context, time) are applied here.
     let filter = RunFilter { route_id: Some(route_id.to_owned()), status, before, limit: LIST_READ };
