@@ -2,6 +2,7 @@
 
 mod a2a;
 mod a2a_tck;
+mod a2a_tool;
 mod architecture;
 mod browser;
 mod cancel;
