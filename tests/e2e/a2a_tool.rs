@@ -267,3 +267,27 @@ fn bad_a2a_entries_are_refused_where_they_are() {
     has("r/a.yaml:6:", "`invoke.skill` must name the agent's skill");
     assert!(!shown.iter().any(|d| d.contains("abc123") && !d.contains("token_env")), "{shown:#?}");
 }
+
+#[test]
+fn doctor_names_each_agent_and_whether_its_variables_are_set_never_a_value() {
+    let (routes, _stub) = caller_files(&["DONE ok"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabric"))
+        .current_dir(repo())
+        .args(["--catalogue", &format!("{}:{}", routes_dir().display(), routes.path().display())])
+        .args(["--prompt-packs", packs_dir().to_str().unwrap(), "doctor"])
+        .env("FABRIC_LLM_STUB", "1")
+        .env("PARTNER_A2A_TOKEN", "sekrit-4711")
+        .env("PARTNER_A2A_URL", "https://user:pw@partner.example")
+        .env_remove("JUNK_A2A_URL")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "a2a agent partner: ${PARTNER_A2A_URL}/a2a/support-agent skill support-agent; token: PARTNER_A2A_TOKEN set; variables: PARTNER_A2A_URL set"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("a2a agent junk: ${JUNK_A2A_URL} skill junk; token: PARTNER_A2A_TOKEN set; variables: JUNK_A2A_URL UNSET"), "{text}");
+    assert!(!text.contains("sekrit-4711") && !text.contains("user:pw"), "{text}");
+}
