@@ -3,8 +3,10 @@
 //! {a2a: ...}`), the callee (`support-agent` on the asking stub) asks once, the caller's run asks
 //! its user that question (across a restart of the caller: the callee's task id is in its
 //! journal), the reply goes to the callee's task, and the callee's output is the tool's result,
-//! journalled: a replay makes no call. A callee whose task fails, hostile answers (not JSON, a
-//! JSON-RPC error, a huge body, a redirect) and bad catalogue entries.
+//! journalled: a replay makes no call. A caller `kill -9`'d while the callee works on the reply
+//! (SQLite and PostgreSQL): another caller process continues the same task. A workflow stage (a
+//! result; a question fails it), a callee whose task fails, hostile answers (not JSON, a JSON-RPC
+//! error, a huge body, a redirect, a slow drip), bad catalogue entries, `fabric doctor`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +38,23 @@ routes:
     prompt_pack: support
     decision_loop: {tools: [partner, triage, junk]}
     max_loop_steps: 8
+  relay:
+    description: A workflow whose one stage is the partner's agent.
+    model_profile: default
+    prompt_pack: support
+    workflow: relay
+  relay-triage:
+    description: A workflow whose one stage is the partner's triage.
+    model_profile: default
+    prompt_pack: support
+    workflow: relay-triage
+workflows:
+  relay:
+    stages:
+      - {id: forward, llm_role: none, capability: partner}
+  relay-triage:
+    stages:
+      - {id: forward, llm_role: none, capability: triage}
 "#;
 
 /// The caller's catalogue layer and stub: `concierge`'s decisions as `calls` says.
@@ -134,6 +153,87 @@ async fn a_route_calls_another_fleets_route_which_asks_once() {
     assert!(out.status.success() && text.contains("0 divergence(s); status completed"), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(runs_of(&callee, "support-agent").await.len(), 1);
     assert_eq!(get(&callee, &format!("/v1/runs/{task_id}")).await["next_seq"], callee_events, "no message reached the callee's task");
+}
+
+#[tokio::test]
+async fn a_caller_killed_while_its_reply_is_with_the_callee_continues_the_same_task_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    killed_while_waiting(&format!("sqlite://{}", dir.path().join("caller.db").display())).await;
+}
+
+#[tokio::test]
+async fn a_caller_killed_while_its_reply_is_with_the_callee_continues_the_same_task_on_postgres() {
+    if let Some(url) = crate::store::fresh_postgres().await {
+        killed_while_waiting(&url).await;
+    }
+}
+
+/// `kill -9` of the caller after it sent the user's reply to the callee's task, while the callee
+/// works on it: another caller process takes the run over from its journal (the callee's task
+/// recorded with the ask, the reply after it) and waits for that task; no second task, the reply
+/// taken once.
+async fn killed_while_waiting(db: &str) {
+    let callee_dir = tempfile::tempdir().unwrap();
+    let callee_stub = asking_stub();
+    let slow = [("FABRIC_LLM_STUB_LATENCY_MS", "1500")];
+    let callee = Server::start(&format!("sqlite://{}", callee_dir.path().join("callee.db").display()), callee_stub.path(), &slow);
+    let (routes, stub) = caller_files(&[r#"CALL partner {"question": "I was charged twice"}"#, "DONE The partner fleet refunded it."]);
+    let env = [("PARTNER_A2A_URL", callee.url.as_str()), ("FABRIC_RUN_LEASE_S", "2"), ("FABRIC_CLAIM_POLL_MS", "100")];
+    let a = caller(db, routes.path(), stub.path(), &env);
+    let run = start(&a).await;
+    assert_eq!(run["status"], "awaiting_input", "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let task_id = runs_of(&callee, "support-agent").await[0]["run_id"].as_str().unwrap().to_owned();
+    let (status, _) = post(&a, &format!("/v1/runs/{id}/reply"), json!({"message": "order 42"})).await;
+    assert_eq!(status, 202);
+    // The callee took the reply and works on it (two slow model turns): the caller dies waiting.
+    let mut took = false;
+    for _ in 0..100 {
+        if get(&callee, &format!("/v1/runs/{task_id}")).await["status"] == "running" {
+            took = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(took, "the callee took the reply");
+    a.signal("KILL");
+    let b = caller(db, routes.path(), stub.path(), &env);
+    let mut done = Value::Null;
+    for _ in 0..300 {
+        done = get(&b, &format!("/v1/runs/{id}")).await;
+        if done["status"] == "completed" || done["status"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!((done["status"].as_str(), done["output"].as_str()), (Some("completed"), Some("The partner fleet refunded it.")), "{done}");
+    assert!(done["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("Order 42 is refunded.")), "{done}");
+    let called = runs_of(&callee, "support-agent").await;
+    assert_eq!(called.len(), 1, "no second task: {called:?}");
+    let task = settled(&callee, &task_id).await;
+    assert_eq!(task["status"], "completed", "{task}");
+    let replies = task["notes"].as_array().unwrap().iter().filter(|n| n.as_str().unwrap().starts_with("user:")).count();
+    assert_eq!(replies, 1, "the reply was taken once: {task}");
+}
+
+#[tokio::test]
+async fn a_workflow_stage_takes_the_agents_result_and_fails_on_its_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let callee_stub = asking_stub();
+    let callee = Server::start(&format!("sqlite://{}", dir.path().join("callee.db").display()), callee_stub.path(), &[]);
+    let (routes, stub) = caller_files(&["DONE ok"]);
+    let server =
+        caller(&format!("sqlite://{}", dir.path().join("caller.db").display()), routes.path(), stub.path(), &[("PARTNER_A2A_URL", callee.url.as_str())]);
+    let (_, run) =
+        post(&server, "/v1/runs?wait=true", json!({"route_id": "relay-triage", "goal": {"ticket": "charged twice"}, "model_profile": "default"})).await;
+    let triaged = runs_of(&callee, "support-triage").await;
+    assert_eq!(triaged.len(), 1, "{triaged:?}");
+    let output = settled(&callee, triaged[0]["run_id"].as_str().unwrap()).await["output"].clone();
+    assert_eq!((run["status"].as_str(), &run["output"]), (Some("completed"), &output), "the callee's output is the stage's: {run}");
+    let (_, run) = post(&server, "/v1/runs?wait=true", json!({"route_id": "relay", "goal": {"question": "refund?"}, "model_profile": "default"})).await;
+    assert_eq!((run["status"].as_str(), run["error"]["reason_class"].as_str()), (Some("failed"), Some("tool_failed")), "{run}");
+    let message = run["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the agent asked `Which order number?`: a workflow stage has no user to ask"), "{message}");
 }
 
 #[tokio::test]
