@@ -95,15 +95,14 @@ impl A2aAgents {
 
     async fn exchange(&self, m: &A2aMessage<'_>) -> Result<A2aOutput, ToolError> {
         let started = tokio::time::Instant::now();
-        let (mut task, mut bytes) = match self.rpc(m, "SendMessage", wire::send_params(m)).await {
-            Ok(r) => r,
+        let (mut task, mut bytes) = match (self.rpc(m, "SendMessage", wire::send_params(m)).await, m.content) {
+            (Ok(r), _) => r,
             // A reply sent again (after a crash) to a task that took it already: the task is
             // working or ended, so wait for it instead.
-            Err(Refusal::Rpc(e)) if e.code == wire::UNSUPPORTED_OPERATION && matches!(m.content, Content::Reply { .. }) => {
-                let Content::Reply { task_id, .. } = m.content else { unreachable!("matched above") };
+            (Err(Refusal::Rpc(e)), Content::Reply { task_id, .. }) if e.code == wire::UNSUPPORTED_OPERATION => {
                 self.rpc(m, "GetTask", wire::get_params(task_id)).await.map_err(Refusal::into_tool)?
             }
-            Err(e) => return Err(e.into_tool()),
+            (Err(e), _) => return Err(e.into_tool()),
         };
         let mut wait = FIRST_POLL;
         loop {
@@ -188,5 +187,98 @@ impl A2aPort for A2aAgents {
                 }),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::json;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::defs::UrlTemplate;
+
+    /// A server answering each request with the next JSON-RPC result or error of `answers`, and
+    /// the methods it was asked, in order.
+    async fn agent(answers: Vec<Value>) -> (String, Arc<Mutex<Vec<String>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/a2a/r", listener.local_addr().unwrap());
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let log = asked.clone();
+        tokio::spawn(async move {
+            for answer in answers {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 8192];
+                // The head, then the body by its length.
+                loop {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len: usize =
+                            head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap_or(0);
+                        if body.len() >= len {
+                            let request: Value = serde_json::from_str(body).unwrap();
+                            log.lock().unwrap().push(request["method"].as_str().unwrap().to_owned());
+                            break;
+                        }
+                    }
+                }
+                let body = json!({"jsonrpc": "2.0", "id": 1})
+                    .as_object()
+                    .unwrap()
+                    .clone()
+                    .into_iter()
+                    .chain(answer.as_object().unwrap().clone())
+                    .collect::<Map<_, _>>();
+                let body = Value::Object(body).to_string();
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                socket.write_all(head.as_bytes()).await.unwrap();
+                socket.write_all(body.as_bytes()).await.unwrap();
+            }
+        });
+        (url, asked)
+    }
+
+    fn invoke() -> A2aInvoke {
+        let url = UrlTemplate { raw: "http://x".into(), parts: vec![] };
+        A2aInvoke { url, skill: "s".into(), token_env: None, timeout: Duration::from_secs(5), max_response_bytes: 1 << 20 }
+    }
+
+    #[tokio::test]
+    async fn a_working_task_is_polled_until_it_asks() {
+        let working = json!({"result": {"task": {"id": "t1", "status": {"state": "TASK_STATE_WORKING"}}}});
+        let still = json!({"result": {"id": "t1", "status": {"state": "TASK_STATE_WORKING"}}});
+        let asks =
+            json!({"result": {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_INPUT_REQUIRED", "message": {"parts": [{"text": "Which?"}]}}}});
+        let (url, asked) = agent(vec![working, still, asks]).await;
+        let args = Map::new();
+        let inv = invoke();
+        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m1", content: Content::Start(&args) };
+        let out = A2aAgents::new().send(m).await.unwrap();
+        assert_eq!(out.answer, A2aAnswer::InputRequired { task_id: "t1".into(), context_id: Some("c1".into()), question: "Which?".into() });
+        assert_eq!(*asked.lock().unwrap(), ["SendMessage", "GetTask", "GetTask"]);
+    }
+
+    #[tokio::test]
+    async fn a_reply_the_task_took_already_reads_the_task_instead() {
+        let refused = json!({"error": {"code": -32004, "message": "task t1 is working"}});
+        let done = json!({"result": {"id": "t1", "status": {"state": "TASK_STATE_COMPLETED"}, "artifacts": [{"parts": [{"text": "42"}]}]}});
+        let (url, asked) = agent(vec![refused, done]).await;
+        let inv = invoke();
+        let content = Content::Reply { task_id: "t1", context_id: None, text: "order 42" };
+        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m1:reply:1", content };
+        let out = A2aAgents::new().send(m).await.unwrap();
+        assert_eq!(out.answer, A2aAnswer::Completed("42".into()));
+        assert_eq!(*asked.lock().unwrap(), ["SendMessage", "GetTask"]);
+        // A new task's message refused is the tool's error, naming the code.
+        let (url, _) = agent(vec![json!({"error": {"code": -32004, "message": "no"}})]).await;
+        let args = Map::new();
+        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m2", content: Content::Start(&args) };
+        let e = A2aAgents::new().send(m).await.unwrap_err();
+        assert_eq!((e.class, e.message.as_str()), (ReasonClass::ToolFailed, "the agent answered JSON-RPC error -32004: no"));
     }
 }
