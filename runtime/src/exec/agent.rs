@@ -139,3 +139,108 @@ impl Runner {
 fn connection(message: String) -> ToolError {
     ToolError { class: ReasonClass::ToolConnection, message }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::json;
+
+    use super::super::*;
+    use crate::catalogue::{self, SourceFile};
+    use crate::events::NullSink;
+    use crate::failure::BoxFuture;
+    use crate::llm::stub::StubLlm;
+    use crate::tools::ToolError;
+    use crate::tools::a2a::{A2aAnswer, A2aMessage, A2aOutput, A2aPort, Content};
+
+    /// An agent that asks once, then answers; every message it got: (message id, task replied to).
+    #[derive(Default)]
+    struct Asking(Mutex<Vec<(String, Option<String>)>>);
+
+    impl A2aPort for Asking {
+        fn send<'a>(&'a self, m: A2aMessage<'a>) -> BoxFuture<'a, Result<A2aOutput, ToolError>> {
+            let (task, answer) = match m.content {
+                Content::Start(_) => (None, A2aAnswer::InputRequired { task_id: "t1".into(), context_id: Some("c1".into()), question: "Which order?".into() }),
+                Content::Reply { task_id, text, .. } => (Some(task_id.to_owned()), A2aAnswer::Completed(format!("order {text} refunded"))),
+            };
+            self.0.lock().unwrap().push((m.message_id.to_owned(), task));
+            Box::pin(async move { Ok(A2aOutput { answer, bytes: 1, duration: std::time::Duration::ZERO }) })
+        }
+    }
+
+    /// A journal in memory: its batches' entries.
+    #[derive(Default)]
+    struct Entries(Mutex<Vec<Vec<JournalEntry>>>);
+
+    impl RunJournal for Entries {
+        fn append<'a>(&'a self, _: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
+            self.0.lock().unwrap().push(batch.entries);
+            Box::pin(async { Ok(()) })
+        }
+
+        fn commit<'a>(&'a self, run_id: &'a str, batch: JournalBatch) -> BoxFuture<'a, Result<(), JournalError>> {
+            self.append(run_id, batch)
+        }
+    }
+
+    const CATALOGUE: &str = r#"
+profiles: {p: {}}
+capabilities:
+  partner:
+    input_schema: {type: object, properties: {q: {type: string}}}
+    invoke: {a2a: "http://partner/a2a/r", skill: r}
+routes:
+  relay: {model_profile: p, prompt_pack: pack, decision_loop: {tools: [partner]}}
+"#;
+
+    fn runner(agent: Arc<Asking>) -> Runner {
+        let files = [SourceFile { path: "t/c.yaml".into(), text: CATALOGUE.into() }];
+        let cat = catalogue::load_from_texts(&files, &[SourceFile { path: "t/pack.yaml".into(), text: "host: H\n".into() }]);
+        assert_eq!(cat.error_count(), 0, "{:?}", cat.diagnostics());
+        let stub = StubLlm::default().script("relay", "decide", &[r#"CALL partner {"q":"x"}"#, "DONE ok"]);
+        Runner::new(Arc::new(cat), crate::llm::stack::build(stub, Default::default()), Arc::new(|_: &str| None)).unwrap().with_a2a(Some(agent))
+    }
+
+    #[tokio::test]
+    async fn an_agents_question_is_the_runs_and_its_task_is_resumed_from_the_journal_never_started_again() {
+        let (agent, journal) = (Arc::new(Asking::default()), Entries::default());
+        let r = runner(agent.clone());
+        let req = RunRequest { route_id: "relay".into(), goal: json!({"q": "x"}).as_object().unwrap().clone(), prefetch: vec![] };
+        let run = |begin| r.execute(req.clone(), begin, Arc::new(NullSink), Cancel::never(), Some(&journal));
+        let asked = run(Begin::New { run_id: "run-1".into() }).await.unwrap();
+        assert_eq!((asked.status(), asked.question()), (RunStatus::AwaitingInput, Some("Which order?")));
+        let entries: Vec<JournalEntry> = journal.0.lock().unwrap().concat();
+        let Some(JournalEntry::ToolAsked(ask)) = entries.last() else { panic!("the task is recorded with the ask: {entries:?}") };
+        assert_eq!((ask.task_id.as_str(), ask.asked, ask.call.as_str()), ("t1", 1, "fabric:run-1:partner:1"));
+        let history = RunHistory { run_id: "run-1".into(), entries, next_seq: 100, open: None };
+        let done = run(Begin::Continue { history, reply: "42".into() }).await.unwrap();
+        assert_eq!((done.status(), done.output()), (RunStatus::Completed, Some("ok")), "{done:?}");
+        assert!(done.notes.iter().any(|n| n == "partner: order 42 refunded"), "{done:?}");
+        let sent = agent.0.lock().unwrap().clone();
+        assert_eq!(sent, [("fabric:run-1:partner:1".into(), None), ("fabric:run-1:partner:1:reply:1".into(), Some("t1".into()))]);
+        // Recovered from every cut after the reply: the reply goes to the same task (same id) or,
+        // once its result is recorded, nothing is sent; a new task is never started.
+        let batches = journal.0.lock().unwrap().clone();
+        let replied = batches.iter().position(|b| b.iter().any(|e| matches!(e, JournalEntry::UserReply { .. }))).unwrap();
+        let mut kinds = std::collections::BTreeSet::new();
+        for cut in replied + 1..batches.len() {
+            let (agent, again) = (Arc::new(Asking::default()), Entries::default());
+            let history = RunHistory { run_id: "run-1".into(), entries: batches[..cut].concat(), next_seq: 100, open: None };
+            let recovered =
+                runner(agent.clone()).execute(req.clone(), Begin::Recover(history), Arc::new(NullSink), Cancel::never(), Some(&again)).await.unwrap();
+            assert_eq!(recovered.output(), Some("ok"), "cut {cut}: {recovered:?}");
+            let sent = agent.0.lock().unwrap().clone();
+            let recorded = batches[..cut].concat().iter().any(|e| matches!(e, JournalEntry::StageCompleted { stage_id, .. } if stage_id == "partner"));
+            let expected: Vec<(String, Option<String>)> = if recorded { vec![] } else { vec![("fabric:run-1:partner:1:reply:1".into(), Some("t1".into()))] };
+            assert_eq!(sent, expected, "cut {cut}");
+            kinds.insert(recorded);
+        }
+        assert_eq!(kinds.len(), 2, "cuts before and after the result was recorded");
+        // A replay of the whole journal calls no agent.
+        let agent = Arc::new(Asking::default());
+        let replayed = runner(agent.clone()).execute(req.clone(), Begin::Replay(batches.concat()), Arc::new(NullSink), Cancel::never(), None).await.unwrap();
+        assert_eq!(replayed.output(), Some("ok"));
+        assert!(agent.0.lock().unwrap().is_empty());
+    }
+}
