@@ -101,6 +101,12 @@ async fn a_route_calls_another_fleets_route_which_asks_once() {
     let run = start(&server).await;
     assert_eq!((run["status"].as_str(), run["question"].as_str()), (Some("awaiting_input"), Some("Which order number?")), "{run}");
     let id = run["run_id"].as_str().unwrap().to_owned();
+    let events = crate::service::sse(&server, &id, None).await;
+    let last: Vec<(&str, &Value)> = events[events.len() - 4..].iter().map(|e| (e.1.as_str(), &e.2)).collect();
+    let kinds: Vec<&str> = last.iter().map(|e| e.0).collect();
+    assert_eq!(kinds, ["run.tool.started", "run.tool.completed", "run.stage.completed", "run.awaiting_input"], "{events:?}");
+    assert_eq!((last[0].1["method"].as_str(), last[2].1["stage_id"].as_str()), (Some("a2a"), Some("partner")));
+    assert_eq!(last[0].1["url"].as_str(), Some(format!("{}/a2a/support-agent", callee.url).as_str()));
     let called = runs_of(&callee, "support-agent").await;
     assert_eq!(called.len(), 1, "one task on the callee: {called:?}");
     assert_eq!(called[0]["status"], "awaiting_input");

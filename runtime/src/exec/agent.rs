@@ -8,12 +8,13 @@ use serde_json::{Map, Value};
 
 use super::Runner;
 use super::journal::{JournalEntry, ToolAsk};
-use super::state::{Run, RunState, StageFailure};
+use super::state::{OpenStage, Run, RunState, StageFailure};
 use super::tool::{Done, end_call, interrupted, tool_span};
 use crate::defs::A2aInvoke;
 use crate::events::{EventData, ToolStatus};
 use crate::failure::ReasonClass;
 use crate::hydrate::StageNode;
+use crate::llm::telemetry::round_ms;
 use crate::tools::ToolError;
 use crate::tools::a2a::{A2aAnswer, A2aMessage, Content};
 
@@ -125,10 +126,15 @@ impl Runner {
         }
     }
 
-    /// An agent's question in the decision loop: recorded (journalled runs), and the question
-    /// the run asks. The tool stage stays open until the reply's call ends it.
-    pub(super) fn agent_asks(&self, run: &Run<'_>, state: &mut RunState, ask: ToolAsk) -> String {
+    /// An agent's question in the decision loop: the tool's stage ends with it as its output (an
+    /// event only: no slot, no journal entry of a completion, which would be taken as the tool's
+    /// result), the ask is recorded (journalled runs), and the question is what the run asks.
+    pub(super) fn agent_asks(&self, run: &Run<'_>, state: &mut RunState, open: OpenStage<'_>, ask: ToolAsk) -> String {
+        let OpenStage { stage, started, cx } = open;
+        let duration_ms = round_ms(started.elapsed().as_secs_f64() * 1000.0);
         let question = ask.question.clone();
+        run.events.emit(Some(stage.id()), || EventData::StageCompleted { duration_ms, output: question.clone(), output_chars: question.chars().count() });
+        crate::otel::end(&cx);
         if run.journal.is_some() {
             state.pending.push(JournalEntry::ToolAsked(ask));
         }

@@ -135,8 +135,7 @@ impl Runner {
                 (Some(a2a), call) => match self.call_agent(run, tool, a2a, call, &open.cx).await {
                     Ok(AgentOutcome::Result(text)) => Ok(text),
                     Ok(AgentOutcome::Asked(ask)) => {
-                        crate::otel::end(&open.cx);
-                        return Ok(Some(self.agent_asks(run, state, ask)));
+                        return Ok(Some(self.agent_asks(run, state, open, ask)));
                     }
                     Err(f) => Err(f),
                 },
