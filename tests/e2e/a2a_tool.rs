@@ -6,7 +6,8 @@
 //! journalled: a replay makes no call. A caller `kill -9`'d while the callee works on the reply
 //! (SQLite, then PostgreSQL): another caller process continues the same task. A workflow stage (a
 //! result; a question fails it), a callee whose task fails, hostile answers (not JSON, a JSON-RPC
-//! error, a huge body, a redirect, a slow drip), bad catalogue entries, `fabric doctor`.
+//! error, a huge body, a redirect, a slow drip), bad catalogue entries, `fabric doctor`, `routes
+//! diff`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -387,4 +388,26 @@ fn doctor_names_each_agent_and_whether_its_variables_are_set_never_a_value() {
     );
     assert!(text.contains("a2a agent junk: ${JUNK_A2A_URL} skill junk; token: PARTNER_A2A_TOKEN set; variables: JUNK_A2A_URL UNSET"), "{text}");
     assert!(!text.contains("sekrit-4711") && !text.contains("user:pw"), "{text}");
+}
+
+#[test]
+fn routes_diff_shows_an_agent_that_changed_never_a_secret() {
+    use fabric::catalogue::{SourceFile, load_from_texts};
+    let load = |invoke: &str| {
+        let text = format!(
+            "profiles: {{p: {{}}}}\ncapabilities:\n  partner:\n    input_schema: {{type: object}}\n    invoke: {invoke}\nroutes:\n  r: {{model_profile: p, prompt_pack: s, decision_loop: {{tools: [partner]}}}}\n"
+        );
+        let cat = load_from_texts(&[SourceFile { path: "r/a.yaml".into(), text }], &[SourceFile { path: "p/s.yaml".into(), text: "host: H\n".into() }]);
+        assert_eq!(cat.error_count(), 0, "{:?}", cat.diagnostics());
+        cat
+    };
+    let old = load(r#"{a2a: "https://partner.example/a2a/r", skill: r}"#);
+    let new = load(r#"{a2a: "https://user:hunter2@partner.example/a2a/r2", skill: r2, token_env: PARTNER_TOKEN, timeout_ms: 5000}"#);
+    let d = fabric::diff::diff(&old, &new);
+    let json = serde_json::to_value(&d).unwrap().to_string();
+    assert!(json.contains(r#""field":"agent""#) && json.contains(r#""token_env":"PARTNER_TOKEN""#), "{json}");
+    let text = d.to_string();
+    assert!(text.contains("agent: https://partner.example/a2a/r skill r (no token, timeout 60000 ms, at most 1048576 bytes) -> "), "{text}");
+    assert!(text.contains("skill r2 (token from PARTNER_TOKEN, timeout 5000 ms"), "{text}");
+    assert!(!text.contains("hunter2") && !json.contains("hunter2"), "{text}");
 }
