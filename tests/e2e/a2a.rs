@@ -156,7 +156,7 @@ async fn an_input_required_task_is_answered_by_the_next_message_and_another_is_c
 }
 
 /// One raw JSON-RPC call: the HTTP status and the body.
-async fn rpc(server: &Server, route: &str, body: &str, token: Option<&str>) -> (u16, Value) {
+pub(crate) async fn rpc(server: &Server, route: &str, body: &str, token: Option<&str>) -> (u16, Value) {
     let mut req = client().post(agent(server, route)).header("content-type", "application/json").body(body.to_owned());
     if let Some(t) = token {
         req = req.bearer_auth(t);

@@ -29,6 +29,7 @@ mod fenced;
 mod flow;
 mod health;
 mod ids;
+pub mod inbox;
 mod lease;
 mod migrations;
 mod open;
@@ -378,6 +379,11 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
 
     /// The experiments of `fabric eval` (issue 51), where the store keeps them (SQL stores do).
     fn experiments(&self) -> Option<&dyn experiments::ExperimentStore> {
+        None
+    }
+
+    /// The runs' inboxes: messages for a run that was not asking (`None`: a test's double).
+    fn inbox(&self) -> Option<&dyn inbox::InboxStore> {
         None
     }
 }

@@ -224,6 +224,10 @@ where
         Some(self)
     }
 
+    fn inbox(&self) -> Option<&dyn super::inbox::InboxStore> {
+        Some(self)
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db)?;

@@ -8,10 +8,12 @@ use serde_json::{Map, Value, json};
 use sha2::Digest;
 
 use super::super::cancel::cancel_here;
-use super::super::runs::{Begun, begin_run, reply_here};
+use super::super::runs::{Begun, begin_run};
 use super::super::{ApiError, AppState, ErrorCode, store_error};
 use super::wire::{self, Code, RpcError};
-use crate::runtime::{CancelError, StartRequest};
+use crate::exec::StartError;
+use crate::runtime::{CancelError, ReplyError, StartRequest};
+use crate::store::inbox::Queued;
 use crate::store::{IdempotencyKey, RunFilter, RunId, StoredRun, StoredStatus};
 
 /// Why a run is cancelled by `CancelTask`.
@@ -19,7 +21,7 @@ const CANCELLED: &str = "cancelled by an A2A client (CancelTask)";
 
 /// The run of `task_id`, if it is a task of `route_id` (another route's is not found here).
 pub(super) async fn load(state: &AppState, route_id: &str, task_id: &str) -> Result<StoredRun, RpcError> {
-    let not_found = || RpcError::new(Code::TaskNotFound, "no task of this agent has that id");
+    let not_found = || RpcError::new(Code::TaskNotFound, "task not found: no task of this agent has that id");
     let Some(id) = RunId::parse(task_id) else { return Err(not_found()) };
     match state.inner.durable.store().get_run(id.as_str()).await.map_err(|e| api(store_error(e)))? {
         Some(run) if run.route_id == route_id => Ok(run),
@@ -76,6 +78,12 @@ async fn history(state: &AppState, run: &StoredRun, ctx: &str) -> Result<Vec<Val
         let text = body.get(field).and_then(Value::as_str).unwrap_or_default();
         messages.push(wire::message(&format!("{id}:{}", e.seq), id, ctx, role, vec![wire::part_of(text)]));
     }
+    // Messages that wait for a question (a reply taken shows as its `run.resumed` above).
+    for m in state.inner.durable.queued_messages(id).await.map_err(|e| api(store_error(e)))? {
+        if m.taken_at.is_none() {
+            messages.push(wire::message(&m.message_id, id, ctx, "ROLE_USER", vec![json!({"text": m.text})]));
+        }
+    }
     Ok(messages)
 }
 
@@ -107,7 +115,7 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Re
         return Err(RpcError::params(format!("a part is {} bytes; the limit is {limit}", parts.largest)).with_data(json!({"limit": limit})));
     }
     if let Some(task_id) = message.get("taskId").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-        return answer(state, route_id, task_id, parts).await;
+        return answer(state, route_id, task_id, message_id, parts).await;
     }
     let edition = state.runtime().current();
     let route = edition.check_route(route_id).map_err(|e| api(super::super::start_error(e)))?.clone();
@@ -148,24 +156,37 @@ fn key(route_id: &str, message_id: &str) -> Result<IdempotencyKey, RpcError> {
     })
 }
 
-/// A message to a task: the reply to its question.
-async fn answer(state: &AppState, route_id: &str, task_id: &str, parts: wire::Parts) -> Result<Sent, RpcError> {
+/// A message to a task that has not ended: kept in the run's inbox (once per `messageId`) as the
+/// reply to its question, now if it asks, else its next one; continued here when it asks.
+async fn answer(state: &AppState, route_id: &str, task_id: &str, message_id: &str, parts: wire::Parts) -> Result<Sent, RpcError> {
     let run = load(state, route_id, task_id).await?;
-    if run.status != StoredStatus::AwaitingInput {
-        let why = if run.status.is_pending() {
-            "is working: a task takes a message only when it is input-required"
-        } else {
-            "ended: a terminal task takes no more messages"
-        };
-        return Err(RpcError::new(Code::UnsupportedOperation, format!("task {task_id} {why}")).with_data(json!({"state": wire::state(run.status)})));
-    }
     let text = match (parts.text, parts.data) {
         (Some(t), _) => t,
         (None, Some(d)) => d.to_string(),
         (None, None) => return Err(no_usable_part()),
     };
-    reply_here(state, &run.run_id, text).await.map_err(api)?;
-    Ok(Sent { run_id: run.run_id, after: run.next_seq.saturating_sub(1) })
+    if text.trim().is_empty() {
+        return Err(RpcError::params("the message's text is empty: it would answer nothing"));
+    }
+    let ended = |status: Option<StoredStatus>| {
+        let state = status.map_or("TASK_STATE_UNSPECIFIED", wire::state);
+        RpcError::new(Code::UnsupportedOperation, format!("task {task_id} ended: a terminal task takes no more messages")).with_data(json!({"state": state}))
+    };
+    if !run.status.is_pending() && run.status != StoredStatus::AwaitingInput {
+        return Err(ended(Some(run.status)));
+    }
+    let after = run.next_seq.saturating_sub(1);
+    match state.inner.durable.queue_message(&run.run_id, message_id, &text).await {
+        Ok(Queued::Queued | Queued::Again) => {}
+        Ok(Queued::Ended(status)) => return Err(ended(status)),
+        Err(ReplyError::Start(StartError::NotResumable { .. })) => {
+            return Err(RpcError::new(Code::UnsupportedOperation, format!("task {task_id} takes no messages after the first: its route never asks")));
+        }
+        Err(e) => return Err(api(super::super::inbox::reply_error(&run.run_id, e))),
+    }
+    // Asking now (or since): answered at once. Else its next question takes it.
+    super::super::inbox::deliver_queued(state, &run.run_id).await.map_err(api)?;
+    Ok(Sent { run_id: run.run_id, after })
 }
 
 fn no_usable_part() -> RpcError {
