@@ -4,6 +4,7 @@ mod a2a;
 mod a2a_inbox;
 mod a2a_js;
 mod a2a_tck;
+mod a2a_tool;
 mod architecture;
 mod browser;
 mod cancel;
