@@ -411,3 +411,52 @@ fn routes_diff_shows_an_agent_that_changed_never_a_secret() {
     assert!(text.contains("skill r2 (token from PARTNER_TOKEN, timeout 5000 ms"), "{text}");
     assert!(!text.contains("hunter2") && !json.contains("hunter2"), "{text}");
 }
+
+/// A caller's run cancelled takes the agent's task with it: while it asks its user the agent's
+/// question (the task in its journal), and while it waits for the agent (the task the agent
+/// named). A replica stopping for a handover would not: its run's next holder waits for the task.
+#[tokio::test]
+async fn a_cancelled_caller_cancels_the_agents_task_asking_or_waiting() {
+    let (callee_dir, caller_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let callee_stub = asking_stub();
+    // The callee's model calls take 3 s: its tasks are `working` while the caller waits.
+    let callee =
+        Server::start(&format!("sqlite://{}", callee_dir.path().join("callee.db").display()), callee_stub.path(), &[("FABRIC_LLM_STUB_LATENCY_MS", "3000")]);
+    let (routes, stub) = caller_files(&[r#"CALL partner {"question": "I was charged twice"}"#, "DONE done"]);
+    let db = format!("sqlite://{}", caller_dir.path().join("caller.db").display());
+    let server = caller(&db, routes.path(), stub.path(), &[("PARTNER_A2A_URL", callee.url.as_str())]);
+    let callee_task = |n: usize| {
+        let callee = &callee;
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let runs = runs_of(callee, "support-agent").await;
+                if runs.len() > n || std::time::Instant::now() > deadline {
+                    return runs.first().cloned().unwrap_or(Value::Null);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let cancel = |id: String| {
+        let server = &server;
+        async move { post(server, &format!("/v1/runs/{id}/cancel"), json!({"reason": "the customer left"})).await }
+    };
+    // Waiting: the caller's tool polls the callee's working task when the caller is cancelled.
+    let (_, run) = post(&server, "/v1/runs", json!({"route_id": "concierge", "goal": {"q": "refund?"}, "model_profile": "default"})).await;
+    let waiting = callee_task(0).await;
+    assert_eq!(waiting["status"], "running", "{waiting}");
+    let (status, _) = cancel(run["run_id"].as_str().unwrap().to_owned()).await;
+    assert!(status < 300, "{status}");
+    let ended = settled(&callee, waiting["run_id"].as_str().unwrap()).await;
+    assert_eq!(ended["status"], "cancelled", "the agent's task went with its caller: {ended}");
+    // Asking: the caller asks its user the agent's question; cancelled, the task goes too.
+    let run = start(&server).await;
+    assert_eq!(run["status"], "awaiting_input", "{run}");
+    let asking = callee_task(1).await;
+    assert_eq!(asking["status"], "awaiting_input", "{asking}");
+    let (status, _) = cancel(run["run_id"].as_str().unwrap().to_owned()).await;
+    assert!(status < 300, "{status}");
+    let ended = settled(&callee, asking["run_id"].as_str().unwrap()).await;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+}

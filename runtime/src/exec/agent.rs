@@ -16,7 +16,7 @@ use crate::failure::ReasonClass;
 use crate::hydrate::StageNode;
 use crate::llm::telemetry::round_ms;
 use crate::tools::ToolError;
-use crate::tools::a2a::{A2aAnswer, A2aMessage, Content};
+use crate::tools::a2a::{A2aAnswer, A2aMessage, A2aTask, Content};
 
 /// What an agent was sent: a new task's arguments under the call's id, or the reply to its
 /// recorded question.
@@ -64,6 +64,11 @@ impl Runner {
         // The agent runs the tool outside this process: an `extension` in the GenAI conventions.
         let span = tool_span(cx, events.run_id(), tool, "extension");
         let token = a2a.token_env.as_deref().map(|v| (v, (self.vars)(v).filter(|t| !t.is_empty())));
+        // The task, once known: a reply's is, a new one's once the agent names it.
+        let seen = std::sync::OnceLock::new();
+        if let AgentCall::Reply { ask, .. } = &call {
+            let _ = seen.set(ask.task_id.clone());
+        }
         let (message_id, content, asked) = match &call {
             AgentCall::Start { call, args } => (call.clone(), Content::Start(args), 0),
             AgentCall::Reply { ask, reply } => {
@@ -77,10 +82,19 @@ impl Runner {
             (_, _, Some((var, None))) => Err(connection(format!("the token variable `{var}` is unset or empty"))),
             (Some(port), Some(url), token) => {
                 let token = token.and_then(|(_, t)| t);
-                let message = A2aMessage { invoke: a2a, url, token: token.as_deref(), message_id: &message_id, content };
+                let message = A2aMessage { invoke: a2a, url, token: token.as_deref(), message_id: &message_id, content, seen: &seen };
                 match cancel.race(port.send(message)).await {
                     Ok(r) => r,
-                    Err(why) => Err(interrupted(why)),
+                    Err(why) => {
+                        // Cancelled on request (not stopped for a handover, after which the
+                        // run's next holder waits for the same task): the agent's task goes too.
+                        if cancel.requested().is_some()
+                            && let Some(task_id) = seen.get()
+                        {
+                            port.cancel_task(A2aTask { invoke: a2a, url, token: token.as_deref(), task_id }).await;
+                        }
+                        Err(interrupted(why))
+                    }
                 }
             }
         };
@@ -103,6 +117,22 @@ impl Runner {
             Some(ask) => AgentOutcome::Asked(ask),
             None => AgentOutcome::Result(text),
         })
+    }
+
+    /// A run cancelled while it asked its user an agent's question (its journal's last ask has no
+    /// reply after it): the agent's task is cancelled too, best effort (see
+    /// [`crate::tools::a2a::A2aPort::cancel_task`]).
+    pub(super) async fn cancel_asked_agent(&self, route_id: &str, entries: &[JournalEntry]) {
+        let Some(JournalEntry::ToolAsked(ask)) = entries.iter().rev().find(|e| matches!(e, JournalEntry::ToolAsked(_) | JournalEntry::UserReply { .. })) else {
+            return;
+        };
+        let (Some(port), Ok(route)) = (&self.a2a, self.route(route_id)) else { return };
+        let Some(a2a) = route.nodes().find(|(_, n)| n.id() == ask.stage_id).and_then(|(_, n)| n.capability()).and_then(|c| c.def.a2a.as_ref()) else {
+            return;
+        };
+        let Some(url) = a2a.url.resolve(&|v| (self.vars)(v)) else { return };
+        let token = a2a.token_env.as_deref().and_then(|v| (self.vars)(v)).filter(|t| !t.is_empty());
+        port.cancel_task(A2aTask { invoke: a2a, url: &url, token: token.as_deref(), task_id: &ask.task_id }).await;
     }
 
     /// A workflow's tool stage calling an agent: its result; a question fails the stage (a
@@ -160,11 +190,17 @@ mod tests {
     use crate::tools::ToolError;
     use crate::tools::a2a::{A2aAnswer, A2aMessage, A2aOutput, A2aPort, Content};
 
-    /// An agent that asks once, then answers; every message it got: (message id, task replied to).
+    /// An agent that asks once, then answers; every message it got: (message id, task replied
+    /// to), and the tasks it was asked to cancel.
     #[derive(Default)]
-    struct Asking(Mutex<Vec<(String, Option<String>)>>);
+    struct Asking(Mutex<Vec<(String, Option<String>)>>, Mutex<Vec<String>>);
 
     impl A2aPort for Asking {
+        fn cancel_task<'a>(&'a self, task: crate::tools::a2a::A2aTask<'a>) -> BoxFuture<'a, ()> {
+            self.1.lock().unwrap().push(task.task_id.to_owned());
+            Box::pin(async {})
+        }
+
         fn send<'a>(&'a self, m: A2aMessage<'a>) -> BoxFuture<'a, Result<A2aOutput, ToolError>> {
             let (task, answer) = match m.content {
                 Content::Start(_) => (None, A2aAnswer::InputRequired { task_id: "t1".into(), context_id: Some("c1".into()), question: "Which order?".into() }),
@@ -219,10 +255,25 @@ routes:
         let entries: Vec<JournalEntry> = journal.0.lock().unwrap().concat();
         let Some(JournalEntry::ToolAsked(ask)) = entries.last() else { panic!("the task is recorded with the ask: {entries:?}") };
         assert_eq!((ask.task_id.as_str(), ask.asked, ask.call.as_str()), ("t1", 1, "fabric:run-1:partner:1"));
+        // Cancelled while it asks: the agent's task is cancelled too (and not once it was answered).
+        let history = RunHistory { run_id: "run-1".into(), entries: entries.clone(), next_seq: 100, open: None };
+        let ended = r.end_cancelled("relay", history, "stop", Arc::new(NullSink), &Entries::default()).await;
+        assert_eq!(ended.status(), RunStatus::Cancelled);
+        assert_eq!(*agent.1.lock().unwrap(), ["t1"]);
         let history = RunHistory { run_id: "run-1".into(), entries, next_seq: 100, open: None };
         let done = run(Begin::Continue { history, reply: "42".into() }).await.unwrap();
         assert_eq!((done.status(), done.output()), (RunStatus::Completed, Some("ok")), "{done:?}");
         assert!(done.notes.iter().any(|n| n == "partner: order 42 refunded"), "{done:?}");
+        let answered = journal.0.lock().unwrap().concat();
+        r.end_cancelled(
+            "relay",
+            RunHistory { run_id: "run-1".into(), entries: answered, next_seq: 200, open: None },
+            "late",
+            Arc::new(NullSink),
+            &Entries::default(),
+        )
+        .await;
+        assert_eq!(agent.1.lock().unwrap().len(), 1, "an answered question's task is not cancelled again");
         let sent = agent.0.lock().unwrap().clone();
         assert_eq!(sent, [("fabric:run-1:partner:1".into(), None), ("fabric:run-1:partner:1:reply:1".into(), Some("t1".into()))]);
         // Recovered from every cut after the reply: the reply goes to the same task (same id) or,

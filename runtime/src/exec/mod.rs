@@ -364,6 +364,7 @@ impl Runner {
     /// its process died before it saw the request): `cancelled` with `reason`, keeping what its
     /// journal holds, with a last `run.cancelled` event, committed to `journal`.
     pub async fn end_cancelled(&self, route_id: &str, history: RunHistory, reason: &str, sink: Arc<dyn EventSink>, journal: &dyn RunJournal) -> RunResult {
+        self.cancel_asked_agent(route_id, &history.entries).await;
         let result = ended_from_journal(&history.run_id, route_id, &history.entries, RunEnd::cancelled(reason));
         let last = EventData::RunCancelled { reason: reason.to_owned(), duration_ms: None };
         end_without_walk(result, last, history.next_seq, sink, journal).await

@@ -37,6 +37,25 @@ pub struct A2aMessage<'a> {
     pub token: Option<&'a str>,
     pub message_id: &'a str,
     pub content: Content<'a>,
+    /// Set to the agent's task id once it names it, so that a caller that stops waiting (its
+    /// run cancelled) can cancel the task.
+    pub seen: &'a OnceLock<String>,
+}
+
+impl A2aMessage<'_> {
+    /// The agent's task `task_id`, at this message's endpoint with its token.
+    fn at<'b>(&'b self, task_id: &'b str) -> A2aTask<'b> {
+        A2aTask { invoke: self.invoke, url: self.url, token: self.token, task_id }
+    }
+}
+
+/// Where an agent's task is, to cancel it: the agent's endpoint and token, and the task.
+#[derive(Debug, Clone, Copy)]
+pub struct A2aTask<'a> {
+    pub invoke: &'a A2aInvoke,
+    pub url: &'a str,
+    pub token: Option<&'a str>,
+    pub task_id: &'a str,
 }
 
 /// Where the agent's task stands when the tool stops waiting.
@@ -64,7 +83,14 @@ pub struct A2aOutput {
 /// cap `tool_response_too_large`. No message names the token.
 pub trait A2aPort: Send + Sync {
     fn send<'a>(&'a self, message: A2aMessage<'a>) -> BoxFuture<'a, Result<A2aOutput, ToolError>>;
+    /// Asks the agent to cancel a task the caller no longer waits for (its run was cancelled),
+    /// within [`CANCEL_WAIT`]: best effort, its refusal only logged (the caller's run ends
+    /// cancelled either way, and an agent whose task ended answers that it cannot cancel it).
+    fn cancel_task<'a>(&'a self, task: A2aTask<'a>) -> BoxFuture<'a, ()>;
 }
+
+/// How long a cancel of an agent's task may take.
+pub const CANCEL_WAIT: Duration = Duration::from_secs(5);
 
 /// The first wait between polls of a task that is still working; it doubles up to [`MAX_POLL`].
 const FIRST_POLL: Duration = Duration::from_millis(100);
@@ -95,12 +121,12 @@ impl A2aAgents {
 
     async fn exchange(&self, m: &A2aMessage<'_>) -> Result<A2aOutput, ToolError> {
         let started = tokio::time::Instant::now();
-        let (mut task, mut bytes) = match (self.rpc(m, "SendMessage", wire::send_params(m)).await, m.content) {
+        let (mut task, mut bytes) = match (self.rpc(m.at(""), "SendMessage", wire::send_params(m)).await, m.content) {
             (Ok(r), _) => r,
             // A reply sent again (after a crash) to a task that took it already: the task is
             // working or ended, so wait for it instead.
             (Err(Refusal::Rpc(e)), Content::Reply { task_id, .. }) if e.code == wire::UNSUPPORTED_OPERATION => {
-                self.rpc(m, "GetTask", wire::get_params(task_id)).await.map_err(Refusal::into_tool)?
+                self.rpc(m.at(task_id), "GetTask", wire::get_params(task_id)).await.map_err(Refusal::into_tool)?
             }
             (Err(e), _) => return Err(e.into_tool()),
         };
@@ -115,9 +141,10 @@ impl A2aAgents {
                     return Err(ToolError { class: ReasonClass::AgentTaskFailed, message: format!("the agent's task ended {state}{why}") });
                 }
                 wire::Reading::Working { task_id } => {
+                    let _ = m.seen.set(task_id.clone());
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(MAX_POLL);
-                    (task, bytes) = self.rpc(m, "GetTask", wire::get_params(&task_id)).await.map_err(Refusal::into_tool)?;
+                    (task, bytes) = self.rpc(m.at(&task_id), "GetTask", wire::get_params(&task_id)).await.map_err(Refusal::into_tool)?;
                     continue;
                 }
             };
@@ -126,7 +153,7 @@ impl A2aAgents {
     }
 
     /// One JSON-RPC call: its `result`, and the size of the answer.
-    async fn rpc(&self, m: &A2aMessage<'_>, method: &str, params: Value) -> Result<(Value, usize), Refusal> {
+    async fn rpc(&self, m: A2aTask<'_>, method: &str, params: Value) -> Result<(Value, usize), Refusal> {
         let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
         let mut request = self.client().map_err(Refusal::Tool)?.post(m.url).header("A2A-Version", "1.0").json(&body);
         if let Some(token) = m.token {
@@ -176,6 +203,19 @@ impl Refusal {
 }
 
 impl A2aPort for A2aAgents {
+    fn cancel_task<'a>(&'a self, task: A2aTask<'a>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let params = serde_json::json!({"id": task.task_id});
+            let why = match tokio::time::timeout(CANCEL_WAIT, self.rpc(task, "CancelTask", params)).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => e.into_tool().message,
+                Err(_) => format!("no answer within {} s", CANCEL_WAIT.as_secs()),
+            };
+            let at = crate::redact::origin_and_path(task.url);
+            tracing::warn!(agent = %at, task_id = task.task_id, error = %why, "cancelling an agent's task its caller no longer waits for");
+        })
+    }
+
     fn send<'a>(&'a self, message: A2aMessage<'a>) -> BoxFuture<'a, Result<A2aOutput, ToolError>> {
         Box::pin(async move {
             let timeout = message.invoke.timeout;
@@ -257,7 +297,7 @@ mod tests {
         let (url, asked) = agent(vec![working, still, asks]).await;
         let args = Map::new();
         let inv = invoke();
-        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m1", content: Content::Start(&args) };
+        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m1", content: Content::Start(&args), seen: &OnceLock::new() };
         let out = A2aAgents::new().send(m).await.unwrap();
         assert_eq!(out.answer, A2aAnswer::InputRequired { task_id: "t1".into(), context_id: Some("c1".into()), question: "Which?".into() });
         assert_eq!(*asked.lock().unwrap(), ["SendMessage", "GetTask", "GetTask"]);
@@ -270,14 +310,14 @@ mod tests {
         let (url, asked) = agent(vec![refused, done]).await;
         let inv = invoke();
         let content = Content::Reply { task_id: "t1", context_id: None, text: "order 42" };
-        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m1:reply:1", content };
+        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m1:reply:1", content, seen: &OnceLock::new() };
         let out = A2aAgents::new().send(m).await.unwrap();
         assert_eq!(out.answer, A2aAnswer::Completed("42".into()));
         assert_eq!(*asked.lock().unwrap(), ["SendMessage", "GetTask"]);
         // A new task's message refused is the tool's error, naming the code.
         let (url, _) = agent(vec![json!({"error": {"code": -32004, "message": "no"}})]).await;
         let args = Map::new();
-        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m2", content: Content::Start(&args) };
+        let m = A2aMessage { invoke: &inv, url: &url, token: None, message_id: "m2", content: Content::Start(&args), seen: &OnceLock::new() };
         let e = A2aAgents::new().send(m).await.unwrap_err();
         assert_eq!((e.class, e.message.as_str()), (ReasonClass::ToolFailed, "the agent answered JSON-RPC error -32004: no"));
     }

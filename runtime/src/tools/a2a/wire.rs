@@ -28,7 +28,9 @@ pub(super) fn send_params(m: &A2aMessage<'_>) -> Value {
             message
         }
     };
-    json!({"message": message, "configuration": {"returnImmediately": false}, "metadata": skill})
+    // Answered at once with the task (then polled): its id is known from the start, so a caller
+    // cancelled while the agent works can cancel the task (a blocking send names it only at its end).
+    json!({"message": message, "configuration": {"returnImmediately": true}, "metadata": skill})
 }
 
 pub(super) fn get_params(task_id: &str) -> Value {
