@@ -1,6 +1,7 @@
 //! End-to-end tests: the catalogue, hydration, runs and the `fabric` CLI, on fixture files.
 
 mod a2a;
+mod a2a_push;
 mod a2a_tck;
 mod architecture;
 mod browser;

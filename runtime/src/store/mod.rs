@@ -36,6 +36,7 @@ mod outbox;
 mod pool_writer;
 pub mod postgres;
 mod prompts;
+pub mod push;
 mod queue;
 mod reads;
 mod retention;
@@ -378,6 +379,12 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
 
     /// The experiments of `fabric eval` (issue 51), where the store keeps them (SQL stores do).
     fn experiments(&self) -> Option<&dyn experiments::ExperimentStore> {
+        None
+    }
+
+    /// The A2A push notification configs of runs (issue 52), where the store keeps them (SQL
+    /// stores do).
+    fn push_configs(&self) -> Option<&dyn push::PushConfigStore> {
         None
     }
 }
