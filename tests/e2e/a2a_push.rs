@@ -129,6 +129,8 @@ async fn sdk_configs_and_deliveries(kind: &str) {
     // The secrets are nowhere else: not in the run's events, its deliveries' list or the logs.
     let events = crate::service::sse(&server, &task_id, None).await;
     let listed = crate::service::get(&server, &format!("/v1/runs/{task_id}/webhooks")).await;
+    let pushed: Vec<&Value> = listed["webhooks"].as_array().unwrap().iter().filter(|w| w["a2a_push_config"] == "cfg-1").collect();
+    assert!(pushed.len() >= 3 && pushed.iter().any(|w| w["type"] == "run.awaiting_input"), "{kind}: the config's deliveries listed: {listed}");
     let seen = format!("{events:?}{listed}{}", server.logs());
     for secret in ["tok-1", "cred-1", "tok-2"] {
         assert!(!seen.contains(secret), "{kind}: {secret} shown: {seen}");

@@ -69,26 +69,39 @@ async fn tck_mandatory(store: &str) {
     assert!(passed >= 80, "{store}: {passed} mandatory tests passed\n{text}");
 }
 
-/// The TCK's optional capabilities category: every push notification config test passes (the
-/// cards say `pushNotifications: true`, so none is skipped). Its configs name
-/// `https://example.com` and its own receiver at `http://localhost:8888` (a port of its own:
-/// one run at a time), so both are allowed origins; one attempt each.
+/// The TCK's receiver's port is fixed (8888): one capabilities run at a time.
+static RECEIVER_PORT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn the_tck_push_notification_tests_pass_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("fabric.db").display());
+    tck_push(&format!("sqlite://{}", dir.path().join("fabric.db").display())).await;
+}
+
+#[tokio::test]
+async fn the_tck_push_notification_tests_pass_on_postgres() {
+    if let Some(url) = crate::store::fresh_postgres().await {
+        tck_push(&url).await;
+    }
+}
+
+/// The TCK's optional capabilities category: every push notification config test passes (the
+/// cards say `pushNotifications: true`, so none is skipped). Its configs name
+/// `https://example.com` and its own receiver at `http://localhost:8888`, so both are allowed
+/// origins; one attempt each.
+async fn tck_push(store: &str) {
+    let _port = RECEIVER_PORT.lock().await;
     let env = [
         ("FABRIC_WEBHOOK_ALLOWED_ORIGINS", "https://example.com,http://localhost:8888"),
         ("FABRIC_WEBHOOK_SECRET", crate::webhooks::SECRET),
         ("FABRIC_WEBHOOK_MAX_ATTEMPTS", "1"),
     ];
-    let Some((failed, _, text)) = run_tck(&store, "capabilities", &env).await else { return };
+    let Some((failed, _, text)) = run_tck(store, "capabilities", &env).await else { return };
     let push: Vec<&str> = text.lines().filter(|l| l.contains("test_push_notification_config_methods.py::")).collect();
-    // The category's outcome, for `--nocapture` (docs/a2a.md reports it).
-    eprintln!("{}\nfailed: {failed:?}\n{}", push.join("\n"), text.lines().rev().find(|l| l.contains(" passed")).unwrap_or_default());
-    assert!(push.iter().filter(|l| l.contains("PASSED")).count() >= 10, "the push tests ran and passed: {push:#?}\n{text}");
+    eprintln!("{}\nfailed: {failed:?}", push.join("\n"));
+    assert!(push.iter().filter(|l| l.contains("PASSED")).count() >= 10, "{store}: the push tests ran and passed: {push:#?}\n{text}");
     let failed_push: Vec<&String> = failed.iter().filter(|f| f.contains("push_notification")).collect();
-    assert!(failed_push.is_empty(), "push notification tests failed: {failed_push:#?}\n{text}");
+    assert!(failed_push.is_empty(), "{store}: push notification tests failed: {failed_push:#?}\n{text}");
 }
 
 /// Runs one category of the TCK against a fresh `fabric serve` on `store` (with `extra`
@@ -106,11 +119,11 @@ async fn run_tck(store: &str, category: &str, extra: &[(&str, &str)]) -> Option<
     let server = Server::start(store, stub.path(), &env);
     // `localhost`: the TCK takes a card that names 127.0.0.1 for one that leaks an internal address.
     let sut = format!("{}/a2a/support-agent", server.url.replace("127.0.0.1", "localhost"));
-    let category = category.to_owned();
+    let arg = category.to_owned();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(&python)
             .current_dir(&tck)
-            .args(["run_tck.py", "--sut-url", &sut, "--category", &category, "--verbose"])
+            .args(["run_tck.py", "--sut-url", &sut, "--category", &arg, "--verbose"])
             .env("A2A_AUTH_TYPE", "bearer")
             .env("A2A_AUTH_TOKEN", TOKEN)
             .output()
@@ -123,6 +136,8 @@ async fn run_tck(store: &str, category: &str, extra: &[(&str, &str)]) -> Option<
     let failed: Vec<String> =
         text.lines().filter_map(|l| l.strip_prefix("FAILED ")).map(|l| l.split_whitespace().next().unwrap_or_default().to_owned()).collect();
     let summary = text.lines().rev().find(|l| l.contains(" passed")).unwrap_or_else(|| panic!("{store}: no TCK summary: {text}"));
+    // The category's outcome, for `--nocapture` (docs/a2a.md reports it).
+    eprintln!("{store} {category}: {summary}");
     let passed: usize = summary.split(" passed").next().and_then(|h| h.rsplit([' ', ',']).next()).and_then(|n| n.parse().ok()).unwrap_or(0);
     drop(server);
     Some((failed, passed, text))

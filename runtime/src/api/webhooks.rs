@@ -56,11 +56,15 @@ pub struct WebhookPayload {
 pub struct WebhookView {
     /// The `webhook-id` header of every attempt (receivers drop duplicates by it).
     pub webhook_id: String,
-    /// The payload's `type`.
+    /// The payload's `type` (for an A2A push delivery, the state it tells: `run.running` is
+    /// `working`).
     #[serde(rename = "type")]
     pub kind: String,
     /// Scheme, host, port and path (no credentials, no query).
     pub url: String,
+    /// The A2A push notification config it goes to (its body is A2A's; docs/a2a.md), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a_push_config: Option<String>,
     pub state: DeliveryState,
     pub attempts: u32,
     /// The HTTP status of the last attempt's answer, if one came.
@@ -101,6 +105,7 @@ pub(super) async fn run_webhooks(State(state): State<AppState>, RunIdPath(run_id
             webhook_id: r.webhook_id,
             kind: format!("run.{}", r.status),
             url: crate::redact::origin_and_path(&r.url),
+            a2a_push_config: r.push_config,
             state: r.state,
             attempts: r.attempts,
             last_status: r.last_status,

@@ -96,6 +96,8 @@ pub struct DeliveryRecord {
     pub next_attempt_ms: Option<i64>,
     /// When it was delivered, or given up.
     pub done_at: Option<String>,
+    /// The A2A push notification config it is for, if it is for one.
+    pub push_config: Option<String>,
 }
 
 /// The outbox's port: claims, the record of attempts, and a run's deliveries.
@@ -241,7 +243,7 @@ where
             if run_id.contains('\0') {
                 return Ok(Vec::new());
             }
-            let sql = "SELECT id, run_id, status, url, state, attempts, last_status, last_error, at, next_attempt_ms, done_at \
+            let sql = "SELECT id, run_id, status, url, state, attempts, last_status, last_error, at, next_attempt_ms, done_at, push_config \
                        FROM run_webhooks WHERE run_id = $1 ORDER BY id";
             let rows = sqlx::query(sql).bind(run_id).fetch_all(self.pool_ref()).await.map_err(db)?;
             rows.iter()
@@ -263,6 +265,7 @@ where
                             (state == DeliveryState::Pending && attempts > 0).then(|| row.try_get("next_attempt_ms")).transpose().map_err(db)?
                         },
                         done_at: row.try_get("done_at").map_err(db)?,
+                        push_config: row.try_get("push_config").map_err(db)?,
                     })
                 })
                 .collect()
