@@ -1,7 +1,7 @@
 //! Retention: ended runs deleted in short batches with their events, journal entries, webhook
-//! deliveries and A2A push notification configs (one sweep at a time across processes: PostgreSQL's advisory lock,
-//! SQLite's write lock), never a run whose webhook delivery is still pending; and the runs
-//! awaiting input for too long, for the facade to expire.
+//! deliveries and A2A push notification configs (one sweep at a time across processes:
+//! PostgreSQL's advisory lock, SQLite's write lock), never a run whose webhook delivery is still
+//! pending; and the runs awaiting input for too long, for the facade to expire.
 
 use sqlx::Row;
 
