@@ -1,6 +1,8 @@
 //! End-to-end tests: the catalogue, hydration, runs and the `fabric` CLI, on fixture files.
 
 mod a2a;
+mod a2a_inbox;
+mod a2a_js;
 mod a2a_push;
 mod a2a_tck;
 mod architecture;

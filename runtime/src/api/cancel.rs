@@ -94,6 +94,7 @@ impl AppState {
                 }
                 Err(e) => tracing::error!(error = %e, "run store: looking for cancel requests on runs not running"),
             }
+            self.deliver_waiting_messages().await;
             if self.inner.live.is_empty() {
                 continue;
             }

@@ -15,6 +15,7 @@ mod error;
 mod experiments;
 mod follow;
 mod health;
+mod inbox;
 mod inspect;
 mod keyed;
 mod live;
@@ -70,7 +71,7 @@ use crate::cancel::Cancel;
 use crate::catalogue::{RouteEntry, RouteLookupError};
 use crate::events::EventSink;
 use crate::exec::StartError;
-use crate::runtime::{AcceptError, Durable, ReplyError, Runtime, StartRequest, Started};
+use crate::runtime::{AcceptError, Durable, Runtime, StartRequest, Started};
 use crate::store::{IdempotencyKey, RunFilter, RunId, StoredRun, StoredStatus};
 
 pub(super) fn start_error(e: StartError) -> ApiError {

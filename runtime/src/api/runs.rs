@@ -250,9 +250,15 @@ pub(super) async fn finish(state: &AppState, live: &LiveRun, outcome: Result<cra
     {
         tracing::warn!(run_id, error = %e, "ending a run that asked after its cancel was requested");
     }
-    let stored = view(state, run_id).await.ok().and_then(|v| serde_json::to_value(v).ok()).unwrap_or(Value::Null);
+    let viewed = view(state, run_id).await.ok();
+    let asked = viewed.as_ref().is_some_and(|v| v.status == StoredStatus::AwaitingInput);
+    let stored = viewed.and_then(|v| serde_json::to_value(v).ok()).unwrap_or(Value::Null);
     state.inner.live.finish(live, stored);
     state.wake_webhooks();
+    // A message queued while it ran answers its question now (after its segment is over here).
+    if asked && let Err(e) = super::inbox::deliver_queued(state, run_id).await {
+        tracing::warn!(run_id, error = %e.message, "continuing a run with a message queued for it");
+    }
 }
 
 use follow::FOLLOW_POLL;
@@ -374,13 +380,7 @@ pub(super) async fn reply_here(state: &AppState, run_id: &str, message: String) 
         return Err(ApiError::new(ErrorCode::InvalidContent, "the reply's `message` is empty"));
     }
     let permit = state.inner.in_flight.clone().try_acquire_owned().map_err(|_| too_many())?;
-    let claimed = state.inner.durable.claim_reply(run_id, message).await.map_err(|e| match e {
-        ReplyError::NotFound(_) => no_run(run_id),
-        ReplyError::NotWaiting { .. } => ApiError::new(ErrorCode::NotWaiting, e.to_string()),
-        ReplyError::Store(s) => store_error(s),
-        ReplyError::Start(s) => start_error(s),
-        ReplyError::VersionGone { .. } => ApiError::new(ErrorCode::CannotStart, e.to_string()),
-    })?;
+    let claimed = state.inner.durable.claim_reply(run_id, message).await.map_err(|e| super::inbox::reply_error(run_id, e))?;
     let lease = claimed.lease().clone();
     run_segment(state, &lease, permit, move |runtime, sink, cancel| async move { runtime.continue_run(claimed, sink, cancel).await });
     Ok(())

@@ -11,6 +11,7 @@ use super::{Durable, RunOutcome, StartRequest};
 use crate::cancel::{Cancel, CancelHandle};
 use crate::events::{EventSink, NullSink};
 use crate::exec::{Begin, RunHistory, StartError};
+use crate::store::inbox::Queued;
 use crate::store::{Fenced, Lease, StoreError, StoredStatus};
 use serde_json::Value;
 
@@ -34,8 +35,63 @@ impl Durable {
 
     /// Claims a run that awaits the user for `message`: only one reply can claim it.
     pub async fn claim_reply(&self, run_id: &str, message: String) -> Result<ClaimedReply, ReplyError> {
-        let store = &self.store;
-        let run = store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
+        let (request, on) = self.reply_checks(run_id).await?;
+        let Some(lease) = self.store.claim_reply(run_id, &self.holder).await? else {
+            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
+        };
+        self.claimed(request, on, lease, message, false).await
+    }
+
+    /// Claims a run that awaits the user for the oldest message queued for it
+    /// ([`Durable::queue_message`]), taken in the same transaction; `None` when it does not
+    /// await the user or no message waits for it.
+    pub async fn claim_queued_reply(&self, run_id: &str) -> Result<Option<ClaimedReply>, ReplyError> {
+        let Some(inbox) = self.store.inbox() else { return Ok(None) };
+        let (request, on) = match self.reply_checks(run_id).await {
+            Ok(checked) => checked,
+            Err(ReplyError::NotWaiting { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some((lease, text)) = inbox.claim_queued_reply(run_id, &self.holder).await? else { return Ok(None) };
+        self.claimed(request, on, lease, text, true).await.map(Some)
+    }
+
+    /// Keeps `text` for run `run_id`, which is not asking now, as the reply to its next question
+    /// (the oldest message first; `message_id` once). Only a run that can ask (a decision loop)
+    /// takes messages, and only until it ends.
+    pub async fn queue_message(&self, run_id: &str, message_id: &str, text: &str) -> Result<Queued, ReplyError> {
+        let inbox = self.store.inbox().ok_or(ReplyError::NoInbox)?;
+        let run = self.store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
+        if run.status.is_pending() || run.status == StoredStatus::AwaitingInput {
+            let on = self.edition_of(run.catalogue_version.as_ref(), Some(self.runtime.settings().service.resume_on)).await?;
+            if on.edition.check_route(&run.request.route_id)?.path() != crate::hydrate::RoutePath::DecisionLoop {
+                return Err(StartError::NotResumable { route: run.request.route_id.clone() }.into());
+            }
+        }
+        Ok(inbox.queue_message(run_id, message_id, text).await?)
+    }
+
+    /// Runs that asked while a message waits for them, for [`Durable::claim_queued_reply`].
+    pub async fn runs_with_waiting_messages(&self) -> Result<Vec<String>, StoreError> {
+        match self.store.inbox() {
+            Some(inbox) => inbox.runs_with_waiting_messages(64).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The messages queued for run `run_id`, in order (none where the store keeps none).
+    pub async fn queued_messages(&self, run_id: &str) -> Result<Vec<crate::store::inbox::InboxMessage>, StoreError> {
+        match self.store.inbox() {
+            Some(inbox) => inbox.messages(run_id).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// What must hold before a run that asked is claimed to go on: it awaits the user, it is
+    /// not to be cancelled, its version and route can continue it (a claimed run that cannot go
+    /// on would be stuck `running`). Its request and the edition it goes on on.
+    async fn reply_checks(&self, run_id: &str) -> Result<(StartRequest, super::on_version::OnVersion), ReplyError> {
+        let run = self.store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
         if run.status != StoredStatus::AwaitingInput {
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: run.status.as_str() });
         }
@@ -45,36 +101,52 @@ impl Durable {
             let _ = self.cancel(run_id, Some(reason), Arc::new(NullSink)).await;
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: StoredStatus::Cancelled.as_str() });
         }
-        // Everything that could stop the continuation is checked before the run is claimed: a
-        // claimed run that cannot go on would be stuck `running`. It goes on on its own version.
-        let request = run.request;
+        // It goes on on its own version.
         let on = self.edition_of(run.catalogue_version.as_ref(), Some(self.runtime.settings().service.resume_on)).await?;
-        let route = on.edition.check_route(&request.route_id)?;
+        let route = on.edition.check_route(&run.request.route_id)?;
         if route.path() != crate::hydrate::RoutePath::DecisionLoop {
-            return Err(StartError::NotResumable { route: request.route_id.clone() }.into());
+            return Err(StartError::NotResumable { route: run.request.route_id.clone() }.into());
         }
-        let Some(lease) = store.claim_reply(run_id, &self.holder).await? else {
-            return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: "running" });
-        };
-        // Read after the claim: between a read and the claim another process could have
-        // continued the run and seen it ask again, and this claim would go on from stale history.
-        match read_history(store.as_ref(), run_id).await {
-            Ok(history) => Ok(ClaimedReply { request, lease, history, reply: message, edition: on.edition, moved: on.moved }),
+        Ok((run.request, on))
+    }
+
+    /// A claimed run with its history, read after the claim: between a read and the claim
+    /// another process could have continued the run and seen it ask again, and this claim would
+    /// go on from stale history.
+    async fn claimed(
+        &self,
+        request: StartRequest,
+        on: super::on_version::OnVersion,
+        lease: Lease,
+        reply: String,
+        queued: bool,
+    ) -> Result<ClaimedReply, ReplyError> {
+        match read_history(self.store.as_ref(), lease.run_id()).await {
+            Ok(history) => Ok(ClaimedReply { request, lease, history, reply, edition: on.edition, moved: on.moved, queued }),
             Err(e) => {
-                let _ = store.reopen_reply(&lease).await;
+                self.reopen(&lease, queued).await;
                 Err(e.into())
             }
         }
     }
 
+    /// A claimed run not continued after all: it awaits the user again, and a queued message it
+    /// took waits again for it.
+    async fn reopen(&self, lease: &Lease, queued: bool) {
+        if queued && let Some(inbox) = self.store.inbox() {
+            let _ = inbox.put_back(lease.run_id()).await;
+        }
+        let _ = self.store.reopen_reply(lease).await;
+    }
+
     /// Continues a claimed run: the decision loop goes on with the reply as a note.
     pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
-        let ClaimedReply { request, lease, mut history, reply, edition, moved } = claimed;
+        let ClaimedReply { request, lease, mut history, reply, edition, moved, queued } = claimed;
         if let Some(moved) = moved
             && let Err(e) = self.note_moved(&lease, &request.route_id, &mut history, moved, &edition, sink.clone()).await
         {
             // Not continued: it awaits the reply again, and the outcome says why.
-            let _ = self.store.reopen_reply(&lease).await;
+            self.reopen(&lease, queued).await;
             let why = format!("the run's record could not be written: {e}");
             let result = crate::exec::result_from_journal(lease.run_id(), &request.route_id, &history.entries, crate::failure::ReasonClass::StoreError, &why);
             return Ok(RunOutcome { result, unused_script_lines: Vec::new() });
@@ -84,7 +156,7 @@ impl Durable {
             Ok(result) => Ok(RunOutcome { result, unused_script_lines: Vec::new() }),
             Err(e) => {
                 // Not started after all (the catalogue changed since the check): it still waits.
-                let _ = self.store.reopen_reply(&lease).await;
+                self.reopen(&lease, queued).await;
                 Err(e)
             }
         }
@@ -140,6 +212,9 @@ pub enum ReplyError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Start(#[from] StartError),
+    /// The store keeps no messages for runs (a test's double).
+    #[error("this run store keeps no messages for runs that are not asking")]
+    NoInbox,
     /// A replay on the run's own version, which cannot be had here.
     #[error("run `{run_id}` cannot be replayed on the catalogue version it ran on: {reason}")]
     VersionGone { run_id: String, reason: String },
@@ -166,6 +241,8 @@ pub struct ClaimedReply {
     /// The edition it goes on on, and the event that says it moved when that is not its own.
     edition: Arc<super::Edition>,
     moved: Option<crate::events::EventData>,
+    /// The reply is a queued message (put back if the run is not continued).
+    queued: bool,
 }
 
 impl ClaimedReply {

@@ -29,6 +29,7 @@ mod fenced;
 mod flow;
 mod health;
 mod ids;
+pub mod inbox;
 mod lease;
 mod migrations;
 mod open;
@@ -382,8 +383,12 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
         None
     }
 
-    /// The A2A push notification configs of runs (issue 52), where the store keeps them (SQL
-    /// stores do).
+    /// The runs' inboxes: messages for a run that was not asking (`None`: a test's double).
+    fn inbox(&self) -> Option<&dyn inbox::InboxStore> {
+        None
+    }
+
+    /// The runs' A2A push notification configs (issue 52; `None`: a test's double).
     fn push_configs(&self) -> Option<&dyn push::PushConfigStore> {
         None
     }

@@ -224,6 +224,10 @@ where
         Some(self)
     }
 
+    fn inbox(&self) -> Option<&dyn super::inbox::InboxStore> {
+        Some(self)
+    }
+
     fn push_configs(&self) -> Option<&dyn super::push::PushConfigStore> {
         Some(self)
     }

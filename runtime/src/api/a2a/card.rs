@@ -6,12 +6,12 @@
 //! `http`). The fleet card's interface is its first route's endpoint (JSON-RPC is per route);
 //! its skills name every route, each with its own card.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::super::{ApiError, AppState, ErrorCode};
+use super::super::{ApiError, AppState, ErrorCode, PathText};
 use super::wire::PROTOCOL_VERSION;
 use crate::catalogue::RouteEntry;
 
@@ -39,7 +39,13 @@ pub(super) fn skills(state: &AppState) -> Vec<Skill> {
 
 /// The base URL the client reached this service at.
 fn base(headers: &HeaderMap) -> String {
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).filter(|h| h.bytes().all(|b| b.is_ascii_graphic())).unwrap_or("localhost");
+    // Only a host and port: a `Host` with user info, a path or a query (`a@evil`, `x/y?#`) would
+    // point the card's URLs elsewhere, so it is not taken.
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| !h.contains('@') && h.parse::<axum::http::uri::Authority>().is_ok())
+        .unwrap_or("localhost");
     let proto = match headers.get("x-forwarded-proto").and_then(|h| h.to_str().ok()) {
         Some("https") => "https",
         _ => "http",
@@ -105,7 +111,7 @@ Each task is a durable run: it survives a replica's crash, asks with input-requi
 /// One route's A2A agent card (public): its one skill, its JSON-RPC endpoint `/a2a/{route_id}`.
 #[utoipa::path(get, path = "/a2a/{route_id}/.well-known/agent-card.json", params(("route_id" = String, Path, description = "A route this replica starts")),
     responses((status = 200, description = "An A2A 1.0 `AgentCard` (JSON)", content_type = "application/json"), (status = 404, description = "No route of this fleet has that id", body = super::super::ErrorBody)))]
-pub(in crate::api) async fn route_card(State(state): State<AppState>, Path(route_id): Path<String>, headers: HeaderMap) -> Response {
+pub(in crate::api) async fn route_card(State(state): State<AppState>, PathText(route_id): PathText, headers: HeaderMap) -> Response {
     let Some(skill) = skills(&state).into_iter().find(|s| s.id == route_id) else {
         return ApiError::new(ErrorCode::NotFound, "no route of this fleet has that id").into_response();
     };

@@ -10,6 +10,7 @@
 //! webhooks' outbox, in A2A's bodies.
 
 pub(super) mod card;
+mod params;
 mod push;
 mod stream;
 mod task;
@@ -17,13 +18,13 @@ mod wire;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::Value;
 
-use super::{ApiError, AppState, ErrorBody, ErrorCode, waited};
+use super::{ApiError, AppState, ErrorBody, ErrorCode, PathText, waited};
 pub(super) use push::delivery as push_delivery;
 use wire::{Code, RpcError};
 
@@ -104,7 +105,7 @@ fn method(name: &str) -> Option<(Method, bool)> {
         (status = 404, description = "No route of this fleet has that id", body = ErrorBody), (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 413, description = "The body is larger than the limit: a JSON-RPC error `-32600`, id `null` (`408` likewise for a body that did not arrive in time)")),
     security(("bearer" = [])))]
-pub(in crate::api) async fn endpoint(State(state): State<AppState>, Path(route_id): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+pub(in crate::api) async fn endpoint(State(state): State<AppState>, PathText(route_id): PathText, headers: HeaderMap, body: Bytes) -> Response {
     if !card::skills(&state).iter().any(|s| s.id == route_id) {
         return ApiError::new(ErrorCode::NotFound, "no route of this fleet has that id: no agent here").into_response();
     }
@@ -112,7 +113,7 @@ pub(in crate::api) async fn endpoint(State(state): State<AppState>, Path(route_i
         Ok(v) => v,
         Err(_) => return reply(RpcError::new(Code::Parse, "the body is not JSON").response(&Value::Null)),
     };
-    let id = request.get("id").filter(|i| i.is_string() || i.is_number()).cloned().unwrap_or(Value::Null);
+    let id = request.get("id").filter(|i| echoable(i)).cloned().unwrap_or(Value::Null);
     match call(&state, &route_id, &headers, &request, &id).await {
         Ok(Answer::Json(v)) => reply(v),
         Ok(Answer::Stream(r)) => r,
@@ -124,6 +125,12 @@ pub(in crate::api) async fn endpoint(State(state): State<AppState>, Path(route_i
         }
         Err(e) => reply(e.response(&id)),
     }
+}
+
+/// An id answered as it came: a string, or an integer that is one exactly (a fraction, an
+/// exponent or a number past 64 bits would come back as another number).
+fn echoable(id: &Value) -> bool {
+    id.is_string() || id.is_i64() || id.is_u64()
 }
 
 enum Answer {
@@ -143,24 +150,24 @@ async fn call(state: &AppState, route_id: &str, headers: &HeaderMap, request: &V
     if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(RpcError::new(Code::InvalidRequest, "`jsonrpc` must be \"2.0\""));
     }
-    if o.get("id").is_some_and(|i| !(i.is_string() || i.is_number() || i.is_null())) {
-        return Err(RpcError::new(Code::InvalidRequest, "`id` must be a string, a number or null"));
+    if o.get("id").is_some_and(|i| !(echoable(i) || i.is_null())) {
+        return Err(RpcError::new(Code::InvalidRequest, "`id` must be a string, an integer of at most 64 bits or null"));
     }
     let Some(name) = o.get("method").and_then(Value::as_str) else { return Err(RpcError::new(Code::InvalidRequest, "`method` must be a string")) };
+    let Some((method, legacy)) = method(name) else { return Err(RpcError::new(Code::MethodNotFound, format!("no method `{}` here", super::echo_id(name)))) };
     let params = match o.get("params") {
         None | Some(Value::Null) => &Value::Object(serde_json::Map::new()),
         Some(p @ Value::Object(_)) => p,
         Some(_) => return Err(RpcError::params("`params` must be an object")),
     };
-    let Some((method, legacy)) = method(name) else { return Err(RpcError::new(Code::MethodNotFound, format!("no method `{}` here", super::echo_id(name)))) };
     version(headers)?;
     let json = |v: Value| Ok(Answer::Json(wire::success(id, if legacy { wire::legacy(v) } else { v })));
     match method {
         Method::Send => {
             let sent = task::send(state, route_id, params, legacy).await?;
-            let config = params.get("configuration");
-            let immediately = config.and_then(|c| c.get("returnImmediately")).and_then(Value::as_bool) == Some(true)
-                || config.and_then(|c| c.get("blocking")).and_then(Value::as_bool) == Some(false);
+            let config = params::object(params, "configuration", "params")?.unwrap_or(&Value::Null);
+            let immediately = params::flag(config, "returnImmediately", "params.configuration")? == Some(true)
+                || params::flag(config, "blocking", "params.configuration")? == Some(false);
             if !immediately {
                 let _ = waited(state, &sent.run_id).await.map_err(task::api)?;
             }

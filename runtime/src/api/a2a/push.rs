@@ -44,13 +44,9 @@ fn store(state: &AppState) -> Result<&dyn PushConfigStore, RpcError> {
     state.inner.durable.store().push_configs().ok_or_else(|| RpcError::new(Code::Internal, "this store keeps no push notification configs"))
 }
 
-/// A string field, absent or a string (another type is invalid params).
+/// A string field: absent, `null` or `""` is `None`; another type is invalid params.
 fn text<'v>(v: &'v Value, field: &str) -> Result<Option<&'v str>, RpcError> {
-    match v.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(_) => Err(RpcError::params(format!("`{field}` must be a string"))),
-    }
+    super::params::text(v, field, "params")
 }
 
 /// A secret that goes into a header: printable ASCII, bounded. Never echoed.

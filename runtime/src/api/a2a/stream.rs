@@ -27,6 +27,9 @@ struct A2aFrames {
     context: String,
     legacy: bool,
     ended: bool,
+    /// The run's last event when the stream began: a question before it was answered since
+    /// (what follows it is the run going on), so a stream that replays it goes on past it.
+    known: u64,
 }
 
 impl A2aFrames {
@@ -77,7 +80,7 @@ impl Frames for A2aFrames {
             "run.cancelled" => vec![self.status("TASK_STATE_CANCELED", s("reason").as_deref(), ts.as_deref(), meta)],
             _ => Vec::new(),
         };
-        self.ended = matches!(kind, "run.completed" | "run.awaiting_input" | "run.failed" | "run.cancelled");
+        self.ended = matches!(kind, "run.completed" | "run.failed" | "run.cancelled") || (kind == "run.awaiting_input" && seq >= self.known);
         let n = results.len();
         // The event's `seq` on its last frame only: a client that resumes after it has them all.
         results.into_iter().enumerate().map(|(i, r)| if i + 1 == n { self.frame(r).id(seq.to_string()) } else { self.frame(r) }).collect()
@@ -122,7 +125,8 @@ pub(super) async fn stream(
     if let Some(state) = first {
         snapshot["status"] = json!({"state": state});
     }
-    let frames = A2aFrames { request, task: run.run_id.clone(), context: task::context_of(&run), legacy, ended: false };
+    let known = run.next_seq.saturating_sub(1);
+    let frames = A2aFrames { request, task: run.run_id.clone(), context: task::context_of(&run), legacy, ended: false, known };
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(64);
     // The task as it stands first (no `id`: it is no event of the run).
     let first = frames.frame(json!({"task": snapshot}));

@@ -9,10 +9,13 @@ use serde_json::{Map, Value, json};
 use sha2::Digest;
 
 use super::super::cancel::cancel_here;
-use super::super::runs::{Begun, begin_run, reply_here};
+use super::super::runs::{Begun, begin_run};
 use super::super::{ApiError, AppState, ErrorCode, store_error};
+use super::params;
 use super::wire::{self, Code, RpcError};
-use crate::runtime::{CancelError, StartRequest};
+use crate::exec::StartError;
+use crate::runtime::{CancelError, ReplyError, StartRequest};
+use crate::store::inbox::Queued;
 use crate::store::{IdempotencyKey, RunFilter, RunId, StoredRun, StoredStatus};
 
 /// Why a run is cancelled by `CancelTask`.
@@ -20,7 +23,7 @@ const CANCELLED: &str = "cancelled by an A2A client (CancelTask)";
 
 /// The run of `task_id`, if it is a task of `route_id` (another route's is not found here).
 pub(super) async fn load(state: &AppState, route_id: &str, task_id: &str) -> Result<StoredRun, RpcError> {
-    let not_found = || RpcError::new(Code::TaskNotFound, "no task of this agent has that id");
+    let not_found = || RpcError::new(Code::TaskNotFound, "task not found: no task of this agent has that id");
     let Some(id) = RunId::parse(task_id) else { return Err(not_found()) };
     match state.inner.durable.store().get_run(id.as_str()).await.map_err(|e| api(store_error(e)))? {
         Some(run) if run.route_id == route_id => Ok(run),
@@ -84,6 +87,12 @@ async fn history(state: &AppState, run: &StoredRun, ctx: &str) -> Result<Vec<Val
         let text = body.get(field).and_then(Value::as_str).unwrap_or_default();
         messages.push(wire::message(&format!("{id}:{}", e.seq), id, ctx, role, vec![wire::part_of(text)]));
     }
+    // Messages that wait for a question (a reply taken shows as its `run.resumed` above).
+    for m in state.inner.durable.queued_messages(id).await.map_err(|e| api(store_error(e)))? {
+        if m.taken_at.is_none() {
+            messages.push(wire::message(&m.message_id, id, ctx, "ROLE_USER", vec![json!({"text": m.text})]));
+        }
+    }
     Ok(messages)
 }
 
@@ -116,8 +125,8 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value, legac
     }
     // A push notification config checked before anything starts: a refused URL starts nothing.
     let push = super::push::of_send(state, params)?;
-    if let Some(task_id) = message.get("taskId").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-        let sent = answer(state, route_id, task_id, parts).await?;
+    if let Some(task_id) = params::text(message, "taskId", "params.message")? {
+        let sent = answer(state, route_id, task_id, message_id, parts).await?;
         super::push::keep(state, &sent.run_id, push, legacy).await?;
         return Ok(sent);
     }
@@ -125,7 +134,7 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value, legac
     let route = edition.check_route(route_id).map_err(|e| api(super::super::start_error(e)))?.clone();
     drop(edition);
     let goal = goal(parts, route.goal_schema())?;
-    let context = message.get("contextId").and_then(Value::as_str).filter(|c| !c.is_empty()).map(str::to_owned);
+    let context = params::text(message, "contextId", "params.message")?.map(str::to_owned);
     let req = StartRequest {
         route_id: route_id.to_owned(),
         goal,
@@ -157,24 +166,50 @@ fn key(route_id: &str, message_id: &str) -> Result<IdempotencyKey, RpcError> {
     })
 }
 
-/// A message to a task: the reply to its question.
-async fn answer(state: &AppState, route_id: &str, task_id: &str, parts: wire::Parts) -> Result<Sent, RpcError> {
+/// A message to a task that has not ended: kept in the run's inbox (once per `messageId`) as the
+/// reply to its question, now if it asks, else its next one; continued here when it asks.
+async fn answer(state: &AppState, route_id: &str, task_id: &str, message_id: &str, parts: wire::Parts) -> Result<Sent, RpcError> {
     let run = load(state, route_id, task_id).await?;
-    if run.status != StoredStatus::AwaitingInput {
-        let why = if run.status.is_pending() {
-            "is working: a task takes a message only when it is input-required"
-        } else {
-            "ended: a terminal task takes no more messages"
-        };
-        return Err(RpcError::new(Code::UnsupportedOperation, format!("task {task_id} {why}")).with_data(json!({"state": wire::state(run.status)})));
-    }
     let text = match (parts.text, parts.data) {
         (Some(t), _) => t,
         (None, Some(d)) => d.to_string(),
         (None, None) => return Err(no_usable_part()),
     };
-    reply_here(state, &run.run_id, text).await.map_err(api)?;
-    Ok(Sent { run_id: run.run_id, after: run.next_seq.saturating_sub(1) })
+    if text.trim().is_empty() {
+        return Err(RpcError::params("the message's text is empty: it would answer nothing"));
+    }
+    // Each part is checked alone before; the reply is all of them, bounded as a goal is.
+    let limit = state.inner.config.max_goal_bytes;
+    if text.len() > limit {
+        return Err(RpcError::params(format!("the message is {} bytes; the limit is {limit}", text.len())).with_data(json!({"limit": limit})));
+    }
+    let ended = |status: Option<StoredStatus>| {
+        let state = status.map_or("TASK_STATE_UNSPECIFIED", wire::state);
+        RpcError::new(Code::UnsupportedOperation, format!("task {task_id} ended: a terminal task takes no more messages")).with_data(json!({"state": state}))
+    };
+    if !run.status.is_pending() && run.status != StoredStatus::AwaitingInput {
+        return Err(ended(Some(run.status)));
+    }
+    let after = run.next_seq.saturating_sub(1);
+    match state.inner.durable.queue_message(&run.run_id, message_id, &text).await {
+        Ok(Queued::Queued | Queued::Again) => {}
+        Ok(Queued::Ended(status)) => return Err(ended(status)),
+        Ok(Queued::Reused) => {
+            return Err(RpcError::params(format!("messageId `{}` was sent to this task before with another text", super::super::echo_id(message_id))));
+        }
+        Ok(Queued::Full) => {
+            let most = crate::store::inbox::MAX_WAITING;
+            return Err(RpcError::params(format!("{most} messages wait for this task's next questions already; send more once it asks"))
+                .with_data(json!({"waiting": most})));
+        }
+        Err(ReplyError::Start(StartError::NotResumable { .. })) => {
+            return Err(RpcError::new(Code::UnsupportedOperation, format!("task {task_id} takes no messages after the first: its route never asks")));
+        }
+        Err(e) => return Err(api(super::super::inbox::reply_error(&run.run_id, e))),
+    }
+    // Asking now (or since): answered at once. Else its next question takes it.
+    super::super::inbox::deliver_queued(state, &run.run_id).await.map_err(api)?;
+    Ok(Sent { run_id: run.run_id, after })
 }
 
 fn no_usable_part() -> RpcError {
@@ -235,26 +270,22 @@ pub(super) async fn list(state: &AppState, route_id: &str, params: &Value) -> Re
         None | Some(Value::Null) => 50,
         Some(v) => v.as_u64().filter(|n| (1..=100).contains(n)).ok_or_else(|| RpcError::params("`pageSize` must be 1 to 100"))? as u32,
     };
-    let status = match params.get("status").and_then(Value::as_str).filter(|s| !s.is_empty() && *s != "TASK_STATE_UNSPECIFIED") {
+    let status = match params::text(params, "status", "params")?.filter(|s| *s != "TASK_STATE_UNSPECIFIED") {
         None => None,
         Some(s) => Some(wire::status_of(s).ok_or_else(|| RpcError::params(format!("`status` `{s}` is not a task state")))?),
     };
-    let before = match params.get("pageToken").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+    let before = match params::text(params, "pageToken", "params")? {
         None => None,
         Some(t) => Some(RunId::parse(t).ok_or_else(|| RpcError::params("`pageToken` must be a `nextPageToken`"))?.as_str().to_owned()),
     };
-    let context = params.get("contextId").and_then(Value::as_str).filter(|c| !c.is_empty());
-    let since = match params.get("statusTimestampAfter") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_str()
-                .and_then(|t| humantime::parse_rfc3339_weak(t.trim_end_matches('Z')).ok())
-                .ok_or_else(|| RpcError::params("`statusTimestampAfter` must be an RFC 3339 timestamp"))?,
-        ),
+    let context = params::text(params, "contextId", "params")?;
+    let since = match params::text(params, "statusTimestampAfter", "params")? {
+        None => None,
+        Some(t) => Some(params::time_ms(t).ok_or_else(|| RpcError::params("`statusTimestampAfter` must be an RFC 3339 timestamp"))?),
     };
-    let updated = |r: &StoredRun| humantime::parse_rfc3339_weak(r.updated_at.trim_end_matches('Z')).ok();
+    let updated = |r: &StoredRun| params::time_ms(&r.updated_at);
     let history = history_length(params)?.or(Some(0));
-    let artifacts = params.get("includeArtifacts").and_then(Value::as_bool).unwrap_or(false);
+    let artifacts = params::flag(params, "includeArtifacts", "params")?.unwrap_or(false);
     // Read at most `LIST_READ` runs: `totalSize` counts up to it, and the filters the store has
     // no column for (context, time) are applied here.
     let filter = RunFilter { route_id: Some(route_id.to_owned()), status, before, limit: LIST_READ };
