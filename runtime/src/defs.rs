@@ -11,6 +11,8 @@ use serde_json::Value;
 
 use crate::diag::{Diagnostic, Pos};
 use crate::vocab::OutputSpec;
+mod a2a;
+pub use a2a::A2aInvoke;
 
 /// How a workflow stage executes. The set is closed: an unknown role is a load error and the
 /// routes using it cannot run; it never falls back to another role.
@@ -193,6 +195,7 @@ pub struct CapabilityDef {
     pub invoke: Option<Invoke>,
     /// `invoke: {mcp: SERVER, tool: TOOL}`: the tool of an MCP server declared in `mcp_servers`.
     pub mcp: Option<McpInvoke>,
+    pub a2a: Option<A2aInvoke>,
 }
 
 /// A capability's call of an MCP server's tool (`invoke: {mcp, tool, timeout_ms}`).

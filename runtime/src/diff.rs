@@ -21,7 +21,7 @@ use crate::redact::redact_url;
 mod text;
 mod views;
 
-pub use views::{EdgeView, InvokeView, Output, StageKind};
+pub use views::{AgentView, EdgeView, InvokeView, Output, StageKind};
 use views::{role_name, source_name};
 
 /// Every route that differs between two catalogues, by route id.
@@ -180,6 +180,11 @@ pub enum FieldChange {
         old: Option<InvokeView>,
         new: Option<InvokeView>,
     },
+    /// The A2A agent of the stage's capability (`invoke.a2a`).
+    Agent {
+        old: Option<AgentView>,
+        new: Option<AgentView>,
+    },
     /// The tool's input schema, which the model is shown and its arguments are checked against.
     InputSchema {
         old: Option<Value>,
@@ -303,6 +308,10 @@ fn fields(old: &Route, o: NodeIndex, new: &Route, n: NodeIndex) -> Vec<FieldChan
     if invoke(os) != invoke(ns) {
         let view = |s: &StageNode| invoke(s).map(|(method, url, timeout)| InvokeView { method, url: redact_url(&url), timeout_ms: timeout.as_millis() as u64 });
         out.push(FieldChange::Invoke { old: view(os), new: view(ns) });
+    }
+    let agent = |s: &StageNode| s.capability().and_then(|c| c.def.a2a.clone());
+    if agent(os) != agent(ns) {
+        out.push(FieldChange::Agent { old: agent(os).map(AgentView::of), new: agent(ns).map(AgentView::of) });
     }
     let input_schema = |s: &StageNode| s.capability().and_then(|c| c.def.input_schema.clone());
     if input_schema(os) != input_schema(ns) {

@@ -65,11 +65,14 @@ pub enum ReasonClass {
     /// A replay (`fabric replay`) reached a model call or a tool call its journal has no entry
     /// for: nothing is asked, the call fails.
     ReplayDiverged,
+    /// An A2A agent called as a tool ended its task `failed`, `canceled` or `rejected` (or asks
+    /// for authentication): its reason is the message.
+    AgentTaskFailed,
 }
 
 impl ReasonClass {
     /// Every class, in the order of docs/events.md's table.
-    pub const ALL: [ReasonClass; 24] = [
+    pub const ALL: [ReasonClass; 25] = [
         ReasonClass::InvalidJson,
         ReasonClass::SchemaValidation,
         ReasonClass::Timeout,
@@ -94,6 +97,7 @@ impl ReasonClass {
         ReasonClass::Cancelled,
         ReasonClass::StoreError,
         ReasonClass::ReplayDiverged,
+        ReasonClass::AgentTaskFailed,
     ];
 
     /// The class of a wire name (`invalid_json`), as a stored run or a reply names it.
@@ -127,6 +131,7 @@ impl ReasonClass {
             ReasonClass::Cancelled => "cancelled",
             ReasonClass::StoreError => "store_error",
             ReasonClass::ReplayDiverged => "replay_diverged",
+            ReasonClass::AgentTaskFailed => "agent_task_failed",
         }
     }
 
@@ -206,6 +211,7 @@ mod tests {
             ReasonClass::Cancelled => 21,
             ReasonClass::StoreError => 22,
             ReasonClass::ReplayDiverged => 23,
+            ReasonClass::AgentTaskFailed => 24,
         };
         for (i, c) in ReasonClass::ALL.into_iter().enumerate() {
             assert_eq!(place(c), i, "{c}");

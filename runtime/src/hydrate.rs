@@ -588,6 +588,9 @@ fn node_detail(n: &StageNode) -> String {
         if let Some(m) = &c.def.mcp {
             parts.push(format!("invoke=mcp {}/{}", m.server.name, m.tool.name));
         }
+        if let Some(a) = &c.def.a2a {
+            parts.push(format!("invoke=a2a {} skill={}", a.url.raw, a.skill));
+        }
     }
     parts.join(" ")
 }

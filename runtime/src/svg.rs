@@ -100,6 +100,7 @@ fn kind_text(node: &StageNode) -> String {
         NodeKind::Tool => match node.capability().and_then(|c| c.def.invoke.as_ref()) {
             Some(inv) => format!("tool · HTTP {}", inv.method.as_str()),
             None if node.capability().is_some_and(|c| c.def.mcp.is_some()) => "tool · MCP".into(),
+            None if node.capability().is_some_and(|c| c.def.a2a.is_some()) => "tool · A2A agent".into(),
             None => "tool · in-process".into(),
         },
         NodeKind::End => "end".into(),

@@ -121,8 +121,9 @@ pub struct RunRecord {
     /// The journal: `{"entry": "model_reply", stage_id, turn, system, user, raw, value}` (a model
     /// call: the resolved prompt, the user message, the reply as received, the value taken from
     /// it), `{"entry": "stage_completed", stage_id, value, note}`, `{"entry": "note", note}`,
-    /// `{"entry": "user_reply", message, note}`. Written with each committed stage: a stage that
-    /// failed, or one in flight, has no entry yet.
+    /// `{"entry": "user_reply", message, note}`, `{"entry": "tool_asked", stage_id, call, asked,
+    /// task_id, context_id, question}` (an A2A agent's question the run asked, and its task).
+    /// Written with each committed stage: a stage that failed, or one in flight, has no entry yet.
     #[schema(value_type = Vec<Object>)]
     pub entries: Vec<Value>,
 }

@@ -7,7 +7,9 @@ use std::fmt::{self, Display, Formatter};
 
 use serde_json::Value;
 
-use super::{CatalogueDiff, EdgeView, FieldChange, InvokeView, Output, Problems, RouteChange, RouteDiff, Setting, StageChange, StageDiff, StageKind};
+use super::{
+    AgentView, CatalogueDiff, EdgeView, FieldChange, InvokeView, Output, Problems, RouteChange, RouteDiff, Setting, StageChange, StageDiff, StageKind,
+};
 
 /// How many `-`/`+` lines one change shows at most.
 const MAX_EXCERPT_LINES: usize = 40;
@@ -129,6 +131,10 @@ fn write_field(f: &mut Formatter<'_>, at: &str, field: &FieldChange) -> fmt::Res
             let hidden = if old == new { " (in a part of the URL not shown)" } else { "" };
             writeln!(f, "{at}: tool call: {} -> {}{hidden}", invoke_text(old.as_ref()), invoke_text(new.as_ref()))
         }
+        FieldChange::Agent { old, new } => {
+            let hidden = if old == new { " (in a part of the URL not shown)" } else { "" };
+            writeln!(f, "{at}: agent: {} -> {}{hidden}", agent_text(old.as_ref()), agent_text(new.as_ref()))
+        }
         FieldChange::InputSchema { old, new } => {
             writeln!(f, "{at}: input schema changed")?;
             write_excerpt(f, &schema_text(old.as_ref()), &schema_text(new.as_ref()))
@@ -156,6 +162,14 @@ fn edges_text(edges: &[EdgeView]) -> String {
         None => format!("-> {}", e.to),
     };
     edges.iter().map(line).collect::<Vec<_>>().join("\n")
+}
+
+fn agent_text(agent: Option<&AgentView>) -> String {
+    let token = |a: &AgentView| a.token_env.as_deref().map_or("no token".to_owned(), |v| format!("token from {v}"));
+    agent.map_or_else(
+        || "none".into(),
+        |a| format!("{} skill {} ({}, timeout {} ms, at most {} bytes)", a.url, a.skill, token(a), a.timeout_ms, a.max_response_bytes),
+    )
 }
 
 fn invoke_text(invoke: Option<&InvokeView>) -> String {

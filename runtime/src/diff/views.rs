@@ -80,6 +80,24 @@ pub struct InvokeView {
     pub timeout_ms: u64,
 }
 
+/// An A2A agent as the catalogue writes it: its endpoint through `redact`, the skill, the token's
+/// variable (never a token), the wait and the answer's cap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentView {
+    pub url: String,
+    pub skill: String,
+    pub token_env: Option<String>,
+    pub timeout_ms: u64,
+    pub max_response_bytes: usize,
+}
+
+impl AgentView {
+    pub(super) fn of(a: crate::defs::A2aInvoke) -> AgentView {
+        let timeout_ms = a.timeout.as_millis() as u64;
+        AgentView { url: crate::redact::redact_url(&a.url.raw), skill: a.skill, token_env: a.token_env, timeout_ms, max_response_bytes: a.max_response_bytes }
+    }
+}
+
 pub(super) fn role_name<S: Serializer>(role: &LlmRole, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(role.as_str())
 }

@@ -88,6 +88,7 @@ async fn seed(
 pub(super) fn stage_of(entry: &JournalEntry) -> Option<&str> {
     match entry {
         JournalEntry::ModelReply { stage_id, .. } | JournalEntry::StageCompleted { stage_id, .. } => Some(stage_id),
+        JournalEntry::ToolAsked(ask) => Some(&ask.stage_id),
         JournalEntry::Note { .. } | JournalEntry::UserReply { .. } => None,
     }
 }

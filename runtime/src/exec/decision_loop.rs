@@ -10,9 +10,11 @@ use opentelemetry::Context;
 use serde_json::Value;
 
 use super::Runner;
+use super::agent::{AgentCall, AgentOutcome, call_id};
 use super::state::{Finish, Last, Run, RunState, StageFailure};
 use crate::decision::AgentDecision;
 use crate::failure::ReasonClass;
+use crate::hydrate::StageNode;
 use crate::llm::ReplyValue;
 
 impl Runner {
@@ -24,6 +26,16 @@ impl Runner {
         // turn loses the turn, not the reply (its successor goes on from it, not asks again).
         if !state.pending.is_empty() {
             self.checkpoint(run, state).await.map_err(|f| (Some(decide.id().to_owned()), f))?;
+        }
+        // The question the run asked was an agent's: the reply goes to the agent's task.
+        if let Some((ask, reply)) = state.answered.take() {
+            let Some(tool) = route.tool_node(&ask.stage_id) else {
+                let f = StageFailure::new(ReasonClass::UnknownTool, format!("no tool `{}` in route `{}`", ask.stage_id, route.id()));
+                return Err((Some(decide.id().to_owned()), f));
+            };
+            if let Some(question) = self.tool_turn(run, state, tool, AgentCall::Reply { ask: &ask, reply: &reply }, run_cx).await? {
+                return Ok(Finish::AwaitingInput(question));
+            }
         }
         loop {
             if state.turns >= run.budget {
@@ -72,35 +84,79 @@ impl Runner {
                         let f = StageFailure::new(ReasonClass::UnknownTool, format!("no tool `{name}` in route `{}`", route.id()));
                         return Err((Some(decide.id().to_owned()), f));
                     };
-                    let open = self.begin_stage(run, tool, state, run_cx);
-                    // A recovered or replayed run takes the tool's recorded outcome.
-                    if let Some(note) = state.source.tool_error_note() {
-                        state.notes.push(note);
-                        self.end_stage(run, open, Err(&StageFailure::new(ReasonClass::ToolFailed, "recorded")), state, false);
-                        // Taken after the stage's (muted) event: it was written before.
-                        state.source.advance(run.events);
-                        continue;
+                    let call = AgentCall::Start { call: call_id(run.events.run_id(), tool.id(), state.turns), args: &arguments };
+                    if let Some(question) = self.tool_turn(run, state, tool, call, run_cx).await? {
+                        return Ok(Finish::AwaitingInput(question));
                     }
-                    let outcome = match state.source.tool_result(tool.id(), || format!("tool `{}` is called", tool.id())) {
-                        Ok(Some(value)) => Ok(value),
-                        Ok(None) => self.run_loop_tool(run, tool, &arguments, &open.cx).await,
-                        Err(f) => Err(f),
-                    };
-                    match outcome {
-                        Ok(text) => self.end_stage(run, open, Ok(text), state, true),
-                        Err(f) => {
-                            // A tool error never ends the run: the model sees it and decides again.
-                            let note = super::message::compress_note(&format!("{}: error: {}: {}", tool.id(), f.class.as_str(), f.message));
-                            state.notes.push(note.clone());
-                            if run.journal.is_some() {
-                                state.pending.push(super::JournalEntry::Note { note });
-                            }
-                            self.end_stage(run, open, Err(&f), state, false);
-                        }
-                    }
-                    self.checkpoint(run, state).await.map_err(|f| (Some(tool.id().to_owned()), f))?;
                 }
             }
         }
+    }
+
+    /// One tool call of the loop: its recorded outcome (a recovered or replayed run), else the
+    /// call. A tool error becomes a note; an agent's question is what the run asks (`Some`).
+    async fn tool_turn(
+        &self,
+        run: &Run<'_>,
+        state: &mut RunState,
+        tool: &StageNode,
+        call: AgentCall<'_>,
+        run_cx: &Context,
+    ) -> Result<Option<String>, (Option<String>, StageFailure)> {
+        let open = self.begin_stage(run, tool, state, run_cx);
+        let mut answered = None;
+        if let AgentCall::Start { .. } = call {
+            // A recovered or replayed run takes the tool's recorded outcome.
+            if let Some(note) = state.source.tool_error_note() {
+                state.notes.push(note);
+                self.end_stage(run, open, Err(&StageFailure::new(ReasonClass::ToolFailed, "recorded")), state, false);
+                // Taken after the stage's (muted) event: it was written before.
+                state.source.advance(run.events);
+                return Ok(None);
+            }
+            // The agent's recorded questions and the user's replies: the last reply goes to its
+            // task; a question not yet answered (a replay of a run still asking) is asked again.
+            while let Some(ask) = state.source.tool_ask(tool.id(), run.events) {
+                let Some((reply, note)) = state.source.user_reply_message(run.events) else {
+                    crate::otel::end(&open.cx);
+                    return Ok(Some(ask.question));
+                };
+                state.notes.push(note);
+                answered = Some((ask, reply));
+            }
+        }
+        let call = match &answered {
+            Some((ask, reply)) => AgentCall::Reply { ask, reply },
+            None => call,
+        };
+        let outcome = match state.source.tool_result(tool.id(), || format!("tool `{}` is called", tool.id())) {
+            Ok(Some(value)) => Ok(value),
+            Ok(None) => match (tool.capability().and_then(|c| c.def.a2a.as_ref()), call) {
+                (Some(a2a), call) => match self.call_agent(run, tool, a2a, call, &open.cx).await {
+                    Ok(AgentOutcome::Result(text)) => Ok(text),
+                    Ok(AgentOutcome::Asked(ask)) => {
+                        return Ok(Some(self.agent_asks(run, state, open, ask)));
+                    }
+                    Err(f) => Err(f),
+                },
+                (None, AgentCall::Start { args, .. }) => self.run_loop_tool(run, tool, args, &open.cx).await,
+                (None, AgentCall::Reply { .. }) => Err(StageFailure::new(ReasonClass::ToolFailed, format!("tool `{}` is no agent to reply to", tool.id()))),
+            },
+            Err(f) => Err(f),
+        };
+        match outcome {
+            Ok(text) => self.end_stage(run, open, Ok(text), state, true),
+            Err(f) => {
+                // A tool error never ends the run: the model sees it and decides again.
+                let note = super::message::compress_note(&format!("{}: error: {}: {}", tool.id(), f.class.as_str(), f.message));
+                state.notes.push(note.clone());
+                if run.journal.is_some() {
+                    state.pending.push(super::JournalEntry::Note { note });
+                }
+                self.end_stage(run, open, Err(&f), state, false);
+            }
+        }
+        self.checkpoint(run, state).await.map_err(|f| (Some(tool.id().to_owned()), f))?;
+        Ok(None)
     }
 }

@@ -33,6 +33,23 @@ pub enum JournalEntry {
     Note { note: String },
     /// The user's reply to a run that asked, and the note the next decision sees.
     UserReply { message: String, note: String },
+    /// An A2A agent called as a tool asked a question, which the run asks its user: recorded
+    /// with the ask, so the reply goes to that task (on any replica, after a crash), never a new one.
+    ToolAsked(ToolAsk),
+}
+
+/// An agent's task that asked ([`JournalEntry::ToolAsked`]): the tool stage, the call's message
+/// id (its replies' ids derive from it), which question of the task this is (1 for the first),
+/// the task and its context as the agent named them, and the question.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolAsk {
+    pub stage_id: String,
+    pub call: String,
+    pub asked: u32,
+    pub task_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_id: Option<String>,
+    pub question: String,
 }
 
 /// What one commit writes: the events since the last one, the journal entries, and at the
@@ -150,6 +167,7 @@ pub(super) fn describe(entry: &JournalEntry) -> String {
         JournalEntry::StageCompleted { stage_id, .. } => format!("the completion of stage `{stage_id}`"),
         JournalEntry::Note { .. } => "a tool error".into(),
         JournalEntry::UserReply { .. } => "a reply of the user".into(),
+        JournalEntry::ToolAsked(ask) => format!("a question of the agent of stage `{}`", ask.stage_id),
     }
 }
 

@@ -10,6 +10,7 @@
 //! [`HttpPort`](crate::tools::HttpPort) or a registered [`Tool`]; the executor itself does no
 //! other I/O.
 
+mod agent;
 mod decision_loop;
 mod input;
 mod journal;
@@ -33,7 +34,7 @@ use opentelemetry::Context;
 use serde_json::{Map, Value};
 
 pub use input::{GoalError, PrefetchError, parse_goal, parse_prefetch};
-pub use journal::{Durable, JournalBatch, JournalEntry, JournalError, OpenCall, RunHistory, RunJournal, open_call};
+pub use journal::{Durable, JournalBatch, JournalEntry, JournalError, OpenCall, RunHistory, RunJournal, ToolAsk, open_call};
 pub use result::{Problems, ReplayReport, RunEnd, RunFailure, RunResult, RunStatus, Slots, StartError, ended_from_journal, result_from_journal};
 use source::ReplySource;
 use state::{Run, RunState};
@@ -129,6 +130,8 @@ pub struct Runner {
     http: Arc<dyn HttpPort>,
     /// MCP tool calls, when the catalogue declares MCP servers.
     mcp: Option<Arc<dyn McpPort>>,
+    /// A2A agents called as tools, when the runtime has a client for them.
+    a2a: Option<Arc<dyn crate::tools::a2a::A2aPort>>,
     vars: VarLookup,
     fleet: Option<String>,
     /// Per-profile stacks when model profiles select the model (opt-in); a profile that cannot
@@ -170,6 +173,7 @@ impl Runner {
             llm,
             http,
             mcp: None,
+            a2a: None,
             vars,
             fleet: None,
             profile_llms: HashMap::new(),
@@ -270,7 +274,7 @@ impl Runner {
         {
             return Err(StartError::WrongFleet { route: route_id.into(), target: target.to_owned(), fleet: fleet.clone() });
         }
-        if let Some(tool) = route.tools().find(|t| t.def.invoke.is_none() && t.def.mcp.is_none() && !self.tools.contains_key(&t.name)) {
+        if let Some(tool) = route.tools().find(|t| t.def.invoke.is_none() && t.def.mcp.is_none() && t.def.a2a.is_none() && !self.tools.contains_key(&t.name)) {
             return Err(StartError::ToolNotRegistered { route: route_id.into(), tool: tool.name.clone() });
         }
         if let Some(Err(e)) = self.profile_llms.get(route.model_profile()) {
@@ -321,6 +325,8 @@ impl Runner {
                 }
                 let events = top_events(&history.run_id, &route, sink, history.next_seq, journal);
                 let mut state = RunState::from_history(route.shared_id(), route.entry_node().id(), &history.entries);
+                // The question was an agent's: the reply goes to its task.
+                state.answered = state.tool_ask.take().map(|ask| (ask, reply.clone()));
                 let note = message::compress_note(&format!("user: {reply}"));
                 state.notes.push(note.clone());
                 if journal.is_some() {

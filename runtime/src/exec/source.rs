@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use super::journal::{JournalEntry, describe};
+use super::journal::{JournalEntry, ToolAsk, describe};
 use super::state::StageFailure;
 use crate::events::RunEvents;
 use crate::failure::ReasonClass;
@@ -171,6 +171,26 @@ impl ReplySource {
         };
         self.advance(events);
         Some(note)
+    }
+
+    /// The agent's question recorded for `stage_id`, when it is the journal's next entry (taken).
+    pub(super) fn tool_ask(&mut self, stage_id: &str, events: &RunEvents) -> Option<ToolAsk> {
+        let ask = match self.entries.front() {
+            Some(JournalEntry::ToolAsked(ask)) if ask.stage_id == stage_id => ask.clone(),
+            _ => return None,
+        };
+        self.advance(events);
+        Some(ask)
+    }
+
+    /// The user's recorded reply (its message and note), when it is the journal's next entry (taken).
+    pub(super) fn user_reply_message(&mut self, events: &RunEvents) -> Option<(String, String)> {
+        let reply = match self.entries.front() {
+            Some(JournalEntry::UserReply { message, note }) => (message.clone(), note.clone()),
+            _ => return None,
+        };
+        self.advance(events);
+        Some(reply)
     }
 
     /// Takes the journal's next entry; once a recovery's journal is used up, the run goes on

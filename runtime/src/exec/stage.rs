@@ -101,15 +101,20 @@ impl Runner {
             }
             NodeKind::QueryFormulation => self.query_stage(run, stage, state, cx).await,
             _ if stage.role() == LlmRole::None => {
+                // A tool of an MCP server, or an agent: the run's goal is the arguments.
                 if let Some(cap) = stage.capability()
-                    && let Some(mcp) = &cap.def.mcp
+                    && (cap.def.mcp.is_some() || cap.def.a2a.is_some())
                 {
                     let call = || format!("stage `{}` calls its tool", stage.id());
-                    return match state.source.tool_result(stage.id(), call)? {
-                        Some(value) => Ok(value),
-                        None => {
-                            self.check_args(run, stage, cap, goal)?;
-                            self.call_mcp_tool(run, stage, mcp, goal, cx).await
+                    if let Some(value) = state.source.tool_result(stage.id(), call)? {
+                        return Ok(value);
+                    }
+                    self.check_args(run, stage, cap, goal)?;
+                    return match (&cap.def.mcp, &cap.def.a2a) {
+                        (Some(mcp), _) => self.call_mcp_tool(run, stage, mcp, goal, cx).await,
+                        (None, a2a) => {
+                            let call = super::agent::call_id(run.events.run_id(), stage.id(), state.stages_started);
+                            self.agent_stage(run, stage, a2a.as_ref(), call, goal, cx).await
                         }
                     };
                 }

@@ -59,6 +59,10 @@ pub(super) struct RunState {
     pub(super) last_output: Option<Last>,
     /// A recovered run's call its last holder was streaming (see [`super::OpenCall`]).
     pub(super) open: Option<super::OpenCall>,
+    /// The agent's task whose question the run asked, as its journal ends (continued runs).
+    pub(super) tool_ask: Option<super::journal::ToolAsk>,
+    /// A continued run's reply that goes to that task instead of to the model.
+    pub(super) answered: Option<(super::journal::ToolAsk, String)>,
 }
 
 /// What a completed run returns as its output: the slot of the stage that completed last (kept
@@ -126,6 +130,11 @@ impl RunState {
                     state.notes.push(note.clone());
                 }
                 JournalEntry::UserReply { note, .. } => state.notes.push(note.clone()),
+                JournalEntry::ToolAsked(ask) => state.tool_ask = Some(ask.clone()),
+            }
+            // Anything but the reply after an agent's question means it was answered.
+            if !matches!(entry, JournalEntry::ToolAsked(_) | JournalEntry::UserReply { .. }) {
+                state.tool_ask = None;
             }
         }
         state.turns = state.llm_calls.iter().find(|(_, id, _)| **id == *decide_id).map_or(0, |c| c.2);

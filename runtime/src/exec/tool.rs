@@ -17,7 +17,7 @@ use crate::tools::{ToolError, display_url};
 
 /// The `execute_tool {tool}` span of one tool call, under its stage's span. `tool_type` is the
 /// GenAI convention's: `function` for an in-process tool, `extension` for an HTTP one.
-fn tool_span(cx: &Context, run_id: &str, tool: &str, tool_type: &'static str) -> Context {
+pub(super) fn tool_span(cx: &Context, run_id: &str, tool: &str, tool_type: &'static str) -> Context {
     crate::otel::child(
         cx,
         || format!("execute_tool {tool}").into(),
@@ -34,20 +34,20 @@ fn tool_span(cx: &Context, run_id: &str, tool: &str, tool_type: &'static str) ->
 }
 
 /// A tool call's answer, as its `run.tool.completed` tells it.
-struct Done {
-    text: String,
-    status: ToolStatus,
-    bytes: usize,
-    duration: std::time::Duration,
+pub(super) struct Done {
+    pub(super) text: String,
+    pub(super) status: ToolStatus,
+    pub(super) bytes: usize,
+    pub(super) duration: std::time::Duration,
 }
 
-fn interrupted(why: impl std::fmt::Display) -> ToolError {
+pub(super) fn interrupted(why: impl std::fmt::Display) -> ToolError {
     ToolError { class: ReasonClass::Interrupted, message: format!("the run was interrupted ({why})") }
 }
 
 /// The end of an HTTP or MCP tool call: its span closed, its `run.tool.completed` or
 /// `run.tool.failed` (naming the MCP server, when it is one), the result or the stage's failure.
-fn end_call(
+pub(super) fn end_call(
     run: &Run<'_>,
     stage: &StageNode,
     tool: &str,

@@ -123,6 +123,7 @@ pub(super) fn tools_from(
                 tool: Ref { name: name.to_owned(), pos },
                 timeout: std::time::Duration::from_millis(DEFAULT_TOOL_TIMEOUT_MS),
             }),
+            a2a: None,
         }),
     };
     let Some(tools) = tools else {

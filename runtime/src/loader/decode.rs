@@ -222,13 +222,14 @@ pub fn capability(ctx: &mut Ctx<'_>, name: &str, node: &Node, origin: Origin) ->
             },
         },
     };
-    let (invoke, mcp) = match f.get("invoke") {
-        Some(n) if super::mcp::is_mcp_invoke(n) => (None, super::mcp::invoke(ctx, n)),
-        Some(n) => (invoke(ctx, n), None),
-        None => (None, None),
+    let (invoke, mcp, a2a) = match f.get("invoke") {
+        Some(n) if super::mcp::is_mcp_invoke(n) => (None, super::mcp::invoke(ctx, n), None),
+        Some(n) if super::a2a::is_a2a_invoke(n) => (None, None, super::a2a::invoke(ctx, n)),
+        Some(n) => (invoke(ctx, n), None, None),
+        None => (None, None, None),
     };
     f.finish(ctx);
-    Some(CapabilityDef { origin, description, input_schema, input_validator, output, invoke, mcp })
+    Some(CapabilityDef { origin, description, input_schema, input_validator, output, invoke, mcp, a2a })
 }
 
 fn target(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Target> {

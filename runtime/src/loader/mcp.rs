@@ -71,7 +71,7 @@ fn pairs(ctx: &mut Ctx<'_>, node: &Node, what: &str, check: fn(&str) -> bool) ->
     out
 }
 
-fn env_name(s: &str) -> bool {
+pub(super) fn env_name(s: &str) -> bool {
     !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !s.starts_with(|c: char| c.is_ascii_digit())
 }
 

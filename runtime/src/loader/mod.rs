@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub mod a2a;
 pub mod decode;
 pub mod fallbacks;
 pub mod mcp;
@@ -49,10 +50,9 @@ pub struct Loaded {
     pub unloaded: Vec<Diagnostic>,
 }
 
-/// Reads and decodes the catalogue of the `catalogue` directories with the prompt packs of the
-/// `packs` directories. The layers' files are taken in order as one catalogue, so a name defined
-/// in two layers is a duplicate like one defined in two files of one directory.
-/// The files read are handed back with it, in the order they were taken: what the catalogue's
+/// Reads and decodes the catalogue of the `catalogue` directories with the prompt packs of the `packs` directories. The
+/// layers' files are taken in order as one catalogue, so a name defined in two layers is a duplicate like one defined in
+/// two files of one directory. The files read are handed back with it, in the order they were taken: what the catalogue's
 /// version is made of.
 pub fn load_dirs(catalogue: &Layers, packs: &Layers) -> (Loaded, Vec<SourceFile>, Vec<SourceFile>) {
     let mut diags = Diagnostics::default();

@@ -204,7 +204,8 @@ impl RuntimeBuilder {
             Some(http) => http,
             None => Arc::new(crate::tools::HttpTools::new().map_err(BuildError::Client)?),
         };
-        let parts = Parts { llm, client, stub, http, vars, tools: self.tools, ids: self.run_ids, mcp };
+        let a2a: Arc<dyn crate::tools::a2a::A2aPort> = Arc::new(crate::tools::a2a::A2aAgents::new());
+        let parts = Parts { llm, client, stub, http, vars, tools: self.tools, ids: self.run_ids, mcp, a2a };
         let scripts = parts.read_stub(&mut warnings)?;
         let edition = parts.edition(&settings, &flow, catalogue, scripts, &mut warnings)?;
         Ok(Runtime {

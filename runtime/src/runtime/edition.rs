@@ -101,6 +101,8 @@ pub(super) struct Parts {
     pub ids: Option<RunIds>,
     /// The MCP servers of every edition's catalogue: one client each, for the process.
     pub mcp: crate::tools::mcp::McpServers,
+    /// The client of A2A agents called as tools.
+    pub a2a: Arc<dyn crate::tools::a2a::A2aPort>,
 }
 
 impl Parts {
@@ -173,7 +175,8 @@ impl Parts {
             .with_fleet(settings.fleet.clone())
             .with_profile_llms(profile_llms)
             .with_tool_timeout(settings.tool_timeout)
-            .with_mcp(Some(Arc::new(self.mcp.clone())));
+            .with_mcp(Some(Arc::new(self.mcp.clone())))
+            .with_a2a(Some(self.a2a.clone()));
         if let Some(ids) = &self.ids {
             runner = runner.with_run_ids(ids.clone());
         }

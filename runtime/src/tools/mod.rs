@@ -7,6 +7,7 @@
 //! followed only within the same origin, every call has a timeout, and the body is read up to a
 //! size cap.
 
+pub mod a2a;
 mod compact;
 mod http1;
 pub mod mcp;
@@ -329,7 +330,7 @@ fn scalar_text(v: &Value) -> String {
     }
 }
 
-fn too_large(limit: usize) -> ToolError {
+pub(super) fn too_large(limit: usize) -> ToolError {
     ToolError { class: ReasonClass::ToolResponseTooLarge, message: format!("response is larger than the {limit}-byte limit") }
 }
 
@@ -438,7 +439,7 @@ impl Origin {
     }
 }
 
-fn classify(e: reqwest::Error, timeout: Duration) -> ToolError {
+pub(super) fn classify(e: reqwest::Error, timeout: Duration) -> ToolError {
     if e.is_timeout() {
         ToolError { class: ReasonClass::ToolTimeout, message: format!("no response within {} ms", timeout.as_millis()) }
     } else {

@@ -254,6 +254,7 @@ fn entries_line(batch: &JournalBatch) -> String {
         JournalEntry::StageCompleted { stage_id, .. } => format!("stage {stage_id}"),
         JournalEntry::Note { .. } => "note".to_owned(),
         JournalEntry::UserReply { .. } => "user".to_owned(),
+        JournalEntry::ToolAsked(ask) => format!("asked {}", ask.stage_id),
     };
     let entries: Vec<String> = batch.entries.iter().map(kind).collect();
     let end = batch.end.as_ref().map(|r| format!(" end {:?}", r.status())).unwrap_or_default();

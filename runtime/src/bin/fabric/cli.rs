@@ -1257,6 +1257,29 @@ fn mcp_lines(cat: &Catalogue) -> String {
     out
 }
 
+/// `doctor`'s lines of the A2A agents the ready routes call as tools: the endpoint (redacted),
+/// the skill, and whether each variable it names (the URL's, the token's) is set (never a value).
+fn a2a_lines(cat: &Catalogue) -> String {
+    use fabric::catalogue::RouteEntry;
+    use fabric::defs::UrlPart;
+    let mut seen = std::collections::BTreeMap::new();
+    for entry in cat.routes() {
+        let RouteEntry::Ready(route) = entry else { continue };
+        let caps = route.tools().chain(route.nodes().filter_map(|(_, n)| n.capability()));
+        for cap in caps {
+            let Some(a2a) = &cap.def.a2a else { continue };
+            let set = |v: &str| format!("{v} {}", if std::env::var(v).is_ok_and(|x| !x.is_empty()) { "set" } else { "UNSET" });
+            let mut vars: Vec<String> = a2a.url.parts.iter().filter_map(|p| if let UrlPart::Var(v) = p { Some(set(v)) } else { None }).collect();
+            let token = a2a.token_env.as_deref().map_or("token: none".to_owned(), |v| format!("token: {}", set(v)));
+            vars.dedup();
+            let vars = if vars.is_empty() { String::new() } else { format!("; variables: {}", vars.join(", ")) };
+            let line = format!("  a2a agent {}: {} skill {}; {token}{vars}\n", cap.name, fabric::redact::redact_url(&a2a.url.raw), a2a.skill);
+            seen.entry(cap.name.clone()).or_insert(line);
+        }
+    }
+    seen.into_values().collect()
+}
+
 async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
     let settings = match Settings::from_env() {
         Ok(s) => s,
@@ -1398,6 +1421,7 @@ async fn doctor_cmd(cli: &Cli, probe: bool) -> std::io::Result<ExitCode> {
         }
     }
     out.push_str(&mcp_lines(&cat));
+    out.push_str(&a2a_lines(&cat));
     let declared: Vec<String> = cat
         .routes()
         .filter_map(|r| if let fabric::catalogue::RouteEntry::Ready(r) = r { Some(r) } else { None })
