@@ -25,7 +25,7 @@ pub(crate) fn a2a_python() -> Option<PathBuf> {
 }
 
 /// One run of the driver with `steps`: each step's result.
-async fn drive(python: &Path, steps: Value) -> Vec<Value> {
+pub(crate) async fn drive(python: &Path, steps: Value) -> Vec<Value> {
     let spec = json!({"token": TOKEN, "steps": steps}).to_string() + "\n";
     let (python, script) = (python.to_owned(), repo().join("tests/fixtures/a2a/client.py"));
     let out = tokio::task::spawn_blocking(move || crate::support::run_python(&python, &script, &spec)).await.unwrap();
@@ -34,7 +34,7 @@ async fn drive(python: &Path, steps: Value) -> Vec<Value> {
     report["steps"].as_array().unwrap().clone()
 }
 
-fn agent(s: &Server, route: &str) -> String {
+pub(crate) fn agent(s: &Server, route: &str) -> String {
     format!("{}/a2a/{route}", s.url)
 }
 
@@ -189,7 +189,7 @@ async fn bad_input_is_answered_with_the_protocols_error_codes() {
         ("a huge part", send(json!({"messageId": "e-3", "role": "ROLE_USER", "parts": [{"text": huge}]})), -32602),
         ("a task of another route", json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}}).to_string(), -32001),
         ("no such task", json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "nope"}}).to_string(), -32001),
-        ("push configs", json!({"jsonrpc": "2.0", "id": 1, "method": "CreateTaskPushNotificationConfig", "params": {}}).to_string(), -32003),
+        ("a push config without its task", json!({"jsonrpc": "2.0", "id": 1, "method": "CreateTaskPushNotificationConfig", "params": {}}).to_string(), -32602),
     ];
     for (what, body, expected) in cases {
         let (status, answer) = rpc(&server, "support-agent", &body, Some(TOKEN)).await;
@@ -319,28 +319,4 @@ async fn resubscribe_after_kill(kind: &str) {
     let all: Vec<Value> = step["before"].as_array().unwrap().iter().chain(after).cloned().collect();
     let output = view["output"].as_str().unwrap();
     assert!(streamed_text(&Value::Array(all)).contains(output), "{kind}: the kept text holds the output {output:?}: {step}");
-}
-
-#[tokio::test]
-async fn a_push_notification_url_gets_the_runs_question_and_end_through_the_outbox() {
-    let receiver = crate::webhooks::Receiver::default();
-    let hooks = receiver.start().await;
-    let env = [("FABRIC_WEBHOOK_ALLOWED_ORIGINS", hooks.as_str()), ("FABRIC_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")];
-    let (server, _dir, _stub) = crate::mcp_server::serve(&env);
-    let with_push = |id: &str, url: &str| {
-        let message = json!({"messageId": id, "role": "ROLE_USER", "parts": [{"text": "refund?"}]});
-        json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message, "configuration": {"taskPushNotificationConfig": {"url": url}}}}).to_string()
-    };
-    let (_, refused) = rpc(&server, "support-agent", &with_push("push-0", "https://evil.example/h"), Some(TOKEN)).await;
-    assert_eq!(refused["error"]["code"], -32602, "an origin not allowed: {refused}");
-    let (_, asked) = rpc(&server, "support-agent", &with_push("push-1", &format!("{hooks}/a2a")), Some(TOKEN)).await;
-    let task = &asked["result"]["task"];
-    assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{asked}");
-    let (_, cancelled) =
-        rpc(&server, "support-agent", &json!({"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task["id"]}}).to_string(), Some(TOKEN)).await;
-    assert_eq!(cancelled["result"]["status"]["state"], "TASK_STATE_CANCELED", "{cancelled}");
-    let got = receiver.wait_for(2, std::time::Duration::from_secs(20)).await;
-    let kinds: Vec<String> = got.iter().map(|g| serde_json::from_str::<Value>(&g.body).unwrap()["type"].as_str().unwrap_or_default().to_owned()).collect();
-    assert_eq!(kinds, ["run.awaiting_input", "run.cancelled"], "{got:?}");
-    assert!(got.iter().all(|g| g.headers.contains_key("webhook-signature")), "signed: {got:?}");
 }

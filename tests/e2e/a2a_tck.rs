@@ -1,7 +1,8 @@
 //! The A2A TCK (github.com/a2aproject/a2a-tck, its own `run_tck.py`, in a venv of its own) against
 //! `fabric serve` on SQLite and on PostgreSQL: its mandatory category, every test passing but
 //! the ones listed in `KNOWN` with why (each checked still to fail: a fix takes it out); its
-//! capabilities, quality and features categories on SQLite, likewise with `KNOWN_OPTIONAL`.
+//! capabilities, quality and features categories on SQLite, likewise with `KNOWN_OPTIONAL`, and
+//! the capabilities (push notification configs among them) on PostgreSQL too.
 //!
 //! The TCK is found at `FABRIC_A2A_TCK_DIR`, else `../shared/a2a-tck` beside the repository
 //! (`.ci/run` clones the pinned commit there when it is missing); it is copied into the target
@@ -16,10 +17,7 @@ use crate::service::{Server, TOKEN, asking_stub};
 use crate::support::{repo, routes_dir, skip_unless};
 
 /// The mandatory tests that fail, and why.
-const KNOWN: &[(&str, &str)] = &[(
-    "test_push_notification_not_supported_error_32003_enhanced",
-    "the TCK's own bug at 410ba92: it calls transport_create_task_push_notification_config with 4 arguments (it takes 2 or 3): a TypeError before any request",
-)];
+const KNOWN: &[(&str, &str)] = &[];
 
 fn tck_source() -> Option<PathBuf> {
     let dir = std::env::var_os("FABRIC_A2A_TCK_DIR").map_or_else(|| repo().join("../shared/a2a-tck"), PathBuf::from);
@@ -66,20 +64,55 @@ async fn the_tck_mandatory_level_on_postgres() {
 async fn the_tck_capability_quality_and_feature_levels_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("fabric.db").display());
-    tck_category(&store, "capabilities", KNOWN_OPTIONAL, 25).await;
+    tck_push(&store).await;
     tck_category(&store, "quality", KNOWN_OPTIONAL, 13).await;
     tck_category(&store, "features", KNOWN_OPTIONAL, 14).await;
 }
 
+/// The capabilities category on PostgreSQL: its push notification config tests too.
+#[tokio::test]
+async fn the_tck_capability_level_on_postgres() {
+    if let Some(url) = crate::store::fresh_postgres().await {
+        tck_push(&url).await;
+    }
+}
+
+/// The TCK's receiver's port is fixed (8888): one capabilities run at a time.
+static RECEIVER_PORT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The capabilities category, every push notification config test passing (the cards say
+/// `pushNotifications: true`, so none is skipped). Its configs name `https://example.com` and
+/// its own receiver at `http://localhost:8888`, so both are allowed origins; one attempt each.
+async fn tck_push(store: &str) {
+    let _port = RECEIVER_PORT.lock().await;
+    let push = [
+        ("FABRIC_WEBHOOK_ALLOWED_ORIGINS", "https://example.com,http://localhost:8888"),
+        ("FABRIC_WEBHOOK_SECRET", crate::webhooks::SECRET),
+        ("FABRIC_WEBHOOK_MAX_ATTEMPTS", "1"),
+    ];
+    let Some(text) = tck_category_with(store, "capabilities", KNOWN_OPTIONAL, 25, &push).await else { return };
+    let tests: Vec<&str> = text.lines().filter(|l| l.contains("test_push_notification_config_methods.py::")).collect();
+    // The push tests' outcome, for `--nocapture` (docs/a2a.md reports it).
+    eprintln!("{store}:\n{}", tests.join("\n"));
+    assert!(tests.iter().filter(|l| l.contains("PASSED")).count() >= 10, "{store}: the push tests ran and passed: {tests:#?}\n{text}");
+}
+
 async fn tck_category(store: &str, category: &str, known: &[(&str, &str)], at_least: usize) {
-    let Some((tck, python)) = tck() else { return };
+    tck_category_with(store, category, known, at_least, &[]).await;
+}
+
+/// One category against a fresh `fabric serve` on `store` with `extra` settings: every test
+/// passes but the `known` failures; pytest's output (verbose: a line per test).
+async fn tck_category_with(store: &str, category: &str, known: &[(&str, &str)], at_least: usize, extra: &[(&str, &str)]) -> Option<String> {
+    let (tck, python) = tck()?;
     let routes = tempfile::tempdir().unwrap();
     for f in ["profiles.yaml", "support-agent.yaml", "support-triage.yaml"] {
         std::fs::copy(routes_dir().join(f), routes.path().join(f)).unwrap();
     }
     let stub = asking_stub();
     let catalogue = routes.path().to_str().unwrap().to_owned();
-    let env = [("FABRIC_CATALOGUE_DIR", catalogue.as_str()), ("FABRIC_WAIT_MAX_S", "1"), ("FABRIC_LLM_STUB_LATENCY_MS", "6000")];
+    let mut env = vec![("FABRIC_CATALOGUE_DIR", catalogue.as_str()), ("FABRIC_WAIT_MAX_S", "1"), ("FABRIC_LLM_STUB_LATENCY_MS", "6000")];
+    env.extend_from_slice(extra);
     let server = Server::start(store, stub.path(), &env);
     // `localhost`: the TCK takes a card that names 127.0.0.1 for one that leaks an internal address.
     let sut = format!("{}/a2a/support-agent", server.url.replace("127.0.0.1", "localhost"));
@@ -87,7 +120,7 @@ async fn tck_category(store: &str, category: &str, known: &[(&str, &str)], at_le
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(&python)
             .current_dir(&tck)
-            .args(["run_tck.py", "--sut-url", &sut, "--category", &asked])
+            .args(["run_tck.py", "--sut-url", &sut, "--category", &asked, "--verbose"])
             .env("A2A_AUTH_TYPE", "bearer")
             .env("A2A_AUTH_TOKEN", TOKEN)
             .output()
@@ -111,4 +144,5 @@ async fn tck_category(store: &str, category: &str, known: &[(&str, &str)], at_le
         assert!(failed.iter().any(|f| f.ends_with(k)), "{k} passes now ({why} no longer holds): take it out of the known failures");
     }
     assert!(passed >= at_least, "{store}: {passed} {category} tests passed\n{text}");
+    Some(text)
 }

@@ -3,6 +3,7 @@
 mod a2a;
 mod a2a_inbox;
 mod a2a_js;
+mod a2a_push;
 mod a2a_tck;
 mod a2a_tool;
 mod architecture;

@@ -1,6 +1,6 @@
 //! Retention on SQLite and PostgreSQL: `Durable::prune` (and `fabric runs prune`) deletes only
-//! ended runs past the cutoff, with their events and journal, and frees their idempotency keys;
-//! queued and awaiting runs stay; the service's sweeper (`FABRIC_RUN_RETENTION`) counts what it
+//! ended runs past the cutoff, with their events, journal and A2A push notification configs, and
+//! frees their idempotency keys; queued and awaiting runs stay; the service's sweeper (`FABRIC_RUN_RETENTION`) counts what it
 //! deleted in `fabric_runs_pruned_total`; `FABRIC_AWAITING_RETENTION` cancels a run that awaited
 //! too long (reason `expired`); a SQLite store under a steady load with retention stops growing.
 
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use fabric::cancel::CancelHandle;
 use fabric::events::NullSink;
+use fabric::store::push::PushConfig;
 use fabric::store::{IdempotencyKey, Keyed, NewRun, RunFilter, RunStore};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -42,6 +43,19 @@ async fn prune_deletes_only_ended_runs_past_the_cutoff_with_their_record_on_ever
         let asking = rt.run_recorded(&start("support-agent", json!({"question": "refund?"})), Arc::new(NullSink), &handle, cancel.clone()).await.unwrap();
         assert_eq!(asking.result.status(), fabric::exec::RunStatus::AwaitingInput, "{name}");
         let queued = rt.accept(&start("support-triage", json!({"ticket": "c"})), false).await.unwrap();
+        // An A2A push notification config on an ended run and on the awaiting one.
+        let configs = store.push_configs().unwrap();
+        for run_id in [&done.result.run_id, &asking.result.run_id] {
+            let config = PushConfig {
+                run_id: run_id.clone(),
+                config_id: "c".into(),
+                url: "https://hooks.example.com/a2a".into(),
+                token: None,
+                auth: None,
+                legacy: false,
+            };
+            configs.put_push_config(&config).await.unwrap();
+        }
         // Nothing is old yet.
         assert_eq!(rt.prune(Duration::from_secs(3600), true).await.unwrap(), 0, "{name}");
         assert_eq!(rt.prune(Duration::from_secs(3600), false).await.unwrap(), 0, "{name}");
@@ -59,7 +73,9 @@ async fn prune_deletes_only_ended_runs_past_the_cutoff_with_their_record_on_ever
             assert!(store.get_run(gone).await.unwrap().is_none(), "{name}");
             assert!(store.events_after(gone, 0).await.unwrap().is_empty(), "{name}: its events went with it");
             assert!(store.journal(gone).await.unwrap().is_empty(), "{name}: its journal went with it");
+            assert!(configs.list_push_configs(gone).await.unwrap().is_empty(), "{name}: its push configs went with it");
         }
+        assert_eq!(configs.list_push_configs(&asking.result.run_id).await.unwrap().len(), 1, "{name}: the awaiting run keeps its config");
         assert!(!store.events_after(&asking.result.run_id, 0).await.unwrap().is_empty(), "{name}: the awaiting run keeps its events");
         // The key went with its run: it starts a new one.
         let again = store.create_keyed_run(NewRun::new(&fabric::exec::new_run_id(), &start("support-triage", json!({}))), None, &key).await.unwrap();

@@ -18,10 +18,10 @@ use crate::service::{Server, TOKEN, asking_stub, client, post};
 use crate::support::repo;
 
 /// A Standard Webhooks secret (24 bytes), as `whsec_` and base64.
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// The Python of a venv with the reference library (`support::python_venv`).
-fn reference_python() -> Option<PathBuf> {
+pub(crate) fn reference_python() -> Option<PathBuf> {
     let why = "the webhook tests verify deliveries with Python's standardwebhooks";
     crate::support::python_venv("standardwebhooks-venv", "standardwebhooks==1.1.0", "import standardwebhooks", why)
 }
@@ -95,7 +95,7 @@ impl Receiver {
 
 /// The payloads of `got`, each verified by the reference library (the test fails on any that
 /// does not verify).
-fn verified(python: &std::path::Path, got: &[Got]) -> Vec<Value> {
+pub(crate) fn verified(python: &std::path::Path, got: &[Got]) -> Vec<Value> {
     let input = json!({"secret": SECRET, "deliveries": got.iter().map(|g| json!({"headers": g.headers, "body": g.body})).collect::<Vec<_>>()});
     let out = crate::support::run_python(python, &repo().join("tests/fixtures/webhooks/verify.py"), &input.to_string());
     assert!(out.status.success(), "standardwebhooks refused a delivery: {}", String::from_utf8_lossy(&out.stderr));

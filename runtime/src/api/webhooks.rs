@@ -6,7 +6,9 @@
 //! library signs), and records the attempt: delivered on a 2xx answer; otherwise tried again after
 //! the backoff, with the same `webhook-id`, until `FABRIC_WEBHOOK_MAX_ATTEMPTS`. Redirects are not
 //! followed (the signed body is for the URL the run named). It wakes when a run ends here, and
-//! every [`WEBHOOK_POLL`] for the rest: retries due, and what a replica that died left.
+//! every [`WEBHOOK_POLL`] for the rest: retries due, and what a replica that died left. A
+//! delivery to an A2A push notification config is sent the same way, with A2A's body and the
+//! config's headers ([`super::a2a::push_delivery`]).
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -54,11 +56,15 @@ pub struct WebhookPayload {
 pub struct WebhookView {
     /// The `webhook-id` header of every attempt (receivers drop duplicates by it).
     pub webhook_id: String,
-    /// The payload's `type`.
+    /// The payload's `type` (for an A2A push delivery, the state it tells: `run.running` is
+    /// `working`).
     #[serde(rename = "type")]
     pub kind: String,
     /// Scheme, host, port and path (no credentials, no query).
     pub url: String,
+    /// The A2A push notification config it goes to (its body is A2A's; docs/a2a.md), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a_push_config: Option<String>,
     pub state: DeliveryState,
     pub attempts: u32,
     /// The HTTP status of the last attempt's answer, if one came.
@@ -99,6 +105,7 @@ pub(super) async fn run_webhooks(State(state): State<AppState>, RunIdPath(run_id
             webhook_id: r.webhook_id,
             kind: format!("run.{}", r.status),
             url: crate::redact::origin_and_path(&r.url),
+            a2a_push_config: r.push_config,
             state: r.state,
             attempts: r.attempts,
             last_status: r.last_status,
@@ -249,7 +256,15 @@ impl Sender {
             tracing::warn!(run_id = d.run.run_id, webhook_id = id, attempt = made, error, "webhook: delivery failed");
             (Attempt::Failed { status, error, retry_in }, outcome)
         };
-        let body = match serde_json::to_vec(&payload) {
+        // An A2A push config's delivery: the A2A body, with the config's token and credentials.
+        let (body, extra) = match &d.push {
+            None => (serde_json::to_vec(&payload), Vec::new()),
+            Some(config) => {
+                let (body, headers) = super::a2a::push_delivery(&d.run, config);
+                (serde_json::to_vec(&body), headers)
+            }
+        };
+        let body = match body {
             Ok(b) => b,
             Err(e) => return failed(None, format!("the payload could not be written: {e}")),
         };
@@ -258,16 +273,17 @@ impl Sender {
             Ok(s) => s,
             Err(e) => return failed(None, format!("the payload could not be signed: {e}")),
         };
-        let sent = self
+        let mut request = self
             .client
             .post(&d.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header(standardwebhooks::HEADER_WEBHOOK_ID, &id)
             .header(standardwebhooks::HEADER_WEBHOOK_TIMESTAMP, ts.to_string())
-            .header(standardwebhooks::HEADER_WEBHOOK_SIGNATURE, signature)
-            .body(body)
-            .send()
-            .await;
+            .header(standardwebhooks::HEADER_WEBHOOK_SIGNATURE, signature);
+        for (name, value) in extra {
+            request = request.header(name, value);
+        }
+        let sent = request.body(body).send().await;
         match sent {
             Ok(r) if r.status().is_success() => {
                 tracing::info!(run_id = d.run.run_id, webhook_id = id, attempt = made, status = r.status().as_u16(), "webhook delivered");

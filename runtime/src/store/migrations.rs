@@ -68,6 +68,7 @@ impl Schema for sqlx::Sqlite {
         (14, include_str!("migrations/sqlite/0014_schedules.sql")),
         (15, include_str!("migrations/sqlite/0015_experiments.sql")),
         (16, include_str!("migrations/sqlite/0016_run_inbox.sql")),
+        (17, include_str!("migrations/sqlite/0017_a2a_push_configs.sql")),
     ];
     // The write lock, taken first (a read first would make the later upgrade fail at once).
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
@@ -95,6 +96,7 @@ impl Schema for sqlx::Postgres {
         (14, include_str!("migrations/postgres/0014_schedules.sql")),
         (15, include_str!("migrations/postgres/0015_experiments.sql")),
         (16, include_str!("migrations/postgres/0016_run_inbox.sql")),
+        (17, include_str!("migrations/postgres/0017_a2a_push_configs.sql")),
     ];
     const BEGIN: &'static str = "BEGIN";
     // Any constant every migrating process agrees on: 0x6661_6272_6963, `fabric` in ASCII (the
@@ -225,6 +227,7 @@ mod tests {
         (14, "f7867815918bbf95269e9e48f4f0bd3677e43d1f1fe8322e24b48eec6b2bb9bd", "b55aa386824d9bf9278a895fcf52fdeeb7a75896fe2eb1c8843aafeb7fe8eec5"),
         (15, "b355db2b582535ef2378e20697d7ab1b66b6b3f589b8cd65ffbd753145c90e65", "d97a0e9c395fa98b09a63a1d0837cb4c8838ec2147023aab1e43cad7db860328"),
         (16, "399191c9abdd16b6365f8638a8664c5e8426daee2aec54decd88813163895d16", "83bc7ae9c4b36fd367c5db5e72b6cb4238f771139f68301d277cb7c3e5fd3b0d"),
+        (17, "33aae95341f2ca41034a18e925d047f1d877cf451356a3e81db4b9ead01b7185", "86e372d7cb43d05c9e054a6d61db710de9912a89a35b4a1ee8c4a37dbe5cacc6"),
     ];
 
     #[test]

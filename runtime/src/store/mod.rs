@@ -37,6 +37,7 @@ mod outbox;
 mod pool_writer;
 pub mod postgres;
 mod prompts;
+pub mod push;
 mod queue;
 mod reads;
 mod retention;
@@ -384,6 +385,11 @@ pub trait RunStore: std::fmt::Debug + Send + Sync {
 
     /// The runs' inboxes: messages for a run that was not asking (`None`: a test's double).
     fn inbox(&self) -> Option<&dyn inbox::InboxStore> {
+        None
+    }
+
+    /// The runs' A2A push notification configs (issue 52; `None`: a test's double).
+    fn push_configs(&self) -> Option<&dyn push::PushConfigStore> {
         None
     }
 }

@@ -27,6 +27,9 @@ pub struct Delivery {
     /// The run then: its status, result, reason class and question as the end or the question
     /// left them, and `updated_at` the time of that change.
     pub run: StoredRun,
+    /// The A2A push notification config it is for (its body is then A2A's), or `None`: the
+    /// run's own webhook.
+    pub push: Option<super::push::PushConfig>,
 }
 
 impl Delivery {
@@ -93,6 +96,8 @@ pub struct DeliveryRecord {
     pub next_attempt_ms: Option<i64>,
     /// When it was delivered, or given up.
     pub done_at: Option<String>,
+    /// The A2A push notification config it is for, if it is for one.
+    pub push_config: Option<String>,
 }
 
 /// The outbox's port: claims, the record of attempts, and a run's deliveries.
@@ -156,8 +161,13 @@ where
                 })
                 .collect::<Vec<_>>()
                 .join(", ");
+            // A push config's row carries the config (its token and `Authorization`): one
+            // deleted since is given up below.
             let sql = format!(
-                "SELECT w.id, w.url, w.attempts, {columns} FROM run_webhooks w JOIN runs r ON r.run_id = w.run_id WHERE w.id IN ({}) ORDER BY w.id",
+                "SELECT w.id, w.url, w.attempts, w.push_config, p.run_id AS push_run_id, p.config_id AS push_config_id, w.url AS push_url, p.token AS push_token, \
+                 p.auth_scheme AS push_auth_scheme, p.auth_credentials AS push_auth_credentials, p.legacy AS push_legacy, {columns} \
+                 FROM run_webhooks w JOIN runs r ON r.run_id = w.run_id \
+                 LEFT JOIN a2a_push_configs p ON p.run_id = w.run_id AND p.config_id = w.push_config WHERE w.id IN ({}) ORDER BY w.id",
                 rows_sql("", "?", ids.len(), 1, true)
             );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -168,11 +178,21 @@ where
             let mut deliveries = Vec::with_capacity(rows.len());
             for row in &rows {
                 let id: i64 = row.try_get("id").map_err(db)?;
+                let push = push_of(row)?;
+                if let Push::Deleted = push {
+                    let given_up = Attempt::Failed { status: None, error: "its push notification config was deleted".into(), retry_in: None };
+                    self.record_attempt(holder, id, &given_up).await?;
+                    continue;
+                }
                 match run_of(row) {
                     Ok(run) => deliveries.push(Delivery {
                         id,
                         url: row.try_get("url").map_err(db)?,
                         attempts: row.try_get::<i64, _>("attempts").map_err(db)?.clamp(0, i64::from(u32::MAX)) as u32,
+                        push: match push {
+                            Push::Config(c) => Some(c),
+                            Push::Webhook | Push::Deleted => None,
+                        },
                         run,
                     }),
                     // A run whose row does not read has no payload to send: its delivery is
@@ -223,7 +243,7 @@ where
             if run_id.contains('\0') {
                 return Ok(Vec::new());
             }
-            let sql = "SELECT id, run_id, status, url, state, attempts, last_status, last_error, at, next_attempt_ms, done_at \
+            let sql = "SELECT id, run_id, status, url, state, attempts, last_status, last_error, at, next_attempt_ms, done_at, push_config \
                        FROM run_webhooks WHERE run_id = $1 ORDER BY id";
             let rows = sqlx::query(sql).bind(run_id).fetch_all(self.pool_ref()).await.map_err(db)?;
             rows.iter()
@@ -245,9 +265,35 @@ where
                             (state == DeliveryState::Pending && attempts > 0).then(|| row.try_get("next_attempt_ms")).transpose().map_err(db)?
                         },
                         done_at: row.try_get("done_at").map_err(db)?,
+                        push_config: row.try_get("push_config").map_err(db)?,
                     })
                 })
                 .collect()
         })
     }
+}
+
+/// What a claimed row is for.
+enum Push {
+    /// The run's own webhook.
+    Webhook,
+    /// An A2A push config.
+    Config(super::push::PushConfig),
+    /// A push config deleted since the row was added.
+    Deleted,
+}
+
+fn push_of<R: Row>(row: &R) -> Result<Push, StoreError>
+where
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+    for<'t> String: sqlx::Decode<'t, R::Database> + sqlx::Type<R::Database>,
+    for<'t> i64: sqlx::Decode<'t, R::Database> + sqlx::Type<R::Database>,
+{
+    if row.try_get::<Option<String>, _>("push_config").map_err(db)?.is_none() {
+        return Ok(Push::Webhook);
+    }
+    if row.try_get::<Option<String>, _>("push_config_id").map_err(db)?.is_none() {
+        return Ok(Push::Deleted);
+    }
+    super::push::config_of(row, "push_").map(Push::Config)
 }

@@ -250,6 +250,22 @@ where
             }
             q.execute(&mut *tx).await.map_err(failed)?;
         }
+        // Each state change's delivery to each A2A push config of its run, in this transaction too.
+        let changes = rows.push_changes(&holding);
+        for chunk in changes.chunks(per_insert) {
+            let values = rows_sql("", "(?, ?, ?, ?, ?)", chunk.len(), 2, DB::NUMBERED);
+            let at_mark = if DB::NUMBERED { "$1" } else { "?" };
+            let sql = format!(
+                "INSERT INTO run_webhooks (run_id, status, result, reason_class, question, at, url, push_config) \
+                 SELECT v.column1, v.column2, v.column3, v.column4, v.column5, {at_mark}, p.url, p.config_id \
+                 FROM (VALUES {values}) AS v JOIN a2a_push_configs p ON p.run_id = v.column1 ORDER BY p.created_at, p.config_id"
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(at);
+            for c in chunk {
+                q = q.bind(c.run_id).bind(c.status).bind(c.result).bind(c.reason_class).bind(c.question);
+            }
+            q.execute(&mut *tx).await.map_err(failed)?;
+        }
         let mut fenced: HashSet<String> = rows.leases.iter().filter(|(r, _)| !holding.contains(r)).map(|(r, _)| (*r).to_owned()).collect();
         fenced.extend(refused);
         // Each row carries its writer's token, checked again by the statement that writes it

@@ -1,7 +1,7 @@
-//! Retention: ended runs deleted in short batches with their events, journal entries, messages and
-//! webhook deliveries (one sweep at a time across processes: PostgreSQL's advisory lock,
-//! SQLite's write lock), never a run whose webhook delivery is still pending; and the runs
-//! awaiting input for too long, for the facade to expire.
+//! Retention: ended runs deleted in short batches with their events, journal entries, messages,
+//! webhook deliveries and A2A push notification configs (one sweep at a time across processes:
+//! PostgreSQL's advisory lock, SQLite's write lock), never a run whose webhook delivery is still
+//! pending; and the runs awaiting input for too long, for the facade to expire.
 
 use sqlx::Row;
 
@@ -62,7 +62,7 @@ where
             return Ok(0);
         }
         let list = rows_sql("", "?", ids.len(), 1, true);
-        for table in ["run_events", "run_journal", "run_webhooks", "run_inbox"] {
+        for table in ["run_events", "run_journal", "run_webhooks", "run_inbox", "a2a_push_configs"] {
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE run_id IN ({list})")));
             for id in &ids {
                 q = q.bind(id.as_str());

@@ -195,6 +195,39 @@ impl<'a> Rows<'a> {
         new.dedup_by(|a, b| a.digest == b.digest);
         new
     }
+
+    /// The task state changes of the runs in `holding` an A2A push config is told of (issue 52):
+    /// `running` for a run that started or resumed here (a stream's `working`), then each end
+    /// or question, in that order. The writers add one outbox row per config of the run for
+    /// each, in this transaction.
+    pub fn push_changes(&self, holding: &HashSet<&str>) -> Vec<PushChange<'a>> {
+        let mut changes: Vec<PushChange<'a>> = Vec::new();
+        for (run_id, _, kind, _) in &self.events {
+            if matches!(*kind, "run.started" | "run.resumed") && holding.contains(run_id) && !changes.iter().any(|c| c.run_id == *run_id) {
+                changes.push(PushChange { run_id, status: "running", result: None, reason_class: None, question: None });
+            }
+        }
+        for e in self.ends.iter().filter(|e| holding.contains(e.run_id)) {
+            let end = e.end;
+            changes.push(PushChange {
+                run_id: e.run_id,
+                status: end.status.as_str(),
+                result: Some(end.result.as_str()),
+                reason_class: end.reason_class,
+                question: end.question.as_deref(),
+            });
+        }
+        changes
+    }
+}
+
+/// A status change of a run as its push configs' outbox rows hold it.
+pub(crate) struct PushChange<'a> {
+    pub run_id: &'a str,
+    pub status: &'static str,
+    pub result: Option<&'a str>,
+    pub reason_class: Option<&'static str>,
+    pub question: Option<&'a str>,
 }
 
 /// How one database writes a transaction's rows (all of them, or none): the rows of runs that

@@ -228,6 +228,10 @@ where
         Some(self)
     }
 
+    fn push_configs(&self) -> Option<&dyn super::push::PushConfigStore> {
+        Some(self)
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db)?;

@@ -168,6 +168,17 @@ fn write<'a>(tx: &rusqlite::Transaction<'_>, rows: &Rows<'a>, known: &Known) -> 
             insert.execute(params![end.run_id, e.status.as_str(), e.result.as_str(), e.reason_class, e.question.as_deref(), at, url])?;
         }
     }
+    // Each state change's delivery to each A2A push config of its run, in this transaction too.
+    let changes = rows.push_changes(&holding);
+    if !changes.is_empty() {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO run_webhooks (run_id, status, result, reason_class, question, at, url, push_config) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, url, config_id FROM a2a_push_configs WHERE run_id = ?1 ORDER BY created_at, config_id",
+        )?;
+        for c in &changes {
+            insert.execute(params![c.run_id, c.status, c.result, c.reason_class, c.question, at])?;
+        }
+    }
     let mut events = None;
     for (run_id, seq, kind, body) in rows.events.iter().filter(|e| holding.contains(e.0)) {
         let insert = match &mut events {

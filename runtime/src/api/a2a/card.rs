@@ -77,7 +77,7 @@ fn card(state: &AppState, name: String, description: String, endpoint: &str, ski
         "description": description,
         "version": env!("CARGO_PKG_VERSION"),
         "supportedInterfaces": [{"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION}],
-        "capabilities": {"streaming": true, "pushNotifications": false, "stateTransitionHistory": true, "extendedAgentCard": false},
+        "capabilities": {"streaming": true, "pushNotifications": true, "stateTransitionHistory": true, "extendedAgentCard": false},
         "defaultInputModes": ["application/json", "text/plain"],
         "defaultOutputModes": ["application/json", "text/plain"],
         "skills": skills.iter().map(skill_json).collect::<Vec<_>>(),

@@ -6,11 +6,12 @@
 //!
 //! A2A 1.0's method names (`SendMessage`, `GetTask` ...) are answered in 1.0's shapes, 0.3's
 //! (`message/send`, `tasks/get` ...) in 0.3's ([`wire::legacy`]). The wire forms stay in this
-//! adapter. Push notification configs are not served yet (`PushNotificationNotSupportedError`;
-//! the cards say `pushNotifications: false`).
+//! adapter. Push notification configs ([`push`]) are kept in the store and delivered through the
+//! webhooks' outbox, in A2A's bodies.
 
 pub(super) mod card;
 mod params;
+mod push;
 mod stream;
 mod task;
 mod wire;
@@ -24,6 +25,7 @@ use axum::routing::{get, post};
 use serde_json::Value;
 
 use super::{ApiError, AppState, ErrorBody, ErrorCode, PathText, waited};
+pub(super) use push::delivery as push_delivery;
 use wire::{Code, RpcError};
 
 /// The cards: public, as discovery is.
@@ -59,7 +61,7 @@ enum Method {
     Cancel,
     Subscribe,
     List,
-    PushConfig,
+    PushConfig(push::Op),
     ExtendedCard,
 }
 
@@ -78,13 +80,14 @@ fn method(name: &str) -> Option<(Method, bool)> {
         "tasks/resubscribe" => (Method::Subscribe, true),
         "ListTasks" => (Method::List, false),
         "tasks/list" => (Method::List, true),
-        "CreateTaskPushNotificationConfig" | "GetTaskPushNotificationConfig" | "ListTaskPushNotificationConfigs" | "DeleteTaskPushNotificationConfig" => {
-            (Method::PushConfig, false)
-        }
-        "tasks/pushNotificationConfig/set"
-        | "tasks/pushNotificationConfig/get"
-        | "tasks/pushNotificationConfig/list"
-        | "tasks/pushNotificationConfig/delete" => (Method::PushConfig, true),
+        "CreateTaskPushNotificationConfig" => (Method::PushConfig(push::Op::Create), false),
+        "tasks/pushNotificationConfig/set" => (Method::PushConfig(push::Op::Create), true),
+        "GetTaskPushNotificationConfig" => (Method::PushConfig(push::Op::Get), false),
+        "tasks/pushNotificationConfig/get" => (Method::PushConfig(push::Op::Get), true),
+        "ListTaskPushNotificationConfigs" => (Method::PushConfig(push::Op::List), false),
+        "tasks/pushNotificationConfig/list" => (Method::PushConfig(push::Op::List), true),
+        "DeleteTaskPushNotificationConfig" => (Method::PushConfig(push::Op::Delete), false),
+        "tasks/pushNotificationConfig/delete" => (Method::PushConfig(push::Op::Delete), true),
         "GetExtendedAgentCard" => (Method::ExtendedCard, false),
         "agent/getAuthenticatedExtendedCard" => (Method::ExtendedCard, true),
         _ => return None,
@@ -97,7 +100,7 @@ fn method(name: &str) -> Option<(Method, bool)> {
 #[utoipa::path(post, path = "/a2a/{route_id}", params(("route_id" = String, Path, description = "A route this replica starts"),
         ("A2A-Version" = Option<String>, Header, description = "`1.0` or `0.3` (none: 0.3); another is `VersionNotSupportedError` (-32009)"),
         ("Last-Event-ID" = Option<u64>, Header, description = "`SubscribeToTask`: resume after this event (the SSE `id`, the run event's `seq`)")),
-    request_body(content = Object, description = "A JSON-RPC 2.0 request: `SendMessage`, `SendStreamingMessage`, `GetTask`, `CancelTask`, `SubscribeToTask`, `ListTasks` (or `message/send`, `message/stream`, `tasks/get`, `tasks/cancel`, `tasks/resubscribe`, `tasks/list`)", content_type = "application/json"),
+    request_body(content = Object, description = "A JSON-RPC 2.0 request: `SendMessage`, `SendStreamingMessage`, `GetTask`, `CancelTask`, `SubscribeToTask`, `ListTasks`, `CreateTaskPushNotificationConfig`, `GetTaskPushNotificationConfig`, `ListTaskPushNotificationConfigs`, `DeleteTaskPushNotificationConfig` (or `message/send`, `message/stream`, `tasks/get`, `tasks/cancel`, `tasks/resubscribe`, `tasks/list`, `tasks/pushNotificationConfig/set`, `.../get`, `.../list`, `.../delete`)", content_type = "application/json"),
     responses((status = 200, description = "A JSON-RPC response (`application/json`), or for `SendStreamingMessage` and `SubscribeToTask` `text/event-stream` of JSON-RPC responses (a `Task`, then status and artifact updates; each SSE `id` a run event's `seq`)", content_type = "application/json"),
         (status = 404, description = "No route of this fleet has that id", body = ErrorBody), (status = 401, description = "No valid bearer token", body = ErrorBody),
         (status = 413, description = "The body is larger than the limit: a JSON-RPC error `-32600`, id `null` (`408` likewise for a body that did not arrive in time)")),
@@ -161,7 +164,7 @@ async fn call(state: &AppState, route_id: &str, headers: &HeaderMap, request: &V
     let json = |v: Value| Ok(Answer::Json(wire::success(id, if legacy { wire::legacy(v) } else { v })));
     match method {
         Method::Send => {
-            let sent = task::send(state, route_id, params).await?;
+            let sent = task::send(state, route_id, params, legacy).await?;
             let config = params::object(params, "configuration", "params")?.unwrap_or(&Value::Null);
             let immediately = params::flag(config, "returnImmediately", "params.configuration")? == Some(true)
                 || params::flag(config, "blocking", "params.configuration")? == Some(false);
@@ -172,7 +175,7 @@ async fn call(state: &AppState, route_id: &str, headers: &HeaderMap, request: &V
             json(serde_json::json!({"task": task::task(state, &run, task::history_length(params)?, true).await?}))
         }
         Method::Stream => {
-            let sent = task::send(state, route_id, params).await?;
+            let sent = task::send(state, route_id, params, legacy).await?;
             Ok(Answer::Stream(
                 stream::stream(
                     state,
@@ -203,9 +206,8 @@ async fn call(state: &AppState, route_id: &str, headers: &HeaderMap, request: &V
         Method::Get => json(task::get(state, route_id, params).await?),
         Method::Cancel => json(task::cancel(state, route_id, params).await?),
         Method::List => json(task::list(state, route_id, params).await?),
-        Method::PushConfig => {
-            Err(RpcError::new(Code::PushNotSupported, "push notification configs are not served yet; the card says pushNotifications: false"))
-        }
+        // Answered in its own version's shapes (0.3's config nests, 1.0's is flat).
+        Method::PushConfig(op) => Ok(Answer::Json(wire::success(id, push::call(state, route_id, op, params, legacy).await?))),
         Method::ExtendedCard => Err(RpcError::new(Code::ExtendedCardNotConfigured, "this agent has no extended card")),
     }
 }

@@ -2,7 +2,8 @@
 //! starts a run through the service's one start path ([`begin_run`]: limits, idempotency by
 //! the message's id, the goal checked against the route's `goal_schema`) or answers the run's
 //! question ([`reply_here`]); a task is read back from the run's record (its history from its
-//! events), cancelled through [`cancel_here`], listed through the store's pages.
+//! events), cancelled through [`cancel_here`], listed through the store's pages. A message's
+//! push notification config becomes a config of its task ([`super::push`]).
 
 use serde_json::{Map, Value, json};
 use sha2::Digest;
@@ -39,6 +40,20 @@ pub(super) fn context_of(run: &StoredRun) -> String {
 /// output as the artifact `output`, the history from the run's events (the last
 /// `history_length` messages).
 pub(super) async fn task(state: &AppState, run: &StoredRun, history_length: Option<usize>, artifacts: bool) -> Result<Value, RpcError> {
+    let mut task = task_of(run, artifacts);
+    let ctx = context_of(run);
+    if history_length != Some(0) {
+        let mut history = history(state, run, &ctx).await?;
+        if let Some(n) = history_length {
+            history.drain(..history.len().saturating_sub(n));
+        }
+        task["history"] = json!(history);
+    }
+    Ok(task)
+}
+
+/// A task without its history, from the run's record alone (a push delivery's snapshot too).
+pub(super) fn task_of(run: &StoredRun, artifacts: bool) -> Value {
     let (id, ctx) = (run.run_id.as_str(), context_of(run));
     let view = super::super::RunView::of(run.clone());
     let agent = |seq: &str, text: &str| wire::message(&format!("{id}:{seq}"), id, &ctx, "ROLE_AGENT", vec![json!({"text": text})]);
@@ -52,14 +67,7 @@ pub(super) async fn task(state: &AppState, run: &StoredRun, history_length: Opti
     if artifacts && let Some(output) = &view.output {
         task["artifacts"] = json!([{"artifactId": "output", "name": "output", "parts": [wire::part_of(output)]}]);
     }
-    if history_length != Some(0) {
-        let mut history = history(state, run, &ctx).await?;
-        if let Some(n) = history_length {
-            history.drain(..history.len().saturating_sub(n));
-        }
-        task["history"] = json!(history);
-    }
-    Ok(task)
+    task
 }
 
 /// The messages of a run: its goal, each question and reply, its output.
@@ -97,7 +105,7 @@ pub(super) struct Sent {
 
 /// `SendMessage`: a message with a `taskId` answers that task's question; any other starts a
 /// run of `route_id` (once per `messageId`).
-pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Result<Sent, RpcError> {
+pub(super) async fn send(state: &AppState, route_id: &str, params: &Value, legacy: bool) -> Result<Sent, RpcError> {
     let message = params.get("message").filter(|m| m.is_object()).ok_or_else(|| RpcError::params("`params.message` must be a message object"))?;
     let message_id = match message.get("messageId") {
         Some(Value::String(m)) if !m.is_empty() => m.as_str(),
@@ -115,27 +123,25 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Re
     if parts.largest > limit {
         return Err(RpcError::params(format!("a part is {} bytes; the limit is {limit}", parts.largest)).with_data(json!({"limit": limit})));
     }
+    // A push notification config checked before anything starts: a refused URL starts nothing.
+    let push = super::push::of_send(state, params)?;
     if let Some(task_id) = params::text(message, "taskId", "params.message")? {
-        return answer(state, route_id, task_id, message_id, parts).await;
+        let sent = answer(state, route_id, task_id, message_id, parts).await?;
+        super::push::keep(state, &sent.run_id, push, legacy).await?;
+        return Ok(sent);
     }
     let edition = state.runtime().current();
     let route = edition.check_route(route_id).map_err(|e| api(super::super::start_error(e)))?.clone();
     drop(edition);
     let goal = goal(parts, route.goal_schema())?;
     let context = params::text(message, "contextId", "params.message")?.map(str::to_owned);
-    // A push notification config's URL is the run's webhook URL (its question and end are posted
-    // there, signed, through the outbox; the allowed origins apply).
-    let config = params::object(params, "configuration", "params")?;
-    let push = config.and_then(|c| c.get("taskPushNotificationConfig").or_else(|| c.get("pushNotificationConfig")));
-    let webhook_url =
-        push.and_then(|p| p.get("url").or_else(|| p.get("pushNotificationConfig").and_then(|c| c.get("url")))).and_then(Value::as_str).map(str::to_owned);
     let req = StartRequest {
         route_id: route_id.to_owned(),
         goal,
         model_profile: Some(route.model_profile().to_owned()),
         prefetch: Vec::new(),
         session_id: context,
-        webhook_url,
+        webhook_url: None,
         multitask: None,
     };
     let key = key(route_id, message_id)?;
@@ -143,6 +149,9 @@ pub(super) async fn send(state: &AppState, route_id: &str, params: &Value) -> Re
         Begun::New { run_id, .. } => run_id,
         Begun::Replayed(run) => run.run_id,
     };
+    // Kept once the run is (a send repeated after a crash keeps it then: the message's config
+    // without an id has the task's id, so a repeat keeps no second one).
+    super::push::keep(state, &run_id, push, legacy).await?;
     Ok(Sent { run_id, after: 0 })
 }
 

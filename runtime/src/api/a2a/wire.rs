@@ -22,7 +22,6 @@ pub(super) enum Code {
     Internal = -32603,
     TaskNotFound = -32001,
     TaskNotCancelable = -32002,
-    PushNotSupported = -32003,
     UnsupportedOperation = -32004,
     ContentTypeNotSupported = -32005,
     ExtendedCardNotConfigured = -32007,
