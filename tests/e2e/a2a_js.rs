@@ -5,39 +5,14 @@
 //! that waits for its user, and gets the protocol's error (as the SDK's typed error) for a
 //! message to an ended task. The Python SDK's side is `a2a`.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::Value;
 
 use crate::service::TOKEN;
-use crate::support::repo;
-
-/// The client's folder with its packages installed (once per lock file); `None` without node.
-fn client_dir() -> Option<PathBuf> {
-    let present = ["node", "npm"].iter().all(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
-    if crate::support::skip_unless(present, "node and npm", "the official A2A JavaScript SDK calls the routes over /a2a") {
-        return None;
-    }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("a2a-js-client");
-    std::fs::create_dir_all(&dir).unwrap();
-    let fixtures = repo().join("tests/fixtures/a2a-js");
-    for file in ["package.json", "package-lock.json", "client.mjs"] {
-        std::fs::copy(fixtures.join(file), dir.join(file)).unwrap();
-    }
-    let lock = std::fs::read(fixtures.join("package-lock.json")).unwrap();
-    let installed = dir.join("node_modules/.fabric-lock.json");
-    if std::fs::read(&installed).ok() != Some(lock.clone()) {
-        let npm = Command::new("npm").args(["ci", "--no-audit", "--no-fund", "--loglevel=error"]).current_dir(&dir).output().unwrap();
-        assert!(npm.status.success(), "npm ci: {}", String::from_utf8_lossy(&npm.stderr));
-        std::fs::write(&installed, &lock).unwrap();
-    }
-    Some(dir)
-}
 
 #[tokio::test]
 async fn the_javascript_sdk_discovers_streams_answers_gets_and_cancels() {
-    let Some(dir) = tokio::task::spawn_blocking(client_dir).await.unwrap() else { return };
+    let why = "the official A2A JavaScript SDK calls the routes over /a2a";
+    let Some(dir) = tokio::task::spawn_blocking(move || crate::support::npm_clients("a2a-js", why)).await.unwrap() else { return };
     let (server, _db, _stub) = crate::mcp_server::serve(&[]);
     let out = tokio::process::Command::new("node").arg("client.mjs").args([server.url.as_str(), TOKEN]).current_dir(&dir).output().await.unwrap();
     assert!(out.status.success(), "node: {}", String::from_utf8_lossy(&out.stderr));

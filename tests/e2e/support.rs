@@ -499,3 +499,29 @@ pub async fn complete(
     };
     backend.complete(&req).await
 }
+
+/// The npm clients of `tests/fixtures/{fixture}` (a `package.json`, its `package-lock.json` and
+/// the scripts) copied into the target directory's `{fixture}` folder and installed there with
+/// `npm ci` (again only when the lock file changed); `None` when there is no `node` and `npm`
+/// here (a skip, a failure under CI), `why` saying what they are for.
+pub fn npm_clients(fixture: &str, why: &str) -> Option<PathBuf> {
+    let present = ["node", "npm"].iter().all(|c| std::process::Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
+    if skip_unless(present, "node and npm", why) {
+        return None;
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(fixture);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixtures = repo().join("tests/fixtures").join(fixture);
+    for file in std::fs::read_dir(&fixtures).unwrap() {
+        let file = file.unwrap();
+        std::fs::copy(file.path(), dir.join(file.file_name())).unwrap();
+    }
+    let lock = std::fs::read(fixtures.join("package-lock.json")).unwrap();
+    let installed = dir.join("node_modules/.fabric-lock.json");
+    if std::fs::read(&installed).ok() != Some(lock.clone()) {
+        let npm = std::process::Command::new("npm").args(["ci", "--no-audit", "--no-fund", "--loglevel=error"]).current_dir(&dir).output().unwrap();
+        assert!(npm.status.success(), "npm ci in {}: {}", dir.display(), String::from_utf8_lossy(&npm.stderr));
+        std::fs::write(&installed, &lock).unwrap();
+    }
+    Some(dir)
+}

@@ -7,14 +7,12 @@
 //! scratch folder; the scripts beside it drive them.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::service::{Server, TOKEN, asking_stub, client, get, post, sse};
-use crate::support::repo;
 
 /// Every event type (docs/events.md): `eventsource` hands on only the named events it listens to.
 const KINDS: &[&str] = &[
@@ -48,24 +46,7 @@ fn clients() -> Option<PathBuf> {
     if let Some(p) = made.as_ref() {
         return Some(p.clone());
     }
-    let present = ["node", "npm"].iter().all(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
-    if crate::support::skip_unless(present, "node and npm", "the AI SDK's `ai` package and npm's `eventsource` read the event streams") {
-        return None;
-    }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ui-stream-clients");
-    std::fs::create_dir_all(&dir).unwrap();
-    let fixtures = repo().join("tests/fixtures/ui-stream");
-    for file in std::fs::read_dir(&fixtures).unwrap() {
-        let file = file.unwrap();
-        std::fs::copy(file.path(), dir.join(file.file_name())).unwrap();
-    }
-    let lock = std::fs::read(fixtures.join("package-lock.json")).unwrap();
-    let installed = dir.join("node_modules/.fabric-lock.json");
-    if std::fs::read(&installed).ok() != Some(lock.clone()) {
-        let npm = Command::new("npm").args(["ci", "--no-audit", "--no-fund", "--loglevel=error"]).current_dir(&dir).output().unwrap();
-        assert!(npm.status.success(), "npm ci: {}", String::from_utf8_lossy(&npm.stderr));
-        std::fs::write(&installed, &lock).unwrap();
-    }
+    let dir = crate::support::npm_clients("ui-stream", "the AI SDK's `ai` package and npm's `eventsource` read the event streams")?;
     *made = Some(dir.clone());
     Some(dir)
 }

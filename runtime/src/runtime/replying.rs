@@ -63,10 +63,7 @@ impl Durable {
         let inbox = self.store.inbox().ok_or(ReplyError::NoInbox)?;
         let run = self.store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
         if run.status.is_pending() || run.status == StoredStatus::AwaitingInput {
-            let on = self.edition_of(run.catalogue_version.as_ref(), Some(self.runtime.settings().service.resume_on)).await?;
-            if on.edition.check_route(&run.request.route_id)?.path() != crate::hydrate::RoutePath::DecisionLoop {
-                return Err(StartError::NotResumable { route: run.request.route_id.clone() }.into());
-            }
+            self.version_to_go_on(&run).await?;
         }
         Ok(inbox.queue_message(run_id, message_id, text).await?)
     }
@@ -101,13 +98,18 @@ impl Durable {
             let _ = self.cancel(run_id, Some(reason), Arc::new(NullSink)).await;
             return Err(ReplyError::NotWaiting { run_id: run_id.to_owned(), status: StoredStatus::Cancelled.as_str() });
         }
-        // It goes on on its own version.
+        let on = self.version_to_go_on(&run).await?;
+        Ok((run.request, on))
+    }
+
+    /// The edition `run` goes on on after a reply (its own version), if its route there can
+    /// take one (a decision loop).
+    async fn version_to_go_on(&self, run: &crate::store::StoredRun) -> Result<super::on_version::OnVersion, ReplyError> {
         let on = self.edition_of(run.catalogue_version.as_ref(), Some(self.runtime.settings().service.resume_on)).await?;
-        let route = on.edition.check_route(&run.request.route_id)?;
-        if route.path() != crate::hydrate::RoutePath::DecisionLoop {
+        if on.edition.check_route(&run.request.route_id)?.path() != crate::hydrate::RoutePath::DecisionLoop {
             return Err(StartError::NotResumable { route: run.request.route_id.clone() }.into());
         }
-        Ok((run.request, on))
+        Ok(on)
     }
 
     /// A claimed run with its history, read after the claim: between a read and the claim

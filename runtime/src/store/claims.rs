@@ -86,12 +86,7 @@ where
             return Ok(None);
         }
         let began = Instant::now();
-        let sql = format!(
-            "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {} + $2, updated_at = $3 \
-             WHERE run_id = $4 AND status = 'awaiting_input' RETURNING lease_token",
-            DB::NOW_MS
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let row = sqlx::query(sqlx::AssertSqlSafe(reply_claim::<DB>("")))
             .bind(holder.owner.as_str())
             .bind(holder.lease_ms())
             .bind(now())
@@ -165,4 +160,14 @@ where
             .map_err(|e| write_error(self.health_ref(), began, e))?;
         Ok(())
     }
+}
+
+/// The statement that claims a run awaiting input for a reply (binds: holder, lease ms, now, run
+/// id), on `also` more conditions (`AND ...`); it returns the new token and the run's `next_seq`.
+pub(super) fn reply_claim<DB: Dialect>(also: &str) -> String {
+    format!(
+        "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {} + $2, updated_at = $3 \
+         WHERE run_id = $4 AND status = 'awaiting_input'{also} RETURNING lease_token, next_seq",
+        DB::NOW_MS
+    )
 }

@@ -139,12 +139,9 @@ where
             let mut tx = self.pool_ref().begin().await.map_err(db)?;
             // The claim first: on SQLite the transaction's first statement is then a write,
             // which waits for the writer's lock (a read first would fail the upgrade at once).
-            let sql = format!(
-                "UPDATE runs SET status = 'running', lease_owner = $1, lease_token = lease_token + 1, lease_until = {} + $2, updated_at = $3 \
-                 WHERE run_id = $4 AND status = 'awaiting_input' AND cancel_reason IS NULL \
-                 AND EXISTS (SELECT 1 FROM run_inbox i WHERE i.run_id = $4 AND {WAITING}) RETURNING lease_token, next_seq",
-                DB::NOW_MS
-            );
+            let sql = super::claims::reply_claim::<DB>(&format!(
+                " AND cancel_reason IS NULL AND EXISTS (SELECT 1 FROM run_inbox i WHERE i.run_id = $4 AND {WAITING})"
+            ));
             let claimed = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(holder.owner.as_str())
                 .bind(holder.lease_ms())

@@ -195,16 +195,7 @@ impl HttpTools {
         let mut response = request.timeout(left).send().await.map_err(|e| classify(e, invoke.timeout))?;
         let status = response.status().as_u16();
         let location = response.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok()).map(str::to_owned);
-        if response.content_length().is_some_and(|n| n as usize > max) {
-            return Err(too_large(max));
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| classify(e, invoke.timeout))? {
-            if body.len() + chunk.len() > max {
-                return Err(too_large(max));
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = read_capped(&mut response, max, invoke.timeout).await?;
         Ok(Exchanged { status, location, body })
     }
 
@@ -328,6 +319,22 @@ fn scalar_text(v: &Value) -> String {
         Value::Null => String::new(),
         other => other.to_string(),
     }
+}
+
+/// A response's body, read up to `max` bytes (a declared or a streamed length past it is
+/// `tool_response_too_large` before more is read).
+pub(super) async fn read_capped(response: &mut reqwest::Response, max: usize, timeout: Duration) -> Result<Vec<u8>, ToolError> {
+    if response.content_length().is_some_and(|n| n as usize > max) {
+        return Err(too_large(max));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| classify(e, timeout))? {
+        if body.len() + chunk.len() > max {
+            return Err(too_large(max));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 pub(super) fn too_large(limit: usize) -> ToolError {

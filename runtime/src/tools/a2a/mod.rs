@@ -170,16 +170,7 @@ impl A2aAgents {
         if !(200..300).contains(&status) {
             return Err(Refusal::Tool(ToolError { class: ReasonClass::ToolHttpStatus, message: format!("HTTP {status} from `{shown}`") }));
         }
-        if response.content_length().is_some_and(|n| n as usize > max) {
-            return Err(Refusal::Tool(super::too_large(max)));
-        }
-        let mut raw = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| Refusal::Tool(super::classify(e, m.invoke.timeout)))? {
-            if raw.len() + chunk.len() > max {
-                return Err(Refusal::Tool(super::too_large(max)));
-            }
-            raw.extend_from_slice(&chunk);
-        }
+        let raw = super::read_capped(&mut response, max, m.invoke.timeout).await.map_err(Refusal::Tool)?;
         wire::result(&raw).map(|v| (v, raw.len())).map_err(|e| match e {
             wire::ReplyError::Rpc(rpc) => Refusal::Rpc(rpc),
             other => Refusal::Tool(ToolError { class: ReasonClass::ToolFailed, message: other.to_string() }),
