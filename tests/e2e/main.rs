@@ -23,6 +23,7 @@ mod fallbacks;
 mod family;
 mod faults;
 mod flow;
+mod frozen;
 mod hosted;
 mod hostile;
 mod hydrate;

@@ -21,6 +21,14 @@ use super::sql_error::describe;
 /// How long connecting, or waiting for a connection of the pool, may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a transaction of this process may sit idle in the server before the server ends it
+/// (PostgreSQL's `idle_in_transaction_session_timeout`, set on each of the pool's connections).
+/// This process never waits on anything but the database inside a transaction, so only a process
+/// frozen in the middle of one (SIGSTOP, a paused VM) reaches it; without it the frozen process
+/// would keep its runs' rows locked, and so kept from every other replica's takeover, for as long
+/// as it stays frozen, past any lease. Its writes are refused by the fence when it wakes.
+const SET_IDLE_IN_TRANSACTION: &str = "SET idle_in_transaction_session_timeout = '10s'";
+
 /// Writer tasks (each a connection while it writes): PostgreSQL writes their transactions in
 /// parallel; the pool keeps the rest of its connections for reads, claims and renewals.
 const WRITERS: usize = 4;
@@ -49,6 +57,7 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(CONNECT_TIMEOUT)
+            .after_connect(|conn, _| Box::pin(async move { sqlx::query(SET_IDLE_IN_TRANSACTION).execute(conn).await.map(|_| ()) }))
             .connect_with(options)
             .await
             .map_err(|e| StoreError::Unavailable(format!("cannot connect to {here}: {}", describe(&e))))?;
