@@ -127,6 +127,13 @@ impl StageNode {
         self.capability.as_ref()
     }
 
+    /// The A2A agent this stage calls: a decision loop's tool, or a workflow's `llm_role: none`
+    /// stage whose capability is an agent. Such a stage may ask the run's user the agent's question.
+    pub fn agent(&self) -> Option<&A2aInvoke> {
+        let calls = self.kind == NodeKind::Tool || (self.kind == NodeKind::Stage && self.role == LlmRole::None);
+        self.capability.as_ref().filter(|_| calls).and_then(|c| c.def.a2a.as_ref())
+    }
+
     pub fn prompt(&self) -> &ResolvedPrompt {
         &self.prompt
     }
@@ -286,6 +293,12 @@ impl Route {
             None if has_edges => NextStep::NoMatch,
             None => NextStep::End,
         }
+    }
+
+    /// Whether a run of this route can ask its user, and so be continued by a reply: a decision
+    /// loop's model may always ask; a workflow asks only at a stage calling an agent that asks.
+    pub fn can_ask(&self) -> bool {
+        self.path == RoutePath::DecisionLoop || self.graph.node_weights().any(|n| n.agent().is_some())
     }
 
     /// Nodes in the order they were listed (the end marker last).

@@ -5,7 +5,7 @@
 //! journal), the reply goes to the callee's task, and the callee's output is the tool's result,
 //! journalled: a replay makes no call. A caller `kill -9`'d while the callee works on the reply
 //! (SQLite, then PostgreSQL): another caller process continues the same task. A workflow stage (a
-//! result; a question fails it), a callee whose task fails, hostile answers (not JSON, a JSON-RPC
+//! result; a question is the run's, its reply the agent's), a callee whose task fails, hostile answers (not JSON, a JSON-RPC
 //! error, a huge body, a redirect, a slow drip), bad catalogue entries, `fabric doctor`, `routes
 //! diff`.
 
@@ -215,7 +215,7 @@ async fn killed_while_waiting(db: &str) {
 }
 
 #[tokio::test]
-async fn a_workflow_stage_takes_the_agents_result_and_fails_on_its_question() {
+async fn a_workflow_stage_takes_the_agents_result_and_its_question_is_the_runs() {
     let dir = tempfile::tempdir().unwrap();
     let callee_stub = asking_stub();
     let callee = Server::start(&format!("sqlite://{}", dir.path().join("callee.db").display()), callee_stub.path(), &[]);
@@ -228,10 +228,25 @@ async fn a_workflow_stage_takes_the_agents_result_and_fails_on_its_question() {
     assert_eq!(triaged.len(), 1, "{triaged:?}");
     let output = settled(&callee, triaged[0]["run_id"].as_str().unwrap()).await["output"].clone();
     assert_eq!((run["status"].as_str(), &run["output"]), (Some("completed"), &output), "the callee's output is the stage's: {run}");
+
+    // The partner's agent asks: so does the workflow's run; the reply goes to the same task.
     let (_, run) = post(&server, "/v1/runs?wait=true", json!({"route_id": "relay", "goal": {"question": "refund?"}, "model_profile": "default"})).await;
-    assert_eq!((run["status"].as_str(), run["error"]["reason_class"].as_str()), (Some("failed"), Some("tool_failed")), "{run}");
-    let message = run["error"]["message"].as_str().unwrap();
-    assert!(message.contains("the agent asked `Which order number?`: a workflow stage has no user to ask"), "{message}");
+    assert_eq!((run["status"].as_str(), run["question"].as_str()), (Some("awaiting_input"), Some("Which order number?")), "{run}");
+    let id = run["run_id"].as_str().unwrap().to_owned();
+    let asked = runs_of(&callee, "support-agent").await;
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let (status, done) = post(&server, &format!("/v1/runs/{id}/reply?wait=true"), json!({"message": "order 42"})).await;
+    assert_eq!((status, done["status"].as_str(), done["output"].as_str()), (200, Some("completed"), Some("Order 42 is refunded.")), "{done}");
+    let task = settled(&callee, asked[0]["run_id"].as_str().unwrap()).await;
+    assert_eq!((task["status"].as_str(), &task["notes"][0]), (Some("completed"), &json!("user: order 42")), "the reply reached the same task: {task}");
+    assert_eq!(runs_of(&callee, "support-agent").await.len(), 1, "no second task");
+    let events = crate::service::sse(&server, &id, None).await;
+    let kinds: Vec<(&str, Option<&str>)> = events.iter().map(|e| (e.1.as_str(), e.2["stage_id"].as_str())).collect();
+    let resumed = kinds.iter().position(|k| k.0 == "run.resumed").unwrap_or_else(|| panic!("{kinds:?}"));
+    assert_eq!(kinds[resumed + 1], ("run.stage.started", Some("forward")), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| k.0 == "run.stage.completed").count(), 2, "the question, then the result: {kinds:?}");
+    let seqs: Vec<u64> = events.iter().map(|e| e.0).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "one run's events, numbered on");
 }
 
 #[tokio::test]

@@ -175,6 +175,14 @@ impl RunEvents {
         self.muted.store(muted, Ordering::Relaxed);
     }
 
+    /// Emits `data` even while muted: something new said before a muted walk (a run continued
+    /// after a reply, whose workflow walks again from its journal to the stage that asked).
+    pub fn emit_new(&self, stage_id: Option<&str>, data: impl FnOnce() -> EventData) {
+        let muted = self.muted.swap(false, Ordering::Relaxed);
+        self.emit(stage_id, data);
+        self.muted.store(muted, Ordering::Relaxed);
+    }
+
     /// Also keeps every event until [`RunEvents::take_recorded`] (a journalled run), numbering
     /// from `first_seq` (a run continued after it asked goes on where it stopped).
     pub fn recording(mut self, first_seq: u64) -> RunEvents {

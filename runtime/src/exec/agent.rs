@@ -8,10 +8,10 @@ use serde_json::{Map, Value};
 
 use super::Runner;
 use super::journal::{JournalEntry, ToolAsk};
-use super::state::{OpenStage, Run, RunState, StageFailure};
+use super::state::{OpenStage, Run, RunState, StageFailure, Staged};
 use super::tool::{Done, end_call, interrupted, tool_span};
 use crate::defs::A2aInvoke;
-use crate::events::{EventData, ToolStatus};
+use crate::events::{EventData, RunEvents, ToolStatus};
 use crate::failure::ReasonClass;
 use crate::hydrate::StageNode;
 use crate::llm::telemetry::round_ms;
@@ -135,25 +135,42 @@ impl Runner {
         port.cancel_task(A2aTask { invoke: a2a, url: &url, token: token.as_deref(), task_id: &ask.task_id }).await;
     }
 
-    /// A workflow's tool stage calling an agent: its result; a question fails the stage (a
-    /// workflow has no user to ask: call such an agent from a decision loop).
+    /// A workflow's stage calling an agent (the run's goal is the arguments): its recorded
+    /// result (a recovered, continued or replayed run), else a message to the agent: the
+    /// arguments, or the user's reply to the agent's last question (`answered`: recorded, or the
+    /// reply this continuation was started with). The agent's result is the stage's value; its
+    /// question is the run's.
     pub(super) async fn agent_stage(
         &self,
         run: &Run<'_>,
         stage: &StageNode,
-        a2a: Option<&A2aInvoke>,
-        call: String,
-        args: &Map<String, Value>,
+        a2a: &A2aInvoke,
+        state: &mut RunState,
+        mut answered: Option<(ToolAsk, String)>,
         cx: &Context,
-    ) -> Result<String, StageFailure> {
-        let Some(a2a) = a2a else { return Err(StageFailure::new(ReasonClass::ToolFailed, format!("stage `{}` calls no agent", stage.id()))) };
-        match self.call_agent(run, stage, a2a, AgentCall::Start { call, args }, cx).await? {
-            AgentOutcome::Result(text) => Ok(text),
-            AgentOutcome::Asked(ask) => Err(StageFailure::new(
-                ReasonClass::ToolFailed,
-                format!("the agent asked `{}`: a workflow stage has no user to ask (call the agent from a decision loop)", ask.question),
-            )),
+    ) -> Result<Staged, StageFailure> {
+        // The reply this continuation was started with, to the question the stage asked last.
+        if let Some((ask, reply)) = state.answered.take_if(|(ask, _)| ask.stage_id == stage.id()) {
+            state.notes.push(super::message::compress_note(&format!("user: {reply}")));
+            answered = Some((ask, reply));
         }
+        let recorded = || format!("stage `{}` calls its agent", stage.id());
+        if let Some(value) = state.source.tool_result(stage.id(), recorded)? {
+            return Ok(Staged::Value(value));
+        }
+        let call = match &answered {
+            Some((ask, reply)) => AgentCall::Reply { ask, reply },
+            None => {
+                if let Some(cap) = stage.capability() {
+                    self.check_args(run, stage, cap, run.goal)?;
+                }
+                AgentCall::Start { call: call_id(run.events.run_id(), stage.id(), state.stages_started), args: run.goal }
+            }
+        };
+        Ok(match self.call_agent(run, stage, a2a, call, cx).await? {
+            AgentOutcome::Result(text) => Staged::Value(text),
+            AgentOutcome::Asked(ask) => Staged::Asks(ask),
+        })
     }
 
     /// An agent's question in the decision loop: the tool's stage ends with it as its output (an
@@ -170,6 +187,25 @@ impl Runner {
         }
         question
     }
+}
+
+/// What a run's journal holds of a stage's agent's questions and the user's replies.
+pub(super) enum Asked {
+    /// The last question answered: its reply goes to the agent's task (or its result follows).
+    Answered(Option<(ToolAsk, String)>),
+    /// A question recorded and not answered (a replay of a run that still asks): asked again.
+    Unanswered(String),
+}
+
+/// The agent's questions recorded for `stage_id` and the user's replies, taken from the journal.
+pub(super) fn recorded_asks(state: &mut RunState, stage_id: &str, events: &RunEvents) -> Asked {
+    let mut answered = None;
+    while let Some(ask) = state.source.tool_ask(stage_id, events) {
+        let Some((reply, note)) = state.source.user_reply_message(events) else { return Asked::Unanswered(ask.question) };
+        state.notes.push(note);
+        answered = Some((ask, reply));
+    }
+    Asked::Answered(answered)
 }
 
 fn connection(message: String) -> ToolError {
@@ -299,5 +335,92 @@ routes:
         let replayed = runner(agent.clone()).execute(req.clone(), Begin::Replay(batches.concat()), Arc::new(NullSink), Cancel::never(), None).await.unwrap();
         assert_eq!(replayed.output(), Some("ok"));
         assert!(agent.0.lock().unwrap().is_empty());
+    }
+
+    const WORKFLOW: &str = r#"
+profiles: {p: {}}
+capabilities:
+  partner:
+    input_schema: {type: object, properties: {q: {type: string}}}
+    invoke: {a2a: "http://partner/a2a/r", skill: r}
+workflows:
+  relay:
+    stages:
+      - {id: intake, llm_role: synthesis}
+      - {id: ask, llm_role: none, capability: partner}
+      - {id: wrap, llm_role: synthesis}
+routes:
+  relay: {model_profile: p, prompt_pack: pack, workflow: relay}
+"#;
+
+    fn workflow_runner(agent: Arc<Asking>) -> Runner {
+        let files = [SourceFile { path: "t/w.yaml".into(), text: WORKFLOW.into() }];
+        let packs = [SourceFile { path: "t/pack.yaml".into(), text: "host: H\nsynthesis: SYNTH\n".into() }];
+        let cat = catalogue::load_from_texts(&files, &packs);
+        assert_eq!(cat.error_count(), 0, "{:?}", cat.diagnostics());
+        let stub = StubLlm::default().script("relay", "intake", &["noted"]).script("relay", "wrap", &["wrapped"]);
+        Runner::new(Arc::new(cat), crate::llm::stack::build(stub, Default::default()), Arc::new(|_: &str| None)).unwrap().with_a2a(Some(agent))
+    }
+
+    /// A workflow's stage calling an agent that asks: the run asks its user; the reply goes to
+    /// the agent's task and the walk goes on from the journal (the stages before it are not
+    /// done again, nor shown again); recovered from every cut after the reply it sends the reply
+    /// once more at most and never starts a task; a replay calls nothing.
+    #[tokio::test]
+    async fn a_workflow_stage_whose_agent_asks_makes_the_run_ask_and_goes_on_with_the_reply() {
+        let (agent, journal) = (Arc::new(Asking::default()), Entries::default());
+        let r = workflow_runner(agent.clone());
+        let req = RunRequest { route_id: "relay".into(), goal: json!({"q": "x"}).as_object().unwrap().clone(), prefetch: vec![] };
+        let asked = r.execute(req.clone(), Begin::New { run_id: "run-1".into() }, Arc::new(NullSink), Cancel::never(), Some(&journal)).await.unwrap();
+        assert_eq!((asked.status(), asked.question()), (RunStatus::AwaitingInput, Some("Which order?")), "{asked:?}");
+        let entries: Vec<JournalEntry> = journal.0.lock().unwrap().concat();
+        let Some(JournalEntry::ToolAsked(ask)) = entries.last() else { panic!("the task is recorded with the ask: {entries:?}") };
+        assert_eq!((ask.task_id.as_str(), ask.stage_id.as_str()), ("t1", "ask"));
+        let sink = Arc::new(crate::events::MemorySink::default());
+        let history = RunHistory { run_id: "run-1".into(), entries, next_seq: 100, open: None };
+        let done = r.execute(req.clone(), Begin::Continue { history, reply: "42".into() }, sink.clone(), Cancel::never(), Some(&journal)).await.unwrap();
+        assert_eq!((done.status(), done.output()), (RunStatus::Completed, Some("wrapped")), "{done:?}");
+        assert_eq!(done.slots.get("ask").map(String::as_str), Some("order 42 refunded"), "the agent's result is the stage's slot");
+        assert_eq!(done.slots.get("intake").map(String::as_str), Some("noted"), "the stage before it is taken from the journal");
+        let shown: Vec<(String, Option<String>)> = sink.events().iter().map(|e| (e.kind.as_str().to_owned(), e.stage_id.clone())).collect();
+        let stage = |k: &str, s: &str| (k.to_owned(), Some(s.to_owned()));
+        assert_eq!(shown[0], ("run.resumed".to_owned(), None), "{shown:?}");
+        assert_eq!(shown[1], stage("run.stage.started", "ask"), "{shown:?}");
+        assert!(!shown.iter().any(|(_, s)| s.as_deref() == Some("intake")), "the stage before is not shown again: {shown:?}");
+        assert_eq!(shown.last().unwrap().0, "run.completed");
+        assert_eq!(sink.events()[0].seq, 100, "numbered on from the run's last event");
+        let sent = agent.0.lock().unwrap().clone();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert_eq!((sent[0].1.as_deref(), sent[1].1.as_deref()), (None, Some("t1")), "a task, then the reply to it: {sent:?}");
+        assert_eq!(sent[1].0, format!("{}:reply:1", sent[0].0));
+
+        // Recovered from every cut after the reply: the reply goes to the same task (the same
+        // message id) or, once the agent's result is recorded, nothing is sent.
+        let batches = journal.0.lock().unwrap().clone();
+        let replied = batches.iter().position(|b| b.iter().any(|e| matches!(e, JournalEntry::UserReply { .. }))).unwrap();
+        let mut kinds = std::collections::BTreeSet::new();
+        for cut in replied + 1..batches.len() {
+            let again = Arc::new(Asking::default());
+            let history = RunHistory { run_id: "run-1".into(), entries: batches[..cut].concat(), next_seq: 100, open: None };
+            let recovered = workflow_runner(again.clone())
+                .execute(req.clone(), Begin::Recover(history), Arc::new(NullSink), Cancel::never(), Some(&Entries::default()))
+                .await
+                .unwrap();
+            assert_eq!(recovered.output(), Some("wrapped"), "cut {cut}: {recovered:?}");
+            let recorded = batches[..cut].concat().iter().any(|e| matches!(e, JournalEntry::StageCompleted { stage_id, .. } if stage_id == "ask"));
+            let expected: Vec<(String, Option<String>)> = if recorded { vec![] } else { vec![sent[1].clone()] };
+            assert_eq!(*again.0.lock().unwrap(), expected, "cut {cut}");
+            kinds.insert(recorded);
+        }
+        assert_eq!(kinds.len(), 2, "cuts before and after the result was recorded");
+        // A replay of the whole journal calls no agent; of the journal up to the ask, asks again.
+        let again = Arc::new(Asking::default());
+        let replayed =
+            workflow_runner(again.clone()).execute(req.clone(), Begin::Replay(batches.concat()), Arc::new(NullSink), Cancel::never(), None).await.unwrap();
+        assert_eq!((replayed.output(), replayed.divergences.len()), (Some("wrapped"), 0), "{replayed:?}");
+        let asking =
+            workflow_runner(again.clone()).execute(req, Begin::Replay(batches[..replied].concat()), Arc::new(NullSink), Cancel::never(), None).await.unwrap();
+        assert_eq!(asking.question(), Some("Which order?"), "{asking:?}");
+        assert!(again.0.lock().unwrap().is_empty());
     }
 }

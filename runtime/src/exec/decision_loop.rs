@@ -103,27 +103,27 @@ impl Runner {
         call: AgentCall<'_>,
         run_cx: &Context,
     ) -> Result<Option<String>, (Option<String>, StageFailure)> {
-        let open = self.begin_stage(run, tool, state, run_cx);
         let mut answered = None;
         if let AgentCall::Start { .. } = call {
-            // A recovered or replayed run takes the tool's recorded outcome.
-            if let Some(note) = state.source.tool_error_note() {
-                state.notes.push(note);
-                self.end_stage(run, open, Err(&StageFailure::new(ReasonClass::ToolFailed, "recorded")), state, false);
-                // Taken after the stage's (muted) event: it was written before.
-                state.source.advance(run.events);
-                return Ok(None);
-            }
             // The agent's recorded questions and the user's replies: the last reply goes to its
             // task; a question not yet answered (a replay of a run still asking) is asked again.
-            while let Some(ask) = state.source.tool_ask(tool.id(), run.events) {
-                let Some((reply, note)) = state.source.user_reply_message(run.events) else {
-                    crate::otel::end(&open.cx);
-                    return Ok(Some(ask.question));
-                };
-                state.notes.push(note);
-                answered = Some((ask, reply));
+            // Taken before the stage opens, so that a run going on from them shows its start.
+            match super::agent::recorded_asks(state, tool.id(), run.events) {
+                super::agent::Asked::Answered(recorded) => answered = recorded,
+                super::agent::Asked::Unanswered(question) => return Ok(Some(question)),
             }
+        }
+        let open = self.begin_stage(run, tool, state, run_cx);
+        // A recovered or replayed run takes the tool's recorded error.
+        if answered.is_none()
+            && let AgentCall::Start { .. } = call
+            && let Some(note) = state.source.tool_error_note()
+        {
+            state.notes.push(note);
+            self.end_stage(run, open, Err(&StageFailure::new(ReasonClass::ToolFailed, "recorded")), state, false);
+            // Taken after the stage's (muted) event: it was written before.
+            state.source.advance(run.events);
+            return Ok(None);
         }
         let call = match &answered {
             Some((ask, reply)) => AgentCall::Reply { ask, reply },

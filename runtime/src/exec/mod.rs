@@ -43,7 +43,7 @@ use crate::cancel::Cancel;
 use crate::catalogue::{Catalogue, DEFAULT_TOOL_TIMEOUT_MS, RouteLookupError};
 use crate::events::{EventData, EventSink, RunEvents};
 use crate::failure::{ClientError, ReasonClass};
-use crate::hydrate::{Route, RoutePath};
+use crate::hydrate::Route;
 use crate::llm::Llm;
 use crate::tools::mcp::McpPort;
 use crate::tools::{HttpPort, HttpTools, Tool};
@@ -64,9 +64,11 @@ pub enum Begin {
     /// result from its journal (events muted), then live from where the journal ends; its
     /// events go on from `next_seq`.
     Recover(RunHistory),
-    /// A decision-loop run that asked the user: its state rebuilt from the journal, the reply
-    /// made a note (`user: <reply>`) the next decision sees, then live with the turns it had
-    /// left; events go on from `next_seq`.
+    /// A run that asked the user. A decision loop: its state rebuilt from the journal, the reply
+    /// made a note (`user: <reply>`) the next decision sees (or sent to the agent that asked),
+    /// then live with the turns it had left. A workflow (its stage's agent asked): walked again
+    /// from its journal (events muted) to that stage, whose agent gets the reply, then live.
+    /// Events go on from `next_seq`.
     Continue { history: RunHistory, reply: String },
     /// A finished run again from its journal alone: no model and no tool call; every difference
     /// (a prompt, a user message, a result, a path the journal does not have) is one of the
@@ -320,15 +322,10 @@ impl Runner {
                 (events, state, None)
             }
             Begin::Continue { history, reply } => {
-                if route.path() != RoutePath::DecisionLoop {
-                    return Err(StartError::NotResumable { route: route.id().to_owned() });
-                }
                 let events = top_events(&history.run_id, &route, sink, history.next_seq, journal);
-                let mut state = RunState::from_history(route.shared_id(), route.entry_node().id(), &history.entries);
-                // The question was an agent's: the reply goes to its task.
-                state.answered = state.tool_ask.take().map(|ask| (ask, reply.clone()));
                 let note = message::compress_note(&format!("user: {reply}"));
-                state.notes.push(note.clone());
+                let mut state = RunState::continued(&route, history.entries, &reply, &note, &events)
+                    .ok_or_else(|| StartError::NotResumable { route: route.id().to_owned() })?;
                 if journal.is_some() {
                     state.pending.push(JournalEntry::UserReply { message: reply.clone(), note });
                 }

@@ -184,7 +184,7 @@ pub enum StartError {
     ProfileUnusable { route: String, profile: String, problem: super::ProfileError },
     #[error("route `{route}` cannot run with the stub: its script has errors:\n{problems}")]
     StubScriptBroken { route: String, problems: Problems },
-    #[error("route `{route}` does not run a decision loop: only a decision-loop run can ask and be continued")]
+    #[error("route `{route}` never asks: only a decision loop, or a workflow stage calling an A2A agent, can ask and be continued")]
     NotResumable { route: String },
     /// The goal does not match the route's `goal_schema`: each problem `PATH: message`.
     #[error("the goal does not match the `goal_schema` of route `{route}`: {}", problems.join("; "))]

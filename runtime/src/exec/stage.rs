@@ -7,7 +7,8 @@ use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanKind;
 use serde_json::{Map, Value};
 
-use super::state::{Last, OpenStage, Run, RunState, StageFailure};
+use super::journal::ToolAsk;
+use super::state::{Last, OpenStage, Run, RunState, StageFailure, Staged};
 use super::{JournalBatch, JournalEntry, MAX_CHILD_DEPTH, RunEnd, Runner, message};
 use crate::defs::LlmRole;
 use crate::events::{EventData, RunEvents};
@@ -88,8 +89,23 @@ impl Runner {
     }
 
     /// What a stage does, by its kind: each asks the run's reply source before it calls a
-    /// model, a tool or a child run.
-    pub(super) async fn run_stage(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
+    /// model, a tool, an agent or a child run. Only a stage calling an agent may ask.
+    /// `asked`: the last question of the stage's agent answered in the journal (`recorded_asks`).
+    pub(super) async fn run_stage(
+        &self,
+        run: &Run<'_>,
+        stage: &StageNode,
+        state: &mut RunState,
+        asked: Option<(ToolAsk, String)>,
+        cx: &Context,
+    ) -> Result<Staged, StageFailure> {
+        match stage.agent() {
+            Some(a2a) => self.agent_stage(run, stage, a2a, state, asked, cx).await,
+            None => self.stage_value(run, stage, state, cx).await.map(Staged::Value),
+        }
+    }
+
+    async fn stage_value(&self, run: &Run<'_>, stage: &StageNode, state: &mut RunState, cx: &Context) -> Result<String, StageFailure> {
         let Run { goal, prefetch, .. } = *run;
         match stage.kind() {
             NodeKind::ChildRun { route: child_id } => {
@@ -101,22 +117,17 @@ impl Runner {
             }
             NodeKind::QueryFormulation => self.query_stage(run, stage, state, cx).await,
             _ if stage.role() == LlmRole::None => {
-                // A tool of an MCP server, or an agent: the run's goal is the arguments.
+                // A tool of an MCP server (an agent's stage is `agent_stage`): the run's goal is
+                // the arguments.
                 if let Some(cap) = stage.capability()
-                    && (cap.def.mcp.is_some() || cap.def.a2a.is_some())
+                    && let Some(mcp) = &cap.def.mcp
                 {
                     let call = || format!("stage `{}` calls its tool", stage.id());
                     if let Some(value) = state.source.tool_result(stage.id(), call)? {
                         return Ok(value);
                     }
                     self.check_args(run, stage, cap, goal)?;
-                    return match (&cap.def.mcp, &cap.def.a2a) {
-                        (Some(mcp), _) => self.call_mcp_tool(run, stage, mcp, goal, cx).await,
-                        (None, a2a) => {
-                            let call = super::agent::call_id(run.events.run_id(), stage.id(), state.stages_started);
-                            self.agent_stage(run, stage, a2a.as_ref(), call, goal, cx).await
-                        }
-                    };
+                    return self.call_mcp_tool(run, stage, mcp, goal, cx).await;
                 }
                 if let Some((invoke, url)) = self.tool_url(stage) {
                     let call = || format!("stage `{}` calls its tool", stage.id());

@@ -81,6 +81,13 @@ pub(super) struct OpenStage<'s> {
     pub(super) cx: Context,
 }
 
+/// What a stage of a workflow gave: its value, or (a stage calling an agent) the agent's new
+/// question, which the run asks its user (recorded with the agent's task).
+pub(super) enum Staged {
+    Value(String),
+    Asks(super::journal::ToolAsk),
+}
+
 /// How a walk ended when it did not fail.
 pub(super) enum Finish {
     Completed,
@@ -107,6 +114,22 @@ impl RunState {
     pub(super) fn for_route(route: &Route) -> RunState {
         let stages = route.graph().node_count();
         RunState { slots: Slots::with_capacity_and_hasher(stages, Default::default()), visits: vec![0; stages], ..RunState::default() }
+    }
+
+    /// The state a run that asked goes on from with the user's `reply` (its `note`), `None` when
+    /// the route cannot take one. A decision loop: rebuilt from its journal, the reply a note
+    /// (or, when the question was an agent's, sent to the agent's task). A workflow asked at a
+    /// stage calling an agent (its journal's last entry): the walk goes again from the journal
+    /// to that stage, whose agent gets the reply (the stage takes the note when it sends it).
+    pub(super) fn continued(route: &Route, mut history: Vec<JournalEntry>, reply: &str, note: &str, events: &RunEvents) -> Option<RunState> {
+        if route.path() == crate::hydrate::RoutePath::DecisionLoop {
+            let mut state = RunState::from_history(route.shared_id(), route.entry_node().id(), &history);
+            state.answered = state.tool_ask.take().map(|ask| (ask, reply.to_owned()));
+            state.notes.push(note.to_owned());
+            return Some(state);
+        }
+        let Some(JournalEntry::ToolAsked(ask)) = history.pop().filter(|_| route.can_ask()) else { return None };
+        Some(RunState { source: ReplySource::recovering(history, events), answered: Some((ask, reply.to_owned())), ..RunState::for_route(route) })
     }
 
     /// The state a journal describes: notes, slots and the last output in order, model calls per

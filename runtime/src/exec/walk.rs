@@ -5,7 +5,8 @@ use opentelemetry::trace::SpanKind;
 use opentelemetry::{Context, KeyValue};
 use serde_json::Value;
 
-use super::state::{Finish, Last, Run, RunState, StageFailure};
+use super::agent::Asked;
+use super::state::{Finish, Last, Run, RunState, StageFailure, Staged};
 use super::{JournalBatch, RunEnd, RunFailure, RunResult, Runner};
 use crate::defs::{CondOp, Condition};
 use crate::events::EventData;
@@ -38,7 +39,7 @@ impl Runner {
             );
             let started = events.stopwatch();
             if let Some(reply) = resumed {
-                events.emit(None, || EventData::RunResumed { reply: reply.to_owned() });
+                events.emit_new(None, || EventData::RunResumed { reply: reply.to_owned() });
             } else {
                 events.emit(None, || EventData::RunStarted {
                     model_profile: route.model_profile().to_owned(),
@@ -122,6 +123,11 @@ impl Runner {
     pub(super) async fn walk(&self, run: &Run<'_>, state: &mut RunState, run_cx: &Context) -> Result<Finish, (Option<String>, StageFailure)> {
         let route = run.route;
         let mut node = route.entry();
+        // A user's reply (a run continued after a stage's agent asked) is recorded before the
+        // walk goes on: a process that dies on the way loses the walk, not the reply.
+        if !state.pending.is_empty() {
+            self.checkpoint(run, state).await.map_err(|f| (Some(route.entry_node().id().to_owned()), f))?;
+        }
         loop {
             let stage = &route.graph()[node];
             // A stage that makes no call (a passthrough) does not race the token: checked here,
@@ -139,9 +145,20 @@ impl Runner {
                 let why = format!("stage `{}` would run more than max_loop_steps ({}) times", stage.id(), run.budget);
                 return Err(self.refuse_stage(run, stage, StageFailure::new(ReasonClass::LoopBudgetExceeded, why)));
             }
+            // A stage calling an agent takes its recorded questions and the user's replies before
+            // it opens, so that a run going on from them shows its start.
+            let asked = match stage.agent() {
+                Some(_) => match super::agent::recorded_asks(state, stage.id(), run.events) {
+                    Asked::Answered(asked) => asked,
+                    Asked::Unanswered(question) => return Ok(Finish::AwaitingInput(question)),
+                },
+                None => None,
+            };
             let open = self.begin_stage(run, stage, state, run_cx);
-            match self.run_stage(run, stage, state, &open.cx).await {
-                Ok(value) => self.end_stage(run, open, Ok(value), state, true),
+            match self.run_stage(run, stage, state, asked, &open.cx).await {
+                Ok(Staged::Value(value)) => self.end_stage(run, open, Ok(value), state, true),
+                // The stage's agent asks: so does the run, whose last commit records the ask.
+                Ok(Staged::Asks(ask)) => return Ok(Finish::AwaitingInput(self.agent_asks(run, state, open, ask))),
                 Err(f) => {
                     self.end_stage(run, open, Err(&f), state, true);
                     return Err((Some(stage.id().to_owned()), f));

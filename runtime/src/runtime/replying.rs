@@ -1,5 +1,5 @@
 //! A run that asked, answered: the reply claims it in the store (only one reply can), the
-//! decision loop goes on from its journal with the reply as a note, under the run's lease
+//! run goes on from its journal with the reply (`exec::Begin::Continue`), under the run's lease
 //! ([`Durable::reply_recorded`] for `fabric runs reply`, [`Durable::claim_reply`] and
 //! [`Durable::continue_run`] for the service); and [`Durable::replay`], a finished run re-executed
 //! from its journal alone.
@@ -57,8 +57,8 @@ impl Durable {
     }
 
     /// Keeps `text` for run `run_id`, which is not asking now, as the reply to its next question
-    /// (the oldest message first; `message_id` once). Only a run that can ask (a decision loop)
-    /// takes messages, and only until it ends.
+    /// (the oldest message first; `message_id` once). Only a run that can ask
+    /// ([`crate::hydrate::Route::can_ask`]) takes messages, and only until it ends.
     pub async fn queue_message(&self, run_id: &str, message_id: &str, text: &str) -> Result<Queued, ReplyError> {
         let inbox = self.store.inbox().ok_or(ReplyError::NoInbox)?;
         let run = self.store.get_run(run_id).await?.ok_or_else(|| ReplyError::NotFound(run_id.to_owned()))?;
@@ -103,10 +103,10 @@ impl Durable {
     }
 
     /// The edition `run` goes on on after a reply (its own version), if its route there can
-    /// take one (a decision loop).
+    /// take one ([`crate::hydrate::Route::can_ask`]).
     async fn version_to_go_on(&self, run: &crate::store::StoredRun) -> Result<super::on_version::OnVersion, ReplyError> {
         let on = self.edition_of(run.catalogue_version.as_ref(), Some(self.runtime.settings().service.resume_on)).await?;
-        if on.edition.check_route(&run.request.route_id)?.path() != crate::hydrate::RoutePath::DecisionLoop {
+        if !on.edition.check_route(&run.request.route_id)?.can_ask() {
             return Err(StartError::NotResumable { route: run.request.route_id.clone() }.into());
         }
         Ok(on)
@@ -141,7 +141,7 @@ impl Durable {
         let _ = self.store.reopen_reply(lease).await;
     }
 
-    /// Continues a claimed run: the decision loop goes on with the reply as a note.
+    /// Continues a claimed run with its reply (`exec::Begin::Continue`).
     pub async fn continue_run(&self, claimed: ClaimedReply, sink: Arc<dyn EventSink>, cancel: Cancel) -> Result<RunOutcome, StartError> {
         let ClaimedReply { request, lease, mut history, reply, edition, moved, queued } = claimed;
         if let Some(moved) = moved
